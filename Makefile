@@ -1,0 +1,39 @@
+# Set-up is part of every target: a fresh clone needs only `make demo` / `make test`.
+# Idempotent: the venv, the llama.cpp runtime (in ~/.cache/ggufmtp) and the install are reused.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+# llama-cpp-python is installed from the same sdist the runtime is built from, without building
+# its own libllama: it loads the runtime's (LLAMA_CPP_LIB_PATH), so everything shares one commit.
+LLAMA_CPP_PYTHON_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
+PYTEST_ARGS ?=
+
+.PHONY: setup runtime test demo clean-venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+runtime: $(PY)
+	$(PY) tools/build_runtime.py
+
+$(VENV)/.llama-cpp-python: | $(PY)
+	$(MAKE) runtime
+	CMAKE_ARGS="$(LLAMA_CPP_PYTHON_CMAKE_ARGS)" $(PIP) install "$$($(PY) tools/build_runtime.py --print-sdist)"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp-python
+	$(PIP) install -e '.[test]'
+	touch $@
+
+setup: runtime $(VENV)/.installed
+
+test: setup
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+demo: setup
+	$(VENV)/bin/ggufmtp inspect builtin:tiny-qwen35moe
+
+clean-venv:
+	rm -rf $(VENV)

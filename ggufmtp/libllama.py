@@ -1,0 +1,159 @@
+"""ctypes glue to libllama's quantizer through llama-cpp-python (loaded lazily).
+
+``llama_model_quantize`` is driven with the same parameters llama-quantize would build from its
+flags (tensor overrides, imatrix data, the ``quantize.imatrix.*`` key overrides), and its log is
+captured: llama.cpp reports each tensor's decision there, which is how ggufmtp's plan and
+progress bar follow what the library really does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import threading
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .runtime import configure_libllama
+
+_LOG_LOCK = threading.Lock()
+
+
+def llama_cpp_module():
+    """Import llama_cpp, pointing it at the pinned runtime's libllama first."""
+    configure_libllama()
+    import llama_cpp  # noqa: WPS433
+
+    return llama_cpp
+
+
+@dataclasses.dataclass
+class KVOverride:
+    key: str
+    value: int | str
+
+
+@dataclasses.dataclass
+class QuantizeParams:
+    """The inputs of one ``llama_model_quantize`` call (see ``include/llama.h``)."""
+
+    ftype: int
+    nthread: int = 0
+    output_tensor_type: int | None = None
+    token_embedding_type: int | None = None
+    overrides: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # (pattern, ggml type)
+    imatrix: dict[str, np.ndarray] | None = None
+    kv_overrides: list[KVOverride] = dataclasses.field(default_factory=list)
+    dry_run: bool = False
+
+
+class _Built:
+    """The ctypes params struct plus every buffer it points to (kept alive for the call)."""
+
+    def __init__(self, p: QuantizeParams):
+        lc = llama_cpp_module()
+        self.params = lc.llama_model_quantize_default_params()
+        self.params.ftype = p.ftype
+        self.params.nthread = p.nthread
+        self.params.dry_run = p.dry_run
+        if p.output_tensor_type is not None:
+            self.params.output_tensor_type = p.output_tensor_type
+        if p.token_embedding_type is not None:
+            self.params.token_embedding_type = p.token_embedding_type
+        self._keep: list = []
+        if p.overrides:
+            arr = (lc.llama_model_tensor_override * (len(p.overrides) + 1))()
+            for i, (pattern, typ) in enumerate(p.overrides):
+                b = pattern.encode()
+                self._keep.append(b)
+                arr[i].pattern = b
+                arr[i].type = typ
+            arr[len(p.overrides)].pattern = None
+            arr[len(p.overrides)].type = len_ggml_types()
+            self._keep.append(arr)
+            self.params.tt_overrides = ctypes.cast(arr, ctypes.POINTER(lc.llama_model_tensor_override))
+        if p.imatrix is not None:
+            arr = (lc.llama_model_imatrix_data * (len(p.imatrix) + 1))()
+            for i, (name, values) in enumerate(p.imatrix.items()):
+                v = np.ascontiguousarray(values, dtype=np.float32)
+                b = name.encode()
+                self._keep += [v, b]
+                arr[i].name = b
+                arr[i].data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                arr[i].size = v.size
+            arr[len(p.imatrix)].name = None
+            self._keep.append(arr)
+            self.params.imatrix = ctypes.cast(arr, ctypes.POINTER(lc.llama_model_imatrix_data))
+        if p.kv_overrides:
+            arr = (lc.llama_model_kv_override * (len(p.kv_overrides) + 1))()
+            for i, kv in enumerate(p.kv_overrides):
+                arr[i].key = kv.key.encode()
+                if isinstance(kv.value, str):
+                    arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_STR
+                    # llama-quantize copies at most 127 bytes (strncpy + NUL): do the same.
+                    arr[i].value.val_str = kv.value.encode()[:127]
+                else:
+                    arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_INT
+                    arr[i].value.val_i64 = int(kv.value)
+            arr[len(p.kv_overrides)].key = b""
+            self._keep.append(arr)
+            self.params.kv_overrides = ctypes.cast(arr, ctypes.POINTER(lc.llama_model_kv_override))
+
+
+def len_ggml_types() -> int:
+    import gguf
+
+    return max(int(t.value) for t in gguf.GGMLQuantizationType) + 1
+
+
+@contextlib.contextmanager
+def capture_log(on_line: Callable[[int, str], None] | None = None) -> Iterator[list[str]]:
+    """Route libllama's log into a list of lines (and ``on_line(level, line)`` as they come)."""
+    lc = llama_cpp_module()
+    lines: list[str] = []
+    buf: list[str] = []
+    level_of_line = [1]
+
+    def flush_line(text: str) -> None:
+        lines.append(text)
+        if on_line is not None:
+            try:
+                on_line(level_of_line[0], text)
+            except Exception:  # a progress-bar error must never unwind through C
+                pass
+
+    @lc.llama_log_callback
+    def callback(level, text, user_data):  # noqa: ARG001
+        s = text.decode("utf-8", errors="replace") if text else ""
+        if level != 5:
+            level_of_line[0] = level
+        buf.append(s)
+        joined = "".join(buf)
+        if "\n" in joined:
+            *complete, rest = joined.split("\n")
+            buf[:] = [rest] if rest else []
+            for line in complete:
+                flush_line(line)
+
+    with _LOG_LOCK:
+        from llama_cpp import _logger
+
+        lc.llama_log_set(callback, ctypes.c_void_p(0))
+        try:
+            yield lines
+        finally:
+            if buf:
+                flush_line("".join(buf))
+            lc.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+
+
+def run_quantize(src: str, dst: str, params: QuantizeParams,
+                 on_line: Callable[[int, str], None] | None = None) -> tuple[int, list[str]]:
+    """Call ``llama_model_quantize``; returns (status, log lines). Status 0 means success."""
+    lc = llama_cpp_module()
+    built = _Built(params)
+    with capture_log(on_line) as lines:
+        rc = lc.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(built.params))
+    return int(rc), lines

@@ -1,0 +1,377 @@
+"""Reading a GGUF model's structure, with its MTP (NextN) block: ``ggufmtp inspect``.
+
+Built on gguf-py's ``GGUFReader`` (memory-mapped, so multi-GB files cost nothing to open).
+Split GGUFs (``name-00001-of-00003.gguf``) are read as one model: metadata from the first shard,
+tensors from all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from .constants import MTP_ARCHITECTURES, NEXTN_OPTIONAL_FALLBACKS, NEXTN_REQUIRED
+from .errors import GGUFReadError
+
+SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
+GGUF_MAGIC = b"GGUF"
+
+# Tensors of a qwen35-family MTP block that the loader requires, as groups of alternatives
+# (a fused tensor or its parts). From src/models/qwen35moe.cpp and qwen35.cpp at 0c1e570.
+_ATTN = [("attn_norm",), ("post_attention_norm",), ("attn_qkv", "attn_q+attn_k+attn_v"), ("attn_output",),
+         ("attn_q_norm",), ("attn_k_norm",)]
+_MOE = [("ffn_gate_inp",), ("ffn_down_exps",), ("ffn_gate_up_exps", "ffn_gate_exps+ffn_up_exps"),
+        ("ffn_gate_inp_shexp",), ("ffn_gate_shexp",), ("ffn_up_shexp",), ("ffn_down_shexp",)]
+_DENSE = [("ffn_gate",), ("ffn_up",), ("ffn_down",)]
+MTP_BLOCK_REQUIREMENTS: dict[str, list[tuple[str, ...]]] = {
+    "qwen35moe": _ATTN + _MOE,
+    "qwen3next": _ATTN + _MOE,
+    "qwen35": _ATTN + _DENSE,
+}
+# Other MTP architectures: at least a norm, some attention and some FFN.
+_GENERIC_BLOCK = [("attn_norm",), ("attn_output", "attn_out"),
+                  ("ffn_down", "ffn_down_exps", "ffn_down_shexp")]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as stored: ``shape`` in GGUF order (ne0 first), ``type`` a GGML type name."""
+
+    name: str
+    shape: tuple[int, ...]
+    type: str
+    n_elements: int
+    n_bytes: int
+    shard: int = 0
+
+    @property
+    def block(self) -> int | None:
+        m = re.match(r"blk\.(\d+)\.", self.name)
+        return int(m.group(1)) if m else None
+
+
+def split_shards(path: Path) -> list[Path]:
+    """All shards of a split GGUF given any one of them (or ``[path]`` if it is not split)."""
+    m = SPLIT_RE.match(path.name)
+    if not m:
+        return [path]
+    n = int(m.group("n"))
+    shards = [path.with_name(f"{m.group('stem')}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
+    missing = [s.name for s in shards if not s.exists()]
+    if missing:
+        raise GGUFReadError(f"{path}: split GGUF is missing shard(s) {', '.join(missing)}")
+    return shards
+
+
+def _field_value(field: Any) -> Any:
+    import gguf
+
+    types = field.types
+    if not types:
+        return None
+    if types[0] == gguf.GGUFValueType.ARRAY:
+        if len(types) > 1 and types[1] == gguf.GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    if types[0] == gguf.GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    return field.parts[field.data[0]].tolist()[0]
+
+
+def _open_reader(path: Path):
+    import gguf
+
+    if not path.exists():
+        raise GGUFReadError(f"{path}: no such file")
+    if path.is_dir():
+        raise GGUFReadError(f"{path}: is a directory, not a GGUF file")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as e:
+        raise GGUFReadError(f"{path}: cannot read ({e.strerror})") from None
+    if magic != GGUF_MAGIC:
+        raise GGUFReadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as e:  # gguf-py raises ValueError/IndexError/etc. on corrupt headers
+        raise GGUFReadError(f"{path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + int(t.n_bytes) > size:
+            raise GGUFReadError(
+                f"{path}: truncated GGUF (tensor {t.name} ends at byte {t.data_offset + int(t.n_bytes)}, "
+                f"file has {size} bytes)"
+            )
+    return reader
+
+
+class GGUFModel:
+    """A GGUF model (one file or all shards of a split one): metadata and tensor table.
+
+    ``metadata`` maps keys to Python values, except the large tokenizer arrays, which are
+    summarised as their length (read them with gguf-py if you need them).
+    """
+
+    _BIG_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                   "tokenizer.ggml.scores")
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.shards = split_shards(self.path)
+        self.metadata: dict[str, Any] = {}
+        self.tensors: "OrderedDict[str, TensorInfo]" = OrderedDict()
+        self.tensor_data_offsets: dict[str, int] = {}
+        for i, shard in enumerate(self.shards):
+            reader = _open_reader(shard)
+            if i == 0:
+                for key, field in reader.fields.items():
+                    if key.startswith("GGUF."):
+                        continue
+                    if key in self._BIG_ARRAYS:
+                        self.metadata[key] = f"<array of {len(field.data)}>"
+                    else:
+                        self.metadata[key] = _field_value(field)
+            for t in reader.tensors:
+                self.tensors[t.name] = TensorInfo(
+                    name=t.name,
+                    shape=tuple(int(x) for x in t.shape),
+                    type=t.tensor_type.name,
+                    n_elements=int(t.n_elements),
+                    n_bytes=int(t.n_bytes),
+                    shard=i,
+                )
+                self.tensor_data_offsets[t.name] = int(t.data_offset)
+            del reader
+
+    # --- architecture ---------------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    def arch_key(self, suffix: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+
+    @property
+    def block_count(self) -> int:
+        return int(self.arch_key("block_count", 0) or 0)
+
+    @property
+    def nextn_predict_layers(self) -> int:
+        return int(self.arch_key("nextn_predict_layers", 0) or 0)
+
+    @property
+    def trunk_layers(self) -> int:
+        return self.block_count - self.nextn_predict_layers
+
+    @property
+    def mtp_blocks(self) -> list[int]:
+        """Indices of the MTP blocks: the last ``nextn_predict_layers`` of ``block_count``."""
+        n = self.nextn_predict_layers
+        return list(range(self.block_count - n, self.block_count)) if n > 0 else []
+
+    @property
+    def file_type(self) -> str | None:
+        import gguf
+
+        ft = self.metadata.get("general.file_type")
+        if ft is None:
+            return None
+        try:
+            return gguf.LlamaFileType(int(ft)).name.replace("MOSTLY_", "")
+        except ValueError:
+            return str(ft)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: t.shape for name, t in self.tensors.items()}
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.stat().st_size for s in self.shards)
+
+    @property
+    def n_params(self) -> int:
+        return sum(t.n_elements for t in self.tensors.values())
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors.values())
+
+    @property
+    def bpw(self) -> float:
+        return 8.0 * self.tensor_bytes / self.n_params if self.n_params else 0.0
+
+    def tensor_types(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for t in self.tensors.values():
+            slot = out.setdefault(t.type, {"count": 0, "bytes": 0})
+            slot["count"] += 1
+            slot["bytes"] += t.n_bytes
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
+
+    def type_table(self) -> dict[str, str]:
+        return {name: t.type for name, t in self.tensors.items()}
+
+
+@dataclasses.dataclass
+class MTPCheck:
+    """The MTP block's presence and completeness."""
+
+    status: str  # complete | incomplete | absent | sidecar
+    block: int | None
+    tensors: dict[str, str]
+    missing: list[str]
+    fallbacks: dict[str, str]  # optional tensor -> what llama.cpp uses instead
+    problems: list[str]
+
+
+def _has(names: set[str], prefix: str, alt: str) -> bool:
+    return all(f"{prefix}{part}.weight" in names for part in alt.split("+"))
+
+
+def check_mtp(model: GGUFModel) -> MTPCheck:
+    """Decide ``mtp_status`` the way llama.cpp's loader would see the file."""
+    names = set(model.tensors)
+    nextn_names = sorted(n for n in names if ".nextn." in n)
+    blocks = model.mtp_blocks
+    if not blocks:
+        if nextn_names:
+            return MTPCheck("incomplete", None, {n: model.tensors[n].type for n in nextn_names},
+                            [f"{model.architecture}.nextn_predict_layers (metadata says 0, file has NextN tensors)"],
+                            {}, ["NextN tensors present but nextn_predict_layers is 0"])
+        return MTPCheck("absent", None, {}, [], {}, [])
+    block = blocks[-1] if len(blocks) == 1 else blocks[0]
+    prefix = f"blk.{block}."
+    block_tensors = {n: model.tensors[n].type for n in sorted(names) if n.startswith(prefix)}
+    missing: list[str] = []
+    problems: list[str] = []
+    for b in blocks:
+        p = f"blk.{b}."
+        for req in NEXTN_REQUIRED:
+            if f"{p}{req}.weight" not in names:
+                missing.append(f"{p}{req}.weight")
+        for alternatives in MTP_BLOCK_REQUIREMENTS.get(model.architecture, _GENERIC_BLOCK):
+            if not any(_has(names, p, alt) for alt in alternatives):
+                missing.append(f"{p}{alternatives[0].split('+')[0]}.weight")
+    fallbacks = {}
+    for opt, fallback in NEXTN_OPTIONAL_FALLBACKS.items():
+        if f"{prefix}{opt}.weight" not in names:
+            fb = f"{fallback}.weight"
+            if fallback == "output" and fb not in names:
+                fb = "token_embd.weight"  # tied embeddings: output falls back to token_embd
+            fallbacks[f"{prefix}{opt}.weight"] = fb
+    if model.architecture not in MTP_ARCHITECTURES:
+        problems.append(f"architecture {model.architecture} has no MTP draft graph in llama.cpp")
+    trunk_present = "blk.0.attn_norm.weight" in names or any(
+        t.block is not None and t.block < blocks[0] for t in model.tensors.values()
+    )
+    if not trunk_present and block_tensors:
+        status = "sidecar" if not missing else "incomplete"
+    elif missing or problems:
+        status = "incomplete"
+    else:
+        status = "complete"
+    return MTPCheck(status, block, block_tensors, missing, fallbacks, problems)
+
+
+@dataclasses.dataclass
+class ModelReport:
+    """What ``ggufmtp inspect`` reports."""
+
+    path: str
+    shards: list[str]
+    architecture: str
+    block_count: int
+    trunk_layers: int
+    nextn_predict_layers: int
+    mtp_block: int | None
+    mtp_status: str
+    mtp_tensors: dict[str, str]
+    mtp_missing: list[str]
+    mtp_fallbacks: dict[str, str]
+    mtp_problems: list[str]
+    file_type: str | None
+    tensor_types: dict[str, dict[str, int]]
+    n_tensors: int
+    n_params: int
+    size_bytes: int
+    bpw: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def inspect_model(path: str | Path) -> ModelReport:
+    """Read ``path`` (any shard of a split model works) and report its MTP structure."""
+    model = GGUFModel(path)
+    mtp = check_mtp(model)
+    return ModelReport(
+        path=str(model.path),
+        shards=[str(s) for s in model.shards],
+        architecture=model.architecture,
+        block_count=model.block_count,
+        trunk_layers=model.trunk_layers,
+        nextn_predict_layers=model.nextn_predict_layers,
+        mtp_block=mtp.block,
+        mtp_status=mtp.status,
+        mtp_tensors=mtp.tensors,
+        mtp_missing=mtp.missing,
+        mtp_fallbacks=mtp.fallbacks,
+        mtp_problems=mtp.problems,
+        file_type=model.file_type,
+        tensor_types=model.tensor_types(),
+        n_tensors=len(model.tensors),
+        n_params=model.n_params,
+        size_bytes=model.size_bytes,
+        bpw=round(model.bpw, 4),
+    )
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_report(r: ModelReport) -> str:
+    lines = [
+        f"model         {r.path}" + (f"  ({len(r.shards)} shards)" if len(r.shards) > 1 else ""),
+        f"architecture  {r.architecture}",
+        f"blocks        {r.block_count} ({r.trunk_layers} trunk + {r.nextn_predict_layers} MTP)",
+        f"file type     {r.file_type or '-'}",
+        f"size          {human_bytes(r.size_bytes)}, {r.n_params:,} params, {r.bpw:.2f} bpw, {r.n_tensors} tensors",
+        "tensor types  " + ", ".join(f"{t}: {v['count']} ({human_bytes(v['bytes'])})" for t, v in r.tensor_types.items()),
+        "",
+        f"MTP status    {r.mtp_status.upper()}" + (f"  (block blk.{r.mtp_block})" if r.mtp_block is not None else ""),
+    ]
+    for name, typ in r.mtp_tensors.items():
+        lines.append(f"  {name:<44} {typ}")
+    for name, fb in r.mtp_fallbacks.items():
+        lines.append(f"  {name:<44} absent -> falls back to {fb}")
+    for name in r.mtp_missing:
+        lines.append(f"  MISSING {name}")
+    for p in r.mtp_problems:
+        lines.append(f"  problem: {p}")
+    return "\n".join(lines)
+
+
+def iter_quantizable(model: GGUFModel) -> Iterable[TensorInfo]:
+    """Weights llama.cpp may quantize: names ending in ``.weight`` with 2+ dimensions."""
+    for t in model.tensors.values():
+        if t.name.endswith(".weight") and len([d for d in t.shape if d > 1]) >= 2:
+            yield t
+
+
+def tensor_array(model: GGUFModel, name: str) -> np.ndarray:
+    """The raw bytes of one tensor as a uint8 memmap (no copy)."""
+    t = model.tensors[name]
+    shard = model.shards[t.shard]
+    off = model.tensor_data_offsets[name]
+    return np.memmap(shard, dtype=np.uint8, mode="r", offset=off, shape=(t.n_bytes,))

@@ -1,0 +1,334 @@
+"""``ggufmtp plan``: what a recipe will do to a model, decided by llama.cpp itself.
+
+The planned type of every tensor comes from a ``dry_run`` of libllama's ``llama_model_quantize``
+with exactly the parameters the real run will use (so the plan *is* what llama.cpp does); ggufmtp
+adds the reason for each decision and the pre-flight checks llama-quantize lacks: imatrix
+coverage of every tensor whose type needs one (the MTP block, which llama-imatrix never
+covers, is written last and would fail hours in), overrides that an F16/BF16/F32 base would
+silently ignore, and a missing or incomplete MTP block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from . import imatrix as imx
+from .errors import PlanError
+from .libllama import KVOverride, QuantizeParams, run_quantize
+from .model import GGUFModel, check_mtp, human_bytes
+from .recipe import Recipe, Rule, ftype_names, ggml_type_names
+
+# llama_ftype_get_default_type (src/llama-quant.cpp)
+FTYPE_DEFAULT_TYPE = {
+    "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q8_0": "Q8_0", "F16": "F16",
+    "BF16": "BF16", "F32": "F32", "Q1_0": "Q1_0", "Q2_0": "Q2_0", "MXFP4_MOE": "MXFP4",
+    "Q2_K_S": "Q2_K", "Q2_K": "Q2_K", "IQ3_XS": "IQ3_S", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K",
+    "Q3_K_L": "Q3_K", "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K",
+    "Q6_K": "Q6_K", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS",
+    "IQ2_S": "IQ2_XS", "IQ2_M": "IQ2_S", "IQ3_XXS": "IQ3_XXS", "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M",
+    "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "IQ3_S": "IQ3_S", "IQ3_M": "IQ3_S",
+}
+
+_TENSOR_LINE = re.compile(
+    r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-\s+\[([^\]]*)\],\s+type =\s*(\S+),\s+size =\s*[\d.]+ MiB"
+    r"(?:\s*->\s*[\d.]+ MiB \((\S+)\))?"
+)
+_FALLBACK_LINE = re.compile(r"warning:\s+(\S+)\s+- ncols.*falling back to\s+(\S+)")
+
+
+def _norm_type(name: str) -> str:
+    return name.strip().upper()
+
+
+def row_bytes(type_name: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor of ``shape`` (ne order) stored as ``type_name``."""
+    import gguf
+
+    qt = gguf.GGMLQuantizationType[type_name]
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    n = 1
+    for d in shape:
+        n *= d
+    return n // block * size
+
+
+def allows_quantization(name: str, shape: tuple[int, ...]) -> bool:
+    """``tensor_allows_quantization`` of src/llama-quant.cpp, for the reasons column."""
+    if len([d for d in shape if d > 1]) < 2 and len(shape) < 2:
+        return False
+    if not name.endswith("weight") or "_norm.weight" in name:
+        return False
+    return not any(s in name for s in ("ffn_gate_inp.weight", "ssm_conv1d", "altup", "laurel",
+                                       "per_layer_model_proj", "shortconv.conv.weight"))
+
+
+@dataclasses.dataclass
+class PlannedTensor:
+    name: str
+    shape: list[int]
+    from_type: str
+    to_type: str
+    reason: str
+    bytes: int
+    mtp: bool = False
+    needs_imatrix: bool = False
+    has_imatrix: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Plan:
+    """The per-tensor plan plus totals; ``errors`` non-empty means quantize would refuse."""
+
+    model: str
+    recipe: str
+    ftype: str
+    mtp_block: int | None
+    mtp_status: str
+    rules: list[Rule]
+    tensors: list[PlannedTensor]
+    n_params: int
+    errors: list[str]
+    warnings: list[str]
+    imatrix: str | None = None
+    imatrix_missing: list[str] = dataclasses.field(default_factory=list)
+    params: QuantizeParams | None = dataclasses.field(default=None, repr=False)
+    recipe_obj: Recipe | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.bytes for t in self.tensors)
+
+    @property
+    def bpw(self) -> float:
+        return 8.0 * self.size_bytes / self.n_params if self.n_params else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def type_table(self) -> dict[str, str]:
+        return {t.name: t.to_type for t in self.tensors}
+
+    def mtp_summary(self) -> dict[str, Any]:
+        mtp = [t for t in self.tensors if t.mtp]
+        types: dict[str, int] = {}
+        for t in mtp:
+            types[t.to_type] = types.get(t.to_type, 0) + 1
+        return {"block": self.mtp_block, "status": self.mtp_status, "tensors": len(mtp),
+                "bytes": sum(t.bytes for t in mtp), "types": types,
+                "eh_proj": next((t.to_type for t in mtp if ".nextn.eh_proj." in t.name), None)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "recipe": self.recipe, "ftype": self.ftype,
+            "mtp_block": self.mtp_block, "mtp_status": self.mtp_status, "mtp": self.mtp_summary(),
+            "rules": [{"pattern": r.pattern, "type": r.type, "source": r.source} for r in self.rules],
+            "tensors": [t.to_dict() for t in self.tensors],
+            "size_bytes": self.size_bytes, "n_params": self.n_params, "bpw": round(self.bpw, 4),
+            "imatrix": self.imatrix, "imatrix_missing": self.imatrix_missing,
+            "errors": self.errors, "warnings": self.warnings,
+        }
+
+    def llama_quantize_argv(self, out: str = "OUT.gguf", binary: str = "llama-quantize",
+                            threads: int | None = None) -> list[str]:
+        """The exact equivalent llama-quantize command line."""
+        r = self.recipe_obj
+        argv = [binary]
+        if self.imatrix:
+            argv += ["--imatrix", self.imatrix]
+        if r is not None and r.output_type:
+            argv += ["--output-tensor-type", r.output_type.lower()]
+        if r is not None and r.token_embedding_type:
+            argv += ["--token-embedding-type", r.token_embedding_type.lower()]
+        for rule in self.rules:
+            argv += ["--tensor-type", f"{rule.llama_pattern}={rule.type.lower()}"]
+        argv += [self.model, out, self.ftype]
+        if threads:
+            argv.append(str(threads))
+        return argv
+
+    def llama_quantize_command(self, out: str = "OUT.gguf", binary: str = "llama-quantize",
+                               threads: int | None = None) -> str:
+        return shlex.join(self.llama_quantize_argv(out, binary, threads))
+
+
+def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: "imx.Imatrix | None",
+                    imatrix_arg: str | None, threads: int = 0, dry_run: bool = False) -> QuantizeParams:
+    """The ``llama_model_quantize_params`` llama-quantize builds from the equivalent flags,
+    including the ``quantize.imatrix.*`` metadata it adds through key overrides."""
+    types = ggml_type_names()
+    kv: list[KVOverride] = []
+    data = None
+    if imatrix is not None:
+        data = imx.to_quantize_data(imatrix)
+        kv.append(KVOverride("quantize.imatrix.file", imatrix_arg or str(imatrix.path)))
+        if imatrix.datasets:
+            kv.append(KVOverride("quantize.imatrix.dataset", imatrix.datasets[0]))
+        kv.append(KVOverride("quantize.imatrix.entries_count", len(data)))
+        if imatrix.chunk_count and imatrix.chunk_count > 0:
+            kv.append(KVOverride("quantize.imatrix.chunks_count", imatrix.chunk_count))
+    return QuantizeParams(
+        ftype=ftype_names()[recipe.ftype],
+        nthread=threads,
+        output_tensor_type=types[recipe.output_type] if recipe.output_type else None,
+        token_embedding_type=types[recipe.token_embedding_type] if recipe.token_embedding_type else None,
+        overrides=[(r.llama_pattern, types[r.type]) for r in rules],
+        imatrix=data,
+        kv_overrides=kv,
+        dry_run=dry_run,
+    )
+
+
+def requires_imatrix(name: str, to_type: str, ftype: str) -> bool:
+    """``tensor_requires_imatrix`` of src/llama-quant.cpp."""
+    if name in ("token_embd.weight", "per_layer_token_embd.weight") or name == "output.weight":
+        return False
+    if to_type in ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S"):
+        return True
+    return to_type == "Q2_K" and ftype == "Q2_K_S"
+
+
+def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Path | None = None,
+              threads: int = 0, mtp_optional: bool = False) -> Plan:
+    """Plan ``recipe`` on ``model`` (dry run in libllama); never raises for pre-flight problems,
+    which land in ``Plan.errors``. Raises for unreadable inputs."""
+    rec = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)
+    gm = GGUFModel(model)
+    mtp = check_mtp(gm)
+    errors: list[str] = []
+    warnings: list[str] = []
+    block = mtp.block if mtp.status in ("complete", "incomplete") else None
+
+    if rec.mtp_required and not mtp_optional:
+        if mtp.status == "absent":
+            errors.append(f"{model}: recipe {rec.name} expects an MTP block and the model has none "
+                          f"(nextn_predict_layers = 0); convert the checkpoint with its MTP layer kept")
+        elif mtp.status == "incomplete":
+            errors.append(f"{model}: MTP block blk.{mtp.block} is incomplete (missing {', '.join(mtp.missing)})")
+        elif mtp.status == "sidecar":
+            errors.append(f"{model}: is an MTP-only sidecar; quantize the full model")
+    rules = rec.resolved_rules(block)
+    if rec.is_unquantized and rules:
+        errors.append(f"recipe {rec.name}: ftype {rec.ftype} ignores every override rule (llama.cpp applies "
+                      f"--tensor-type only when the base type is quantized); use a quantized ftype")
+    if rec.is_unquantized and (rec.output_type or rec.token_embedding_type):
+        warnings.append(f"recipe {rec.name}: output/token-embedding types apply, but the ftype is {rec.ftype}")
+
+    im = None
+    if imatrix is not None:
+        im = imx.read_imatrix(imatrix)
+        report = imx.validate(im, gm.shapes())
+        errors += [f"{imatrix}: {p}" for p in getattr(report, "errors", [])]
+        warnings += [f"{imatrix}: {p}" for p in getattr(report, "warnings", [])]
+    elif rec.imatrix == "required":
+        errors.append(f"recipe {rec.name} requires an imatrix (--imatrix FILE)")
+
+    params = quantize_params(rec, rules, im, str(imatrix) if imatrix else None, threads, dry_run=True)
+    tensors, fallbacks, log = _dry_run(gm, params)
+    names = [t.name for t in tensors]
+    for r in rules:
+        if not any(re.search(r.llama_pattern, n) for n in names):
+            warnings.append(f"rule {r.source} {r.pattern!r} -> {r.type} matches no tensor")
+
+    mtp_prefix = f"blk.{block}." if block is not None else None
+    covered = set(im.entries) if im is not None else set()
+    missing_stats: list[str] = []
+    for t in tensors:
+        t.mtp = bool(mtp_prefix and t.name.startswith(mtp_prefix))
+        t.reason = _reason(t, rec, rules, fallbacks)
+        t.needs_imatrix = requires_imatrix(t.name, t.to_type, rec.ftype) and t.to_type != t.from_type
+        if im is not None:
+            t.has_imatrix = t.name in covered
+        if t.needs_imatrix and not t.has_imatrix:
+            missing_stats.append(t.name)
+    if missing_stats:
+        what = "no imatrix was given" if im is None else f"{imatrix} has no statistics for them"
+        mtp_note = " (the MTP block: llama-imatrix never collects statistics for it; give it a non-IQ type " \
+                   "in the recipe's [mtp] table)" if any(mtp_prefix and n.startswith(mtp_prefix) for n in missing_stats) else ""
+        errors.append(f"{len(missing_stats)} tensor(s) planned as a type that needs an imatrix, but {what}"
+                      f"{mtp_note}: {', '.join(missing_stats[:6])}{' ...' if len(missing_stats) > 6 else ''}")
+    elif rec.imatrix == "recommended" and im is None and rec.ftype not in ("Q8_0", "F16", "BF16", "F32"):
+        warnings.append(f"recipe {rec.name} recommends an imatrix; quantizing without one")
+
+    plan = Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=block, mtp_status=mtp.status,
+                rules=rules, tensors=tensors, n_params=gm.n_params, errors=errors, warnings=warnings,
+                imatrix=str(imatrix) if imatrix else None, imatrix_missing=missing_stats,
+                params=dataclasses.replace(params, dry_run=False), recipe_obj=rec)
+    return plan
+
+
+def _dry_run(gm: GGUFModel, params: QuantizeParams) -> tuple[list[PlannedTensor], dict[str, str], list[str]]:
+    rc, log = run_quantize(str(gm.shards[0]), "/dev/null", params)
+    if rc != 0:
+        tail = "\n".join(line for line in log[-12:] if line.strip())
+        raise PlanError(f"{gm.path}: llama.cpp dry run failed:\n{tail}")
+    fallbacks: dict[str, str] = {}
+    tensors: list[PlannedTensor] = []
+    for line in log:
+        m = _FALLBACK_LINE.search(line)
+        if m:
+            fallbacks[m.group(1)] = _norm_type(m.group(2))
+            continue
+        m = _TENSOR_LINE.match(line)
+        if not m:
+            continue
+        name = m.group(3)
+        info = gm.tensors[name]
+        from_type = _norm_type(m.group(5))
+        to_type = _norm_type(m.group(6)) if m.group(6) else from_type
+        tensors.append(PlannedTensor(name=name, shape=list(info.shape), from_type=from_type, to_type=to_type,
+                                     reason="", bytes=row_bytes(to_type, info.shape)))
+    if len(tensors) != len(gm.tensors):
+        raise PlanError(f"{gm.path}: could not read llama.cpp's plan ({len(tensors)} of {len(gm.tensors)} "
+                        f"tensors in its log)")
+    return tensors, fallbacks, log
+
+
+def _reason(t: PlannedTensor, rec: Recipe, rules: list[Rule], fallbacks: dict[str, str]) -> str:
+    if not allows_quantization(t.name, tuple(t.shape)):
+        return "not quantized (1-D, norm, router or conv)"
+    fb = f", shape fallback to {fallbacks[t.name]}" if t.name in fallbacks else ""
+    if rec.token_embedding_type and t.name in ("token_embd.weight", "per_layer_token_embd.weight"):
+        return "token_embedding_type"
+    if rec.output_type and t.name == "output.weight":
+        return "output_type"
+    default = FTYPE_DEFAULT_TYPE.get(rec.ftype)
+    if not rec.is_unquantized:
+        for i, r in enumerate(rules):
+            if re.search(r.llama_pattern, t.name):
+                return f"{r.source} #{i} '{r.pattern}'{fb}"
+    if t.name in fallbacks:
+        return f"shape fallback to {fallbacks[t.name]}"
+    if t.to_type == default:
+        return f"{rec.ftype} default"
+    return f"{rec.ftype} mix"
+
+
+def format_plan(p: Plan, rows: list[PlannedTensor] | None = None) -> str:
+    """The plan as a table; ``rows`` limits the tensors listed (totals always cover all)."""
+    w = max((len(t.name) for t in p.tensors), default=20)
+    lines = [f"plan: {p.model}  recipe {p.recipe} ({p.ftype})" + (f"  imatrix {p.imatrix}" if p.imatrix else ""),
+             f"{'tensor':<{w}}  {'shape':<22} {'from':<7} {'to':<8} {'bytes':>10}  reason"]
+    shown = p.tensors if rows is None else rows
+    for t in shown:
+        shape = "x".join(str(d) for d in t.shape)
+        mark = "*" if t.mtp else " "
+        lines.append(f"{t.name:<{w}}{mark} {shape:<22} {t.from_type:<7} {t.to_type:<8} {t.bytes:>10}  {t.reason}")
+    if len(shown) < len(p.tensors):
+        lines.append(f"... {len(p.tensors) - len(shown)} more trunk tensors not listed (--all lists them)")
+    s = p.mtp_summary()
+    lines += ["",
+              f"total  {human_bytes(p.size_bytes)} ({p.size_bytes} bytes), {p.bpw:.3f} bpw, {len(p.tensors)} tensors",
+              f"MTP    " + (f"blk.{s['block']} ({p.mtp_status}): {s['tensors']} tensors (* above), "
+                          f"{human_bytes(s['bytes'])}, types {s['types']}, eh_proj {s['eh_proj']}"
+                          if s["block"] is not None else f"no MTP block ({p.mtp_status})")]
+    lines += [f"warning: {m}" for m in p.warnings]
+    lines += [f"error: {m}" for m in p.errors]
+    return "\n".join(lines)

@@ -1,0 +1,333 @@
+"""Quantization recipes: ``recipes/*.toml``, loaded by :class:`Recipe`.
+
+A recipe is a llama.cpp ftype plus ordered override rules, matched exactly as llama-quantize
+matches ``--tensor-type``: the pattern is lower-cased, searched (unanchored, ECMAScript regex)
+in the tensor name, and the first matching rule wins. The ``[mtp]`` table sets types for the
+MTP block by role; its rules come first and use the ``{mtp}`` placeholder for the block index,
+so one recipe serves blk.40 of Qwen3.6-35B-A3B and blk.4 of a 4-layer test model alike.
+
+Example::
+
+    name = "hifi-q4_k_m-mtp"
+    description = "Q4_K_M, MTP eh_proj kept at Q8_0"
+    ftype = "Q4_K_M"
+    # output_type = "Q6_K"            # optional: --output-tensor-type
+    # token_embedding_type = "Q4_K"   # optional: --token-embedding-type
+    imatrix = "recommended"           # "required" | "recommended" | "none"
+
+    [mtp]
+    required = true                   # refuse models without a complete MTP block
+    eh_proj = "Q8_0"                  # roles: eh_proj, attention, routed_experts, shared_expert, rest
+
+    [[rules]]                         # ordered; {mtp} = the MTP block index
+    pattern = 'ffn_down_exps'
+    type = "Q5_K"
+
+    [verify]
+    min_acceptance = 0.60
+    min_speedup = 1.0
+    draft_n_max = 4
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .errors import RecipeError
+
+MTP_PLACEHOLDER = "{mtp}"
+
+# Role -> pattern (with {mtp}), in the order they are applied.
+MTP_ROLES: dict[str, str] = {
+    "eh_proj": r"blk\.{mtp}\.nextn\.eh_proj\.weight",
+    "attention": r"blk\.{mtp}\.attn_",
+    "routed_experts": r"blk\.{mtp}\.ffn_(gate|up|down|gate_up)_exps\.weight",
+    "shared_expert": r"blk\.{mtp}\.ffn_(gate|up|down)_shexp\.weight",
+    "rest": r"blk\.{mtp}\.",
+}
+IMATRIX_MODES = ("required", "recommended", "none")
+UNQUANTIZED_FTYPES = ("F32", "F16", "BF16")
+
+
+def ggml_type_names() -> dict[str, int]:
+    import gguf
+
+    return {t.name: int(t.value) for t in gguf.GGMLQuantizationType}
+
+
+def ftype_names() -> dict[str, int]:
+    """llama.cpp ftype names as llama-quantize spells them (``Q4_K_M``, ``IQ4_XS``, ``BF16`` ...)."""
+    import gguf
+
+    out = {}
+    for ft in gguf.LlamaFileType:
+        if ft.name == "GUESSED":
+            continue
+        out[ft.name.replace("MOSTLY_", "").replace("ALL_", "")] = int(ft.value)
+    return out
+
+
+def normalize_type(name: str, where: str) -> str:
+    up = str(name).strip().upper()
+    if up not in ggml_type_names():
+        raise RecipeError(f"{where}: unknown tensor type {name!r} (known: Q8_0, Q6_K, Q5_K, Q4_K, IQ4_XS, ...)")
+    return up
+
+
+def normalize_ftype(name: str, where: str) -> str:
+    up = str(name).strip().upper()
+    if up not in ftype_names():
+        raise RecipeError(f"{where}: unknown ftype {name!r} (known: {', '.join(sorted(ftype_names()))})")
+    return up
+
+
+def validate_pattern(pattern: str, where: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise RecipeError(f"{where}: invalid regex {pattern!r}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One override: tensors whose name matches ``pattern`` (unanchored) get ``type``."""
+
+    pattern: str
+    type: str
+    source: str = "rules"  # "mtp.<role>" or "rules"
+
+    def resolve(self, mtp_block: int | None) -> "Rule | None":
+        """The rule with ``{mtp}`` replaced; None if it needs an MTP block the model lacks."""
+        if MTP_PLACEHOLDER not in self.pattern:
+            return self
+        if mtp_block is None:
+            return None
+        return dataclasses.replace(self, pattern=self.pattern.replace(MTP_PLACEHOLDER, str(mtp_block)))
+
+    @property
+    def llama_pattern(self) -> str:
+        """The pattern as llama-quantize uses it (it lower-cases ``--tensor-type`` names)."""
+        return self.pattern.lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyThresholds:
+    min_acceptance: float | None = None
+    min_speedup: float | None = None
+    draft_n_max: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A quantization policy. Build with :meth:`load`, :meth:`from_dict` or :meth:`from_flags`."""
+
+    name: str
+    ftype: str
+    description: str = ""
+    output_type: str | None = None
+    token_embedding_type: str | None = None
+    imatrix: str = "recommended"
+    mtp_required: bool = True
+    mtp_roles: tuple[tuple[str, str], ...] = ()  # (role, type) in MTP_ROLES order
+    rules: tuple[Rule, ...] = ()
+    verify: VerifyThresholds = VerifyThresholds()
+    path: str | None = None
+    sha256: str | None = None
+
+    # --- loading --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> "Recipe":
+        """Load a recipe file, or a shipped recipe by name (``hifi-q4_k_m-mtp``)."""
+        path = resolve_recipe_path(name_or_path)
+        data = path.read_bytes()
+        try:
+            doc = tomllib.loads(data.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise RecipeError(f"{path}: not valid TOML ({e})") from None
+        recipe = cls.from_dict(doc, where=str(path))
+        return dataclasses.replace(recipe, path=str(path), sha256=hashlib.sha256(data).hexdigest())
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], where: str = "recipe") -> "Recipe":
+        known = {"name", "description", "ftype", "output_type", "token_embedding_type", "imatrix", "mtp",
+                 "rules", "verify"}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise RecipeError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        for key in ("name", "ftype"):
+            if key not in doc:
+                raise RecipeError(f"{where}: missing required key {key!r}")
+        ftype = normalize_ftype(doc["ftype"], f"{where}: ftype")
+        imatrix = str(doc.get("imatrix", "recommended"))
+        if imatrix not in IMATRIX_MODES:
+            raise RecipeError(f"{where}: imatrix must be one of {', '.join(IMATRIX_MODES)}, not {imatrix!r}")
+        mtp = dict(doc.get("mtp", {}))
+        mtp_required = bool(mtp.pop("required", True))
+        bad_roles = sorted(set(mtp) - set(MTP_ROLES))
+        if bad_roles:
+            raise RecipeError(f"{where}: [mtp] unknown role(s) {', '.join(bad_roles)} "
+                              f"(roles: {', '.join(MTP_ROLES)}, required)")
+        roles = tuple((role, normalize_type(mtp[role], f"{where}: mtp.{role}")) for role in MTP_ROLES if role in mtp)
+        rules = []
+        for i, r in enumerate(doc.get("rules", [])):
+            w = f"{where}: rules[{i}]"
+            if not isinstance(r, dict) or "pattern" not in r or "type" not in r:
+                raise RecipeError(f"{w}: each rule needs 'pattern' and 'type'")
+            validate_pattern(str(r["pattern"]).replace(MTP_PLACEHOLDER, "0"), w)
+            rules.append(Rule(str(r["pattern"]), normalize_type(r["type"], w)))
+        v = dict(doc.get("verify", {}))
+        verify = VerifyThresholds(
+            min_acceptance=_opt_float(v.get("min_acceptance")),
+            min_speedup=_opt_float(v.get("min_speedup")),
+            draft_n_max=int(v.get("draft_n_max", 4)),
+        )
+        return cls(
+            name=str(doc["name"]),
+            ftype=ftype,
+            description=str(doc.get("description", "")),
+            output_type=normalize_type(doc["output_type"], f"{where}: output_type") if doc.get("output_type") else None,
+            token_embedding_type=(normalize_type(doc["token_embedding_type"], f"{where}: token_embedding_type")
+                                  if doc.get("token_embedding_type") else None),
+            imatrix=imatrix,
+            mtp_required=mtp_required,
+            mtp_roles=roles,
+            rules=tuple(rules),
+            verify=verify,
+        )
+
+    @classmethod
+    def from_flags(cls, argv: list[str] | str, name: str = "from-flags", mtp_block: int | None = None) -> "Recipe":
+        """A recipe equivalent to a llama-quantize command line (flags, optionally with
+        ``IN OUT FTYPE [THREADS]``). With ``mtp_block``, ``blk.N.`` in patterns becomes ``{mtp}``."""
+        args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+        if args and Path(args[0]).name.startswith("llama-quantize"):
+            args = args[1:]
+        out_type = tok_type = None
+        rules: list[Rule] = []
+        positional: list[str] = []
+        imatrix = "none"
+        it = iter(args)
+        for a in it:
+            if a in ("--output-tensor-type", "--token-embedding-type", "--tensor-type", "--imatrix"):
+                try:
+                    val = next(it)
+                except StopIteration:
+                    raise RecipeError(f"llama-quantize flags: {a} needs a value") from None
+                if a == "--output-tensor-type":
+                    out_type = normalize_type(val, a)
+                elif a == "--token-embedding-type":
+                    tok_type = normalize_type(val, a)
+                elif a == "--imatrix":
+                    imatrix = "required"
+                else:
+                    pat, sep, typ = val.partition("=")
+                    if not sep or not pat or not typ:
+                        raise RecipeError(f"llama-quantize flags: malformed --tensor-type {val!r} (want PATTERN=TYPE)")
+                    pat = pat.lower()
+                    if mtp_block is not None:
+                        pat = pat.replace(rf"blk\.{mtp_block}\.", r"blk\.{mtp}\.")
+                    validate_pattern(pat.replace(MTP_PLACEHOLDER, "0"), f"--tensor-type {val!r}")
+                    rules.append(Rule(pat, normalize_type(typ, f"--tensor-type {val!r}")))
+            elif a in ("--allow-requantize", "--leave-output-tensor", "--pure", "--keep-split", "--dry-run",
+                       "--tensor-type-file", "--include-weights", "--exclude-weights", "--prune-layers",
+                       "--override-kv"):
+                raise RecipeError(f"llama-quantize flags: {a} has no recipe equivalent")
+            elif a.startswith("-"):
+                raise RecipeError(f"llama-quantize flags: unknown flag {a}")
+            else:
+                positional.append(a)
+        ftypes = [p for p in positional if p.upper() in ftype_names()]
+        if not ftypes:
+            raise RecipeError("llama-quantize flags: no ftype given (e.g. Q4_K_M)")
+        return cls(name=name, ftype=ftypes[-1].upper(), output_type=out_type, token_embedding_type=tok_type,
+                   imatrix=imatrix if imatrix == "required" else "recommended", mtp_required=mtp_block is not None,
+                   rules=tuple(rules), description="made from llama-quantize flags")
+
+    # --- resolution -----------------------------------------------------------------------
+    def all_rules(self) -> list[Rule]:
+        """MTP role rules (in role order) then the recipe's rules: the override order."""
+        mtp = [Rule(MTP_ROLES[role], typ, f"mtp.{role}") for role, typ in self.mtp_roles]
+        return mtp + list(self.rules)
+
+    def resolved_rules(self, mtp_block: int | None) -> list[Rule]:
+        out = []
+        for r in self.all_rules():
+            rr = r.resolve(mtp_block)
+            if rr is not None:
+                out.append(rr)
+        return out
+
+    @property
+    def is_unquantized(self) -> bool:
+        return self.ftype in UNQUANTIZED_FTYPES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "description": self.description, "ftype": self.ftype,
+            "output_type": self.output_type, "token_embedding_type": self.token_embedding_type,
+            "imatrix": self.imatrix, "mtp": {"required": self.mtp_required, **dict(self.mtp_roles)},
+            "rules": [{"pattern": r.pattern, "type": r.type} for r in self.rules],
+            "verify": dataclasses.asdict(self.verify), "path": self.path, "sha256": self.sha256,
+        }
+
+    def to_toml(self) -> str:
+        """The recipe as a TOML document (what ``recipe from-flags`` writes)."""
+        lines = [f"name = {_q(self.name)}", f"description = {_q(self.description)}", f"ftype = {_q(self.ftype)}"]
+        if self.output_type:
+            lines.append(f"output_type = {_q(self.output_type)}")
+        if self.token_embedding_type:
+            lines.append(f"token_embedding_type = {_q(self.token_embedding_type)}")
+        lines += [f"imatrix = {_q(self.imatrix)}", "", "[mtp]", f"required = {str(self.mtp_required).lower()}"]
+        lines += [f"{role} = {_q(t)}" for role, t in self.mtp_roles]
+        for r in self.rules:
+            lines += ["", "[[rules]]", f"pattern = {_lit(r.pattern)}", f"type = {_q(r.type)}"]
+        lines += ["", "[verify]", f"draft_n_max = {self.verify.draft_n_max}"]
+        if self.verify.min_acceptance is not None:
+            lines.append(f"min_acceptance = {self.verify.min_acceptance}")
+        if self.verify.min_speedup is not None:
+            lines.append(f"min_speedup = {self.verify.min_speedup}")
+        return "\n".join(lines) + "\n"
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _lit(s: str) -> str:
+    return f"'{s}'" if "'" not in s else _q(s)
+
+
+def recipes_dir() -> Path:
+    """The shipped recipes: ``recipes/`` of a source checkout, else the package's copy."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "recipes", here / "data" / "recipes"):
+        if cand.is_dir():
+            return cand
+    return here.parent / "recipes"
+
+
+def shipped_recipes() -> list[str]:
+    return sorted(p.stem for p in recipes_dir().glob("*.toml"))
+
+
+def resolve_recipe_path(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise RecipeError(f"{p}: no such recipe file")
+        return p
+    shipped = recipes_dir() / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return shipped
+    raise RecipeError(f"{name_or_path}: no such recipe file or shipped recipe "
+                      f"(shipped: {', '.join(shipped_recipes()) or 'none'})")
