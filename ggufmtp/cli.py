@@ -346,3 +346,53 @@ def imatrix_convert_cmd(src: str, dst: str, fmt: str, chunk_size: int | None, as
         click.echo(f"wrote {dst} ({fmt}, {len(conv.entries)} entries) from {src} ({im.format})")
         for n in notes:
             click.echo(f"note: {n}")
+
+
+# --- receipts & audit ----------------------------------------------------------------------------
+@main.group()
+def receipt() -> None:
+    """Provenance receipts (in-toto Statement v1 with the ggufmtp predicate)."""
+
+
+@receipt.command("show")
+@click.argument("receipt_path", type=click.Path(dir_okay=False))
+@json_option
+@handle_errors
+def receipt_show(receipt_path: str, as_json: bool) -> None:
+    """Render a receipt for people (or print it as JSON)."""
+    from .receipt import format_receipt, load_receipt
+
+    st = load_receipt(receipt_path)
+    if as_json:
+        emit_json(st)
+    else:
+        click.echo(format_receipt(st))
+
+
+@receipt.command("schema")
+def receipt_schema() -> None:
+    """Print the receipt's JSON Schema."""
+    from .receipt import SCHEMA_PATH
+
+    click.echo(SCHEMA_PATH.read_text(), nl=False)
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Receipt to audit against (default: ARTIFACT.receipt.json if it exists).")
+@json_option
+@handle_errors
+def audit(artifact: str, receipt_path: str | None, as_json: bool) -> None:
+    """Recompute sha256s, re-read tensor types and check the MTP block against the receipt.
+
+    Exits 1 on any mismatch, naming it."""
+    from .audit import audit as run, format_audit
+
+    report = run(artifact, receipt_path, progress=not as_json)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        click.echo(format_audit(report))
+    if not report.ok:
+        sys.exit(1)
