@@ -396,3 +396,240 @@ def audit(artifact: str, receipt_path: str | None, as_json: bool) -> None:
         click.echo(format_audit(report))
     if not report.ok:
         sys.exit(1)
+
+
+# --- synth: synthetic MTP test models (ggufmtp/synth.py) -----------------------------------------
+
+
+@main.command()
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--arch", type=click.Choice(["qwen35moe", "qwen35"]), default="qwen35moe", show_default=True)
+@click.option("--shape", type=click.Choice(["tiny", "qwen3.6-35b-a3b"]), default="tiny", show_default=True,
+              help="tiny (a few MB) or the real Qwen3.6-35B-A3B per-layer dimensions (GBs).")
+@click.option("--layers", type=click.IntRange(1, 200), default=4, show_default=True, help="Trunk layers.")
+@click.option("--no-mtp", is_flag=True, help="Leave out the MTP block (nextn_predict_layers 0).")
+@click.option("--mtp-only", is_flag=True, help="Write an MTP-only sidecar (use with --spec-draft-model).")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--wrong-successor-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Fraction of tokens after which the MTP head drafts a wrong token.")
+@click.option("--eh-proj-noise", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Relative RMS of gaussian noise added to nextn.eh_proj's output.")
+@click.option("--omit-tensor", "omit", multiple=True, metavar="NAME",
+              help="Leave this MTP-block tensor out (e.g. nextn.hnorm); repeatable.")
+@json_option
+@handle_errors
+def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: bool, seed: int,
+          wrong_successor_fraction: float, eh_proj_noise: float, omit: tuple[str, ...], as_json: bool) -> None:
+    """Write a synthetic BF16 GGUF with an MTP head whose behaviour is known exactly."""
+    from .synth import SynthSpec, synthesize
+
+    spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, seed=seed,
+                     wrong_successor_fraction=wrong_successor_fraction, eh_proj_noise=eh_proj_noise,
+                     omit_tensors=tuple(omit), mtp_only=mtp_only)
+    res = synthesize(out, spec, progress=not as_json)
+    if as_json:
+        emit_json(res.to_json())
+        return
+    click.echo(f"wrote {res.path} ({res.size_bytes / 2**20:.1f} MiB, {res.n_tensors} tensors)")
+    click.echo(f"  arch {arch}, shape {shape}, {layers} trunk layers, "
+               + (f"MTP block blk.{res.mtp_block}" if res.mtp_block is not None else "no MTP block")
+               + (" (MTP-only sidecar)" if mtp_only else ""))
+    if res.mtp_block is not None:
+        acc = ", ".join(f"k={k}: {res.expected_acceptance(k):.3f}" for k in range(1, 5))
+        click.echo(f"  expected draft acceptance (temperature 0, draft-n-max k): {acc}")
+    if not res.servable:
+        click.echo("  note: llama-server cannot run this file on its own "
+                   + ("(use it with --spec-draft-model next to a --no-mtp model)" if mtp_only
+                      else "(llama.cpp 0c1e570 needs >= 2 trunk layers for this hybrid architecture)"), err=True)
+
+
+# --- hub: pull & upload (ggufmtp/hub.py) ---------------------------------------------------------
+def _receipt_statement(path: Path) -> dict | None:
+    """The in-toto statement in a receipt file (plain JSON or a DSSE envelope), or None."""
+    import base64
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("payload"), str) and "payloadType" in data:
+        try:
+            data = json.loads(base64.b64decode(data["payload"]))
+        except ValueError:
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def _receipt_commit_facts(receipts: list[Path], artifacts: list[Path]) -> tuple[str | None, str | None]:
+    """(recipe name, artifact sha256) for the commit message, read from the receipts when they have
+    ``predicate.recipe.name`` and ``subject[i].digest.sha256``; (None, None) parts otherwise."""
+    names = [a.name for a in artifacts]
+    recipe, digests = None, []  # digests: (rank, sha256); lower rank = better match to the artifacts
+    for r in receipts:
+        stmt = _receipt_statement(r)
+        if stmt is None:
+            click.echo(f"note: {r} is not a JSON receipt; the commit message will not name its recipe", err=True)
+            continue
+        pred = stmt.get("predicate")
+        rec = pred.get("recipe") if isinstance(pred, dict) else None
+        if recipe is None and isinstance(rec, dict) and isinstance(rec.get("name"), str):
+            recipe = rec["name"]
+        subjects = stmt.get("subject")
+        for s in subjects if isinstance(subjects, list) else []:
+            dig = s.get("digest") if isinstance(s, dict) else None
+            sha = dig.get("sha256") if isinstance(dig, dict) else None
+            if not isinstance(sha, str):
+                continue
+            name = Path(str(s.get("name", ""))).name
+            digests.append((names.index(name) if name in names else len(names), sha.lower()))
+    digests.sort(key=lambda t: t[0])
+    return recipe, (digests[0][1] if digests else None)
+
+
+@main.command("pull")
+@click.argument("repo_id")
+@click.option("--revision", default=None, help="Branch, tag or commit to pull (default: the default branch). "
+              "Resolved to a commit sha once; every file comes from that commit.")
+@click.option("--include", "include", multiple=True, metavar="PATTERN",
+              help="Only files matching this fnmatch pattern (repeatable), e.g. --include '*Q8_0*.gguf'. "
+                   "A split GGUF's shards come together.")
+@click.option("--local-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Put the files here (default: the Hugging Face cache).")
+@json_option
+@handle_errors
+def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local_dir: Path | None, as_json: bool) -> None:
+    """Download a model repo (or index a local directory), verify every file's checksum, write a manifest.
+
+    REPO_ID is namespace/name on the Hub, or a local directory. Tokens come from HF_TOKEN or
+    `hf auth login`; HF_ENDPOINT selects another Hub; HF_HUB_OFFLINE=1 uses the cache only.
+    """
+    from . import hub
+
+    res = hub.pull(repo_id, revision=revision, include=list(include) or None, local_dir=local_dir)
+    if as_json:
+        emit_json({**res.to_dict(), "manifest_path": str(res.manifest_path),
+                   "model_path": str(res.model_path) if res.model_path else None})
+        return
+    what = res.repo_id or str(res.local_dir)
+    at = f" @ {res.resolved_commit}" if res.resolved_commit else ""
+    asked = f" (revision {res.requested_revision})" if res.requested_revision else ""
+    click.echo(f"{what}{at}{asked}: {len(res.files)} file(s), {hub._fmt_size(res.total_size)}, from {res.source}")
+    unverified = [f.path for f in res.files if not f.verified]
+    if not unverified:
+        click.echo("  all files match the Hub's checksums")
+    else:
+        click.echo(f"  {len(unverified)} file(s) have no Hub checksum to compare with (sha256 recorded): "
+                   + ", ".join(unverified[:5]) + (" ..." if len(unverified) > 5 else ""))
+    for m in res.gguf_models:
+        shards = f" ({len(m.shards)} shards)" if len(m.shards) > 1 else ""
+        click.echo(f"  model: {res.local_dir / m.entry}{shards}")
+    if len(res.gguf_models) > 1:
+        click.echo("  several GGUF models: pick one with --include", err=True)
+    click.echo(f"  manifest: {res.manifest_path}")
+
+
+@main.command("upload")
+@click.argument("repo_id")
+@click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--receipt", "receipts", multiple=True, required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Receipt of the artifact(s) (repeatable); uploaded next to them.")
+@click.option("--card", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Model card, uploaded as README.md.")
+@click.option("--private", is_flag=True, help="Create the repo private (no effect on an existing repo).")
+@click.option("--revision", default=None, metavar="BRANCH", help="Branch to commit to (created if missing; "
+              "default main).")
+@click.option("--dry-run", is_flag=True, help="List what would be uploaded, touch no network.")
+@json_option
+@handle_errors
+def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, ...], card: Path | None, private: bool,
+           revision: str | None, dry_run: bool, as_json: bool) -> None:
+    """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit.
+
+    The commit message names the recipe and the artifact's sha256 (from the receipt).
+    Tokens come from HF_TOKEN or `hf auth login`, never from the command line.
+    """
+    from . import hub
+
+    recipe, sha = _receipt_commit_facts(list(receipts), list(artifacts))
+    res = hub.upload(repo_id, list(artifacts), list(receipts), card=card, private=private, revision=revision,
+                     dry_run=dry_run, recipe_name=recipe, artifact_sha256=sha)
+    if as_json:
+        emit_json(res.to_dict())
+        return
+    head = "dry run, nothing sent: would commit" if res.dry_run else "committed"
+    click.echo(f"{head} {len(res.operations)} file(s), {hub._fmt_size(res.total_size)}, to "
+               f"{res.repo_id} @ {res.revision} on {res.endpoint_host}")
+    for op in res.operations:
+        digest = f"  sha256 {op.sha256}" if op.sha256 else ""
+        click.echo(f"  {op.path_in_repo:<40} {hub._fmt_size(op.size):>10}  {op.kind}{digest}")
+    click.echo(f"  message: {res.commit_message}")
+    if res.commit_sha:
+        click.echo(f"  commit: {res.commit_sha}  {res.commit_url or ''}".rstrip())
+
+
+# --- card & the whole pipeline -------------------------------------------------------------------
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="The artifact's receipt (default: ARTIFACT.receipt.json).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the card (default: README.md beside the artifact).")
+@click.option("--quantized-by", default="ggufmtp", show_default=True, help="The card's quantized_by field.")
+@click.option("--license", "license_", default=None, help="License (default: inherited from the base model).")
+@handle_errors
+def card(artifact: str, receipt_path: str | None, output: str | None, quantized_by: str, license_: str | None) -> None:
+    """Write a Hugging Face model card for ARTIFACT from its receipt (and its verification)."""
+    from .card import make_card
+    from .receipt import default_receipt_path
+
+    path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by, license_)
+    click.echo(str(path))
+
+
+@main.command("run")
+@recipe_option
+@click.option("--model", "-m", required=True, help="REPO_ID[@REVISION], a local GGUF, or builtin:NAME.")
+@imatrix_option
+@click.option("-o", "--out-dir", default="ggufmtp-out", show_default=True, type=click.Path(file_okay=False),
+              help="Output directory; also holds the per-stage cache that makes reruns resume.")
+@click.option("--include", multiple=True, help="With a Hub repo: only pull files matching this pattern (repeatable).")
+@click.option("--no-verify", is_flag=True, help="Skip runtime verification with llama-server.")
+@click.option("--upload", "upload_repo", default=None, help="Publish artifact, receipt and card to this Hub repo.")
+@click.option("--private", is_flag=True, help="Create the Hub repo private.")
+@click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
+@click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")
+@click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")
+@click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
+@click.option("--gpu-layers", type=int, default=None, help="Layers offloaded to the GPU during verification.")
+@click.option("--threads", "-t", type=int, default=0, help="Threads for quantization.")
+@click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
+@json_option
+@handle_errors
+def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, include: tuple[str, ...],
+            no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
+            limit: int | None, max_tokens: int | None, gpu_layers: int | None, threads: int, force: bool,
+            as_json: bool) -> None:
+    """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
+    receipt, card, upload. Reruns resume from the first stage whose inputs changed or that failed."""
+    from .pipeline import format_summary, run
+
+    vopts: dict[str, Any] = {}
+    if seeds:
+        vopts["seeds"] = tuple(int(s) for s in seeds.split(",") if s.strip())
+    if limit is not None:
+        vopts["limit"] = limit
+    if max_tokens is not None:
+        vopts["max_tokens"] = max_tokens
+    if gpu_layers is not None:
+        vopts["gpu_layers"] = gpu_layers
+    res = run(recipe_name, model, imatrix, out_dir, verify=not no_verify, upload=upload_repo,
+              include=list(include) or None, verify_options=vopts, threads=threads, private=private,
+              dry_run_upload=dry_run_upload, force=force, progress=not as_json,
+              log=lambda m: click.echo(m, err=True))
+    s = res.summary()
+    if as_json:
+        emit_json(s)
+    else:
+        click.echo(format_summary(s))
+    if s.get("verdict") == "fail":
+        sys.exit(1)

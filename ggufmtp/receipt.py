@@ -113,13 +113,18 @@ def base_model_section(model_path: Path, model_arg: str | None = None,
     if manifest:
         by_name = {f["path"].split("/")[-1]: f for f in manifest.get("files", [])}
         files = [file_entry(s, by_name.get(s.name, {}).get("sha256")) for s in shards]
-        source = {"type": "hub", "repo_id": manifest.get("repo_id"), "revision": manifest.get("revision"),
-                  "commit": manifest.get("commit")}
+        source = {"type": "hub", "repo_id": manifest.get("repo_id"),
+                  "revision": manifest.get("requested_revision"), "commit": manifest.get("resolved_commit")}
     else:
         files = [file_entry(s) for s in shards]
         arg = model_arg or str(model_path)
         source = ({"type": "builtin", "name": arg.split(":", 1)[1], "path": str(model_path)}
                   if arg.startswith("builtin:") else {"type": "local", "path": str(Path(model_path).resolve())})
+    from .model import GGUFModel
+
+    lic = GGUFModel(model_path).metadata.get("general.license")
+    if isinstance(lic, str) and lic:
+        source["license"] = lic
     return {"source": source, "files": files}
 
 

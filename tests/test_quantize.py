@@ -130,7 +130,9 @@ def test_quantize_refuses_before_writing(tiny, tmp_path):
 
 
 def test_quantize_failure_leaves_nothing(tiny, tmp_path, monkeypatch):
-    import ggufmtp.quantize as qmod
+    import sys
+
+    qmod = sys.modules["ggufmtp.quantize"]
 
     def boom(*a, **k):
         raise KeyboardInterrupt

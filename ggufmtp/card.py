@@ -1,0 +1,159 @@
+"""``ggufmtp card``: a Hugging Face model card built from a receipt (and its verification).
+
+Built with huggingface_hub's ``ModelCard`` / ``ModelCardData``. Every figure comes from the
+receipt; a section with no data is left out, never filled with placeholders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .fsutil import atomic_write_text
+from .receipt import load_receipt
+
+TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ci_pct(ci: list | None) -> str:
+    return "" if not ci or None in ci else f" (95% CI {100 * ci[0]:.1f}–{100 * ci[1]:.1f}%)"
+
+
+def _x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}×"
+
+
+def _ci_x(ci: list | None) -> str:
+    return "" if not ci or None in ci else f" (95% CI {ci[0]:.2f}–{ci[1]:.2f}×)"
+
+
+def _hardware(v: dict[str, Any]) -> str:
+    hw = v.get("hardware") or {}
+    gpu = hw.get("gpu") or hw.get("gpus")
+    if isinstance(gpu, list):
+        gpu = ", ".join(str(g) for g in gpu)
+    if gpu and hw.get("offloaded", True):
+        return str(gpu)
+    return f"CPU ({hw.get('cpu') or hw.get('cpu_model') or 'unknown'}, {hw.get('cores', '?')} cores)"
+
+
+def card_text(statement: dict[str, Any], artifact_name: str | None = None, quantized_by: str = "ggufmtp",
+              repo_id: str | None = None) -> tuple[dict[str, Any], str]:
+    """(YAML metadata, markdown body) for the artifact a receipt describes."""
+    p = statement["predicate"]
+    subj = statement["subject"][0]
+    name = artifact_name or subj["name"]
+    src = p["base_model"]["source"]
+    res = p["result"]
+    rec = p["recipe"]
+    v = p.get("verification")
+    meta: dict[str, Any] = {"tags": list(TAGS), "quantized_by": quantized_by, "pipeline_tag": "text-generation",
+                            "library_name": "gguf"}
+    if src.get("type") == "hub" and src.get("repo_id"):
+        meta["base_model"] = src["repo_id"]
+    if src.get("license"):
+        meta["license"] = src["license"]
+    title = f"# {name}\n"
+    lines = [title, f"MTP runtime GGUF: the multi-token-prediction (NextN) head `blk.{res['mtp_block']}` is kept "
+             f"({res['mtp_status']}) so `llama-server --spec-type draft-mtp` can draft with it. "
+             f"Recipe `{rec['name']}` ({rec['ftype']}), {res['bpw']} bits per weight, {res['size_bytes']:,} bytes.\n"]
+    if v:
+        m = v["mtp"]
+        lines.append("## One-line claim\n")
+        lines.append(f"Runtime-verified in llama-server: **{_pct(m['acceptance'])}** draft acceptance"
+                     f"{_ci_pct(m.get('acceptance_ci95'))} and **{_x(v.get('speedup'))}** decode speedup"
+                     f"{_ci_x(v.get('speedup_ci95'))} on {v.get('suite', {}).get('n_prompts', 'the')} prompts of "
+                     f"suite `{v.get('suite', {}).get('name')}`, {_hardware(v)}, "
+                     f"k={v.get('settings', {}).get('draft_n_max')}, seeds "
+                     f"{', '.join(str(s) for s in v.get('settings', {}).get('seeds', []))}. "
+                     f"Output identical to vanilla decoding for {_pct(v.get('identical_output_fraction'))} of requests. "
+                     f"Verdict: **{v.get('verdict')}**.\n")
+        lines += _tables(v)
+    k = (v or {}).get("settings", {}).get("draft_n_max") or 3
+    lines.append("## How to run\n")
+    lines.append("```sh\n"
+                 f"llama-server -m {name} -ngl 999 -c 4096 \\\n"
+                 f"  --spec-type draft-mtp --spec-draft-n-max {k} --spec-draft-n-min 1\n"
+                 "```\n")
+    lines.append("Request (through the chat template):\n\n```sh\n"
+                 "curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{\n"
+                 '  "messages": [{"role": "user", "content": "Write a Python function that reverses a string."}],\n'
+                 '  "max_tokens": 256, "temperature": 0}\'\n```\n')
+    lines.append("`timings.draft_n` (drafted) and `timings.draft_n_accepted` (accepted) in the response show the "
+                 "MTP head at work; speculation is configured by server flags only.\n")
+    lines.append("## Caveats\n")
+    lines.append("- Send requests through `/v1/chat/completions` (or apply the chat template yourself): raw prompts "
+                 "through `/completion` are out of distribution for the head and lower acceptance.\n"
+                 "- The speedup depends on the hardware: it needs a memory-bound decode (a large model on a GPU); "
+                 "on small or compute-bound setups MTP can be slower than vanilla decoding.\n"
+                 "- Acceptance is runtime-verified, not a calibrated claim about the draft head"
+                 + (f"; the imatrix has no statistics for {len(p['imatrix']['missing'])} tensor(s) "
+                    f"(llama-imatrix never collects the MTP block)" if p.get("imatrix") and p["imatrix"]["missing"] else "")
+                 + ".\n")
+    lines.append("## Provenance\n")
+    base = src.get("repo_id") or src.get("name") or src.get("path")
+    lines.append(f"- Base model: `{base}`" + (f" at revision `{src['commit']}`" if src.get("commit") else ""))
+    for f in p["base_model"]["files"]:
+        lines.append(f"  - `{f['name']}` sha256 `{f['sha256']}`")
+    if p.get("imatrix"):
+        im = p["imatrix"]
+        lines.append(f"- Imatrix: `{im['file']}` sha256 `{im['sha256']}` ({im['entries']} entries, "
+                     f"{im['chunk_count']} chunks, datasets: {', '.join(im['datasets']) or '-'})")
+    lines.append(f"- Recipe: `{rec['name']}` sha256 `{rec['sha256']}`; equivalent command: "
+                 f"`{rec.get('llama_quantize_command', '')}`")
+    tc = p["toolchain"]
+    lines.append(f"- llama.cpp commit `{tc['quantizer']['llama_cpp_commit']}` (quantizer: libllama via "
+                 f"llama-cpp-python {tc['llama_cpp_python']}); ggufmtp {tc['ggufmtp']}")
+    if v and v.get("server"):
+        lines.append(f"- Verified with llama-server `{v['server'].get('build_info')}`")
+    lines.append(f"- Artifact sha256: `{subj['digest']['sha256']}`")
+    lines.append("\nCheck it: `ggufmtp audit " + name + " --receipt " + name + ".receipt.json`\n")
+    return meta, "\n".join(lines)
+
+
+def _tables(v: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    cats = v.get("per_category") or {}
+    if cats:
+        out += ["## Measured\n", "| arm | acceptance | tok/s | speedup vs vanilla |", "|---|---|---|---|",
+                f"| overall | {_pct(v['mtp']['acceptance'])}{_ci_pct(v['mtp'].get('acceptance_ci95'))} | "
+                f"{v['mtp'].get('tokens_per_second', 0):.1f} | {_x(v.get('speedup'))}{_ci_x(v.get('speedup_ci95'))} |"]
+        for cat, c in cats.items():
+            out.append(f"| {cat} | {_pct(c.get('acceptance'))}{_ci_pct(c.get('acceptance_ci95'))} | "
+                       f"{(c.get('tokens_per_second') or 0):.1f} | {_x(c.get('speedup'))} |")
+        out.append(f"\nVanilla decode: {v['vanilla']['tokens_per_second']:.1f} tok/s.\n")
+    seeds = v.get("per_seed") or {}
+    if seeds:
+        out.append("Per seed: " + " · ".join(f"seed {s} → {_pct(x.get('acceptance'))} / {_x(x.get('speedup'))}"
+                                              for s, x in seeds.items()) + "\n")
+    sweep = v.get("sweep") or []
+    if sweep:
+        out += ["## Draft window\n", "| k | acceptance | tok/s | speedup |", "|---|---|---|---|"]
+        for row in sweep:
+            out.append(f"| {row.get('k')} | {_pct(row.get('acceptance'))}{_ci_pct(row.get('acceptance_ci95'))} | "
+                       f"{(row.get('tokens_per_second') or 0):.1f} | {_x(row.get('speedup'))}{_ci_x(row.get('speedup_ci95'))} |")
+        out.append("")
+    tuned = v.get("tuned")
+    if tuned and tuned.get("command"):
+        out += ["## Recommended server settings\n", f"```sh\n{tuned['command']}\n```\n"]
+    return out
+
+
+def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | None = None,
+              quantized_by: str = "ggufmtp", license: str | None = None) -> Path:
+    """Write the model card (default: README.md beside the artifact); returns its path."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    st = load_receipt(receipt)
+    meta, body = card_text(st, Path(artifact).name, quantized_by)
+    if license:
+        meta["license"] = license
+    data = ModelCardData(**meta)
+    card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+    out = Path(output) if output else Path(artifact).with_name("README.md")
+    atomic_write_text(out, str(card))
+    return out
