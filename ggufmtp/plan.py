@@ -224,6 +224,9 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
     im = None
     if imatrix is not None:
         im = imx.read_imatrix(imatrix)
+        if not im.has_metadata:
+            errors.append(f"{imatrix}: GGUF imatrix without imatrix.datasets/chunk_count/chunk_size "
+                          f"(llama-quantize refuses it); re-save it with `ggufmtp imatrix convert`")
         report = imx.validate(im, gm.shapes(), strict=False)
         errors += [f"{imatrix}: {p}" for p in getattr(report, "errors", [])]
         warnings += [f"{imatrix}: {p}" for p in getattr(report, "warnings", [])]
