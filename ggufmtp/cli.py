@@ -436,7 +436,8 @@ def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: 
                + (" (MTP-only sidecar)" if mtp_only else ""))
     if res.mtp_block is not None:
         acc = ", ".join(f"k={k}: {res.expected_acceptance(k):.3f}" for k in range(1, 5))
-        click.echo(f"  expected draft acceptance (temperature 0, draft-n-max k): {acc}")
+        click.echo(f"  expected draft acceptance (temperature 0, draft-n-max k): {acc}"
+                   + (" (upper bound: eh_proj_noise has no closed form)" if eh_proj_noise else ""))
     if not res.servable:
         click.echo("  note: llama-server cannot run this file on its own "
                    + ("(use it with --spec-draft-model next to a --no-mtp model)" if mtp_only
@@ -497,7 +498,8 @@ def _receipt_commit_facts(receipts: list[Path], artifacts: list[Path]) -> tuple[
               help="Put the files here (default: the Hugging Face cache).")
 @json_option
 @handle_errors
-def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local_dir: Path | None, as_json: bool) -> None:
+def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local_dir: Path | None,
+             as_json: bool) -> None:
     """Download a model repo (or index a local directory), verify every file's checksum, write a manifest.
 
     REPO_ID is namespace/name on the Hub, or a local directory. Tokens come from HF_TOKEN or

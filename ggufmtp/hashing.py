@@ -1,0 +1,105 @@
+"""Streaming file digests with bounded memory.
+
+``sha256_file`` is the one function the rest of ggufmtp (receipts, audit, hub) uses to hash an
+artifact: it reads with ``readinto`` into one preallocated buffer (no per-chunk allocation), hands
+``hashlib`` a ``memoryview`` slice (no copy; ``hashlib`` releases the GIL on large updates, so
+several files can be hashed in parallel threads) and never holds more than ``chunk_size`` bytes of
+the file in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["CHUNK_SIZE", "FileDigests", "file_digests", "git_blob_sha1", "sha256_file"]
+
+#: Read size. 4 MiB is past the point where larger reads stop helping on local disks and page
+#: cache, and small enough to keep memory flat while hashing many files concurrently.
+CHUNK_SIZE = 4 * 1024 * 1024
+_MIN_CHUNK, _MAX_CHUNK = 1024 * 1024, 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FileDigests:
+    size: int
+    sha256: str
+    git_sha1: str | None = None  # git blob id: sha1(b"blob <size>\0" + content)
+
+
+def _progress_bar(path: Path, total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"sha256 {path.name}", leave=False)
+
+
+def file_digests(
+    path: str | os.PathLike,
+    *,
+    git_blob: bool = False,
+    progress: bool = False,
+    chunk_size: int = CHUNK_SIZE,
+    on_chunk: Callable[[int], None] | None = None,
+) -> FileDigests:
+    """Hash ``path`` in one pass: sha256, plus the git blob sha1 when ``git_blob`` is set.
+
+    ``on_chunk(n)`` is called after each chunk (for callers with their own progress display).
+    Raises ``OSError`` (``FileNotFoundError``, ``IsADirectoryError``...) like ``open`` does.
+    """
+    path = Path(path)
+    chunk_size = max(_MIN_CHUNK, min(_MAX_CHUNK, int(chunk_size)))
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        try:  # tell the kernel we read sequentially once: bigger read-ahead, less cache pollution
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        sha256 = hashlib.sha256()
+        sha1 = None
+        if git_blob:
+            sha1 = hashlib.sha1(usedforsecurity=False)
+            sha1.update(b"blob %d\0" % size)
+        buf = bytearray(min(chunk_size, max(size, 1)))
+        view = memoryview(buf)
+        bar = _progress_bar(path, size, progress)
+        read = 0
+        try:
+            while True:
+                n = f.readinto(view)
+                if not n:
+                    break
+                chunk = view[:n]
+                sha256.update(chunk)
+                if sha1 is not None:
+                    sha1.update(chunk)
+                read += n
+                if bar is not None:
+                    bar.update(n)
+                if on_chunk is not None:
+                    on_chunk(n)
+        finally:
+            if bar is not None:
+                bar.close()
+            view.release()
+    if sha1 is not None and read != size:
+        # The file changed size while we read it: the git header we hashed is wrong.
+        raise OSError(f"{path} changed size while being hashed ({size} -> {read} bytes); retry when it is stable")
+    return FileDigests(size=read, sha256=sha256.hexdigest(), git_sha1=sha1.hexdigest() if sha1 is not None else None)
+
+
+def sha256_file(path: str | os.PathLike, progress: bool = False, *, chunk_size: int = CHUNK_SIZE) -> str:
+    """Hex sha256 of the file at ``path``, streamed in ``chunk_size`` reads (1-8 MiB)."""
+    return file_digests(path, progress=progress, chunk_size=chunk_size).sha256
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """Git's blob id of ``data`` (what the Hub reports as ``oid`` for non-LFS files)."""
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()

@@ -1,0 +1,512 @@
+"""ggufmtp.hub against a local Hub (tests/fakehub.py) - the real huggingface_hub client end to end.
+
+Every test isolates huggingface_hub's state: HF_HOME / HF_HUB_CACHE / the token file in tmp dirs
+(the constants are read at import time, so they are monkeypatched, not only the env vars), no
+HF_TOKEN from the developer's environment, Xet disabled (the fake speaks LFS only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fakehub import FakeHub
+from ggufmtp import hub
+from ggufmtp.cli import main
+from ggufmtp.errors import HubError
+from ggufmtp.hashing import file_digests, git_blob_sha1, sha256_file
+
+TOKEN = "hf_SECRETtoken123"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def gguf_bytes(n: int, seed: int = 0) -> bytes:
+    """n bytes starting with the GGUF magic, deterministic per seed."""
+    out = bytearray(b"GGUF")
+    block = hashlib.sha256(str(seed).encode()).digest()
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block * 64
+    return bytes(out[:n])
+
+
+@pytest.fixture(autouse=True)
+def hf_env(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    home = tmp_path / "hf_home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    for name, value in {
+        "HF_HOME": str(home),
+        "HF_HUB_CACHE": str(home / "hub"),
+        "HF_TOKEN_PATH": str(home / "token"),
+        "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"),
+        "HF_XET_CACHE": str(home / "xet"),
+        "HF_HUB_DISABLE_XET": True,  # = HF_HUB_DISABLE_XET=1 at import: uploads use LFS, which the fake speaks
+        "HF_HUB_OFFLINE": False,
+        "HF_HUB_DISABLE_TELEMETRY": True,
+    }.items():
+        monkeypatch.setattr(constants, name, value)
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture
+def fake():
+    with FakeHub(tokens=(TOKEN,)) as fh:
+        yield fh
+
+
+def gets_of(fake: FakeHub, oid: str):
+    return [r for r in fake.requests if r.server == "cdn" and r.method == "GET" and r.route == f"/lfs/{oid}"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# hashing
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_sha256_file_streams_and_matches_hashlib(tmp_path):
+    data = gguf_bytes(9 * 1024 * 1024 + 7)  # more than one 4 MiB chunk, not a multiple of it
+    p = tmp_path / "f.bin"
+    p.write_bytes(data)
+    assert sha256_file(p) == sha(data)
+    assert sha256_file(p, chunk_size=1) == sha(data)  # clamped to the 1 MiB minimum
+    d = file_digests(p, git_blob=True)
+    assert (d.size, d.sha256, d.git_sha1) == (len(data), sha(data), git_blob_sha1(data))
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert sha256_file(empty) == sha(b"")
+
+
+# ---------------------------------------------------------------------------------------------------
+# pull
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_pull_resumes_an_interrupted_download_with_range(fake, tmp_path):
+    big = gguf_bytes(12 * 1024 * 1024 + 123, seed=1)  # > the client's 10 MiB read chunk
+    fake.commit("org/model", {"model.gguf": big, "config.json": b'{"arch": "x"}'})
+    oid = sha(big)
+    fake.drop_connection_once("org/model", "model.gguf", after_bytes=11 * 1024 * 1024)
+
+    res = hub.pull("org/model", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+
+    gets = gets_of(fake, oid)
+    assert len(gets) == 2, [g.headers.get("range") for g in gets]
+    assert "range" not in gets[0].headers
+    first_byte = int(gets[1].headers["range"].removeprefix("bytes=").rstrip("-"))
+    assert 0 < first_byte <= 11 * 1024 * 1024  # resumed where the written data ended, not from 0
+    got = tmp_path / "dl" / "model.gguf"
+    assert sha256_file(got) == oid
+    assert res.model_path == got and res.verified
+    assert not list((tmp_path / "dl").rglob("*.incomplete"))
+
+
+def test_pull_refuses_a_sha256_mismatch_and_removes_only_its_own_download(fake, tmp_path):
+    good = gguf_bytes(5000, seed=2)
+    fake.commit("org/model", {"model.gguf": good, "README.md": b"# card"})
+    bad = fake.serve_corrupted("org/model", "model.gguf")
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+
+    with pytest.raises(HubError) as ei:
+        hub.pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    msg = str(ei.value)
+    assert "model.gguf" in msg and sha(good) in msg and sha(bad) in msg
+    assert not (dest / "model.gguf").exists()  # the corrupt file we downloaded is gone
+    assert (dest / "notes.txt").read_text() == "mine"  # the user's file is not
+    assert not (dest / hub.MANIFEST_NAME).exists()
+
+    # cache mode: the corrupt blob is removed from the cache too
+    with pytest.raises(HubError, match="sha256 mismatch"):
+        hub.pull("org/model", endpoint=fake.url, progress=False)
+    blobs = Path(hub._storage_folder(hub._cache_dir(None), "org/model")) / "blobs"
+    assert not (blobs / sha(good)).exists()
+
+
+def test_pull_never_overwrites_a_users_file_with_the_same_name(fake, tmp_path):
+    good = gguf_bytes(5000, seed=3)
+    fake.commit("org/model", {"model.gguf": good})
+    fake.serve_corrupted("org/model", "model.gguf")
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    (dest / "model.gguf").write_bytes(b"my own model, not the Hub's")
+
+    with pytest.raises(HubError, match="refusing to overwrite") as ei:
+        hub.pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    assert "model.gguf" in str(ei.value) and sha(good) in str(ei.value)
+    assert (dest / "model.gguf").read_bytes() == b"my own model, not the Hub's"
+    assert not gets_of(fake, sha(good))  # refused before downloading anything
+
+
+def test_pull_reuses_an_identical_file_and_replaces_its_own_older_download(fake, tmp_path):
+    v1 = gguf_bytes(4000, seed=4)
+    fake.commit("org/model", {"model.gguf": v1})
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    (dest / "model.gguf").write_bytes(v1)  # the user already has the right bytes
+    res = hub.pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    assert res.verified and not gets_of(fake, sha(v1))
+
+    v2 = gguf_bytes(4100, seed=5)
+    fake.commit("org/model", {"model.gguf": v2})
+    res2 = hub.pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    assert (dest / "model.gguf").read_bytes() == v2  # ours (recorded in the manifest): replaceable
+    assert res2.resolved_commit == fake.head("org/model") != res.resolved_commit
+
+
+@pytest.mark.parametrize("evil", ["../escape.gguf", "sub/../../escape.gguf", "/abs/escape.gguf"])
+def test_pull_refuses_paths_escaping_the_directory(fake, tmp_path, evil):
+    fake.commit("org/evil", {evil: gguf_bytes(100), "ok.txt": b"fine"})
+    dest = tmp_path / "a" / "dl"
+    with pytest.raises(HubError, match="escape") as ei:
+        hub.pull("org/evil", local_dir=dest, endpoint=fake.url, progress=False)
+    assert evil in str(ei.value)
+    assert not (tmp_path / "a" / "escape.gguf").exists() and not (tmp_path / "escape.gguf").exists()
+    assert not fake.requests_to("HEAD", r"/resolve/")  # nothing was downloaded at all
+    # the safe part of the repo can still be pulled
+    res = hub.pull("org/evil", include=["ok.txt"], local_dir=dest, endpoint=fake.url, progress=False)
+    assert [f.path for f in res.files] == ["ok.txt"]
+
+
+def test_pull_groups_split_gguf_shards_into_one_model(fake, tmp_path):
+    shards = {f"big-{i:05d}-of-00003.gguf": gguf_bytes(1000 + i, seed=10 + i) for i in (1, 2, 3)}
+    fake.commit("org/split", {**shards, "other.gguf": gguf_bytes(50), "config.json": b"{}"})
+
+    # selecting one shard pulls the whole model
+    res = hub.pull("org/split", include=["*-00002-of-00003.gguf"], local_dir=tmp_path / "dl", endpoint=fake.url,
+                   progress=False)
+    assert sorted(f.path for f in res.files) == sorted(shards)
+    assert res.model_entry == "big-00001-of-00003.gguf"
+    assert res.gguf_models == [hub.GGUFModel("big-00001-of-00003.gguf", tuple(sorted(shards)))]
+    manifest = json.loads((tmp_path / "dl" / hub.MANIFEST_NAME).read_text())
+    assert manifest["model_entry"] == "big-00001-of-00003.gguf"
+
+    # a repo missing a shard is reported by name
+    fake.commit("org/broken", {"m-00001-of-00003.gguf": gguf_bytes(10), "m-00003-of-00003.gguf": gguf_bytes(11)})
+    with pytest.raises(HubError, match=r"m-00002-of-00003\.gguf") as ei:
+        hub.pull("org/broken", include=["*.gguf"], local_dir=tmp_path / "b", endpoint=fake.url, progress=False)
+    assert "m-00003" not in str(ei.value).split("missing")[1]
+
+    # same for a plain local directory
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "m-00001-of-00002.gguf").write_bytes(b"GGUF1")
+    with pytest.raises(HubError, match=r"missing m-00002-of-00002\.gguf"):
+        hub.pull(str(local))
+
+
+def test_pull_pins_the_resolved_commit_while_the_branch_moves(fake, tmp_path):
+    v1 = gguf_bytes(3000, seed=20)
+    old = fake.commit("org/moving", {"model.gguf": v1, "config.json": b'{"v": 1}'})
+    moved = {}
+
+    def push_new_version(_req):  # runs while the Hub serves the file listing, i.e. after the resolve
+        moved["sha"] = fake.commit("org/moving", {"model.gguf": gguf_bytes(3000, seed=21),
+                                                  "config.json": b'{"v": 2}'})
+
+    fake.on("GET", r"^/api/models/org/moving/tree/", push_new_version)
+    res = hub.pull("org/moving", revision="main", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+
+    assert moved["sha"] == fake.head("org/moving") != old  # main really moved mid-pull
+    assert res.resolved_commit == old and res.requested_revision == "main"
+    assert (tmp_path / "dl" / "model.gguf").read_bytes() == v1
+    assert (tmp_path / "dl" / "config.json").read_bytes() == b'{"v": 1}'
+    resolves = fake.requests_to("HEAD", r"/resolve/")
+    assert resolves and all(f"/resolve/{old}/" in r.route for r in resolves)
+    manifest = hub.read_manifest(tmp_path / "dl")
+    assert manifest.resolved_commit == old and manifest.requested_revision == "main"
+    assert {f.path: f.sha256 for f in manifest.files}["model.gguf"] == sha(v1)
+
+
+def test_pull_works_offline_from_the_cache(fake, tmp_path, monkeypatch, hf_env):
+    from huggingface_hub import constants
+
+    data = gguf_bytes(2000, seed=30)
+    fake.commit("org/model", {"model.gguf": data, "config.json": b"{}"})
+    online = hub.pull("org/model", endpoint=fake.url, progress=False)
+    assert online.source == "hub" and online.verified
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    n = len(fake.requests)
+    off = hub.pull("org/model", endpoint=fake.url, progress=False)
+    assert len(fake.requests) == n  # no network at all
+    assert off.source == "cache" and off.verified  # checked against the Hub metadata recorded online
+    assert off.resolved_commit == online.resolved_commit
+    assert [(f.path, f.sha256) for f in off.files] == [(f.path, f.sha256) for f in online.files]
+    assert off.model_path.read_bytes() == data
+
+    # offline and not cached: an actionable error, not a traceback
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE"):
+        hub.pull("org/other", endpoint=fake.url, progress=False)
+
+    # offline into a --local-dir filled by an earlier online pull
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    hub.pull("org/model", include=["*.gguf"], local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    n = len(fake.requests)
+    off_dir = hub.pull("org/model", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+    assert len(fake.requests) == n
+    assert off_dir.source == "cache" and off_dir.verified and [f.path for f in off_dir.files] == ["model.gguf"]
+    with pytest.raises(HubError, match="not available locally"):
+        hub.pull("org/model", include=["config.json"], local_dir=tmp_path / "dl", progress=False)
+    with pytest.raises(HubError, match="without the network"):
+        hub.pull("org/model", revision="dev", local_dir=tmp_path / "dl", progress=False)
+
+    # the real switch: a new process with HF_HUB_OFFLINE=1 in its environment, the Hub switched off
+    fake.stop()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(HF_HOME=str(hf_env), HF_HUB_OFFLINE="1", HF_HUB_DISABLE_XET="1", PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-m", "ggufmtp", "pull", "org/model", "--json"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["source"] == "cache" and out["verified"] and out["resolved_commit"] == online.resolved_commit
+
+    # a cached file altered after the pull is caught offline too
+    blob = off.model_path.resolve()
+    blob.chmod(0o644)
+    blob.write_bytes(gguf_bytes(2000, seed=31))
+    with pytest.raises(HubError, match="sha256 mismatch"):
+        hub.pull("org/model", progress=False)
+
+
+def test_pull_of_a_local_directory_builds_the_manifest(tmp_path):
+    d = tmp_path / "ckpt"
+    (d / "sub").mkdir(parents=True)
+    (d / "model.gguf").write_bytes(gguf_bytes(700))
+    (d / "sub" / "tokenizer.json").write_text("{}")
+    res = hub.pull(str(d))
+    assert res.source == "local" and res.repo_id is None and res.resolved_commit is None
+    assert {f.path: f.sha256 for f in res.files} == {
+        "model.gguf": sha(gguf_bytes(700)), "sub/tokenizer.json": sha(b"{}")}
+    assert res.model_path == d / "model.gguf" and not res.verified
+    assert hub.read_manifest(d).to_dict() == res.to_dict()
+    with pytest.raises(HubError, match="no such directory"):
+        hub.pull(str(tmp_path / "nope"))
+
+
+def test_pull_reports_missing_repo_and_revision_clearly(fake, tmp_path):
+    fake.commit("org/model", {"a.txt": b"a"})
+    with pytest.raises(HubError, match="org/none.*not found"):
+        hub.pull("org/none", endpoint=fake.url, progress=False)
+    with pytest.raises(HubError, match="revision 'nope' does not exist"):
+        hub.pull("org/model", revision="nope", endpoint=fake.url, progress=False)
+    with pytest.raises(HubError, match=r"no file of org/model .* matches --include"):
+        hub.pull("org/model", include=["*.gguf"], endpoint=fake.url, progress=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# upload
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def artifacts(tmp_path):
+    d = tmp_path / "out"
+    d.mkdir()
+    art = d / "model-Q4_K_M-mtp.gguf"
+    art.write_bytes(gguf_bytes(20000, seed=40))
+    rc = d / "model-Q4_K_M-mtp.receipt.json"
+    rc.write_text(json.dumps({
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": art.name, "digest": {"sha256": sha256_file(art)}}],
+        "predicate": {"recipe": {"name": "hifi-q4_k_m-mtp"}},
+    }))
+    card = d / "card.md"
+    card.write_text("---\nlicense: apache-2.0\nlibrary_name: gguf\n---\n# model\n")
+    return art, rc, card
+
+
+def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
+    art, rc, card = artifacts
+    digest = sha256_file(art)
+    res = hub.upload("me/new-model", [art], [rc], card=card, token=TOKEN, endpoint=fake.url,
+                     recipe_name="hifi-q4_k_m-mtp", artifact_sha256=digest, progress=False)
+
+    assert fake.requests_to("POST", r"^/api/repos/create$")
+    history = fake.history("me/new-model")
+    assert [c.message for c in history[1:]] == ["initial commit"]  # the Hub's own; ours is the only other
+    commit = history[0]
+    assert commit.oid == res.commit_sha
+    assert sorted(commit.files) == sorted([".gitattributes", art.name, rc.name, "README.md"])
+    assert "hifi-q4_k_m-mtp" in commit.message and digest in commit.message
+    assert fake.file("me/new-model", art.name) == art.read_bytes()
+    assert fake.entry("me/new-model", art.name).sha256 == digest  # went through LFS
+    assert fake.file("me/new-model", "README.md") == card.read_bytes()
+    assert fake.file("me/new-model", rc.name) == rc.read_bytes()
+    assert len(fake.requests_to("POST", r"/commit/main$")) == 1
+    assert res.commit_url.endswith(res.commit_sha)
+
+    # again into the existing repo, on a new branch: create_repo(exist_ok) + create_branch, one more commit
+    art.write_bytes(gguf_bytes(20001, seed=41))
+    res2 = hub.upload("me/new-model", [art], [rc], token=TOKEN, endpoint=fake.url, revision="v2", progress=False)
+    assert fake.head("me/new-model", "v2") == res2.commit_sha
+    assert fake.history("me/new-model", "v2")[1].oid == res.commit_sha
+    assert fake.head("me/new-model") == res.commit_sha  # main untouched
+
+
+def test_upload_refuses_a_receipt_digest_matching_no_file(fake, artifacts):
+    art, rc, _ = artifacts
+    with pytest.raises(HubError, match="matches none of the files"):
+        hub.upload("me/x", [art], [rc], token=TOKEN, endpoint=fake.url, artifact_sha256="0" * 64, progress=False)
+    assert not fake.requests  # checked before any request
+
+
+def test_upload_dry_run_makes_no_request(fake, artifacts):
+    art, rc, card = artifacts
+    res = hub.upload("me/dry", [art], [rc], card=card, token=TOKEN, endpoint=fake.url, dry_run=True,
+                     recipe_name="r", artifact_sha256=sha256_file(art))
+    assert fake.requests == []
+    assert res.dry_run and res.commit_sha is None
+    assert [(o.path_in_repo, o.size, o.kind) for o in res.operations] == [
+        (art.name, art.stat().st_size, "artifact"), (rc.name, rc.stat().st_size, "receipt"),
+        ("README.md", card.stat().st_size, "card")]
+    # no endpoint reachable at all: still fine
+    hub.upload("me/dry", [art], [rc], endpoint="http://127.0.0.1:9", dry_run=True)
+
+
+def test_upload_validates_inputs(tmp_path, artifacts):
+    art, rc, card = artifacts
+    with pytest.raises(HubError, match="receipt"):
+        hub.upload("me/x", [art], [], dry_run=True)
+    with pytest.raises(HubError, match="does not exist"):
+        hub.upload("me/x", [tmp_path / "missing.gguf"], [rc], dry_run=True)
+    readme = tmp_path / "README.md"
+    readme.write_text("x")
+    with pytest.raises(HubError, match="README.md"):
+        hub.upload("me/x", [art], [readme], card=card, dry_run=True)
+    with pytest.raises(HubError, match="not a valid Hub repo id"):
+        hub.upload("not/a/repo", [art], [rc], dry_run=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# tokens
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_token_reaches_the_hub_but_never_any_output(fake, artifacts, tmp_path, capfd, caplog, monkeypatch):
+    from huggingface_hub import constants
+    from huggingface_hub.utils import logging as hf_logging
+
+    monkeypatch.setattr(constants, "HF_DEBUG", True)  # the client logs every request as a curl command
+    hf_logging.set_verbosity_debug()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.DEBUG)
+    logging.getLogger().addHandler(handler)
+    caplog.set_level(logging.DEBUG)
+    messages = []
+    try:
+        fake.commit("org/private", {"model.gguf": gguf_bytes(3000, seed=50), "config.json": b"{}"})
+        fake.repos["org/private"].private = True
+        res = hub.pull("org/private", local_dir=tmp_path / "dl", token=TOKEN, endpoint=fake.url)
+        assert res.verified
+
+        fake.serve_corrupted("org/private", "model.gguf")
+        for call in (
+            lambda: hub.pull("org/private", local_dir=tmp_path / "dl2", token=TOKEN, endpoint=fake.url),
+            lambda: hub.pull("org/missing", token=TOKEN, endpoint=fake.url),
+            lambda: hub.pull("org/private", token=TOKEN + "\n", endpoint=fake.url),  # illegal header value
+            lambda: hub.upload("me/m", [artifacts[0]], [artifacts[1]], token=TOKEN + "x", endpoint=fake.url),
+        ):
+            with pytest.raises(HubError) as ei:
+                call()
+            messages.append(str(ei.value))
+            messages.append(repr(ei.value.__cause__))
+
+        art, rc, card = artifacts
+        up = hub.upload("me/m", [art], [rc], card=card, token=TOKEN, endpoint=fake.url)
+        result = CliRunner().invoke(main, ["upload", "me/m", str(art), "--receipt", str(rc), "--json"],
+                                    env={"HF_TOKEN": TOKEN, "HF_ENDPOINT": fake.url})
+        assert result.exit_code == 0, result.output
+        messages.append(result.output)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        hf_logging.set_verbosity_warning()
+
+    # the Hub did receive it, as a Bearer header, and the CDN never did
+    hub_auth = [r.headers.get("authorization") for r in fake.requests if r.server == "hub"]
+    assert f"Bearer {TOKEN}" in hub_auth
+    assert not any("authorization" in r.headers for r in fake.requests if r.server == "cdn")
+    assert up.commit_sha
+
+    out, err = capfd.readouterr()
+    manifests = "".join(p.read_text() for p in tmp_path.rglob(hub.MANIFEST_NAME))
+    manifests += "".join(p.read_text() for p in Path(hub._cache_dir(None)).rglob(hub.MANIFEST_NAME))
+    assert manifests
+    everything = "\n".join([out, err, caplog.text, stream.getvalue(), manifests, json.dumps(up.to_dict()),
+                            json.dumps(res.to_dict()), *messages,
+                            *(r.getMessage() for r in caplog.records)])
+    assert "SECRETtoken123" not in everything
+    assert stream.getvalue()  # logging did happen (the check above is not vacuous)
+    assert any("Illegal header value" in m for m in messages)  # the error that embeds the token was seen
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_cli_pull_and_upload(fake, artifacts, tmp_path):
+    fake.commit("org/model", {"m-00001-of-00002.gguf": gguf_bytes(100), "m-00002-of-00002.gguf": gguf_bytes(101)})
+    runner = CliRunner()
+    env = {"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN}
+
+    r = runner.invoke(main, ["pull", "org/model", "--local-dir", str(tmp_path / "dl"), "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["model_entry"] == "m-00001-of-00002.gguf" and data["verified"]
+    assert data["manifest_path"] == str(tmp_path / "dl" / hub.MANIFEST_NAME)
+
+    r = runner.invoke(main, ["pull", "org/model", "--include", "*00002*", "--local-dir", str(tmp_path / "d2")],
+                      env=env)
+    assert r.exit_code == 0, r.output
+    assert "all files match" in r.stdout and "(2 shards)" in r.stdout
+
+    r = runner.invoke(main, ["pull", "org/none"], env=env)
+    assert r.exit_code == 1 and r.stderr.startswith("error: ") and "not found" in r.stderr
+
+    art, rc, card = artifacts
+    r = runner.invoke(main, ["upload", "me/cli", str(art), "--receipt", str(rc), "--card", str(card), "--dry-run",
+                             "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["dry_run"] and "hifi-q4_k_m-mtp" in plan["commit_message"]
+    assert sha256_file(art) in plan["commit_message"]
+    assert not fake.requests_to("POST", r"^/api/repos/create$")
+
+    r = runner.invoke(main, ["upload", "me/cli", str(art), "--receipt", str(rc), "--card", str(card), "--private"],
+                      env=env)
+    assert r.exit_code == 0, r.output
+    head = fake.history("me/cli")[0]
+    assert "hifi-q4_k_m-mtp" in head.message and sha256_file(art) in head.message
+    assert fake.repos["me/cli"].private
+    assert "commit:" in r.stdout
+
+
+def test_cli_upload_falls_back_when_the_receipt_is_not_an_in_toto_statement(fake, artifacts, tmp_path):
+    art, _, _ = artifacts
+    odd = tmp_path / "receipt.txt"
+    odd.write_text("not json")
+    r = CliRunner().invoke(main, ["upload", "me/odd", str(art), "--receipt", str(odd), "--dry-run", "--json"],
+                           env={"HF_ENDPOINT": fake.url})
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["commit_message"] == f"Upload {art.name} with ggufmtp"
+    assert "not a JSON receipt" in r.stderr
