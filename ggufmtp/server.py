@@ -1,0 +1,633 @@
+"""A managed ``llama-server`` process: start, wait until healthy, query, and always stop.
+
+``LlamaServer(ServerConfig(model=..., draft_mtp=True))`` runs the real binary (found with
+:func:`ggufmtp.runtime.find_binary`) on ``127.0.0.1`` and a free port, in its own process group, with
+its output captured to a log file (``server.log_path``). Every command-line flag is checked
+against the binary's ``--help`` before starting (flag names change upstream, e.g. ``--spec-type
+draft-mtp``). ``--no-repack`` is passed unless ``repack=True``: the CPU AMX repack path crashes with
+SIGSEGV on some VMs.
+
+The process is stopped on every path -- normal exit, exception, KeyboardInterrupt, timeout -- with
+SIGTERM then SIGKILL to the whole group; an ``atexit`` hook stops servers still running at
+interpreter exit, and on Linux the child also gets ``PR_SET_PDEATHSIG`` so that it dies with the
+process that started it even if Python is killed. HTTP uses only the standard library.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import http.client
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import runtime
+from .errors import RuntimeMissingError, ServerError
+
+__all__ = ["ServerConfig", "LlamaServer", "parse_prometheus", "gguf_has_mtp", "require_drafting", "binary_flags"]
+
+HOST = "127.0.0.1"
+LOG_TAIL_LINES = 20
+
+
+@dataclass
+class ServerConfig:
+    """How to run llama-server. ``None`` leaves llama-server's own default."""
+
+    model: str | os.PathLike
+    draft_mtp: bool = False
+    draft_n_max: int | None = None
+    draft_n_min: int | None = None
+    draft_p_min: float | None = None
+    draft_model: str | os.PathLike | None = None  # an MTP-only sidecar GGUF (--spec-draft-model)
+    ctx_size: int | None = 4096
+    threads: int | None = None
+    gpu_layers: int | str | None = None
+    parallel: int | None = 1
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    metrics: bool = True
+    repack: bool = False
+    llama_cpp_bin: str | os.PathLike | None = None
+    port: int | None = None  # None = a free port
+    log_path: str | os.PathLike | None = None  # None = a fresh temp file
+    startup_timeout: float = 180.0
+    request_timeout: float = 600.0
+    check_mtp: bool = True  # refuse draft_mtp on a GGUF without an MTP block (llama-server would not draft)
+    env: dict[str, str] | None = None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+_help_cache: dict[tuple[str, int, int], frozenset[str]] = {}
+_help_lock = threading.Lock()
+_FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+
+
+def binary_flags(binary: Path) -> frozenset[str]:
+    """Every flag spelled in ``binary --help`` (cached per binary path and mtime)."""
+    st = binary.stat()
+    key = (str(binary.resolve()), st.st_mtime_ns, st.st_size)
+    with _help_lock:
+        if key in _help_cache:
+            return _help_cache[key]
+    try:
+        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ServerError(f"{binary}: could not run `--help`: {e}") from e
+    text = (proc.stdout or "") + (proc.stderr or "")
+    flags = frozenset(_FLAG_RE.findall(text))
+    if "--port" not in flags:
+        raise ServerError(f"{binary}: `--help` lists no --port; is this llama-server? Output: {text.strip()[:300]}")
+    with _help_lock:
+        _help_cache[key] = flags
+    return flags
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> ``{"name" or "name{labels}": value}``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(\S+)", line)
+        if not m:
+            continue
+        try:
+            out[m.group(1)] = float(m.group(2))
+        except ValueError:
+            continue
+    return out
+
+
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _gguf_header(path: str | os.PathLike) -> tuple[dict[str, Any], list[str]]:
+    """(scalar/string kv, tensor names) of a GGUF, parsed from a memory map of its header only
+    (fast even for multi-GB files with a 248k-token vocabulary)."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm[:4] != b"GGUF":
+            raise ValueError("not a GGUF file")
+        _version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
+        off = 24
+
+        def string() -> str:
+            nonlocal off
+            (n,) = struct.unpack_from("<Q", mm, off)
+            v = mm[off + 8: off + 8 + n].decode("utf-8", "replace")
+            off += 8 + n
+            return v
+
+        kv: dict[str, Any] = {}
+        fmt = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+        for _ in range(n_kv):
+            key = string()
+            (vt,) = struct.unpack_from("<I", mm, off)
+            off += 4
+            if vt == 8:
+                kv[key] = string()
+            elif vt == 9:
+                at, count = struct.unpack_from("<IQ", mm, off)
+                off += 12
+                if at == 8:
+                    for _ in range(count):
+                        (n,) = struct.unpack_from("<Q", mm, off)
+                        off += 8 + n
+                else:
+                    off += _GGUF_SCALAR[at] * count
+            else:
+                kv[key] = struct.unpack_from("<" + fmt[vt], mm, off)[0]
+                off += _GGUF_SCALAR[vt]
+        names = []
+        for _ in range(n_tensors):
+            names.append(string())
+            (nd,) = struct.unpack_from("<I", mm, off)
+            off += 4 + 8 * nd + 4 + 8
+        return kv, names
+
+
+def gguf_has_mtp(path: str | os.PathLike) -> bool | None:
+    """Whether llama-server would find an MTP head in ``path`` (it looks for
+    ``blk.<block_count-1>.nextn.eh_proj.weight``); None if the file cannot be read as GGUF."""
+    try:
+        kv, names = _gguf_header(path)
+        arch = kv["general.architecture"]
+        n = int(kv[f"{arch}.block_count"])
+    except Exception:
+        return None
+    return f"blk.{n - 1}.nextn.eh_proj.weight" in names
+
+
+def _is_mtp_only_sidecar(path: str | os.PathLike) -> bool:
+    try:
+        kv, names = _gguf_header(path)
+        arch = kv["general.architecture"]
+        return int(kv.get(f"{arch}.nextn_predict_layers", 0)) > 0 and "blk.0.attn_norm.weight" not in names
+    except Exception:
+        return False
+
+
+class _BindRace(Exception):
+    pass
+
+
+def _owns_listening_port(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on 127.0.0.1:``port`` (Linux /proc;
+    True where /proc cannot tell)."""
+    try:
+        want = f"0100007F:{port:04X}"
+        inodes = set()
+        with open("/proc/net/tcp") as fh:
+            for line in fh.readlines()[1:]:
+                f = line.split()
+                if len(f) > 9 and f[1] == want and f[3] == "0A":  # LISTEN
+                    inodes.add(f"socket:[{f[9]}]")
+        if not inodes:
+            return False
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return True
+        return False
+    except OSError:
+        return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError as e:
+            return e.errno in (errno.EADDRINUSE, errno.EACCES)
+    return False
+
+
+def _describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec (Linux only)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+_live: "weakref.WeakSet[LlamaServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for srv in list(_live):
+        with contextlib.suppress(Exception):
+            srv.stop()
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+class LlamaServer:
+    """A running llama-server. Use as a context manager, or call start()/stop()."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.binary: Path | None = None
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = Path(config.log_path) if config.log_path else None
+        self.command: list[str] = []
+        self._log_fh = None
+        self._props: dict | None = None
+
+    # --- lifecycle
+    def __enter__(self) -> "LlamaServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            if self.proc is not None and self.proc.poll() is None:
+                self.stop()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def build_command(self, binary: Path, port: int) -> list[str]:
+        c = self.config
+        args = [str(binary), "--model", str(c.model), "--host", HOST, "--port", str(port)]
+        if c.ctx_size is not None:
+            args += ["--ctx-size", str(c.ctx_size)]
+        if c.threads is not None:
+            args += ["--threads", str(c.threads)]
+        if c.gpu_layers is not None:
+            args += ["--n-gpu-layers", str(c.gpu_layers)]
+        if c.parallel is not None:
+            args += ["--parallel", str(c.parallel)]
+        if c.cache_type_k:
+            args += ["--cache-type-k", c.cache_type_k]
+        if c.cache_type_v:
+            args += ["--cache-type-v", c.cache_type_v]
+        if c.metrics:
+            args += ["--metrics"]
+        if not c.repack:
+            args += ["--no-repack"]
+        if c.draft_mtp:
+            args += ["--spec-type", "draft-mtp"]
+            if c.draft_n_max is not None:
+                args += ["--spec-draft-n-max", str(c.draft_n_max)]
+            if c.draft_n_min is not None:
+                args += ["--spec-draft-n-min", str(c.draft_n_min)]
+            if c.draft_p_min is not None:
+                args += ["--spec-draft-p-min", str(c.draft_p_min)]
+            if c.draft_model is not None:
+                args += ["--spec-draft-model", str(c.draft_model)]
+        elif any(v is not None for v in (c.draft_n_max, c.draft_n_min, c.draft_p_min, c.draft_model)):
+            raise ServerError("draft_n_max/draft_n_min/draft_p_min/draft_model need draft_mtp=True")
+        args += [str(a) for a in c.extra_args]
+        return args
+
+    def _check_flags(self, args: Iterable[str], binary: Path) -> None:
+        known = binary_flags(binary)
+        for a in args:
+            if not a.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", a):
+                continue
+            flag = a.split("=", 1)[0]
+            if flag not in known:
+                raise ServerError(
+                    f"{binary}: this llama-server has no `{flag}` flag (not in its --help); it may be an "
+                    f"older or newer build than llama.cpp {runtime.LLAMA_CPP_COMMIT} that ggufmtp pins")
+
+    def start(self) -> "LlamaServer":
+        if self.is_running():
+            return self
+        c = self.config
+        try:
+            self.binary = runtime.find_binary("llama-server", c.llama_cpp_bin)
+        except RuntimeMissingError as e:
+            raise ServerError(str(e)) from e
+        if not self.binary.is_file():
+            raise ServerError(f"llama-server: {self.binary} does not exist; run `ggufmtp runtime build`")
+        model = Path(c.model)
+        if not model.is_file():
+            raise ServerError(f"model {model}: no such file")
+        if _is_mtp_only_sidecar(model):
+            raise ServerError(
+                f"model {model}: is an MTP-only sidecar (MTP block without the trunk); llama-server "
+                f"crashes (SIGSEGV) on it as the main model -- pass it as draft_model next to its target")
+        if c.draft_model is not None and not Path(c.draft_model).is_file():
+            raise ServerError(f"draft model {c.draft_model}: no such file")
+        mtp_file = Path(c.draft_model) if c.draft_model is not None else model
+        if c.draft_mtp and c.check_mtp and gguf_has_mtp(mtp_file) is False:
+            raise ServerError(
+                f"model {mtp_file}: has no MTP block (no blk.<block_count-1>.nextn.eh_proj.weight), so "
+                f"--spec-type draft-mtp cannot draft (llama-server would exit with 'failed to create MTP "
+                f"context'); use a GGUF converted with MTP, or draft_mtp=False")
+        if c.port is not None and _port_in_use(c.port):
+            raise ServerError(f"port {c.port} on {HOST} is already in use; pick another or let ggufmtp choose (port=None)")
+        # a free port can be taken by someone else between our probe and llama-server's bind:
+        # with an automatic port, retry on a bind failure
+        attempts = 1 if c.port is not None else 3
+        for attempt in range(attempts):
+            try:
+                self._launch(c.port if c.port is not None else _free_port())
+                return self
+            except _BindRace:
+                if attempt == attempts - 1:
+                    raise ServerError(f"llama-server could not bind a port on {HOST} after {attempts} "
+                                      f"attempts; log {self.log_path}:\n{self.log_tail()}") from None
+        return self
+
+    def _launch(self, port: int) -> None:
+        c = self.config
+        assert self.binary is not None
+        args = self.build_command(self.binary, port)
+        self._check_flags(args[1:], self.binary)
+        self.command = args
+        self.port = port
+
+        if c.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="ggufmtp-llama-server-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        else:
+            self.log_path = Path(c.log_path)
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fh = open(self.log_path, "wb")
+        self._log_fh.write(("$ " + shlex.join(args) + "\n").encode())
+        self._log_fh.flush()
+        env = dict(os.environ)
+        if c.env:
+            env.update(c.env)
+        try:
+            self.proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=self._log_fh, stderr=subprocess.STDOUT,
+                start_new_session=True, env=env,
+                preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,
+            )
+        except OSError as e:
+            self._close_log()
+            raise ServerError(f"could not start {self.binary}: {e}") from e
+        _live.add(self)
+        try:
+            self._wait_healthy(c.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        owned = False
+        while True:
+            assert self.proc is not None and self.port is not None
+            rc = self.proc.poll()
+            if rc is not None:
+                err = self._startup_failure(rc)
+                if self.config.port is None and "could not bind" in str(err):
+                    raise _BindRace()
+                raise err
+            # only trust /health once the listening socket is ours (not another process's
+            # that grabbed the same port)
+            owned = owned or _owns_listening_port(self.proc.pid, self.port)
+            try:
+                if not owned:
+                    raise ConnectionRefusedError("port not yet bound by our llama-server")
+                status, body = self._raw("GET", "/health", None, timeout=5)
+                if status == 200:
+                    return
+                last = f"HTTP {status} {body[:200].decode(errors='replace').strip()}"
+            except (OSError, http.client.HTTPException) as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"llama-server did not become healthy within {timeout:.0f}s (last /health: {last}); "
+                    f"log {self.log_path}:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def key_error_line(self) -> str | None:
+        """The most telling error line of the log (an assertion, a load error), if any."""
+        if self.log_path is None or not self.log_path.exists():
+            return None
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        for pat in (r"GGML_ASSERT|GGML_ABORT|terminate called|what\(\):", r"error loading model:",
+                    r"doesn't contain MTP|failed to create MTP context", r"\sE\s"):
+            hits = [ln.strip() for ln in lines if re.search(pat, ln)]
+            if hits:
+                return hits[0]
+        return None
+
+    def _startup_failure(self, rc: int) -> ServerError:
+        tail = self.log_tail()
+        how = _describe_exit(rc)
+        key = self.key_error_line()
+        if key and key.strip() not in tail:
+            tail = f"    {key}\n    ...\n{tail}"
+        if re.search(r"doesn't contain MTP layers|failed to create MTP context", tail):
+            return ServerError(f"llama-server could not create the MTP draft context: model {self.config.model} "
+                               f"has no MTP layers ({how}); log {self.log_path}:\n{tail}")
+        if "couldn't bind" in tail or "Address already in use" in tail:
+            return ServerError(f"llama-server could not bind {HOST}:{self.port} (port in use?) and exited "
+                               f"({how}); log {self.log_path}:\n{tail}")
+        if re.search(r"failed to load model|error loading model|exiting due to model loading error", tail):
+            return ServerError(f"llama-server failed to load model {self.config.model} ({how}); "
+                               f"log {self.log_path}:\n{tail}")
+        if re.search(r"error: invalid argument|unknown argument|error while handling argument", tail):
+            return ServerError(f"llama-server rejected its arguments ({how}); log {self.log_path}:\n{tail}")
+        return ServerError(f"llama-server exited during startup ({how}); log {self.log_path}:\n{tail}")
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the process group, then SIGKILL after ``timeout``; returns the exit status."""
+        proc = self.proc
+        if proc is None:
+            self._close_log()
+            return None
+        rc = proc.poll()
+        try:
+            pgid = proc.pid  # start_new_session: the child leads its own group
+            if rc is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGTERM)
+                try:
+                    rc = proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pgid, signal.SIGKILL)
+                    rc = proc.wait(10)
+            # leftovers of the group (none expected: llama-server does not fork)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        finally:
+            _live.discard(self)
+            self._close_log()
+        return rc
+
+    def _close_log(self) -> None:
+        if self._log_fh is not None:
+            with contextlib.suppress(Exception):
+                self._log_fh.close()
+            self._log_fh = None
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        with open(self.log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            lines = fh.read().decode(errors="replace").splitlines()
+        return "\n".join("    " + ln for ln in lines[-n:])
+
+    # --- HTTP
+    def _raw(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            headers = {"Content-Type": "application/json"} if data is not None else {}
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> bytes:
+        """One HTTP request; a dead server raises ServerError saying it crashed."""
+        if self.proc is None:
+            raise ServerError("llama-server is not started")
+        rc = self.proc.poll()
+        if rc is not None:
+            raise self._crashed(rc, f"{method} {path}")
+        try:
+            status, payload = self._raw(method, path, body, timeout or self.config.request_timeout)
+        except (OSError, http.client.HTTPException) as e:
+            # connection refused/reset or a truncated answer: did the process die?
+            try:
+                rc = self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                rc = None
+            if rc is not None:
+                raise self._crashed(rc, f"{method} {path}") from e
+            if isinstance(e, TimeoutError | socket.timeout):
+                raise ServerError(f"{method} {path}: no answer from llama-server within "
+                                  f"{timeout or self.config.request_timeout:.0f}s") from e
+            raise ServerError(f"{method} {path}: request to llama-server failed: {e}") from e
+        if status >= 400:
+            msg = payload[:2000].decode(errors="replace")
+            with contextlib.suppress(Exception):
+                j = json.loads(payload)
+                msg = j.get("error", {}).get("message", msg) if isinstance(j.get("error"), dict) else msg
+            raise ServerError(f"{method} {path}: llama-server answered HTTP {status}: {msg}")
+        return payload
+
+    def _crashed(self, rc: int, what: str) -> ServerError:
+        _live.discard(self)
+        self._close_log()
+        tail = self.log_tail()
+        key = self.key_error_line()
+        if key and key.strip() not in tail and re.search(r"GGML_ASSERT|GGML_ABORT|terminate|what\(\)", key):
+            tail = f"    {key}\n    ...\n{tail}"
+        return ServerError(
+            f"llama-server (pid {self.proc.pid if self.proc else '?'}) crashed: it died ({_describe_exit(rc)}) "
+            f"before or while answering {what}; log {self.log_path}:\n{tail}")
+
+    def get_json(self, path: str) -> Any:
+        return json.loads(self.request("GET", path))
+
+    def post_json(self, path: str, body: dict) -> Any:
+        return json.loads(self.request("POST", path, body))
+
+    def chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+             **kw: Any) -> dict:
+        """POST /v1/chat/completions (non-streaming); the JSON answer, including ``timings``."""
+        body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+                                "stream": False}
+        if seed is not None:
+            body["seed"] = seed
+        body.update(kw)
+        return self.post_json("/v1/chat/completions", body)
+
+    def complete(self, prompt: str | list[int], n_predict: int, temperature: float = 0.0, seed: int | None = None,
+                 **kw: Any) -> dict:
+        """POST /completion (llama.cpp native; non-streaming)."""
+        body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
+                                "stream": False}
+        if seed is not None:
+            body["seed"] = seed
+        body.update(kw)
+        return self.post_json("/completion", body)
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        j = self.post_json("/tokenize", {"content": text, "add_special": add_special, "parse_special": parse_special})
+        return [t if isinstance(t, int) else t["id"] for t in j["tokens"]]
+
+    def props(self) -> dict:
+        self._props = self.get_json("/props")
+        return self._props
+
+    def metrics(self) -> dict[str, float]:
+        if not self.config.metrics:
+            raise ServerError("metrics are off (ServerConfig.metrics=False)")
+        return parse_prometheus(self.request("GET", "/metrics").decode(errors="replace"))
+
+    @property
+    def build_info(self) -> str | None:
+        props = self._props or self.props()
+        return props.get("build_info")
+
+    def slots(self) -> list[dict]:
+        return self.get_json("/slots")
+
+
+def require_drafting(resp: dict) -> tuple[int, int]:
+    """(draft_n, draft_n_accepted) from a response's ``timings``; ServerError if it did not draft."""
+    t = resp.get("timings") or {}
+    if "draft_n" not in t:
+        raise ServerError("the response has no timings.draft_n: speculative decoding did not run")
+    return int(t["draft_n"]), int(t.get("draft_n_accepted", 0))
+
+

@@ -1,0 +1,45 @@
+"""Shared pytest fixtures. Add yours below; keep fixtures cheap or session-scoped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from ggufmtp import runtime
+from ggufmtp.errors import RuntimeMissingError
+from ggufmtp.synth import BUILTIN_MODELS, SynthSpec, synthesize
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> Path:
+    """The pinned llama-server (``make test`` builds it). Missing runtime = failure, not a skip."""
+    try:
+        return runtime.find_binary("llama-server")
+    except RuntimeMissingError as e:
+        pytest.fail(f"llama-server is not built ({e}); run `make test` or `ggufmtp runtime build`")
+
+
+@pytest.fixture(scope="session")
+def synth_model(tmp_path_factory) -> Callable[..., Path]:
+    """``synth_model("tiny-qwen35moe-f50")`` or ``synth_model(SynthSpec(...))`` -> path of a
+    synthetic GGUF written once per test session (into a session temp dir)."""
+    root = tmp_path_factory.mktemp("synth")
+    made: dict[str, Path] = {}
+
+    def make(spec: str | SynthSpec = "tiny-qwen35moe") -> Path:
+        if isinstance(spec, str):
+            spec = BUILTIN_MODELS[spec.removeprefix("builtin:")]
+        key = spec.digest()
+        if key not in made:
+            made[key] = synthesize(root / f"{key[:16]}.gguf", spec, progress=False).path
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_mtp_model(synth_model) -> Path:
+    """The default synthetic tiny qwen35moe with an MTP block (acceptance 100% at temperature 0)."""
+    return synth_model("tiny-qwen35moe")

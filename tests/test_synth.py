@@ -1,0 +1,336 @@
+"""ggufmtp.synth: determinism, layout, tokenizer, knobs, atomic writes, CLI, real-shape table.
+
+Behaviour against the real llama-server (acceptance, prompt dependence) is in test_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ggufmtp import synth
+from ggufmtp.cli import main
+from ggufmtp.synth import SynthSpec, synthesize
+
+
+def _reader(path) -> gguf.GGUFReader:
+    return gguf.GGUFReader(str(path))
+
+
+def _field(r: gguf.GGUFReader, key: str):
+    f = r.fields[key]
+    return f.contents()
+
+
+def _tensors(r: gguf.GGUFReader) -> dict[str, gguf.ReaderTensor]:
+    return {t.name: t for t in r.tensors}
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_same_spec_same_bytes_other_seed_other_bytes(tmp_path):
+    a = synthesize(tmp_path / "a.gguf", SynthSpec(seed=1), progress=False)
+    b = synthesize(tmp_path / "b.gguf", SynthSpec(seed=1), progress=False)
+    c = synthesize(tmp_path / "c.gguf", SynthSpec(seed=2), progress=False)
+    d = synthesize(tmp_path / "d.gguf", SynthSpec(seed=1, wrong_successor_fraction=0.5), progress=False)
+    assert a.sha256 == synth.file_sha256(a.path)  # hashed while writing == hashed after
+    assert a.sha256 == b.sha256
+    assert c.sha256 != a.sha256
+    assert d.sha256 not in (a.sha256, c.sha256)
+    assert a.size_bytes == os.path.getsize(a.path) and a.size_bytes < 20 * 2**20  # "a few MB"
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def test_default_layout_and_metadata(tiny_mtp_model):
+    r = _reader(tiny_mtp_model)
+    t = _tensors(r)
+    assert _field(r, "general.architecture") == "qwen35moe"
+    assert _field(r, "qwen35moe.block_count") == 5
+    assert _field(r, "qwen35moe.nextn_predict_layers") == 1
+    assert _field(r, "qwen35moe.full_attention_interval") == 4
+    assert _field(r, "qwen35moe.embedding_length") % 256 == 0
+    assert _field(r, "qwen35moe.expert_feed_forward_length") % 256 == 0
+    # 3 Gated DeltaNet : 1 full attention, then the MTP block (full attention) blk.4
+    for il in (0, 1, 2):
+        assert f"blk.{il}.ssm_out.weight" in t and f"blk.{il}.attn_q.weight" not in t
+    for il in (3, 4):
+        assert f"blk.{il}.attn_q.weight" in t and f"blk.{il}.ssm_out.weight" not in t
+    for name in ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm", "nextn.shared_head_norm"):
+        assert f"blk.4.{name}.weight" in t
+    assert "blk.4.nextn.embed_tokens.weight" not in t  # f=0: falls back to token_embd
+    assert list(t["blk.4.nextn.eh_proj.weight"].shape) == [512, 256]
+    # types: BF16 matrices, F32 for 1-D and the tensors convert_hf_to_gguf keeps in F32
+    f32 = {n for n, x in t.items() if x.tensor_type == gguf.GGMLQuantizationType.F32}
+    bf16 = {n for n, x in t.items() if x.tensor_type == gguf.GGMLQuantizationType.BF16}
+    assert f32 | bf16 == set(t)
+    for n, x in t.items():
+        if len(x.shape) == 1 or n.endswith(("ffn_gate_inp.weight", "ssm_conv1d.weight", ".ssm_a", "ssm_dt.bias")):
+            assert n in f32, n
+        else:
+            assert n in bf16, n
+    assert _field(r, "general.file_type") == gguf.LlamaFileType.MOSTLY_BF16
+
+
+def test_eh_proj_passes_the_embedding_half_through(tiny_mtp_model):
+    t = _tensors(_reader(tiny_mtp_model))
+    raw = np.asarray(t["blk.4.nextn.eh_proj.weight"].data).view(np.uint16).reshape(256, 512)
+    m = synth.from_bf16(raw)
+    assert np.array_equal(m[:, :256], np.eye(256, dtype=np.float32))
+    assert not m[:, 256:].any()
+
+
+def test_no_mtp(tmp_path):
+    res = synthesize(tmp_path / "n.gguf", SynthSpec(mtp=False), progress=False)
+    r = _reader(res.path)
+    assert res.mtp_block is None and res.expected_acceptance(3) == 0.0
+    assert _field(r, "qwen35moe.block_count") == 4
+    assert _field(r, "qwen35moe.nextn_predict_layers") == 0
+    assert not [n for n in _tensors(r) if n.startswith("blk.4.") or "nextn" in n]
+
+
+def test_omit_tensors_makes_an_incomplete_mtp_block(tmp_path):
+    res = synthesize(tmp_path / "o.gguf", SynthSpec(omit_tensors=("nextn.hnorm", "ffn_up_shexp")), progress=False)
+    t = _tensors(_reader(res.path))
+    assert "blk.4.nextn.hnorm.weight" not in t and "blk.4.ffn_up_shexp.weight" not in t
+    assert "blk.4.nextn.enorm.weight" in t and "blk.3.ffn_up_shexp.weight" in t
+    with pytest.raises(synth.SynthError, match="not a tensor of the MTP block"):
+        synthesize(tmp_path / "x.gguf", SynthSpec(omit_tensors=("nextn.nope",)), progress=False)
+
+
+def test_mtp_only_sidecar(tmp_path):
+    res = synthesize(tmp_path / "s.gguf", SynthSpec(mtp_only=True), progress=False)
+    r = _reader(res.path)
+    names = set(_tensors(r))
+    assert _field(r, "qwen35moe.block_count") == 5 and _field(r, "qwen35moe.nextn_predict_layers") == 1
+    assert {"token_embd.weight", "output_norm.weight", "output.weight"} <= names
+    assert all(n.startswith("blk.4.") for n in names - {"token_embd.weight", "output_norm.weight", "output.weight"})
+    assert not res.servable
+
+
+def test_dense_qwen35_layout(synth_model):
+    r = _reader(synth_model("tiny-qwen35"))
+    t = _tensors(r)
+    assert _field(r, "general.architecture") == "qwen35"
+    assert _field(r, "qwen35.feed_forward_length") % 256 == 0
+    assert "blk.4.ffn_up.weight" in t and "blk.4.nextn.eh_proj.weight" in t
+    assert not [n for n in t if "exps" in n or "shexp" in n]
+
+
+def test_knob_writes_embed_tokens_with_exactly_the_wrong_rows(synth_model):
+    spec = synth.BUILTIN_MODELS["tiny-qwen35moe-f50"]
+    t = _tensors(_reader(synth_model("tiny-qwen35moe-f50")))
+    emb = np.asarray(t["token_embd.weight"].data).view(np.uint16).reshape(-1, 256)
+    nxt = np.asarray(t["blk.4.nextn.embed_tokens.weight"].data).view(np.uint16).reshape(-1, 256)
+    differs = (emb != nxt).any(axis=1)
+    ch = synth.chain_for(spec)
+    assert np.array_equal(differs, ch.corrupted)
+    n_text = len(ch.text_ids)
+    assert differs.sum() == round(0.5 * n_text)
+    # a corrupted token's draft successor is never the true one; clean ones agree
+    assert (ch.draft_successor[ch.corrupted] != ch.successor[ch.corrupted]).all()
+    assert (ch.draft_successor[~ch.corrupted] == ch.successor[~ch.corrupted]).all()
+
+
+# ----------------------------------------------------------------------------- tokenizer & chain
+
+
+def test_tokenizer_is_consistent_bpe(tiny_mtp_model):
+    r = _reader(tiny_mtp_model)
+    tokens = _field(r, "tokenizer.ggml.tokens")
+    merges = _field(r, "tokenizer.ggml.merges")
+    types = _field(r, "tokenizer.ggml.token_type")
+    assert _field(r, "tokenizer.ggml.model") == "gpt2" and _field(r, "tokenizer.ggml.pre") == "qwen2"
+    assert len(merges) >= 256
+    vocab = set(tokens)
+    assert len(vocab) == len(tokens)
+    b2u = synth.bytes_to_unicode()
+    assert tokens[:256] == [b2u[b] for b in range(256)]
+    for m in merges:
+        a, b = m.split(" ")
+        assert a in vocab and b in vocab and a + b in vocab, m
+    specials = {tokens[i]: i for i, ty in enumerate(types) if ty == 3}
+    assert set(specials) == {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+    assert _field(r, "tokenizer.ggml.eos_token_id") == specials["<|im_end|>"]
+    assert _field(r, "tokenizer.ggml.bos_token_id") == specials["<|endoftext|>"]
+    assert _field(r, "tokenizer.ggml.padding_token_id") == specials["<|endoftext|>"]
+    assert _field(r, "tokenizer.ggml.add_bos_token") is False
+    tmpl = _field(r, "tokenizer.chat_template")
+    assert "<|im_start|>" in tmpl and "add_generation_prompt" in tmpl
+
+
+def test_successor_never_yields_control_tokens_and_is_one_cycle():
+    vocab = synth.build_vocab()
+    ch = synth.chain_for(SynthSpec())
+    text = set(ch.text_ids.tolist())
+    assert set(ch.successor.tolist()) <= text
+    for special in (vocab.bos, vocab.eos, vocab.im_start):
+        assert special not in text
+    # one cycle through all text tokens
+    start = int(ch.text_ids[0])
+    seen, t = set(), start
+    for _ in range(len(text)):
+        seen.add(t)
+        t = int(ch.successor[t])
+    assert t == start and seen == text
+    s = vocab.decode(synth.predict_tokens(SynthSpec(), vocab.eos, 200))
+    assert s.isascii() and "<|" not in s
+
+
+def test_expected_acceptance_formula_and_simulation():
+    assert synth.expected_acceptance(0.0, 3) == 1.0
+    assert math.isclose(synth.expected_acceptance(0.5, 3), (0.5 + 0.25 + 0.125) / 3)
+    assert math.isclose(synth.expected_acceptance(0.2, 1), 0.8)
+    with pytest.raises(ValueError):
+        synth.expected_acceptance(0.1, 0)
+    # the exact per-reply simulation agrees with the formula on long replies
+    spec = SynthSpec(wrong_successor_fraction=0.3)
+    ch = synth.chain_for(spec)
+    d = a = 0
+    for start in ch.text_ids[:40]:
+        dd, aa = synth.simulate_acceptance(spec, int(start), 256, 3)
+        d, a = d + dd, a + aa
+    assert abs(a / d - synth.expected_acceptance(0.3, 3)) < 0.04
+    assert synth.simulate_acceptance(SynthSpec(), 5, 64, 3) == (47, 47)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
+    orig = synth._Builder.plans
+
+    def broken(self):
+        plans = orig(self)
+
+        def boom():
+            yield np.zeros(4, dtype=np.uint16)
+            raise KeyboardInterrupt
+
+        plans[10].chunks = boom
+        return plans
+
+    monkeypatch.setattr(synth._Builder, "plans", broken)
+    with pytest.raises(KeyboardInterrupt):
+        synthesize(tmp_path / "m.gguf", SynthSpec(), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_builtin_path_caches(tmp_path):
+    p = synth.builtin_path("builtin:tiny-qwen35moe", cache_dir=tmp_path)
+    mtime = p.stat().st_mtime_ns
+    assert synth.builtin_path("tiny-qwen35moe", cache_dir=tmp_path) == p
+    assert p.stat().st_mtime_ns == mtime
+    assert [x.name for x in tmp_path.iterdir()] == [p.name]
+    with pytest.raises(synth.SynthError, match="unknown built-in"):
+        synth.builtin_path("nope", cache_dir=tmp_path)
+
+
+def test_invalid_specs():
+    for bad in (SynthSpec(arch="llama"), SynthSpec(shape="huge"), SynthSpec(layers=0),
+                SynthSpec(wrong_successor_fraction=1.5), SynthSpec(mtp=False, wrong_successor_fraction=0.1),
+                SynthSpec(arch="qwen35", shape=synth.SHAPE_REAL)):
+        with pytest.raises(synth.SynthError):
+            bad.validate()
+
+
+# ----------------------------------------------------------------------------- real shape (no GBs)
+
+
+def test_real_shape_tensor_table():
+    spec = SynthSpec(shape=synth.SHAPE_REAL, layers=1)
+    plans = {p.name: p for p in synth.plan(spec)}
+    V = 248320
+    expect = {
+        "token_embd.weight": (2048, V), "output.weight": (2048, V), "output_norm.weight": (2048,),
+        # blk.0: Gated DeltaNet, 16 key heads / 32 value heads of 128, conv kernel 4
+        "blk.0.attn_qkv.weight": (2048, 2 * 16 * 128 + 32 * 128), "blk.0.attn_gate.weight": (2048, 4096),
+        "blk.0.ssm_conv1d.weight": (4, 8192), "blk.0.ssm_a": (32,), "blk.0.ssm_dt.bias": (32,),
+        "blk.0.ssm_beta.weight": (2048, 32), "blk.0.ssm_alpha.weight": (2048, 32),
+        "blk.0.ssm_norm.weight": (128,), "blk.0.ssm_out.weight": (4096, 2048),
+        # 256 experts of width 512 (top-8), one shared expert of 512
+        "blk.0.ffn_gate_inp.weight": (2048, 256), "blk.0.ffn_gate_exps.weight": (2048, 512, 256),
+        "blk.0.ffn_up_exps.weight": (2048, 512, 256), "blk.0.ffn_down_exps.weight": (512, 2048, 256),
+        "blk.0.ffn_gate_inp_shexp.weight": (2048,), "blk.0.ffn_up_shexp.weight": (2048, 512),
+        "blk.0.ffn_down_shexp.weight": (512, 2048),
+        # MTP block blk.1: full attention, 16 heads x 256 (q carries the gate), 2 KV heads
+        "blk.1.attn_q.weight": (2048, 2 * 16 * 256), "blk.1.attn_k.weight": (2048, 512),
+        "blk.1.attn_v.weight": (2048, 512), "blk.1.attn_output.weight": (4096, 2048),
+        "blk.1.attn_q_norm.weight": (256,), "blk.1.nextn.eh_proj.weight": (4096, 2048),
+        "blk.1.nextn.enorm.weight": (2048,), "blk.1.nextn.hnorm.weight": (2048,),
+    }
+    for name, ne in expect.items():
+        assert plans[name].ne == ne, name
+    total = sum(p.nbytes for p in plans.values())
+    assert total > 5 * 10**9  # several GB even with one layer
+    assert len(synth.build_vocab(synth.SHAPE_REAL)) == V
+
+
+def test_real_shape_metadata(tmp_path):
+    """The real-shape header (metadata and tensor infos) over a sparse file: no GBs written."""
+    spec = SynthSpec(shape=synth.SHAPE_REAL, layers=2)
+    plans = synth.plan(spec)
+    w = gguf.GGUFWriter(path=None, arch=spec.arch)
+    synth._add_metadata(w, spec, synth.build_vocab(spec.shape))
+    for p in plans:
+        w.add_tensor_info(p.name, tuple(reversed(p.ne)), np.dtype(np.float16), p.nbytes,
+                          raw_dtype=gguf.GGMLQuantizationType(p.dtype))
+    out = tmp_path / "hdr.gguf"
+    w.write_header_to_file(path=out)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    assert w.fout is not None
+    start = w.fout[0].tell()
+    w.close()
+    pad = lambda n: (n + 31) // 32 * 32  # noqa: E731
+    os.truncate(out, pad(start) + sum(pad(p.nbytes) for p in plans))  # sparse: no disk blocks
+    r = gguf.GGUFReader(str(out))
+    a = "qwen35moe."
+    assert _field(r, a + "embedding_length") == 2048
+    assert _field(r, a + "attention.head_count") == 16 and _field(r, a + "attention.head_count_kv") == 2
+    assert _field(r, a + "attention.key_length") == 256
+    assert _field(r, a + "expert_count") == 256 and _field(r, a + "expert_used_count") == 8
+    assert _field(r, a + "expert_feed_forward_length") == 512
+    assert _field(r, a + "expert_shared_feed_forward_length") == 512
+    assert _field(r, a + "ssm.group_count") == 16 and _field(r, a + "ssm.time_step_rank") == 32
+    assert _field(r, a + "ssm.inner_size") == 4096 and _field(r, a + "ssm.conv_kernel") == 4
+    assert _field(r, a + "rope.dimension_count") == 64  # 25% of the 256 head dim
+    assert _field(r, a + "block_count") == 3 and _field(r, a + "nextn_predict_layers") == 1
+    assert len(_field(r, "tokenizer.ggml.tokens")) == 248320
+    t = _tensors(r)
+    assert len(t) == len(plans)
+    assert list(t["blk.2.ffn_down_exps.weight"].shape) == [512, 2048, 256]
+    assert list(t["blk.2.nextn.eh_proj.weight"].shape) == [4096, 2048]
+    assert t["token_embd.weight"].tensor_type == gguf.GGMLQuantizationType.BF16
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_synth_json(tmp_path):
+    out = tmp_path / "c.gguf"
+    res = CliRunner().invoke(main, ["synth", str(out), "--wrong-successor-fraction", "0.2", "--seed", "3",
+                                    "--layers", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    j = json.loads(res.output)
+    assert j["path"] == str(out) and out.is_file() and j["mtp_block"] == 4
+    assert j["spec"]["seed"] == 3 and j["sha256"] == synth.file_sha256(out)
+    assert math.isclose(j["expected_acceptance"]["3"], synth.expected_acceptance(j["realized_wrong_fraction"], 3))
+
+
+def test_cli_synth_text_no_mtp_and_omit(tmp_path):
+    r1 = CliRunner().invoke(main, ["synth", str(tmp_path / "a.gguf"), "--no-mtp"])
+    assert r1.exit_code == 0 and "no MTP block" in r1.output
+    r2 = CliRunner().invoke(main, ["synth", str(tmp_path / "b.gguf"), "--omit-tensor", "nextn.hnorm"])
+    assert r2.exit_code == 0 and "k=3: 1.000" in r2.output
+    assert "blk.4.nextn.hnorm.weight" not in _tensors(_reader(tmp_path / "b.gguf"))
+    r3 = CliRunner().invoke(main, ["synth", str(tmp_path / "c.gguf"), "--no-mtp", "--wrong-successor-fraction", "0.5"])
+    assert r3.exit_code == 1 and "error:" in r3.output and not (tmp_path / "c.gguf").exists()
