@@ -32,8 +32,13 @@ test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# The whole pipeline on the built-in synthesized model: inspect, plan, quantize with the Hi-Fi
+# recipe, audit, verify with llama-server (draft-mtp vs vanilla), receipt, card; summary printed.
+DEMO_OUT ?= demo-out
 demo: setup
 	$(VENV)/bin/ggufmtp inspect builtin:tiny-qwen35moe
+	$(VENV)/bin/ggufmtp run --recipe hifi-q4_k_m-mtp --model builtin:tiny-qwen35moe -o $(DEMO_OUT) \
+		--seeds 42,1337,2024 --max-tokens 64
 
 clean-venv:
 	rm -rf $(VENV)

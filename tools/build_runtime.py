@@ -7,9 +7,15 @@ Same as `ggufmtp runtime build`, but runnable before the package is installed (s
 
 import argparse
 import sys
+import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+# Load ggufmtp.runtime without running ggufmtp/__init__.py, which imports the package's
+# dependencies (numpy, gguf, ...): this script runs before they are installed.
+_pkg = types.ModuleType("ggufmtp")
+_pkg.__path__ = [str(ROOT / "ggufmtp")]
+sys.modules.setdefault("ggufmtp", _pkg)
 
 from ggufmtp import runtime  # noqa: E402
 from ggufmtp.errors import GgufmtpError  # noqa: E402
