@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Real-scale evidence on one H200 (or any CUDA GPU), offline. Run from the repo root:
+#
+#   bash benchmarks/gpu/run_h200.sh prepare   # on a machine with network: fills .device-carry/
+#   bash benchmarks/gpu/run_h200.sh build     # on the GPU machine: CUDA runtime (background-safe)
+#   bash benchmarks/gpu/run_h200.sh synth     # Qwen3.6-35B-A3B-shaped BF16 (40 layers + blk.40) in /dev/shm
+#   bash benchmarks/gpu/run_h200.sh quantize  # ggufmtp quantize (Hi-Fi) vs llama-quantize, timed
+#   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify, full GPU offload
+#
+# Everything the GPU machine needs travels in .device-carry/ (git-ignored): the llama.cpp tree of
+# the pinned llama-cpp-python sdist (trimmed of models/docs), llama-cpp-python's pure-Python
+# package (it loads the CUDA libllama through LLAMA_CPP_LIB_PATH) and wheels for gguf/jsonschema.
+# Results land in $OUT (or ./gpu-results) as logs and JSON; benchmarks/README.md records them.
+set -euo pipefail
+STAGE=${1:?stage}
+CARRY=${CARRY:-.device-carry}
+RES=${OUT:-./gpu-results}
+WORK=${WORK:-/dev/shm/ggufmtp}
+LAYERS=${LAYERS:-40}
+WRONG=${WRONG:-0.136}   # wrong-successor fraction: expected acceptance ~75% at k=3
+mkdir -p "$RES" "$WORK"
+
+env_setup() {
+  if [ ! -d /tmp/site/gguf ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$CARRY"/wheels/*.whl
+  fi
+  export PYTHONPATH=/tmp/site:$PWD:$PWD/$CARRY/pylib
+  export GGUFMTP_CACHE=${GGUFMTP_CACHE:-/tmp/ggufmtp-cache}
+  export GGUFMTP_LLAMA_CPP_SDIST=$PWD/$CARRY/llama-src.tar.gz
+  export GGUFMTP_RUNTIME_VARIANT=cuda-sm90
+  export PYTHONUNBUFFERED=1
+}
+
+case "$STAGE" in
+  prepare)
+    mkdir -p "$CARRY/wheels" "$CARRY/pylib"
+    sdist=$(python3 tools/build_runtime.py --print-sdist)
+    tmp=$(mktemp -d); tar xzf "$sdist" -C "$tmp"
+    d=$(ls "$tmp"); v=$d/vendor/llama.cpp
+    tar czf "$CARRY/llama-src.tar.gz" -C "$tmp" --exclude="$v/models" --exclude="$v/docs" \
+      --exclude="$v/examples" --exclude="$v/tools/server/webui" --exclude="$v/media" "$v"
+    cp -r "$tmp/$d/llama_cpp" "$CARRY/pylib/"
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d "$CARRY/wheels" gguf==0.19.0 jsonschema referencing jsonschema-specifications rpds-py
+    rm -rf "$tmp"; du -sh "$CARRY" ;;
+  build)
+    env_setup
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/gpu.txt"
+    /usr/bin/time -v python3 -m ggufmtp runtime build --cuda --cuda-arch 90 -j "$(nproc)" --json \
+      > "$RES/build.json" 2> "$RES/build.log"
+    python3 -m ggufmtp doctor --json > "$RES/doctor.json" || true ;;
+  synth)
+    env_setup
+    /usr/bin/time -v python3 -m ggufmtp synth "$WORK/qwen36-shape-bf16.gguf" --shape qwen3.6-35b-a3b \
+      --layers "$LAYERS" --wrong-successor-fraction "$WRONG" --json > "$RES/synth.json" 2> "$RES/synth.log" ;;
+  quantize)
+    env_setup
+    M=$WORK/qwen36-shape-bf16.gguf
+    python3 -m ggufmtp plan "$M" --recipe hifi-q4_k_m-mtp --json > "$RES/plan.json" || true
+    s=$(date +%s.%N)
+    python3 -m ggufmtp quantize "$M" --recipe hifi-q4_k_m-mtp -o "$WORK/hifi.gguf" -t "$(nproc)" \
+      --no-progress --json > "$RES/quantize.json"
+    e=$(date +%s.%N); echo "ggufmtp_quantize_s $(echo "$e - $s" | bc)" | tee "$RES/quantize_times.txt"
+    cmd=$(python3 -m ggufmtp plan "$M" --recipe hifi-q4_k_m-mtp --emit llama-quantize --out "$WORK/cli.gguf")
+    Q=$(python3 -m ggufmtp runtime path)/llama-quantize
+    s=$(date +%s.%N)
+    eval "${cmd/llama-quantize/$Q} $(nproc)" > "$RES/cli_quantize.log" 2>&1
+    e=$(date +%s.%N); echo "llama_quantize_s $(echo "$e - $s" | bc)" | tee -a "$RES/quantize_times.txt"
+    cmp "$WORK/hifi.gguf" "$WORK/cli.gguf" && echo "byte_identical yes" | tee -a "$RES/quantize_times.txt"
+    rm -f "$WORK/cli.gguf" ;;
+  verify)
+    env_setup
+    python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --draft-n-max "${K:-3}" \
+      --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp --json \
+      --out "$RES/verify.json" > /dev/null 2> "$RES/verify.log" || true
+    tail -5 "$RES/verify.log" ;;
+  *) echo "unknown stage $STAGE" >&2; exit 2 ;;
+esac

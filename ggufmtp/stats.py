@@ -1,0 +1,106 @@
+"""Bootstrap confidence intervals for ``ggufmtp verify``.
+
+Every statistic verify reports is a function of per-prompt SUMS (drafted and accepted tokens,
+generated tokens and decode milliseconds of each arm), so one routine covers them all:
+:func:`bootstrap_sums` resamples the *units* (prompts) with replacement, sums the columns of the
+resampled units and applies the statistic to the sums.
+
+Choices (documented in the README's verify section):
+
+- Unit = prompt. A prompt's requests under every seed (and, for per-category rows, only the
+  prompts of that category) are added into one unit before resampling. At temperature 0 the seed
+  does not change the text, so treating seeds as independent observations would shrink the CI
+  without adding information; prompts are what vary.
+- Acceptance = sum(accepted) / sum(drafted) over the resampled prompts (a ratio of sums, the same
+  estimator as the point value, so long replies weigh more, as they do in the point value).
+- Speedup = (sum MTP tokens / sum MTP decode time) / (sum vanilla tokens / sum vanilla decode time),
+  resampling prompt PAIRS (the vanilla and MTP requests of a prompt stay together), i.e. the ratio
+  of aggregate decode throughputs. Per-prompt ratios are not averaged: a few very short replies
+  would dominate such a mean.
+- Percentile interval at 95%, 2000 resamples by default, generator ``numpy.random.PCG64(seed)``
+  with a fixed seed (0): the same data always gives the same interval.
+- Fewer than 2 units: no interval (``(None, None)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+DEFAULT_RESAMPLES = 2000
+DEFAULT_SEED = 0
+DEFAULT_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float | None
+    lo: float | None
+    hi: float | None
+    n_units: int
+    resamples: int
+
+    @property
+    def ci(self) -> list[float | None]:
+        return [self.lo, self.hi]
+
+    def contains(self, x: float) -> bool:
+        return self.lo is not None and self.hi is not None and self.lo <= x <= self.hi
+
+
+def _finite_or_none(x: float) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def bootstrap_sums(units: np.ndarray | Sequence[Sequence[float]],
+                   statistic: Callable[[np.ndarray], np.ndarray],
+                   resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
+                   level: float = DEFAULT_LEVEL) -> Estimate:
+    """Percentile bootstrap of ``statistic(column sums)`` over the rows (units) of ``units``.
+
+    ``statistic`` receives an array whose last axis holds the column sums (shape ``(c,)`` for the
+    point value, ``(B, c)`` for the resamples) and returns the statistic along the other axes.
+    Resamples where the statistic is not finite (e.g. no drafted tokens) are dropped.
+    """
+    x = np.asarray(units, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError("units must be a 2-D array: one row per unit, one column per summed quantity")
+    if resamples < 1:
+        raise ValueError("resamples must be >= 1")
+    if not 0 < level < 1:
+        raise ValueError("level must be in (0, 1)")
+    n = x.shape[0]
+    if n == 0:
+        return Estimate(None, None, None, 0, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = _finite_or_none(statistic(x.sum(axis=0)))
+    if n < 2:
+        return Estimate(point, None, None, n, 0)
+    rng = np.random.Generator(np.random.PCG64(seed))
+    idx = rng.integers(0, n, size=(resamples, n))
+    sums = x[idx].sum(axis=1)  # (B, c)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = np.asarray(statistic(sums), dtype=np.float64)
+    stats = stats[np.isfinite(stats)]
+    if stats.size == 0:
+        return Estimate(point, None, None, n, 0)
+    a = (1 - level) / 2
+    lo, hi = np.quantile(stats, [a, 1 - a])
+    return Estimate(point, float(lo), float(hi), n, int(stats.size))
+
+
+def ratio_of_sums(num: Sequence[float], den: Sequence[float], **kw) -> Estimate:
+    """``sum(num) / sum(den)`` with a bootstrap CI over units (e.g. acceptance per prompt)."""
+    units = np.column_stack([np.asarray(num, float), np.asarray(den, float)])
+    return bootstrap_sums(units, lambda s: s[..., 0] / s[..., 1], **kw)
+
+
+def throughput_ratio(n_a: Sequence[float], ms_a: Sequence[float], n_b: Sequence[float], ms_b: Sequence[float],
+                     **kw) -> Estimate:
+    """Paired speedup of arm A over arm B: ``(sum n_a / sum ms_a) / (sum n_b / sum ms_b)``, units
+    resampled as pairs."""
+    units = np.column_stack([np.asarray(v, float) for v in (n_a, ms_a, n_b, ms_b)])
+    return bootstrap_sums(units, lambda s: (s[..., 0] / s[..., 1]) / (s[..., 2] / s[..., 3]), **kw)

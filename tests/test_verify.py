@@ -1,0 +1,417 @@
+"""ggufmtp verify: the real llama-server on synthetic models, plus the pure parts (suite loader,
+bootstrap CIs, verdict policy, sweep recommendation).
+
+Run time is kept small (a few prompts, one or two seeds, 32-64 tokens): on 2 CPU cores each
+verify run is 12-24 requests of a tiny model, a few seconds when the machine is quiet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ggufmtp import stats
+from ggufmtp.cli import main
+from ggufmtp.errors import VerifyError
+from ggufmtp.server import LlamaServer, ServerConfig
+from ggufmtp.suite import SUITES_DIR, SuiteError, load_suite, modes_for_template
+from ggufmtp.synth import SynthSpec, expected_acceptance, simulate_acceptance
+from ggufmtp.verify import Thresholds, evaluate_verdict, recommend, verify
+
+K = 4
+FAST = dict(seeds=(42,), limit=6, max_tokens=64, progress=False, threads=2)
+KNOBS = (0.0, 0.3, 0.6)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _llama_children() -> dict[int, list[str]]:
+    """Live (non-zombie) llama-server processes whose parent is this test process."""
+    me = os.getpid()
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                stat = fh.read()
+            with open(f"/proc/{d}/cmdline", "rb") as fh:
+                cmd = [c.decode(errors="replace") for c in fh.read().split(b"\0") if c]
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1: stat.rindex(")")]
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if int(ppid) == me and comm.startswith("llama-server") and state != "Z":
+            out[int(d)] = cmd
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def run_cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def knob_models(synth_model):
+    return {f: synth_model(SynthSpec(wrong_successor_fraction=f)) for f in KNOBS}
+
+
+@pytest.fixture(scope="module")
+def knob_results(llama_server_bin, knob_models):
+    """One verify run per knob (f=0.3 with two seeds, for the per-seed rows)."""
+    out = {}
+    for f, path in knob_models.items():
+        kw = dict(FAST)
+        if f == 0.3:
+            kw["seeds"] = (42, 7)
+        out[f] = verify(path, draft_n_max=K, **kw)
+    assert not _llama_children(), "verify left llama-server processes behind"
+    return out
+
+
+# ----------------------------------------------------------------------------- real llama-server
+
+
+def test_acceptance_orders_models_and_matches_the_knob(knob_results):
+    acc = {f: r.main["acceptance"] for f, r in knob_results.items()}
+    ci = {f: r.main["acceptance_ci95"] for f, r in knob_results.items()}
+    # ordering, with separated confidence intervals (not just point estimates)
+    assert acc[0.0] > acc[0.3] > acc[0.6], acc
+    assert ci[0.3][1] < ci[0.0][0] and ci[0.6][1] < ci[0.3][0], ci
+    for f, r in knob_results.items():
+        exp = expected_acceptance(f, K)
+        lo, hi = ci[f]
+        if f == 0.0:
+            # a head that always agrees: every drafted token is accepted, so the CI is the point 1.0
+            assert acc[f] == 1.0 and lo == hi == 1.0
+            continue
+        assert hi - lo > 0.005, f"degenerate CI at f={f}: {ci[f]}"
+        # The formula is exact only for replies much longer than k that visit the whole successor cycle;
+        # our 64-token replies (server caps the last drafts at n_remaining - 1) and a percentile bootstrap
+        # over only 6 prompts (it under-covers at small n) justify a 2-point widening of the CI.
+        slack = 0.02
+        assert lo - slack <= exp <= hi + slack, f"f={f}: expected {exp:.4f}, measured {acc[f]:.4f} CI {ci[f]}"
+
+
+def test_measured_counts_equal_the_bigram_simulation(knob_results, knob_models):
+    """Every MTP request's (draft_n, draft_n_accepted) equals what the synthetic model's exact simulation
+    of llama-server's draft loop predicts: the numbers verify reports are the server's, not invented."""
+    res = knob_results[0.3]
+    spec = SynthSpec(wrong_successor_fraction=0.3)
+    suite = load_suite("chat-v1").limit(FAST["limit"])
+    with LlamaServer(ServerConfig(model=knob_models[0.3], threads=2, metrics=False)) as srv:
+        last = {}
+        for p in suite.prompts:
+            text = srv.post_json("/apply-template", {"messages": p.chat_messages()})["prompt"]
+            last[p.id] = srv.tokenize(text)[-1]
+    mtp = [r for r in res.records if r.arm == "mtp"]
+    assert len(mtp) == FAST["limit"] * 2
+    for r in mtp:
+        assert (r.draft_n, r.draft_n_accepted) == simulate_acceptance(spec, last[r.prompt_id], r.predicted_n, K), r
+
+
+def test_identical_output_and_report_shape(knob_results):
+    for f, r in knob_results.items():
+        d = r.to_dict()
+        assert d["identical_output_fraction"] == 1.0 and d["mismatch_count"] == 0
+        assert d["verdict"] == "pass" and d["reasons"] == []  # no thresholds: drafting + identical output
+        m = d["mtp"]
+        assert m["draft_n"] > 0 and 0 <= m["draft_n_accepted"] <= m["draft_n"]
+        assert m["acceptance"] == pytest.approx(m["draft_n_accepted"] / m["draft_n"])
+        assert m["tokens_per_second"] > 0 and d["vanilla"]["tokens_per_second"] > 0
+        assert d["speedup"] == pytest.approx(m["tokens_per_second"] / d["vanilla"]["tokens_per_second"])
+        assert d["speedup_ci95"][0] <= d["speedup"] <= d["speedup_ci95"][1]
+        assert set(d["per_category"]) == {"code", "math", "general"}
+        assert d["suite"]["name"] == "chat-v1" and len(d["suite"]["sha256"]) == 64
+        assert d["server"]["build_info"].endswith("-0c1e570") and d["server"]["commit"] == "0c1e570"
+        assert Path(d["server"]["binary"]).name == "llama-server"
+        assert "--spec-type" in d["server"]["flags"]["mtp"][str(K)] and "--spec-type" not in d["server"]["flags"]["vanilla"]
+        assert d["hardware"]["cpu_cores"] and d["hardware"]["offloaded"] is False
+        # per-position acceptance from /metrics: non-increasing, position 1 = P(first draft accepted)
+        pp = m["per_position"]
+        assert len(pp) == K and all(a >= b for a, b in zip(pp, pp[1:]))
+        assert m["n_drafts"] > 0 and m["mean_accepted_per_draft"] == pytest.approx(sum(pp))
+        assert d["settings"]["metrics_mismatches"] == 0
+        if f == 0.0:
+            assert pp[0] == 1.0  # later positions: the last drafts of a reply are capped at n_remaining - 1
+    # per seed: at temperature 0 the seed does not change the text, so acceptance is the same
+    ps = knob_results[0.3].to_dict()["per_seed"]
+    assert set(ps) == {"42", "7"} and ps["42"]["acceptance"] == ps["7"]["acceptance"]
+    assert ps["42"]["draft_n"] == ps["7"]["draft_n"]
+
+
+def test_no_mtp_model_fails_cleanly(llama_server_bin, synth_model):
+    nomtp = synth_model("tiny-qwen35moe-nomtp")
+    with pytest.raises(VerifyError, match=r"MTP block is absent.*complete MTP"):
+        verify(nomtp, **FAST)
+    r = run_cli("verify", nomtp, "--limit", 2)
+    assert r.exit_code == 1
+    assert "error:" in r.output and "MTP block is absent" in r.output and "Traceback" not in r.output
+    incomplete = synth_model("tiny-qwen35moe-no-hnorm")
+    with pytest.raises(VerifyError, match=r"incomplete.*nextn\.hnorm"):
+        verify(incomplete, **FAST)
+    assert not _llama_children()
+
+
+def test_server_killed_mid_run(llama_server_bin, knob_models):
+    killed: list[int] = []
+
+    def kill_mtp_after_three(rec):
+        if len(killed) == 0 and rec.order >= 2:
+            kids = _llama_children()
+            assert len(kids) == 2, kids  # both arms are up
+            pid = next(p for p, cmd in kids.items() if "draft-mtp" in cmd)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    with pytest.raises(VerifyError) as ei:
+        verify(knob_models[0.3], on_record=kill_mtp_after_three, **FAST)
+    msg = str(ei.value)
+    assert killed and "mtp arm" in msg and "crashed" in msg and "SIGKILL" in msg, msg
+    assert not _llama_children(), "a llama-server outlived the failed verify"
+    assert not _alive(killed[0])
+
+
+def test_no_drafting_is_a_hard_error(llama_server_bin, knob_models, monkeypatch):
+    """An MTP arm whose replies carry no timings.draft_n (speculation not running) is an error, not a verdict."""
+    orig = LlamaServer.chat
+
+    def chat_without_drafts(self, *a, **kw):
+        resp = orig(self, *a, **kw)
+        resp["timings"].pop("draft_n", None)
+        resp["timings"].pop("draft_n_accepted", None)
+        return resp
+
+    monkeypatch.setattr(LlamaServer, "chat", chat_without_drafts)
+    with pytest.raises(VerifyError, match=r"MTP server \(k=4\): speculation did not run.*no timings\.draft_n"):
+        verify(knob_models[0.3], **FAST)
+    assert not _llama_children()
+
+
+def test_thinking_modes_are_reported_separately(llama_server_bin, knob_models, tmp_path):
+    """A chat template with an enable_thinking switch gives two modes, run and reported apart."""
+    tpl = tmp_path / "think.jinja"
+    tpl.write_text(
+        "{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+        "'<|im_end|>\\n' -}}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+        "{%- if messages|length > 0 and messages[-1]['role'] == 'user' -%}"
+        "{{- messages[-1]['content'].rstrip(' \\t\\r\\n.?!') -}}{%- endif -%}"
+        "{%- if enable_thinking is defined and enable_thinking is false -%}{{- ' right now' -}}{%- endif -%}"
+        "{%- endif -%}")
+    res = verify(knob_models[0.3], seeds=(42,), limit=3, max_tokens=32, progress=False, threads=2,
+                 extra_args=["--chat-template-file", str(tpl)], thresholds=Thresholds(min_acceptance=0.99))
+    assert res.modes == ["thinking", "no-thinking"]
+    d = res.to_dict()
+    assert set(d["modes"]) == {"thinking", "no-thinking"} and d["mode"] == "thinking"
+    text = {(r.mode, r.prompt_id): r.text for r in res.records if r.arm == "mtp"}
+    # the switch reached the template: the no-thinking prompts end differently, so the bigram replies differ
+    assert all(text[("thinking", p)] != text[("no-thinking", p)] for _, p in text)
+    # each mode judged on its own
+    assert sum("[thinking]" in r for r in res.reasons) == 1 and sum("[no-thinking]" in r for r in res.reasons) == 1
+
+
+def test_sweep_and_cli_receipt(llama_server_bin, knob_models, tmp_path):
+    from ggufmtp.quantize import quantize
+    from ggufmtp.receipt import load_receipt, receipt_for_quantize, schema_errors
+
+    q = quantize(knob_models[0.0], "q8_0-mtp", tmp_path / "tiny-q8.gguf", progress=False)
+    rpath = receipt_for_quantize(q)
+    assert load_receipt(rpath)["predicate"]["verification"] is None
+    out = tmp_path / "v.json"
+    r = run_cli("verify", q.output, "--recipe", "q8_0-mtp", "--sweep", "2,4", "--seeds", "42", "--limit", 3,
+                "--max-tokens", 48, "--threads", 2, "--receipt", rpath, "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["verdict"] == "pass" and d["thresholds"]["source"] == "recipe q8_0-mtp"
+    assert d["thresholds"]["min_acceptance"] == 0.6 and d["settings"]["draft_n_max"] == 4
+    assert any("speedup threshold" in n and "not applied" in n for n in d["notes"])  # CPU policy
+    assert [row["k"] for row in d["sweep"]] == [2, 4] and d["tuned"]["command"].startswith("llama-server")
+    assert {p["profile"] for p in d["tuned"]["profiles"]} == {"low latency", "balanced", "MTP off"}
+    full = json.loads(out.read_text())
+    assert len(full["requests"]) == 2 * 2 * 3 and "requests" not in d
+    st = load_receipt(rpath)
+    assert schema_errors(st) == []
+    v = st["predicate"]["verification"]
+    assert v["verdict"] == "pass" and v["mtp"]["acceptance"] == 1.0 and v["suite"]["sha256"] == d["suite"]["sha256"]
+    assert st["predicate"]["toolchain"]["server"]["build_info"] == d["server"]["build_info"]
+    assert not _llama_children()
+
+
+def test_cli_failing_verdict_exits_1_with_reasons(llama_server_bin, knob_models):
+    r = run_cli("verify", knob_models[0.3], "--min-acceptance", 0.9, "--min-speedup", 50, "--seeds", "42",
+                "--limit", 3, "--max-tokens", 32, "--threads", 2)
+    assert r.exit_code == 1, r.output
+    assert "verdict: FAIL" in r.output and "FAIL acceptance" in r.output
+    assert "FAIL speedup" not in r.output and "not applied" in r.output  # CPU run: speedup reported, not judged
+    assert "overall" in r.output and "per-seed: seed 42" in r.output
+
+
+# ----------------------------------------------------------------------------- suite loader
+
+
+def _write(tmp_path, name, lines):
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_shipped_suite():
+    s = load_suite("chat-v1")
+    assert s.name == "chat-v1" and s.version == "1" and len(s.prompts) >= 50
+    assert s.sha256 == hashlib.sha256((SUITES_DIR / "chat-v1.jsonl").read_bytes()).hexdigest()
+    counts = s.to_dict()["categories"]
+    assert set(counts) == {"code", "math", "general"} and max(counts.values()) - min(counts.values()) <= 2
+    assert len({p.id for p in s.prompts}) == len(s.prompts)
+    assert s.limit(6).to_dict()["categories"] == {"code": 2, "math": 2, "general": 2}
+    assert load_suite(SUITES_DIR / "chat-v1.jsonl").sha256 == s.sha256
+
+
+def test_user_suite_and_errors(tmp_path):
+    ok = _write(tmp_path, "mine.jsonl", [
+        '{"id": "a", "category": "x", "prompt": "Hello there."}',
+        "",
+        '{"id": "b", "category": "y", "messages": [{"role": "system", "content": "Be brief."}, '
+        '{"role": "user", "content": "Hi"}]}',
+    ])
+    s = load_suite(ok)
+    assert [p.id for p in s.prompts] == ["a", "b"] and s.version is None
+    assert s.prompts[0].chat_messages() == [{"role": "user", "content": "Hello there."}]
+    assert s.prompts[1].raw_text() == "Be brief.\n\nHi"
+    good = '{"id": "a", "category": "x", "prompt": "p"}'
+    cases = {
+        "badjson": ([good, good.replace('"a"', '"b"'), '{"id": "c", "category": '], r":3: invalid JSON"),
+        "noid": ([good, '{"category": "x", "prompt": "p"}'], r':2: missing or empty "id"'),
+        "nocat": (['{"id": "a", "prompt": "p"}'], r':1: .*"category"'),
+        "both": (['{"id": "a", "category": "x", "prompt": "p", "messages": []}'], r":1: .*exactly one of"),
+        "neither": (['{"id": "a", "category": "x"}'], r":1: .*exactly one of"),
+        "dup": ([good, good], r":2: duplicate id 'a' \(first on line 1\)"),
+        "lastrole": (['{"id": "a", "category": "x", "messages": [{"role": "user", "content": "q"}, '
+                      '{"role": "assistant", "content": "r"}]}'], r":1: .*last message"),
+        "badrole": (['{"id": "a", "category": "x", "messages": [{"role": "bot", "content": "q"}]}'], r":1: .*messages\[0\]"),
+        "array": (["[1, 2]"], r":1: expected a JSON object"),
+    }
+    for name, (lines, pattern) in cases.items():
+        p = _write(tmp_path, f"{name}.jsonl", lines)
+        with pytest.raises(SuiteError, match=str(p).replace(".", r"\.") + pattern):
+            load_suite(p)
+    empty = _write(tmp_path, "empty.jsonl", [""])
+    with pytest.raises(SuiteError, match="no prompts"):
+        load_suite(empty)
+    with pytest.raises(SuiteError, match="not a file and not a shipped suite"):
+        load_suite("no-such-suite")
+    # the CLI names file:line too
+    bad = _write(tmp_path, "cli.jsonl", [good, "{oops"])
+    r = run_cli("verify", "/nonexistent.gguf", "--suite", bad)
+    assert r.exit_code == 1 and f"{bad}:2: invalid JSON" in r.output
+
+
+def test_thinking_detection():
+    assert modes_for_template("{% if enable_thinking is defined and enable_thinking is false %}{% endif %}") == [
+        "thinking", "no-thinking"]
+    assert modes_for_template("{{ messages }}") == ["default"] and modes_for_template(None) == ["default"]
+
+
+# ----------------------------------------------------------------------------- bootstrap
+
+
+def test_bootstrap_is_deterministic_and_handles_edges():
+    rng = np.random.default_rng(1)
+    d = rng.integers(50, 150, 30)
+    a = rng.binomial(d, 0.6)
+    e1, e2 = stats.ratio_of_sums(a, d), stats.ratio_of_sums(a, d)
+    assert (e1.value, e1.lo, e1.hi) == (e2.value, e2.lo, e2.hi)
+    assert e1.value == pytest.approx(a.sum() / d.sum()) and e1.lo < e1.value < e1.hi
+    e3 = stats.ratio_of_sums(a, d, seed=99)
+    assert (e3.lo, e3.hi) != (e1.lo, e1.hi) and abs(e3.lo - e1.lo) < 0.02
+    one = stats.ratio_of_sums([3], [4])
+    assert one.value == 0.75 and one.ci == [None, None]
+    none = stats.ratio_of_sums([0, 0], [0, 0])
+    assert none.value is None and none.ci == [None, None]
+    # paired speedup: same tokens, arm A twice as fast on every unit -> exactly 2 with a point CI
+    n = np.full(10, 64.0)
+    ms_b = rng.uniform(30, 60, 10)
+    sp = stats.throughput_ratio(n, ms_b / 2, n, ms_b)
+    assert sp.value == pytest.approx(2.0) and sp.lo == pytest.approx(2.0) and sp.hi == pytest.approx(2.0)
+
+
+def test_bootstrap_coverage_sanity():
+    """On data with a known true ratio, the 95% interval covers it in roughly 95% of datasets.
+    (Percentile bootstrap under-covers a little at n=40; accept 0.88-0.99 over 300 datasets.)"""
+    rng = np.random.default_rng(12345)
+    p, hits, trials = 0.45, 0, 300
+    for i in range(trials):
+        d = rng.integers(20, 120, 40)
+        a = rng.binomial(d, rng.beta(p * 20, (1 - p) * 20, 40))  # prompt-level heterogeneity around p
+        e = stats.ratio_of_sums(a, d, resamples=1000, seed=i)
+        hits += e.lo <= p <= e.hi
+    assert 0.88 <= hits / trials <= 0.99, hits / trials
+    # and a deliberately wrong "truth" is rarely covered
+    d = rng.integers(20, 120, 40)
+    a = rng.binomial(d, p)
+    assert not stats.ratio_of_sums(a, d).contains(p + 0.1)
+
+
+# ----------------------------------------------------------------------------- verdict & sweep
+
+
+def _m(acc=0.7, sp=0.8, ident=1.0):
+    return {"acceptance": acc, "speedup": sp, "speedup_ci95": [sp - 0.05, sp + 0.05], "identical_output_fraction": ident}
+
+
+def test_verdict_policy():
+    th = Thresholds(min_acceptance=0.6, min_speedup=1.2)
+    assert evaluate_verdict({"default": _m()}, th, offloaded=False)[0] == "pass"  # CPU: speedup not judged
+    v, reasons, notes = evaluate_verdict({"default": _m()}, th, offloaded=True)
+    assert v == "fail" and reasons == ["speedup 0.800× is below the minimum 1.200×"]
+    v, reasons, _ = evaluate_verdict({"default": _m()}, Thresholds(0.6, 1.2, enforce_speedup=True), offloaded=False)
+    assert v == "fail" and "speedup" in reasons[0]
+    assert evaluate_verdict({"default": _m(sp=1.3)}, th, offloaded=True)[0] == "pass"
+    v, reasons, _ = evaluate_verdict({"default": _m(acc=0.5, sp=1.3)}, th, offloaded=True)
+    assert v == "fail" and reasons == ["acceptance 50.0 % is below the minimum 60.0 %"]
+    v, reasons, _ = evaluate_verdict({"default": _m(ident=0.98)}, th, offloaded=False)
+    assert v == "fail" and "identical output" in reasons[0]
+    assert evaluate_verdict({"default": _m(ident=0.98)}, Thresholds(min_identical=0.95), False)[0] == "pass"
+    _, _, notes = evaluate_verdict({"default": _m()}, Thresholds(), offloaded=False)
+    assert any("no acceptance threshold" in n for n in notes)
+    v, reasons, _ = evaluate_verdict({"thinking": _m(acc=0.9), "no-thinking": _m(acc=0.5)}, th, offloaded=False)
+    assert v == "fail" and len(reasons) == 1 and "[no-thinking]" in reasons[0]
+
+
+def test_recommend():
+    def row(k, sp, lo, hi, acc=0.7, ident=1.0):
+        return {"k": k, "speedup": sp, "speedup_ci95": [lo, hi], "acceptance": acc, "identical_output_fraction": ident}
+
+    rows = [row(2, 1.30, 1.27, 1.33), row(3, 1.44, 1.41, 1.47), row(4, 1.49, 1.46, 1.52), row(6, 1.14, 1.1, 1.2),
+            row(8, 0.82, 0.8, 0.85)]
+    t = recommend(rows)
+    assert t["recommended_k"] == 4 and t["mtp_beats_vanilla"] and not t["clear"] and t["within_noise_of"] == [3]
+    assert t["balanced_k"] == 3  # smallest k within 5% of 1.49
+    prof = {p["profile"]: p for p in t["profiles"]}
+    assert prof["low latency"]["k"] == 4 and prof["balanced"]["k"] == 3 and not prof["MTP off"]["recommended"]
+    t = recommend([row(2, 1.1, 1.05, 1.15), row(4, 1.6, 1.5, 1.7)])
+    assert t["clear"] and t["recommended_k"] == 4 and t["balanced_k"] == 4
+    # a window that changes the output is never recommended
+    assert recommend([row(2, 1.1, 1.05, 1.15), row(4, 1.6, 1.5, 1.7, ident=0.9)])["best_k"] == 2
+    # nothing beats vanilla -> MTP off
+    t = recommend([row(2, 0.7, 0.6, 0.8), row(4, 0.95, 0.85, 1.02)])
+    assert t["recommended_k"] is None and t["best_k"] == 4
+    assert {p["profile"]: p["recommended"] for p in t["profiles"]} == {"low latency": False, "balanced": False,
+                                                                       "MTP off": True}
