@@ -35,7 +35,7 @@ def _progress_bar(path: Path, total: int, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=f"sha256 {path.name}", leave=False)
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"sha256 {path.name}", leave=False, disable=None)
 
 
 def file_digests(

@@ -65,7 +65,7 @@ class _Progress:
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=sum(self.sizes.values()), unit="B", unit_scale=True, unit_divisor=1024,
+            self.bar = tqdm(total=sum(self.sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, disable=None,
                             desc="quantize", dynamic_ncols=True)
 
     def on_line(self, level: int, line: str) -> None:  # noqa: ARG002

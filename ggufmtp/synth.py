@@ -916,7 +916,7 @@ def synthesize(out: str | os.PathLike, spec: SynthSpec = SynthSpec(), progress: 
             fout.write(b)
 
         align = w.data_alignment
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"synth {out.name}", disable=not progress,
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"synth {out.name}", disable=None if progress else True,
                   leave=False) as bar:
             for p in plans:
                 if pad := (-fout.tell()) % align:

@@ -928,7 +928,7 @@ def verify(
         modes = modes_for_template(template)
         total = len(ks) * len(seeds) * len(modes) * len(st.prompts) * len(endpoints) * 2
         bar = stack.enter_context(tqdm(total=total, desc="verify", unit="req", file=sys.stderr,
-                                       disable=not progress, leave=False, dynamic_ncols=True))
+                                       disable=None if progress else True, leave=False, dynamic_ncols=True))
         for mode in modes:
             _warmup(van, st.prompts[0], mode, "vanilla", None)
         runner = _Runner(st, seeds, modes, endpoints, max_tokens, bar, on_record)
