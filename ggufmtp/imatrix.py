@@ -1053,30 +1053,17 @@ class ModelTensors:
 def read_model_tensors(path: str | os.PathLike) -> ModelTensors:
     """Read tensor shapes (ne order: ``ReaderTensor.shape`` in gguf-py is ne0 first) and the
     ``<arch>.block_count`` / ``<arch>.nextn_predict_layers`` keys of a model GGUF."""
-    import gguf  # heavy import, only needed here
+    from .model import GGUFModel  # the fast header reader; split models read as one
 
     p = Path(path)
     if not p.is_file():
         raise GGUFReadError(f"model file {p} does not exist")
-    try:
-        r = gguf.GGUFReader(str(p), "r")
-    except Exception as e:  # gguf-py raises ValueError/struct/numpy errors on bad files
-        raise GGUFReadError(f"model file {p} is not a readable GGUF: {e}") from None
-
-    def field(key: str):
-        f = r.fields.get(key)
-        if f is None:
-            return None
-        try:
-            return f.contents()
-        except Exception:
-            return None
-
-    arch = field("general.architecture")
+    gm = GGUFModel(p)
+    arch = gm.metadata.get("general.architecture")
     arch = str(arch) if arch is not None else None
-    bc = field(f"{arch}.block_count") if arch else None
-    nn = field(f"{arch}.nextn_predict_layers") if arch else None
-    shapes = {t.name: tuple(int(x) for x in t.shape) for t in r.tensors}
+    bc = gm.metadata.get(f"{arch}.block_count") if arch else None
+    nn = gm.metadata.get(f"{arch}.nextn_predict_layers") if arch else None
+    shapes = gm.shapes()
     return ModelTensors(path=str(p), arch=arch, shapes=shapes,
                         block_count=int(bc) if bc is not None else None,
                         nextn_predict_layers=int(nn) if nn is not None else 0)

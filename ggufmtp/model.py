@@ -1,6 +1,7 @@
 """Reading a GGUF model's structure, with its MTP (NextN) block: ``ggufmtp inspect``.
 
-Built on gguf-py's ``GGUFReader`` (memory-mapped, so multi-GB files cost nothing to open).
+The header is read with :mod:`ggufmtp.gguf_header` (fast on 248k-token vocabularies); tensor
+data stays on disk and is reached through memory maps.
 Split GGUFs (``name-00001-of-00003.gguf``) are read as one model: metadata from the first shard,
 tensors from all of them.
 """
@@ -17,9 +18,9 @@ import numpy as np
 
 from .constants import MTP_ARCHITECTURES, NEXTN_OPTIONAL_FALLBACKS, NEXTN_REQUIRED
 from .errors import GGUFReadError
+from .gguf_header import read_header, tensor_nbytes
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
-GGUF_MAGIC = b"GGUF"
 
 # Tensors of a qwen35-family MTP block that the loader requires, as groups of alternatives
 # (a fused tensor or its parts). From src/models/qwen35moe.cpp and qwen35.cpp at 0c1e570.
@@ -68,58 +69,12 @@ def split_shards(path: Path) -> list[Path]:
     return shards
 
 
-def _field_value(field: Any) -> Any:
-    import gguf
-
-    types = field.types
-    if not types:
-        return None
-    if types[0] == gguf.GGUFValueType.ARRAY:
-        if len(types) > 1 and types[1] == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-        return [field.parts[i].tolist()[0] for i in field.data]
-    if types[0] == gguf.GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    return field.parts[field.data[0]].tolist()[0]
-
-
-def _open_reader(path: Path):
-    import gguf
-
-    if not path.exists():
-        raise GGUFReadError(f"{path}: no such file")
-    if path.is_dir():
-        raise GGUFReadError(f"{path}: is a directory, not a GGUF file")
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as e:
-        raise GGUFReadError(f"{path}: cannot read ({e.strerror})") from None
-    if magic != GGUF_MAGIC:
-        raise GGUFReadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # gguf-py raises ValueError/IndexError/etc. on corrupt headers
-        raise GGUFReadError(f"{path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + int(t.n_bytes) > size:
-            raise GGUFReadError(
-                f"{path}: truncated GGUF (tensor {t.name} ends at byte {t.data_offset + int(t.n_bytes)}, "
-                f"file has {size} bytes)"
-            )
-    return reader
-
-
 class GGUFModel:
     """A GGUF model (one file or all shards of a split one): metadata and tensor table.
 
-    ``metadata`` maps keys to Python values, except the large tokenizer arrays, which are
-    summarised as their length (read them with gguf-py if you need them).
+    ``metadata`` maps keys to Python values, except arrays longer than a few thousand items
+    (the tokenizer's), which are summarised as ``"<array of N>"`` (read them with gguf-py).
     """
-
-    _BIG_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                   "tokenizer.ggml.scores")
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -128,26 +83,20 @@ class GGUFModel:
         self.tensors: "OrderedDict[str, TensorInfo]" = OrderedDict()
         self.tensor_data_offsets: dict[str, int] = {}
         for i, shard in enumerate(self.shards):
-            reader = _open_reader(shard)
+            header = read_header(shard)
             if i == 0:
-                for key, field in reader.fields.items():
-                    if key.startswith("GGUF."):
-                        continue
-                    if key in self._BIG_ARRAYS:
-                        self.metadata[key] = f"<array of {len(field.data)}>"
-                    else:
-                        self.metadata[key] = _field_value(field)
-            for t in reader.tensors:
-                self.tensors[t.name] = TensorInfo(
-                    name=t.name,
-                    shape=tuple(int(x) for x in t.shape),
-                    type=t.tensor_type.name,
-                    n_elements=int(t.n_elements),
-                    n_bytes=int(t.n_bytes),
-                    shard=i,
-                )
-                self.tensor_data_offsets[t.name] = int(t.data_offset)
-            del reader
+                self.metadata = header.metadata
+            for t in header.tensors:
+                try:
+                    n_el, n_bytes, type_name = tensor_nbytes(t.shape, t.type_id)
+                except ValueError:
+                    raise GGUFReadError(f"{shard}: tensor {t.name} has unknown type id {t.type_id}") from None
+                if t.offset + n_bytes > header.file_size:
+                    raise GGUFReadError(f"{shard}: truncated GGUF (tensor {t.name} ends at byte "
+                                        f"{t.offset + n_bytes}, file has {header.file_size} bytes)")
+                self.tensors[t.name] = TensorInfo(name=t.name, shape=tuple(int(x) for x in t.shape),
+                                                  type=type_name, n_elements=n_el, n_bytes=n_bytes, shard=i)
+                self.tensor_data_offsets[t.name] = t.offset
 
     # --- architecture ---------------------------------------------------------------------
     @property

@@ -270,6 +270,7 @@ class LlamaServer:
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = Path(config.log_path) if config.log_path else None
+        self._temp_log = False
         self.command: list[str] = []
         self._log_fh = None
         self._props: dict | None = None
@@ -279,8 +280,17 @@ class LlamaServer:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.stop()
+        if exc_type is None:
+            self.discard_log()
+
+    def discard_log(self) -> None:
+        """Delete the log if it is a temporary file this manager made (kept when a run failed,
+        since error messages point at it)."""
+        if self._temp_log and self.log_path is not None and self.proc is not None and self.proc.poll() is not None:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
 
     def __del__(self):
         with contextlib.suppress(Exception):
@@ -395,6 +405,7 @@ class LlamaServer:
             fd, name = tempfile.mkstemp(prefix="ggufmtp-llama-server-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
+            self._temp_log = True
         else:
             self.log_path = Path(c.log_path)
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
