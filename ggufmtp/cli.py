@@ -737,3 +737,211 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
             click.echo(f"receipt {receipt_path}: verification section written (verdict {res.verdict})")
     if not res.ok:
         sys.exit(1)
+
+
+# --- tune, curve, profiles: server settings search and serving profiles (ggufmtp/tune.py, profiles.py)
+def _float_list(value: str | None, what: str) -> list[float] | None:
+    if value is None:
+        return None
+    try:
+        out = [float(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated numbers", param_hint=what) from None
+    if not out:
+        raise click.BadParameter(f"{value!r}: no values", param_hint=what)
+    return out
+
+
+def _ngl(gpu_layers: str | None) -> int | str | None:
+    if gpu_layers is None:
+        return None
+    return int(gpu_layers) if gpu_layers.lstrip("-").isdigit() else gpu_layers
+
+
+def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int,
+              limit: int | None, gpu_layers: str | None, threads: int | None, ctx_per_slot: int,
+              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+    from .tune import store_in_receipt, tune
+
+    res = tune(resolve_model_arg(model), concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds"),
+               suite=suite, max_tokens=max_tokens, limit=limit, gpu_layers=_ngl(gpu_layers), threads=threads,
+               ctx_per_slot=ctx_per_slot, llama_cpp_bin=llama_cpp_bin, progress=not as_json)
+    if out_path:
+        from .fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), res.to_dict())
+    if receipt_path:
+        store_in_receipt(receipt_path, model=resolve_model_arg(model), tuned=res.to_dict())
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(res.table())
+        if receipt_path:
+            click.echo(f"receipt {receipt_path}: verification.tuned written (verify's results kept)")
+
+
+@main.command("tune")
+@click.argument("model")
+@click.option("--concurrency", "-C", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Concurrent clients to tune for (slots are searched for > 1).")
+@click.option("--budget", type=click.IntRange(min=1), default=240, show_default=True,
+              help="Evaluations (MTP requests, each paired with a vanilla request) the search may spend.")
+@click.option("--seeds", default="42", show_default=True, help="Comma-separated request seeds.")
+@click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999); enables the backend-sampling dimensions.")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@click.option("--ctx-per-slot", type=click.IntRange(min=256), default=4096, show_default=True,
+              help="Context per slot (-c = slots x this).")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Store the result as verification.tuned in this receipt (verify's results are kept).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the full JSON here.")
+@bin_option
+@json_option
+@handle_errors
+def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int, limit: int | None,
+             gpu_layers: str | None, threads: int | None, ctx_per_slot: int, receipt_path: str | None,
+             out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+    """Search MTP server settings for MODEL on this hardware (successive halving).
+
+    Searches --spec-draft-n-max 1-8, --spec-draft-n-min, --spec-draft-p-min, backend sampling of the
+    target (-bs) and drafter (GPU only) and --parallel slots (concurrency > 1); keeps only settings
+    whose output equals vanilla, ranks them by speedup with 95% CIs, recommends one and prints the
+    exact llama-server command line. MODEL may be builtin:NAME."""
+    _run_tune(model, concurrency, budget, seeds, suite, max_tokens, limit, gpu_layers, threads, ctx_per_slot,
+              receipt_path, out_path, llama_cpp_bin, as_json)
+
+
+def _wire_verify_tune() -> None:
+    """``ggufmtp verify MODEL --tune`` = ``ggufmtp tune MODEL`` with verify's options (an alias; the
+    verify command itself is untouched)."""
+    cmd = main.commands.get("verify")
+    if cmd is None or any(p.name == "tune" for p in cmd.params):
+        return
+    cmd.params.extend([
+        click.Option(["--tune"], is_flag=True, help="Run `ggufmtp tune` instead (alias): search server settings; "
+                     "--seeds/--suite/--max-tokens/--limit/--gpu-layers/--threads/--receipt/--out/--json apply."),
+        click.Option(["--budget"], type=click.IntRange(min=1), default=240, show_default=True,
+                     help="With --tune: evaluations the search may spend."),
+        click.Option(["--concurrency"], type=click.IntRange(min=1), default=1, show_default=True,
+                     help="With --tune: concurrent clients to tune for."),
+    ])
+    orig = cmd.callback
+
+    @functools.wraps(orig)
+    def callback(*args, tune: bool = False, budget: int = 240, concurrency: int = 1, **kw):
+        if not tune:
+            return orig(*args, **kw)
+        ctx = click.get_current_context()
+        default = click.core.ParameterSource.DEFAULT
+        seeds = "42" if ctx.get_parameter_source("seeds") == default else kw["seeds"]
+        return handle_errors(_run_tune)(
+            kw["model"], concurrency, budget, seeds, kw["suite"], kw["max_tokens"], kw["limit"], kw["gpu_layers"],
+            kw["threads"], kw["ctx_size"], kw["receipt_path"], kw["out_path"], kw["llama_cpp_bin"], kw["as_json"])
+
+    cmd.callback = callback
+
+
+_wire_verify_tune()
+
+
+@main.command("curve")
+@click.argument("model")
+@click.option("--rates", default="0,0.25,0.5,0.75,0.9,1", show_default=True,
+              help="Synthetic acceptances (accepted/drafted at --draft-n-max), one point each.")
+@click.option("--synth-len", "synth_len", default=None,
+              help="Instead of --rates: --spec-synth-len values (mean accepted length incl. the target token).")
+@click.option("--flag", type=click.Choice(["synth-len", "synth-rates"]), default="synth-len", show_default=True,
+              help="Pass each point as --spec-synth-len or as explicit geometric --spec-synth-rates.")
+@click.option("--draft-n-max", type=click.IntRange(min=1), default=3, show_default=True, help="Draft window k.")
+@click.option("--seeds", default="42,1337", show_default=True, help="Comma-separated request seeds.")
+@click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite.")
+@click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="Prompts per point.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--no-real", is_flag=True, help="Skip the point of the real MTP head.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Store the curve as verification.acceptance_curve in this receipt.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
+@bin_option
+@json_option
+@handle_errors
+def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_max: int, seeds: str, suite: str,
+              limit: int, max_tokens: int, no_real: bool, gpu_layers: str | None, threads: int | None,
+              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+    """Speedup versus acceptance on this hardware, with llama-server's synthetic acceptance
+    (--spec-synth-len / --spec-synth-rates; benchmarking only): what a head of any acceptance would gain
+    here, separated from the head's quality. MODEL needs an MTP block (its drafter's cost is measured)."""
+    from .tune import acceptance_curve, store_in_receipt
+
+    res = acceptance_curve(resolve_model_arg(model), rates=_float_list(rates, "--rates") or (), draft_n_max=draft_n_max,
+                           synth_len=_float_list(synth_len, "--synth-len"), flag=flag, seeds=_int_list(seeds, "--seeds"),
+                           suite=suite, limit=limit, max_tokens=max_tokens, gpu_layers=_ngl(gpu_layers),
+                           threads=threads, llama_cpp_bin=llama_cpp_bin, include_real=not no_real,
+                           progress=not as_json)
+    if out_path:
+        from .fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), res.to_dict())
+    if receipt_path:
+        store_in_receipt(receipt_path, model=resolve_model_arg(model), acceptance_curve=res.to_dict())
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(res.table())
+
+
+@main.command("profiles")
+@click.argument("model")
+@click.option("--workloads", default="A,B,C,D", show_default=True,
+              help="A single decode, B prefill-bound, C contention, D chat (comma-separated).")
+@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Multiply input/output token counts (e.g. 0.0625: 512 -> 32).")
+@click.option("--num-requests", type=click.IntRange(min=1), default=None, help="Requests per arm (default: per workload).")
+@click.option("--draft-n-max", type=click.IntRange(min=1), default=3, show_default=True, help="MTP arm's draft window.")
+@click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Take the MTP arm's flags from this receipt's verification.tuned (or a tune --out JSON).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs per arm (alternated, requests pooled).")
+@click.option("--noise", type=click.FloatRange(0, 1), default=0.02, show_default=True,
+              help="Throughput band within which MTP is not counted as helping.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Store the profiles as verification.profiles in this receipt.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the full JSON (with every request) here.")
+@bin_option
+@json_option
+@handle_errors
+def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | None, draft_n_max: int,
+                 tuned_from: str | None, repeats: int, noise: float, gpu_layers: str | None, threads: int | None,
+                 receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+    """Serving profiles A-D (the vLLM write-up's workloads), MTP against vanilla: output tok/s, TTFT,
+    TPOT, ITL (mean, median, P99), acceptance, and a decision table per workload."""
+    from .profiles import run_profiles
+    from .tune import TuneError, store_in_receipt
+
+    tuned = None
+    if tuned_from:
+        data = json.loads(Path(tuned_from).read_text())
+        t = ((data.get("predicate") or {}).get("verification") or {}).get("tuned") if "predicate" in data else data
+        tuned = (t or {}).get("recommended_config") or (t or {}).get("best_config")
+        if not tuned:
+            raise TuneError(f"{tuned_from}: no tuned configuration (run `ggufmtp tune ... --receipt/--out` first)")
+    res = run_profiles(resolve_model_arg(model), workloads=[w for w in workloads.split(",") if w.strip()],
+                       scale=scale, num_requests=num_requests, draft_n_max=draft_n_max, tuned=tuned,
+                       gpu_layers=_ngl(gpu_layers), threads=threads, llama_cpp_bin=llama_cpp_bin, repeats=repeats,
+                       noise=noise, progress=not as_json)
+    if out_path:
+        from .fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), res.to_dict(requests=True))
+    if receipt_path:
+        store_in_receipt(receipt_path, model=resolve_model_arg(model), profiles=res.to_dict())
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(res.text())

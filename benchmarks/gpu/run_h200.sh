@@ -5,7 +5,12 @@
 #   bash benchmarks/gpu/run_h200.sh build     # on the GPU machine: CUDA runtime (background-safe)
 #   bash benchmarks/gpu/run_h200.sh synth     # Qwen3.6-35B-A3B-shaped BF16 (40 layers + blk.40) in /dev/shm
 #   bash benchmarks/gpu/run_h200.sh quantize  # ggufmtp quantize (Hi-Fi) vs llama-quantize, timed
-#   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify, full GPU offload
+#   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify, full GPU offload (k=$K, default 3)
+#   bash benchmarks/gpu/run_h200.sh tune      # ggufmtp tune: server settings by successive halving
+#   bash benchmarks/gpu/run_h200.sh curve     # speedup vs synthetic acceptance of this GPU
+#   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP vs vanilla
+#   bash benchmarks/gpu/run_h200.sh all       # build+synth in parallel, then every stage above
+#   bash benchmarks/gpu/run_h200.sh collect   # copy results to $OUT (the device tool's return folder)
 #
 # Everything the GPU machine needs travels in .device-carry/ (git-ignored): the llama.cpp tree of
 # the pinned llama-cpp-python sdist (trimmed of models/docs), llama-cpp-python's pure-Python
@@ -14,7 +19,7 @@
 set -euo pipefail
 STAGE=${1:?stage}
 CARRY=${CARRY:-.device-carry}
-RES=${OUT:-./gpu-results}
+RES=${RES:-/tmp/gpu-results}   # survives between device calls; `collect` copies it to $OUT
 WORK=${WORK:-/dev/shm/ggufmtp}
 LAYERS=${LAYERS:-40}
 WRONG=${WRONG:-0.136}   # wrong-successor fraction: expected acceptance ~75% at k=3
@@ -57,17 +62,16 @@ case "$STAGE" in
   quantize)
     env_setup
     M=$WORK/qwen36-shape-bf16.gguf
+    T="/usr/bin/time -f %e_s_%M_KiB -o"
     python3 -m ggufmtp plan "$M" --recipe hifi-q4_k_m-mtp --json > "$RES/plan.json" || true
-    s=$(date +%s.%N)
-    python3 -m ggufmtp quantize "$M" --recipe hifi-q4_k_m-mtp -o "$WORK/hifi.gguf" -t "$(nproc)" \
-      --no-progress --json > "$RES/quantize.json"
-    e=$(date +%s.%N); echo "ggufmtp_quantize_s $(echo "$e - $s" | bc)" | tee "$RES/quantize_times.txt"
+    $T "$RES/time-ggufmtp.txt" python3 -m ggufmtp quantize "$M" --recipe hifi-q4_k_m-mtp -o "$WORK/hifi.gguf" \
+      -t "$(nproc)" --no-progress --json > "$RES/quantize.json"
     cmd=$(python3 -m ggufmtp plan "$M" --recipe hifi-q4_k_m-mtp --emit llama-quantize --out "$WORK/cli.gguf")
     Q=$(python3 -m ggufmtp runtime path)/llama-quantize
-    s=$(date +%s.%N)
-    eval "${cmd/llama-quantize/$Q} $(nproc)" > "$RES/cli_quantize.log" 2>&1
-    e=$(date +%s.%N); echo "llama_quantize_s $(echo "$e - $s" | bc)" | tee -a "$RES/quantize_times.txt"
-    cmp "$WORK/hifi.gguf" "$WORK/cli.gguf" && echo "byte_identical yes" | tee -a "$RES/quantize_times.txt"
+    eval "$T $RES/time-cli.txt ${cmd/llama-quantize/$Q} $(nproc)" > "$RES/cli_quantize.log" 2>&1
+    { echo "ggufmtp $(cat "$RES/time-ggufmtp.txt")"; echo "llama-quantize $(cat "$RES/time-cli.txt")";
+      cmp -s "$WORK/hifi.gguf" "$WORK/cli.gguf" && echo "byte_identical yes" || echo "byte_identical NO"; } \
+      | tee "$RES/quantize_times.txt"
     rm -f "$WORK/cli.gguf" ;;
   verify)
     env_setup
@@ -75,5 +79,36 @@ case "$STAGE" in
       --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp --json \
       --out "$RES/verify.json" > /dev/null 2> "$RES/verify.log" || true
     tail -5 "$RES/verify.log" ;;
+  tune)
+    env_setup
+    python3 -m ggufmtp tune "$WORK/hifi.gguf" --gpu-layers 999 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${BUDGET:-120}" \
+      --out "$RES/tune.json" > "$RES/tune.txt" 2> "$RES/tune.log" || true
+    tail -25 "$RES/tune.txt" ;;
+  curve)
+    env_setup
+    python3 -m ggufmtp curve "$WORK/hifi.gguf" --gpu-layers 999 --max-tokens "${MAXTOK:-128}" \
+      --out "$RES/curve.json" > "$RES/curve.txt" 2> "$RES/curve.log" || true
+    tail -15 "$RES/curve.txt" ;;
+  profiles)
+    env_setup
+    args=()
+    [ -f "$RES/tune.json" ] && args=(--tuned-from "$RES/tune.json")
+    python3 -m ggufmtp profiles "$WORK/hifi.gguf" --gpu-layers 999 "${args[@]}" \
+      --out "$RES/profiles.json" > "$RES/profiles.txt" 2> "$RES/profiles.log" || true
+    tail -25 "$RES/profiles.txt" ;;
+  all)
+    bash "$0" build > "$RES/stage-build.out" 2>&1 &
+    b=$!
+    [ -f "$WORK/qwen36-shape-bf16.gguf" ] || bash "$0" synth > "$RES/stage-synth.out" 2>&1
+    wait $b
+    for s in quantize verify tune curve profiles; do
+      date +"%T start $s" >> "$RES/progress.txt"
+      bash "$0" $s > "$RES/stage-$s.out" 2>&1 || true
+    done
+    date +"%T done" >> "$RES/progress.txt" ;;
+  collect)
+    mkdir -p "$OUT"
+    tar czf "$OUT/gpu-results.tar.gz" -C "$RES" --exclude='*.gguf' . && ls -la "$OUT"
+    cat "$RES/progress.txt" 2>/dev/null || true ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac
