@@ -57,6 +57,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from .hashing import sha256_file  # noqa: F401  (re-exported)
 from .errors import GGUFReadError, ImatrixError
 
 __all__ = [
@@ -369,18 +370,6 @@ def _read_bytes_hashed(path: Path) -> tuple[bytearray, str]:
     except OSError as e:
         raise ImatrixError(f"cannot read imatrix file {path}: {e.strerror or e}") from None
     return buf, h.hexdigest()
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 24) -> str:
-    """Streaming SHA-256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def read_imatrix(path: str | os.PathLike) -> Imatrix:

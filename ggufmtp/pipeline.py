@@ -171,7 +171,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
         return {k: r[k] for k in ("architecture", "block_count", "nextn_predict_layers", "mtp_block", "mtp_status",
                                   "mtp_missing", "file_type", "n_params", "size_bytes", "bpw")}
 
-    inspected = st.run("inspect", _key("inspect", model_key), do_inspect)
+    st.run("inspect", _key("inspect", model_key), do_inspect)
 
     # --- plan ----------------------------------------------------------------------------------
     plan_key = _key("plan", model_key, rec.sha256, rec.name, im_key)

@@ -56,16 +56,6 @@ def row_bytes(type_name: str, shape: tuple[int, ...]) -> int:
     return n // block * size
 
 
-def allows_quantization(name: str, shape: tuple[int, ...]) -> bool:
-    """``tensor_allows_quantization`` of src/llama-quant.cpp, for the reasons column."""
-    if len([d for d in shape if d > 1]) < 2 and len(shape) < 2:
-        return False
-    if not name.endswith("weight") or "_norm.weight" in name:
-        return False
-    return not any(s in name for s in ("ffn_gate_inp.weight", "ssm_conv1d", "altup", "laurel",
-                                       "per_layer_model_proj", "shortconv.conv.weight"))
-
-
 @dataclasses.dataclass
 class PlannedTensor:
     name: str
@@ -186,15 +176,6 @@ def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: "imx.Imatrix | N
     )
 
 
-def requires_imatrix(name: str, to_type: str, ftype: str) -> bool:
-    """``tensor_requires_imatrix`` of src/llama-quant.cpp."""
-    if name in ("token_embd.weight", "per_layer_token_embd.weight") or name == "output.weight":
-        return False
-    if to_type in ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S"):
-        return True
-    return to_type == "Q2_K" and ftype == "Q2_K_S"
-
-
 def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Path | None = None,
               threads: int = 0, mtp_optional: bool = False) -> Plan:
     """Plan ``recipe`` on ``model`` (dry run in libllama); never raises for pre-flight problems,
@@ -246,7 +227,7 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
     for t in tensors:
         t.mtp = bool(mtp_prefix and t.name.startswith(mtp_prefix))
         t.reason = _reason(t, rec, rules, fallbacks)
-        t.needs_imatrix = requires_imatrix(t.name, t.to_type, rec.ftype) and t.to_type != t.from_type
+        t.needs_imatrix = imx.needs_imatrix(t.to_type, rec.ftype, t.name) and t.to_type != t.from_type
         if im is not None:
             t.has_imatrix = t.name in covered
         if t.needs_imatrix and not t.has_imatrix:
@@ -295,7 +276,7 @@ def _dry_run(gm: GGUFModel, params: QuantizeParams) -> tuple[list[PlannedTensor]
 
 
 def _reason(t: PlannedTensor, rec: Recipe, rules: list[Rule], fallbacks: dict[str, str]) -> str:
-    if not allows_quantization(t.name, tuple(t.shape)):
+    if not imx.is_quantizable(t.name, t.shape):
         return "not quantized (1-D, norm, router or conv)"
     fb = f", shape fallback to {fallbacks[t.name]}" if t.name in fallbacks else ""
     if rec.token_embedding_type and t.name in ("token_embd.weight", "per_layer_token_embd.weight"):

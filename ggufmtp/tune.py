@@ -870,6 +870,22 @@ def _inspect_complete(path: Path) -> Any:
     return rep
 
 
+def _prepare(model, suite, limit, llama_cpp_bin):
+    """(suite, model path, inspect report, llama-server binary, its flags) for a tune or curve run."""
+    from . import runtime
+
+    st = suite if isinstance(suite, Suite) else load_suite(suite)
+    st = st.limit(limit)
+    path = _resolve_model(model)
+    rep = _inspect_complete(path)
+    try:
+        binary = runtime.find_binary("llama-server", llama_cpp_bin)
+        flags = binary_flags(binary)
+    except GgufmtpError as e:
+        raise TuneError(str(e)) from e
+    return st, path, rep, binary, flags
+
+
 def tune(
     model: str | os.PathLike,
     concurrency: int = 1,
@@ -904,7 +920,6 @@ def tune(
     """
     from tqdm import tqdm
 
-    from . import runtime
     from .verify import hardware_info
 
     t0 = time.monotonic()
@@ -915,15 +930,7 @@ def tune(
         raise TuneError(f"seeds {seeds}: need at least one, no duplicates")
     if max_tokens < 2:
         raise TuneError(f"max_tokens {max_tokens}: must be at least 2")
-    st = suite if isinstance(suite, Suite) else load_suite(suite)
-    st = st.limit(limit)
-    path = _resolve_model(model)
-    rep = _inspect_complete(path)
-    try:
-        binary = runtime.find_binary("llama-server", llama_cpp_bin)
-        flags = binary_flags(binary)
-    except GgufmtpError as e:
-        raise TuneError(str(e)) from e
+    st, path, rep, binary, flags = _prepare(model, suite, limit, llama_cpp_bin)
     hw = hardware_info(binary, gpu_layers)
     gpu = bool(hw["offloaded"])
     notes: list[str] = []
@@ -1157,7 +1164,6 @@ def acceptance_curve(
     """
     from tqdm import tqdm
 
-    from . import runtime
     from .verify import hardware_info
 
     t0 = time.monotonic()
@@ -1182,15 +1188,7 @@ def acceptance_curve(
                 raise TuneError(f"rate {a}: must be an acceptance in [0, 1]")
     if not targets:
         raise TuneError("no curve points")
-    st = suite if isinstance(suite, Suite) else load_suite(suite)
-    st = st.limit(limit)
-    path = _resolve_model(model)
-    rep = _inspect_complete(path)
-    try:
-        binary = runtime.find_binary("llama-server", llama_cpp_bin)
-        flags = binary_flags(binary)
-    except GgufmtpError as e:
-        raise TuneError(str(e)) from e
+    st, path, rep, binary, flags = _prepare(model, suite, limit, llama_cpp_bin)
     if "--spec-synth-len" not in flags or "--spec-synth-rates" not in flags:
         raise TuneError(f"{binary}: this llama-server has no --spec-synth-len/--spec-synth-rates flags; use the "
                         "knob models (ggufmtp.synth, wrong_successor_fraction) for a curve instead")
