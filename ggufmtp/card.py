@@ -140,7 +140,36 @@ def _tables(v: dict[str, Any]) -> list[str]:
     tuned = v.get("tuned")
     if tuned and tuned.get("command"):
         out += ["## Recommended server settings\n", f"```sh\n{tuned['command']}\n```\n"]
+    out += _curve(v.get("acceptance_curve")) + _profiles(v.get("profiles"))
     return out
+
+
+def _curve(c: dict[str, Any] | None) -> list[str]:
+    points = (c or {}).get("points") or []
+    if not points:
+        return []
+    out = [f"## Speedup versus acceptance on this hardware (k={c.get('draft_n_max')})\n",
+           "Synthetic acceptance (`--spec-synth-len`): what a head of any quality would gain here.\n",
+           "| acceptance | tokens/step | speedup |", "|---|---|---|"]
+    for p in points:
+        out.append(f"| {_pct(p.get('acceptance'))}{_ci_pct(p.get('acceptance_ci95'))} | "
+                   f"{(p.get('tokens_per_step') or 0):.2f} | {_x(p.get('speedup'))}{_ci_x(p.get('speedup_ci95'))} |")
+    if c.get("breakeven_acceptance") is not None:
+        out.append(f"\nBreak-even acceptance: {_pct(c['breakeven_acceptance'])}.\n")
+    return out + [""]
+
+
+def _profiles(pr: dict[str, Any] | None) -> list[str]:
+    rows = (pr or {}).get("decision_table") or []
+    if not rows:
+        return []
+    out = ["## Serving profiles\n", "| workload | shape | vanilla tok/s | MTP tok/s | MTP helps? | why |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.get('workload')} {r.get('title', '')} | {r.get('shape', '')} | "
+                   f"{(r.get('vanilla_tokens_per_second') or 0):.1f} | {(r.get('mtp_tokens_per_second') or 0):.1f} | "
+                   f"{r.get('mtp_helps')} | {r.get('reasoning', '')} |")
+    return out + [""]
 
 
 def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | None = None,

@@ -1,0 +1,63 @@
+"""Model cards: built from the receipt; sections without data are left out, never placeholders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from ggufmtp.card import card_text
+from ggufmtp.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+REF = ROOT / "receipts" / "tiny-qwen35moe-0fef400b9589-hifi-q4_k_m-mtp.gguf.receipt.json"
+
+
+def statement():
+    return json.loads(REF.read_text())
+
+
+def test_verified_card_has_claim_tables_and_provenance():
+    st = statement()
+    meta, body = card_text(st)
+    assert set(meta["tags"]) >= {"gguf", "llama.cpp", "mtp", "speculative-decoding"}
+    v = st["predicate"]["verification"]
+    assert f"{100 * v['mtp']['acceptance']:.1f}%" in body and "95% CI" in body
+    assert "| code |" in body and "Per seed:" in body
+    assert "--spec-type draft-mtp --spec-draft-n-max 4" in body and "/v1/chat/completions" in body
+    assert st["subject"][0]["digest"]["sha256"] in body and st["predicate"]["recipe"]["sha256"] in body
+    assert "Draft window" not in body and "Serving profiles" not in body and "Speedup versus" not in body
+
+
+def test_unverified_card_leaves_sections_out():
+    st = statement()
+    st["predicate"]["verification"] = None
+    meta, body = card_text(st)
+    for absent in ("One-line claim", "## Measured", "Per seed", "None", "n/a", "TODO"):
+        assert absent not in body, absent
+    assert "## Provenance" in body and "## How to run" in body
+
+
+def test_curve_and_profiles_rendered_when_present():
+    st = statement()
+    curve = json.loads((ROOT / "benchmarks/gpu/results-2026-11-21-h200/curve.json").read_text())
+    st["predicate"]["verification"]["acceptance_curve"] = curve
+    st["predicate"]["verification"]["profiles"] = {"decision_table": [
+        {"workload": "C", "title": "contention", "shape": "2048 in / 512 out, 16 concurrent",
+         "vanilla_tokens_per_second": 900.0, "mtp_tokens_per_second": 700.0, "mtp_helps": "no",
+         "reasoning": "-22% throughput"}]}
+    _, body = card_text(st)
+    assert "Break-even acceptance: 41.9%" in body and "| C contention |" in body
+
+
+def test_card_cli_writes_valid_yaml(tmp_path):
+    art = tmp_path / "tiny-qwen35moe-0fef400b9589-hifi-q4_k_m-mtp.gguf"
+    art.write_bytes(b"")
+    out = tmp_path / "README.md"
+    r = CliRunner().invoke(main, ["card", str(art), "--receipt", str(REF), "-o", str(out), "--license", "apache-2.0"])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    meta = yaml.safe_load(text.split("---")[1])
+    assert meta["license"] == "apache-2.0" and meta["pipeline_tag"] == "text-generation"
