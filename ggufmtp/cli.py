@@ -673,6 +673,11 @@ def _int_list(value: str | None, what: str) -> list[int] | None:
 @click.option("--ctx-size", "-c", type=click.IntRange(min=256), default=4096, show_default=True, help="--ctx-size.")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
               help="llama-server --parallel (requests are still sent one at a time).")
+@click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Run the MTP arm with the configuration `ggufmtp tune` recommended (a receipt or a tune "
+                   "--out JSON) against default vanilla: confirms the tuned speedup on the full suite.")
+@click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Write the results into this receipt's verification section.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
@@ -683,14 +688,17 @@ def _int_list(value: str | None, what: str) -> list[int] | None:
 def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, seeds: str, suite: str, max_tokens: int,
                limit: int | None, raw: bool, sweep: str | None, recipe_name: str | None, min_acceptance: float | None,
                min_speedup: float | None, min_identical: float, enforce_speedup: bool, gpu_layers: str | None,
-               threads: int | None, ctx_size: int, parallel: int, receipt_path: str | None, out_path: str | None,
+               threads: int | None, ctx_size: int, parallel: int, tuned_from: str | None,
+               peak_bandwidth_gbs: float | None, receipt_path: str | None, out_path: str | None,
                llama_cpp_bin: str | None, as_json: bool) -> None:
     """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
 
     Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
     seed), per-position acceptance, and whether MTP output equals vanilla output at temperature 0.
     Exits 1 when the verdict fails. The speedup threshold applies only with GPU offload (or
-    --enforce-speedup). MODEL may be builtin:NAME."""
+    --enforce-speedup). With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
+    fraction of the memory-bandwidth limit each arm reached. MODEL may be builtin:NAME."""
+    from .tune import load_tuned_config
     from .verify import Thresholds, verify
 
     seed_list = _int_list(seeds, "--seeds")
@@ -704,7 +712,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
 
         rec = Recipe.load(recipe_name)
         acc, spd = rec.verify.min_acceptance, rec.verify.min_speedup
-        if draft_n_max is None:
+        if draft_n_max is None and not tuned_from:
             draft_n_max = rec.verify.draft_n_max
         src.append(f"recipe {rec.name}")
     if min_acceptance is not None or min_speedup is not None:
@@ -716,7 +724,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     res = verify(resolve_model_arg(model), draft_n_max=draft_n_max, draft_n_min=draft_n_min, seeds=seed_list,
                  suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size, threads=threads, gpu_layers=ngl,
                  parallel=parallel, llama_cpp_bin=llama_cpp_bin, progress=not as_json, thresholds=th, limit=limit,
-                 sweep=sweep_list)
+                 sweep=sweep_list, tuned=load_tuned_config(tuned_from) if tuned_from else None,
+                 peak_bandwidth_gbs=peak_bandwidth_gbs)
     if out_path:
         from .fsutil import atomic_write_json
 
@@ -724,7 +733,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     if receipt_path:
         from .receipt import set_verification
 
-        set_verification(receipt_path, res.to_receipt())
+        set_verification(receipt_path, _keep_added_sections(receipt_path, res.to_receipt()))
     if as_json:
         emit_json(res.to_dict())
         for r in res.reasons:
@@ -737,6 +746,19 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
             click.echo(f"receipt {receipt_path}: verification section written (verdict {res.verdict})")
     if not res.ok:
         sys.exit(1)
+
+
+def _keep_added_sections(receipt_path: str, verification: dict[str, Any]) -> dict[str, Any]:
+    """verify rewrites the verification section; what tune, curve and profiles added to it stays."""
+    from .receipt import load_receipt
+
+    if not Path(receipt_path).is_file():
+        return verification
+    old = (load_receipt(receipt_path).get("predicate") or {}).get("verification") or {}
+    kept = {k: old[k] for k in ("profiles", "acceptance_curve") if old.get(k)}
+    if (old.get("tuned") or {}).get("kind") == "ggufmtp tune" and not verification.get("tuned"):
+        kept["tuned"] = old["tuned"]
+    return {**verification, **kept}
 
 
 # --- tune, curve, profiles: server settings search and serving profiles (ggufmtp/tune.py, profiles.py)
@@ -905,6 +927,8 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
               help="Take the MTP arm's flags from this receipt's verification.tuned (or a tune --out JSON).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per arm (alternated, requests pooled).")
+@click.option("--server-arg", "server_args", multiple=True,
+              help="Extra llama-server flag for both arms (repeatable), e.g. --server-arg=-bs.")
 @click.option("--noise", type=click.FloatRange(0, 1), default=0.02, show_default=True,
               help="Throughput band within which MTP is not counted as helping.")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
@@ -917,24 +941,19 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
 @json_option
 @handle_errors
 def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | None, draft_n_max: int,
-                 tuned_from: str | None, repeats: int, noise: float, gpu_layers: str | None, threads: int | None,
+                 tuned_from: str | None, repeats: int, server_args: tuple[str, ...], noise: float,
+                 gpu_layers: str | None, threads: int | None,
                  receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
     """Serving profiles A-D (the vLLM write-up's workloads), MTP against vanilla: output tok/s, TTFT,
     TPOT, ITL (mean, median, P99), acceptance, and a decision table per workload."""
     from .profiles import run_profiles
-    from .tune import TuneError, store_in_receipt
+    from .tune import load_tuned_config, store_in_receipt
 
-    tuned = None
-    if tuned_from:
-        data = json.loads(Path(tuned_from).read_text())
-        t = ((data.get("predicate") or {}).get("verification") or {}).get("tuned") if "predicate" in data else data
-        tuned = (t or {}).get("recommended_config") or (t or {}).get("best_config")
-        if not tuned:
-            raise TuneError(f"{tuned_from}: no tuned configuration (run `ggufmtp tune ... --receipt/--out` first)")
+    tuned = load_tuned_config(tuned_from).to_dict() if tuned_from else None
     res = run_profiles(resolve_model_arg(model), workloads=[w for w in workloads.split(",") if w.strip()],
                        scale=scale, num_requests=num_requests, draft_n_max=draft_n_max, tuned=tuned,
                        gpu_layers=_ngl(gpu_layers), threads=threads, llama_cpp_bin=llama_cpp_bin, repeats=repeats,
-                       noise=noise, progress=not as_json)
+                       noise=noise, extra_args=list(server_args), progress=not as_json)
     if out_path:
         from .fsutil import atomic_write_json
 

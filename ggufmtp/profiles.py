@@ -614,6 +614,7 @@ def run_profiles(
         model={"path": str(path), "size_bytes": path.stat().st_size}, scale=scale, results=results, table=table,
         hardware=hw, settings={"repeats": repeats, "noise": noise, "seed": seed, "draft_n_max": draft_n_max,
                                "tuned": (tuned.to_dict() if hasattr(tuned, "to_dict") else tuned),
+                               "extra_args": list(extra_args),
                                "workloads": {w.name: dataclasses.asdict(w) for w in ws}},
         notes=notes, seconds=time.monotonic() - t0)
 

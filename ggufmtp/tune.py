@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import random
@@ -99,7 +100,7 @@ __all__ = [
     "candidate_space", "order_candidates", "plan_rungs", "schedule_cost", "fit_schedule",
     "successive_halving", "rank_configs", "recommend_config", "tune", "acceptance_curve",
     "format_tune", "format_curve", "server_command", "store_in_receipt", "geometric_rates",
-    "synth_len_for_acceptance", "DEFAULT_BUDGET",
+    "synth_len_for_acceptance", "DEFAULT_BUDGET", "load_tuned_config",
 ]
 
 N_MAX_VALUES = tuple(range(1, 9))
@@ -1335,3 +1336,25 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
     merged = dict(v)
     merged.update({k: val for k, val in sections.items() if val is not None})
     return set_verification(path, merged)
+
+
+def load_tuned_config(path: str | os.PathLike) -> TuneConfig:
+    """The recommended configuration in a receipt's ``verification.tuned`` or a ``tune --out`` JSON
+    (the best measured one when tune recommended vanilla). Raises :class:`TuneError` naming the file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise TuneError(f"{p}: cannot read: {e.strerror or e}") from e
+    except json.JSONDecodeError as e:
+        raise TuneError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from e
+    if not isinstance(data, dict):
+        raise TuneError(f"{p}: expected a JSON object (a receipt or `ggufmtp tune --out` output)")
+    t = ((data.get("predicate") or {}).get("verification") or {}).get("tuned") if "predicate" in data else data
+    cfg = (t or {}).get("recommended_config") or (t or {}).get("best_config")
+    if not isinstance(cfg, dict):
+        raise TuneError(f"{p}: no tuned configuration (run `ggufmtp tune MODEL --receipt/--out {p.name}` first)")
+    try:
+        return TuneConfig.from_dict(cfg)
+    except (TypeError, ValueError) as e:
+        raise TuneError(f"{p}: tuned configuration {cfg}: {e}") from e

@@ -75,6 +75,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from . import stats
+from .bandwidth import PEAK_BANDWIDTH_ENV, bandwidth_report, format_bandwidth, peak_bandwidth
 from .errors import GgufmtpError, ServerError, VerifyError
 from .server import LlamaServer, ServerConfig
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
@@ -489,6 +490,7 @@ class VerifyResult:
     records: list[Record] = field(default_factory=list)
     tuned: dict[str, Any] | None = None  # per mode: recommend() (only with a sweep)
     seconds: float = 0.0
+    bandwidth: dict[str, Any] | None = None  # ggufmtp.bandwidth.bandwidth_report() of the main comparison
 
     @property
     def ok(self) -> bool:
@@ -560,6 +562,7 @@ class VerifyResult:
                        for m in self.modes for r in self.sweep_rows(m)]
                       if len(self.sweep_ks) > 1 else None),
             "tuned": self.tuned,
+            "bandwidth": self.bandwidth,
             "suite": self.suite,
             "server": self.server,
             "hardware": self.hardware,
@@ -615,6 +618,8 @@ def format_result(res: VerifyResult) -> str:
     s, hw, srv, st = res.suite, res.hardware, res.server, res.settings
     L.append(f"ggufmtp verify {Path(res.model['path']).name}  (MTP blk.{res.model.get('mtp_block')}, "
              f"k={res.draft_n_max}" + (f", draft-n-min {st['draft_n_min']}" if st.get("draft_n_min") else "") + ")")
+    if st.get("mtp_config"):
+        L.append(f"MTP arm flags (tuned): {' '.join(st['mtp_flags'])}; vanilla arm: llama-server defaults")
     L.append(f"suite {s['name']} ({s['n_prompts']} prompts: "
              + ", ".join(f"{k} {v}" for k, v in s["categories"].items())
              + f"; sha256 {s['sha256'][:16]}…)  seeds {', '.join(map(str, st['seeds']))}  "
@@ -690,6 +695,9 @@ def format_result(res: VerifyResult) -> str:
                     mark = "" if p["recommended"] else " (not advised on this hardware)"
                     L.append(f"{p['profile']:<13} {str(p['k'] or '—'):<4} {_pct(p['acceptance']):>10} "
                              f"{_x(p['speedup'], 2):>9}  {p['flags']:<44} {p['use']}{mark}")
+    bw = format_bandwidth(res.bandwidth)
+    if bw:
+        L.append(bw)
     L.append("")
     t = res.thresholds
     L.append(f"verdict: {res.verdict.upper()}  (thresholds from {t.source}: min acceptance {_pct(t.min_acceptance)}, "
@@ -867,12 +875,19 @@ def verify(
     bootstrap_seed: int = stats.DEFAULT_SEED,
     extra_args: Sequence[str] = (),
     on_record: Callable[[Record], None] | None = None,
+    tuned: Any = None,
+    peak_bandwidth_gbs: float | None = None,
 ) -> VerifyResult:
     """Run the vanilla and MTP arms on ``model`` and judge the result (see the module docstring).
 
     ``thresholds``: a :class:`Thresholds`, a recipe's ``VerifyThresholds``, a dict, or None.
     ``draft_n_max`` defaults to the thresholds' (a recipe's) ``draft_n_max``, else 4.
     ``sweep``: windows to measure besides ``draft_n_max``. ``on_record`` is called after each request.
+    ``tuned``: a :class:`ggufmtp.tune.TuneConfig` (or its dict, e.g. ``tune``'s recommendation): the
+    MTP arm runs with its flags (window, n-min, p-min, backend sampling) against a vanilla arm with
+    llama-server's defaults, which is how a tuned configuration's speedup is confirmed on the full
+    suite. ``peak_bandwidth_gbs``: the memory's peak in GB/s for the bandwidth fraction (default: a
+    table of GPUs; see :mod:`ggufmtp.bandwidth`).
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
     """
@@ -880,6 +895,20 @@ def verify(
 
     t0 = time.monotonic()
     th = Thresholds.coerce(thresholds)
+    mtp_cfg = _coerce_tuned(tuned)
+    if mtp_cfg is not None:
+        if sweep:
+            raise VerifyError("a tuned configuration and a draft-window sweep cannot be combined: "
+                              "the configuration fixes the window")
+        if draft_n_max is not None and int(draft_n_max) != mtp_cfg.draft_n_max:
+            raise VerifyError(f"draft_n_max {draft_n_max} disagrees with the tuned configuration's "
+                              f"{mtp_cfg.draft_n_max}: give one or the other")
+        draft_n_max, draft_n_min = mtp_cfg.draft_n_max, mtp_cfg.draft_n_min
+    if peak_bandwidth_gbs is not None or os.environ.get(PEAK_BANDWIDTH_ENV):
+        try:
+            peak_bandwidth(None, peak_bandwidth_gbs)  # a bad figure fails now, not after the run
+        except GgufmtpError as e:
+            raise VerifyError(str(e)) from e
     if draft_n_max is None:
         draft_n_max = int(getattr(thresholds, "draft_n_max", None) or DEFAULT_DRAFT_N_MAX)
     th = dataclasses.replace(th, enforce_speedup=enforce_speedup or th.enforce_speedup,
@@ -936,7 +965,7 @@ def verify(
         mtp_build = None
         pair_index = 0
         for k in ks:
-            with LlamaServer(ServerConfig(**base, draft_mtp=True, draft_n_max=k, draft_n_min=draft_n_min)) as mtp:
+            with LlamaServer(_mtp_server_config(base, k, draft_n_min, mtp_cfg)) as mtp:
                 mtp_commands[str(k)] = _flags_of(mtp.command)
                 try:
                     mtp_build = mtp.build_info
@@ -1004,6 +1033,8 @@ def verify(
                       "acceptance": "sum(accepted)/sum(drafted)",
                       "speedup": "(sum mtp tokens/sum mtp decode ms)/(sum vanilla tokens/sum vanilla decode ms)"},
         "metrics_mismatches": runner.metrics_mismatches,
+        "mtp_config": mtp_cfg.to_dict() if mtp_cfg is not None else None,
+        "mtp_flags": _mtp_only_flags(mtp_cfg),
     }
     res = VerifyResult(
         model={"path": str(path), "size_bytes": path.stat().st_size, "architecture": rep.architecture,
@@ -1037,6 +1068,46 @@ def verify(
         top["mode"] = modes[0]
         top["by_mode"] = by_mode
         res.tuned = top
+    c0 = res.main
+    try:
+        res.bandwidth = bandwidth_report(path, hw, {"vanilla": c0["vanilla_tokens_per_second"],
+                                                    "mtp": c0["mtp_tokens_per_second"]}, peak_bandwidth_gbs)
+    except GgufmtpError as e:  # a measured run is worth more than its bandwidth line
+        notes.append(f"bandwidth fraction not computed: {e}")
     res.verdict, res.reasons, res.notes = verdict, reasons, notes
     res.seconds = time.monotonic() - t0
     return res
+
+
+def _coerce_tuned(tuned: Any):
+    if tuned is None:
+        return None
+    from .tune import TuneConfig
+
+    if isinstance(tuned, TuneConfig):
+        return tuned
+    if isinstance(tuned, dict):
+        try:
+            return TuneConfig.from_dict(tuned)
+        except (TypeError, ValueError) as e:
+            raise VerifyError(f"tuned configuration {tuned!r}: {e}") from e
+    raise VerifyError(f"tuned: expected a TuneConfig or its dict, got {type(tuned).__name__}")
+
+
+def _mtp_only_flags(cfg: Any) -> list[str]:
+    """The MTP arm's flags beyond --spec-type draft-mtp, as a tuned configuration sets them."""
+    if cfg is None:
+        return []
+    out = ["--spec-draft-n-max", str(cfg.draft_n_max), "--spec-draft-n-min", str(cfg.draft_n_min)]
+    if cfg.draft_p_min:
+        out += ["--spec-draft-p-min", f"{cfg.draft_p_min:g}"]
+    return out + cfg.extra_args()
+
+
+def _mtp_server_config(base: dict[str, Any], k: int, draft_n_min: int | None, cfg: Any) -> ServerConfig:
+    if cfg is None:
+        return ServerConfig(**base, draft_mtp=True, draft_n_max=k, draft_n_min=draft_n_min)
+    kw = dict(base)
+    kw["extra_args"] = list(base.get("extra_args") or []) + cfg.extra_args()
+    return ServerConfig(**kw, draft_mtp=True, draft_n_max=cfg.draft_n_max, draft_n_min=cfg.draft_n_min,
+                        draft_p_min=cfg.draft_p_min)

@@ -412,6 +412,15 @@ def test_cli_tune_alias_profiles_and_curve(tmp_path, llama_server_bin, f20):
                                   "--threads", "2"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert "workload A: single decode (16 in, 15 out, 1 concurrent; 2 requests" in r.output and "MTP?" in r.output
+    # --server-arg reaches both arms' command lines; --tuned-from sets the MTP arm's window
+    (tmp_path / "t.json").write_text(json.dumps({"kind": "ggufmtp tune", "recommended_config": {"draft_n_max": 2}}))
+    r = CliRunner().invoke(main, ["profiles", str(m), "--workloads", "A", "--scale", "0.03", "--num-requests", "1",
+                                  "--threads", "2", "--server-arg=--no-warmup", "--tuned-from", str(tmp_path / "t.json"),
+                                  "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    arms = json.loads(r.output)["workloads"]["A"]
+    assert all("--no-warmup" in arms[a]["command"] for a in ("vanilla", "mtp"))
+    assert "--spec-draft-n-max 2" in arms["mtp"]["command"] and "draft-mtp" not in arms["vanilla"]["command"]
     r = CliRunner().invoke(main, ["curve", str(m), "--rates", "1", "--limit", "1", "--seeds", "1", "--no-real",
                                   "--max-tokens", "16", "--threads", "2", "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output

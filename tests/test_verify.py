@@ -415,3 +415,69 @@ def test_recommend():
     assert t["recommended_k"] is None and t["best_k"] == 4
     assert {p["profile"]: p["recommended"] for p in t["profiles"]} == {"low latency": False, "balanced": False,
                                                                        "MTP off": True}
+
+
+# ----------------------------------------------------------------------------- tuned configuration, bandwidth
+
+
+def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_models, tmp_path):
+    """tune's recommendation, stored in the receipt, drives verify's MTP arm (vanilla stays default);
+    verify rewrites its own results and keeps what tune added."""
+    from ggufmtp.quantize import quantize
+    from ggufmtp.receipt import load_receipt, receipt_for_quantize, schema_errors
+    from ggufmtp.tune import TuneConfig, store_in_receipt
+
+    q = quantize(knob_models[0.3], "q8_0-mtp", tmp_path / "tiny-q8.gguf", progress=False)
+    rpath = receipt_for_quantize(q)
+    first = run_cli("verify", q.output, "--seeds", "42", "--limit", 2, "--max-tokens", 32, "--threads", 2,
+                    "--receipt", rpath, "--json")
+    assert first.exit_code == 0, first.output
+    cfg = TuneConfig(draft_n_max=2, draft_n_min=1, draft_p_min=0.5)
+    store_in_receipt(rpath, model=q.output, tuned={"kind": "ggufmtp tune", "recommended_config": cfg.to_dict(),
+                                                   "best_config": cfg.to_dict()})
+    r = run_cli("verify", q.output, "--tuned-from", rpath, "--seeds", "42", "--limit", 3, "--max-tokens", 48,
+                "--threads", 2, "--receipt", rpath, "--peak-bandwidth", 50, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["settings"]["mtp_config"]["key"] == cfg.key and d["mtp"]["draft_n_max"] == 2
+    flags = d["server"]["flags"]["mtp"]["2"]
+    i = flags.index("--spec-draft-p-min")
+    assert float(flags[i + 1]) == 0.5 and flags[flags.index("--spec-draft-n-min") + 1] == "1"
+    assert "--spec-draft-p-min" not in d["server"]["flags"]["vanilla"]
+    assert d["identical_output_fraction"] == 1.0
+    # p-min 0.5 stops drafts early on this head (30% wrong successors): fewer than 2 drafted per round
+    assert d["mtp"]["draft_n"] < 2 * d["mtp"]["n_drafts"]
+    bw = d["bandwidth"]
+    assert bw["peak_bytes_per_second"] == 50e9 and bw["peak_source"] == "given"
+    assert bw["fraction_of_limit"]["mtp"] == pytest.approx(
+        d["mtp"]["tokens_per_second"] * bw["active_bytes_per_token"] / 50e9)
+    st = load_receipt(rpath)
+    assert schema_errors(st) == []
+    v = st["predicate"]["verification"]
+    assert v["tuned"]["kind"] == "ggufmtp tune" and v["settings"]["mtp_config"]["key"] == cfg.key
+    assert v["bandwidth"]["active_bytes_per_token"] == bw["active_bytes_per_token"]
+    text = run_cli("verify", q.output, "--tuned-from", rpath, "--seeds", "42", "--limit", 1, "--max-tokens", 16,
+                   "--threads", 2)
+    assert text.exit_code == 0, text.output
+    assert "MTP arm flags (tuned): --spec-draft-n-max 2 --spec-draft-n-min 1 --spec-draft-p-min 0.5" in text.output
+    assert "bandwidth: active weights" in text.output and "peak bandwidth unknown" in text.output  # CPU, no peak
+    assert not _llama_children()
+
+
+def test_tuned_configuration_errors(knob_models, tmp_path):
+    from ggufmtp.tune import TuneConfig
+
+    empty = tmp_path / "tune.json"
+    empty.write_text(json.dumps({"kind": "ggufmtp tune", "recommended_config": None, "best_config": None}))
+    r = run_cli("verify", knob_models[0.0], "--tuned-from", empty)
+    assert r.exit_code != 0 and f"{empty}: no tuned configuration" in r.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = run_cli("verify", knob_models[0.0], "--tuned-from", bad)
+    assert r.exit_code != 0 and f"{bad}: not JSON" in r.output
+    with pytest.raises(VerifyError, match="sweep cannot be combined"):
+        verify(knob_models[0.0], tuned=TuneConfig(2), sweep=[2, 3], **FAST)
+    with pytest.raises(VerifyError, match="disagrees with the tuned configuration"):
+        verify(knob_models[0.0], tuned=TuneConfig(2), draft_n_max=3, **FAST)
+    with pytest.raises(VerifyError, match="must be positive"):
+        verify(knob_models[0.0], peak_bandwidth_gbs=-1, **FAST)

@@ -4,13 +4,19 @@
 #   bash benchmarks/gpu/run_h200.sh prepare   # on a machine with network: fills .device-carry/
 #   bash benchmarks/gpu/run_h200.sh build     # on the GPU machine: CUDA runtime (background-safe)
 #   bash benchmarks/gpu/run_h200.sh synth     # Qwen3.6-35B-A3B-shaped BF16 (40 layers + blk.40) in /dev/shm
-#   bash benchmarks/gpu/run_h200.sh quantize  # ggufmtp quantize (Hi-Fi) vs llama-quantize, timed
-#   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify, full GPU offload (k=$K, default 3)
+#   bash benchmarks/gpu/run_h200.sh quantize  # ggufmtp quantize (Hi-Fi), timed; QUANT_CLI=1: also llama-quantize
 #   bash benchmarks/gpu/run_h200.sh tune      # ggufmtp tune: server settings by successive halving
+#   bash benchmarks/gpu/run_h200.sh verify-tuned  # ggufmtp verify --tuned-from tune.json: tuned MTP vs default vanilla
+#   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP (tuned) vs vanilla, both with $PROFILE_ARGS
+#   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify with default server settings (k=$K, default 3)
 #   bash benchmarks/gpu/run_h200.sh curve     # speedup vs synthetic acceptance of this GPU
-#   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP vs vanilla
-#   bash benchmarks/gpu/run_h200.sh all       # build+synth in parallel, then every stage above
+#   bash benchmarks/gpu/run_h200.sh all       # build+synth in parallel, then $STAGES (default: all of the above)
+#   bash benchmarks/gpu/run_h200.sh wait N    # wait up to N s for `all` to finish, then collect
 #   bash benchmarks/gpu/run_h200.sh collect   # copy results to $OUT (the device tool's return folder)
+#
+# With the device tool: start `all` detached (`setsid nohup bash benchmarks/gpu/run_h200.sh all &`)
+# in the first call, then call `wait 560` back to back (a machine idle for 30 s is given back); each
+# `wait` returns the results so far, so a machine taken back early still leaves its figures.
 #
 # Everything the GPU machine needs travels in .device-carry/ (git-ignored): the llama.cpp tree of
 # the pinned llama-cpp-python sdist (trimmed of models/docs), llama-cpp-python's pure-Python
@@ -66,6 +72,7 @@ case "$STAGE" in
     python3 -m ggufmtp plan "$M" --recipe hifi-q4_k_m-mtp --json > "$RES/plan.json" || true
     $T "$RES/time-ggufmtp.txt" python3 -m ggufmtp quantize "$M" --recipe hifi-q4_k_m-mtp -o "$WORK/hifi.gguf" \
       -t "$(nproc)" --no-progress --json > "$RES/quantize.json"
+    [ "${QUANT_CLI:-1}" = 1 ] || { echo "ggufmtp $(cat "$RES/time-ggufmtp.txt")" | tee "$RES/quantize_times.txt"; exit 0; }
     cmd=$(python3 -m ggufmtp plan "$M" --recipe hifi-q4_k_m-mtp --emit llama-quantize --out "$WORK/cli.gguf")
     Q=$(python3 -m ggufmtp runtime path)/llama-quantize
     eval "$T $RES/time-cli.txt ${cmd/llama-quantize/$Q} $(nproc)" > "$RES/cli_quantize.log" 2>&1
@@ -73,12 +80,18 @@ case "$STAGE" in
       cmp -s "$WORK/hifi.gguf" "$WORK/cli.gguf" && echo "byte_identical yes" || echo "byte_identical NO"; } \
       | tee "$RES/quantize_times.txt"
     rm -f "$WORK/cli.gguf" ;;
+  verify-tuned)
+    env_setup
+    python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$RES/tune.json" \
+      --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
+      --out "$RES/verify-tuned.json" > "$RES/verify-tuned.txt" 2> "$RES/verify-tuned.log" || true
+    tail -8 "$RES/verify-tuned.txt" ;;
   verify)
     env_setup
     python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --draft-n-max "${K:-3}" \
       --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp --json \
-      --out "$RES/verify.json" > /dev/null 2> "$RES/verify.log" || true
-    tail -5 "$RES/verify.log" ;;
+      --out "$RES/verify.json" > "$RES/verify.txt" 2> "$RES/verify.log" || true
+    tail -8 "$RES/verify.txt" ;;
   tune)
     env_setup
     python3 -m ggufmtp tune "$WORK/hifi.gguf" --gpu-layers 999 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${BUDGET:-120}" \
@@ -93,7 +106,8 @@ case "$STAGE" in
     env_setup
     args=()
     [ -f "$RES/tune.json" ] && args=(--tuned-from "$RES/tune.json")
-    python3 -m ggufmtp profiles "$WORK/hifi.gguf" --gpu-layers 999 "${args[@]}" \
+    read -r -a pargs <<< "${PROFILE_ARGS---server-arg=-bs}"
+    python3 -m ggufmtp profiles "$WORK/hifi.gguf" --gpu-layers 999 "${args[@]}" "${pargs[@]}" \
       --out "$RES/profiles.json" > "$RES/profiles.txt" 2> "$RES/profiles.log" || true
     tail -25 "$RES/profiles.txt" ;;
   all)
@@ -101,14 +115,23 @@ case "$STAGE" in
     b=$!
     [ -f "$WORK/qwen36-shape-bf16.gguf" ] || bash "$0" synth > "$RES/stage-synth.out" 2>&1
     wait $b
-    for s in quantize verify tune curve profiles; do
+    date +"%T built" >> "$RES/progress.txt"
+    export QUANT_CLI=${QUANT_CLI:-0}
+    for s in ${STAGES:-quantize tune verify-tuned profiles verify curve}; do
       date +"%T start $s" >> "$RES/progress.txt"
       bash "$0" $s > "$RES/stage-$s.out" 2>&1 || true
     done
     date +"%T done" >> "$RES/progress.txt" ;;
+  wait)
+    end=$((SECONDS + ${2:-560}))
+    while [ $SECONDS -lt $end ] && ! grep -q done "$RES/progress.txt" 2>/dev/null; do sleep 5; done
+    bash "$0" collect ;;
   collect)
     mkdir -p "$OUT"
+    cp "$WORK"/*.receipt.json "$RES/" 2>/dev/null || true
     tar czf "$OUT/gpu-results.tar.gz" -C "$RES" --exclude='*.gguf' . && ls -la "$OUT"
-    cat "$RES/progress.txt" 2>/dev/null || true ;;
+    cat "$RES/progress.txt" 2>/dev/null || true
+    last=$(ls -t "$RES"/stage-*.out 2>/dev/null | head -1)
+    [ -n "$last" ] && { echo "== $last"; tail -c 3000 "$last"; } || true ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac

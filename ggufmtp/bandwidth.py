@@ -1,0 +1,174 @@
+"""How close decode gets to the memory-bandwidth limit.
+
+At batch size 1 every decoded token must stream the trunk's *active* weights from memory once:
+every dense tensor, and of each MoE layer's routed experts only the ``expert_used_count`` of
+``expert_count`` that the router picks. ``peak bandwidth / active bytes`` is therefore an upper
+bound on vanilla tokens per second; the fraction of it a server reaches says whether decode is
+bandwidth-bound (near 100%) or overhead-bound (far below). MTP output tokens are counted the same
+way, so its fraction can rise above vanilla's: one verification pass reads the weights once for
+several tokens.
+
+Counted per token: every tensor of the trunk's blocks (routed experts scaled by used/count), the
+output norm and the LM head (``output.weight``; ``token_embd`` when the head is tied). Not
+counted: the token-embedding lookup (one row), the MTP block (it drafts; its cost is part of the
+step overhead), the KV cache and activations (small at short context).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import GgufmtpError
+from .gguf_header import read_header, tensor_nbytes
+
+__all__ = ["ActiveWeights", "active_weights", "peak_bandwidth", "PEAK_BANDWIDTH_GBS", "bandwidth_report",
+           "format_bandwidth", "BandwidthError", "PEAK_BANDWIDTH_ENV"]
+
+PEAK_BANDWIDTH_ENV = "GGUFMTP_PEAK_BANDWIDTH_GBS"
+
+# Vendor-specified peak memory bandwidth in GB/s (10^9 bytes/s). Matched against the name
+# nvidia-smi reports, most specific first: "H100 PCIe" must not fall through to "H100".
+PEAK_BANDWIDTH_GBS: tuple[tuple[str, float], ...] = (
+    ("GH200", 4000.0),
+    ("H200", 4800.0),
+    ("H100 NVL", 3900.0),
+    ("H100 PCIe", 2000.0),
+    ("H100", 3350.0),
+    ("H800", 3350.0),
+    ("B200", 8000.0),
+    ("A100-SXM4-80GB", 2039.0),
+    ("A100 80GB PCIe", 1935.0),
+    ("A100", 1555.0),
+    ("A800", 2039.0),
+    ("L40S", 864.0),
+    ("L40", 864.0),
+    ("L4", 300.0),
+    ("A10G", 600.0),
+    ("A10", 600.0),
+    ("RTX 5090", 1792.0),
+    ("RTX 4090", 1008.0),
+    ("RTX 3090", 936.0),
+)
+
+_EXPERT_TENSOR = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.")
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+class BandwidthError(GgufmtpError):
+    pass
+
+
+@dataclass(frozen=True)
+class ActiveWeights:
+    """Bytes the trunk reads per decoded token at batch size 1."""
+
+    bytes_per_token: int
+    dense_bytes: int  # every non-expert tensor counted (blocks, output norm, LM head)
+    expert_bytes_total: int  # all routed experts of the trunk
+    expert_fraction: float  # expert_used_count / expert_count (1.0 for dense models)
+    lm_head: str | None  # the tensor used as LM head
+    trunk_layers: int
+    file_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _arch_int(meta: dict[str, Any], arch: str, key: str) -> int | None:
+    v = meta.get(f"{arch}.{key}")
+    return int(v) if isinstance(v, (int, float)) else None
+
+
+def active_weights(path: str | os.PathLike) -> ActiveWeights:
+    """Per-token weight traffic of the trunk of the GGUF at ``path`` (header only, no weights read)."""
+    p = Path(path)
+    h = read_header(p)
+    arch = str(h.metadata.get("general.architecture") or "")
+    blocks = _arch_int(h.metadata, arch, "block_count")
+    if blocks is None:
+        raise BandwidthError(f"{p}: no {arch}.block_count in the header")
+    nextn = _arch_int(h.metadata, arch, "nextn_predict_layers") or 0
+    trunk = blocks - nextn
+    n_exp = _arch_int(h.metadata, arch, "expert_count") or 0
+    n_used = _arch_int(h.metadata, arch, "expert_used_count") or 0
+    frac = (n_used / n_exp) if n_exp and n_used else 1.0
+    names = {t.name for t in h.tensors}
+    head = "output.weight" if "output.weight" in names else ("token_embd.weight" if "token_embd.weight" in names else None)
+    dense = experts = 0
+    for t in h.tensors:
+        nbytes = tensor_nbytes(t.shape, t.type_id)[1]
+        m = _BLOCK.match(t.name)
+        if m:
+            if int(m.group(1)) >= trunk:
+                continue  # the MTP block drafts; its reads are step overhead, not the trunk's
+            if _EXPERT_TENSOR.search(t.name):
+                experts += nbytes
+            else:
+                dense += nbytes
+        elif t.name == head or t.name == "output_norm.weight":
+            dense += nbytes
+    return ActiveWeights(bytes_per_token=int(dense + experts * frac), dense_bytes=dense, expert_bytes_total=experts,
+                         expert_fraction=frac, lm_head=head, trunk_layers=trunk, file_bytes=h.file_size)
+
+
+def peak_bandwidth(gpu_name: str | None, override_gbs: float | None = None) -> tuple[float | None, str | None]:
+    """(peak bytes/s, where the figure came from) for ``gpu_name``; ``override_gbs`` or
+    $GGUFMTP_PEAK_BANDWIDTH_GBS win over the built-in table. (None, None) when unknown."""
+    if override_gbs is None and os.environ.get(PEAK_BANDWIDTH_ENV):
+        raw = os.environ[PEAK_BANDWIDTH_ENV]
+        try:
+            override_gbs = float(raw)
+        except ValueError:
+            raise BandwidthError(f"${PEAK_BANDWIDTH_ENV}={raw!r}: expected a number of GB/s") from None
+        if override_gbs <= 0:
+            raise BandwidthError(f"${PEAK_BANDWIDTH_ENV}={raw!r}: must be positive")
+        return override_gbs * 1e9, f"${PEAK_BANDWIDTH_ENV}"
+    if override_gbs is not None:
+        if override_gbs <= 0:
+            raise BandwidthError(f"peak bandwidth {override_gbs} GB/s: must be positive")
+        return override_gbs * 1e9, "given"
+    if not gpu_name:
+        return None, None
+    for key, gbs in PEAK_BANDWIDTH_GBS:
+        if key.lower() in gpu_name.lower():
+            return gbs * 1e9, f"vendor specification for {key}"
+    return None, None
+
+
+def bandwidth_report(model: str | os.PathLike, hardware: dict[str, Any], tokens_per_second: dict[str, float | None],
+                     peak_gbs: float | None = None) -> dict[str, Any]:
+    """The ``bandwidth`` object of verify's result: active bytes, the limit, and per arm the fraction
+    reached. The peak is looked up only for offloaded runs (the GPU's memory is what is read);
+    CPU runs get a fraction only with an explicit ``peak_gbs`` (or the environment variable)."""
+    aw = active_weights(model)
+    gpu = hardware.get("gpu") if hardware.get("offloaded") else None
+    if gpu or peak_gbs is not None or os.environ.get(PEAK_BANDWIDTH_ENV):
+        peak, source = peak_bandwidth(gpu, peak_gbs)
+    else:
+        peak, source = None, None
+    limit = peak / aw.bytes_per_token if peak and aw.bytes_per_token else None
+    fractions = {arm: (tps / limit if tps and limit else None) for arm, tps in tokens_per_second.items()}
+    note = None
+    if peak is None:
+        note = ("peak bandwidth unknown for this hardware: set --peak-bandwidth or "
+                f"${PEAK_BANDWIDTH_ENV} (GB/s) to get the fraction")
+    return {"active_weights": aw.to_dict(), "active_bytes_per_token": aw.bytes_per_token,
+            "peak_bytes_per_second": peak, "peak_source": source, "device": gpu,
+            "limit_tokens_per_second": limit, "tokens_per_second": dict(tokens_per_second),
+            "fraction_of_limit": fractions, "note": note}
+
+
+def format_bandwidth(b: dict[str, Any] | None) -> str | None:
+    """One line for verify's table."""
+    if not b:
+        return None
+    n = b["active_bytes_per_token"]
+    size = f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+    if not b.get("limit_tokens_per_second"):
+        return f"bandwidth: active weights {size} per token; {b.get('note')}"
+    fr = " · ".join(f"{arm} {f * 100:.1f}%" for arm, f in b["fraction_of_limit"].items() if f is not None)
+    return (f"bandwidth: active weights {size} per token; limit {b['limit_tokens_per_second']:,.0f} tok/s at "
+            f"{b['peak_bytes_per_second'] / 1e12:.2f} TB/s ({b['peak_source']}); reached: {fr}")
