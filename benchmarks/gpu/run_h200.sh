@@ -111,15 +111,18 @@ case "$STAGE" in
       --out "$RES/profiles.json" > "$RES/profiles.txt" 2> "$RES/profiles.log" || true
     tail -25 "$RES/profiles.txt" ;;
   all)
+    env_setup  # once, before the parallel stages (two concurrent pip installs into /tmp/site collide)
     bash "$0" build > "$RES/stage-build.out" 2>&1 &
     b=$!
-    [ -f "$WORK/qwen36-shape-bf16.gguf" ] || bash "$0" synth > "$RES/stage-synth.out" 2>&1
-    wait $b
+    if [ ! -f "$WORK/qwen36-shape-bf16.gguf" ]; then
+      bash "$0" synth > "$RES/stage-synth.out" 2>&1 || { date +"%T synth FAILED" >> "$RES/progress.txt"; wait $b; exit 1; }
+    fi
+    wait $b || { date +"%T build FAILED" >> "$RES/progress.txt"; exit 1; }
     date +"%T built" >> "$RES/progress.txt"
     export QUANT_CLI=${QUANT_CLI:-0}
     for s in ${STAGES:-quantize tune verify-tuned profiles verify curve}; do
       date +"%T start $s" >> "$RES/progress.txt"
-      bash "$0" $s > "$RES/stage-$s.out" 2>&1 || true
+      bash "$0" $s > "$RES/stage-$s.out" 2>&1 || date +"%T $s FAILED" >> "$RES/progress.txt"
     done
     date +"%T done" >> "$RES/progress.txt" ;;
   wait)
