@@ -56,12 +56,13 @@ def write_receipt(result: "_quantize_mod.QuantizeResult", receipt_path: str | Pa
 
 def verify(model: str | Path, *args: Any, receipt: str | Path | None = None, **kwargs: Any):
     """Verify MTP drafting with llama-server (see :func:`ggufmtp.verify.verify`); with
-    ``receipt``, the results go into its verification section."""
+    ``receipt``, the results go into its verification section (what tune, curve and profiles
+    added there is kept)."""
     from .verify import verify as _verify
 
     res = _verify(model, *args, **kwargs)
     if receipt is not None:
-        _receipt_mod.set_verification(receipt, res.to_receipt())
+        _receipt_mod.set_verification(receipt, res.to_receipt(), keep_added=True)
     return res
 
 

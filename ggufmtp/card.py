@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .bandwidth import format_bandwidth
+
 from .fsutil import atomic_write_text
 from .receipt import load_receipt
 
@@ -73,11 +75,10 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
                      f"Output identical to vanilla decoding for {_pct(v.get('identical_output_fraction'))} of requests. "
                      f"Verdict: **{v.get('verdict')}**.\n")
         lines += _tables(v)
-    k = (v or {}).get("settings", {}).get("draft_n_max") or 3
     lines.append("## How to run\n")
     lines.append("```sh\n"
                  f"llama-server -m {name} -ngl 999 -c 4096 \\\n"
-                 f"  --spec-type draft-mtp --spec-draft-n-max {k} --spec-draft-n-min 1\n"
+                 f"  --spec-type draft-mtp {' '.join(_verified_mtp_flags(v))}\n"
                  "```\n")
     lines.append("Request (through the chat template):\n\n```sh\n"
                  "curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{\n"
@@ -115,6 +116,17 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
     return meta, "\n".join(lines)
 
 
+def _verified_mtp_flags(v: dict[str, Any] | None) -> list[str]:
+    """The draft flags the verification ran with (what the card's numbers are true for)."""
+    st = (v or {}).get("settings") or {}
+    if st.get("mtp_flags"):
+        return list(st["mtp_flags"])
+    out = ["--spec-draft-n-max", str(st.get("draft_n_max") or 3)]
+    if st.get("draft_n_min") is not None:
+        out += ["--spec-draft-n-min", str(st["draft_n_min"])]
+    return out
+
+
 def _tables(v: dict[str, Any]) -> list[str]:
     out: list[str] = []
     cats = v.get("per_category") or {}
@@ -126,6 +138,12 @@ def _tables(v: dict[str, Any]) -> list[str]:
             out.append(f"| {cat} | {_pct(c.get('acceptance'))}{_ci_pct(c.get('acceptance_ci95'))} | "
                        f"{(c.get('tokens_per_second') or 0):.1f} | {_x(c.get('speedup'))} |")
         out.append(f"\nVanilla decode: {v['vanilla']['tokens_per_second']:.1f} tok/s.\n")
+        flags = (v.get("settings") or {}).get("mtp_flags")
+        if flags:
+            out.append(f"MTP arm run with the tuned flags `{' '.join(flags)}`; vanilla with llama-server's defaults.\n")
+        bw = format_bandwidth(v.get("bandwidth"))
+        if bw:
+            out.append(bw[0].upper() + bw[1:] + ".\n")
     seeds = v.get("per_seed") or {}
     if seeds:
         out.append("Per seed: " + " · ".join(f"seed {s} → {_pct(x.get('acceptance'))} / {_x(x.get('speedup'))}"

@@ -733,7 +733,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     if receipt_path:
         from .receipt import set_verification
 
-        set_verification(receipt_path, _keep_added_sections(receipt_path, res.to_receipt()))
+        set_verification(receipt_path, res.to_receipt(), keep_added=True)
     if as_json:
         emit_json(res.to_dict())
         for r in res.reasons:
@@ -746,19 +746,6 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
             click.echo(f"receipt {receipt_path}: verification section written (verdict {res.verdict})")
     if not res.ok:
         sys.exit(1)
-
-
-def _keep_added_sections(receipt_path: str, verification: dict[str, Any]) -> dict[str, Any]:
-    """verify rewrites the verification section; what tune, curve and profiles added to it stays."""
-    from .receipt import load_receipt
-
-    if not Path(receipt_path).is_file():
-        return verification
-    old = (load_receipt(receipt_path).get("predicate") or {}).get("verification") or {}
-    kept = {k: old[k] for k in ("profiles", "acceptance_curve") if old.get(k)}
-    if (old.get("tuned") or {}).get("kind") == "ggufmtp tune" and not verification.get("tuned"):
-        kept["tuned"] = old["tuned"]
-    return {**verification, **kept}
 
 
 # --- tune, curve, profiles: server settings search and serving profiles (ggufmtp/tune.py, profiles.py)

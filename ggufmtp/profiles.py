@@ -394,7 +394,7 @@ def profile_server_config(model: Path, w: Workload, mtp: bool, *, draft_n_max: i
     if not mtp:
         return ServerConfig(**base, extra_args=list(extra_args))
     f = _mtp_flags(tuned, draft_n_max)
-    extra = f.pop("extra")
+    extra = [a for a in f.pop("extra") if a not in extra_args]  # e.g. -bs given for both arms and tuned
     return ServerConfig(**base, draft_mtp=True, extra_args=list(extra_args) + extra,
                         **{k: v for k, v in f.items() if v is not None})
 

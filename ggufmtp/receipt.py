@@ -233,9 +233,21 @@ def validate_statement(statement: dict[str, Any]) -> None:
         raise AuditError("receipt does not match its schema: " + "; ".join(errs[:5]))
 
 
-def set_verification(path: str | Path, verification: dict[str, Any]) -> dict[str, Any]:
-    """Fill the receipt's ``verification`` slot (re-sealing it) and write it back atomically."""
+# Sections that tune, curve and profiles add to a verification; a new verify run keeps them.
+ADDED_VERIFICATION_SECTIONS = ("tuned", "profiles", "acceptance_curve")
+
+
+def set_verification(path: str | Path, verification: dict[str, Any], keep_added: bool = False) -> dict[str, Any]:
+    """Fill the receipt's ``verification`` slot (re-sealing it) and write it back atomically.
+    ``keep_added``: carry over what tune, curve and profiles stored in the old section (a
+    ``tuned`` of this verification, from a sweep, wins; an older sweep's is not carried)."""
     st = load_receipt(path)
+    old = st["predicate"].get("verification") or {}
+    if keep_added:
+        kept = {k: old[k] for k in ADDED_VERIFICATION_SECTIONS if old.get(k) and not verification.get(k)}
+        if (kept.get("tuned") or {}).get("kind") != "ggufmtp tune":
+            kept.pop("tuned", None)  # an older verify sweep's recommendation describes an older run
+        verification = {**verification, **kept}
     st["predicate"]["verification"] = verification
     if verification.get("server"):
         st["predicate"]["toolchain"]["server"] = verification["server"]

@@ -61,3 +61,20 @@ def test_card_cli_writes_valid_yaml(tmp_path):
     text = out.read_text()
     meta = yaml.safe_load(text.split("---")[1])
     assert meta["license"] == "apache-2.0" and meta["pipeline_tag"] == "text-generation"
+
+
+def test_tuned_verification_and_bandwidth_from_the_h200_run():
+    """The H200 run's tuned verify and profiles, as the receipt holds them, render into the card."""
+    res = ROOT / "benchmarks/gpu/results-2026-11-21b-h200"
+    v = json.loads((res / "verify-tuned.json").read_text())
+    v.pop("requests", None)
+    prof = json.loads((res / "profiles.json").read_text())
+    st = statement()
+    st["predicate"]["verification"] = {**v, "profiles": prof}
+    _, body = card_text(st)
+    assert "MTP arm run with the tuned flags `--spec-draft-n-max 3 --spec-draft-n-min 0 -bs" in body
+    bw = v["bandwidth"]
+    assert f"limit {bw['limit_tokens_per_second']:,.0f} tok/s at 4.80 TB/s" in body
+    assert f"vanilla {bw['fraction_of_limit']['vanilla'] * 100:.1f}%" in body
+    assert "| A single decode |" in body and "| B prefill-bound |" in body
+    assert "--spec-type draft-mtp --spec-draft-n-max 3 --spec-draft-n-min 0 -bs --spec-draft-backend-sampling\n" in body

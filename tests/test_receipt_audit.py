@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -174,3 +175,23 @@ def test_verification_slot_validates(copy):
 def test_receipt_show(artifact):
     res = CliRunner().invoke(main, ["receipt", "show", str(artifact["receipt"])])
     assert res.exit_code == 0 and "hifi-q4_k_m-mtp" in res.output and "0c1e570" in res.output
+
+
+def test_set_verification_keeps_what_tune_curve_and_profiles_added(tmp_path):
+    from ggufmtp.receipt import load_receipt, schema_errors, set_verification
+
+    ref = Path(__file__).resolve().parent.parent / "receipts" / "tiny-qwen35moe-0fef400b9589-hifi-q4_k_m-mtp.gguf.receipt.json"
+    r = tmp_path / "r.json"
+    shutil.copy(ref, r)
+    v = load_receipt(r)["predicate"]["verification"]
+    old = {**v, "profiles": {"kind": "ggufmtp profiles"}, "tuned": {"kind": "ggufmtp tune", "best": "k=3"}}
+    set_verification(r, old)
+    set_verification(r, {**v, "tuned": None}, keep_added=True)
+    got = load_receipt(r)["predicate"]["verification"]
+    assert got["profiles"] == {"kind": "ggufmtp profiles"} and got["tuned"]["best"] == "k=3"
+    set_verification(r, {**v, "tuned": {"recommended_k": 2}})  # a verify --sweep's own recommendation
+    set_verification(r, {**v, "tuned": None}, keep_added=True)
+    assert load_receipt(r)["predicate"]["verification"]["tuned"] is None  # a stale sweep is not carried
+    set_verification(r, {**v, "tuned": None})
+    assert "profiles" not in load_receipt(r)["predicate"]["verification"]
+    assert schema_errors(load_receipt(r)) == []
