@@ -77,7 +77,7 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
         lines += _tables(v)
     lines.append("## How to run\n")
     lines.append("```sh\n"
-                 f"llama-server -m {name} -ngl 999 -c 4096 \\\n"
+                 f"{_verified_mtp_env(v)}llama-server -m {name} -ngl 999 -c 4096 \\\n"
                  f"  --spec-type draft-mtp {' '.join(_verified_mtp_flags(v))}\n"
                  "```\n")
     lines.append("Request (through the chat template):\n\n```sh\n"
@@ -127,6 +127,11 @@ def _verified_mtp_flags(v: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _verified_mtp_env(v: dict[str, Any] | None) -> str:
+    env = ((v or {}).get("settings") or {}).get("mtp_env") or {}
+    return "".join(f"{k}={val} " for k, val in sorted(env.items()))
+
+
 def _tables(v: dict[str, Any]) -> list[str]:
     out: list[str] = []
     cats = v.get("per_category") or {}
@@ -140,7 +145,8 @@ def _tables(v: dict[str, Any]) -> list[str]:
         out.append(f"\nVanilla decode: {v['vanilla']['tokens_per_second']:.1f} tok/s.\n")
         flags = (v.get("settings") or {}).get("mtp_flags")
         if flags:
-            out.append(f"MTP arm run with the tuned flags `{' '.join(flags)}`; vanilla with llama-server's defaults.\n")
+            out.append(f"MTP arm run with the tuned flags `{_verified_mtp_env(v)}{' '.join(flags)}`; vanilla with "
+                       "llama-server's defaults.\n")
         bw = format_bandwidth(v.get("bandwidth"))
         if bw:
             out.append(bw[0].upper() + bw[1:] + ".\n")

@@ -380,7 +380,7 @@ def _mtp_flags(tuned: Any, draft_n_max: int | None) -> dict[str, Any]:
 
     cfg = tuned if isinstance(tuned, TuneConfig) else TuneConfig.from_dict(tuned)
     return {"draft_n_max": cfg.draft_n_max, "draft_n_min": cfg.draft_n_min, "draft_p_min": cfg.draft_p_min,
-            "extra": cfg.extra_args()}
+            "extra": cfg.extra_args(), "env": cfg.env() or None}
 
 
 def profile_server_config(model: Path, w: Workload, mtp: bool, *, draft_n_max: int | None = 3, tuned: Any = None,

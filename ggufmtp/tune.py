@@ -103,6 +103,7 @@ __all__ = [
     "synth_len_for_acceptance", "DEFAULT_BUDGET", "load_tuned_config",
 ]
 
+CUDA_GRAPH_OPT_ENV = "GGML_CUDA_GRAPH_OPT"  # read by ggml-cuda at 0c1e570; off unless set to 1
 N_MAX_VALUES = tuple(range(1, 9))
 N_MIN_VALUES = (0, 1, 2)
 P_MIN_VALUES = (0.0, 0.5, 0.75, 0.9)
@@ -138,6 +139,7 @@ class TuneConfig:
     backend_sampling: bool | None = None  # -bs (target sampling on the backend)
     draft_backend_sampling: bool | None = None  # --[no-]spec-draft-backend-sampling
     parallel: int = 1
+    cuda_graph_opt: bool | None = None  # GGML_CUDA_GRAPH_OPT=1 (ggml-cuda's concurrent-stream graph optimisation)
 
     def __post_init__(self) -> None:
         if self.draft_n_max < 1:
@@ -156,7 +158,10 @@ class TuneConfig:
             s += f" bs={'on' if self.backend_sampling else 'off'}"
         if self.draft_backend_sampling is not None:
             s += f" dbs={'on' if self.draft_backend_sampling else 'off'}"
-        return s + f" np={self.parallel}"
+        s += f" np={self.parallel}"
+        if self.cuda_graph_opt is not None:
+            s += f" gopt={'on' if self.cuda_graph_opt else 'off'}"
+        return s
 
     def extra_args(self) -> list[str]:
         """Flags beyond those :class:`ServerConfig` writes itself."""
@@ -168,11 +173,15 @@ class TuneConfig:
                        else "--no-spec-draft-backend-sampling")
         return out
 
+    def env(self) -> dict[str, str]:
+        """Environment variables the server needs for this configuration."""
+        return {CUDA_GRAPH_OPT_ENV: "1"} if self.cuda_graph_opt else {}
+
     def complexity(self) -> tuple:
         """Tie-break order: simpler first (fewer drafted tokens to verify, fewer non-default flags,
         more slots = less queueing)."""
         return (self.draft_n_max, self.draft_n_min, self.draft_p_min, bool(self.backend_sampling),
-                self.draft_backend_sampling is False, -self.parallel)
+                self.draft_backend_sampling is False, bool(self.cuda_graph_opt), -self.parallel)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -187,9 +196,11 @@ class TuneConfig:
 
 def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str] | None = None,
                     n_max_values: Sequence[int] = N_MAX_VALUES, n_min_values: Sequence[int] = N_MIN_VALUES,
-                    p_min_values: Sequence[float] = P_MIN_VALUES) -> tuple[list[TuneConfig], dict[str, Any]]:
+                    p_min_values: Sequence[float] = P_MIN_VALUES,
+                    cuda: bool = False) -> tuple[list[TuneConfig], dict[str, Any]]:
     """Every candidate configuration and a description of the dimensions (what was searched, what
-    was skipped and why). ``flags`` = the flags llama-server lists in ``--help`` (None: all assumed)."""
+    was skipped and why). ``flags`` = the flags llama-server lists in ``--help`` (None: all assumed);
+    ``cuda``: the server offloads to a CUDA device (enables the CUDA graph-optimisation dimension)."""
     if concurrency < 1:
         raise TuneError(f"concurrency {concurrency}: must be at least 1")
     fl = set(flags) if flags is not None else None
@@ -208,6 +219,11 @@ def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str
         notes.append("drafter backend sampling (--spec-draft-backend-sampling) not searched: "
                      + ("no GPU offload (on CPU the backend is the CPU)" if not gpu
                         else "this llama-server has no --[no-]spec-draft-backend-sampling flag"))
+    if gpu and cuda:
+        gopt_values: tuple[bool | None, ...] = (False, True)
+    else:
+        gopt_values = (None,)
+        notes.append(f"{CUDA_GRAPH_OPT_ENV} not searched: " + ("no CUDA device offloaded" if not gpu else "not a CUDA device"))
     if concurrency > 1:
         slots = sorted({concurrency, math.ceil(concurrency / 2)}, reverse=True)
     else:
@@ -221,7 +237,8 @@ def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str
                 for bs in bs_values:
                     for dbs in dbs_values:
                         for np_ in slots:
-                            out.append(TuneConfig(int(k), int(nmin), float(pmin), bs, dbs, int(np_)))
+                            for gopt in gopt_values:
+                                out.append(TuneConfig(int(k), int(nmin), float(pmin), bs, dbs, int(np_), gopt))
     if any(p == 0 for p in p_min_values) and any(n > 0 for n in n_min_values):
         notes.append("draft-n-min > 0 searched only with draft-p-min > 0: at 0c1e570 the MTP drafter stops "
                      "early only on p-min, so with p-min 0 every draft has k tokens and n-min changes nothing")
@@ -229,7 +246,8 @@ def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str
         "draft_n_max": list(n_max_values), "draft_n_min": list(n_min_values), "draft_p_min": list(p_min_values),
         "backend_sampling": [v for v in bs_values if v is not None] or None,
         "draft_backend_sampling": [v for v in dbs_values if v is not None] or None,
-        "parallel": slots, "n_candidates": len(out), "notes": notes,
+        "parallel": slots, "cuda_graph_opt": [v for v in gopt_values if v is not None] or None,
+        "n_candidates": len(out), "notes": notes,
     }
     return out, dims
 
@@ -589,10 +607,11 @@ def _fmt_pct(x: float | None) -> str:
 
 def server_command(cfg: ServerConfig, binary: Path | None = None, binary_name: str | None = "llama-server") -> str:
     """The exact llama-server command line of ``cfg`` (as :class:`LlamaServer` would run it), without
-    ``--host``/``--port``; the binary named ``binary_name`` (None: its full path)."""
+    ``--host``/``--port``, after the environment assignments ``cfg.env`` adds; the binary named
+    ``binary_name`` (None: its full path)."""
     b = Path(binary) if binary is not None else Path("llama-server")
     args = LlamaServer(cfg).build_command(b, 0)
-    out: list[str] = [binary_name or str(b)]
+    out: list[str] = [f"{k}={v}" for k, v in sorted((cfg.env or {}).items())] + [binary_name or str(b)]
     skip = False
     for a in args[1:]:
         if skip:
@@ -705,7 +724,8 @@ class _ServerEvaluator:
 
     def server_config(self, cfg: TuneConfig) -> ServerConfig:
         return ServerConfig(**{**self.base, "parallel": cfg.parallel, "ctx_size": self.ctx_per_slot * cfg.parallel,
-                               "extra_args": list(self.base.get("extra_args") or []) + cfg.extra_args()},
+                               "extra_args": list(self.base.get("extra_args") or []) + cfg.extra_args(),
+                               "env": {**(self.base.get("env") or {}), **cfg.env()} or None},
                             draft_mtp=True, draft_n_max=cfg.draft_n_max, draft_n_min=cfg.draft_n_min,
                             draft_p_min=cfg.draft_p_min)
 
@@ -936,14 +956,17 @@ def tune(
     gpu = bool(hw["offloaded"])
     notes: list[str] = []
     if candidates is None:
-        space_all, space = candidate_space(concurrency, gpu, flags, n_max_values, n_min_values, p_min_values)
+        cuda = any(d.upper().startswith("CUDA") for d in hw.get("server_devices") or [])
+        space_all, space = candidate_space(concurrency, gpu, flags, n_max_values, n_min_values, p_min_values, cuda)
         # Always searched: llama-server's defaults, and (on a GPU) the same with the target's
-        # sampling on the GPU, which the facts file measured as the largest single gain.
+        # sampling on the GPU, which the facts file measured as the largest single gain (and that
+        # with CUDA's graph optimisation).
         defaults = [c for c in space_all if c.draft_n_max == 3 and c.draft_n_min == 0 and c.draft_p_min == 0.0
                     and c.draft_backend_sampling in (None, True)
                     and c.parallel == max(cc.parallel for cc in space_all)]
-        anchors = [c for c in defaults if c.backend_sampling in (None, False)][:1]
-        anchors += [c for c in defaults if c.backend_sampling is True][:1]
+        anchors = [c for c in defaults if c.backend_sampling in (None, False) and not c.cuda_graph_opt][:1]
+        anchors += [c for c in defaults if c.backend_sampling is True and not c.cuda_graph_opt][:1]
+        anchors += [c for c in defaults if c.backend_sampling is True and c.cuda_graph_opt][:1]
         ordered = order_candidates(space_all, order_seed, anchors)
     else:
         ordered = list(dict.fromkeys(candidates))
@@ -1017,7 +1040,7 @@ def tune(
                  else f"a batch of {concurrency} prompts sent at once, under every seed"),
         "plan": [{"configs": n, "units": u} for n, u in sh.plan],
         "rungs": [r.to_dict() for r in sh.rungs], "server_starts": ev.server_starts + 1,
-        "order": "anchors (llama-server defaults, and on a GPU the defaults with -bs) first, then a seeded shuffle round-robin over draft-n-max "
+        "order": "anchors (llama-server defaults, and on a GPU the defaults with -bs, and with -bs and CUDA graph optimisation) first, then a seeded shuffle round-robin over draft-n-max "
                  f"(seed {order_seed})",
     }
     settings = {

@@ -619,7 +619,9 @@ def format_result(res: VerifyResult) -> str:
     L.append(f"ggufmtp verify {Path(res.model['path']).name}  (MTP blk.{res.model.get('mtp_block')}, "
              f"k={res.draft_n_max}" + (f", draft-n-min {st['draft_n_min']}" if st.get("draft_n_min") else "") + ")")
     if st.get("mtp_config"):
-        L.append(f"MTP arm flags (tuned): {' '.join(st['mtp_flags'])}; vanilla arm: llama-server defaults")
+        env = " ".join(f"{k}={v}" for k, v in sorted((st.get("mtp_env") or {}).items()))
+        L.append(f"MTP arm flags (tuned): {' '.join(st['mtp_flags'])}" + (f" (environment {env})" if env else "")
+                 + "; vanilla arm: llama-server defaults")
     L.append(f"suite {s['name']} ({s['n_prompts']} prompts: "
              + ", ".join(f"{k} {v}" for k, v in s["categories"].items())
              + f"; sha256 {s['sha256'][:16]}…)  seeds {', '.join(map(str, st['seeds']))}  "
@@ -1035,6 +1037,7 @@ def verify(
         "metrics_mismatches": runner.metrics_mismatches,
         "mtp_config": mtp_cfg.to_dict() if mtp_cfg is not None else None,
         "mtp_flags": _mtp_only_flags(mtp_cfg),
+        "mtp_env": mtp_cfg.env() if mtp_cfg is not None else None,
     }
     res = VerifyResult(
         model={"path": str(path), "size_bytes": path.stat().st_size, "architecture": rep.architecture,
@@ -1109,5 +1112,6 @@ def _mtp_server_config(base: dict[str, Any], k: int, draft_n_min: int | None, cf
         return ServerConfig(**base, draft_mtp=True, draft_n_max=k, draft_n_min=draft_n_min)
     kw = dict(base)
     kw["extra_args"] = list(base.get("extra_args") or []) + cfg.extra_args()
+    kw["env"] = {**(base.get("env") or {}), **cfg.env()} or None
     return ServerConfig(**kw, draft_mtp=True, draft_n_max=cfg.draft_n_max, draft_n_min=cfg.draft_n_min,
                         draft_p_min=cfg.draft_p_min)

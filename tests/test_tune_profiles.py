@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -24,7 +25,8 @@ from click.testing import CliRunner
 from ggufmtp.cli import main
 from ggufmtp.tune import (TuneConfig, TuneError, UnitResult, acceptance_curve, candidate_space, fit_schedule,
                           geometric_rates, order_candidates, plan_rungs, rank_configs, recommend_config,
-                          schedule_cost, store_in_receipt, successive_halving, tune)
+                          schedule_cost, server_command, store_in_receipt, successive_halving, tune)
+from ggufmtp.server import ServerConfig
 
 F20 = "tiny-qwen35moe-f20"
 
@@ -150,6 +152,23 @@ def test_candidate_space_dimensions():
     c4, d4 = candidate_space(4, gpu=False)
     assert {c.parallel for c in c4} == {4, 2} and d4["parallel"] == [4, 2]
     assert TuneConfig(3, 0, 0.0, True, False, 2).extra_args() == ["-bs", "--no-spec-draft-backend-sampling"]
+    # CUDA: ggml-cuda's graph optimisation is a dimension too, set through the environment
+    cu, cd = candidate_space(1, gpu=True, cuda=True, flags={"-bs", "--spec-draft-backend-sampling",
+                                                            "--no-spec-draft-backend-sampling"})
+    assert len(cu) == 2 * len(gpu) and cd["cuda_graph_opt"] == [False, True] and gd["cuda_graph_opt"] is None
+    assert any("GGML_CUDA_GRAPH_OPT not searched: not a CUDA device" in n for n in gd["notes"])
+    g = TuneConfig(3, backend_sampling=True, cuda_graph_opt=True)
+    assert g.env() == {"GGML_CUDA_GRAPH_OPT": "1"} and TuneConfig(3, cuda_graph_opt=False).env() == {}
+    assert g.key.endswith(" gopt=on") and TuneConfig.from_dict(g.to_dict()) == g
+    assert server_command(ServerConfig(model="m.gguf", draft_mtp=True, env=g.env())).startswith(
+        "GGML_CUDA_GRAPH_OPT=1 llama-server --model m.gguf")
+    from ggufmtp.profiles import WORKLOADS, profile_server_config
+    from ggufmtp.verify import _mtp_server_config
+
+    assert _mtp_server_config({"model": "m.gguf", "extra_args": []}, 3, None, g).env == g.env()
+    pc = profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=g.to_dict(), extra_args=["-bs"])
+    assert pc.env == g.env() and pc.extra_args.count("-bs") == 1
+    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=g.to_dict()).env is None
     order = order_candidates(cpu, seed=0, anchors=[TuneConfig(3)])
     assert order[0] == TuneConfig(3) and sorted(order, key=lambda c: c.key) == sorted(cpu, key=lambda c: c.key)
     assert {c.draft_n_max for c in order[1:9]} == set(range(1, 9))  # every prefix covers the windows
