@@ -817,8 +817,7 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
     Searches --spec-draft-n-max 1-8, --spec-draft-n-min, --spec-draft-p-min, backend sampling of the
     target (-bs) and drafter (GPU only), GGML_CUDA_GRAPH_OPT=1 (CUDA only) and --parallel slots
     (concurrency > 1); keeps only settings whose output equals vanilla, ranks them by speedup with
-    95% CIs, recommends one and prints the
-    exact llama-server command line. MODEL may be builtin:NAME."""
+    95% CIs, recommends one and prints the exact llama-server command line. MODEL may be builtin:NAME."""
     _run_tune(model, concurrency, budget, seeds, suite, max_tokens, limit, gpu_layers, threads, ctx_per_slot,
               receipt_path, out_path, llama_cpp_bin, as_json)
 
