@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -10,6 +11,18 @@ import pytest
 from ggufmtp import runtime
 from ggufmtp.errors import RuntimeMissingError
 from ggufmtp.synth import BUILTIN_MODELS, SynthSpec, synthesize
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_logs_in_pytest_tmp(tmp_path_factory):
+    """llama-server logs are kept when a run fails (error messages point at them), and many tests
+    fail servers on purpose: keep those logs in pytest's temp tree (pruned after a few runs), not /tmp."""
+    mp = pytest.MonkeyPatch()
+    d = str(tmp_path_factory.mktemp("tmp"))
+    mp.setattr(tempfile, "tempdir", d)
+    mp.setenv("TMPDIR", d)  # for the ggufmtp subprocesses some tests start
+    yield
+    mp.undo()
 
 
 @pytest.fixture(scope="session")
