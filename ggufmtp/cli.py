@@ -638,16 +638,20 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, inc
 
 
 # --- verify: runtime verification with llama-server (ggufmtp/verify.py) -------------------------
-def _int_list(value: str | None, what: str) -> list[int] | None:
+def _number_list(value: str | None, what: str, cast: Callable[[str], Any], kind: str) -> list | None:
     if value is None:
         return None
     try:
-        out = [int(x) for x in value.split(",") if x.strip()]
+        out = [cast(x) for x in value.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected comma-separated integers", param_hint=what) from None
+        raise click.BadParameter(f"{value!r}: expected comma-separated {kind}", param_hint=what) from None
     if not out:
         raise click.BadParameter(f"{value!r}: no values", param_hint=what)
     return out
+
+
+def _int_list(value: str | None, what: str) -> list[int] | None:
+    return _number_list(value, what, int, "integers")
 
 
 @main.command("verify")
@@ -703,9 +707,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
 
     seed_list = _int_list(seeds, "--seeds")
     sweep_list = _int_list(sweep, "--sweep")
-    ngl: int | str | None = None
-    if gpu_layers is not None:
-        ngl = int(gpu_layers) if gpu_layers.lstrip("-").isdigit() else gpu_layers
+    ngl = _ngl(gpu_layers)
     src, acc, spd = [], None, None
     if recipe_name:
         from .recipe import Recipe
@@ -750,15 +752,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
 
 # --- tune, curve, profiles: server settings search and serving profiles (ggufmtp/tune.py, profiles.py)
 def _float_list(value: str | None, what: str) -> list[float] | None:
-    if value is None:
-        return None
-    try:
-        out = [float(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected comma-separated numbers", param_hint=what) from None
-    if not out:
-        raise click.BadParameter(f"{value!r}: no values", param_hint=what)
-    return out
+    return _number_list(value, what, float, "numbers")
 
 
 def _ngl(gpu_layers: str | None) -> int | str | None:

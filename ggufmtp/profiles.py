@@ -72,6 +72,7 @@ import numpy as np
 from .errors import ServerError, VerifyError
 from .server import HOST, LlamaServer, ServerConfig
 from .suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
+from .synth import resolve_model
 
 __all__ = [
     "ProfileError", "Workload", "WORKLOADS", "get_workload", "RequestRecord", "ProfileResult", "ProfilesResult",
@@ -363,15 +364,6 @@ class ProfileResult:
         return d
 
 
-def _resolve_model(model: str | os.PathLike) -> Path:
-    s = str(model)
-    if s.startswith("builtin:"):
-        from .synth import builtin_path
-
-        return builtin_path(s)
-    return Path(s).expanduser().resolve()
-
-
 def _mtp_flags(tuned: Any, draft_n_max: int | None) -> dict[str, Any]:
     """ServerConfig fields + extra args for the MTP arm, from a TuneConfig / its dict / a k."""
     if tuned is None:
@@ -454,7 +446,7 @@ def run_profile(
     (or its dict) for the MTP arm's flags, else ``--spec-draft-n-max draft_n_max``. ``server``: reuse a
     running server (its flags must fit the workload); ``prompts``: reuse prompts from :func:`build_prompts`."""
     w = get_workload(workload).scaled(scale, num_requests)
-    path = _resolve_model(model)
+    path = resolve_model(model)
     if not path.is_file():
         raise ProfileError(f"model {path}: no such file")
     cfg = profile_server_config(path, w, mtp, draft_n_max=draft_n_max, tuned=tuned, gpu_layers=gpu_layers,
@@ -567,7 +559,7 @@ def run_profiles(
     t0 = time.monotonic()
     if repeats < 1:
         raise ProfileError("repeats must be at least 1")
-    path = _resolve_model(model)
+    path = resolve_model(model)
     if not path.is_file():
         raise ProfileError(f"model {path}: no such file")
     from .server import gguf_has_mtp

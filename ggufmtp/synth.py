@@ -255,6 +255,15 @@ BUILTIN_MODELS: dict[str, SynthSpec] = {
 }
 
 
+def resolve_model(model: str | os.PathLike) -> Path:
+    """``builtin:NAME`` -> that built-in model's path (synthesized once); anything else -> the
+    absolute path it names (existence is the caller's check, with its own error)."""
+    s = str(model)
+    if s.startswith("builtin:"):
+        return builtin_path(s)
+    return Path(s).expanduser().resolve()
+
+
 def builtin_path(name: str, cache_dir: Path | None = None, progress: bool = False) -> Path:
     """Path of built-in model ``name`` (``"builtin:NAME"`` or ``"NAME"``), synthesized once into
     ``cache_root()/"builtin"`` (keyed by the spec and the synth version; atomic write)."""

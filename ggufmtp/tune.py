@@ -92,8 +92,10 @@ import numpy as np
 
 from . import stats
 from .errors import GgufmtpError, ServerError, VerifyError
+from .fmt import ci_text
 from .server import LlamaServer, ServerConfig, binary_flags
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
+from .synth import resolve_model
 
 __all__ = [
     "TuneError", "FatalTuneError", "TuneConfig", "UnitResult", "Rung", "SHResult", "TuneResult", "CurveResult",
@@ -593,9 +595,7 @@ def _fmt_x(x: float | None) -> str:
 
 
 def _fmt_ci(ci: Sequence[float | None] | None) -> str:
-    if not ci or ci[0] is None or ci[1] is None:
-        return "[n/a]"
-    return f"[{ci[0]:.3f}-{ci[1]:.3f}]"
+    return ci_text(ci, sep="-")
 
 
 def _fmt_pct(x: float | None) -> str:
@@ -625,15 +625,6 @@ def server_command(cfg: ServerConfig, binary: Path | None = None, binary_name: s
 
 
 # ----------------------------------------------------------------------------- the real evaluator
-
-
-def _resolve_model(model: str | os.PathLike) -> Path:
-    s = str(model)
-    if s.startswith("builtin:"):
-        from .synth import builtin_path
-
-        return builtin_path(s)
-    return Path(s).expanduser().resolve()
 
 
 def _text_of(resp: dict[str, Any]) -> str:
@@ -897,7 +888,7 @@ def _prepare(model, suite, limit, llama_cpp_bin):
 
     st = suite if isinstance(suite, Suite) else load_suite(suite)
     st = st.limit(limit)
-    path = _resolve_model(model)
+    path = resolve_model(model)
     rep = _inspect_complete(path)
     try:
         binary = runtime.find_binary("llama-server", llama_cpp_bin)
@@ -987,7 +978,6 @@ def tune(
         notes.append(f"the suite has {len(st.prompts)} prompts < concurrency {concurrency}: prompts repeat within a batch")
 
     log = log or ((lambda m: print(m, file=sys.stderr)) if progress else None)
-    max_parallel = max(c.parallel for c in ordered)
     base = dict(model=path, threads=threads, gpu_layers=gpu_layers, llama_cpp_bin=llama_cpp_bin, metrics=True,
                 extra_args=list(extra_args))
     van_cfg = ServerConfig(**base, parallel=concurrency, ctx_size=ctx_per_slot * concurrency)
@@ -1154,9 +1144,7 @@ def format_curve(res: CurveResult) -> str:
 
 
 def _fmt_ci_pct(ci: Sequence[float | None] | None) -> str:
-    if not ci or ci[0] is None or ci[1] is None:
-        return "[n/a]"
-    return f"[{ci[0] * 100:.1f}-{ci[1] * 100:.1f}]"
+    return ci_text(ci, scale=100, digits=1, sep="-")
 
 
 def _fmt_f(x: float | None) -> str:
@@ -1350,7 +1338,7 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
                         f"--receipt {path}` first (tune, profiles and curve add to it)")
     if model is not None:
         want = (v.get("model") or {}).get("size_bytes")
-        p = _resolve_model(model)
+        p = resolve_model(model)
         if want is not None and p.is_file() and p.stat().st_size != want:
             raise TuneError(f"{path}: its verification is of a {want}-byte model, not {p} ({p.stat().st_size} bytes)")
     old_tuned = v.get("tuned")

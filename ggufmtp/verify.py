@@ -77,8 +77,10 @@ import numpy as np
 from . import stats
 from .bandwidth import PEAK_BANDWIDTH_ENV, bandwidth_report, format_bandwidth, peak_bandwidth
 from .errors import GgufmtpError, ServerError, VerifyError
+from .fmt import ci_text
 from .server import LlamaServer, ServerConfig
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
+from .synth import resolve_model
 
 __all__ = [
     "Record", "Thresholds", "VerifyResult", "verify", "evaluate_verdict", "recommend", "summarize",
@@ -598,15 +600,11 @@ class VerifyResult:
 
 
 def _ci_pct(ci: Sequence[float | None] | None) -> str:
-    if not ci or ci[0] is None or ci[1] is None:
-        return "[n/a]"
-    return f"[{ci[0] * 100:.2f}–{ci[1] * 100:.2f}]"
+    return ci_text(ci, scale=100, digits=2)
 
 
 def _ci_x(ci: Sequence[float | None] | None) -> str:
-    if not ci or ci[0] is None or ci[1] is None:
-        return "[n/a]"
-    return f"[{ci[0]:.3f}–{ci[1]:.3f}]"
+    return ci_text(ci)
 
 
 def _tps(x: float | None) -> str:
@@ -660,7 +658,7 @@ def format_result(res: VerifyResult) -> str:
             L.append(f"drafts: {c['draft_n_accepted']}/{c['draft_n']} tokens accepted in {c['n_drafts']} draft rounds; "
                      f"mean accepted length per draft {c['mean_accepted_per_draft']:.2f} of {c['k']} "
                      f"({c['tokens_per_step']:.2f} tokens per verification step)"
-                     + (f"; acceptance by position " + " · ".join(f"{i + 1}: {_pct(p)}" for i, p in enumerate(pp))
+                     + ("; acceptance by position " + " · ".join(f"{i + 1}: {_pct(p)}" for i, p in enumerate(pp))
                         if pp else ""))
         io = c["identical_outputs"]
         L.append(f"identical output vs vanilla: {io['identical']}/{io['pairs']} ({_pct(c['identical_output_fraction'])})"
@@ -838,15 +836,6 @@ def _warmup(srv: LlamaServer, p: Prompt, mode: str, arm: str, k: int | None) -> 
     return resp
 
 
-def _resolve_model(model: str | os.PathLike) -> Path:
-    s = str(model)
-    if s.startswith("builtin:"):
-        from .synth import builtin_path
-
-        return builtin_path(s)
-    return Path(s)
-
-
 def _parse_build_commit(build_info: str | None) -> str | None:
     if not build_info:
         return None
@@ -934,7 +923,7 @@ def verify(
     st = st.limit(limit)
     endpoints = ["chat", "raw"] if raw else ["chat"]
 
-    path = _resolve_model(model)
+    path = resolve_model(model)
     if not path.is_file():
         raise VerifyError(f"model {path}: no such file")
     rep = inspect_model(path)
