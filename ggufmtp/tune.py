@@ -92,7 +92,7 @@ import numpy as np
 
 from . import stats
 from .errors import GgufmtpError, ServerError, VerifyError
-from .fmt import ci_text
+from .fmt import ci_text, finite_or_none as _num
 from .server import LlamaServer, ServerConfig, binary_flags
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
 from .synth import resolve_model
@@ -502,15 +502,6 @@ def _finite(x: float | None) -> float:
 
 
 # ----------------------------------------------------------------------------- ranking / recommendation
-
-
-def _num(x: float | None, nd: int | None = None) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    if not np.isfinite(x):
-        return None
-    return round(x, nd) if nd is not None else x
 
 
 def config_row(st: _State, resamples: int = stats.DEFAULT_RESAMPLES, seed: int = stats.DEFAULT_SEED) -> dict[str, Any]:

@@ -77,7 +77,7 @@ import numpy as np
 from . import stats
 from .bandwidth import PEAK_BANDWIDTH_ENV, bandwidth_report, format_bandwidth, peak_bandwidth
 from .errors import GgufmtpError, ServerError, VerifyError
-from .fmt import ci_text
+from .fmt import ci_text, finite_or_none as _num
 from .server import LlamaServer, ServerConfig
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
 from .synth import resolve_model
@@ -129,15 +129,6 @@ class Record:
         d = dataclasses.asdict(self)
         d["tokens_per_second"] = _num(self.tokens_per_second)
         return d
-
-
-def _num(x: float | None, nd: int | None = None) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    if not np.isfinite(x):
-        return None
-    return round(x, nd) if nd is not None else x
 
 
 # ----------------------------------------------------------------------------- thresholds / verdict
