@@ -22,8 +22,9 @@ One :class:`TuneConfig` = one llama-server command line with ``--spec-type draft
 
 Successive halving
 ------------------
-The candidates are put in a deterministic order (a seeded shuffle, then round-robin over k so that
-every prefix covers the windows evenly). Rung 0 measures the first ``n0`` of them on ``units0``
+The candidates are put in a deterministic order: anchors first (:func:`search_anchors`: the
+defaults, the defaults with GPU sampling, then one best-guess configuration per window), then a
+seeded shuffle, round-robin over k so that every prefix covers the windows evenly. Rung 0 measures the first ``n0`` of them on ``units0``
 *units* (a unit = one suite prompt, under every seed; with ``concurrency > 1`` a unit is a batch of
 ``concurrency`` prompts sent at once); each later rung keeps the top ``1/eta`` of the survivors by
 speedup -- the median of their per-unit speedups, which one stalled request on a busy machine barely
@@ -36,7 +37,9 @@ still fits. A configuration whose output differs from vanilla on any request is 
 (its remaining units are not run), as is one whose server fails to start, crashes or never drafts.
 
 Measurement: the vanilla server (``-np`` = concurrency) stays up for the whole search; one MTP
-server at a time is started per (configuration, rung), warmed up (its warm-up reply must draft),
+server at a time is started per (configuration, rung), warmed up with one reply of the units' full
+length (it must draft; after a 24-token warm-up the H200 run measured k=4 about 2% below verify's
+figure while k=2 matched, perhaps because fewer of the larger window's graph shapes had been seen),
 then every unit is sent to both in ABBA order (unit 0 vanilla first, unit 1 MTP first, ...), as
 :mod:`ggufmtp.verify` does, at temperature 0 with ``cache_prompt: false``. Speedup of a unit set =
 (sum MTP tokens / sum MTP time) / (sum vanilla tokens / sum vanilla time): time = the decode time of
@@ -252,6 +255,30 @@ def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str
         "n_candidates": len(out), "notes": notes,
     }
     return out, dims
+
+
+def search_anchors(space: Sequence[TuneConfig], default_n_max: int = 3) -> list[TuneConfig]:
+    """The candidates every search measures first, in this order: llama-server's defaults; on a GPU
+    the same with the target's sampling on the GPU (the largest single gain the facts file
+    measured) and that with CUDA's graph optimisation; then a window sweep: every other
+    draft-n-max, nearest the default first, with the best-guess flags (GPU sampling where
+    searched, no graph optimisation, n-min 0, p-min 0). The window matters as much as the flags
+    (on the H200, k=4 with GPU sampling beat k=3 by 3%), and a seeded shuffle alone can miss it."""
+    slots = max((c.parallel for c in space), default=1)
+    plain = [c for c in space if c.draft_n_min == 0 and c.draft_p_min == 0.0 and c.parallel == slots
+             and c.draft_backend_sampling in (None, True)]
+
+    def first(pred: Callable[[TuneConfig], bool]) -> list[TuneConfig]:
+        return [c for c in plain if pred(c)][:1]
+
+    k0 = default_n_max
+    anchors = first(lambda c: c.draft_n_max == k0 and c.backend_sampling in (None, False) and not c.cuda_graph_opt)
+    anchors += first(lambda c: c.draft_n_max == k0 and c.backend_sampling is True and not c.cuda_graph_opt)
+    anchors += first(lambda c: c.draft_n_max == k0 and c.backend_sampling is True and bool(c.cuda_graph_opt))
+    best_guess = (lambda c: c.backend_sampling in (None, True) and not c.cuda_graph_opt)
+    for k in sorted({c.draft_n_max for c in plain} - {k0}, key=lambda k: (abs(k - k0), -k)):
+        anchors += first(lambda c, k=k: c.draft_n_max == k and best_guess(c))
+    return anchors
 
 
 def order_candidates(configs: Sequence[TuneConfig], seed: int = 0,
@@ -717,7 +744,7 @@ class _ServerEvaluator:
         with LlamaServer(self.server_config(cfg)) as mtp:
             self.commands[cfg.key] = shlex.join(mtp.command)
             self.logs[cfg.key] = str(mtp.log_path)
-            w = self.bench.one(mtp, self.warm_prompt, 0, WARMUP_TOKENS)
+            w = self.bench.one(mtp, self.warm_prompt, 0, max(WARMUP_TOKENS, self.bench.max_tokens))
             if not w.draft_n:
                 raise TuneError(f"{cfg.key}: speculation did not run (the warm-up reply has no timings.draft_n); "
                                 f"log {mtp.log_path}")
@@ -940,15 +967,7 @@ def tune(
     if candidates is None:
         cuda = any(d.upper().startswith("CUDA") for d in hw.get("server_devices") or [])
         space_all, space = candidate_space(concurrency, gpu, flags, n_max_values, n_min_values, p_min_values, cuda)
-        # Always searched: llama-server's defaults, and (on a GPU) the same with the target's
-        # sampling on the GPU, which the facts file measured as the largest single gain (and that
-        # with CUDA's graph optimisation).
-        defaults = [c for c in space_all if c.draft_n_max == 3 and c.draft_n_min == 0 and c.draft_p_min == 0.0
-                    and c.draft_backend_sampling in (None, True)
-                    and c.parallel == max(cc.parallel for cc in space_all)]
-        anchors = [c for c in defaults if c.backend_sampling in (None, False) and not c.cuda_graph_opt][:1]
-        anchors += [c for c in defaults if c.backend_sampling is True and not c.cuda_graph_opt][:1]
-        anchors += [c for c in defaults if c.backend_sampling is True and c.cuda_graph_opt][:1]
+        anchors = search_anchors(space_all)
         ordered = order_candidates(space_all, order_seed, anchors)
     else:
         ordered = list(dict.fromkeys(candidates))
@@ -1021,7 +1040,9 @@ def tune(
                  else f"a batch of {concurrency} prompts sent at once, under every seed"),
         "plan": [{"configs": n, "units": u} for n, u in sh.plan],
         "rungs": [r.to_dict() for r in sh.rungs], "server_starts": ev.server_starts + 1,
-        "order": "anchors (llama-server defaults, and on a GPU the defaults with -bs, and with -bs and CUDA graph optimisation) first, then a seeded shuffle round-robin over draft-n-max "
+        "order": "anchors first (llama-server defaults; on a GPU the defaults with -bs, and with -bs and CUDA graph optimisation; "
+                 "then every other draft-n-max with the best-guess flags, nearest the default first), then a seeded shuffle "
+                 "round-robin over draft-n-max "
                  f"(seed {order_seed})",
     }
     settings = {

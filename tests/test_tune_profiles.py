@@ -25,7 +25,8 @@ from click.testing import CliRunner
 from ggufmtp.cli import main
 from ggufmtp.tune import (TuneConfig, TuneError, UnitResult, acceptance_curve, candidate_space, fit_schedule,
                           geometric_rates, order_candidates, plan_rungs, rank_configs, recommend_config,
-                          schedule_cost, server_command, store_in_receipt, successive_halving, tune)
+                          schedule_cost, search_anchors, server_command, store_in_receipt, successive_halving,
+                          tune)
 from ggufmtp.server import ServerConfig
 
 F20 = "tiny-qwen35moe-f20"
@@ -172,6 +173,20 @@ def test_candidate_space_dimensions():
     order = order_candidates(cpu, seed=0, anchors=[TuneConfig(3)])
     assert order[0] == TuneConfig(3) and sorted(order, key=lambda c: c.key) == sorted(cpu, key=lambda c: c.key)
     assert {c.draft_n_max for c in order[1:9]} == set(range(1, 9))  # every prefix covers the windows
+    # anchors: defaults first, then on a CUDA GPU -bs and -bs with graph opt, then one
+    # best-guess configuration per other window, nearest k=3 first
+    gpu_space, _ = candidate_space(gpu=True, cuda=True)
+    anc = search_anchors(gpu_space)
+    assert anc[:3] == [TuneConfig(3, backend_sampling=False, draft_backend_sampling=True, cuda_graph_opt=False),
+                       TuneConfig(3, backend_sampling=True, draft_backend_sampling=True, cuda_graph_opt=False),
+                       TuneConfig(3, backend_sampling=True, draft_backend_sampling=True, cuda_graph_opt=True)]
+    assert [c.draft_n_max for c in anc[3:]] == [4, 2, 5, 1, 6, 7, 8]
+    assert all(c == TuneConfig(c.draft_n_max, backend_sampling=True, draft_backend_sampling=True,
+                               cuda_graph_opt=False) for c in anc[3:])
+    assert all(c in gpu_space for c in anc)
+    assert order_candidates(gpu_space, seed=0, anchors=anc)[:len(anc)] == anc
+    cpu_anc = search_anchors(cpu)
+    assert cpu_anc == [TuneConfig(k) for k in (3, 4, 2, 5, 1, 6, 7, 8)]
     for a in (0.0, 0.3, 0.65, 1.0):
         r = geometric_rates(a, 3)
         assert abs(sum(r) / 3 - a) < 1e-9 and all(x >= y for x, y in zip(r, r[1:]))

@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu/run_h200.sh quantize  # ggufmtp quantize (Hi-Fi), timed; QUANT_CLI=1: also llama-quantize
 #   bash benchmarks/gpu/run_h200.sh tune      # ggufmtp tune: server settings by successive halving
 #   bash benchmarks/gpu/run_h200.sh verify-tuned  # ggufmtp verify --tuned-from tune.json: tuned MTP vs default vanilla
+#   bash benchmarks/gpu/run_h200.sh configs   # the same for each file in $CONFIGS (default benchmarks/gpu/configs/*.json)
 #   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP (tuned) vs vanilla, both with $PROFILE_ARGS
 #   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify with default server settings (k=$K, default 3)
 #   bash benchmarks/gpu/run_h200.sh curve     # speedup vs synthetic acceptance of this GPU
@@ -86,6 +87,16 @@ case "$STAGE" in
       --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
       --out "$RES/verify-tuned.json" > "$RES/verify-tuned.txt" 2> "$RES/verify-tuned.log" || true
     tail -8 "$RES/verify-tuned.txt" ;;
+  configs)
+    env_setup
+    for c in ${CONFIGS:-benchmarks/gpu/configs/*.json}; do
+      n=$(basename "$c" .json)
+      date +"%T   config $n" >> "$RES/progress.txt"
+      python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$c" \
+        --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
+        --out "$RES/verify-$n.json" > "$RES/verify-$n.txt" 2> "$RES/verify-$n.log" || true
+      grep -i "speedup\|acceptance\|identical" "$RES/verify-$n.txt" | head -4
+    done ;;
   verify)
     env_setup
     python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --draft-n-max "${K:-3}" \
@@ -111,6 +122,8 @@ case "$STAGE" in
       --out "$RES/profiles.json" > "$RES/profiles.txt" 2> "$RES/profiles.log" || true
     tail -25 "$RES/profiles.txt" ;;
   all)
+    # a fresh progress file, so `wait` does not take an earlier run's "done" for this one's
+    [ -f "$RES/progress.txt" ] && cat "$RES/progress.txt" >> "$RES/progress-earlier.txt" && rm "$RES/progress.txt"
     env_setup  # once, before the parallel stages (two concurrent pip installs into /tmp/site collide)
     bash "$0" build > "$RES/stage-build.out" 2>&1 &
     b=$!
