@@ -763,12 +763,14 @@ def _ngl(gpu_layers: str | None) -> int | str | None:
 
 def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int,
               limit: int | None, gpu_layers: str | None, threads: int | None, ctx_per_slot: int,
-              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+              final_on_suite: bool = True) -> None:
     from .tune import store_in_receipt, tune
 
     res = tune(resolve_model_arg(model), concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds"),
                suite=suite, max_tokens=max_tokens, limit=limit, gpu_layers=_ngl(gpu_layers), threads=threads,
-               ctx_per_slot=ctx_per_slot, llama_cpp_bin=llama_cpp_bin, progress=not as_json)
+               ctx_per_slot=ctx_per_slot, llama_cpp_bin=llama_cpp_bin, progress=not as_json,
+               final_on_suite=final_on_suite)
     if out_path:
         from .fsutil import atomic_write_json
 
@@ -797,6 +799,8 @@ def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str,
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
 @click.option("--ctx-per-slot", type=click.IntRange(min=256), default=4096, show_default=True,
               help="Context per slot (-c = slots x this).")
+@click.option("--final-on-suite/--no-final-on-suite", default=True, show_default=True,
+              help="Rank the finalists on the whole suite (when the budget allows), not on its first prompts.")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Store the result as verification.tuned in this receipt (verify's results are kept).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the full JSON here.")
@@ -804,8 +808,8 @@ def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str,
 @json_option
 @handle_errors
 def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int, limit: int | None,
-             gpu_layers: str | None, threads: int | None, ctx_per_slot: int, receipt_path: str | None,
-             out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+             gpu_layers: str | None, threads: int | None, ctx_per_slot: int, final_on_suite: bool,
+             receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
     """Search MTP server settings for MODEL on this hardware (successive halving).
 
     Searches --spec-draft-n-max 1-8, --spec-draft-n-min, --spec-draft-p-min, backend sampling of the
@@ -813,7 +817,7 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
     (concurrency > 1); keeps only settings whose output equals vanilla, ranks them by speedup with
     95% CIs, recommends one and prints the exact llama-server command line. MODEL may be builtin:NAME."""
     _run_tune(model, concurrency, budget, seeds, suite, max_tokens, limit, gpu_layers, threads, ctx_per_slot,
-              receipt_path, out_path, llama_cpp_bin, as_json)
+              receipt_path, out_path, llama_cpp_bin, as_json, final_on_suite)
 
 
 def _wire_verify_tune() -> None:

@@ -29,7 +29,8 @@ seeded shuffle, round-robin over k so that every prefix covers the windows evenl
 ``concurrency`` prompts sent at once); each later rung keeps the top ``1/eta`` of the survivors by
 speedup -- the median of their per-unit speedups, which one stalled request on a busy machine barely
 moves (the final ranking reports the ratio of sums with CIs, as verify) -- and doubles the number of units (earlier measurements are kept and only the new units are
-run), until at most ``final_size`` configurations remain -- that last rung is the final one. ``n0``
+run), until at most ``final_size`` configurations remain -- that last rung is the final one; it
+measures the whole suite when that costs at most half the budget (``final_on_suite``). ``n0``
 is the largest number of candidates whose whole schedule fits in ``budget`` *evaluations*
 (evaluation = one request to an MTP server; every one is paired with one vanilla request), so the
 search never spends more than the budget; when every candidate fits, ``units0`` is doubled while it
@@ -37,9 +38,7 @@ still fits. A configuration whose output differs from vanilla on any request is 
 (its remaining units are not run), as is one whose server fails to start, crashes or never drafts.
 
 Measurement: the vanilla server (``-np`` = concurrency) stays up for the whole search; one MTP
-server at a time is started per (configuration, rung), warmed up with one reply of the units' full
-length (it must draft; after a 24-token warm-up the H200 run measured k=4 about 2% below verify's
-figure while k=2 matched, perhaps because fewer of the larger window's graph shapes had been seen),
+server at a time is started per (configuration, rung), warmed up (its warm-up reply must draft),
 then every unit is sent to both in ABBA order (unit 0 vanilla first, unit 1 MTP first, ...), as
 :mod:`ggufmtp.verify` does, at temperature 0 with ``cache_prompt: false``. Speedup of a unit set =
 (sum MTP tokens / sum MTP time) / (sum vanilla tokens / sum vanilla time): time = the decode time of
@@ -102,7 +101,8 @@ from .synth import resolve_model
 
 __all__ = [
     "TuneError", "FatalTuneError", "TuneConfig", "UnitResult", "Rung", "SHResult", "TuneResult", "CurveResult",
-    "candidate_space", "order_candidates", "plan_rungs", "schedule_cost", "fit_schedule",
+    "candidate_space", "search_anchors", "order_candidates", "plan_rungs", "final_rung_units", "schedule_cost",
+    "fit_schedule",
     "successive_halving", "rank_configs", "recommend_config", "tune", "acceptance_curve",
     "format_tune", "format_curve", "server_command", "store_in_receipt", "geometric_rates",
     "synth_len_for_acceptance", "DEFAULT_BUDGET", "load_tuned_config",
@@ -388,10 +388,13 @@ class SHResult:
 
 
 def plan_rungs(n_configs: int, units0: int = DEFAULT_UNITS0, eta: int = DEFAULT_ETA,
-               final_size: int = DEFAULT_FINAL_SIZE, max_units: int | None = None) -> list[tuple[int, int]]:
+               final_size: int = DEFAULT_FINAL_SIZE, max_units: int | None = None,
+               final_units: int | None = None) -> list[tuple[int, int]]:
     """``[(configs, cumulative units), ...]`` per rung: halve (by ``eta``) and double the units until at
     most ``final_size`` configurations remain. Units are capped at ``max_units``; once capped, the next
-    rung cuts straight to ``final_size`` (more rungs would measure nothing new)."""
+    rung cuts straight to ``final_size`` (more rungs would measure nothing new). ``final_units``
+    raises the last rung to at least that many units (capped too), so the finalists are compared
+    on, e.g., the whole suite rather than on its first prompts."""
     if n_configs < 1:
         raise TuneError("no configurations to search")
     if units0 < 1 or eta < 2 or final_size < 1:
@@ -407,6 +410,9 @@ def plan_rungs(n_configs: int, units0: int = DEFAULT_UNITS0, eta: int = DEFAULT_
         n = max(final_size, math.ceil(n / eta))
         u = min(u * 2, cap)
         plan.append((n, u))
+    if final_units is not None:
+        n_last, u_last = plan[-1]
+        plan[-1] = (n_last, max(u_last, min(final_units, cap)))
     return plan
 
 
@@ -421,14 +427,14 @@ def schedule_cost(plan: Sequence[tuple[int, int]], unit_cost: int = 1) -> int:
 
 def fit_schedule(n_candidates: int, budget: int, units0: int = DEFAULT_UNITS0, eta: int = DEFAULT_ETA,
                  final_size: int = DEFAULT_FINAL_SIZE, max_units: int | None = None,
-                 unit_cost: int = 1) -> tuple[int, int, list[tuple[int, int]]]:
+                 unit_cost: int = 1, final_units: int | None = None) -> tuple[int, int, list[tuple[int, int]]]:
     """``(n0, units0, plan)``: the most candidates whose schedule fits in ``budget``; when all fit,
     ``units0`` doubles while the schedule still fits (more evidence per configuration)."""
     if n_candidates < 1:
         raise TuneError("no candidate configurations")
 
     def cost(n: int, u0: int) -> int:
-        return schedule_cost(plan_rungs(n, u0, eta, final_size, max_units), unit_cost)
+        return schedule_cost(plan_rungs(n, u0, eta, final_size, max_units, final_units), unit_cost)
 
     n_min = min(n_candidates, final_size)
     if cost(n_min, units0) > budget:
@@ -445,13 +451,13 @@ def fit_schedule(n_candidates: int, budget: int, units0: int = DEFAULT_UNITS0, e
     if n0 == n_candidates:
         while (max_units is None or u0 * 2 <= max_units) and cost(n0, u0 * 2) <= budget:
             u0 *= 2
-    return n0, u0, plan_rungs(n0, u0, eta, final_size, max_units)
+    return n0, u0, plan_rungs(n0, u0, eta, final_size, max_units, final_units)
 
 
 def successive_halving(configs: Sequence[TuneConfig], evaluate: Evaluator, budget: int,
                        units0: int = DEFAULT_UNITS0, eta: int = DEFAULT_ETA, final_size: int = DEFAULT_FINAL_SIZE,
                        max_units: int | None = None, unit_cost: int = 1,
-                       log: Callable[[str], None] | None = None) -> SHResult:
+                       log: Callable[[str], None] | None = None, final_units: int | None = None) -> SHResult:
     """Successive halving over ``configs`` (already ordered: the first ``n0`` are searched).
 
     ``evaluate(config, units)`` measures ``config`` on the given unit indices and returns one
@@ -459,7 +465,7 @@ def successive_halving(configs: Sequence[TuneConfig], evaluate: Evaluator, budge
     :class:`GgufmtpError` (the configuration is then dropped). Every returned result is charged
     ``result.requests`` evaluations; the schedule is sized so that the total never exceeds ``budget``.
     """
-    n0, u0, plan = fit_schedule(len(configs), budget, units0, eta, final_size, max_units, unit_cost)
+    n0, u0, plan = fit_schedule(len(configs), budget, units0, eta, final_size, max_units, unit_cost, final_units)
     states = [_State(c) for c in configs[:n0]]
     rungs: list[Rung] = []
     spent = 0
@@ -744,7 +750,7 @@ class _ServerEvaluator:
         with LlamaServer(self.server_config(cfg)) as mtp:
             self.commands[cfg.key] = shlex.join(mtp.command)
             self.logs[cfg.key] = str(mtp.log_path)
-            w = self.bench.one(mtp, self.warm_prompt, 0, max(WARMUP_TOKENS, self.bench.max_tokens))
+            w = self.bench.one(mtp, self.warm_prompt, 0, WARMUP_TOKENS)
             if not w.draft_n:
                 raise TuneError(f"{cfg.key}: speculation did not run (the warm-up reply has no timings.draft_n); "
                                 f"log {mtp.log_path}")
@@ -843,7 +849,8 @@ def format_tune(res: TuneResult) -> str:
     L.append(f"ggufmtp tune {Path(res.model['path']).name}  (concurrency {res.concurrency}; "
              f"{'GPU ' + str(hw.get('gpu')) + ', gpu_layers ' + str(hw.get('gpu_layers')) if hw.get('offloaded') else 'CPU, no GPU offload'})")
     L.append(f"search: {res.space['n_candidates']} candidates, {sch['n_searched']} searched by successive halving "
-             f"(eta {sch['eta']}, {len(sch['rungs'])} rungs, units {' -> '.join(str(r['units']) for r in sch['rungs'])}); "
+             f"(eta {sch['eta']}, {len(sch['rungs'])} rungs, units {' -> '.join(str(r['units']) for r in sch['rungs'])}"
+             f"{', the last = the whole suite' if sch.get('final_on_suite') else ''}); "
              f"{sch['evaluations']}/{sch['budget']} evaluations; suite {st['suite']} x seeds {','.join(map(str, st['seeds']))}, "
              f"max_tokens {st['max_tokens']}")
     for n in res.space.get("notes") or []:
@@ -916,6 +923,30 @@ def _prepare(model, suite, limit, llama_cpp_bin):
     return st, path, rep, binary, flags
 
 
+def final_rung_units(on_suite: bool, n_candidates: int, budget: int, units0: int, eta: int, final_size: int,
+                 max_units: int, unit_cost: int, suite_units: int, notes: list[str]) -> int | None:
+    """The final rung's units: the whole suite when asked and its final rung costs at most half the
+    budget (the finalists are then ranked on the prompts verify uses: on an H200 the suite's first
+    32 prompts favoured k=2 while the whole suite favoured k=4), else None (plain doubling), with a
+    note saying why."""
+    if not on_suite:
+        return None
+    why = None
+    try:
+        _, _, plan = fit_schedule(n_candidates, budget, units0, eta, final_size, max_units, unit_cost, suite_units)
+        prev = plan[-2][1] if len(plan) > 1 else 0
+        final_cost = plan[-1][0] * (plan[-1][1] - prev) * unit_cost
+        if final_cost * 2 > budget:
+            why = f"it would cost {final_cost} of the {budget} evaluations"
+    except TuneError:
+        why = "it does not fit"
+    if why:
+        notes.append(f"finalists compared on the first prompts, not on the whole suite ({suite_units} units): {why} "
+                     f"(raise --budget)")
+        return None
+    return suite_units
+
+
 def tune(
     model: str | os.PathLike,
     concurrency: int = 1,
@@ -932,6 +963,7 @@ def tune(
     units0: int = DEFAULT_UNITS0,
     eta: int = DEFAULT_ETA,
     final_size: int = DEFAULT_FINAL_SIZE,
+    final_on_suite: bool = True,
     candidates: Sequence[TuneConfig] | None = None,
     n_max_values: Sequence[int] = N_MAX_VALUES,
     n_min_values: Sequence[int] = N_MIN_VALUES,
@@ -946,6 +978,9 @@ def tune(
 
     ``budget``: evaluations (MTP requests; each paired with a vanilla request) the search may spend.
     ``candidates``: search these configurations instead of the built-in space (their order is kept).
+    ``final_on_suite``: the final rung measures its configurations on the whole suite when that
+    costs at most half the budget (else a note says so), so the recommendation rests on the
+    prompts verify uses.
     ``mode``: thinking mode for templates with a thinking switch (default: the first, "thinking").
     """
     from tqdm import tqdm
@@ -991,7 +1026,9 @@ def tune(
     base = dict(model=path, threads=threads, gpu_layers=gpu_layers, llama_cpp_bin=llama_cpp_bin, metrics=True,
                 extra_args=list(extra_args))
     van_cfg = ServerConfig(**base, parallel=concurrency, ctx_size=ctx_per_slot * concurrency)
-    n0, u0, plan = fit_schedule(len(ordered), budget, units0, eta, final_size, max_units, unit_cost)
+    final_units = final_rung_units(final_on_suite, len(ordered), budget, units0, eta, final_size, max_units,
+                               unit_cost, math.ceil(len(st.prompts) / concurrency), notes)
+    n0, u0, plan = fit_schedule(len(ordered), budget, units0, eta, final_size, max_units, unit_cost, final_units)
     total = schedule_cost(plan, unit_cost)
     with contextlib.ExitStack() as stack:
         try:
@@ -1011,7 +1048,8 @@ def tune(
         bar = stack.enter_context(tqdm(total=total, desc="tune", unit="req", file=sys.stderr,
                                        disable=None if progress else True, leave=False, dynamic_ncols=True))
         ev = _ServerEvaluator(base, van, bench, ctx_per_slot, st.prompts[0], bar)
-        sh = successive_halving(ordered, ev, budget, units0, eta, final_size, max_units, unit_cost, log=log)
+        sh = successive_halving(ordered, ev, budget, units0, eta, final_size, max_units, unit_cost, log=log,
+                                    final_units=final_units)
         van_command = shlex.join(van.command)
         build_info = props.get("build_info")
 
@@ -1034,6 +1072,7 @@ def tune(
         notes.append("the final configurations are within noise of each other; any of them is a fine choice")
     schedule = {
         "method": "successive halving", "eta": eta, "units0": sh.units0, "final_size": final_size,
+        "final_units": final_units, "final_on_suite": final_units is not None,
         "n_candidates": len(ordered), "n_searched": len(sh.states), "budget": budget,
         "evaluations": sh.evaluations, "planned_evaluations": total, "unit_cost": unit_cost,
         "unit": ("one prompt under every seed" if concurrency == 1

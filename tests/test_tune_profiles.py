@@ -23,10 +23,10 @@ import pytest
 from click.testing import CliRunner
 
 from ggufmtp.cli import main
-from ggufmtp.tune import (TuneConfig, TuneError, UnitResult, acceptance_curve, candidate_space, fit_schedule,
-                          geometric_rates, order_candidates, plan_rungs, rank_configs, recommend_config,
-                          schedule_cost, search_anchors, server_command, store_in_receipt, successive_halving,
-                          tune)
+from ggufmtp.tune import (TuneConfig, TuneError, UnitResult, acceptance_curve, candidate_space, final_rung_units,
+                          fit_schedule, geometric_rates, order_candidates, plan_rungs, rank_configs,
+                          recommend_config, schedule_cost, search_anchors, server_command, store_in_receipt,
+                          successive_halving, tune)
 from ggufmtp.server import ServerConfig
 
 F20 = "tiny-qwen35moe-f20"
@@ -173,6 +173,18 @@ def test_candidate_space_dimensions():
     order = order_candidates(cpu, seed=0, anchors=[TuneConfig(3)])
     assert order[0] == TuneConfig(3) and sorted(order, key=lambda c: c.key) == sorted(cpu, key=lambda c: c.key)
     assert {c.draft_n_max for c in order[1:9]} == set(range(1, 9))  # every prefix covers the windows
+    # the final rung on the whole suite: raised to the suite, capped, and only when it costs at
+    # most half the budget
+    assert plan_rungs(24, 2, 2, 2, 54, final_units=54) == [(24, 2), (12, 4), (6, 8), (3, 16), (2, 54)]
+    assert plan_rungs(24, 2, 2, 2, 40, final_units=54)[-1] == (2, 40)
+    assert plan_rungs(1, 2, 2, 2, 54, final_units=54) == [(1, 54)]
+    notes: list[str] = []
+    assert final_rung_units(True, 616, 240, 2, 2, 2, 54, 1, 54, notes) == 54 and not notes
+    assert fit_schedule(616, 240, max_units=54, final_units=54)[0] == 32
+    assert final_rung_units(True, 616, 160, 2, 2, 2, 54, 1, 54, notes) is None
+    assert "92 of the 160 evaluations" in notes[-1]
+    assert final_rung_units(True, 616, 20, 2, 2, 2, 54, 1, 54, notes) is None and "does not fit" in notes[-1]
+    assert final_rung_units(False, 616, 240, 2, 2, 2, 54, 1, 54, notes) is None
     # anchors: defaults first, then on a CUDA GPU -bs and -bs with graph opt, then one
     # best-guess configuration per other window, nearest k=3 first
     gpu_space, _ = candidate_space(gpu=True, cuda=True)

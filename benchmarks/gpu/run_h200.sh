@@ -105,7 +105,7 @@ case "$STAGE" in
     tail -8 "$RES/verify.txt" ;;
   tune)
     env_setup
-    python3 -m ggufmtp tune "$WORK/hifi.gguf" --gpu-layers 999 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${BUDGET:-120}" \
+    python3 -m ggufmtp tune "$WORK/hifi.gguf" --gpu-layers 999 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${BUDGET:-240}" \
       --out "$RES/tune.json" > "$RES/tune.txt" 2> "$RES/tune.log" || true
     tail -25 "$RES/tune.txt" ;;
   curve)
