@@ -399,7 +399,8 @@ def test_decision_table_shape(profiles_ad):
                                       "itl_p99"}
         tp = row["deltas"]["throughput"]
         assert tp == pytest.approx(row["mtp_tokens_per_second"] / row["vanilla_tokens_per_second"] - 1)
-        assert row["mtp_helps"] == ("yes" if tp > 0.02 else "no") and row["within_noise"] == (abs(tp) <= 0.02)
+        expect = "no" if tp <= 0.02 else "mixed" if row["deltas"]["tpot_mean"] > 0.02 else "yes"
+        assert row["mtp_helps"] == expect and row["within_noise"] == (abs(tp) <= 0.02)
         assert "throughput" in row["reasoning"] and "TTFT" in row["reasoning"] and "TPOT" in row["reasoning"]
         assert row["identical_output_fraction"] == 1.0 and 0 < row["acceptance"] < 1
     # the rule on its own: a wider noise band turns every "yes" into "no"
@@ -407,6 +408,24 @@ def test_decision_table_shape(profiles_ad):
     text = format_decision_table(table)
     assert text.splitlines()[0].split()[:2] == ["workload", "MTP?"] and len(text.splitlines()) == 3
     assert "workload A" in profiles_ad.text() and "P99" not in text.splitlines()[0]
+
+
+def test_decision_rule_on_the_h200_profiles():
+    """The rule applied to the metrics the H200 measured (session 2): A gains throughput and decodes
+    each request faster, D gains 3.2% throughput but each request decodes 14% slower, B and C lose."""
+    from ggufmtp.profiles import ProfileResult, Workload, decision_table
+
+    data = json.loads((Path(__file__).parent.parent / "benchmarks/gpu/results-2026-11-21b-h200/profiles.json").read_text())
+    results = [ProfileResult(Workload(**a["workload"]), a["arm"], a["metrics"], [], a["command"], a["settings"])
+               for arms in data["workloads"].values() for a in arms.values()]
+    rows = {r["workload"]: r for r in decision_table(results)}
+    assert {k: r["mtp_helps"] for k, r in rows.items()} == {"A": "yes", "B": "no", "C": "no", "D": "mixed"}
+    assert "TPOT +14.0%" in rows["D"]["reasoning"] and "mixed" not in rows["A"]["reasoning"]
+    # the noise band is the one knob: at 3% D's +3.2% still counts (mixed), at 15% it does not (no)
+    def verdicts(noise: float) -> dict[str, str]:
+        return {r["workload"]: r["mtp_helps"] for r in decision_table(results, noise=noise)}
+
+    assert verdicts(0.03)["D"] == "mixed" and verdicts(0.15) == {"A": "yes", "B": "no", "C": "no", "D": "no"}
 
 
 def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20):
