@@ -761,28 +761,37 @@ def _ngl(gpu_layers: str | None) -> int | str | None:
     return int(gpu_layers) if gpu_layers.lstrip("-").isdigit() else gpu_layers
 
 
+def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None, out_path: str | None,
+                   as_json: bool, out_data: dict[str, Any], text: str) -> None:
+    """The common tail of tune, curve and profiles: the full JSON to --out, ``res.to_dict()`` as
+    ``verification.<section>`` of --receipt, then JSON or the human-readable text on stdout."""
+    if out_path:
+        from .fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), out_data)
+    if receipt_path:
+        from .tune import store_in_receipt
+
+        store_in_receipt(receipt_path, model=resolve_model_arg(model), **{section: res.to_dict()})
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(text)
+
+
 def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int,
               limit: int | None, gpu_layers: str | None, threads: int | None, ctx_per_slot: int,
               receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
               final_on_suite: bool = True) -> None:
-    from .tune import store_in_receipt, tune
+    from .tune import tune
 
     res = tune(resolve_model_arg(model), concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds"),
                suite=suite, max_tokens=max_tokens, limit=limit, gpu_layers=_ngl(gpu_layers), threads=threads,
                ctx_per_slot=ctx_per_slot, llama_cpp_bin=llama_cpp_bin, progress=not as_json,
                final_on_suite=final_on_suite)
-    if out_path:
-        from .fsutil import atomic_write_json
-
-        atomic_write_json(Path(out_path), res.to_dict())
-    if receipt_path:
-        store_in_receipt(receipt_path, model=resolve_model_arg(model), tuned=res.to_dict())
-    if as_json:
-        emit_json(res.to_dict())
-    else:
-        click.echo(res.table())
-        if receipt_path:
-            click.echo(f"receipt {receipt_path}: verification.tuned written (verify's results kept)")
+    _save_and_show(res, model, "tuned", receipt_path, out_path, as_json, res.to_dict(), res.table())
+    if receipt_path and not as_json:
+        click.echo(f"receipt {receipt_path}: verification.tuned written (verify's results kept)")
 
 
 @main.command("tune")
@@ -881,23 +890,14 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
     """Speedup versus acceptance on this hardware, with llama-server's synthetic acceptance
     (--spec-synth-len / --spec-synth-rates; benchmarking only): what a head of any acceptance would gain
     here, separated from the head's quality. MODEL needs an MTP block (its drafter's cost is measured)."""
-    from .tune import acceptance_curve, store_in_receipt
+    from .tune import acceptance_curve
 
     res = acceptance_curve(resolve_model_arg(model), rates=_float_list(rates, "--rates") or (), draft_n_max=draft_n_max,
                            synth_len=_float_list(synth_len, "--synth-len"), flag=flag, seeds=_int_list(seeds, "--seeds"),
                            suite=suite, limit=limit, max_tokens=max_tokens, gpu_layers=_ngl(gpu_layers),
                            threads=threads, llama_cpp_bin=llama_cpp_bin, include_real=not no_real,
                            progress=not as_json)
-    if out_path:
-        from .fsutil import atomic_write_json
-
-        atomic_write_json(Path(out_path), res.to_dict())
-    if receipt_path:
-        store_in_receipt(receipt_path, model=resolve_model_arg(model), acceptance_curve=res.to_dict())
-    if as_json:
-        emit_json(res.to_dict())
-    else:
-        click.echo(res.table())
+    _save_and_show(res, model, "acceptance_curve", receipt_path, out_path, as_json, res.to_dict(), res.table())
 
 
 @main.command("profiles")
@@ -932,20 +932,11 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
     """Serving profiles A-D (the vLLM write-up's workloads), MTP against vanilla: output tok/s, TTFT,
     TPOT, ITL (mean, median, P99), acceptance, and a decision table per workload."""
     from .profiles import run_profiles
-    from .tune import load_tuned_config, store_in_receipt
+    from .tune import load_tuned_config
 
     tuned = load_tuned_config(tuned_from).to_dict() if tuned_from else None
     res = run_profiles(resolve_model_arg(model), workloads=[w for w in workloads.split(",") if w.strip()],
                        scale=scale, num_requests=num_requests, draft_n_max=draft_n_max, tuned=tuned,
                        gpu_layers=_ngl(gpu_layers), threads=threads, llama_cpp_bin=llama_cpp_bin, repeats=repeats,
                        noise=noise, extra_args=list(server_args), progress=not as_json)
-    if out_path:
-        from .fsutil import atomic_write_json
-
-        atomic_write_json(Path(out_path), res.to_dict(requests=True))
-    if receipt_path:
-        store_in_receipt(receipt_path, model=resolve_model_arg(model), profiles=res.to_dict())
-    if as_json:
-        emit_json(res.to_dict())
-    else:
-        click.echo(res.text())
+    _save_and_show(res, model, "profiles", receipt_path, out_path, as_json, res.to_dict(requests=True), res.text())

@@ -43,6 +43,13 @@ env_setup() {
   export PYTHONUNBUFFERED=1
 }
 
+# full-suite verify: the MTP arm with the configuration in $1, vanilla with defaults -> verify-$2.*
+verify_tuned() {
+  python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$1" \
+    --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
+    --out "$RES/verify-$2.json" > "$RES/verify-$2.txt" 2> "$RES/verify-$2.log" || true
+}
+
 case "$STAGE" in
   prepare)
     mkdir -p "$CARRY/wheels" "$CARRY/pylib"
@@ -83,19 +90,15 @@ case "$STAGE" in
     rm -f "$WORK/cli.gguf" ;;
   verify-tuned)
     env_setup
-    python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$RES/tune.json" \
-      --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
-      --out "$RES/verify-tuned.json" > "$RES/verify-tuned.txt" 2> "$RES/verify-tuned.log" || true
+    verify_tuned "$RES/tune.json" tuned
     tail -8 "$RES/verify-tuned.txt" ;;
   configs)
     env_setup
     for c in ${CONFIGS:-benchmarks/gpu/configs/*.json}; do
       n=$(basename "$c" .json)
       date +"%T   config $n" >> "$RES/progress.txt"
-      python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$c" \
-        --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
-        --out "$RES/verify-$n.json" > "$RES/verify-$n.txt" 2> "$RES/verify-$n.log" || true
-      grep -i "speedup\|acceptance\|identical" "$RES/verify-$n.txt" | head -4
+      verify_tuned "$c" "$n"
+      grep -E "^overall|^identical" "$RES/verify-$n.txt" || true
     done ;;
   verify)
     env_setup
