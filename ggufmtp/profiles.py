@@ -366,17 +366,6 @@ class ProfileResult:
         return d
 
 
-def _mtp_flags(tuned: Any, draft_n_max: int | None) -> dict[str, Any]:
-    """ServerConfig fields + extra args for the MTP arm, from a TuneConfig / its dict / a k."""
-    if tuned is None:
-        return {"draft_n_max": draft_n_max, "extra": []}
-    from .tune import TuneConfig
-
-    cfg = tuned if isinstance(tuned, TuneConfig) else TuneConfig.from_dict(tuned)
-    return {"draft_n_max": cfg.draft_n_max, "draft_n_min": cfg.draft_n_min, "draft_p_min": cfg.draft_p_min,
-            "extra": cfg.extra_args(), "env": cfg.env() or None}
-
-
 def profile_server_config(model: Path, w: Workload, mtp: bool, *, draft_n_max: int | None = 3, tuned: Any = None,
                           gpu_layers: int | str | None = None, threads: int | None = None,
                           llama_cpp_bin: str | os.PathLike | None = None, extra_args: Sequence[str] = (),
@@ -385,12 +374,15 @@ def profile_server_config(model: Path, w: Workload, mtp: bool, *, draft_n_max: i
     ctx = ctx_size or int(math.ceil(per_slot * w.concurrency / 256) * 256)
     base = dict(model=model, ctx_size=ctx, threads=threads, gpu_layers=gpu_layers, parallel=w.concurrency,
                 llama_cpp_bin=llama_cpp_bin, metrics=True)
+    base["extra_args"] = list(extra_args)
     if not mtp:
-        return ServerConfig(**base, extra_args=list(extra_args))
-    f = _mtp_flags(tuned, draft_n_max)
-    extra = [a for a in f.pop("extra") if a not in extra_args]  # e.g. -bs given for both arms and tuned
-    return ServerConfig(**base, draft_mtp=True, extra_args=list(extra_args) + extra,
-                        **{k: v for k, v in f.items() if v is not None})
+        return ServerConfig(**base)
+    if tuned is None:
+        return ServerConfig(**base, draft_mtp=True, draft_n_max=draft_n_max)
+    from .tune import TuneConfig
+
+    cfg = tuned if isinstance(tuned, TuneConfig) else TuneConfig.from_dict(tuned)
+    return ServerConfig(**cfg.server_fields(base))
 
 
 def _bodies(prompts: Sequence[dict[str, Any]], max_tokens: int, mode: str, seed: int) -> list[dict[str, Any]]:

@@ -88,7 +88,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -145,6 +145,7 @@ class TuneConfig:
     draft_backend_sampling: bool | None = None  # --[no-]spec-draft-backend-sampling
     parallel: int = 1
     cuda_graph_opt: bool | None = None  # GGML_CUDA_GRAPH_OPT=1 (ggml-cuda's concurrent-stream graph optimisation)
+    threads: int | None = None  # the MTP server's --threads (None: the run's setting, else llama-server's default)
 
     def __post_init__(self) -> None:
         if self.draft_n_max < 1:
@@ -155,6 +156,8 @@ class TuneConfig:
             raise TuneError(f"draft_p_min {self.draft_p_min}: must be in [0, 1]")
         if self.parallel < 1:
             raise TuneError(f"parallel {self.parallel}: must be at least 1")
+        if self.threads is not None and self.threads < 1:
+            raise TuneError(f"threads {self.threads}: must be at least 1")
 
     @property
     def key(self) -> str:
@@ -166,6 +169,8 @@ class TuneConfig:
         s += f" np={self.parallel}"
         if self.cuda_graph_opt is not None:
             s += f" gopt={'on' if self.cuda_graph_opt else 'off'}"
+        if self.threads is not None:
+            s += f" t={self.threads}"
         return s
 
     def extra_args(self) -> list[str]:
@@ -182,11 +187,26 @@ class TuneConfig:
         """Environment variables the server needs for this configuration."""
         return {CUDA_GRAPH_OPT_ENV: "1"} if self.cuda_graph_opt else {}
 
+    def server_fields(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """``base`` (:class:`ServerConfig` fields shared with the vanilla arm) turned into the MTP
+        server's: draft-mtp with this window, this configuration's flags appended (once: ``-bs`` may
+        already be in ``base``), its environment added and its thread count in force."""
+        kw = dict(base)
+        shared = list(base.get("extra_args") or [])
+        kw["extra_args"] = shared + [a for a in self.extra_args() if a not in shared]
+        kw["env"] = {**(base.get("env") or {}), **self.env()} or None
+        if self.threads is not None:
+            kw["threads"] = self.threads
+        kw.update(draft_mtp=True, draft_n_max=self.draft_n_max, draft_n_min=self.draft_n_min,
+                  draft_p_min=self.draft_p_min)
+        return kw
+
     def complexity(self) -> tuple:
         """Tie-break order: simpler first (fewer drafted tokens to verify, fewer non-default flags,
         more slots = less queueing)."""
         return (self.draft_n_max, self.draft_n_min, self.draft_p_min, bool(self.backend_sampling),
-                self.draft_backend_sampling is False, bool(self.cuda_graph_opt), -self.parallel)
+                self.draft_backend_sampling is False, bool(self.cuda_graph_opt), self.threads is not None,
+                -self.parallel)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -738,11 +758,8 @@ class _ServerEvaluator:
             raise FatalTuneError(f"vanilla server: {e}") from e
 
     def server_config(self, cfg: TuneConfig) -> ServerConfig:
-        return ServerConfig(**{**self.base, "parallel": cfg.parallel, "ctx_size": self.ctx_per_slot * cfg.parallel,
-                               "extra_args": list(self.base.get("extra_args") or []) + cfg.extra_args(),
-                               "env": {**(self.base.get("env") or {}), **cfg.env()} or None},
-                            draft_mtp=True, draft_n_max=cfg.draft_n_max, draft_n_min=cfg.draft_n_min,
-                            draft_p_min=cfg.draft_p_min)
+        return ServerConfig(**cfg.server_fields({**self.base, "parallel": cfg.parallel,
+                                                 "ctx_size": self.ctx_per_slot * cfg.parallel}))
 
     def __call__(self, cfg: TuneConfig, units: Sequence[int]) -> list[UnitResult]:
         out: list[UnitResult] = []

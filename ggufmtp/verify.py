@@ -1084,14 +1084,12 @@ def _mtp_only_flags(cfg: Any) -> list[str]:
     out = ["--spec-draft-n-max", str(cfg.draft_n_max), "--spec-draft-n-min", str(cfg.draft_n_min)]
     if cfg.draft_p_min:
         out += ["--spec-draft-p-min", f"{cfg.draft_p_min:g}"]
+    if cfg.threads is not None:
+        out += ["--threads", str(cfg.threads)]
     return out + cfg.extra_args()
 
 
 def _mtp_server_config(base: dict[str, Any], k: int, draft_n_min: int | None, cfg: Any) -> ServerConfig:
     if cfg is None:
         return ServerConfig(**base, draft_mtp=True, draft_n_max=k, draft_n_min=draft_n_min)
-    kw = dict(base)
-    kw["extra_args"] = list(base.get("extra_args") or []) + cfg.extra_args()
-    kw["env"] = {**(base.get("env") or {}), **cfg.env()} or None
-    return ServerConfig(**kw, draft_mtp=True, draft_n_max=cfg.draft_n_max, draft_n_min=cfg.draft_n_min,
-                        draft_p_min=cfg.draft_p_min)
+    return ServerConfig(**cfg.server_fields(base))

@@ -170,6 +170,17 @@ def test_candidate_space_dimensions():
     pc = profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=g.to_dict(), extra_args=["-bs"])
     assert pc.env == g.env() and pc.extra_args.count("-bs") == 1
     assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=g.to_dict()).env is None
+    # a configuration's thread count is the MTP server's, over the run's; None leaves the run's
+    t1 = TuneConfig(4, backend_sampling=True, threads=1)
+    assert t1.key.endswith(" t=1") and TuneConfig.from_dict(t1.to_dict()) == t1
+    kw = t1.server_fields({"model": "m.gguf", "threads": 8, "extra_args": ["-bs"], "env": {"A": "1"}})
+    assert kw["threads"] == 1 and kw["extra_args"] == ["-bs"] and kw["env"] == {"A": "1"}
+    assert (kw["draft_mtp"], kw["draft_n_max"]) == (True, 4)
+    assert TuneConfig(4).server_fields({"model": "m.gguf", "threads": 8})["threads"] == 8
+    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=t1, threads=8).threads == 1
+    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=t1, threads=8).threads == 8
+    with pytest.raises(TuneError, match="threads 0"):
+        TuneConfig(3, threads=0)
     order = order_candidates(cpu, seed=0, anchors=[TuneConfig(3)])
     assert order[0] == TuneConfig(3) and sorted(order, key=lambda c: c.key) == sorted(cpu, key=lambda c: c.key)
     assert {c.draft_n_max for c in order[1:9]} == set(range(1, 9))  # every prefix covers the windows

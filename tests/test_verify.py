@@ -432,7 +432,7 @@ def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_mo
     first = run_cli("verify", q.output, "--seeds", "42", "--limit", 2, "--max-tokens", 32, "--threads", 2,
                     "--receipt", rpath, "--json")
     assert first.exit_code == 0, first.output
-    cfg = TuneConfig(draft_n_max=2, draft_n_min=1, draft_p_min=0.5)
+    cfg = TuneConfig(draft_n_max=2, draft_n_min=1, draft_p_min=0.5, threads=1)
     store_in_receipt(rpath, model=q.output, tuned={"kind": "ggufmtp tune", "recommended_config": cfg.to_dict(),
                                                    "best_config": cfg.to_dict()})
     r = run_cli("verify", q.output, "--tuned-from", rpath, "--seeds", "42", "--limit", 3, "--max-tokens", 48,
@@ -444,6 +444,10 @@ def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_mo
     i = flags.index("--spec-draft-p-min")
     assert float(flags[i + 1]) == 0.5 and flags[flags.index("--spec-draft-n-min") + 1] == "1"
     assert "--spec-draft-p-min" not in d["server"]["flags"]["vanilla"]
+    # the configuration's thread count applies to the MTP arm only; vanilla keeps the run's --threads
+    assert flags[flags.index("--threads") + 1] == "1"
+    van = d["server"]["flags"]["vanilla"]
+    assert van[van.index("--threads") + 1] == "2"
     assert d["identical_output_fraction"] == 1.0
     # p-min 0.5 stops drafts early on this head (30% wrong successors): fewer than 2 drafted per round
     assert d["mtp"]["draft_n"] < 2 * d["mtp"]["n_drafts"]
@@ -459,7 +463,7 @@ def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_mo
     text = run_cli("verify", q.output, "--tuned-from", rpath, "--seeds", "42", "--limit", 1, "--max-tokens", 16,
                    "--threads", 2)
     assert text.exit_code == 0, text.output
-    assert "MTP arm flags (tuned): --spec-draft-n-max 2 --spec-draft-n-min 1 --spec-draft-p-min 0.5" in text.output
+    assert "MTP arm flags (tuned): --spec-draft-n-max 2 --spec-draft-n-min 1 --spec-draft-p-min 0.5 --threads 1" in text.output
     assert "bandwidth: active weights" in text.output and "peak bandwidth unknown" in text.output  # CPU, no peak
     assert not _llama_children()
 

@@ -8,16 +8,20 @@
 #   bash benchmarks/gpu/run_h200.sh tune      # ggufmtp tune: server settings by successive halving
 #   bash benchmarks/gpu/run_h200.sh verify-tuned  # ggufmtp verify --tuned-from tune.json: tuned MTP vs default vanilla
 #   bash benchmarks/gpu/run_h200.sh configs   # the same for each file in $CONFIGS (default benchmarks/gpu/configs/*.json)
+#                                             # LIMIT=24 SEEDS=42 CONFIGS="benchmarks/gpu/screen/*.json": a quick screen
 #   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP (tuned) vs vanilla, both with $PROFILE_ARGS
 #   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify with default server settings (k=$K, default 3)
 #   bash benchmarks/gpu/run_h200.sh curve     # speedup vs synthetic acceptance of this GPU
 #   bash benchmarks/gpu/run_h200.sh all       # build+synth in parallel, then $STAGES (default: all of the above)
+#   bash benchmarks/gpu/run_h200.sh detach    # after `all`, on the same warm machine: $STAGES, detached
 #   bash benchmarks/gpu/run_h200.sh wait N    # wait up to N s for `all` to finish, then collect
 #   bash benchmarks/gpu/run_h200.sh collect   # copy results to $OUT (the device tool's return folder)
 #
 # With the device tool: start `all` detached (`setsid nohup bash benchmarks/gpu/run_h200.sh all &`)
 # in the first call, then call `wait 560` back to back (a machine idle for 30 s is given back); each
-# `wait` returns the results so far, so a machine taken back early still leaves its figures.
+# `wait` returns the results so far, so a machine taken back early still leaves its figures. For
+# more stages on the still-warm machine, `STAGES="..." bash benchmarks/gpu/run_h200.sh detach`, then
+# `wait` again: a job a call starts with a plain `&` is stopped when that call ends.
 #
 # Everything the GPU machine needs travels in .device-carry/ (git-ignored): the llama.cpp tree of
 # the pinned llama-cpp-python sdist (trimmed of models/docs), llama-cpp-python's pure-Python
@@ -43,11 +47,25 @@ env_setup() {
   export PYTHONUNBUFFERED=1
 }
 
-# full-suite verify: the MTP arm with the configuration in $1, vanilla with defaults -> verify-$2.*
+# verify: the MTP arm with the configuration in $1, vanilla with defaults -> verify-$2.*
+# (the full suite unless $LIMIT; seeds $SEEDS)
 verify_tuned() {
-  python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$1" \
-    --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
+  python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$1" ${LIMIT:+--limit "$LIMIT"} \
+    --seeds "${SEEDS:-42,1337,2024}" --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
     --out "$RES/verify-$2.json" > "$RES/verify-$2.txt" 2> "$RES/verify-$2.log" || true
+}
+
+# a fresh progress file, so `wait` does not take an earlier run's "done" for this one's
+new_progress() {
+  if [ -f "$RES/progress.txt" ]; then cat "$RES/progress.txt" >> "$RES/progress-earlier.txt"; rm "$RES/progress.txt"; fi
+}
+
+run_stages() {
+  for s in "$@"; do
+    date +"%T start $s" >> "$RES/progress.txt"
+    bash "$0" "$s" > "$RES/stage-$s.out" 2>&1 || date +"%T $s FAILED" >> "$RES/progress.txt"
+  done
+  date +"%T done" >> "$RES/progress.txt"
 }
 
 case "$STAGE" in
@@ -125,8 +143,7 @@ case "$STAGE" in
       --out "$RES/profiles.json" > "$RES/profiles.txt" 2> "$RES/profiles.log" || true
     tail -25 "$RES/profiles.txt" ;;
   all)
-    # a fresh progress file, so `wait` does not take an earlier run's "done" for this one's
-    [ -f "$RES/progress.txt" ] && cat "$RES/progress.txt" >> "$RES/progress-earlier.txt" && rm "$RES/progress.txt"
+    new_progress
     env_setup  # once, before the parallel stages (two concurrent pip installs into /tmp/site collide)
     bash "$0" build > "$RES/stage-build.out" 2>&1 &
     b=$!
@@ -136,11 +153,15 @@ case "$STAGE" in
     wait $b || { date +"%T build FAILED" >> "$RES/progress.txt"; exit 1; }
     date +"%T built" >> "$RES/progress.txt"
     export QUANT_CLI=${QUANT_CLI:-0}
-    for s in ${STAGES:-quantize tune verify-tuned profiles verify curve}; do
-      date +"%T start $s" >> "$RES/progress.txt"
-      bash "$0" $s > "$RES/stage-$s.out" 2>&1 || date +"%T $s FAILED" >> "$RES/progress.txt"
-    done
-    date +"%T done" >> "$RES/progress.txt" ;;
+    run_stages ${STAGES:-quantize tune verify-tuned profiles verify curve} ;;
+  detach)
+    # more stages on a machine where `all` has finished: detached from the calling shell, because
+    # the device tool stops what a call started when the call ends (a plain `&` job dies with it)
+    new_progress
+    setsid nohup bash "$0" stages > "$RES/detach.out" 2>&1 < /dev/null &
+    echo "started: ${STAGES:?set STAGES}" ;;
+  stages)
+    run_stages ${STAGES:?set STAGES} ;;
   wait)
     end=$((SECONDS + ${2:-560}))
     while [ $SECONDS -lt $end ] && ! grep -q done "$RES/progress.txt" 2>/dev/null; do sleep 5; done
