@@ -103,7 +103,7 @@ __all__ = [
     "TuneError", "FatalTuneError", "TuneConfig", "UnitResult", "Rung", "SHResult", "TuneResult", "CurveResult",
     "candidate_space", "search_anchors", "order_candidates", "plan_rungs", "final_rung_units", "schedule_cost",
     "fit_schedule",
-    "successive_halving", "rank_configs", "recommend_config", "tune", "acceptance_curve",
+    "successive_halving", "rank_configs", "recommend_config", "inert_draft_limits", "tune", "acceptance_curve",
     "format_tune", "format_curve", "server_command", "store_in_receipt", "geometric_rates",
     "synth_len_for_acceptance", "DEFAULT_BUDGET", "load_tuned_config",
 ]
@@ -634,6 +634,28 @@ def recommend_config(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "mtp_beats_vanilla": beats, "clear": clear, "within_noise_of": near, "rule": RULE, "why": why}
 
 
+def inert_draft_limits(sh: SHResult) -> dict[str, str]:
+    """Final configurations whose draft-p-min/n-min changed nothing: on every unit measured for both,
+    they drafted and had accepted exactly the tokens of the same configuration without those
+    limits. Key -> the simpler equivalent's key. (On a confident head p-min never cuts a draft, and
+    the two then differ only by timing noise, which can still rank them apart.)"""
+    plain = {dataclasses.replace(s.config, draft_n_min=0, draft_p_min=0.0): s for s in sh.states
+             if s.config.draft_n_min == 0 and s.config.draft_p_min == 0.0}
+    out: dict[str, str] = {}
+    for st in sh.states:
+        if st.status != "final" or (st.config.draft_n_min == 0 and st.config.draft_p_min == 0.0):
+            continue
+        twin = plain.get(dataclasses.replace(st.config, draft_n_min=0, draft_p_min=0.0))
+        if twin is None:
+            continue
+        mine = {r.unit: (r.draft_n, r.draft_n_accepted) for r in st.results}
+        theirs = {r.unit: (r.draft_n, r.draft_n_accepted) for r in twin.results}
+        common = mine.keys() & theirs.keys()
+        if common and all(mine[u] == theirs[u] for u in common):
+            out[st.config.key] = twin.config.key
+    return out
+
+
 def _fmt_x(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}x"
 
@@ -1087,6 +1109,11 @@ def tune(
                      + "; ".join(f"{r['key']} ({r['reason']})" for r in dropped[:5]))
     if len(rec.get("within_noise_of") or []) and rec.get("recommended"):
         notes.append("the final configurations are within noise of each other; any of them is a fine choice")
+    for key, twin in inert_draft_limits(sh).items():
+        notes.append(f"{key} drafted exactly the tokens {twin} drafted on every prompt both were measured on: "
+                     "its draft-p-min/n-min never cut a draft short here, so the simpler flags are equivalent")
+        if key == rec.get("best"):
+            rec["equivalent_simpler"] = twin
     schedule = {
         "method": "successive halving", "eta": eta, "units0": sh.units0, "final_size": final_size,
         "final_units": final_units, "final_on_suite": final_units is not None,

@@ -9,6 +9,7 @@ budget being respected.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shlex
@@ -24,7 +25,7 @@ from click.testing import CliRunner
 
 from ggufmtp.cli import main
 from ggufmtp.tune import (TuneConfig, TuneError, UnitResult, acceptance_curve, candidate_space, final_rung_units,
-                          fit_schedule, geometric_rates, order_candidates, plan_rungs, rank_configs,
+                          fit_schedule, geometric_rates, inert_draft_limits, order_candidates, plan_rungs, rank_configs,
                           recommend_config, schedule_cost, search_anchors, server_command, store_in_receipt,
                           successive_halving, tune)
 from ggufmtp.server import ServerConfig
@@ -135,6 +136,26 @@ def test_recommendation_is_mtp_off_when_no_ci_clears_vanilla():
     rec = recommend_config(rank_configs(sh, resamples=300))
     assert rec["recommended"] is None and rec["best"] == TuneConfig(3).key and not rec["mtp_beats_vanilla"]
     assert "without MTP" in rec["why"]
+
+
+def test_draft_limits_that_never_cut_a_draft_are_reported_as_inert():
+    """A p-min that never cuts a draft leaves the same drafts as p-min 0 (as on the H200's confident
+    head, where k=4 n-min 2 p-min 0.5 won the final rung by noise): the tuner names the simpler twin."""
+    speed = {TuneConfig(4): 1.50, TuneConfig(4, 2, 0.5): 1.51, TuneConfig(3): 1.40, TuneConfig(3, 1, 0.5): 1.41}
+
+    def ev(cfg, units):
+        cut = cfg.draft_n_max == 3 and cfg.draft_p_min > 0  # this one's p-min does cut drafts
+        return [UnitResult(u, 100 * speed[cfg] * (1 + 0.01 * ((u % 3) - 1)), 1000, 100, 1000,
+                           draft_n=10 * cfg.draft_n_max - (3 if cut else 0), draft_n_accepted=7 * cfg.draft_n_max)
+                for u in units]
+
+    sh = successive_halving(list(speed), ev, budget=200, units0=4, final_size=4)
+    assert {s.status for s in sh.states} == {"final"}
+    assert inert_draft_limits(sh) == {TuneConfig(4, 2, 0.5).key: TuneConfig(4).key}
+    # a twin that was never measured on the same units proves nothing
+    sh.by_key()[TuneConfig(4).key].results = [dataclasses.replace(r, unit=r.unit + 100)
+                                              for r in sh.by_key()[TuneConfig(4).key].results]
+    assert inert_draft_limits(sh) == {}
 
 
 def test_candidate_space_dimensions():
