@@ -53,7 +53,8 @@ smaller k); it is called *clear* when its CI lower bound is above every other wi
 bound. Profiles (after the SGLang tuning guide's low latency / balanced / off): low latency = the
 recommended k; balanced = the smallest k whose speedup is within 5% of the best (fewer rejected
 draft tokens to verify per step, which matters once several requests share a batch); MTP off is
-advised when no k's speedup CI lower bound exceeds 1.0.
+advised when no k's speedup CI lower bound exceeds 1.0. The sweep also gives the step cost
+(:func:`step_cost`): ms per verification step fitted as ``fixed_ms + per_position_ms * k``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields
 from .synth import resolve_model
 
 __all__ = [
-    "Record", "Thresholds", "VerifyResult", "verify", "evaluate_verdict", "recommend", "summarize",
+    "Record", "Thresholds", "VerifyResult", "verify", "evaluate_verdict", "recommend", "step_cost", "summarize",
     "format_result", "hardware_info", "DEFAULT_SEEDS", "DEFAULT_MAX_TOKENS",
 ]
 
@@ -364,6 +365,39 @@ def recommend(rows: Sequence[dict[str, Any]], min_identical: float = 1.0,
     }
 
 
+def step_cost(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a speculative step costs on this machine, from a sweep's rows (one mode): ms per
+    verification step (tokens per step / MTP tok/s) fitted by least squares as ``fixed_ms +
+    per_position_ms * k``, beside vanilla's ms per token. ``per_position_ms`` is what one more draft
+    position costs (its draft pass plus one more token to verify): the figure a faster drafter or
+    runtime has to cut. None unless at least two windows drafted."""
+    pts = [(int(r["k"]), 1000.0 * r["tokens_per_step"] / r["mtp_tokens_per_second"]) for r in rows
+           if r.get("tokens_per_step") and r.get("mtp_tokens_per_second")]
+    if len({k for k, _ in pts}) < 2:
+        return None
+    per_position, fixed = np.polyfit([k for k, _ in pts], [m for _, m in pts], 1)
+    van = [1000.0 / r["vanilla_tokens_per_second"] for r in rows if r.get("vanilla_tokens_per_second")]
+    van_ms = float(np.mean(van)) if van else None
+    return {
+        "fixed_ms": _num(fixed), "per_position_ms": _num(per_position), "vanilla_ms_per_token": _num(van_ms),
+        "per_position_in_vanilla_tokens": _num(per_position / van_ms) if van_ms else None,
+        "points": [{"k": k, "ms_per_step": _num(m)} for k, m in pts],
+        "model": "ms per verification step = fixed_ms + per_position_ms * k (least squares over the windows)",
+    }
+
+
+def format_step_cost(sc: dict[str, Any] | None) -> str | None:
+    if not sc or sc.get("fixed_ms") is None or sc.get("per_position_ms") is None:
+        return None
+    steps = ", ".join("k=%d %.2f ms" % (p["k"], p["ms_per_step"]) for p in sc["points"])
+    line = (f"step cost: {sc['fixed_ms']:.2f} ms + {sc['per_position_ms']:.2f} ms per draft position "
+            f"({steps} per verification step)")
+    if sc.get("vanilla_ms_per_token"):
+        line += (f"; a vanilla token {sc['vanilla_ms_per_token']:.2f} ms, so a draft position costs "
+                 f"{sc['per_position_in_vanilla_tokens']:.2f} of one")
+    return line
+
+
 # ----------------------------------------------------------------------------- environment
 
 
@@ -551,6 +585,7 @@ class VerifyResult:
             "sweep": ([{**self._flat(r), "k": r["k"], "mode": r["mode"],
                         "identical_output_fraction": r["identical_output_fraction"],
                         "mean_accepted_per_draft": r.get("mean_accepted_per_draft"),
+                        "n_drafts": r.get("n_drafts"), "tokens_per_step": r.get("tokens_per_step"),
                         "per_position": r.get("per_position")}
                        for m in self.modes for r in self.sweep_rows(m)]
                       if len(self.sweep_ks) > 1 else None),
@@ -680,6 +715,9 @@ def format_result(res: VerifyResult) -> str:
                 else:
                     L.append(f"recommended: MTP off — no window's speedup CI lower bound exceeds 1.0 "
                              f"(best k = {tuned['best_k']} at {_x(tuned['best_speedup'])} {_ci_x(tuned['best_speedup_ci95'])})")
+                sc = format_step_cost(tuned.get("step_cost"))
+                if sc:
+                    L.append(sc)
                 L.append("")
                 L.append(f"{'profile':<13} {'k':<4} {'acceptance':>10} {'speedup':>9}  {'flags':<44} use")
                 for p in tuned["profiles"]:
@@ -1042,7 +1080,8 @@ def verify(
         notes.append(f"gpu_layers {gpu_layers} requested but this llama-server lists no GPU device "
                      f"({binary}): it ran on CPU; build one with `ggufmtp runtime build --cuda`")
     if len(ks) > 1:
-        by_mode = {mode: recommend(res.sweep_rows(mode), th.min_identical) for mode in modes}
+        by_mode = {mode: {**recommend(res.sweep_rows(mode), th.min_identical),
+                          "step_cost": step_cost(res.sweep_rows(mode))} for mode in modes}
         top = dict(by_mode[modes[0]])
         ngl = f" -ngl {gpu_layers}" if gpu_layers is not None else ""
         top["command"] = (f"llama-server -m {path.name}{ngl} -c {ctx_size or 4096} --spec-type draft-mtp "

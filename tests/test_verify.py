@@ -245,6 +245,15 @@ def test_sweep_and_cli_receipt(llama_server_bin, knob_models, tmp_path):
     assert any("speedup threshold" in n and "not applied" in n for n in d["notes"])  # CPU policy
     assert [row["k"] for row in d["sweep"]] == [2, 4] and d["tuned"]["command"].startswith("llama-server")
     assert {p["profile"] for p in d["tuned"]["profiles"]} == {"low latency", "balanced", "MTP off"}
+    # the step cost: one point per window, each = tokens per step / MTP tok/s, and a line through them
+    sc = d["tuned"]["by_mode"][d["mode"]]["step_cost"]
+    for p, row in zip(sc["points"], d["sweep"]):
+        assert row["tokens_per_step"] == pytest.approx(1 + row["draft_n_accepted"] / row["n_drafts"])
+        assert p["k"] == row["k"] and p["ms_per_step"] == pytest.approx(
+            1000 * row["tokens_per_step"] / row["mtp_tokens_per_second"])
+    (p2, ms2), (p4, ms4) = [(p["k"], p["ms_per_step"]) for p in sc["points"]]
+    assert sc["per_position_ms"] == pytest.approx((ms4 - ms2) / (p4 - p2))
+    assert sc["fixed_ms"] == pytest.approx(ms2 - 2 * sc["per_position_ms"])
     full = json.loads(out.read_text())
     assert len(full["requests"]) == 2 * 2 * 3 and "requests" not in d
     st = load_receipt(rpath)
@@ -415,6 +424,25 @@ def test_recommend():
     assert t["recommended_k"] is None and t["best_k"] == 4
     assert {p["profile"]: p["recommended"] for p in t["profiles"]} == {"low latency": False, "balanced": False,
                                                                        "MTP off": True}
+
+
+def test_step_cost_fits_a_line_through_the_windows():
+    from ggufmtp.verify import format_step_cost, step_cost
+
+    # the H200's fourth run: k=3/4/5 at 3.202/3.815/4.234 tokens per step
+    rows = [{"k": 3, "tokens_per_step": 3.202, "mtp_tokens_per_second": 335.39, "vanilla_tokens_per_second": 218.25},
+            {"k": 4, "tokens_per_step": 3.815, "mtp_tokens_per_second": 354.23, "vanilla_tokens_per_second": 222.85},
+            {"k": 5, "tokens_per_step": 4.234, "mtp_tokens_per_second": 347.11, "vanilla_tokens_per_second": 222.22}]
+    sc = step_cost(rows)
+    assert [round(p["ms_per_step"], 2) for p in sc["points"]] == [9.55, 10.77, 12.20]
+    assert sc["per_position_ms"] == pytest.approx(1.325, abs=0.002) and sc["fixed_ms"] == pytest.approx(5.54, abs=0.01)
+    assert sc["per_position_in_vanilla_tokens"] == pytest.approx(sc["per_position_ms"] / sc["vanilla_ms_per_token"])
+    line = format_step_cost(sc)
+    assert line.startswith("step cost: 5.54 ms + 1.33 ms per draft position (k=3 9.55 ms, k=4 10.77 ms")
+    assert "costs 0.29 of one" in line
+    # one window, or windows that never drafted: no fit
+    assert step_cost(rows[:1]) is None
+    assert step_cost([dict(r, tokens_per_step=None) for r in rows]) is None
 
 
 # ----------------------------------------------------------------------------- tuned configuration, bandwidth
