@@ -381,8 +381,7 @@ def profile_server_config(model: Path, w: Workload, mtp: bool, *, draft_n_max: i
         return ServerConfig(**base, draft_mtp=True, draft_n_max=draft_n_max)
     from .tune import TuneConfig
 
-    cfg = tuned if isinstance(tuned, TuneConfig) else TuneConfig.from_dict(tuned)
-    return ServerConfig(**cfg.server_fields(base))
+    return ServerConfig(**TuneConfig.coerce(tuned).server_fields(base))
 
 
 def _bodies(prompts: Sequence[dict[str, Any]], max_tokens: int, mode: str, seed: int) -> list[dict[str, Any]]:

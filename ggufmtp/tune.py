@@ -218,6 +218,18 @@ class TuneConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+    @classmethod
+    def coerce(cls, value: Any) -> "TuneConfig":
+        """``value`` as a configuration: a TuneConfig or its dict (e.g. tune's recommendation)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            try:
+                return cls.from_dict(value)
+            except (TypeError, ValueError) as e:
+                raise TuneError(f"tuned configuration {value!r}: {e}") from e
+        raise TuneError(f"tuned: expected a TuneConfig or its dict, got {type(value).__name__}")
+
 
 def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str] | None = None,
                     n_max_values: Sequence[int] = N_MAX_VALUES, n_min_values: Sequence[int] = N_MIN_VALUES,
@@ -1461,6 +1473,6 @@ def load_tuned_config(path: str | os.PathLike) -> TuneConfig:
     if not isinstance(cfg, dict):
         raise TuneError(f"{p}: no tuned configuration (run `ggufmtp tune MODEL --receipt/--out {p.name}` first)")
     try:
-        return TuneConfig.from_dict(cfg)
-    except (TypeError, ValueError) as e:
-        raise TuneError(f"{p}: tuned configuration {cfg}: {e}") from e
+        return TuneConfig.coerce(cfg)
+    except TuneError as e:
+        raise TuneError(f"{p}: {e}") from e

@@ -1106,14 +1106,7 @@ def _coerce_tuned(tuned: Any):
         return None
     from .tune import TuneConfig
 
-    if isinstance(tuned, TuneConfig):
-        return tuned
-    if isinstance(tuned, dict):
-        try:
-            return TuneConfig.from_dict(tuned)
-        except (TypeError, ValueError) as e:
-            raise VerifyError(f"tuned configuration {tuned!r}: {e}") from e
-    raise VerifyError(f"tuned: expected a TuneConfig or its dict, got {type(tuned).__name__}")
+    return TuneConfig.coerce(tuned)
 
 
 def _mtp_only_flags(cfg: Any) -> list[str]:
