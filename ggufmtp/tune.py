@@ -148,6 +148,12 @@ class TuneConfig:
     threads: int | None = None  # the MTP server's --threads (None: the run's setting, else llama-server's default)
 
     def __post_init__(self) -> None:
+        for name in ("draft_n_max", "draft_n_min", "parallel", "threads"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise TuneError(f"{name} {v!r}: must be an integer")
+        if isinstance(self.draft_p_min, bool) or not isinstance(self.draft_p_min, (int, float)):
+            raise TuneError(f"draft_p_min {self.draft_p_min!r}: must be a number")
         if self.draft_n_max < 1:
             raise TuneError(f"draft_n_max {self.draft_n_max}: must be at least 1")
         if not 0 <= self.draft_n_min <= self.draft_n_max:

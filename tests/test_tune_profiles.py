@@ -202,6 +202,10 @@ def test_candidate_space_dimensions():
     assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=t1, threads=8).threads == 8
     with pytest.raises(TuneError, match="threads 0"):
         TuneConfig(3, threads=0)
+    with pytest.raises(TuneError, match="threads 'x': must be an integer"):
+        TuneConfig.coerce({"draft_n_max": 3, "threads": "x"})
+    with pytest.raises(TuneError, match="draft_p_min '0.5': must be a number"):
+        TuneConfig.coerce({"draft_n_max": 3, "draft_p_min": "0.5"})
     order = order_candidates(cpu, seed=0, anchors=[TuneConfig(3)])
     assert order[0] == TuneConfig(3) and sorted(order, key=lambda c: c.key) == sorted(cpu, key=lambda c: c.key)
     assert {c.draft_n_max for c in order[1:9]} == set(range(1, 9))  # every prefix covers the windows
