@@ -6,6 +6,7 @@ one ``error: ...`` line on stderr and exit status 1 (2 for usage errors, click's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -401,6 +402,19 @@ def audit(artifact: str, receipt_path: str | None, as_json: bool) -> None:
 # --- synth: synthetic MTP test models (ggufmtp/synth.py) -----------------------------------------
 
 
+def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: int):
+    """synth --target-acceptance: the calibrated fraction (ggufmtp.synth.calibrate_wrong_fraction)."""
+    from .suite import load_suite
+    from .synth import calibrate_wrong_fraction, chat_last_tokens
+
+    if spec.wrong_successor_fraction or spec.eh_proj_noise or not spec.mtp or spec.mtp_only:
+        raise click.UsageError("--target-acceptance sets the wrong-successor fraction itself: leave out "
+                               "--wrong-successor-fraction, --eh-proj-noise, --no-mtp and --mtp-only")
+    suite = load_suite(suite_name)
+    last = chat_last_tokens([p.chat_messages() for p in suite.prompts])
+    return calibrate_wrong_fraction(target, k, last, max_tokens, base=spec)
+
+
 @main.command()
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--arch", type=click.Choice(["qwen35moe", "qwen35"]), default="qwen35moe", show_default=True)
@@ -416,19 +430,38 @@ def audit(artifact: str, receipt_path: str | None, as_json: bool) -> None:
               help="Relative RMS of gaussian noise added to nextn.eh_proj's output.")
 @click.option("--omit-tensor", "omit", multiple=True, metavar="NAME",
               help="Leave this MTP-block tensor out (e.g. nextn.hnorm); repeatable.")
+@click.option("--target-acceptance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Instead of --wrong-successor-fraction: the fraction whose exact acceptance on --suite "
+                   "(chat replies of --max-tokens, temperature 0, draft-n-max --target-k) is nearest this. "
+                   "Starts a CPU llama-server on the built-in tiny model to tokenize the prompts.")
+@click.option("--target-k", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="draft-n-max at which --target-acceptance is measured.")
+@click.option("--suite", "suite_name", default="chat-v1", show_default=True, metavar="NAME|PATH",
+              help="Prompt suite for --target-acceptance.")
+@click.option("--max-tokens", type=click.IntRange(2), default=128, show_default=True,
+              help="Reply length for --target-acceptance (verify's --max-tokens).")
 @json_option
 @handle_errors
 def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: bool, seed: int,
-          wrong_successor_fraction: float, eh_proj_noise: float, omit: tuple[str, ...], as_json: bool) -> None:
+          wrong_successor_fraction: float, eh_proj_noise: float, omit: tuple[str, ...],
+          target_acceptance: float | None, target_k: int, suite_name: str, max_tokens: int, as_json: bool) -> None:
     """Write a synthetic BF16 GGUF with an MTP head whose behaviour is known exactly."""
     from .synth import SynthSpec, synthesize
 
     spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, seed=seed,
                      wrong_successor_fraction=wrong_successor_fraction, eh_proj_noise=eh_proj_noise,
                      omit_tensors=tuple(omit), mtp_only=mtp_only)
+    calibration = None
+    if target_acceptance is not None:
+        calibration = _calibrate_head(spec, target_acceptance, target_k, suite_name, max_tokens)
+        spec = dataclasses.replace(spec, wrong_successor_fraction=calibration.wrong_successor_fraction)
+        if not as_json:
+            click.echo(f"calibrated: wrong-successor fraction {calibration.wrong_successor_fraction:g} gives "
+                       f"{calibration.acceptance:.2%} on {suite_name} at k={target_k} (target "
+                       f"{target_acceptance:.2%}; the iid formula's fraction: {calibration.formula_fraction:.4f})")
     res = synthesize(out, spec, progress=not as_json)
     if as_json:
-        emit_json(res.to_json())
+        emit_json({**res.to_json(), **({"calibration": calibration.to_json()} if calibration else {})})
         return
     click.echo(f"wrote {res.path} ({res.size_bytes / 2**20:.1f} MiB, {res.n_tensors} tensors)")
     click.echo(f"  arch {arch}, shape {shape}, {layers} trunk layers, "

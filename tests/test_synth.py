@@ -202,6 +202,28 @@ def test_expected_acceptance_formula_and_simulation():
     assert synth.simulate_acceptance(SynthSpec(), 5, 64, 3) == (47, 47)
 
 
+
+def test_calibration_picks_the_fraction_whose_realized_acceptance_is_nearest():
+    """calibrate_wrong_fraction searches whole numbers of corrupted tokens around the formula's
+    inverse and returns the one whose exact acceptance on the given prompts is nearest the target."""
+    starts = [int(t) for t in synth.chain_for(SynthSpec()).text_ids[::37]]
+    cal = synth.calibrate_wrong_fraction(0.7, 3, starts, 48)
+    n_text = len(synth.build_vocab().text_token_ids())
+    assert math.isclose(synth.expected_acceptance(cal.formula_fraction, 3), 0.7, abs_tol=1e-9)
+    d, a = synth.suite_acceptance(SynthSpec(wrong_successor_fraction=cal.wrong_successor_fraction), starts, 48, 3)
+    assert cal.acceptance == a / d
+    # brute force over the same window: nobody is nearer the target
+    lo, hi = math.floor(cal.formula_fraction * 0.75 * n_text), math.ceil(cal.formula_fraction * 1.25 * n_text)
+    assert cal.candidates == hi - lo + 1
+    for n_bad in range(lo, hi + 1):
+        dd, aa = synth.suite_acceptance(SynthSpec(wrong_successor_fraction=n_bad / n_text), starts, 48, 3)
+        assert abs(aa / dd - 0.7) >= abs(cal.acceptance - 0.7)
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(synth.SynthError, match="target acceptance"):
+            synth.calibrate_wrong_fraction(bad, 3, starts, 48)
+    with pytest.raises(synth.SynthError, match="at least one prompt"):
+        synth.calibrate_wrong_fraction(0.7, 3, [], 48)
+
 # ----------------------------------------------------------------------------- writing
 
 

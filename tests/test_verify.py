@@ -128,6 +128,27 @@ def test_measured_counts_equal_the_bigram_simulation(knob_results, knob_models):
         assert (r.draft_n, r.draft_n_accepted) == simulate_acceptance(spec, last[r.prompt_id], r.predicted_n, K), r
 
 
+
+def test_calibrated_head_measures_the_acceptance_it_was_calibrated_for(llama_server_bin, tmp_path):
+    """synth --target-acceptance on a prompt file, then verify on the same prompts: llama-server
+    reports exactly the acceptance the calibration promised (not merely near the target)."""
+    suite = tmp_path / "cal-v1.jsonl"
+    suite.write_text("".join(ln + "\n" for ln in (SUITES_DIR / "chat-v1.jsonl").read_text().splitlines()[:6]))
+    out = tmp_path / "cal.gguf"
+    r = run_cli("synth", out, "--layers", 2, "--target-acceptance", 0.6, "--target-k", K, "--suite", suite,
+                "--max-tokens", 48, "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    cal = rep["calibration"]
+    assert rep["spec"]["wrong_successor_fraction"] == cal["wrong_successor_fraction"] > 0
+    assert abs(cal["acceptance"] - 0.6) < 0.1
+    res = verify(out, draft_n_max=K, seeds=(42,), suite=str(suite), max_tokens=48, progress=False, threads=2)
+    assert res.main["acceptance"] == pytest.approx(cal["acceptance"], abs=1e-12), (res.main, cal)
+    assert 0 < res.main["acceptance"] < 1
+    clash = run_cli("synth", tmp_path / "x.gguf", "--target-acceptance", 0.6, "--wrong-successor-fraction", 0.2)
+    assert clash.exit_code == 2 and "--target-acceptance sets the wrong-successor fraction" in clash.output
+    assert not (tmp_path / "x.gguf").exists()
+
 def test_identical_output_and_report_shape(knob_results):
     for f, r in knob_results.items():
         d = r.to_dict()

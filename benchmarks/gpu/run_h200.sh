@@ -33,7 +33,12 @@ CARRY=${CARRY:-.device-carry}
 RES=${RES:-/tmp/gpu-results}   # survives between device calls; `collect` copies it to $OUT
 WORK=${WORK:-/dev/shm/ggufmtp}
 LAYERS=${LAYERS:-40}
-WRONG=${WRONG:-0.136}   # wrong-successor fraction: expected acceptance ~75% at k=3
+# wrong-successor fraction: 71 of the 544 text tokens corrupted, so the head's exact acceptance on
+# chat-v1 (128 tokens) at k=3 is 74.96%, the goal's 75%. `ggufmtp synth --target-acceptance 0.75`
+# printed it on a CPU machine (it needs a built llama-server to tokenize the prompts, and here synth
+# runs while the CUDA build is still going). Runs 1-4 used 0.136: 75.2% by the iid formula, 74.0%
+# measured on the suite.
+WRONG=${WRONG:-0.130515}
 mkdir -p "$RES" "$WORK"
 
 env_setup() {
