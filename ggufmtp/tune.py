@@ -36,6 +36,9 @@ is the largest number of candidates whose whole schedule fits in ``budget`` *eva
 search never spends more than the budget; when every candidate fits, ``units0`` is doubled while it
 still fits. A configuration whose output differs from vanilla on any request is dropped at once
 (its remaining units are not run), as is one whose server fails to start, crashes or never drafts.
+At each promotion a configuration whose draft-p-min/n-min has cut nothing yet (same drafted and
+accepted counts as its twin without them on every common unit) is folded into that twin
+(:func:`_merge_draft_twins`): timing noise alone separates the two, so one slot is enough.
 
 Measurement: the vanilla server (``-np`` = concurrency) stays up for the whole search; one MTP
 server at a time is started per (configuration, rung), warmed up (its warm-up reply must draft),
@@ -371,6 +374,7 @@ class Rung:
     kept: list[str]  # keys promoted to the next rung (empty for the final rung)
     dropped: dict[str, str]  # key -> reason (mismatch, failure)
     evaluations: int  # spent in this rung
+    merged: dict[str, str] = field(default_factory=dict)  # key -> its simpler draft twin (see _merge_draft_twins)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -383,6 +387,7 @@ class _State:
     status: str = "active"  # active | eliminated | dropped | final
     reason: str | None = None
     rung: int = 0
+    merged_into: str | None = None  # the simpler draft twin that went on in its place
 
     @property
     def units(self) -> set[int]:
@@ -545,18 +550,25 @@ def successive_halving(configs: Sequence[TuneConfig], evaluate: Evaluator, budge
                 dropped[st.config.key] = st.reason or ""
         alive = [s for s in active if s.status == "active"]
         alive.sort(key=lambda s: (-_finite(s.median_speedup()), s.config.complexity()))
+        merged: dict[str, str] = {}
         if last:
             for s in alive:
                 s.status = "final"
             kept: list[str] = []
         else:
             n_next = plan[ri + 1][0]
-            keep, out = alive[:n_next], alive[n_next:]
+            ranked, merged = _merge_draft_twins(alive)
+            keep, out = ranked[:n_next], ranked[n_next:]
             for s in out:
                 s.status, s.reason = "eliminated", f"eliminated at rung {ri}"
+            for s in alive:
+                if s.config.key in merged:
+                    s.status, s.merged_into = "eliminated", merged[s.config.key]
+                    s.reason = (f"merged at rung {ri} into {s.merged_into}: drafted exactly its tokens "
+                                "(its draft-p-min/n-min cut nothing), so only the simpler one goes on")
             kept = [s.config.key for s in keep]
             active = keep
-        rungs.append(Rung(ri, u_r, measured, kept, dropped, rung_spent))
+        rungs.append(Rung(ri, u_r, measured, kept, dropped, rung_spent, merged))
         if log:
             best = alive[0] if alive else None
             log(f"rung {ri}: {len(measured)} configs x {u_r} units, {rung_spent} evaluations"
@@ -579,7 +591,7 @@ def config_row(st: _State, resamples: int = stats.DEFAULT_RESAMPLES, seed: int =
     """The configuration's measurements with 95% bootstrap CIs over its units."""
     rs = st.results
     row: dict[str, Any] = {"config": st.config.to_dict(), "key": st.config.key, "status": st.status,
-                           "reason": st.reason, "rung": st.rung, "units": len(rs),
+                           "reason": st.reason, "rung": st.rung, "merged_into": st.merged_into, "units": len(rs),
                            "evaluations": sum(max(1, r.requests) for r in rs)}
     if not rs:
         row.update(speedup=None, speedup_ci95=[None, None], median_speedup=None, acceptance=None, acceptance_ci95=[None, None],
@@ -652,24 +664,47 @@ def recommend_config(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "mtp_beats_vanilla": beats, "clear": clear, "within_noise_of": near, "rule": RULE, "why": why}
 
 
+def _plain_twin(cfg: TuneConfig) -> TuneConfig:
+    return dataclasses.replace(cfg, draft_n_min=0, draft_p_min=0.0)
+
+
+def _drafts_alike(a: _State, b: _State) -> bool:
+    """Whether two configurations drafted and had accepted the same number of tokens on every unit
+    both were measured on (and there is at least one)."""
+    mine = {r.unit: (r.draft_n, r.draft_n_accepted) for r in a.results}
+    theirs = {r.unit: (r.draft_n, r.draft_n_accepted) for r in b.results}
+    common = mine.keys() & theirs.keys()
+    return bool(common) and all(mine[u] == theirs[u] for u in common)
+
+
+def _merge_draft_twins(ranked: Sequence[_State]) -> tuple[list[_State], dict[str, str]]:
+    """Promotion order for the next rung, with each configuration whose draft-p-min/n-min cut nothing
+    so far folded into its twin without them: the twin takes the better rank of the two, so the pair
+    holds one slot and the freed one goes to the next distinct configuration. (On the H200 such a
+    pair reached the final rung twice, spending half of it on timing noise.) Key -> twin key."""
+    plain = {s.config: s for s in ranked if s.config == _plain_twin(s.config)}
+    order: list[_State] = []
+    merged: dict[str, str] = {}
+    for s in ranked:
+        twin = plain.get(_plain_twin(s.config))
+        rep = twin if twin is not None and twin is not s and _drafts_alike(s, twin) else s
+        if rep is not s:
+            merged[s.config.key] = rep.config.key
+        if rep not in order:
+            order.append(rep)
+    return order, merged
+
+
 def inert_draft_limits(sh: SHResult) -> dict[str, str]:
     """Final configurations whose draft-p-min/n-min changed nothing: on every unit measured for both,
     they drafted and had accepted exactly the tokens of the same configuration without those
     limits. Key -> the simpler equivalent's key. (On a confident head p-min never cuts a draft, and
     the two then differ only by timing noise, which can still rank them apart.)"""
-    plain = {dataclasses.replace(s.config, draft_n_min=0, draft_p_min=0.0): s for s in sh.states
-             if s.config.draft_n_min == 0 and s.config.draft_p_min == 0.0}
+    plain = {s.config: s for s in sh.states if s.config == _plain_twin(s.config)}
     out: dict[str, str] = {}
     for st in sh.states:
-        if st.status != "final" or (st.config.draft_n_min == 0 and st.config.draft_p_min == 0.0):
-            continue
-        twin = plain.get(dataclasses.replace(st.config, draft_n_min=0, draft_p_min=0.0))
-        if twin is None:
-            continue
-        mine = {r.unit: (r.draft_n, r.draft_n_accepted) for r in st.results}
-        theirs = {r.unit: (r.draft_n, r.draft_n_accepted) for r in twin.results}
-        common = mine.keys() & theirs.keys()
-        if common and all(mine[u] == theirs[u] for u in common):
+        twin = plain.get(_plain_twin(st.config))
+        if st.status == "final" and twin is not None and twin is not st and _drafts_alike(st, twin):
             out[st.config.key] = twin.config.key
     return out
 
@@ -923,10 +958,13 @@ def format_tune(res: TuneResult) -> str:
         status = r["status"] if r["status"] != "eliminated" else f"out@rung{r['rung']}"
         if r["status"] == "dropped":
             status = "DROPPED"
+        elif r.get("merged_into"):
+            status = f"same@rung{r['rung']}"
         L.append(f"{r['key']:<40} {status:<12} {r['units']:>5} {_fmt_pct(r.get('acceptance')):>10} "
                  f"{_fmt_x(r.get('median_speedup')):>8}  "
                  f"{_fmt_x(r.get('speedup')) + ' ' + _fmt_ci(r.get('speedup_ci95')):<26}"
-                 + (f"  {r['reason']}" if r["status"] == "dropped" else ""))
+                 + (f"  {r['reason']}" if r["status"] == "dropped" else "")
+                 + (f"  drafted as {r['merged_into']}" if r.get("merged_into") else ""))
         shown += 1
     hidden = len(res.rows) - shown
     if hidden > 0:

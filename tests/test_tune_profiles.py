@@ -60,8 +60,10 @@ class FakeEvaluator:
             rng = random.Random(hash((cfg.key, u)))
             sp = (3.0 if cfg in self.poison else _truth(cfg)) * (1 + rng.uniform(-0.01, 0.01))
             ident = not (cfg in self.poison and u >= self.poison[cfg])
+            # a p-min that changes the speed cuts drafts, so it drafts differently from p-min 0
             out.append(UnitResult(unit=u, mtp_tokens=100 * sp, mtp_ms=1000.0, van_tokens=100.0, van_ms=1000.0,
-                                  identical=ident, draft_n=30, draft_n_accepted=20, requests=1))
+                                  identical=ident, draft_n=30 - (3 if cfg.draft_p_min else 0), draft_n_accepted=20,
+                                  requests=1))
             self.spent += 1
             if not ident:
                 break  # as the real evaluator: stop at the first mismatch
@@ -156,6 +158,33 @@ def test_draft_limits_that_never_cut_a_draft_are_reported_as_inert():
     sh.by_key()[TuneConfig(4).key].results = [dataclasses.replace(r, unit=r.unit + 100)
                                               for r in sh.by_key()[TuneConfig(4).key].results]
     assert inert_draft_limits(sh) == {}
+
+
+def test_a_draft_twin_is_merged_at_promotion_and_its_slot_goes_to_the_next_configuration():
+    """k=4 with an inert p-min drafts exactly as k=4 (as on the H200): the pair holds one promotion slot,
+    taken by the simpler k=4 at the better rank of the two, and the freed slot goes to k=2."""
+    speed = {TuneConfig(4, 2, 0.5): 1.62, TuneConfig(4): 1.60, TuneConfig(2): 1.55, TuneConfig(3): 1.50,
+             TuneConfig(3, 1, 0.5): 1.49, TuneConfig(1): 1.20}
+
+    def ev(cfg, units):
+        cut = cfg.draft_n_max == 3 and cfg.draft_p_min > 0  # this p-min does cut drafts: no twin
+        return [UnitResult(u, 100 * speed[cfg] * (1 + 0.001 * ((u % 3) - 1)), 1000, 100, 1000,
+                           draft_n=10 * cfg.draft_n_max - (3 if cut else 0), draft_n_accepted=7 * cfg.draft_n_max)
+                for u in units]
+
+    sh = successive_halving(list(speed), ev, budget=30, units0=2, eta=2, final_size=2, max_units=8)
+    st = sh.by_key()
+    assert [n for n, _ in sh.plan] == [6, 3, 2]
+    assert sh.rungs[0].merged == {TuneConfig(4, 2, 0.5).key: TuneConfig(4).key}
+    # rung 0 keeps 3: k=4 (in its twin's place), k=2, then k=3 -- not the twin, not k=3's p-min variant
+    assert sh.rungs[0].kept == [TuneConfig(4).key, TuneConfig(2).key, TuneConfig(3).key]
+    twin = st[TuneConfig(4, 2, 0.5).key]
+    assert twin.status == "eliminated" and twin.merged_into == TuneConfig(4).key and "merged at rung 0" in twin.reason
+    assert st[TuneConfig(3, 1, 0.5).key].merged_into is None  # it drafted differently: ranked on its own
+    assert {s.config for s in sh.final} == {TuneConfig(4), TuneConfig(2)}
+    rows = rank_configs(sh, resamples=200)
+    row = next(r for r in rows if r["key"] == TuneConfig(4, 2, 0.5).key)
+    assert row["merged_into"] == TuneConfig(4).key and row["status"] == "eliminated"
 
 
 def test_candidate_space_dimensions():
