@@ -574,6 +574,7 @@ def successive_halving(configs: Sequence[TuneConfig], evaluate: Evaluator, budge
             log(f"rung {ri}: {len(measured)} configs x {u_r} units, {rung_spent} evaluations"
                 + (f", best {best.config.key} at {_finite(best.median_speedup()):.3f}x (median)" if best else "")
                 + (f", {len(dropped)} dropped" if dropped else "")
+                + (f", {len(merged)} merged into their simpler draft twins" if merged else "")
                 + (f"; keeping {len(kept)}" if not last else "; final"))
         if not alive:
             break
