@@ -645,22 +645,19 @@ def calibrate_wrong_fraction(target: float, draft_n_max: int, last_tokens: Seque
     n_text = len(build_vocab(base.shape).text_token_ids())
     first = max(1, int(math.floor(f0 * (1 - spread) * n_text)))
     last = min(n_text, int(math.ceil(f0 * (1 + spread) * n_text)))
-    best: tuple[float, float, float] | None = None
+    acceptance: dict[float, float] = {}
     for n_bad in range(first, last + 1):
         f = n_bad / n_text
         d, a = suite_acceptance(dataclasses.replace(base, wrong_successor_fraction=f), last_tokens, n_predict, draft_n_max)
-        acc = a / d if d else 0.0
-        rank = (abs(acc - target), abs(f - f0))
-        if best is None or rank < best[:2]:
-            best = (*rank, f, acc)
-    assert best is not None
-    return Calibration(round(best[2], 6), draft_n_max, target, best[3], f0, last - first + 1)
+        acceptance[f] = a / d if d else 0.0
+    f = min(acceptance, key=lambda x: (abs(acceptance[x] - target), abs(x - f0)))
+    return Calibration(round(f, 6), draft_n_max, target, acceptance[f], f0, len(acceptance))
 
 
 def chat_last_tokens(messages: Sequence[list[dict[str, str]]], threads: int | None = None) -> list[int]:
     """The last token of each chat's generation prompt, as llama-server renders and tokenizes it for
     a synthetic model: a CPU llama-server on the built-in tiny model does it (every synthetic model,
-    tiny or real-shaped, has the same tokenizer, chat template and text-token chain)."""
+    tiny or real-shaped, has the same tokenizer and chat template)."""
     from .server import LlamaServer, ServerConfig  # the server module sits later in the pipeline
 
     with LlamaServer(ServerConfig(model=builtin_path("tiny-qwen35moe"), threads=threads, metrics=False,
