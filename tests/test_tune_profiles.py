@@ -439,7 +439,9 @@ def test_profiles_a_and_d_both_arms(profiles_ad):
         assert abs(m["mean_prompt_tokens"] - w.input_tokens) <= 2  # prompts built on the server's tokenizer
         for met in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
             dist = m[met]
-            assert dist["mean"] > 0 and dist["p99"] >= dist["mean"] and dist["p99"] >= dist["median"], (met, dist)
+            # p99 >= median always holds; p99 >= mean does not (one stalled gap among 124 lifts the mean
+            # above the 99th percentile: seen in CI, ITL mean 0.57 ms, p99 0.40 ms)
+            assert dist["mean"] > 0 and dist["p99"] >= dist["median"], (met, dist)
         assert m["itl_ms"]["n"] == 4 * (w.output_tokens - 1)  # one SSE chunk per token
         for q in r.requests:
             assert 0 < q.ttft_ms < q.e2e_ms and q.tpot_ms > 0 and q.n_out == w.output_tokens
