@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ggufmtp.hashing import sha256_file
+from ggufmtp.gguf.hashing import sha256_file
 
 
 def main() -> None:

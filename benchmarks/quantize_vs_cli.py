@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from ggufmtp import runtime
-from ggufmtp.plan import make_plan
-from ggufmtp.synth import SynthSpec, synthesize
+from ggufmtp.runtime import build as runtime
+from ggufmtp.quant.plan import make_plan
+from ggufmtp.synth.factory import SynthSpec, synthesize
 
 
 

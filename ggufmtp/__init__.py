@@ -28,15 +28,15 @@ from .errors import GgufmtpError
 # Submodules are imported first so that the functions bound below keep their names: the
 # package attribute ``ggufmtp.plan`` is the function, the module stays ``ggufmtp.plan`` in
 # sys.modules (``from ggufmtp.plan import Plan`` works as usual).
-from . import audit as _audit_mod  # noqa: E402
-from . import card as _card_mod  # noqa: E402
-from . import model as _model_mod  # noqa: E402
+from .provenance import audit as _audit_mod  # noqa: E402
+from .provenance import card as _card_mod  # noqa: E402
+from .gguf import model as _model_mod  # noqa: E402
 from . import pipeline as _pipeline_mod  # noqa: E402
-from . import plan as _plan_mod  # noqa: E402
-from . import quantize as _quantize_mod  # noqa: E402
-from . import receipt as _receipt_mod  # noqa: E402
-from .recipe import Recipe  # noqa: E402
-from .synth import SynthSpec, synthesize  # noqa: E402
+from .quant import plan as _plan_mod  # noqa: E402
+from .quant import quantize as _quantize_mod  # noqa: E402
+from .provenance import receipt as _receipt_mod  # noqa: E402
+from .quant.recipe import Recipe  # noqa: E402
+from .synth.factory import SynthSpec, synthesize  # noqa: E402
 
 inspect = _model_mod.inspect_model
 plan = _plan_mod.make_plan
@@ -58,7 +58,7 @@ def verify(model: str | Path, *args: Any, receipt: str | Path | None = None, **k
     """Verify MTP drafting with llama-server (see :func:`ggufmtp.verify.verify`); with
     ``receipt``, the results go into its verification section (what tune, curve and profiles
     added there is kept)."""
-    from .verify import verify as _verify
+    from .measure.verify import verify as _verify
 
     res = _verify(model, *args, **kwargs)
     if receipt is not None:
@@ -68,14 +68,14 @@ def verify(model: str | Path, *args: Any, receipt: str | Path | None = None, **k
 
 def pull(repo_id: str, *args: Any, **kwargs: Any):
     """Pull a checkpoint from the Hub, pinned to a commit (see :func:`ggufmtp.hub.pull`)."""
-    from .hub import pull as _pull
+    from .hub.hub import pull as _pull
 
     return _pull(repo_id, *args, **kwargs)
 
 
 def upload(repo_id: str, *args: Any, **kwargs: Any):
     """Publish artifact, receipt(s) and card in one commit (see :func:`ggufmtp.hub.upload`)."""
-    from .hub import upload as _upload
+    from .hub.hub import upload as _upload
 
     return _upload(repo_id, *args, **kwargs)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import GgufmtpError, PlanError
-from .fsutil import atomic_write_json
-from .recipe import Recipe
+from .gguf.fsutil import atomic_write_json
+from .quant.recipe import Recipe
 
 STAGES = ("pull", "inspect", "plan", "quantize", "audit", "verify", "receipt", "card", "upload")
 
@@ -144,13 +144,13 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     # --- pull ----------------------------------------------------------------------------------
     def do_pull() -> dict[str, Any]:
         if kind == "builtin":
-            from .synth import builtin_path
+            from .synth.factory import builtin_path
 
             path = builtin_path(ident)
             return {"model_path": str(path), "manifest": None, "source": _fingerprint(path)}
         if kind == "local":
             return {"model_path": ident, "manifest": None, "source": _fingerprint(Path(ident))}
-        from .hub import pull
+        from .hub.hub import pull
 
         res = pull(ident, revision=rev, include=include, local_dir=out / "base", token=token, progress=progress)
         if res.model_path is None:
@@ -165,7 +165,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
 
     # --- inspect -------------------------------------------------------------------------------
     def do_inspect() -> dict[str, Any]:
-        from .model import inspect_model
+        from .gguf.model import inspect_model
 
         r = inspect_model(model_path).to_dict()
         return {k: r[k] for k in ("architecture", "block_count", "nextn_predict_layers", "mtp_block", "mtp_status",
@@ -177,7 +177,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     plan_key = _key("plan", model_key, rec.sha256, rec.name, im_key)
 
     def do_plan() -> dict[str, Any]:
-        from .plan import make_plan
+        from .quant.plan import make_plan
 
         p = make_plan(model_path, rec, imatrix, threads)
         if p.errors:
@@ -196,8 +196,8 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     quant_key = _key("quantize", plan_key)
 
     def do_quantize() -> dict[str, Any]:
-        from .quantize import quantize
-        from .receipt import receipt_for_quantize
+        from .quant.quantize import quantize
+        from .provenance.receipt import receipt_for_quantize
 
         res = quantize(model_path, rec, artifact, imatrix=imatrix, threads=threads, progress=progress)
         receipt_for_quantize(res, model_arg=model, imatrix=imatrix, receipt_path=receipt_path,
@@ -211,7 +211,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
 
     # --- audit ---------------------------------------------------------------------------------
     def do_audit() -> dict[str, Any]:
-        from .audit import audit
+        from .provenance.audit import audit
 
         rep = audit(artifact, receipt_path)
         if not rep.ok:
@@ -226,7 +226,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     verification = None
     if verify:
         def do_verify() -> dict[str, Any]:
-            from .verify import verify as run_verify
+            from .measure.verify import verify as run_verify
 
             opts = dict(vopts)
             opts.setdefault("draft_n_max", rec.verify.draft_n_max)
@@ -239,7 +239,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
 
     # --- receipt (the verification goes into the receipt) -------------------------------------
     def do_receipt() -> dict[str, Any]:
-        from .receipt import load_receipt, set_verification
+        from .provenance.receipt import load_receipt, set_verification
 
         if verification is not None:
             set_verification(receipt_path, verification)
@@ -252,7 +252,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     card_path = out / "README.md"
 
     def do_card() -> dict[str, Any]:
-        from .card import make_card
+        from .provenance.card import make_card
 
         make_card(artifact, receipt_path, card_path)
         return {"card": _fingerprint(card_path)}
@@ -262,7 +262,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     # --- upload --------------------------------------------------------------------------------
     if upload:
         def do_upload() -> dict[str, Any]:
-            from .hub import upload as hub_upload
+            from .hub.hub import upload as hub_upload
 
             r = hub_upload(upload, [artifact], [receipt_path], card_path, private=private, token=token,
                            dry_run=dry_run_upload, recipe_name=rec.name,

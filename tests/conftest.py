@@ -8,9 +8,9 @@ from typing import Callable
 
 import pytest
 
-from ggufmtp import runtime
+from ggufmtp.runtime import build as runtime
 from ggufmtp.errors import RuntimeMissingError
-from ggufmtp.synth import BUILTIN_MODELS, SynthSpec, synthesize
+from ggufmtp.synth.factory import BUILTIN_MODELS, SynthSpec, synthesize
 
 
 @pytest.fixture(scope="session", autouse=True)

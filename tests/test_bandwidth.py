@@ -6,9 +6,9 @@ from __future__ import annotations
 import gguf
 import pytest
 
-from ggufmtp.bandwidth import (PEAK_BANDWIDTH_ENV, BandwidthError, active_weights, bandwidth_report,
+from ggufmtp.runtime.hardware import (PEAK_BANDWIDTH_ENV, BandwidthError, active_weights, bandwidth_report,
                                format_bandwidth, peak_bandwidth)
-from ggufmtp.synth import SynthSpec
+from ggufmtp.synth.factory import SynthSpec
 
 
 def _sizes(path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from ggufmtp.card import card_text
+from ggufmtp.provenance.card import card_text
 from ggufmtp.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -69,8 +69,8 @@ def test_reference_receipts_describe_what_make_demo_builds(tmp_path):
     """Synthesis and quantization are deterministic: rebuilding the demo artifact reproduces the
     committed receipt's sha256 and tensor table."""
     import ggufmtp
-    from ggufmtp.audit import audit
-    from ggufmtp.synth import builtin_path
+    from ggufmtp.provenance.audit import audit
+    from ggufmtp.synth.factory import builtin_path
 
     receipts = sorted((ROOT / "receipts").glob("*.receipt.json"))
     assert receipts

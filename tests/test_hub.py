@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from fakehub import FakeHub
-from ggufmtp import hub
+from ggufmtp.hub import hub
 from ggufmtp.cli import main
 from ggufmtp.errors import HubError
-from ggufmtp.hashing import file_digests, git_blob_sha1, sha256_file
+from ggufmtp.gguf.hashing import file_digests, git_blob_sha1, sha256_file
 
 TOKEN = "hf_SECRETtoken123"
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 import pytest
 
-from ggufmtp import imatrix as imx
+from ggufmtp.imatrix import format as imx
 from ggufmtp.errors import ImatrixError
 
 ARCH = "qwen35moe"
@@ -629,7 +629,7 @@ def test_cli_convert(tmp_path, shapes):
 
 def _llama_imatrix() -> Path:
     from ggufmtp.errors import RuntimeMissingError
-    from ggufmtp.runtime import find_binary
+    from ggufmtp.runtime.build import find_binary
 
     try:
         return find_binary("llama-imatrix")
@@ -666,7 +666,7 @@ def test_llama_imatrix_rewrites_our_files_identically(tmp_path, shapes):
 def test_real_llama_imatrix_collection(tmp_path):
     """A real collection run on a runnable synthetic model (needs ggufmtp.synth and the runtime)."""
     binary = _llama_imatrix()
-    synth_mod = pytest.importorskip("ggufmtp.synth")
+    synth_mod = pytest.importorskip("ggufmtp.synth.factory")
     model_path = tmp_path / "m.gguf"
     synth_mod.synthesize(model_path, synth_mod.SynthSpec(), progress=False)
     text = tmp_path / "calib.txt"
@@ -744,14 +744,14 @@ def test_mean_values_equal_what_llama_quantize_uses(tmp_path):
     """llama-quantize with a real GGUF imatrix writes the same tensors as with a .dat holding our
     mean_values (ncall = 1, so its loader passes them unchanged); one ulp off in one entry shows."""
     from ggufmtp.errors import RuntimeMissingError
-    from ggufmtp.runtime import find_binary
+    from ggufmtp.runtime.build import find_binary
 
     imatrix_bin = _llama_imatrix()
     try:
         quantize_bin = find_binary("llama-quantize")
     except RuntimeMissingError as e:
         pytest.skip(f"llama-quantize not built: {e}")
-    synth_mod = pytest.importorskip("ggufmtp.synth")
+    synth_mod = pytest.importorskip("ggufmtp.synth.factory")
     model_path = tmp_path / "m.gguf"
     synth_mod.synthesize(model_path, synth_mod.SynthSpec(), progress=False)
     text = tmp_path / "calib.txt"

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from ggufmtp.cli import main
 from ggufmtp.constants import LLAMA_CPP_COMMIT
-from ggufmtp.model import inspect_model
-from ggufmtp.synth import SynthSpec, synthesize
+from ggufmtp.gguf.model import inspect_model
+from ggufmtp.synth.factory import SynthSpec, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_inspect_json_keys(models):
 def test_split_gguf_read_as_one_model(models, tmp_path):
     import gguf
 
-    from ggufmtp.model import GGUFModel
+    from ggufmtp.gguf.model import GGUFModel
 
     src = GGUFModel(models["complete"])
     reader = gguf.GGUFReader(models["complete"])
@@ -158,8 +158,7 @@ def test_doctor_fails_with_advice_when_binary_missing(tmp_path):
 
 
 def test_binary_discovery_order(tmp_path, monkeypatch):
-    from ggufmtp import runtime
-
+    from ggufmtp.runtime import build as runtime
     fake = tmp_path / "llama-server"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)

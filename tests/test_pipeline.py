@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 import ggufmtp
-from ggufmtp.audit import audit
+from ggufmtp.provenance.audit import audit
 from ggufmtp.cli import main
-from ggufmtp.receipt import load_receipt, schema_errors
+from ggufmtp.provenance.receipt import load_receipt, schema_errors
 
 VERIFY = {"seeds": (42,), "limit": 4, "max_tokens": 32}
 
@@ -38,7 +38,7 @@ def test_run_end_to_end_then_fully_cached(tmp_path):
 
 
 def test_resume_after_failure_in_verify(tmp_path, monkeypatch):
-    verify_mod = sys.modules["ggufmtp.verify"]
+    verify_mod = sys.modules["ggufmtp.measure.verify"]
     real = verify_mod.verify
     calls = []
 

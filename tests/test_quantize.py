@@ -9,15 +9,15 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp import imatrix as imx
-from ggufmtp import runtime
+from ggufmtp.imatrix import format as imx
+from ggufmtp.runtime import build as runtime
 from ggufmtp.cli import main
 from ggufmtp.errors import PlanError, QuantizeError, RecipeError
-from ggufmtp.model import GGUFModel, inspect_model
-from ggufmtp.plan import make_plan
-from ggufmtp.quantize import quantize
-from ggufmtp.recipe import Recipe, shipped_recipes
-from ggufmtp.synth import SynthSpec, synthesize
+from ggufmtp.gguf.model import GGUFModel, inspect_model
+from ggufmtp.quant.plan import make_plan
+from ggufmtp.quant.quantize import quantize
+from ggufmtp.quant.recipe import Recipe, shipped_recipes
+from ggufmtp.synth.factory import SynthSpec, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_quantize_refuses_before_writing(tiny, tmp_path):
 def test_quantize_failure_leaves_nothing(tiny, tmp_path, monkeypatch):
     import sys
 
-    qmod = sys.modules["ggufmtp.quantize"]
+    qmod = sys.modules["ggufmtp.quant.quantize"]
 
     def boom(*a, **k):
         raise KeyboardInterrupt

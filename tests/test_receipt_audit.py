@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp import imatrix as imx
-from ggufmtp.audit import audit
+from ggufmtp.imatrix import format as imx
+from ggufmtp.provenance.audit import audit
 from ggufmtp.cli import main
-from ggufmtp.model import GGUFModel
-from ggufmtp.quantize import quantize
-from ggufmtp.receipt import (PREDICATE_TYPE, STATEMENT_TYPE, load_receipt, receipt_for_quantize, schema_errors,
+from ggufmtp.gguf.model import GGUFModel
+from ggufmtp.quant.quantize import quantize
+from ggufmtp.provenance.receipt import (PREDICATE_TYPE, STATEMENT_TYPE, load_receipt, receipt_for_quantize, schema_errors,
                              seal, set_verification)
-from ggufmtp.synth import SynthSpec, synthesize
+from ggufmtp.synth.factory import SynthSpec, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -134,11 +134,11 @@ def test_missing_shard(artifact, tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     shards = sorted(tmp_path.glob("sh-*-of-*.gguf"))
     assert len(shards) == 2
-    from ggufmtp.receipt import build_statement
+    from ggufmtp.provenance.receipt import build_statement
 
     st = json.loads(artifact["receipt"].read_text())
     st = build_statement(shards, st["predicate"])
-    from ggufmtp.model import GGUFModel as M
+    from ggufmtp.gguf.model import GGUFModel as M
     st["predicate"]["result"]["size_bytes"] = M(shards[0]).size_bytes
     rc = tmp_path / "sh.receipt.json"
     rc.write_text(json.dumps(seal(st)))
@@ -178,7 +178,7 @@ def test_receipt_show(artifact):
 
 
 def test_set_verification_keeps_what_tune_curve_and_profiles_added(tmp_path):
-    from ggufmtp.receipt import load_receipt, schema_errors, set_verification
+    from ggufmtp.provenance.receipt import load_receipt, schema_errors, set_verification
 
     ref = Path(__file__).resolve().parent.parent / "receipts" / "tiny-qwen35moe-0fef400b9589-hifi-q4_k_m-mtp.gguf.receipt.json"
     r = tmp_path / "r.json"

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from ggufmtp import synth
+from ggufmtp.synth import factory as synth
 from ggufmtp.errors import ServerError
-from ggufmtp.server import LlamaServer, ServerConfig, parse_prometheus, require_drafting
+from ggufmtp.runtime.server import LlamaServer, ServerConfig, parse_prometheus, require_drafting
 
 PROMPTS = [
     "Tell me about the sea.",
@@ -265,8 +265,7 @@ def test_port_race_is_not_fooled_by_another_server(llama_server_bin, tiny_mtp_mo
     the manager must notice that the listener is not its llama-server and retry on another port."""
     import http.server
 
-    from ggufmtp import server as server_mod
-
+    from ggufmtp.runtime import server as server_mod
     class Healthy(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
             self.send_response(200)

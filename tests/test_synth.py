@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp import synth
+from ggufmtp.synth import factory as synth
 from ggufmtp.cli import main
-from ggufmtp.synth import SynthSpec, synthesize
+from ggufmtp.synth.factory import SynthSpec, synthesize
 
 
 def _reader(path) -> gguf.GGUFReader:

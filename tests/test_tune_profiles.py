@@ -24,11 +24,11 @@ import pytest
 from click.testing import CliRunner
 
 from ggufmtp.cli import main
-from ggufmtp.tune import (TuneConfig, TuneError, UnitResult, acceptance_curve, candidate_space, final_rung_units,
+from ggufmtp.measure.tune import (TuneConfig, TuneError, UnitResult, acceptance_curve, candidate_space, final_rung_units,
                           fit_schedule, geometric_rates, inert_draft_limits, order_candidates, plan_rungs, rank_configs,
                           recommend_config, schedule_cost, search_anchors, server_command, store_in_receipt,
                           successive_halving, tune)
-from ggufmtp.server import ServerConfig
+from ggufmtp.runtime.server import ServerConfig
 
 F20 = "tiny-qwen35moe-f20"
 
@@ -213,8 +213,8 @@ def test_candidate_space_dimensions():
     assert g.key.endswith(" gopt=on") and TuneConfig.from_dict(g.to_dict()) == g
     assert server_command(ServerConfig(model="m.gguf", draft_mtp=True, env=g.env())).startswith(
         "GGML_CUDA_GRAPH_OPT=1 llama-server --model m.gguf")
-    from ggufmtp.profiles import WORKLOADS, profile_server_config
-    from ggufmtp.verify import _mtp_server_config
+    from ggufmtp.measure.profiles import WORKLOADS, profile_server_config
+    from ggufmtp.measure.verify import _mtp_server_config
 
     assert _mtp_server_config({"model": "m.gguf", "extra_args": []}, 3, None, g).env == g.env()
     pc = profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=g.to_dict(), extra_args=["-bs"])
@@ -373,9 +373,9 @@ def test_small_real_tune(small_tune, llama_server_bin, f20):
 def test_real_evaluator_drops_a_configuration_whose_output_differs(llama_server_bin, f20):
     """Synthetic acceptance of every draft lets the f=0.2 head's wrong tokens through: the tuner's
     identity check must catch it and drop the configuration at its first unit."""
-    from ggufmtp import tune as T
-    from ggufmtp.server import LlamaServer, ServerConfig
-    from ggufmtp.suite import load_suite
+    from ggufmtp.measure import tune as T
+    from ggufmtp.runtime.server import LlamaServer, ServerConfig
+    from ggufmtp.measure.suite import load_suite
 
     class Synth(T._ServerEvaluator):
         def server_config(self, cfg):
@@ -422,7 +422,7 @@ def test_acceptance_curve_follows_the_set_rate(llama_server_bin, f20):
 
 @pytest.fixture(scope="module")
 def profiles_ad(llama_server_bin, f20):
-    from ggufmtp.profiles import run_profiles
+    from ggufmtp.measure.profiles import run_profiles
 
     return run_profiles(f20, workloads=("A", "D"), scale=1 / 16, num_requests=4, threads=2, progress=False)
 
@@ -457,7 +457,7 @@ def test_profiles_a_and_d_both_arms(profiles_ad):
 
 
 def test_decision_table_shape(profiles_ad):
-    from ggufmtp.profiles import decision_table, format_decision_table
+    from ggufmtp.measure.profiles import decision_table, format_decision_table
 
     table = profiles_ad.table
     assert [r["workload"] for r in table] == ["A", "D"]
@@ -480,7 +480,7 @@ def test_decision_table_shape(profiles_ad):
 def test_decision_rule_on_the_h200_profiles():
     """The rule applied to the metrics the H200 measured (session 2): A gains throughput and decodes
     each request faster, D gains 3.2% throughput but each request decodes 14% slower, B and C lose."""
-    from ggufmtp.profiles import ProfileResult, Workload, decision_table
+    from ggufmtp.measure.profiles import ProfileResult, Workload, decision_table
 
     data = json.loads((Path(__file__).parent.parent / "benchmarks/gpu/results-2026-11-21b-h200/profiles.json").read_text())
     results = [ProfileResult(Workload(**a["workload"]), a["arm"], a["metrics"], [], a["command"], a["settings"])
@@ -496,10 +496,10 @@ def test_decision_rule_on_the_h200_profiles():
 
 
 def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20):
-    from ggufmtp.audit import audit
-    from ggufmtp.card import card_text
-    from ggufmtp.quantize import quantize
-    from ggufmtp.receipt import load_receipt, receipt_for_quantize, schema_errors, set_verification
+    from ggufmtp.provenance.audit import audit
+    from ggufmtp.provenance.card import card_text
+    from ggufmtp.quant.quantize import quantize
+    from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors, set_verification
 
     q = quantize(f20, "q8_0-mtp", tmp_path / "tiny-q8.gguf", progress=False)
     rc = receipt_for_quantize(q)

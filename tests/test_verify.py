@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp import stats
+from ggufmtp.measure import stats as stats
 from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
-from ggufmtp.server import LlamaServer, ServerConfig
-from ggufmtp.suite import SUITES_DIR, SuiteError, load_suite, modes_for_template
-from ggufmtp.synth import SynthSpec, expected_acceptance, simulate_acceptance
-from ggufmtp.verify import Thresholds, evaluate_verdict, recommend, verify
+from ggufmtp.runtime.server import LlamaServer, ServerConfig
+from ggufmtp.measure.suite import SUITES_DIR, SuiteError, load_suite, modes_for_template
+from ggufmtp.synth.factory import SynthSpec, expected_acceptance, simulate_acceptance
+from ggufmtp.measure.verify import Thresholds, evaluate_verdict, recommend, verify
 
 K = 4
 FAST = dict(seeds=(42,), limit=6, max_tokens=64, progress=False, threads=2)
@@ -250,8 +250,8 @@ def test_thinking_modes_are_reported_separately(llama_server_bin, knob_models, t
 
 
 def test_sweep_and_cli_receipt(llama_server_bin, knob_models, tmp_path):
-    from ggufmtp.quantize import quantize
-    from ggufmtp.receipt import load_receipt, receipt_for_quantize, schema_errors
+    from ggufmtp.quant.quantize import quantize
+    from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors
 
     q = quantize(knob_models[0.0], "q8_0-mtp", tmp_path / "tiny-q8.gguf", progress=False)
     rpath = receipt_for_quantize(q)
@@ -448,7 +448,7 @@ def test_recommend():
 
 
 def test_step_cost_fits_a_line_through_the_windows():
-    from ggufmtp.verify import format_step_cost, step_cost
+    from ggufmtp.measure.verify import format_step_cost, step_cost
 
     # the H200's fourth run: k=3/4/5 at 3.202/3.815/4.234 tokens per step
     rows = [{"k": 3, "tokens_per_step": 3.202, "mtp_tokens_per_second": 335.39, "vanilla_tokens_per_second": 218.25},
@@ -472,9 +472,9 @@ def test_step_cost_fits_a_line_through_the_windows():
 def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_models, tmp_path):
     """tune's recommendation, stored in the receipt, drives verify's MTP arm (vanilla stays default);
     verify rewrites its own results and keeps what tune added."""
-    from ggufmtp.quantize import quantize
-    from ggufmtp.receipt import load_receipt, receipt_for_quantize, schema_errors
-    from ggufmtp.tune import TuneConfig, store_in_receipt
+    from ggufmtp.quant.quantize import quantize
+    from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors
+    from ggufmtp.measure.tune import TuneConfig, store_in_receipt
 
     q = quantize(knob_models[0.3], "q8_0-mtp", tmp_path / "tiny-q8.gguf", progress=False)
     rpath = receipt_for_quantize(q)
@@ -518,7 +518,7 @@ def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_mo
 
 
 def test_tuned_configuration_errors(knob_models, tmp_path):
-    from ggufmtp.tune import TuneConfig
+    from ggufmtp.measure.tune import TuneConfig
 
     empty = tmp_path / "tune.json"
     empty.write_text(json.dumps({"kind": "ggufmtp tune", "recommended_config": None, "best_config": None}))

@@ -11,13 +11,13 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Load ggufmtp.runtime without running ggufmtp/__init__.py, which imports the package's
+# Load ggufmtp.runtime.build without running ggufmtp/__init__.py, which imports the package's
 # dependencies (numpy, gguf, ...): this script runs before they are installed.
 _pkg = types.ModuleType("ggufmtp")
 _pkg.__path__ = [str(ROOT / "ggufmtp")]
 sys.modules.setdefault("ggufmtp", _pkg)
 
-from ggufmtp import runtime  # noqa: E402
+from ggufmtp.runtime import build as runtime  # noqa: E402
 from ggufmtp.errors import GgufmtpError  # noqa: E402
 
 

@@ -75,13 +75,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from . import stats
-from .bandwidth import PEAK_BANDWIDTH_ENV, bandwidth_report, format_bandwidth, peak_bandwidth
-from .errors import GgufmtpError, ServerError, VerifyError
-from .fmt import ci_text, finite_or_none as _num
-from .server import LlamaServer, ServerConfig
-from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
-from .synth import resolve_model
+from ..measure import stats
+from ..runtime.hardware import PEAK_BANDWIDTH_ENV, bandwidth_report, format_bandwidth, peak_bandwidth
+from ..errors import GgufmtpError, ServerError, VerifyError
+from ..fmt import ci_text, finite_or_none as _num
+from ..runtime.server import LlamaServer, ServerConfig
+from ..measure.suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
+from ..synth.factory import resolve_model
 
 __all__ = [
     "Record", "Thresholds", "VerifyResult", "verify", "evaluate_verdict", "recommend", "step_cost", "summarize",
@@ -911,7 +911,7 @@ def verify(
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
     """
-    from .model import inspect_model
+    from ..gguf.model import inspect_model
 
     t0 = time.monotonic()
     th = Thresholds.coerce(thresholds)
@@ -1021,7 +1021,7 @@ def verify(
     build_info = props.get("build_info")
     version = {}
     with contextlib.suppress(Exception):
-        from .runtime import binary_is_ggufmtp_build, binary_version
+        from ..runtime.build import binary_is_ggufmtp_build, binary_version
 
         version = binary_version(binary)
         info = binary_is_ggufmtp_build(binary)
@@ -1104,7 +1104,7 @@ def verify(
 def _coerce_tuned(tuned: Any):
     if tuned is None:
         return None
-    from .tune import TuneConfig
+    from ..measure.tune import TuneConfig
 
     return TuneConfig.coerce(tuned)
 

@@ -16,9 +16,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .constants import MTP_ARCHITECTURES, NEXTN_OPTIONAL_FALLBACKS, NEXTN_REQUIRED
-from .errors import GGUFReadError
-from .gguf_header import read_header, tensor_nbytes
+from ..constants import MTP_ARCHITECTURES, NEXTN_OPTIONAL_FALLBACKS, NEXTN_REQUIRED
+from ..errors import GGUFReadError
+from ..gguf.reader import read_header, tensor_nbytes
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 

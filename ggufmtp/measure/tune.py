@@ -95,12 +95,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from . import stats
-from .errors import GgufmtpError, ServerError, VerifyError
-from .fmt import ci_text, finite_or_none as _num
-from .server import LlamaServer, ServerConfig, binary_flags
-from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
-from .synth import resolve_model
+from ..measure import stats
+from ..errors import GgufmtpError, ServerError, VerifyError
+from ..fmt import ci_text, finite_or_none as _num
+from ..runtime.server import LlamaServer, ServerConfig, binary_flags
+from ..measure.suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
+from ..synth.factory import resolve_model
 
 __all__ = [
     "TuneError", "FatalTuneError", "TuneConfig", "UnitResult", "Rung", "SHResult", "TuneResult", "CurveResult",
@@ -992,7 +992,7 @@ def format_tune(res: TuneResult) -> str:
 
 
 def _inspect_complete(path: Path) -> Any:
-    from .model import inspect_model
+    from ..gguf.model import inspect_model
 
     if not path.is_file():
         raise TuneError(f"model {path}: no such file")
@@ -1005,7 +1005,7 @@ def _inspect_complete(path: Path) -> Any:
 
 def _prepare(model, suite, limit, llama_cpp_bin):
     """(suite, model path, inspect report, llama-server binary, its flags) for a tune or curve run."""
-    from . import runtime
+    from ..runtime import build as runtime
 
     st = suite if isinstance(suite, Suite) else load_suite(suite)
     st = st.limit(limit)
@@ -1081,7 +1081,7 @@ def tune(
     """
     from tqdm import tqdm
 
-    from .verify import hardware_info
+    from ..measure.verify import hardware_info
 
     t0 = time.monotonic()
     if concurrency < 1:
@@ -1332,7 +1332,7 @@ def acceptance_curve(
     """
     from tqdm import tqdm
 
-    from .verify import hardware_info
+    from ..measure.verify import hardware_info
 
     t0 = time.monotonic()
     k = int(draft_n_max)
@@ -1378,7 +1378,7 @@ def acceptance_curve(
             val = ",".join(f"{x:.6g}" for x in r)
             points_spec.append((a, ["--spec-synth-rates", val], f"synth-rates {val}"))
     n_req = (len(points_spec) + int(include_real)) * len(st.prompts) * len(seeds) * 2
-    from .verify import _metrics_snapshot, _delta
+    from ..measure.verify import _metrics_snapshot, _delta
 
     points: list[dict[str, Any]] = []
     real: dict[str, Any] | None = None
@@ -1481,7 +1481,7 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
     section, so it is loaded and merged first), re-seal and write it back. The receipt must already
     hold a verification (``ggufmtp verify MODEL --receipt R``). ``model``: refuse when its size differs
     from the verified model's."""
-    from .receipt import load_receipt, set_verification
+    from ..provenance.receipt import load_receipt, set_verification
 
     st = load_receipt(path)
     v = (st.get("predicate") or {}).get("verification")

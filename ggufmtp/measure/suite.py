@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import VerifyError
+from ..errors import VerifyError
 
-SUITES_DIR = Path(__file__).resolve().parent / "data" / "suites"
+SUITES_DIR = Path(__file__).resolve().parent.parent / "data" / "suites"
 DEFAULT_SUITE = "chat-v1"
 ROLES = ("system", "user", "assistant")
 

@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .errors import GGUFReadError
+from ..errors import GGUFReadError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

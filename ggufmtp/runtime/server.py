@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import runtime
-from .errors import RuntimeMissingError, ServerError
+from ..runtime import build as runtime
+from ..errors import RuntimeMissingError, ServerError
 
 __all__ = ["ServerConfig", "LlamaServer", "parse_prometheus", "gguf_has_mtp", "require_drafting", "binary_flags"]
 

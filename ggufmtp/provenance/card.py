@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .bandwidth import format_bandwidth
+from ..runtime.hardware import format_bandwidth
 
-from .fsutil import atomic_write_text
-from .receipt import load_receipt
+from ..gguf.fsutil import atomic_write_text
+from ..provenance.receipt import load_receipt
 
 TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
 

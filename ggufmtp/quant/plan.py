@@ -16,11 +16,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from . import imatrix as imx
-from .errors import PlanError
-from .libllama import KVOverride, QuantizeParams, run_quantize
-from .model import GGUFModel, check_mtp, human_bytes
-from .recipe import Recipe, Rule, ftype_names, ggml_type_names
+from ..imatrix import format as imx
+from ..errors import PlanError
+from ..runtime.libllama import KVOverride, QuantizeParams, run_quantize
+from ..gguf.model import GGUFModel, check_mtp, human_bytes
+from ..quant.recipe import Recipe, Rule, ftype_names, ggml_type_names
 
 # llama_ftype_get_default_type (src/llama-quant.cpp)
 FTYPE_DEFAULT_TYPE = {

@@ -12,10 +12,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .errors import GGUFReadError, GgufmtpError
-from .hashing import sha256_file
-from .model import GGUFModel, check_mtp, split_shards
-from .receipt import default_receipt_path, integrity_digest, load_receipt, schema_errors, table_digest
+from ..errors import GGUFReadError, GgufmtpError
+from ..gguf.hashing import sha256_file
+from ..gguf.model import GGUFModel, check_mtp, split_shards
+from ..provenance.receipt import default_receipt_path, integrity_digest, load_receipt, schema_errors, table_digest
 
 
 @dataclasses.dataclass

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import GgufmtpError
-from .gguf_header import read_header, tensor_nbytes
+from ..errors import GgufmtpError
+from ..gguf.reader import read_header, tensor_nbytes
 
 __all__ = ["ActiveWeights", "active_weights", "peak_bandwidth", "PEAK_BANDWIDTH_GBS", "bandwidth_report",
            "format_bandwidth", "BandwidthError", "PEAK_BANDWIDTH_ENV"]

@@ -57,8 +57,8 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from .hashing import sha256_file  # noqa: F401  (re-exported)
-from .errors import GGUFReadError, ImatrixError
+from ..gguf.hashing import sha256_file  # noqa: F401  (re-exported)
+from ..errors import GGUFReadError, ImatrixError
 
 __all__ = [
     "IMATRIX_REQUIRED_TYPES",
@@ -1042,7 +1042,7 @@ class ModelTensors:
 def read_model_tensors(path: str | os.PathLike) -> ModelTensors:
     """Read tensor shapes (ne order: ``ReaderTensor.shape`` in gguf-py is ne0 first) and the
     ``<arch>.block_count`` / ``<arch>.nextn_predict_layers`` keys of a model GGUF."""
-    from .model import GGUFModel  # the fast header reader; split models read as one
+    from ..gguf.model import GGUFModel  # the fast header reader; split models read as one
 
     p = Path(path)
     if not p.is_file():

@@ -118,7 +118,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import GgufmtpError
+from ..errors import GgufmtpError
 
 SYNTH_VERSION = 1  # bump when the bytes written for a given spec change (invalidates builtin caches)
 
@@ -275,7 +275,7 @@ def builtin_path(name: str, cache_dir: Path | None = None, progress: bool = Fals
         raise SynthError(f"unknown built-in model {name!r}; known: {', '.join(sorted(BUILTIN_MODELS))}")
     spec = BUILTIN_MODELS[key]
     if cache_dir is None:
-        from .runtime import cache_root
+        from ..runtime.build import cache_root
 
         cache_dir = cache_root() / "builtin"
     path = Path(cache_dir) / f"{key}-{spec.digest()[:12]}.gguf"
@@ -658,7 +658,7 @@ def chat_last_tokens(messages: Sequence[list[dict[str, str]]], threads: int | No
     """The last token of each chat's generation prompt, as llama-server renders and tokenizes it for
     a synthetic model: a CPU llama-server on the built-in tiny model does it (every synthetic model,
     tiny or real-shaped, has the same tokenizer and chat template)."""
-    from .server import LlamaServer, ServerConfig  # the server module sits later in the pipeline
+    from ..runtime.server import LlamaServer, ServerConfig  # the server module sits later in the pipeline
 
     with LlamaServer(ServerConfig(model=builtin_path("tiny-qwen35moe"), threads=threads, metrics=False,
                                   gpu_layers=0)) as srv:

@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from .constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
-from .errors import RuntimeMissingError, RuntimeBuildError
+from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
+from ..errors import RuntimeMissingError, RuntimeBuildError
 
 ENV_BIN = "GGUFMTP_LLAMA_CPP_BIN"
 ENV_SDIST = "GGUFMTP_LLAMA_CPP_SDIST"

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import PlanError, QuantizeError
-from .libllama import llama_cpp_module, run_quantize
-from .model import GGUFModel, check_mtp
-from .plan import Plan, make_plan
-from .recipe import Recipe
+from ..errors import PlanError, QuantizeError
+from ..runtime.libllama import llama_cpp_module, run_quantize
+from ..gguf.model import GGUFModel, check_mtp
+from ..quant.plan import Plan, make_plan
+from ..quant.recipe import Recipe
 
 _TENSOR_START = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-")
 

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .runtime import configure_libllama
+from ..runtime.build import configure_libllama
 
 _LOG_LOCK = threading.Lock()
 

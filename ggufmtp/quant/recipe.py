@@ -39,7 +39,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from .errors import RecipeError
+from ..errors import RecipeError
 
 MTP_PLACEHOLDER = "{mtp}"
 
@@ -309,7 +309,7 @@ def _lit(s: str) -> str:
 
 def recipes_dir() -> Path:
     """The shipped recipes: ``recipes/`` of a source checkout, else the package's copy."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # ggufmtp/
     for cand in (here.parent / "recipes", here / "data" / "recipes"):
         if cand.is_dir():
             return cand

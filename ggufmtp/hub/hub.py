@@ -42,9 +42,9 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Iterable, Iterator, Sequence
 from urllib.parse import urlsplit
 
-from ._version import __version__
-from .errors import HubError
-from .hashing import FileDigests, file_digests
+from .._version import __version__
+from ..errors import HubError
+from ..gguf.hashing import FileDigests, file_digests
 
 __all__ = [
     "MANIFEST_NAME",

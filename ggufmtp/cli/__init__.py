@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import click
 
-from ._version import __version__
-from .errors import GgufmtpError
+from .._version import __version__
+from ..errors import GgufmtpError
 
 
 def emit_json(obj: Any) -> None:
@@ -71,7 +71,7 @@ def runtime() -> None:
 @handle_errors
 def runtime_build(cuda: bool, cuda_arch: str, jobs: int | None, force: bool, as_json: bool) -> None:
     """Build the pinned llama.cpp from the llama-cpp-python sdist into the per-user cache."""
-    from . import runtime as rt
+    from ..runtime import build as rt
 
     info = rt.build_runtime(cuda, cuda_arch, jobs, force, log=lambda m: click.echo(m, err=True))
     if as_json:
@@ -86,7 +86,7 @@ def runtime_build(cuda: bool, cuda_arch: str, jobs: int | None, force: bool, as_
 @handle_errors
 def runtime_path(llama_cpp_bin: str | None) -> None:
     """Print the directory of the llama.cpp binaries ggufmtp would use."""
-    from . import runtime as rt
+    from ..runtime import build as rt
 
     click.echo(str(rt.find_binary("llama-server", llama_cpp_bin).parent))
 
@@ -97,7 +97,7 @@ def runtime_path(llama_cpp_bin: str | None) -> None:
 @handle_errors
 def doctor(llama_cpp_bin: str | None, as_json: bool) -> None:
     """Check versions, the llama.cpp commit of libllama and every binary, and draft-mtp support."""
-    from .doctor import format_doctor, run_doctor
+    from ..runtime.doctor import format_doctor, run_doctor
 
     report = run_doctor(llama_cpp_bin)
     if as_json:
@@ -117,7 +117,7 @@ def inspect(model: str, as_json: bool) -> None:
     """Report MODEL's architecture, MTP block and completeness, tensor types and size.
 
     MODEL may be any shard of a split GGUF, or builtin:NAME for a synthesized model."""
-    from .model import format_report, inspect_model
+    from ..gguf.model import format_report, inspect_model
 
     report = inspect_model(resolve_model_arg(model))
     if as_json:
@@ -129,7 +129,7 @@ def inspect(model: str, as_json: bool) -> None:
 def resolve_model_arg(model: str) -> str:
     """``builtin:NAME`` → the synthesized model's path (made once, cached); else the path."""
     if model.startswith("builtin:"):
-        from .synth import builtin_path
+        from ..synth.factory import builtin_path
 
         return str(builtin_path(model))
     return model
@@ -146,7 +146,7 @@ def recipe() -> None:
 @handle_errors
 def recipe_list(as_json: bool) -> None:
     """List the shipped recipes."""
-    from .recipe import Recipe, shipped_recipes
+    from ..quant.recipe import Recipe, shipped_recipes
 
     recipes = [Recipe.load(n) for n in shipped_recipes()]
     if as_json:
@@ -162,7 +162,7 @@ def recipe_list(as_json: bool) -> None:
 @handle_errors
 def recipe_show(recipe_name: str, as_json: bool) -> None:
     """Show a recipe (a shipped name or a .toml path) with its rules in the order they apply."""
-    from .recipe import Recipe
+    from ..quant.recipe import Recipe
 
     r = Recipe.load(recipe_name)
     if as_json:
@@ -184,11 +184,11 @@ def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_block: int | None, 
 
     ggufmtp recipe from-flags -- --tensor-type 'blk\\.40\\.nextn\\.eh_proj=q8_0' in.gguf out.gguf Q4_K_M
     """
-    from .recipe import Recipe
+    from ..quant.recipe import Recipe
 
     text = Recipe.from_flags(list(flags), name=name, mtp_block=mtp_block).to_toml()
     if output:
-        from .fsutil import atomic_write_text
+        from ..gguf.fsutil import atomic_write_text
 
         atomic_write_text(Path(output), text)
         click.echo(f"wrote {output}", err=True)
@@ -217,7 +217,7 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
     """Dry-run RECIPE on MODEL: per-tensor types as llama.cpp will choose them, with reasons.
 
     Exits 1 when a pre-flight check fails (listed as errors)."""
-    from .plan import format_plan, make_plan
+    from ..quant.plan import format_plan, make_plan
 
     p = make_plan(resolve_model_arg(model), recipe_name, imatrix)
     if as_json:
@@ -248,13 +248,13 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
 def quantize(model: str, recipe_name: str, imatrix: str | None, output: str, threads: int, receipt: str | None,
              no_receipt: bool, no_progress: bool, as_json: bool) -> None:
     """Quantize MODEL with RECIPE into OUTPUT (in-process libllama), audit it, write its receipt."""
-    from .quantize import quantize as run
+    from ..quant.quantize import quantize as run
 
     res = run(resolve_model_arg(model), recipe_name, output, imatrix=imatrix, threads=threads,
               progress=not no_progress and not as_json)
     out: dict[str, Any] = res.to_dict()
     if not no_receipt:
-        from .receipt import receipt_for_quantize
+        from ..provenance.receipt import receipt_for_quantize
 
         rpath = receipt_for_quantize(res, model_arg=model, imatrix=imatrix, receipt_path=receipt)
         out["receipt"] = str(rpath)
@@ -287,7 +287,7 @@ def imatrix_group() -> None:
 def imatrix_info_cmd(file: str, model_arg: str | None, as_json: bool) -> None:
     """Summarize FILE; with --model, check it against the model and list tensors without statistics
     (the MTP block separately: llama-imatrix never collects it). Exits 1 when the check finds errors."""
-    from . import imatrix as imx
+    from ..imatrix import format as imx
 
     im = imx.read_imatrix(file)
     out = imx.ImatrixInfo.from_imatrix(im).to_dict()
@@ -334,7 +334,7 @@ def imatrix_info_cmd(file: str, model_arg: str | None, as_json: bool) -> None:
 @handle_errors
 def imatrix_convert_cmd(src: str, dst: str, fmt: str, chunk_size: int | None, as_json: bool) -> None:
     """Convert SRC to DST in another format (what is lost is printed as notes)."""
-    from . import imatrix as imx
+    from ..imatrix import format as imx
 
     im = imx.read_imatrix(src)
     notes = imx.conversion_losses(im, fmt)  # type: ignore[arg-type]
@@ -361,7 +361,7 @@ def receipt() -> None:
 @handle_errors
 def receipt_show(receipt_path: str, as_json: bool) -> None:
     """Render a receipt for people (or print it as JSON)."""
-    from .receipt import format_receipt, load_receipt
+    from ..provenance.receipt import format_receipt, load_receipt
 
     st = load_receipt(receipt_path)
     if as_json:
@@ -373,7 +373,7 @@ def receipt_show(receipt_path: str, as_json: bool) -> None:
 @receipt.command("schema")
 def receipt_schema() -> None:
     """Print the receipt's JSON Schema."""
-    from .receipt import SCHEMA_PATH
+    from ..provenance.receipt import SCHEMA_PATH
 
     click.echo(SCHEMA_PATH.read_text(), nl=False)
 
@@ -388,7 +388,7 @@ def audit(artifact: str, receipt_path: str | None, as_json: bool) -> None:
     """Recompute sha256s, re-read tensor types and check the MTP block against the receipt.
 
     Exits 1 on any mismatch, naming it."""
-    from .audit import audit as run, format_audit
+    from ..provenance.audit import audit as run, format_audit
 
     report = run(artifact, receipt_path, progress=not as_json)
     if as_json:
@@ -404,8 +404,8 @@ def audit(artifact: str, receipt_path: str | None, as_json: bool) -> None:
 
 def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: int):
     """synth --target-acceptance: the calibrated fraction (ggufmtp.synth.calibrate_wrong_fraction)."""
-    from .suite import load_suite
-    from .synth import calibrate_wrong_fraction, chat_last_tokens
+    from ..measure.suite import load_suite
+    from ..synth.factory import calibrate_wrong_fraction, chat_last_tokens
 
     if spec.wrong_successor_fraction or spec.eh_proj_noise or not spec.mtp or spec.mtp_only:
         raise click.UsageError("--target-acceptance sets the wrong-successor fraction itself: leave out "
@@ -446,7 +446,7 @@ def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: 
           wrong_successor_fraction: float, eh_proj_noise: float, omit: tuple[str, ...],
           target_acceptance: float | None, target_k: int, suite_name: str, max_tokens: int, as_json: bool) -> None:
     """Write a synthetic BF16 GGUF with an MTP head whose behaviour is known exactly."""
-    from .synth import SynthSpec, synthesize
+    from ..synth.factory import SynthSpec, synthesize
 
     spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, seed=seed,
                      wrong_successor_fraction=wrong_successor_fraction, eh_proj_noise=eh_proj_noise,
@@ -538,7 +538,7 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local
     REPO_ID is namespace/name on the Hub, or a local directory. Tokens come from HF_TOKEN or
     `hf auth login`; HF_ENDPOINT selects another Hub; HF_HUB_OFFLINE=1 uses the cache only.
     """
-    from . import hub
+    from ..hub import hub
 
     res = hub.pull(repo_id, revision=revision, include=list(include) or None, local_dir=local_dir)
     if as_json:
@@ -583,7 +583,7 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     The commit message names the recipe and the artifact's sha256 (from the receipt).
     Tokens come from HF_TOKEN or `hf auth login`, never from the command line.
     """
-    from . import hub
+    from ..hub import hub
 
     recipe, sha = _receipt_commit_facts(list(receipts), list(artifacts))
     res = hub.upload(repo_id, list(artifacts), list(receipts), card=card, private=private, revision=revision,
@@ -614,8 +614,8 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
 @handle_errors
 def card(artifact: str, receipt_path: str | None, output: str | None, quantized_by: str, license_: str | None) -> None:
     """Write a Hugging Face model card for ARTIFACT from its receipt (and its verification)."""
-    from .card import make_card
-    from .receipt import default_receipt_path
+    from ..provenance.card import make_card
+    from ..provenance.receipt import default_receipt_path
 
     path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by, license_)
     click.echo(str(path))
@@ -646,7 +646,7 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, inc
             as_json: bool) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
     receipt, card, upload. Reruns resume from the first stage whose inputs changed or that failed."""
-    from .pipeline import format_summary, run
+    from ..pipeline import format_summary, run
 
     vopts: dict[str, Any] = {}
     if seeds:
@@ -735,15 +735,15 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     Exits 1 when the verdict fails. The speedup threshold applies only with GPU offload (or
     --enforce-speedup). With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
     fraction of the memory-bandwidth limit each arm reached. MODEL may be builtin:NAME."""
-    from .tune import load_tuned_config
-    from .verify import Thresholds, verify
+    from ..measure.tune import load_tuned_config
+    from ..measure.verify import Thresholds, verify
 
     seed_list = _int_list(seeds, "--seeds")
     sweep_list = _int_list(sweep, "--sweep")
     ngl = _ngl(gpu_layers)
     src, acc, spd = [], None, None
     if recipe_name:
-        from .recipe import Recipe
+        from ..quant.recipe import Recipe
 
         rec = Recipe.load(recipe_name)
         acc, spd = rec.verify.min_acceptance, rec.verify.min_speedup
@@ -762,11 +762,11 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                  sweep=sweep_list, tuned=load_tuned_config(tuned_from) if tuned_from else None,
                  peak_bandwidth_gbs=peak_bandwidth_gbs)
     if out_path:
-        from .fsutil import atomic_write_json
+        from ..gguf.fsutil import atomic_write_json
 
         atomic_write_json(Path(out_path), res.to_dict(requests=True))
     if receipt_path:
-        from .receipt import set_verification
+        from ..provenance.receipt import set_verification
 
         set_verification(receipt_path, res.to_receipt(), keep_added=True)
     if as_json:
@@ -799,11 +799,11 @@ def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None,
     """The common tail of tune, curve and profiles: the full JSON to --out, ``res.to_dict()`` as
     ``verification.<section>`` of --receipt, then JSON or the human-readable text on stdout."""
     if out_path:
-        from .fsutil import atomic_write_json
+        from ..gguf.fsutil import atomic_write_json
 
         atomic_write_json(Path(out_path), out_data)
     if receipt_path:
-        from .tune import store_in_receipt
+        from ..measure.tune import store_in_receipt
 
         store_in_receipt(receipt_path, model=resolve_model_arg(model), **{section: res.to_dict()})
     if as_json:
@@ -816,7 +816,7 @@ def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str,
               limit: int | None, gpu_layers: str | None, threads: int | None, ctx_per_slot: int,
               receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
               final_on_suite: bool = True) -> None:
-    from .tune import tune
+    from ..measure.tune import tune
 
     res = tune(resolve_model_arg(model), concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds"),
                suite=suite, max_tokens=max_tokens, limit=limit, gpu_layers=_ngl(gpu_layers), threads=threads,
@@ -923,7 +923,7 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
     """Speedup versus acceptance on this hardware, with llama-server's synthetic acceptance
     (--spec-synth-len / --spec-synth-rates; benchmarking only): what a head of any acceptance would gain
     here, separated from the head's quality. MODEL needs an MTP block (its drafter's cost is measured)."""
-    from .tune import acceptance_curve
+    from ..measure.tune import acceptance_curve
 
     res = acceptance_curve(resolve_model_arg(model), rates=_float_list(rates, "--rates") or (), draft_n_max=draft_n_max,
                            synth_len=_float_list(synth_len, "--synth-len"), flag=flag, seeds=_int_list(seeds, "--seeds"),
@@ -964,8 +964,8 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
                  receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
     """Serving profiles A-D (the vLLM write-up's workloads), MTP against vanilla: output tok/s, TTFT,
     TPOT, ITL (mean, median, P99), acceptance, and a decision table per workload."""
-    from .profiles import run_profiles
-    from .tune import load_tuned_config
+    from ..measure.profiles import run_profiles
+    from ..measure.tune import load_tuned_config
 
     tuned = load_tuned_config(tuned_from).to_dict() if tuned_from else None
     res = run_profiles(resolve_model_arg(model), workloads=[w for w in workloads.split(",") if w.strip()],

@@ -25,15 +25,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ._version import __version__
-from .constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
-from .errors import AuditError
-from .fsutil import atomic_write_json
-from .hashing import sha256_file
+from .._version import __version__
+from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
+from ..errors import AuditError
+from ..gguf.fsutil import atomic_write_json
+from ..gguf.hashing import sha256_file
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://ggufmtp.dev/receipt/v1"
-SCHEMA_PATH = Path(__file__).resolve().parent / "data" / "receipt.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "data" / "receipt.schema.json"
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -74,7 +74,7 @@ def _dist_version(name: str) -> str | None:
 
 def toolchain(server: dict[str, Any] | None = None) -> dict[str, Any]:
     """Versions and build facts of everything that touched the artifact."""
-    from . import runtime
+    from ..runtime import build as runtime
 
     info = runtime.installed_runtime()
     lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")
@@ -107,7 +107,7 @@ def toolchain(server: dict[str, Any] | None = None) -> dict[str, Any]:
 def base_model_section(model_path: Path, model_arg: str | None = None,
                        manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where the input came from and every input file with size and sha256."""
-    from .model import split_shards
+    from ..gguf.model import split_shards
 
     shards = split_shards(Path(model_path))
     if manifest:
@@ -120,7 +120,7 @@ def base_model_section(model_path: Path, model_arg: str | None = None,
         arg = model_arg or str(model_path)
         source = ({"type": "builtin", "name": arg.split(":", 1)[1], "path": str(model_path)}
                   if arg.startswith("builtin:") else {"type": "local", "path": str(Path(model_path).resolve())})
-    from .model import GGUFModel
+    from ..gguf.model import GGUFModel
 
     lic = GGUFModel(model_path).metadata.get("general.license")
     if isinstance(lic, str) and lic:
@@ -131,7 +131,7 @@ def base_model_section(model_path: Path, model_arg: str | None = None,
 def imatrix_section(imatrix: str | Path | None, missing: list[str]) -> dict[str, Any] | None:
     if not imatrix:
         return None
-    from .imatrix import read_imatrix
+    from ..imatrix.format import read_imatrix
 
     im = read_imatrix(imatrix)
     return {"file": Path(imatrix).name, "sha256": sha256_file(imatrix), "format": im.format,
@@ -158,7 +158,7 @@ def receipt_for_quantize(res, model_arg: str | None = None, imatrix: str | Path 
                          receipt_path: str | Path | None = None, manifest: dict[str, Any] | None = None,
                          verification: dict[str, Any] | None = None) -> Path:
     """Write the receipt of a :class:`~ggufmtp.quantize.QuantizeResult`; returns its path."""
-    from .model import GGUFModel, check_mtp
+    from ..gguf.model import GGUFModel, check_mtp
 
     out = Path(res.output)
     gm = GGUFModel(out)

@@ -71,10 +71,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import ServerError, VerifyError
-from .server import HOST, LlamaServer, ServerConfig
-from .suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
-from .synth import resolve_model
+from ..errors import ServerError, VerifyError
+from ..runtime.server import HOST, LlamaServer, ServerConfig
+from ..measure.suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
+from ..synth.factory import resolve_model
 
 __all__ = [
     "ProfileError", "Workload", "WORKLOADS", "get_workload", "RequestRecord", "ProfileResult", "ProfilesResult",
@@ -379,7 +379,7 @@ def profile_server_config(model: Path, w: Workload, mtp: bool, *, draft_n_max: i
         return ServerConfig(**base)
     if tuned is None:
         return ServerConfig(**base, draft_mtp=True, draft_n_max=draft_n_max)
-    from .tune import TuneConfig
+    from ..measure.tune import TuneConfig
 
     return ServerConfig(**TuneConfig.coerce(tuned).server_fields(base))
 
@@ -392,7 +392,7 @@ def _bodies(prompts: Sequence[dict[str, Any]], max_tokens: int, mode: str, seed:
 
 def _measure(srv: LlamaServer, w: Workload, prompts: Sequence[dict[str, Any]], mode: str, seed: int,
              warmup: bool) -> tuple[list[RequestRecord], float, dict[str, Any] | None]:
-    from .verify import _delta, _metrics_snapshot
+    from ..measure.verify import _delta, _metrics_snapshot
 
     if warmup:
         wb = _bodies(prompts[:w.concurrency], WARMUP_OUTPUT, mode, seed + 10_000)
@@ -473,7 +473,7 @@ def _profile_on(srv: LlamaServer, w: Workload, arm: str, prompts: Sequence[dict[
         notes.append(f"{m['failed']} request(s) failed: {next(r.error for r in recs if r.error)}")
     if arm == "mtp" and not m["draft_n"]:
         notes.append("the MTP arm never drafted (no timings.draft_n)")
-    from .tune import server_command
+    from ..measure.tune import server_command
 
     return ProfileResult(workload=w, arm=arm, metrics=m, requests=recs, command=server_command(srv.config, srv.binary),
                          settings={"mode": mode, "seed": seed, "prompt_tokens_target": w.input_tokens,
@@ -547,7 +547,7 @@ def run_profiles(
     """Both arms of every workload, then :func:`decision_table`. Per workload both servers are up (only
     one is busy at a time); prompts are built once on the vanilla server; with ``repeats`` > 1 the arms
     alternate (V M, M V, ...) and each arm's requests are pooled."""
-    from .verify import hardware_info
+    from ..measure.verify import hardware_info
 
     t0 = time.monotonic()
     if repeats < 1:
@@ -555,7 +555,7 @@ def run_profiles(
     path = resolve_model(model)
     if not path.is_file():
         raise ProfileError(f"model {path}: no such file")
-    from .server import gguf_has_mtp
+    from ..runtime.server import gguf_has_mtp
 
     if gguf_has_mtp(path) is False:
         raise ProfileError(f"model {path}: has no MTP block; profiles compare MTP against vanilla")
@@ -587,7 +587,7 @@ def run_profiles(
             for arm in ("vanilla", "mtp"):
                 results.append(_pool(runs[arm]))
     table = decision_table(results, noise)
-    from .runtime import find_binary
+    from ..runtime.build import find_binary
 
     hw = hardware_info(find_binary("llama-server", llama_cpp_bin), gpu_layers)
     notes = []

@@ -1,0 +1,1 @@
+"""The Hugging Face Hub: pull and upload."""

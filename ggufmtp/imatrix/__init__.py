@@ -1,0 +1,1 @@
+"""Importance matrices: file formats (read/write/convert) and checks (validate/coverage/needs-imatrix)."""

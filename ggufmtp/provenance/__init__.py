@@ -1,0 +1,1 @@
+"""Provenance: receipts, audit, model cards."""

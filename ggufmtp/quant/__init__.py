@@ -1,0 +1,1 @@
+"""Quantization: recipes, the plan (pre-flight and dry run) and quantize."""

@@ -1,0 +1,1 @@
+"""The pinned llama.cpp: build, libllama, llama-server, hardware, doctor."""

@@ -1,0 +1,1 @@
+"""The synthetic-model factory (tests, demo, GPU benchmarks)."""
