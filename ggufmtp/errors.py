@@ -1,17 +1,44 @@
-"""One error hierarchy; every message names the file or thing at fault and what to do."""
+"""Every error class ggufmtp raises on purpose, in one place.
+
+Each message names the file or thing at fault and what to do; the CLI prints it as one line and
+exits non-zero. Where a builtin exception fits, a class co-inherits it (the huggingface_hub
+convention, e.g. ``LocalEntryNotFoundError(FileNotFoundError, EntryNotFoundError)``), so callers
+may catch either ``ggufmtp.errors.GGUFReadError`` or plain ``ValueError``.
+"""
 
 from __future__ import annotations
+
+__all__ = [
+    "GgufmtpError", "GGUFReadError", "RuntimeMissingError", "RuntimeBuildError", "RecipeError",
+    "ImatrixError", "PlanError", "QuantizeError", "AuditError", "ServerError", "VerifyError", "SuiteError",
+    "TuneError", "FatalTuneError", "ProfileError", "BandwidthError", "SynthError", "HubError",
+    "HubHTTPError", "HubDigestMismatchError", "HubManifestError", "HubRefusedError",
+]
 
 
 class GgufmtpError(Exception):
     """Base class of every error ggufmtp raises on purpose. The CLI prints it as one line."""
 
 
-class GGUFReadError(GgufmtpError):
-    """A file is not a readable GGUF (wrong magic, truncated, corrupt)."""
+# ----------------------------------------------------------------------------- files and formats
 
 
-class RuntimeMissingError(GgufmtpError):
+class GGUFReadError(GgufmtpError, ValueError):
+    """A file is not a readable GGUF (wrong magic, truncated, corrupt, hostile counts)."""
+
+
+class ImatrixError(GgufmtpError, ValueError):
+    """An imatrix file is malformed, invalid or made for another model."""
+
+
+class RecipeError(GgufmtpError, ValueError):
+    """A recipe file is malformed or names an unknown type."""
+
+
+# ----------------------------------------------------------------------------- the pinned runtime
+
+
+class RuntimeMissingError(GgufmtpError, FileNotFoundError):
     """A llama.cpp binary or library could not be found."""
 
 
@@ -19,12 +46,11 @@ class RuntimeBuildError(GgufmtpError):
     """Building the llama.cpp runtime failed."""
 
 
-class RecipeError(GgufmtpError):
-    """A recipe file is malformed or names an unknown type."""
+class ServerError(GgufmtpError):
+    """llama-server failed to start, crashed or misbehaved."""
 
 
-class ImatrixError(GgufmtpError):
-    """An imatrix file is malformed, invalid or made for another model."""
+# ----------------------------------------------------------------------------- quantization
 
 
 class PlanError(GgufmtpError):
@@ -39,17 +65,66 @@ class QuantizeError(GgufmtpError):
     """Quantization failed or its result does not match the plan."""
 
 
+# ----------------------------------------------------------------------------- provenance
+
+
 class AuditError(GgufmtpError):
-    """An artifact does not match its receipt."""
+    """An artifact does not match its receipt, or a receipt cannot be read."""
 
 
-class ServerError(GgufmtpError):
-    """llama-server failed to start, crashed or misbehaved."""
+# ----------------------------------------------------------------------------- measurement
 
 
 class VerifyError(GgufmtpError):
     """Verification could not run (e.g. speculation never drafted)."""
 
 
+class SuiteError(VerifyError, ValueError):
+    """A prompt suite file is missing or malformed."""
+
+
+class TuneError(VerifyError):
+    """The tuner (or the curve) could not run as asked."""
+
+
+class FatalTuneError(TuneError):
+    """A failure that is not the configuration's fault (e.g. the vanilla server died): stops the search."""
+
+
+class ProfileError(VerifyError):
+    """A serving profile could not run."""
+
+
+class BandwidthError(GgufmtpError, ValueError):
+    """The peak memory bandwidth given (flag or environment) is not a positive number."""
+
+
+# ----------------------------------------------------------------------------- synthetic models
+
+
+class SynthError(GgufmtpError, ValueError):
+    """A synthetic model cannot be made as asked."""
+
+
+# ----------------------------------------------------------------------------- the Hub
+
+
 class HubError(GgufmtpError):
     """A Hugging Face Hub operation failed or was refused."""
+
+
+class HubHTTPError(HubError, ConnectionError):
+    """The Hub (or the network to it) answered with an error or not at all: a retry may succeed."""
+
+
+class HubDigestMismatchError(HubError, ValueError):
+    """A file's bytes do not match the digest the Hub (or an earlier pull) recorded for it:
+    the download is corrupt or was altered. Retrying the same bytes will not help."""
+
+
+class HubManifestError(HubError, ValueError):
+    """A pull manifest is missing, unreadable or not ggufmtp's."""
+
+
+class HubRefusedError(HubError, ValueError):
+    """ggufmtp refused the operation before talking to the Hub (bad repo id, unsafe path, missing receipt)."""

@@ -1,10 +1,19 @@
-"""Small text formatters shared by the reports (verify, tune, curve)."""
+"""The one home of number formatting for reports, tables and cards.
+
+Every helper returns ``missing`` (default ``"n/a"``) for an unknown number, never ``0``. The
+reports keep their historical styles through parameters (verify's ``×`` and en dash, tune's
+ASCII ``x`` and hyphen, the card's ``-`` for a missing cell); the output of each call site is
+unchanged by the move here.
+"""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
-__all__ = ["ci_text", "finite_or_none"]
+__all__ = ["ci_text", "finite_or_none", "pct", "times", "num", "signed_pct", "rel_change", "ci_phrase",
+           "human_bytes", "decimal_bytes"]
+
+NA = "n/a"
 
 
 def ci_text(ci: Sequence[float | None] | None, scale: float = 1.0, digits: int = 3, sep: str = "–") -> str:
@@ -23,3 +32,58 @@ def finite_or_none(x: float | None, nd: int | None = None) -> float | None:
     if not math.isfinite(x):
         return None
     return round(x, nd) if nd is not None else x
+
+
+def pct(x: float | None, nd: int = 1, space: bool = True, missing: str = NA) -> str:
+    """A fraction as a percentage: ``pct(0.5)`` -> ``"50.0 %"``; ``space=False`` -> ``"50.0%"``."""
+    if x is None:
+        return missing
+    return f"{x * 100:.{nd}f}{' ' if space else ''}%"
+
+
+def signed_pct(x: float | None, nd: int = 1, missing: str = NA) -> str:
+    """A relative change with its sign: ``+3.1%``."""
+    return missing if x is None else f"{x * 100:+.{nd}f}%"
+
+
+def times(x: float | None, nd: int = 3, sign: str = "×", missing: str = NA) -> str:
+    """A ratio: ``times(1.6)`` -> ``"1.600×"``; tune's tables use ``sign="x"``."""
+    return missing if x is None else f"{x:.{nd}f}{sign}"
+
+
+def num(x: float | None, nd: int = 2, missing: str = NA) -> str:
+    """A plain number with ``nd`` decimals."""
+    return missing if x is None else f"{x:.{nd}f}"
+
+
+def rel_change(new: float | None, old: float | None) -> float | None:
+    """``new / old - 1``, None when either is unknown or ``old`` is 0."""
+    if new is None or old is None or old == 0:
+        return None
+    return new / old - 1.0
+
+
+def ci_phrase(ci: Sequence[float | None] | None, scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
+    """`` (95% CI lo–hi<unit>)`` for prose (the card); empty when either end is missing."""
+    if not ci or None in ci:
+        return ""
+    return f" (95% CI {scale * ci[0]:.{digits}f}–{scale * ci[1]:.{digits}f}{unit})"
+
+
+def human_bytes(n: float) -> str:
+    """Binary units: ``1.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def decimal_bytes(n: float) -> str:
+    """Decimal units, as the Hub shows sizes: ``1.5 GB``."""
+    step = 1000.0
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < step or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= step
+    return f"{n} B"

@@ -1,36 +1,96 @@
-"""Atomic writes: outputs appear complete or not at all."""
+"""The one atomic writer: an output appears complete, durable and with normal permissions, or not at all.
+
+A temp file in the target's folder receives the bytes, is fsynced, gets the permissions a plain
+``open()`` would give (``0o666 & ~umask``, or the replaced file's mode), and is renamed over the
+target; then the folder is fsynced so the rename itself survives a crash. ``mkstemp`` alone would
+leave receipts and cards 0600.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_parts", "current_umask",
+           "fsync_dir", "json_text"]
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def current_umask() -> int:
+    """The process umask, read without changing it (``/proc``), else by the set-and-restore dance."""
     try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def fsync_dir(folder: Path) -> None:
+    """fsync a directory so a rename into it is durable (a no-op where the OS refuses)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _target_mode(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~current_umask()
+
+
+def atomic_write_parts(path: str | os.PathLike, parts: Iterable[bytes]) -> str:
+    """Write the concatenation of ``parts`` to ``path`` atomically; returns its sha256 (hex).
+
+    Raises ``OSError`` as the OS reported it (callers wrap it in their own error naming the file);
+    the temp file is removed on any failure, including KeyboardInterrupt."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    digest = hashlib.sha256()
+    try:
+        os.fchmod(fd, _target_mode(path))
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for part in parts:
+                fh.write(part)
+                digest.update(part)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a symlink itself, never writes through it
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
-    return path
+    fsync_dir(folder)
+    return digest.hexdigest()
 
 
-def atomic_write_text(path: Path, text: str) -> Path:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    atomic_write_parts(path, (data,))
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: Path, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+def json_text(obj: Any) -> str:
+    """The project's JSON file style: 2-space indent, keys in insertion order, a final newline."""
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json_text(obj))

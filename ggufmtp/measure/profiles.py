@@ -71,7 +71,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import ServerError, VerifyError
+from ..errors import ProfileError, ServerError, VerifyError
 from ..runtime.server import HOST, LlamaServer, ServerConfig
 from ..measure.suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
 from ..synth.factory import resolve_model
@@ -86,10 +86,6 @@ DEFAULT_NOISE = 0.02
 CTX_MARGIN = 64
 WARMUP_OUTPUT = 8
 MIN_INPUT, MIN_OUTPUT = 16, 8
-
-
-class ProfileError(VerifyError):
-    """A serving profile could not run."""
 
 
 @dataclass(frozen=True)

@@ -29,15 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import VerifyError
+from ..errors import SuiteError, VerifyError
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "data" / "suites"
 DEFAULT_SUITE = "chat-v1"
 ROLES = ("system", "user", "assistant")
-
-
-class SuiteError(VerifyError):
-    """A prompt suite file is missing or malformed."""
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..measure import stats
-from ..errors import GgufmtpError, ServerError, VerifyError
+from ..errors import FatalTuneError, GgufmtpError, ServerError, TuneError, VerifyError
 from ..fmt import ci_text, finite_or_none as _num
 from ..runtime.server import LlamaServer, ServerConfig, binary_flags
 from ..measure.suite import DEFAULT_SUITE, Prompt, Suite, load_suite, mode_request_fields, modes_for_template
@@ -123,14 +123,6 @@ DEFAULT_MAX_TOKENS = 128
 DEFAULT_CTX_PER_SLOT = 4096
 DEFAULT_CURVE_RATES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 WARMUP_TOKENS = 24
-
-
-class TuneError(VerifyError):
-    """The tuner (or the curve) could not run as asked."""
-
-
-class FatalTuneError(TuneError):
-    """A failure that is not the configuration's fault (e.g. the vanilla server died): stops the search."""
 
 
 # ----------------------------------------------------------------------------- configurations

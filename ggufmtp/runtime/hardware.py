@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import GgufmtpError
+from ..errors import BandwidthError, GgufmtpError
 from ..gguf.reader import read_header, tensor_nbytes
 
 __all__ = ["ActiveWeights", "active_weights", "peak_bandwidth", "PEAK_BANDWIDTH_GBS", "bandwidth_report",
@@ -55,10 +55,6 @@ PEAK_BANDWIDTH_GBS: tuple[tuple[str, float], ...] = (
 
 _EXPERT_TENSOR = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.")
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
-
-
-class BandwidthError(GgufmtpError):
-    pass
 
 
 @dataclass(frozen=True)

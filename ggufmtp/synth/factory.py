@@ -118,7 +118,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import GgufmtpError
+from ..errors import GgufmtpError, SynthError
 
 SYNTH_VERSION = 1  # bump when the bytes written for a given spec change (invalidates builtin caches)
 
@@ -132,10 +132,6 @@ RESIDUAL_SCALE = 0.01  # relative size of what each block writes back into the r
 BIG_TENSOR_ELEMS = 1 << 22  # tensors larger than this (and vocab padding) tile the noise bank
 BANK_ELEMS = 4_194_301  # prime, so the tiling never lines up with row lengths
 CHUNK_BYTES = 32 << 20
-
-
-class SynthError(GgufmtpError):
-    """A synthetic model cannot be made as asked."""
 
 
 # ----------------------------------------------------------------------------- spec / result
