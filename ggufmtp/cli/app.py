@@ -1,0 +1,92 @@
+"""The ``ggufmtp`` click group, shared options and parsers; commands live in the sibling modules.
+
+The ``ggufmtp`` command line: a thin click layer over the Python API.
+
+Every command prints for people by default and JSON with ``--json``; a ``GgufmtpError`` becomes
+one ``error: ...`` line on stderr and exit status 1 (2 for usage errors, click's convention).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from .._version import __version__
+from ..errors import GgufmtpError
+
+
+def emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn GgufmtpError (and Ctrl-C) into one clear line and a non-zero exit, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GgufmtpError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+bin_option = click.option(
+    "--llama-cpp-bin", type=click.Path(), default=None,
+    help="Directory (or file) of the llama.cpp binaries; overrides $GGUFMTP_LLAMA_CPP_BIN and the cache.",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ggufmtp")
+def main() -> None:
+    """Produce, audit and verify MTP (NextN) GGUF models for llama.cpp."""
+
+
+
+def resolve_model_arg(model: str) -> str:
+    """``builtin:NAME`` → the synthesized model's path (made once, cached); else the path."""
+    if model.startswith("builtin:"):
+        from ..synth.factory import builtin_path
+
+        return str(builtin_path(model))
+    return model
+
+recipe_option = click.option("--recipe", "-r", "recipe_name", required=True,
+                             help="Shipped recipe name (see `ggufmtp recipe list`) or a .toml file.")
+imatrix_option = click.option("--imatrix", type=click.Path(dir_okay=False), default=None,
+                              help="Importance matrix (.dat or GGUF imatrix).")
+
+def _number_list(value: str | None, what: str, cast: Callable[[str], Any], kind: str) -> list | None:
+    if value is None:
+        return None
+    try:
+        out = [cast(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated {kind}", param_hint=what) from None
+    if not out:
+        raise click.BadParameter(f"{value!r}: no values", param_hint=what)
+    return out
+
+
+def _int_list(value: str | None, what: str) -> list[int] | None:
+    return _number_list(value, what, int, "integers")
+
+def _float_list(value: str | None, what: str) -> list[float] | None:
+    return _number_list(value, what, float, "numbers")
+
+
+def _ngl(gpu_layers: str | None) -> int | str | None:
+    if gpu_layers is None:
+        return None
+    return int(gpu_layers) if gpu_layers.lstrip("-").isdigit() else gpu_layers

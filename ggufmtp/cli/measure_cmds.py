@@ -1,0 +1,288 @@
+"""ggufmtp verify, tune, curve and profiles."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .app import (_float_list, _int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main,
+                  resolve_model_arg)
+
+
+@main.command("verify")
+@click.argument("model")
+@click.option("--draft-n-max", type=click.IntRange(min=1), default=None,
+              help="Draft window k (--spec-draft-n-max). Default: the recipe's, else 4.")
+@click.option("--draft-n-min", type=click.IntRange(min=0), default=None, help="--spec-draft-n-min for the MTP arm.")
+@click.option("--seeds", default="42,1337,2024", show_default=True, help="Comma-separated request seeds.")
+@click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts (quick runs).")
+@click.option("--raw", is_flag=True, help="Also send the prompts to /completion without the chat template (own arm).")
+@click.option("--sweep", default=None, help="Draft windows to compare, e.g. 2,3,4,6,8 (the shipped k is always included).")
+@click.option("--recipe", "-r", "recipe_name", default=None,
+              help="Take min_acceptance/min_speedup/draft_n_max from this recipe's [verify] table.")
+@click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None, help="Minimum acceptance (0-1).")
+@click.option("--min-speedup", type=click.FloatRange(min=0), default=None, help="Minimum decode speedup.")
+@click.option("--min-identical", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+              help="Minimum fraction of MTP replies identical to vanilla.")
+@click.option("--enforce-speedup", is_flag=True, help="Check the speedup threshold on CPU runs too.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for both servers (e.g. 999).")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@click.option("--ctx-size", "-c", type=click.IntRange(min=256), default=4096, show_default=True, help="--ctx-size.")
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="llama-server --parallel (requests are still sent one at a time).")
+@click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Run the MTP arm with the configuration `ggufmtp tune` recommended (a receipt or a tune "
+                   "--out JSON) against default vanilla: confirms the tuned speedup on the full suite.")
+@click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the results into this receipt's verification section.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the full JSON (with every request) here, atomically.")
+@bin_option
+@json_option
+@handle_errors
+def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, seeds: str, suite: str, max_tokens: int,
+               limit: int | None, raw: bool, sweep: str | None, recipe_name: str | None, min_acceptance: float | None,
+               min_speedup: float | None, min_identical: float, enforce_speedup: bool, gpu_layers: str | None,
+               threads: int | None, ctx_size: int, parallel: int, tuned_from: str | None,
+               peak_bandwidth_gbs: float | None, receipt_path: str | None, out_path: str | None,
+               llama_cpp_bin: str | None, as_json: bool) -> None:
+    """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
+
+    Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
+    seed), per-position acceptance, and whether MTP output equals vanilla output at temperature 0.
+    Exits 1 when the verdict fails. The speedup threshold applies only with GPU offload (or
+    --enforce-speedup). With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
+    fraction of the memory-bandwidth limit each arm reached. MODEL may be builtin:NAME."""
+    from ..measure.tune import load_tuned_config
+    from ..measure.verify import Thresholds, verify
+
+    seed_list = _int_list(seeds, "--seeds")
+    sweep_list = _int_list(sweep, "--sweep")
+    ngl = _ngl(gpu_layers)
+    src, acc, spd = [], None, None
+    if recipe_name:
+        from ..quant.recipe import Recipe
+
+        rec = Recipe.load(recipe_name)
+        acc, spd = rec.verify.min_acceptance, rec.verify.min_speedup
+        if draft_n_max is None and not tuned_from:
+            draft_n_max = rec.verify.draft_n_max
+        src.append(f"recipe {rec.name}")
+    if min_acceptance is not None or min_speedup is not None:
+        acc = min_acceptance if min_acceptance is not None else acc
+        spd = min_speedup if min_speedup is not None else spd
+        src.append("flags")
+    th = Thresholds(min_acceptance=acc, min_speedup=spd, min_identical=min_identical,
+                    enforce_speedup=enforce_speedup, source=" + ".join(src) or "none")
+    res = verify(resolve_model_arg(model), draft_n_max=draft_n_max, draft_n_min=draft_n_min, seeds=seed_list,
+                 suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size, threads=threads, gpu_layers=ngl,
+                 parallel=parallel, llama_cpp_bin=llama_cpp_bin, progress=not as_json, thresholds=th, limit=limit,
+                 sweep=sweep_list, tuned=load_tuned_config(tuned_from) if tuned_from else None,
+                 peak_bandwidth_gbs=peak_bandwidth_gbs)
+    if out_path:
+        from ..gguf.fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), res.to_dict(requests=True))
+    if receipt_path:
+        from ..provenance.receipt import set_verification
+
+        set_verification(receipt_path, res.to_receipt(), keep_added=True)
+    if as_json:
+        emit_json(res.to_dict())
+        for r in res.reasons:
+            click.echo(f"FAIL {r}", err=True)
+    else:
+        click.echo(res.table())
+        if out_path:
+            click.echo(f"wrote {out_path}")
+        if receipt_path:
+            click.echo(f"receipt {receipt_path}: verification section written (verdict {res.verdict})")
+    if not res.ok:
+        sys.exit(1)
+def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None, out_path: str | None,
+                   as_json: bool, out_data: dict[str, Any], text: str) -> None:
+    """The common tail of tune, curve and profiles: the full JSON to --out, ``res.to_dict()`` as
+    ``verification.<section>`` of --receipt, then JSON or the human-readable text on stdout."""
+    if out_path:
+        from ..gguf.fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), out_data)
+    if receipt_path:
+        from ..measure.tune import store_in_receipt
+
+        store_in_receipt(receipt_path, model=resolve_model_arg(model), **{section: res.to_dict()})
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(text)
+
+
+def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int,
+              limit: int | None, gpu_layers: str | None, threads: int | None, ctx_per_slot: int,
+              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+              final_on_suite: bool = True) -> None:
+    from ..measure.tune import tune
+
+    res = tune(resolve_model_arg(model), concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds"),
+               suite=suite, max_tokens=max_tokens, limit=limit, gpu_layers=_ngl(gpu_layers), threads=threads,
+               ctx_per_slot=ctx_per_slot, llama_cpp_bin=llama_cpp_bin, progress=not as_json,
+               final_on_suite=final_on_suite)
+    _save_and_show(res, model, "tuned", receipt_path, out_path, as_json, res.to_dict(), res.table())
+    if receipt_path and not as_json:
+        click.echo(f"receipt {receipt_path}: verification.tuned written (verify's results kept)")
+
+
+@main.command("tune")
+@click.argument("model")
+@click.option("--concurrency", "-C", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Concurrent clients to tune for (slots are searched for > 1).")
+@click.option("--budget", type=click.IntRange(min=1), default=240, show_default=True,
+              help="Evaluations (MTP requests, each paired with a vanilla request) the search may spend.")
+@click.option("--seeds", default="42", show_default=True, help="Comma-separated request seeds.")
+@click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999); enables the backend-sampling dimensions.")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@click.option("--ctx-per-slot", type=click.IntRange(min=256), default=4096, show_default=True,
+              help="Context per slot (-c = slots x this).")
+@click.option("--final-on-suite/--no-final-on-suite", default=True, show_default=True,
+              help="Rank the finalists on the whole suite (when the budget allows), not on its first prompts.")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Store the result as verification.tuned in this receipt (verify's results are kept).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the full JSON here.")
+@bin_option
+@json_option
+@handle_errors
+def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int, limit: int | None,
+             gpu_layers: str | None, threads: int | None, ctx_per_slot: int, final_on_suite: bool,
+             receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+    """Search MTP server settings for MODEL on this hardware (successive halving).
+
+    Searches --spec-draft-n-max 1-8, --spec-draft-n-min, --spec-draft-p-min, backend sampling of the
+    target (-bs) and drafter (GPU only), GGML_CUDA_GRAPH_OPT=1 (CUDA only) and --parallel slots
+    (concurrency > 1); keeps only settings whose output equals vanilla, ranks them by speedup with
+    95% CIs, recommends one and prints the exact llama-server command line. MODEL may be builtin:NAME."""
+    _run_tune(model, concurrency, budget, seeds, suite, max_tokens, limit, gpu_layers, threads, ctx_per_slot,
+              receipt_path, out_path, llama_cpp_bin, as_json, final_on_suite)
+
+
+def _wire_verify_tune() -> None:
+    """``ggufmtp verify MODEL --tune`` = ``ggufmtp tune MODEL`` with verify's options (an alias; the
+    verify command itself is untouched)."""
+    cmd = main.commands.get("verify")
+    if cmd is None or any(p.name == "tune" for p in cmd.params):
+        return
+    cmd.params.extend([
+        click.Option(["--tune"], is_flag=True, help="Run `ggufmtp tune` instead (alias): search server settings; "
+                     "--seeds/--suite/--max-tokens/--limit/--gpu-layers/--threads/--receipt/--out/--json apply."),
+        click.Option(["--budget"], type=click.IntRange(min=1), default=240, show_default=True,
+                     help="With --tune: evaluations the search may spend."),
+        click.Option(["--concurrency"], type=click.IntRange(min=1), default=1, show_default=True,
+                     help="With --tune: concurrent clients to tune for."),
+    ])
+    orig = cmd.callback
+
+    @functools.wraps(orig)
+    def callback(*args, tune: bool = False, budget: int = 240, concurrency: int = 1, **kw):
+        if not tune:
+            return orig(*args, **kw)
+        ctx = click.get_current_context()
+        default = click.core.ParameterSource.DEFAULT
+        seeds = "42" if ctx.get_parameter_source("seeds") == default else kw["seeds"]
+        return handle_errors(_run_tune)(
+            kw["model"], concurrency, budget, seeds, kw["suite"], kw["max_tokens"], kw["limit"], kw["gpu_layers"],
+            kw["threads"], kw["ctx_size"], kw["receipt_path"], kw["out_path"], kw["llama_cpp_bin"], kw["as_json"])
+
+    cmd.callback = callback
+
+
+_wire_verify_tune()
+
+
+@main.command("curve")
+@click.argument("model")
+@click.option("--rates", default="0,0.25,0.5,0.75,0.9,1", show_default=True,
+              help="Synthetic acceptances (accepted/drafted at --draft-n-max), one point each.")
+@click.option("--synth-len", "synth_len", default=None,
+              help="Instead of --rates: --spec-synth-len values (mean accepted length incl. the target token).")
+@click.option("--flag", type=click.Choice(["synth-len", "synth-rates"]), default="synth-len", show_default=True,
+              help="Pass each point as --spec-synth-len or as explicit geometric --spec-synth-rates.")
+@click.option("--draft-n-max", type=click.IntRange(min=1), default=3, show_default=True, help="Draft window k.")
+@click.option("--seeds", default="42,1337", show_default=True, help="Comma-separated request seeds.")
+@click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite.")
+@click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="Prompts per point.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--no-real", is_flag=True, help="Skip the point of the real MTP head.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Store the curve as verification.acceptance_curve in this receipt.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
+@bin_option
+@json_option
+@handle_errors
+def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_max: int, seeds: str, suite: str,
+              limit: int, max_tokens: int, no_real: bool, gpu_layers: str | None, threads: int | None,
+              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+    """Speedup versus acceptance on this hardware, with llama-server's synthetic acceptance
+    (--spec-synth-len / --spec-synth-rates; benchmarking only): what a head of any acceptance would gain
+    here, separated from the head's quality. MODEL needs an MTP block (its drafter's cost is measured)."""
+    from ..measure.tune import acceptance_curve
+
+    res = acceptance_curve(resolve_model_arg(model), rates=_float_list(rates, "--rates") or (), draft_n_max=draft_n_max,
+                           synth_len=_float_list(synth_len, "--synth-len"), flag=flag, seeds=_int_list(seeds, "--seeds"),
+                           suite=suite, limit=limit, max_tokens=max_tokens, gpu_layers=_ngl(gpu_layers),
+                           threads=threads, llama_cpp_bin=llama_cpp_bin, include_real=not no_real,
+                           progress=not as_json)
+    _save_and_show(res, model, "acceptance_curve", receipt_path, out_path, as_json, res.to_dict(), res.table())
+
+
+@main.command("profiles")
+@click.argument("model")
+@click.option("--workloads", default="A,B,C,D", show_default=True,
+              help="A single decode, B prefill-bound, C contention, D chat (comma-separated).")
+@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Multiply input/output token counts (e.g. 0.0625: 512 -> 32).")
+@click.option("--num-requests", type=click.IntRange(min=1), default=None, help="Requests per arm (default: per workload).")
+@click.option("--draft-n-max", type=click.IntRange(min=1), default=3, show_default=True, help="MTP arm's draft window.")
+@click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Take the MTP arm's flags from this receipt's verification.tuned (or a tune --out JSON).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs per arm (alternated, requests pooled).")
+@click.option("--server-arg", "server_args", multiple=True,
+              help="Extra llama-server flag for both arms (repeatable), e.g. --server-arg=-bs.")
+@click.option("--noise", type=click.FloatRange(0, 1), default=0.02, show_default=True,
+              help="Throughput band within which MTP is not counted as helping.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Store the profiles as verification.profiles in this receipt.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the full JSON (with every request) here.")
+@bin_option
+@json_option
+@handle_errors
+def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | None, draft_n_max: int,
+                 tuned_from: str | None, repeats: int, server_args: tuple[str, ...], noise: float,
+                 gpu_layers: str | None, threads: int | None,
+                 receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+    """Serving profiles A-D (the vLLM write-up's workloads), MTP against vanilla: output tok/s, TTFT,
+    TPOT, ITL (mean, median, P99), acceptance, and a decision table per workload."""
+    from ..measure.profiles import run_profiles
+    from ..measure.tune import load_tuned_config
+
+    tuned = load_tuned_config(tuned_from).to_dict() if tuned_from else None
+    res = run_profiles(resolve_model_arg(model), workloads=[w for w in workloads.split(",") if w.strip()],
+                       scale=scale, num_requests=num_requests, draft_n_max=draft_n_max, tuned=tuned,
+                       gpu_layers=_ngl(gpu_layers), threads=threads, llama_cpp_bin=llama_cpp_bin, repeats=repeats,
+                       noise=noise, extra_args=list(server_args), progress=not as_json)
+    _save_and_show(res, model, "profiles", receipt_path, out_path, as_json, res.to_dict(requests=True), res.text())

@@ -1,0 +1,101 @@
+"""ggufmtp inspect and synth."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from .app import emit_json, handle_errors, json_option, main, resolve_model_arg
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@json_option
+@handle_errors
+def inspect(model: str, as_json: bool) -> None:
+    """Report MODEL's architecture, MTP block and completeness, tensor types and size.
+
+    MODEL may be any shard of a split GGUF, or builtin:NAME for a synthesized model."""
+    from ..gguf.model import format_report, inspect_model
+
+    report = inspect_model(resolve_model_arg(model))
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        click.echo(format_report(report))
+
+
+def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: int):
+    """synth --target-acceptance: the calibrated fraction (ggufmtp.synth.calibrate_wrong_fraction)."""
+    from ..measure.suite import load_suite
+    from ..synth.factory import calibrate_wrong_fraction, chat_last_tokens
+
+    if spec.wrong_successor_fraction or spec.eh_proj_noise or not spec.mtp or spec.mtp_only:
+        raise click.UsageError("--target-acceptance sets the wrong-successor fraction itself: leave out "
+                               "--wrong-successor-fraction, --eh-proj-noise, --no-mtp and --mtp-only")
+    suite = load_suite(suite_name)
+    last = chat_last_tokens([p.chat_messages() for p in suite.prompts])
+    return calibrate_wrong_fraction(target, k, last, max_tokens, base=spec)
+
+
+@main.command()
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--arch", type=click.Choice(["qwen35moe", "qwen35"]), default="qwen35moe", show_default=True)
+@click.option("--shape", type=click.Choice(["tiny", "qwen3.6-35b-a3b"]), default="tiny", show_default=True,
+              help="tiny (a few MB) or the real Qwen3.6-35B-A3B per-layer dimensions (GBs).")
+@click.option("--layers", type=click.IntRange(1, 200), default=4, show_default=True, help="Trunk layers.")
+@click.option("--no-mtp", is_flag=True, help="Leave out the MTP block (nextn_predict_layers 0).")
+@click.option("--mtp-only", is_flag=True, help="Write an MTP-only sidecar (use with --spec-draft-model).")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--wrong-successor-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Fraction of tokens after which the MTP head drafts a wrong token.")
+@click.option("--eh-proj-noise", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Relative RMS of gaussian noise added to nextn.eh_proj's output.")
+@click.option("--omit-tensor", "omit", multiple=True, metavar="NAME",
+              help="Leave this MTP-block tensor out (e.g. nextn.hnorm); repeatable.")
+@click.option("--target-acceptance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Instead of --wrong-successor-fraction: the fraction whose exact acceptance on --suite "
+                   "(chat replies of --max-tokens, temperature 0, draft-n-max --target-k) is nearest this. "
+                   "Starts a CPU llama-server on the built-in tiny model to tokenize the prompts.")
+@click.option("--target-k", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="draft-n-max at which --target-acceptance is measured.")
+@click.option("--suite", "suite_name", default="chat-v1", show_default=True, metavar="NAME|PATH",
+              help="Prompt suite for --target-acceptance.")
+@click.option("--max-tokens", type=click.IntRange(2), default=128, show_default=True,
+              help="Reply length for --target-acceptance (verify's --max-tokens).")
+@json_option
+@handle_errors
+def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: bool, seed: int,
+          wrong_successor_fraction: float, eh_proj_noise: float, omit: tuple[str, ...],
+          target_acceptance: float | None, target_k: int, suite_name: str, max_tokens: int, as_json: bool) -> None:
+    """Write a synthetic BF16 GGUF with an MTP head whose behaviour is known exactly."""
+    from ..synth.factory import SynthSpec, synthesize
+
+    spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, seed=seed,
+                     wrong_successor_fraction=wrong_successor_fraction, eh_proj_noise=eh_proj_noise,
+                     omit_tensors=tuple(omit), mtp_only=mtp_only)
+    calibration = None
+    if target_acceptance is not None:
+        calibration = _calibrate_head(spec, target_acceptance, target_k, suite_name, max_tokens)
+        spec = dataclasses.replace(spec, wrong_successor_fraction=calibration.wrong_successor_fraction)
+        if not as_json:
+            click.echo(f"calibrated: wrong-successor fraction {calibration.wrong_successor_fraction:g} gives "
+                       f"{calibration.acceptance:.2%} on {suite_name} at k={target_k} (target "
+                       f"{target_acceptance:.2%}; the iid formula's fraction: {calibration.formula_fraction:.4f})")
+    res = synthesize(out, spec, progress=not as_json)
+    if as_json:
+        emit_json({**res.to_json(), **({"calibration": calibration.to_json()} if calibration else {})})
+        return
+    click.echo(f"wrote {res.path} ({res.size_bytes / 2**20:.1f} MiB, {res.n_tensors} tensors)")
+    click.echo(f"  arch {arch}, shape {shape}, {layers} trunk layers, "
+               + (f"MTP block blk.{res.mtp_block}" if res.mtp_block is not None else "no MTP block")
+               + (" (MTP-only sidecar)" if mtp_only else ""))
+    if res.mtp_block is not None:
+        acc = ", ".join(f"k={k}: {res.expected_acceptance(k):.3f}" for k in range(1, 5))
+        click.echo(f"  expected draft acceptance (temperature 0, draft-n-max k): {acc}"
+                   + (" (upper bound: eh_proj_noise has no closed form)" if eh_proj_noise else ""))
+    if not res.servable:
+        click.echo("  note: llama-server cannot run this file on its own "
+                   + ("(use it with --spec-draft-model next to a --no-mtp model)" if mtp_only
+                      else "(llama.cpp 0c1e570 needs >= 2 trunk layers for this hybrid architecture)"), err=True)

@@ -1,0 +1,140 @@
+"""ggufmtp recipe list/show/from-flags, plan and quantize."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .app import (emit_json, handle_errors, imatrix_option, json_option, main, recipe_option,
+                  resolve_model_arg)
+
+
+@main.group()
+def recipe() -> None:
+    """Quantization recipes (recipes/*.toml)."""
+
+
+@recipe.command("list")
+@json_option
+@handle_errors
+def recipe_list(as_json: bool) -> None:
+    """List the shipped recipes."""
+    from ..quant.recipe import Recipe, shipped_recipes
+
+    recipes = [Recipe.load(n) for n in shipped_recipes()]
+    if as_json:
+        emit_json([r.to_dict() for r in recipes])
+        return
+    for r in recipes:
+        click.echo(f"{r.name:<18} {r.ftype:<8} {r.description}")
+
+
+@recipe.command("show")
+@click.argument("recipe_name")
+@json_option
+@handle_errors
+def recipe_show(recipe_name: str, as_json: bool) -> None:
+    """Show a recipe (a shipped name or a .toml path) with its rules in the order they apply."""
+    from ..quant.recipe import Recipe
+
+    r = Recipe.load(recipe_name)
+    if as_json:
+        emit_json(r.to_dict())
+        return
+    click.echo(f"{r.name}: {r.description}\nftype {r.ftype}, imatrix {r.imatrix}, MTP required {r.mtp_required}")
+    for i, rule in enumerate(r.all_rules()):
+        click.echo(f"  #{i} {rule.source:<20} {rule.pattern:<50} -> {rule.type}")
+
+
+@recipe.command("from-flags", context_settings={"ignore_unknown_options": True})
+@click.argument("flags", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.option("--name", default="from-flags", show_default=True, help="Recipe name.")
+@click.option("--mtp-block", type=int, default=None, help="Turn blk.N. in patterns into the {mtp} placeholder.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the TOML here.")
+@handle_errors
+def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_block: int | None, output: str | None) -> None:
+    """Make a recipe from llama-quantize flags, e.g.
+
+    ggufmtp recipe from-flags -- --tensor-type 'blk\\.40\\.nextn\\.eh_proj=q8_0' in.gguf out.gguf Q4_K_M
+    """
+    from ..quant.recipe import Recipe
+
+    text = Recipe.from_flags(list(flags), name=name, mtp_block=mtp_block).to_toml()
+    if output:
+        from ..gguf.fsutil import atomic_write_text
+
+        atomic_write_text(Path(output), text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+@main.command()
+@click.argument("model")
+@recipe_option
+@imatrix_option
+@click.option("--emit", type=click.Choice(["table", "llama-quantize"]), default="table", show_default=True,
+              help="llama-quantize: print the exact equivalent llama-quantize command line instead.")
+@click.option("--out", "out_name", default="OUT.gguf", show_default=True, help="Output name for --emit llama-quantize.")
+@click.option("--all", "show_all", is_flag=True, help="Show every tensor (default: the first 40 and the MTP block).")
+@json_option
+@handle_errors
+def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name: str, show_all: bool,
+         as_json: bool) -> None:
+    """Dry-run RECIPE on MODEL: per-tensor types as llama.cpp will choose them, with reasons.
+
+    Exits 1 when a pre-flight check fails (listed as errors)."""
+    from ..quant.plan import format_plan, make_plan
+
+    p = make_plan(resolve_model_arg(model), recipe_name, imatrix)
+    if as_json:
+        emit_json(p.to_dict())
+    elif emit == "llama-quantize":
+        click.echo(p.llama_quantize_command(out_name))
+    else:
+        rows = None
+        if not show_all and len(p.tensors) > 40:
+            rows = [t for t in p.tensors if not t.mtp][:40] + [t for t in p.tensors if t.mtp]
+        click.echo(format_plan(p, rows))
+    if p.errors:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("model")
+@recipe_option
+@imatrix_option
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output GGUF.")
+@click.option("--threads", "-t", type=int, default=0, help="Quantization threads (0: all cores).")
+@click.option("--receipt", type=click.Path(dir_okay=False), default=None,
+              help="Receipt path (default: OUTPUT.receipt.json).")
+@click.option("--no-receipt", is_flag=True, help="Do not write a receipt.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@json_option
+@handle_errors
+def quantize(model: str, recipe_name: str, imatrix: str | None, output: str, threads: int, receipt: str | None,
+             no_receipt: bool, no_progress: bool, as_json: bool) -> None:
+    """Quantize MODEL with RECIPE into OUTPUT (in-process libllama), audit it, write its receipt."""
+    from ..quant.quantize import quantize as run
+
+    res = run(resolve_model_arg(model), recipe_name, output, imatrix=imatrix, threads=threads,
+              progress=not no_progress and not as_json)
+    out: dict[str, Any] = res.to_dict()
+    if not no_receipt:
+        from ..provenance.receipt import receipt_for_quantize
+
+        rpath = receipt_for_quantize(res, model_arg=model, imatrix=imatrix, receipt_path=receipt)
+        out["receipt"] = str(rpath)
+    if as_json:
+        emit_json(out)
+        return
+    for w in res.plan.warnings:
+        click.echo(f"warning: {w}", err=True)
+    for c in res.checks:
+        click.echo(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
+    m = res.plan.mtp_summary()
+    click.echo(f"wrote {res.output} ({res.size_bytes} bytes, {res.plan.bpw:.3f} bpw) in {res.seconds:.1f}s; "
+               f"MTP blk.{m['block']} {m['status']}, eh_proj {m['eh_proj']}")
+    if "receipt" in out:
+        click.echo(f"receipt {out['receipt']}")

@@ -1,0 +1,59 @@
+"""ggufmtp run: the whole pipeline."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
+
+
+@main.command("run")
+@recipe_option
+@click.option("--model", "-m", required=True, help="REPO_ID[@REVISION], a local GGUF, or builtin:NAME.")
+@imatrix_option
+@click.option("-o", "--out-dir", default="ggufmtp-out", show_default=True, type=click.Path(file_okay=False),
+              help="Output directory; also holds the per-stage cache that makes reruns resume.")
+@click.option("--include", multiple=True, help="With a Hub repo: only pull files matching this pattern (repeatable).")
+@click.option("--no-verify", is_flag=True, help="Skip runtime verification with llama-server.")
+@click.option("--upload", "upload_repo", default=None, help="Publish artifact, receipt and card to this Hub repo.")
+@click.option("--private", is_flag=True, help="Create the Hub repo private.")
+@click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
+@click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")
+@click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")
+@click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
+@click.option("--gpu-layers", type=int, default=None, help="Layers offloaded to the GPU during verification.")
+@click.option("--threads", "-t", type=int, default=0, help="Threads for quantization.")
+@click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
+@json_option
+@handle_errors
+def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, include: tuple[str, ...],
+            no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
+            limit: int | None, max_tokens: int | None, gpu_layers: int | None, threads: int, force: bool,
+            as_json: bool) -> None:
+    """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
+    receipt, card, upload. Reruns resume from the first stage whose inputs changed or that failed."""
+    from ..pipeline import format_summary, run
+
+    vopts: dict[str, Any] = {}
+    if seeds:
+        vopts["seeds"] = tuple(int(s) for s in seeds.split(",") if s.strip())
+    if limit is not None:
+        vopts["limit"] = limit
+    if max_tokens is not None:
+        vopts["max_tokens"] = max_tokens
+    if gpu_layers is not None:
+        vopts["gpu_layers"] = gpu_layers
+    res = run(recipe_name, model, imatrix, out_dir, verify=not no_verify, upload=upload_repo,
+              include=list(include) or None, verify_options=vopts, threads=threads, private=private,
+              dry_run_upload=dry_run_upload, force=force, progress=not as_json,
+              log=lambda m: click.echo(m, err=True))
+    s = res.summary()
+    if as_json:
+        emit_json(s)
+    else:
+        click.echo(format_summary(s))
+    if s.get("verdict") == "fail":
+        sys.exit(1)
