@@ -7,8 +7,8 @@ One module per command group registers its commands on :data:`main` (``app.py``)
 
 from __future__ import annotations
 
-from . import (hub_cmds, imatrix_cmds, measure_cmds, model_cmds, provenance_cmds, quant_cmds,  # noqa: F401
-               run_cmd, runtime_cmds)
+from . import (hub_cmds, imatrix_cmds, model_cmds, provenance_cmds, quant_cmds, run_cmd,  # noqa: F401
+               runtime_cmds, tune_cmds, verify_cmds)
 from .app import main
 
 __all__ = ["main"]

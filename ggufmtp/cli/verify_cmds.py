@@ -1,0 +1,107 @@
+"""ggufmtp verify."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .app import (_int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main,
+                  resolve_model_arg)
+
+
+@main.command("verify")
+@click.argument("model")
+@click.option("--draft-n-max", type=click.IntRange(min=1), default=None,
+              help="Draft window k (--spec-draft-n-max). Default: the recipe's, else 4.")
+@click.option("--draft-n-min", type=click.IntRange(min=0), default=None, help="--spec-draft-n-min for the MTP arm.")
+@click.option("--seeds", default="42,1337,2024", show_default=True, help="Comma-separated request seeds.")
+@click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts (quick runs).")
+@click.option("--raw", is_flag=True, help="Also send the prompts to /completion without the chat template (own arm).")
+@click.option("--sweep", default=None, help="Draft windows to compare, e.g. 2,3,4,6,8 (the shipped k is always included).")
+@click.option("--recipe", "-r", "recipe_name", default=None,
+              help="Take min_acceptance/min_speedup/draft_n_max from this recipe's [verify] table.")
+@click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None, help="Minimum acceptance (0-1).")
+@click.option("--min-speedup", type=click.FloatRange(min=0), default=None, help="Minimum decode speedup.")
+@click.option("--min-identical", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+              help="Minimum fraction of MTP replies identical to vanilla.")
+@click.option("--enforce-speedup", is_flag=True, help="Check the speedup threshold on CPU runs too.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for both servers (e.g. 999).")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@click.option("--ctx-size", "-c", type=click.IntRange(min=256), default=4096, show_default=True, help="--ctx-size.")
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="llama-server --parallel (requests are still sent one at a time).")
+@click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Run the MTP arm with the configuration `ggufmtp tune` recommended (a receipt or a tune "
+                   "--out JSON) against default vanilla: confirms the tuned speedup on the full suite.")
+@click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the results into this receipt's verification section.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the full JSON (with every request) here, atomically.")
+@bin_option
+@json_option
+@handle_errors
+def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, seeds: str, suite: str, max_tokens: int,
+               limit: int | None, raw: bool, sweep: str | None, recipe_name: str | None, min_acceptance: float | None,
+               min_speedup: float | None, min_identical: float, enforce_speedup: bool, gpu_layers: str | None,
+               threads: int | None, ctx_size: int, parallel: int, tuned_from: str | None,
+               peak_bandwidth_gbs: float | None, receipt_path: str | None, out_path: str | None,
+               llama_cpp_bin: str | None, as_json: bool) -> None:
+    """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
+
+    Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
+    seed), per-position acceptance, and whether MTP output equals vanilla output at temperature 0.
+    Exits 1 when the verdict fails. The speedup threshold applies only with GPU offload (or
+    --enforce-speedup). With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
+    fraction of the memory-bandwidth limit each arm reached. MODEL may be builtin:NAME."""
+    from ..measure.tune import load_tuned_config
+    from ..measure.verify import Thresholds, verify
+
+    seed_list = _int_list(seeds, "--seeds")
+    sweep_list = _int_list(sweep, "--sweep")
+    ngl = _ngl(gpu_layers)
+    src, acc, spd = [], None, None
+    if recipe_name:
+        from ..quant.recipe import Recipe
+
+        rec = Recipe.load(recipe_name)
+        acc, spd = rec.verify.min_acceptance, rec.verify.min_speedup
+        if draft_n_max is None and not tuned_from:
+            draft_n_max = rec.verify.draft_n_max
+        src.append(f"recipe {rec.name}")
+    if min_acceptance is not None or min_speedup is not None:
+        acc = min_acceptance if min_acceptance is not None else acc
+        spd = min_speedup if min_speedup is not None else spd
+        src.append("flags")
+    th = Thresholds(min_acceptance=acc, min_speedup=spd, min_identical=min_identical,
+                    enforce_speedup=enforce_speedup, source=" + ".join(src) or "none")
+    res = verify(resolve_model_arg(model), draft_n_max=draft_n_max, draft_n_min=draft_n_min, seeds=seed_list,
+                 suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size, threads=threads, gpu_layers=ngl,
+                 parallel=parallel, llama_cpp_bin=llama_cpp_bin, progress=not as_json, thresholds=th, limit=limit,
+                 sweep=sweep_list, tuned=load_tuned_config(tuned_from) if tuned_from else None,
+                 peak_bandwidth_gbs=peak_bandwidth_gbs)
+    if out_path:
+        from ..gguf.fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), res.to_dict(requests=True))
+    if receipt_path:
+        from ..provenance.receipt import set_verification
+
+        set_verification(receipt_path, res.to_receipt(), keep_added=True)
+    if as_json:
+        emit_json(res.to_dict())
+        for r in res.reasons:
+            click.echo(f"FAIL {r}", err=True)
+    else:
+        click.echo(res.table())
+        if out_path:
+            click.echo(f"wrote {out_path}")
+        if receipt_path:
+            click.echo(f"receipt {receipt_path}: verification section written (verdict {res.verdict})")
+    if not res.ok:
+        sys.exit(1)
