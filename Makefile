@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 LLAMA_CPP_PYTHON_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 PYTEST_ARGS ?=
 
-.PHONY: setup runtime test demo clean-venv
+.PHONY: setup runtime test test-fast demo clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ setup: runtime $(VENV)/.installed
 
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The tests that start no llama.cpp process and load no libllama (marker `runtime`, see
+# tests/conftest.py): under a minute. `make test` stays the whole suite.
+test-fast: setup
+	@$(PY) -m pytest -m "not runtime" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The whole pipeline on the built-in synthesized model: inspect, plan, quantize with the Hi-Fi

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from ggufmtp.runtime import build as runtime
 from ggufmtp.quant.plan import make_plan
-from ggufmtp.synth.factory import SynthSpec, synthesize
-
+from ggufmtp.runtime import build as runtime
+from ggufmtp.synth.spec import SynthSpec
+from ggufmtp.synth.writer import synthesize
 
 
 

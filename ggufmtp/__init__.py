@@ -19,66 +19,63 @@ Errors are subclasses of :class:`ggufmtp.errors.GgufmtpError`.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+import importlib as _importlib
+from types import ModuleType as _ModuleType
+from typing import TYPE_CHECKING
 
 from ._version import __version__
 from .errors import GgufmtpError
 
-# Submodules are imported first so that the functions bound below keep their names: the
-# package attribute ``ggufmtp.plan`` is the function, the module stays ``ggufmtp.plan`` in
-# sys.modules (``from ggufmtp.plan import Plan`` works as usual).
-from .provenance import audit as _audit_mod  # noqa: E402
-from .provenance import card as _card_mod  # noqa: E402
-from .gguf import model as _model_mod  # noqa: E402
-from . import pipeline as _pipeline_mod  # noqa: E402
-from .quant import plan as _plan_mod  # noqa: E402
-from .quant import quantize as _quantize_mod  # noqa: E402
-from .provenance import receipt as _receipt_mod  # noqa: E402
-from .quant.recipe import Recipe  # noqa: E402
-from .synth.factory import SynthSpec, synthesize  # noqa: E402
-
-inspect = _model_mod.inspect_model
-plan = _plan_mod.make_plan
-quantize = _quantize_mod.quantize
-audit = _audit_mod.audit
-make_card = _card_mod.make_card
-run = _pipeline_mod.run
-
-
-def write_receipt(result: "_quantize_mod.QuantizeResult", receipt_path: str | Path | None = None,
-                  imatrix: str | Path | None = None, model_arg: str | None = None,
-                  manifest: dict[str, Any] | None = None) -> Path:
-    """Write the receipt of a :func:`quantize` result (default ``OUT.gguf.receipt.json``)."""
-    return _receipt_mod.receipt_for_quantize(result, model_arg=model_arg, imatrix=imatrix or result.plan.imatrix,
-                                             receipt_path=receipt_path, manifest=manifest)
-
-
-def verify(model: str | Path, *args: Any, receipt: str | Path | None = None, **kwargs: Any):
-    """Verify MTP drafting with llama-server (see :func:`ggufmtp.verify.verify`); with
-    ``receipt``, the results go into its verification section (what tune, curve and profiles
-    added there is kept)."""
-    from .measure.verify import verify as _verify
-
-    res = _verify(model, *args, **kwargs)
-    if receipt is not None:
-        _receipt_mod.set_verification(receipt, res.to_receipt(), keep_added=True)
-    return res
-
-
-def pull(repo_id: str, *args: Any, **kwargs: Any):
-    """Pull a checkpoint from the Hub, pinned to a commit (see :func:`ggufmtp.hub.pull`)."""
-    from .hub.hub import pull as _pull
-
-    return _pull(repo_id, *args, **kwargs)
-
-
-def upload(repo_id: str, *args: Any, **kwargs: Any):
-    """Publish artifact, receipt(s) and card in one commit (see :func:`ggufmtp.hub.upload`)."""
-    from .hub.hub import upload as _upload
-
-    return _upload(repo_id, *args, **kwargs)
-
+# Public name -> (module, attribute in it). Names are imported on first use (module __getattr__),
+# so ``import ggufmtp`` stays cheap; no public name is also the name of a submodule of this
+# package, so importing a submodule never replaces a function (``tests/test_public_api.py``).
+_LAZY: dict[str, tuple[str, str]] = {
+    "Recipe": ("ggufmtp.quant.recipe", "Recipe"),
+    "SynthSpec": ("ggufmtp.synth.spec", "SynthSpec"),
+    "synthesize": ("ggufmtp.synth.writer", "synthesize"),
+    "inspect": ("ggufmtp.gguf.model", "inspect_model"),
+    "plan": ("ggufmtp.quant.plan", "make_plan"),
+    "quantize": ("ggufmtp.quant.quantize", "quantize"),
+    "audit": ("ggufmtp.provenance.audit", "audit"),
+    "verify": ("ggufmtp._api", "verify"),
+    "write_receipt": ("ggufmtp.provenance.receipt", "write_receipt"),
+    "make_card": ("ggufmtp.provenance.card", "make_card"),
+    "pull": ("ggufmtp.hub.pull", "pull"),
+    "upload": ("ggufmtp.hub.upload", "upload"),
+    "run": ("ggufmtp.pipeline", "run"),
+}
 
 __all__ = ["__version__", "GgufmtpError", "Recipe", "SynthSpec", "synthesize", "inspect", "plan", "quantize",
            "audit", "verify", "write_receipt", "make_card", "pull", "upload", "run"]
+
+
+def __getattr__(name: str) -> object:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(_importlib.import_module(module), attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names, loaded or not, and the submodules imported so far."""
+    loaded = {k for k, v in globals().items() if isinstance(v, _ModuleType) and not k.startswith("_")}
+    return sorted(set(__all__) | loaded)
+
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time the names above are lazy
+    from ._api import verify
+    from .gguf.model import inspect_model as inspect
+    from .hub.pull import pull
+    from .hub.upload import upload
+    from .pipeline import run
+    from .provenance.audit import audit
+    from .provenance.card import make_card
+    from .provenance.receipt import write_receipt
+    from .quant.plan import make_plan as plan
+    from .quant.quantize import quantize
+    from .quant.recipe import Recipe
+    from .synth.spec import SynthSpec
+    from .synth.writer import synthesize

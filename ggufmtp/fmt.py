@@ -63,11 +63,13 @@ def rel_change(new: float | None, old: float | None) -> float | None:
     return new / old - 1.0
 
 
-def ci_phrase(ci: Sequence[float | None] | None, scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
-    """`` (95% CI lo–hi<unit>)`` for prose (the card); empty when either end is missing."""
+def ci_phrase(ci: Sequence[float | None] | None, scale: float = 1.0, digits: int = 1, unit: str = "",
+              sep: str = "–") -> str:
+    """`` (95% CI lo–hi<unit>)`` for prose (the card; ``run``'s summary uses ``sep="-"``); empty when
+    either end is missing."""
     if not ci or None in ci:
         return ""
-    return f" (95% CI {scale * ci[0]:.{digits}f}–{scale * ci[1]:.{digits}f}{unit})"
+    return f" (95% CI {scale * ci[0]:.{digits}f}{sep}{scale * ci[1]:.{digits}f}{unit})"
 
 
 def human_bytes(n: float) -> str:

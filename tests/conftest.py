@@ -10,7 +10,24 @@ import pytest
 
 from ggufmtp.runtime import build as runtime
 from ggufmtp.errors import RuntimeMissingError
-from ggufmtp.synth.factory import BUILTIN_MODELS, SynthSpec, synthesize
+from ggufmtp.synth.builtin import BUILTIN_MODELS
+from ggufmtp.synth.spec import SynthSpec
+from ggufmtp.synth.writer import synthesize
+
+
+# Tests that need the llama.cpp runtime (a llama-server, llama-imatrix or llama-perplexity process,
+# libllama in process for quantize and plan's dry run, or the built runtime itself) carry the
+# ``runtime`` marker; ``make test-fast`` runs the others (``pytest -m "not runtime"``). A test is
+# marked when it uses one of these fixtures, directly or through a fixture of its own (a module
+# fixture that quantizes requests ``llama_runtime``); a test that reaches the runtime with no
+# fixture carries ``@pytest.mark.runtime`` itself.
+RUNTIME_FIXTURES = frozenset({"llama_runtime", "llama_server_bin", "synth_model", "tiny_mtp_model"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if RUNTIME_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.runtime)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,6 +40,12 @@ def _server_logs_in_pytest_tmp(tmp_path_factory):
     mp.setenv("TMPDIR", d)  # for the ggufmtp subprocesses some tests start
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="session")
+def llama_runtime() -> None:
+    """Declares that a test (or fixture) uses the llama.cpp runtime: libllama in process or a
+    llama.cpp binary. It only marks the test ``runtime``; a missing runtime fails where it is used."""
 
 
 @pytest.fixture(scope="session")

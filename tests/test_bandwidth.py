@@ -8,7 +8,7 @@ import pytest
 
 from ggufmtp.runtime.hardware import (PEAK_BANDWIDTH_ENV, BandwidthError, active_weights, bandwidth_report,
                                format_bandwidth, peak_bandwidth)
-from ggufmtp.synth.factory import SynthSpec
+from ggufmtp.synth.spec import SynthSpec
 
 
 def _sizes(path):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import click
+import pytest
 
 from ggufmtp.cli import main
 
@@ -57,6 +58,7 @@ def test_walkthrough_commands_and_options_exist():
     assert checked >= 20
 
 
+@pytest.mark.runtime
 def test_python_api_example_runs_as_written(tmp_path):
     code = re.search(r"## Python API.*?```python\n(.*?)```", README, re.S).group(1)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -65,12 +67,13 @@ def test_python_api_example_runs_as_written(tmp_path):
     assert (tmp_path / "tiny-hifi-mtp.gguf.receipt.json").exists()
 
 
+@pytest.mark.runtime
 def test_reference_receipts_describe_what_make_demo_builds(tmp_path):
     """Synthesis and quantization are deterministic: rebuilding the demo artifact reproduces the
     committed receipt's sha256 and tensor table."""
     import ggufmtp
     from ggufmtp.provenance.audit import audit
-    from ggufmtp.synth.factory import builtin_path
+    from ggufmtp.synth.builtin import builtin_path
 
     receipts = sorted((ROOT / "receipts").glob("*.receipt.json"))
     assert receipts

@@ -20,9 +20,12 @@ import pytest
 from click.testing import CliRunner
 
 from fakehub import FakeHub
-from ggufmtp.hub import hub
+from ggufmtp.hub.manifest import MANIFEST_NAME, GGUFModel, read_manifest
+from ggufmtp.hub.pull import pull
+from ggufmtp.hub.transport import cache_dir, storage_folder
+from ggufmtp.hub.upload import upload
 from ggufmtp.cli import main
-from ggufmtp.errors import HubError
+from ggufmtp.errors import HubDigestMismatchError, HubError, HubHTTPError, HubManifestError, HubRefusedError
 from ggufmtp.gguf.hashing import file_digests, git_blob_sha1, sha256_file
 
 TOKEN = "hf_SECRETtoken123"
@@ -104,7 +107,7 @@ def test_pull_resumes_an_interrupted_download_with_range(fake, tmp_path):
     oid = sha(big)
     fake.drop_connection_once("org/model", "model.gguf", after_bytes=11 * 1024 * 1024)
 
-    res = hub.pull("org/model", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+    res = pull("org/model", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
 
     gets = gets_of(fake, oid)
     assert len(gets) == 2, [g.headers.get("range") for g in gets]
@@ -125,18 +128,19 @@ def test_pull_refuses_a_sha256_mismatch_and_removes_only_its_own_download(fake, 
     dest.mkdir()
     (dest / "notes.txt").write_text("mine")
 
-    with pytest.raises(HubError) as ei:
-        hub.pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    with pytest.raises(HubDigestMismatchError) as ei:  # corrupt bytes: not the kind a retry may fix
+        pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    assert not isinstance(ei.value, HubHTTPError)
     msg = str(ei.value)
     assert "model.gguf" in msg and sha(good) in msg and sha(bad) in msg
     assert not (dest / "model.gguf").exists()  # the corrupt file we downloaded is gone
     assert (dest / "notes.txt").read_text() == "mine"  # the user's file is not
-    assert not (dest / hub.MANIFEST_NAME).exists()
+    assert not (dest / MANIFEST_NAME).exists()
 
     # cache mode: the corrupt blob is removed from the cache too
-    with pytest.raises(HubError, match="sha256 mismatch"):
-        hub.pull("org/model", endpoint=fake.url, progress=False)
-    blobs = Path(hub._storage_folder(hub._cache_dir(None), "org/model")) / "blobs"
+    with pytest.raises(HubDigestMismatchError, match="sha256 mismatch"):
+        pull("org/model", endpoint=fake.url, progress=False)
+    blobs = Path(storage_folder(cache_dir(None), "org/model")) / "blobs"
     assert not (blobs / sha(good)).exists()
 
 
@@ -148,8 +152,8 @@ def test_pull_never_overwrites_a_users_file_with_the_same_name(fake, tmp_path):
     dest.mkdir()
     (dest / "model.gguf").write_bytes(b"my own model, not the Hub's")
 
-    with pytest.raises(HubError, match="refusing to overwrite") as ei:
-        hub.pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    with pytest.raises(HubRefusedError, match="refusing to overwrite") as ei:
+        pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
     assert "model.gguf" in str(ei.value) and sha(good) in str(ei.value)
     assert (dest / "model.gguf").read_bytes() == b"my own model, not the Hub's"
     assert not gets_of(fake, sha(good))  # refused before downloading anything
@@ -161,12 +165,12 @@ def test_pull_reuses_an_identical_file_and_replaces_its_own_older_download(fake,
     dest = tmp_path / "dl"
     dest.mkdir()
     (dest / "model.gguf").write_bytes(v1)  # the user already has the right bytes
-    res = hub.pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    res = pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
     assert res.verified and not gets_of(fake, sha(v1))
 
     v2 = gguf_bytes(4100, seed=5)
     fake.commit("org/model", {"model.gguf": v2})
-    res2 = hub.pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
+    res2 = pull("org/model", local_dir=dest, endpoint=fake.url, progress=False)
     assert (dest / "model.gguf").read_bytes() == v2  # ours (recorded in the manifest): replaceable
     assert res2.resolved_commit == fake.head("org/model") != res.resolved_commit
 
@@ -175,13 +179,13 @@ def test_pull_reuses_an_identical_file_and_replaces_its_own_older_download(fake,
 def test_pull_refuses_paths_escaping_the_directory(fake, tmp_path, evil):
     fake.commit("org/evil", {evil: gguf_bytes(100), "ok.txt": b"fine"})
     dest = tmp_path / "a" / "dl"
-    with pytest.raises(HubError, match="escape") as ei:
-        hub.pull("org/evil", local_dir=dest, endpoint=fake.url, progress=False)
+    with pytest.raises(HubRefusedError, match="escape") as ei:
+        pull("org/evil", local_dir=dest, endpoint=fake.url, progress=False)
     assert evil in str(ei.value)
     assert not (tmp_path / "a" / "escape.gguf").exists() and not (tmp_path / "escape.gguf").exists()
     assert not fake.requests_to("HEAD", r"/resolve/")  # nothing was downloaded at all
     # the safe part of the repo can still be pulled
-    res = hub.pull("org/evil", include=["ok.txt"], local_dir=dest, endpoint=fake.url, progress=False)
+    res = pull("org/evil", include=["ok.txt"], local_dir=dest, endpoint=fake.url, progress=False)
     assert [f.path for f in res.files] == ["ok.txt"]
 
 
@@ -190,18 +194,18 @@ def test_pull_groups_split_gguf_shards_into_one_model(fake, tmp_path):
     fake.commit("org/split", {**shards, "other.gguf": gguf_bytes(50), "config.json": b"{}"})
 
     # selecting one shard pulls the whole model
-    res = hub.pull("org/split", include=["*-00002-of-00003.gguf"], local_dir=tmp_path / "dl", endpoint=fake.url,
-                   progress=False)
+    res = pull("org/split", include=["*-00002-of-00003.gguf"], local_dir=tmp_path / "dl", endpoint=fake.url,
+               progress=False)
     assert sorted(f.path for f in res.files) == sorted(shards)
     assert res.model_entry == "big-00001-of-00003.gguf"
-    assert res.gguf_models == [hub.GGUFModel("big-00001-of-00003.gguf", tuple(sorted(shards)))]
-    manifest = json.loads((tmp_path / "dl" / hub.MANIFEST_NAME).read_text())
+    assert res.gguf_models == [GGUFModel("big-00001-of-00003.gguf", tuple(sorted(shards)))]
+    manifest = json.loads((tmp_path / "dl" / MANIFEST_NAME).read_text())
     assert manifest["model_entry"] == "big-00001-of-00003.gguf"
 
     # a repo missing a shard is reported by name
     fake.commit("org/broken", {"m-00001-of-00003.gguf": gguf_bytes(10), "m-00003-of-00003.gguf": gguf_bytes(11)})
     with pytest.raises(HubError, match=r"m-00002-of-00003\.gguf") as ei:
-        hub.pull("org/broken", include=["*.gguf"], local_dir=tmp_path / "b", endpoint=fake.url, progress=False)
+        pull("org/broken", include=["*.gguf"], local_dir=tmp_path / "b", endpoint=fake.url, progress=False)
     assert "m-00003" not in str(ei.value).split("missing")[1]
 
     # same for a plain local directory
@@ -209,7 +213,7 @@ def test_pull_groups_split_gguf_shards_into_one_model(fake, tmp_path):
     local.mkdir()
     (local / "m-00001-of-00002.gguf").write_bytes(b"GGUF1")
     with pytest.raises(HubError, match=r"missing m-00002-of-00002\.gguf"):
-        hub.pull(str(local))
+        pull(str(local))
 
 
 def test_pull_pins_the_resolved_commit_while_the_branch_moves(fake, tmp_path):
@@ -222,7 +226,7 @@ def test_pull_pins_the_resolved_commit_while_the_branch_moves(fake, tmp_path):
                                                   "config.json": b'{"v": 2}'})
 
     fake.on("GET", r"^/api/models/org/moving/tree/", push_new_version)
-    res = hub.pull("org/moving", revision="main", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+    res = pull("org/moving", revision="main", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
 
     assert moved["sha"] == fake.head("org/moving") != old  # main really moved mid-pull
     assert res.resolved_commit == old and res.requested_revision == "main"
@@ -230,7 +234,7 @@ def test_pull_pins_the_resolved_commit_while_the_branch_moves(fake, tmp_path):
     assert (tmp_path / "dl" / "config.json").read_bytes() == b'{"v": 1}'
     resolves = fake.requests_to("HEAD", r"/resolve/")
     assert resolves and all(f"/resolve/{old}/" in r.route for r in resolves)
-    manifest = hub.read_manifest(tmp_path / "dl")
+    manifest = read_manifest(tmp_path / "dl")
     assert manifest.resolved_commit == old and manifest.requested_revision == "main"
     assert {f.path: f.sha256 for f in manifest.files}["model.gguf"] == sha(v1)
 
@@ -240,12 +244,12 @@ def test_pull_works_offline_from_the_cache(fake, tmp_path, monkeypatch, hf_env):
 
     data = gguf_bytes(2000, seed=30)
     fake.commit("org/model", {"model.gguf": data, "config.json": b"{}"})
-    online = hub.pull("org/model", endpoint=fake.url, progress=False)
+    online = pull("org/model", endpoint=fake.url, progress=False)
     assert online.source == "hub" and online.verified
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     n = len(fake.requests)
-    off = hub.pull("org/model", endpoint=fake.url, progress=False)
+    off = pull("org/model", endpoint=fake.url, progress=False)
     assert len(fake.requests) == n  # no network at all
     assert off.source == "cache" and off.verified  # checked against the Hub metadata recorded online
     assert off.resolved_commit == online.resolved_commit
@@ -254,20 +258,20 @@ def test_pull_works_offline_from_the_cache(fake, tmp_path, monkeypatch, hf_env):
 
     # offline and not cached: an actionable error, not a traceback
     with pytest.raises(HubError, match="HF_HUB_OFFLINE"):
-        hub.pull("org/other", endpoint=fake.url, progress=False)
+        pull("org/other", endpoint=fake.url, progress=False)
 
     # offline into a --local-dir filled by an earlier online pull
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    hub.pull("org/model", include=["*.gguf"], local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+    pull("org/model", include=["*.gguf"], local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     n = len(fake.requests)
-    off_dir = hub.pull("org/model", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+    off_dir = pull("org/model", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
     assert len(fake.requests) == n
     assert off_dir.source == "cache" and off_dir.verified and [f.path for f in off_dir.files] == ["model.gguf"]
     with pytest.raises(HubError, match="not available locally"):
-        hub.pull("org/model", include=["config.json"], local_dir=tmp_path / "dl", progress=False)
+        pull("org/model", include=["config.json"], local_dir=tmp_path / "dl", progress=False)
     with pytest.raises(HubError, match="without the network"):
-        hub.pull("org/model", revision="dev", local_dir=tmp_path / "dl", progress=False)
+        pull("org/model", revision="dev", local_dir=tmp_path / "dl", progress=False)
 
     # the real switch: a new process with HF_HUB_OFFLINE=1 in its environment, the Hub switched off
     fake.stop()
@@ -283,8 +287,8 @@ def test_pull_works_offline_from_the_cache(fake, tmp_path, monkeypatch, hf_env):
     blob = off.model_path.resolve()
     blob.chmod(0o644)
     blob.write_bytes(gguf_bytes(2000, seed=31))
-    with pytest.raises(HubError, match="sha256 mismatch"):
-        hub.pull("org/model", progress=False)
+    with pytest.raises(HubDigestMismatchError, match="sha256 mismatch"):
+        pull("org/model", progress=False)
 
 
 def test_pull_of_a_local_directory_builds_the_manifest(tmp_path):
@@ -292,24 +296,26 @@ def test_pull_of_a_local_directory_builds_the_manifest(tmp_path):
     (d / "sub").mkdir(parents=True)
     (d / "model.gguf").write_bytes(gguf_bytes(700))
     (d / "sub" / "tokenizer.json").write_text("{}")
-    res = hub.pull(str(d))
+    res = pull(str(d))
     assert res.source == "local" and res.repo_id is None and res.resolved_commit is None
     assert {f.path: f.sha256 for f in res.files} == {
         "model.gguf": sha(gguf_bytes(700)), "sub/tokenizer.json": sha(b"{}")}
     assert res.model_path == d / "model.gguf" and not res.verified
-    assert hub.read_manifest(d).to_dict() == res.to_dict()
-    with pytest.raises(HubError, match="no such directory"):
-        hub.pull(str(tmp_path / "nope"))
+    assert read_manifest(d).to_dict() == res.to_dict()
+    with pytest.raises(HubRefusedError, match="no such directory"):
+        pull(str(tmp_path / "nope"))
+    with pytest.raises(HubManifestError, match="no pull manifest"):
+        read_manifest(tmp_path / "nope")
 
 
 def test_pull_reports_missing_repo_and_revision_clearly(fake, tmp_path):
     fake.commit("org/model", {"a.txt": b"a"})
-    with pytest.raises(HubError, match="org/none.*not found"):
-        hub.pull("org/none", endpoint=fake.url, progress=False)
-    with pytest.raises(HubError, match="revision 'nope' does not exist"):
-        hub.pull("org/model", revision="nope", endpoint=fake.url, progress=False)
-    with pytest.raises(HubError, match=r"no file of org/model .* matches --include"):
-        hub.pull("org/model", include=["*.gguf"], endpoint=fake.url, progress=False)
+    with pytest.raises(HubHTTPError, match="org/none.*not found"):
+        pull("org/none", endpoint=fake.url, progress=False)
+    with pytest.raises(HubHTTPError, match="revision 'nope' does not exist"):
+        pull("org/model", revision="nope", endpoint=fake.url, progress=False)
+    with pytest.raises(HubRefusedError, match=r"no file of org/model .* matches --include"):
+        pull("org/model", include=["*.gguf"], endpoint=fake.url, progress=False)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -337,7 +343,7 @@ def artifacts(tmp_path):
 def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
     art, rc, card = artifacts
     digest = sha256_file(art)
-    res = hub.upload("me/new-model", [art], [rc], card=card, token=TOKEN, endpoint=fake.url,
+    res = upload("me/new-model", [art], [rc], card=card, token=TOKEN, endpoint=fake.url,
                      recipe_name="hifi-q4_k_m-mtp", artifact_sha256=digest, progress=False)
 
     assert fake.requests_to("POST", r"^/api/repos/create$")
@@ -356,7 +362,7 @@ def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
 
     # again into the existing repo, on a new branch: create_repo(exist_ok) + create_branch, one more commit
     art.write_bytes(gguf_bytes(20001, seed=41))
-    res2 = hub.upload("me/new-model", [art], [rc], token=TOKEN, endpoint=fake.url, revision="v2", progress=False)
+    res2 = upload("me/new-model", [art], [rc], token=TOKEN, endpoint=fake.url, revision="v2", progress=False)
     assert fake.head("me/new-model", "v2") == res2.commit_sha
     assert fake.history("me/new-model", "v2")[1].oid == res.commit_sha
     assert fake.head("me/new-model") == res.commit_sha  # main untouched
@@ -364,14 +370,14 @@ def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
 
 def test_upload_refuses_a_receipt_digest_matching_no_file(fake, artifacts):
     art, rc, _ = artifacts
-    with pytest.raises(HubError, match="matches none of the files"):
-        hub.upload("me/x", [art], [rc], token=TOKEN, endpoint=fake.url, artifact_sha256="0" * 64, progress=False)
+    with pytest.raises(HubRefusedError, match="matches none of the files"):
+        upload("me/x", [art], [rc], token=TOKEN, endpoint=fake.url, artifact_sha256="0" * 64, progress=False)
     assert not fake.requests  # checked before any request
 
 
 def test_upload_dry_run_makes_no_request(fake, artifacts):
     art, rc, card = artifacts
-    res = hub.upload("me/dry", [art], [rc], card=card, token=TOKEN, endpoint=fake.url, dry_run=True,
+    res = upload("me/dry", [art], [rc], card=card, token=TOKEN, endpoint=fake.url, dry_run=True,
                      recipe_name="r", artifact_sha256=sha256_file(art))
     assert fake.requests == []
     assert res.dry_run and res.commit_sha is None
@@ -379,21 +385,21 @@ def test_upload_dry_run_makes_no_request(fake, artifacts):
         (art.name, art.stat().st_size, "artifact"), (rc.name, rc.stat().st_size, "receipt"),
         ("README.md", card.stat().st_size, "card")]
     # no endpoint reachable at all: still fine
-    hub.upload("me/dry", [art], [rc], endpoint="http://127.0.0.1:9", dry_run=True)
+    upload("me/dry", [art], [rc], endpoint="http://127.0.0.1:9", dry_run=True)
 
 
 def test_upload_validates_inputs(tmp_path, artifacts):
     art, rc, card = artifacts
-    with pytest.raises(HubError, match="receipt"):
-        hub.upload("me/x", [art], [], dry_run=True)
-    with pytest.raises(HubError, match="does not exist"):
-        hub.upload("me/x", [tmp_path / "missing.gguf"], [rc], dry_run=True)
+    with pytest.raises(HubRefusedError, match="receipt"):
+        upload("me/x", [art], [], dry_run=True)
+    with pytest.raises(HubRefusedError, match="does not exist"):
+        upload("me/x", [tmp_path / "missing.gguf"], [rc], dry_run=True)
     readme = tmp_path / "README.md"
     readme.write_text("x")
     with pytest.raises(HubError, match="README.md"):
-        hub.upload("me/x", [art], [readme], card=card, dry_run=True)
+        upload("me/x", [art], [readme], card=card, dry_run=True)
     with pytest.raises(HubError, match="not a valid Hub repo id"):
-        hub.upload("not/a/repo", [art], [rc], dry_run=True)
+        upload("not/a/repo", [art], [rc], dry_run=True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -416,15 +422,15 @@ def test_token_reaches_the_hub_but_never_any_output(fake, artifacts, tmp_path, c
     try:
         fake.commit("org/private", {"model.gguf": gguf_bytes(3000, seed=50), "config.json": b"{}"})
         fake.repos["org/private"].private = True
-        res = hub.pull("org/private", local_dir=tmp_path / "dl", token=TOKEN, endpoint=fake.url)
+        res = pull("org/private", local_dir=tmp_path / "dl", token=TOKEN, endpoint=fake.url)
         assert res.verified
 
         fake.serve_corrupted("org/private", "model.gguf")
         for call in (
-            lambda: hub.pull("org/private", local_dir=tmp_path / "dl2", token=TOKEN, endpoint=fake.url),
-            lambda: hub.pull("org/missing", token=TOKEN, endpoint=fake.url),
-            lambda: hub.pull("org/private", token=TOKEN + "\n", endpoint=fake.url),  # illegal header value
-            lambda: hub.upload("me/m", [artifacts[0]], [artifacts[1]], token=TOKEN + "x", endpoint=fake.url),
+            lambda: pull("org/private", local_dir=tmp_path / "dl2", token=TOKEN, endpoint=fake.url),
+            lambda: pull("org/missing", token=TOKEN, endpoint=fake.url),
+            lambda: pull("org/private", token=TOKEN + "\n", endpoint=fake.url),  # illegal header value
+            lambda: upload("me/m", [artifacts[0]], [artifacts[1]], token=TOKEN + "x", endpoint=fake.url),
         ):
             with pytest.raises(HubError) as ei:
                 call()
@@ -432,7 +438,7 @@ def test_token_reaches_the_hub_but_never_any_output(fake, artifacts, tmp_path, c
             messages.append(repr(ei.value.__cause__))
 
         art, rc, card = artifacts
-        up = hub.upload("me/m", [art], [rc], card=card, token=TOKEN, endpoint=fake.url)
+        up = upload("me/m", [art], [rc], card=card, token=TOKEN, endpoint=fake.url)
         result = CliRunner().invoke(main, ["upload", "me/m", str(art), "--receipt", str(rc), "--json"],
                                     env={"HF_TOKEN": TOKEN, "HF_ENDPOINT": fake.url})
         assert result.exit_code == 0, result.output
@@ -448,8 +454,8 @@ def test_token_reaches_the_hub_but_never_any_output(fake, artifacts, tmp_path, c
     assert up.commit_sha
 
     out, err = capfd.readouterr()
-    manifests = "".join(p.read_text() for p in tmp_path.rglob(hub.MANIFEST_NAME))
-    manifests += "".join(p.read_text() for p in Path(hub._cache_dir(None)).rglob(hub.MANIFEST_NAME))
+    manifests = "".join(p.read_text() for p in tmp_path.rglob(MANIFEST_NAME))
+    manifests += "".join(p.read_text() for p in Path(cache_dir(None)).rglob(MANIFEST_NAME))
     assert manifests
     everything = "\n".join([out, err, caplog.text, stream.getvalue(), manifests, json.dumps(up.to_dict()),
                             json.dumps(res.to_dict()), *messages,
@@ -473,7 +479,7 @@ def test_cli_pull_and_upload(fake, artifacts, tmp_path):
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["model_entry"] == "m-00001-of-00002.gguf" and data["verified"]
-    assert data["manifest_path"] == str(tmp_path / "dl" / hub.MANIFEST_NAME)
+    assert data["manifest_path"] == str(tmp_path / "dl" / MANIFEST_NAME)
 
     r = runner.invoke(main, ["pull", "org/model", "--include", "*00002*", "--local-dir", str(tmp_path / "d2")],
                       env=env)
@@ -510,3 +516,20 @@ def test_cli_upload_falls_back_when_the_receipt_is_not_an_in_toto_statement(fake
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["commit_message"] == f"Upload {art.name} with ggufmtp"
     assert "not a JSON receipt" in r.stderr
+
+
+def test_receipt_commit_facts_reads_plain_and_dsse_receipts(artifacts, tmp_path):
+    import base64
+
+    from ggufmtp.hub.upload import receipt_commit_facts
+
+    art, rc, _ = artifacts
+    envelope = tmp_path / "signed.receipt.json"
+    envelope.write_text(json.dumps({"payloadType": "application/vnd.in-toto+json",
+                                    "payload": base64.b64encode(rc.read_bytes()).decode(), "signatures": []}))
+    odd = tmp_path / "receipt.txt"
+    odd.write_text("not json")
+    for receipt in (rc, envelope):
+        facts = receipt_commit_facts([odd, receipt], [art])
+        assert (facts.recipe_name, facts.artifact_sha256) == ("hifi-q4_k_m-mtp", sha256_file(art))
+        assert facts.notes == (f"{odd} is not a JSON receipt; the commit message will not name its recipe",)

@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 import pytest
 
-from ggufmtp.imatrix import format as imx
+from ggufmtp.imatrix import check as imc, entries as ime, format as imx
 from ggufmtp.errors import ImatrixError
 
 ARCH = "qwen35moe"
@@ -95,8 +95,8 @@ def shapes() -> dict[str, tuple[int, ...]]:
     return model_tensors()
 
 
-def synth(shapes, fmt="gguf", seed=0, **kw) -> imx.Imatrix:
-    return imx.synthetic_imatrix(shapes, mtp_blocks=[4], format=fmt, seed=seed, **kw)
+def synth(shapes, fmt="gguf", seed=0, **kw) -> ime.Imatrix:
+    return imc.synthetic_imatrix(shapes, mtp_blocks=[4], format=fmt, seed=seed, **kw)
 
 
 def legacy_bytes(entries, trailer=None) -> bytes:
@@ -118,7 +118,7 @@ def legacy_bytes(entries, trailer=None) -> bytes:
 
 
 def test_read_model_tensors_ne_order_and_mtp(model, shapes):
-    mt = imx.read_model_tensors(model)
+    mt = imc.read_model_tensors(model)
     assert mt.arch == ARCH and mt.block_count == 5 and mt.nextn_predict_layers == 1
     assert mt.mtp_blocks == [4]
     assert mt.shapes["blk.0.ffn_up_exps.weight"] == (N_EMBD, N_FF, N_EXP)  # ne0 first
@@ -127,9 +127,9 @@ def test_read_model_tensors_ne_order_and_mtp(model, shapes):
 
 
 def test_mtp_block_indices():
-    assert imx.mtp_block_indices(41, 1) == [40]
-    assert imx.mtp_block_indices(5, 2) == [3, 4]
-    assert imx.mtp_block_indices(5, 0) == []
+    assert imc.mtp_block_indices(41, 1) == [40]
+    assert imc.mtp_block_indices(5, 2) == [3, 4]
+    assert imc.mtp_block_indices(5, 0) == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -210,8 +210,8 @@ def test_dat_hand_built_reads_and_round_trips(tmp_path, trailer):
     assert im.datasets == ([trailer[1]] if trailer and trailer[1] else [])
     e = im.entries["blk.0.attn_q.weight"]
     assert e.ncall == 4 and e.nval == 3
-    np.testing.assert_array_equal(imx.mean_values(e), np.array([1.0, 2.0, 0.5], np.float32))
-    np.testing.assert_array_equal(imx.mean_values(im.entries["blk.0.ffn_up_exps.weight"]),
+    np.testing.assert_array_equal(ime.mean_values(e), np.array([1.0, 2.0, 0.5], np.float32))
+    np.testing.assert_array_equal(ime.mean_values(im.entries["blk.0.ffn_up_exps.weight"]),
                                   np.array([1, 2, 3, 4], np.float32))
     assert imx.imatrix_to_bytes(im) == raw
 
@@ -236,8 +236,8 @@ def test_write_is_atomic_and_keeps_no_temp_files(tmp_path, shapes):
 
 def test_gguf_name_too_long_is_refused(tmp_path):
     name = "blk.0." + "x" * 60 + ".weight"
-    e = imx.ImatrixEntry(name, np.ones((1, 4), np.float32), np.ones(1, np.float32), "gguf")
-    im = imx.Imatrix(entries={name: e}, chunk_size=512)
+    e = ime.ImatrixEntry(name, np.ones((1, 4), np.float32), np.ones(1, np.float32), "gguf")
+    im = ime.Imatrix(entries={name: e}, chunk_size=512)
     with pytest.raises(ImatrixError, match="too long"):
         imx.write_imatrix(im, tmp_path / "long.gguf")
     assert not any(tmp_path.iterdir())
@@ -251,21 +251,21 @@ def test_gguf_name_too_long_is_refused(tmp_path):
 def test_mean_values_gguf_counts_rules():
     sums = np.array([[2.0, 4.0], [9.0, 9.0], [5.0, 7.0], [3.0, 3.0]], np.float32)
     counts = np.array([2.0, 0.0, 2.5, 0.4], np.float32)  # lround: 2, 0 -> 1.0s, 3 (half away), 0 -> 1.0s
-    e = imx.ImatrixEntry("blk.0.ffn_up_exps.weight", sums, counts, "gguf")
-    m = imx.mean_values(e)
+    e = ime.ImatrixEntry("blk.0.ffn_up_exps.weight", sums, counts, "gguf")
+    m = ime.mean_values(e)
     assert m.dtype == np.float32 and m.shape == (8,)
     np.testing.assert_array_equal(m, np.array([1, 2, 1, 1, 5 / 3, 7 / 3, 1, 1], np.float32))
 
 
 def test_mean_values_dat_ncall_zero_keeps_values():
-    e = imx.ImatrixEntry("x.weight", np.array([3.0, 6.0], np.float32), np.array([0]), "dat")
-    np.testing.assert_array_equal(imx.mean_values(e), [3.0, 6.0])
-    e = imx.ImatrixEntry("x.weight", np.array([3.0, 6.0], np.float32), np.array([3]), "dat")
-    np.testing.assert_array_equal(imx.mean_values(e), np.array([1.0, 2.0], np.float32))
+    e = ime.ImatrixEntry("x.weight", np.array([3.0, 6.0], np.float32), np.array([0]), "dat")
+    np.testing.assert_array_equal(ime.mean_values(e), [3.0, 6.0])
+    e = ime.ImatrixEntry("x.weight", np.array([3.0, 6.0], np.float32), np.array([3]), "dat")
+    np.testing.assert_array_equal(ime.mean_values(e), np.array([1.0, 2.0], np.float32))
 
 
 def test_to_quantize_data_sizes(shapes):
-    data = imx.to_quantize_data(synth(shapes))
+    data = ime.to_quantize_data(synth(shapes))
     assert data["blk.0.attn_qkv.weight"].shape == (N_EMBD,)
     assert data["blk.0.ffn_down_exps.weight"].shape == (N_FF * N_EXP,)  # ne0 * n_expert, expert-major
     assert all(v.dtype == np.float32 and v.flags.c_contiguous for v in data.values())
@@ -280,22 +280,22 @@ def test_to_quantize_data_sizes(shapes):
 def test_convert_gguf_to_dat_and_back(tmp_path, shapes):
     g = synth(shapes)
     g.datasets = ["first.txt", "second.txt"]
-    d = imx.convert_imatrix(g, "dat")
+    d = ime.convert_imatrix(g, "dat")
     assert d.format == "dat" and d.datasets == ["second.txt"] and d.chunk_count == g.chunk_count
-    qg, qd = imx.to_quantize_data(g), imx.to_quantize_data(d)
+    qg, qd = ime.to_quantize_data(g), ime.to_quantize_data(d)
     assert list(qg) == list(qd)
     for n in qg:
         np.testing.assert_allclose(qd[n], qg[n], rtol=2e-7)  # (s/c)*ncall/ncall: float rounding only
     e = d.entries["blk.0.ffn_up_exps.weight"]
     assert e.ncall == -(-int(g.entries["blk.0.ffn_up_exps.weight"].counts.max()) // 512)
-    losses = imx.conversion_losses(g, "dat")
+    losses = ime.conversion_losses(g, "dat")
     assert any("MoE" in s for s in losses) and any("chunk_size" in s for s in losses)
     assert any("last of 2 datasets" in s for s in losses)
 
     # dat -> gguf with a power-of-two chunk size keeps the means bit for bit
-    back = imx.convert_imatrix(d, "gguf", chunk_size=512)
+    back = ime.convert_imatrix(d, "gguf", chunk_size=512)
     assert back.chunk_size == 512 and back.datasets == ["second.txt"]
-    qb = imx.to_quantize_data(back)
+    qb = ime.to_quantize_data(back)
     for n in qd:
         np.testing.assert_array_equal(qb[n], qd[n])
     assert back.entries["blk.0.ffn_up_exps.weight"].nmat == 1  # per-expert counts are gone
@@ -306,24 +306,24 @@ def test_convert_gguf_to_dat_and_back(tmp_path, shapes):
 
 
 def test_convert_drops_entries_without_data():
-    a = imx.ImatrixEntry("a.weight", np.ones((1, 4), np.float32), np.array([0.0], np.float32), "gguf")
-    b = imx.ImatrixEntry("b.weight", np.full((2, 4), 6.0, np.float32), np.array([3.0, 0.0], np.float32), "gguf")
-    g = imx.Imatrix(entries={"a.weight": a, "b.weight": b}, chunk_size=2, chunk_count=1)
-    d = imx.convert_imatrix(g, "dat")
+    a = ime.ImatrixEntry("a.weight", np.ones((1, 4), np.float32), np.array([0.0], np.float32), "gguf")
+    b = ime.ImatrixEntry("b.weight", np.full((2, 4), 6.0, np.float32), np.array([3.0, 0.0], np.float32), "gguf")
+    g = ime.Imatrix(entries={"a.weight": a, "b.weight": b}, chunk_size=2, chunk_count=1)
+    d = ime.convert_imatrix(g, "dat")
     assert list(d.entries) == ["b.weight"]
     eb = d.entries["b.weight"]
     assert eb.ncall == 2  # ceil(3 / 2)
     # expert with count 0 stores 1 * ncall (save_imatrix_legacy), so both means agree
     np.testing.assert_array_equal(eb.values, np.array([4, 4, 4, 4, 2, 2, 2, 2], np.float32))
-    np.testing.assert_array_equal(imx.mean_values(eb), imx.mean_values(b))
+    np.testing.assert_array_equal(ime.mean_values(eb), ime.mean_values(b))
 
 
 def test_gguf_to_dat_needs_chunk_size():
-    a = imx.ImatrixEntry("a.weight", np.ones((1, 4), np.float32), np.array([5.0], np.float32), "gguf")
-    g = imx.Imatrix(entries={"a.weight": a}, chunk_size=None)
+    a = ime.ImatrixEntry("a.weight", np.ones((1, 4), np.float32), np.array([5.0], np.float32), "gguf")
+    g = ime.Imatrix(entries={"a.weight": a}, chunk_size=None)
     with pytest.raises(ImatrixError, match="chunk_size"):
-        imx.convert_imatrix(g, "dat")
-    assert imx.convert_imatrix(g, "dat", chunk_size=4).entries["a.weight"].ncall == 2
+        ime.convert_imatrix(g, "dat")
+    assert ime.convert_imatrix(g, "dat", chunk_size=4).entries["a.weight"].ncall == 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def test_gguf_to_dat_needs_chunk_size():
 
 def test_validate_clean(model, shapes):
     im = synth(shapes)
-    rep = imx.validate(im, imx.read_model_tensors(model))
+    rep = imc.validate(im, imc.read_model_tensors(model))
     assert rep.ok and rep.problems == [] and rep.matched == rep.entries == len(im.entries)
 
 
@@ -341,8 +341,8 @@ def test_validate_nan(shapes):
     im = synth(shapes)
     im.entries["blk.1.ffn_up_exps.weight"].values[2, 5] = np.nan
     with pytest.raises(ImatrixError, match=r"blk\.1\.ffn_up_exps\.weight: 1 of 256 values are NaN"):
-        imx.validate(im, shapes)
-    rep = imx.validate(im, shapes, strict=False)
+        imc.validate(im, shapes)
+    rep = imc.validate(im, shapes, strict=False)
     assert [p.kind for p in rep.errors] == ["non_finite"]
 
 
@@ -351,7 +351,7 @@ def test_validate_nan_in_expert_without_tokens_is_ignored(shapes):
     e = im.entries["blk.1.ffn_up_exps.weight"]
     e.values[2, :] = np.nan
     e.counts[2] = 0  # llama-quantize uses 1.0 for that expert
-    rep = imx.validate(im, shapes, strict=False)
+    rep = imc.validate(im, shapes, strict=False)
     assert rep.ok and [p.kind for p in rep.warnings] == ["no_data"]
 
 
@@ -359,35 +359,35 @@ def test_validate_negative(shapes):
     im = synth(shapes, fmt="dat")
     im.entries["blk.0.attn_qkv.weight"].values[0] = -1.0
     with pytest.raises(ImatrixError, match="negative"):
-        imx.validate(im, shapes)
+        imc.validate(im, shapes)
 
 
 def test_validate_wrong_size(shapes):
     im = synth(shapes)
     name = "blk.2.ffn_down_shexp.weight"
     e = im.entries[name]
-    im.entries[name] = imx.ImatrixEntry(name, e.values[:, :-1].copy(), e.counts, "gguf")
-    rep = imx.validate(im, shapes, strict=False)
+    im.entries[name] = ime.ImatrixEntry(name, e.values[:, :-1].copy(), e.counts, "gguf")
+    rep = imc.validate(im, shapes, strict=False)
     assert [(p.kind, p.name) for p in rep.errors] == [("size_mismatch", name)]
     assert "needs 32" in rep.errors[0].message
     with pytest.raises(ImatrixError, match="is not usable for this model"):
-        imx.validate(im, shapes)
+        imc.validate(im, shapes)
 
 
 def test_validate_expert_layout(shapes):
     im = synth(shapes)
     name = "blk.0.ffn_up_exps.weight"  # 4 experts of 64 -> 2 "experts" of 128: same size, wrong layout
     e = im.entries[name]
-    im.entries[name] = imx.ImatrixEntry(name, e.values.reshape(2, 128).copy(), e.counts[:2].copy(), "gguf")
-    rep = imx.validate(im, shapes, strict=False)
+    im.entries[name] = ime.ImatrixEntry(name, e.values.reshape(2, 128).copy(), e.counts[:2].copy(), "gguf")
+    rep = imc.validate(im, shapes, strict=False)
     assert [p.kind for p in rep.errors] == ["shape_mismatch"]
 
 
 def test_validate_unknown_names_warn(shapes):
     im = synth(shapes)
-    extra = imx.ImatrixEntry("blk.9.attn_q.weight", np.ones((1, 8), np.float32), np.ones(1, np.float32))
+    extra = ime.ImatrixEntry("blk.9.attn_q.weight", np.ones((1, 8), np.float32), np.ones(1, np.float32))
     im.entries["blk.9.attn_q.weight"] = extra
-    rep = imx.validate(im, shapes)
+    rep = imc.validate(im, shapes)
     assert rep.ok and [p.kind for p in rep.warnings] == ["unknown_tensor"]
     assert "blk.9.attn_q.weight" in rep.warnings[0].message
 
@@ -395,21 +395,21 @@ def test_validate_unknown_names_warn(shapes):
 def test_validate_wrong_model(tmp_path, shapes):
     other = synth(model_tensors(n_embd=128, n_exp=8))  # same names, other sizes
     n = len(other.entries)
-    bad = sum(e.nval != imx.expected_size(shapes[k]) for k, e in other.entries.items())
+    bad = sum(e.nval != imc.expected_size(shapes[k]) for k, e in other.entries.items())
     assert n / 2 < bad < n  # ffn_down_shexp (ne0 = n_ff) still fits
     with pytest.raises(ImatrixError, match=rf"was made for another model: {bad} of {n} entries do not match"):
-        imx.validate(other, shapes, strict=False)
-    renamed = imx.Imatrix(entries={"x" + k: imx.ImatrixEntry("x" + k, e.values, e.counts)
+        imc.validate(other, shapes, strict=False)
+    renamed = ime.Imatrix(entries={"x" + k: ime.ImatrixEntry("x" + k, e.values, e.counts)
                                    for k, e in synth(shapes).entries.items()}, chunk_size=512)
     with pytest.raises(ImatrixError, match="unknown tensor names"):
-        imx.validate(renamed, shapes, strict=False)
+        imc.validate(renamed, shapes, strict=False)
 
 
 def test_validate_missing_metadata(shapes):
     im = synth(shapes)
     im.gguf_kv_order = ["general.type"]  # as a file without the imatrix.* keys
     assert not im.has_metadata
-    rep = imx.validate(im, shapes, strict=False)
+    rep = imc.validate(im, shapes, strict=False)
     assert [p.kind for p in rep.errors] == ["missing_metadata"]
     back = imx.imatrix_from_bytes(imx.imatrix_to_bytes(im))
     assert not back.has_metadata and back.chunk_size is None
@@ -421,13 +421,13 @@ def test_validate_missing_metadata(shapes):
 
 
 def test_coverage_reports_mtp_block(model):
-    mt = imx.read_model_tensors(model)
-    im = imx.synthetic_imatrix(mt)  # takes the MTP block from the model, like llama-imatrix skips it
+    mt = imc.read_model_tensors(model)
+    im = imc.synthetic_imatrix(mt)  # takes the MTP block from the model, like llama-imatrix skips it
     assert not any(n.startswith("blk.4.") for n in im.entries)
-    cov = imx.coverage(im, mt)
+    cov = imc.coverage(im, mt)
     assert cov.mtp_blocks == [4]
     assert cov.missing == [] and cov.complete
-    expected_mtp = [n for n, s in mt.shapes.items() if n.startswith("blk.4.") and imx.is_quantizable(n, s)]
+    expected_mtp = [n for n, s in mt.shapes.items() if n.startswith("blk.4.") and imc.is_quantizable(n, s)]
     assert cov.missing_mtp == expected_mtp
     assert "blk.4.nextn.eh_proj.weight" in cov.missing_mtp
     assert "blk.4.nextn.enorm.weight" not in cov.missing_mtp  # 1-D: never quantized
@@ -440,7 +440,7 @@ def test_coverage_reports_mtp_block(model):
 
 def test_coverage_trunk_gap_and_blocking(shapes):
     im = synth(shapes, exclude_prefixes=("blk.2.",))
-    cov = imx.coverage(im, shapes, mtp_blocks=[4])
+    cov = imc.coverage(im, shapes, mtp_blocks=[4])
     assert cov.missing and all(n.startswith("blk.2.") for n in cov.missing) and not cov.complete
     types = {n: "IQ2_XXS" for n in cov.quantizable}
     types["token_embd.weight"] = "IQ2_XXS"
@@ -454,37 +454,37 @@ def test_coverage_counts_a_wrong_size_entry_as_missing(shapes):
     im = synth(shapes)
     name = "blk.0.attn_qkv.weight"
     e = im.entries[name]
-    im.entries[name] = imx.ImatrixEntry(name, e.values[:, :10].copy(), e.counts, "gguf")
-    cov = imx.coverage(im, shapes, mtp_blocks=[4])
+    im.entries[name] = ime.ImatrixEntry(name, e.values[:, :10].copy(), e.counts, "gguf")
+    cov = imc.coverage(im, shapes, mtp_blocks=[4])
     assert cov.missing == [name]
 
 
 def test_coverage_explicit_quantizable(shapes):
     im = synth(shapes)
-    cov = imx.coverage(im, shapes, quantizable={"blk.0.attn_qkv.weight", "blk.4.attn_q.weight"}, mtp_blocks=[4])
+    cov = imc.coverage(im, shapes, quantizable={"blk.0.attn_qkv.weight", "blk.4.attn_q.weight"}, mtp_blocks=[4])
     assert cov.covered == ["blk.0.attn_qkv.weight"] and cov.missing_mtp == ["blk.4.attn_q.weight"]
 
 
 def test_needs_imatrix():
     for t in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "iq2_xxs"):
-        assert imx.needs_imatrix(t)
+        assert imc.needs_imatrix(t)
     for t in ("IQ3_S", "IQ4_XS", "Q4_K", "Q8_0", "F16", "Q2_K"):
-        assert not imx.needs_imatrix(t)
-    assert imx.needs_imatrix("Q2_K", "Q2_K_S") and imx.needs_imatrix("Q2_K", "LLAMA_FTYPE_MOSTLY_Q2_K_S")
-    assert imx.needs_imatrix("Q2_K", 21) and not imx.needs_imatrix("Q2_K", "Q2_K")
-    assert not imx.needs_imatrix("IQ2_XXS", tensor_name="token_embd.weight")
-    assert not imx.needs_imatrix("IQ1_S", tensor_name="output.weight")
-    assert imx.needs_imatrix("IQ1_S", tensor_name="blk.4.nextn.eh_proj.weight")
+        assert not imc.needs_imatrix(t)
+    assert imc.needs_imatrix("Q2_K", "Q2_K_S") and imc.needs_imatrix("Q2_K", "LLAMA_FTYPE_MOSTLY_Q2_K_S")
+    assert imc.needs_imatrix("Q2_K", 21) and not imc.needs_imatrix("Q2_K", "Q2_K")
+    assert not imc.needs_imatrix("IQ2_XXS", tensor_name="token_embd.weight")
+    assert not imc.needs_imatrix("IQ1_S", tensor_name="output.weight")
+    assert imc.needs_imatrix("IQ1_S", tensor_name="blk.4.nextn.eh_proj.weight")
 
 
 def test_is_quantizable():
-    assert imx.is_quantizable("blk.0.attn_q.weight", (64, 128))
-    assert imx.is_quantizable("blk.0.ffn_up_exps.weight", (64, 32, 4))
-    assert not imx.is_quantizable("blk.0.attn_norm.weight", (64,))
-    assert not imx.is_quantizable("blk.0.attn_q.weight", (64, 1))  # ggml_n_dims == 1
-    assert not imx.is_quantizable("blk.0.ffn_gate_inp.weight", (64, 4))
-    assert not imx.is_quantizable("blk.0.ssm_conv1d.weight", (4, 128))
-    assert not imx.is_quantizable("blk.0.ssm_a", (2, 2))
+    assert imc.is_quantizable("blk.0.attn_q.weight", (64, 128))
+    assert imc.is_quantizable("blk.0.ffn_up_exps.weight", (64, 32, 4))
+    assert not imc.is_quantizable("blk.0.attn_norm.weight", (64,))
+    assert not imc.is_quantizable("blk.0.attn_q.weight", (64, 1))  # ggml_n_dims == 1
+    assert not imc.is_quantizable("blk.0.ffn_gate_inp.weight", (64, 4))
+    assert not imc.is_quantizable("blk.0.ssm_conv1d.weight", (4, 128))
+    assert not imc.is_quantizable("blk.0.ssm_a", (2, 2))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -567,7 +567,7 @@ def test_cli_info_json(tmp_path, shapes):
 
 def test_cli_info_with_model(tmp_path, model, shapes):
     p = tmp_path / "a.dat"
-    imx.write_imatrix(imx.synthetic_imatrix(imx.read_model_tensors(model), format="dat"), p)
+    imx.write_imatrix(imc.synthetic_imatrix(imc.read_model_tensors(model), format="dat"), p)
     r = cli("imatrix", "info", str(p), "--model", str(model), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -642,6 +642,7 @@ def _run_imatrix(binary: Path, *args: str) -> None:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
+@pytest.mark.runtime
 def test_llama_imatrix_rewrites_our_files_identically(tmp_path, shapes):
     """llama-imatrix --in-file (no prompt: load + save, the model is never opened) must write back
     exactly what we write, and its format conversions must equal ours."""
@@ -655,7 +656,7 @@ def test_llama_imatrix_rewrites_our_files_identically(tmp_path, shapes):
         (ours_g, "gguf", "64", ours_g.read_bytes()),
         (ours_g, "dat", "64", ours_d.read_bytes()),
         (ours_d, "dat", "64", ours_d.read_bytes()),
-        (ours_d, "gguf", "64", imx.imatrix_to_bytes(imx.convert_imatrix(imx.read_imatrix(ours_d), "gguf", chunk_size=64))),
+        (ours_d, "gguf", "64", imx.imatrix_to_bytes(ime.convert_imatrix(imx.read_imatrix(ours_d), "gguf", chunk_size=64))),
     ]
     for i, (src, fmt, cs, want) in enumerate(cases):
         out = tmp_path / f"theirs{i}.{fmt}"
@@ -663,10 +664,11 @@ def test_llama_imatrix_rewrites_our_files_identically(tmp_path, shapes):
         assert out.read_bytes() == want, (src.name, fmt)
 
 
+@pytest.mark.runtime
 def test_real_llama_imatrix_collection(tmp_path):
     """A real collection run on a runnable synthetic model (needs ggufmtp.synth and the runtime)."""
     binary = _llama_imatrix()
-    synth_mod = pytest.importorskip("ggufmtp.synth.factory")
+    synth_mod = pytest.importorskip("ggufmtp.synth.writer")
     model_path = tmp_path / "m.gguf"
     synth_mod.synthesize(model_path, synth_mod.SynthSpec(), progress=False)
     text = tmp_path / "calib.txt"
@@ -684,15 +686,15 @@ def test_real_llama_imatrix_collection(tmp_path):
         assert imx.imatrix_to_bytes(im) == out.read_bytes()  # byte-identical round trip
     g, d = imx.read_imatrix(outs["gguf"]), imx.read_imatrix(outs["dat"])
     assert g.chunk_size == 128 and g.datasets == [str(text)]
-    mt = imx.read_model_tensors(model_path)
-    assert imx.validate(g, mt).ok and imx.validate(d, mt).ok
-    cov = imx.coverage(g, mt)
+    mt = imc.read_model_tensors(model_path)
+    assert imc.validate(g, mt).ok and imc.validate(d, mt).ok
+    cov = imc.coverage(g, mt)
     assert cov.missing == [] and cov.mtp_blocks == [4]
-    assert cov.missing_mtp == [n for n, s in mt.shapes.items() if n.startswith("blk.4.") and imx.is_quantizable(n, s)]
+    assert cov.missing_mtp == [n for n, s in mt.shapes.items() if n.startswith("blk.4.") and imc.is_quantizable(n, s)]
     # our synthetic imatrix covers exactly what llama-imatrix collects, in the same order
-    assert list(imx.synthetic_imatrix(mt).entries) == list(g.entries)
+    assert list(imc.synthetic_imatrix(mt).entries) == list(g.entries)
     # the same activations written both ways give the same means
-    qg, qd = imx.to_quantize_data(g), imx.to_quantize_data(d)
+    qg, qd = ime.to_quantize_data(g), ime.to_quantize_data(d)
     for n in qg:
         np.testing.assert_allclose(qd[n], qg[n], rtol=2e-7)
     # and our GGUF -> dat conversion equals llama-imatrix's
@@ -728,7 +730,7 @@ def test_reads_gguf_py_written_imatrix(tmp_path):
                          **{"general.name": "made by gguf-py"})
     im = imx.read_imatrix(p)
     assert im.gguf_kv_order[-1] == "general.name" and "general.name" in im.gguf_extra_kv
-    np.testing.assert_array_equal(imx.mean_values(im.entries["a.weight"]), sums.reshape(-1) / 4)
+    np.testing.assert_array_equal(ime.mean_values(im.entries["a.weight"]), sums.reshape(-1) / 4)
     back = imx.imatrix_from_bytes(imx.imatrix_to_bytes(im))
     assert back.gguf_kv_order == im.gguf_kv_order and back.gguf_extra_kv == im.gguf_extra_kv
     np.testing.assert_array_equal(back.entries["a.weight"].values, im.entries["a.weight"].values)
@@ -740,6 +742,7 @@ def test_gguf_unpaired_tensor_is_refused(tmp_path):
         imx.read_imatrix(p)
 
 
+@pytest.mark.runtime
 def test_mean_values_equal_what_llama_quantize_uses(tmp_path):
     """llama-quantize with a real GGUF imatrix writes the same tensors as with a .dat holding our
     mean_values (ncall = 1, so its loader passes them unchanged); one ulp off in one entry shows."""
@@ -751,7 +754,7 @@ def test_mean_values_equal_what_llama_quantize_uses(tmp_path):
         quantize_bin = find_binary("llama-quantize")
     except RuntimeMissingError as e:
         pytest.skip(f"llama-quantize not built: {e}")
-    synth_mod = pytest.importorskip("ggufmtp.synth.factory")
+    synth_mod = pytest.importorskip("ggufmtp.synth.writer")
     model_path = tmp_path / "m.gguf"
     synth_mod.synthesize(model_path, synth_mod.SynthSpec(), progress=False)
     text = tmp_path / "calib.txt"
@@ -769,11 +772,11 @@ def test_mean_values_equal_what_llama_quantize_uses(tmp_path):
     def as_means_dat(path: Path, bump: str | None = None) -> Path:
         ents = {}
         for n, e in g.entries.items():
-            m = imx.mean_values(e)
+            m = ime.mean_values(e)
             if n == bump:
                 m = np.nextafter(m, np.float32(np.inf)).astype(np.float32)
-            ents[n] = imx.ImatrixEntry(n, m, np.array([1]), "dat")
-        imx.write_imatrix(imx.Imatrix(entries=ents, datasets=g.datasets, chunk_count=g.chunk_count,
+            ents[n] = ime.ImatrixEntry(n, m, np.array([1]), "dat")
+        imx.write_imatrix(ime.Imatrix(entries=ents, datasets=g.datasets, chunk_count=g.chunk_count,
                                       format="dat"), path)
         return path
 

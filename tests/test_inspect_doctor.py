@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from ggufmtp.cli import main
 from ggufmtp.constants import LLAMA_CPP_COMMIT
 from ggufmtp.gguf.model import inspect_model
-from ggufmtp.synth.factory import SynthSpec, synthesize
+from ggufmtp.synth.spec import SynthSpec
+from ggufmtp.synth.writer import synthesize
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +140,7 @@ def test_missing_file(tmp_path):
     assert res.exit_code == 1 and "no such file" in res.output
 
 
+@pytest.mark.runtime
 def test_doctor_json_reports_pinned_commit_everywhere():
     proc = subprocess.run([sys.executable, "-m", "ggufmtp", "doctor", "--json"], capture_output=True, text=True)
     d = json.loads(proc.stdout)
@@ -157,6 +159,7 @@ def test_doctor_fails_with_advice_when_binary_missing(tmp_path):
     assert "llama-server: not found" in proc.stdout and "ggufmtp runtime build" in proc.stdout
 
 
+@pytest.mark.runtime
 def test_binary_discovery_order(tmp_path, monkeypatch):
     from ggufmtp.runtime import build as runtime
     fake = tmp_path / "llama-server"

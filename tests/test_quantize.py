@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp.imatrix import format as imx
+from ggufmtp.imatrix import check as imc, format as imx
 from ggufmtp.runtime import build as runtime
 from ggufmtp.cli import main
 from ggufmtp.errors import PlanError, QuantizeError, RecipeError
@@ -17,11 +17,12 @@ from ggufmtp.gguf.model import GGUFModel, inspect_model
 from ggufmtp.quant.plan import make_plan
 from ggufmtp.quant.quantize import quantize
 from ggufmtp.quant.recipe import Recipe, shipped_recipes
-from ggufmtp.synth.factory import SynthSpec, synthesize
+from ggufmtp.synth.spec import SynthSpec
+from ggufmtp.synth.writer import synthesize
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(llama_runtime, tmp_path_factory):
     d = tmp_path_factory.mktemp("q")
     return {
         "moe": synthesize(d / "moe.gguf", SynthSpec(), progress=False).path,
@@ -35,9 +36,9 @@ def tiny(tmp_path_factory):
 def imatrices(tiny, tmp_path_factory):
     """A llama-imatrix-like file (no MTP statistics) and one that covers the MTP block too."""
     d = tmp_path_factory.mktemp("imx")
-    shapes = imx.read_model_tensors(tiny["moe"])
-    partial = imx.synthetic_imatrix(shapes, seed=1)
-    full = imx.synthetic_imatrix(shapes, seed=1, mtp_blocks=[])
+    shapes = imc.read_model_tensors(tiny["moe"])
+    partial = imc.synthetic_imatrix(shapes, seed=1)
+    full = imc.synthetic_imatrix(shapes, seed=1, mtp_blocks=[])
     p1, p2 = d / "partial.gguf", d / "full.gguf"
     imx.write_imatrix(partial, p1)
     imx.write_imatrix(full, p2)
@@ -168,9 +169,9 @@ def test_parity_with_llama_quantize(recipe, arch, tiny, imatrices, tmp_path):
         if arch == "moe":
             im = imatrices["full"]
         else:
-            shapes = imx.read_model_tensors(model)
+            shapes = imc.read_model_tensors(model)
             im = tmp_path / "dense-imatrix.gguf"
-            imx.write_imatrix(imx.synthetic_imatrix(shapes, seed=2, mtp_blocks=[]), im)
+            imx.write_imatrix(imc.synthetic_imatrix(shapes, seed=2, mtp_blocks=[]), im)
     ours = tmp_path / "ours.gguf"
     res = quantize(model, recipe, ours, imatrix=im, progress=False)
     assert all(c.ok for c in res.checks)

@@ -9,22 +9,23 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp.imatrix import format as imx
+from ggufmtp.imatrix import check as imc, format as imx
 from ggufmtp.provenance.audit import audit
 from ggufmtp.cli import main
 from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.quant.quantize import quantize
 from ggufmtp.provenance.receipt import (PREDICATE_TYPE, STATEMENT_TYPE, load_receipt, receipt_for_quantize, schema_errors,
                              seal, set_verification)
-from ggufmtp.synth.factory import SynthSpec, synthesize
+from ggufmtp.synth.spec import SynthSpec
+from ggufmtp.synth.writer import synthesize
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
+def artifact(llama_runtime, tmp_path_factory):
     d = tmp_path_factory.mktemp("rcpt")
     src = synthesize(d / "base.gguf", SynthSpec(), progress=False).path
     im = d / "imatrix.gguf"
-    imx.write_imatrix(imx.synthetic_imatrix(imx.read_model_tensors(src), seed=3), im)
+    imx.write_imatrix(imc.synthetic_imatrix(imc.read_model_tensors(src), seed=3), im)
     out = d / "art.gguf"
     res = quantize(src, "hifi-q4_k_m-mtp", out, imatrix=im, progress=False)
     rcpt = receipt_for_quantize(res, imatrix=im)

@@ -14,7 +14,10 @@ import time
 
 import pytest
 
-from ggufmtp.synth import factory as synth
+from ggufmtp.synth.builtin import BUILTIN_MODELS
+from ggufmtp.synth.chain import predict_tokens, simulate_acceptance
+from ggufmtp.synth.spec import SynthSpec, expected_acceptance
+from ggufmtp.synth.tokenizer import build_vocab
 from ggufmtp.errors import ServerError
 from ggufmtp.runtime.server import LlamaServer, ServerConfig, parse_prometheus, require_drafting
 
@@ -60,7 +63,7 @@ def _last_prompt_token(srv: LlamaServer, prompt: str) -> int:
     return srv.tokenize(text)[-1]
 
 
-def _run_prompts(srv: LlamaServer, spec: synth.SynthSpec | None, k: int):
+def _run_prompts(srv: LlamaServer, spec: SynthSpec | None, k: int):
     """(texts, drafted, accepted, simulated drafted, simulated accepted) over PROMPTS."""
     texts, d, a, sd, sa = [], 0, 0, 0, 0
     for p in PROMPTS:
@@ -73,9 +76,9 @@ def _run_prompts(srv: LlamaServer, spec: synth.SynthSpec | None, k: int):
             d, a = d + dd, a + aa
             last = _last_prompt_token(srv, p)
             # the reply is exactly the bigram chain from the prompt's last token ...
-            assert texts[-1] == synth.build_vocab().decode(synth.predict_tokens(spec, last, N_TOKENS))
+            assert texts[-1] == build_vocab().decode(predict_tokens(spec, last, N_TOKENS))
             # ... and the server's draft accounting is exactly the simulated one
-            s_d, s_a = synth.simulate_acceptance(spec, last, N_TOKENS, k)
+            s_d, s_a = simulate_acceptance(spec, last, N_TOKENS, k)
             sd, sa = sd + s_d, sa + s_a
     return texts, d, a, sd, sa
 
@@ -85,13 +88,13 @@ def _run_prompts(srv: LlamaServer, spec: synth.SynthSpec | None, k: int):
 
 @pytest.mark.parametrize("name,k", [("tiny-qwen35moe", 3), ("tiny-qwen35moe-f50", 3), ("tiny-qwen35moe-f20", 2)])
 def test_acceptance_matches_the_knob(llama_server_bin, synth_model, name, k):
-    spec = synth.BUILTIN_MODELS[name]
+    spec = BUILTIN_MODELS[name]
     f = spec.wrong_successor_fraction
     with LlamaServer(_cfg(synth_model(name), draft_mtp=True, draft_n_max=k)) as srv:
         texts, d, a, sd, sa = _run_prompts(srv, spec, k)
         m = srv.metrics()
     measured = a / d
-    expected = synth.expected_acceptance(f, k)
+    expected = expected_acceptance(f, k)
     print(f"{name} k={k}: measured {a}/{d} = {measured:.3f}, formula {expected:.3f}, simulated {sa}/{sd}")
     assert (d, a) == (sd, sa)
     if f == 0:
@@ -143,7 +146,7 @@ def test_tokenizer_round_trip(llama_server_bin, tiny_mtp_model):
         assert len(ids) < len(text.encode())  # merges apply
         assert srv.post_json("/detokenize", {"tokens": ids})["content"] == text
         special = srv.tokenize("<|im_start|>user")
-        assert special[0] == synth.build_vocab().im_start
+        assert special[0] == build_vocab().im_start
 
 
 # ----------------------------------------------------------------------------- no MTP
@@ -287,3 +290,46 @@ def test_port_race_is_not_fooled_by_another_server(llama_server_bin, tiny_mtp_mo
             assert srv.props()["model_path"] == str(tiny_mtp_model)
     finally:
         fake.shutdown()
+
+
+def test_one_command_builder_and_its_display_forms():
+    """build_command writes the command line; the display form and the flag lists derive from it."""
+    from ggufmtp.runtime.server import build_command, display_command, flags_without, pick_flags
+
+    cfg = ServerConfig(model="m.gguf", draft_mtp=True, draft_n_max=3, threads=2, env={"B": "2", "A": "1"},
+                       extra_args=["-bs"])
+    cmd = build_command(cfg, "/opt/llama-server", 8080)
+    assert cmd[:7] == ["/opt/llama-server", "--model", "m.gguf", "--host", "127.0.0.1", "--port", "8080"]
+    assert cmd[-3:] == ["--spec-draft-n-max", "3", "-bs"]
+    assert LlamaServer(cfg).build_command("/opt/llama-server", 8080) == cmd
+    assert flags_without(cmd) == cmd[7:]
+    assert display_command(cfg, "/opt/llama-server") == "A=1 B=2 llama-server --model m.gguf " + " ".join(cmd[7:])
+    assert display_command(cfg, "/opt/llama-server", None).startswith("A=1 B=2 /opt/llama-server --model m.gguf ")
+    assert pick_flags(cmd, ["--spec-draft-n-max", "--spec-draft-p-min", "--threads"]) == [
+        "--spec-draft-n-max", "3", "--threads", "2"]
+    with pytest.raises(ServerError, match="need draft_mtp=True"):
+        build_command(ServerConfig(model="m.gguf", draft_n_max=3), "llama-server", 0)
+
+
+def test_spec_counters_and_replies():
+    from ggufmtp.runtime.replies import Reply, SpecCounters
+
+    pos = 'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="%d"}'
+    before = SpecCounters.from_metrics({"llamacpp:spec_decode_num_drafts_total": 2,
+                                        "llamacpp:spec_decode_num_draft_tokens_total": 6,
+                                        "llamacpp:spec_decode_num_accepted_tokens_total": 3, pos % 0: 2})
+    after = SpecCounters.from_metrics({"llamacpp:spec_decode_num_drafts_total": 5,
+                                       "llamacpp:spec_decode_num_draft_tokens_total": 15,
+                                       "llamacpp:spec_decode_num_accepted_tokens_total": 9, pos % 0: 4, pos % 1: 3})
+    d = after.since(before)
+    assert (d.draft_tokens, d.accepted, d.n_drafts, d.per_position) == (9, 6, 3, (2, 3)) and d.available
+    assert d.matches(9, 6) and not d.matches(9, 5) and d.tokens_per_step == 3.0
+    assert d.acceptance_by_position == [2 / 3, 1.0]
+    assert not SpecCounters.from_metrics({}).available and SpecCounters().tokens_per_step is None
+    r = Reply.parse({"timings": {"predicted_n": 5, "predicted_ms": 2.5, "draft_n": 4, "draft_n_accepted": 2},
+                     "choices": [{"message": {"content": "hi", "reasoning_content": "hm"}, "finish_reason": "stop"}]})
+    assert (r.text, r.finish_reason, r.predicted_n, r.drafted) == ("<think>hm</think>hi", "stop", 5, True)
+    assert Reply.parse({"timings": {"predicted_n": 1, "predicted_ms": 1}, "content": "x", "stop_type": "eos"},
+                       "raw").text == "x"
+    with pytest.raises(ServerError, match="no timings.predicted_n"):
+        Reply.parse({"timings": {}})

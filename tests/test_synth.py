@@ -14,9 +14,18 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp.synth import factory as synth
 from ggufmtp.cli import main
-from ggufmtp.synth.factory import SynthSpec, synthesize
+from ggufmtp.errors import SynthError
+from ggufmtp.gguf.hashing import sha256_file
+from ggufmtp.synth.builtin import BUILTIN_MODELS, builtin_path
+from ggufmtp.synth.calibrate import calibrate_wrong_fraction
+from ggufmtp.synth.chain import chain_for, predict_tokens, simulate_acceptance, suite_acceptance
+from ggufmtp.synth.layout import SHAPE_REAL
+from ggufmtp.synth.metadata import add_metadata
+from ggufmtp.synth.spec import SynthSpec, expected_acceptance
+from ggufmtp.synth.tensors import TensorBuilder, from_bf16
+from ggufmtp.synth.tokenizer import build_vocab, bytes_to_unicode
+from ggufmtp.synth.writer import plan, synthesize
 
 
 def _reader(path) -> gguf.GGUFReader:
@@ -40,7 +49,7 @@ def test_same_spec_same_bytes_other_seed_other_bytes(tmp_path):
     b = synthesize(tmp_path / "b.gguf", SynthSpec(seed=1), progress=False)
     c = synthesize(tmp_path / "c.gguf", SynthSpec(seed=2), progress=False)
     d = synthesize(tmp_path / "d.gguf", SynthSpec(seed=1, wrong_successor_fraction=0.5), progress=False)
-    assert a.sha256 == synth.file_sha256(a.path)  # hashed while writing == hashed after
+    assert a.sha256 == sha256_file(a.path)  # hashed while writing == hashed after
     assert a.sha256 == b.sha256
     assert c.sha256 != a.sha256
     assert d.sha256 not in (a.sha256, c.sha256)
@@ -83,7 +92,7 @@ def test_default_layout_and_metadata(tiny_mtp_model):
 def test_eh_proj_passes_the_embedding_half_through(tiny_mtp_model):
     t = _tensors(_reader(tiny_mtp_model))
     raw = np.asarray(t["blk.4.nextn.eh_proj.weight"].data).view(np.uint16).reshape(256, 512)
-    m = synth.from_bf16(raw)
+    m = from_bf16(raw)
     assert np.array_equal(m[:, :256], np.eye(256, dtype=np.float32))
     assert not m[:, 256:].any()
 
@@ -102,7 +111,7 @@ def test_omit_tensors_makes_an_incomplete_mtp_block(tmp_path):
     t = _tensors(_reader(res.path))
     assert "blk.4.nextn.hnorm.weight" not in t and "blk.4.ffn_up_shexp.weight" not in t
     assert "blk.4.nextn.enorm.weight" in t and "blk.3.ffn_up_shexp.weight" in t
-    with pytest.raises(synth.SynthError, match="not a tensor of the MTP block"):
+    with pytest.raises(SynthError, match="not a tensor of the MTP block"):
         synthesize(tmp_path / "x.gguf", SynthSpec(omit_tensors=("nextn.nope",)), progress=False)
 
 
@@ -126,12 +135,12 @@ def test_dense_qwen35_layout(synth_model):
 
 
 def test_knob_writes_embed_tokens_with_exactly_the_wrong_rows(synth_model):
-    spec = synth.BUILTIN_MODELS["tiny-qwen35moe-f50"]
+    spec = BUILTIN_MODELS["tiny-qwen35moe-f50"]
     t = _tensors(_reader(synth_model("tiny-qwen35moe-f50")))
     emb = np.asarray(t["token_embd.weight"].data).view(np.uint16).reshape(-1, 256)
     nxt = np.asarray(t["blk.4.nextn.embed_tokens.weight"].data).view(np.uint16).reshape(-1, 256)
     differs = (emb != nxt).any(axis=1)
-    ch = synth.chain_for(spec)
+    ch = chain_for(spec)
     assert np.array_equal(differs, ch.corrupted)
     n_text = len(ch.text_ids)
     assert differs.sum() == round(0.5 * n_text)
@@ -152,7 +161,7 @@ def test_tokenizer_is_consistent_bpe(tiny_mtp_model):
     assert len(merges) >= 256
     vocab = set(tokens)
     assert len(vocab) == len(tokens)
-    b2u = synth.bytes_to_unicode()
+    b2u = bytes_to_unicode()
     assert tokens[:256] == [b2u[b] for b in range(256)]
     for m in merges:
         a, b = m.split(" ")
@@ -168,8 +177,8 @@ def test_tokenizer_is_consistent_bpe(tiny_mtp_model):
 
 
 def test_successor_never_yields_control_tokens_and_is_one_cycle():
-    vocab = synth.build_vocab()
-    ch = synth.chain_for(SynthSpec())
+    vocab = build_vocab()
+    ch = chain_for(SynthSpec())
     text = set(ch.text_ids.tolist())
     assert set(ch.successor.tolist()) <= text
     for special in (vocab.bos, vocab.eos, vocab.im_start):
@@ -181,54 +190,54 @@ def test_successor_never_yields_control_tokens_and_is_one_cycle():
         seen.add(t)
         t = int(ch.successor[t])
     assert t == start and seen == text
-    s = vocab.decode(synth.predict_tokens(SynthSpec(), vocab.eos, 200))
+    s = vocab.decode(predict_tokens(SynthSpec(), vocab.eos, 200))
     assert s.isascii() and "<|" not in s
 
 
 def test_expected_acceptance_formula_and_simulation():
-    assert synth.expected_acceptance(0.0, 3) == 1.0
-    assert math.isclose(synth.expected_acceptance(0.5, 3), (0.5 + 0.25 + 0.125) / 3)
-    assert math.isclose(synth.expected_acceptance(0.2, 1), 0.8)
+    assert expected_acceptance(0.0, 3) == 1.0
+    assert math.isclose(expected_acceptance(0.5, 3), (0.5 + 0.25 + 0.125) / 3)
+    assert math.isclose(expected_acceptance(0.2, 1), 0.8)
     with pytest.raises(ValueError):
-        synth.expected_acceptance(0.1, 0)
+        expected_acceptance(0.1, 0)
     # the exact per-reply simulation agrees with the formula on long replies
     spec = SynthSpec(wrong_successor_fraction=0.3)
-    ch = synth.chain_for(spec)
+    ch = chain_for(spec)
     d = a = 0
     for start in ch.text_ids[:40]:
-        dd, aa = synth.simulate_acceptance(spec, int(start), 256, 3)
+        dd, aa = simulate_acceptance(spec, int(start), 256, 3)
         d, a = d + dd, a + aa
-    assert abs(a / d - synth.expected_acceptance(0.3, 3)) < 0.04
-    assert synth.simulate_acceptance(SynthSpec(), 5, 64, 3) == (47, 47)
+    assert abs(a / d - expected_acceptance(0.3, 3)) < 0.04
+    assert simulate_acceptance(SynthSpec(), 5, 64, 3) == (47, 47)
 
 
 
 def test_calibration_picks_the_fraction_whose_realized_acceptance_is_nearest():
     """calibrate_wrong_fraction searches whole numbers of corrupted tokens around the formula's
     inverse and returns the one whose exact acceptance on the given prompts is nearest the target."""
-    starts = [int(t) for t in synth.chain_for(SynthSpec()).text_ids[::37]]
-    cal = synth.calibrate_wrong_fraction(0.7, 3, starts, 48)
-    n_text = len(synth.build_vocab().text_token_ids())
-    assert math.isclose(synth.expected_acceptance(cal.formula_fraction, 3), 0.7, abs_tol=1e-9)
-    d, a = synth.suite_acceptance(SynthSpec(wrong_successor_fraction=cal.wrong_successor_fraction), starts, 48, 3)
+    starts = [int(t) for t in chain_for(SynthSpec()).text_ids[::37]]
+    cal = calibrate_wrong_fraction(0.7, 3, starts, 48)
+    n_text = len(build_vocab().text_token_ids())
+    assert math.isclose(expected_acceptance(cal.formula_fraction, 3), 0.7, abs_tol=1e-9)
+    d, a = suite_acceptance(SynthSpec(wrong_successor_fraction=cal.wrong_successor_fraction), starts, 48, 3)
     assert cal.acceptance == a / d
     # brute force over the same window: nobody is nearer the target
     lo, hi = math.floor(cal.formula_fraction * 0.75 * n_text), math.ceil(cal.formula_fraction * 1.25 * n_text)
     assert cal.candidates == hi - lo + 1
     for n_bad in range(lo, hi + 1):
-        dd, aa = synth.suite_acceptance(SynthSpec(wrong_successor_fraction=n_bad / n_text), starts, 48, 3)
+        dd, aa = suite_acceptance(SynthSpec(wrong_successor_fraction=n_bad / n_text), starts, 48, 3)
         assert abs(aa / dd - 0.7) >= abs(cal.acceptance - 0.7)
     for bad in (0.0, 1.0, 1.5):
-        with pytest.raises(synth.SynthError, match="target acceptance"):
-            synth.calibrate_wrong_fraction(bad, 3, starts, 48)
-    with pytest.raises(synth.SynthError, match="at least one prompt"):
-        synth.calibrate_wrong_fraction(0.7, 3, [], 48)
+        with pytest.raises(SynthError, match="target acceptance"):
+            calibrate_wrong_fraction(bad, 3, starts, 48)
+    with pytest.raises(SynthError, match="at least one prompt"):
+        calibrate_wrong_fraction(0.7, 3, [], 48)
 
 # ----------------------------------------------------------------------------- writing
 
 
 def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
-    orig = synth._Builder.plans
+    orig = TensorBuilder.plans
 
     def broken(self):
         plans = orig(self)
@@ -240,27 +249,27 @@ def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
         plans[10].chunks = boom
         return plans
 
-    monkeypatch.setattr(synth._Builder, "plans", broken)
+    monkeypatch.setattr(TensorBuilder, "plans", broken)
     with pytest.raises(KeyboardInterrupt):
         synthesize(tmp_path / "m.gguf", SynthSpec(), progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_builtin_path_caches(tmp_path):
-    p = synth.builtin_path("builtin:tiny-qwen35moe", cache_dir=tmp_path)
+    p = builtin_path("builtin:tiny-qwen35moe", cache_dir=tmp_path)
     mtime = p.stat().st_mtime_ns
-    assert synth.builtin_path("tiny-qwen35moe", cache_dir=tmp_path) == p
+    assert builtin_path("tiny-qwen35moe", cache_dir=tmp_path) == p
     assert p.stat().st_mtime_ns == mtime
     assert [x.name for x in tmp_path.iterdir()] == [p.name]
-    with pytest.raises(synth.SynthError, match="unknown built-in"):
-        synth.builtin_path("nope", cache_dir=tmp_path)
+    with pytest.raises(SynthError, match="unknown built-in"):
+        builtin_path("nope", cache_dir=tmp_path)
 
 
 def test_invalid_specs():
     for bad in (SynthSpec(arch="llama"), SynthSpec(shape="huge"), SynthSpec(layers=0),
                 SynthSpec(wrong_successor_fraction=1.5), SynthSpec(mtp=False, wrong_successor_fraction=0.1),
-                SynthSpec(arch="qwen35", shape=synth.SHAPE_REAL)):
-        with pytest.raises(synth.SynthError):
+                SynthSpec(arch="qwen35", shape=SHAPE_REAL)):
+        with pytest.raises(SynthError):
             bad.validate()
 
 
@@ -268,8 +277,8 @@ def test_invalid_specs():
 
 
 def test_real_shape_tensor_table():
-    spec = SynthSpec(shape=synth.SHAPE_REAL, layers=1)
-    plans = {p.name: p for p in synth.plan(spec)}
+    spec = SynthSpec(shape=SHAPE_REAL, layers=1)
+    plans = {p.name: p for p in plan(spec)}
     V = 248320
     expect = {
         "token_embd.weight": (2048, V), "output.weight": (2048, V), "output_norm.weight": (2048,),
@@ -293,15 +302,15 @@ def test_real_shape_tensor_table():
         assert plans[name].ne == ne, name
     total = sum(p.nbytes for p in plans.values())
     assert total > 5 * 10**9  # several GB even with one layer
-    assert len(synth.build_vocab(synth.SHAPE_REAL)) == V
+    assert len(build_vocab(SHAPE_REAL)) == V
 
 
 def test_real_shape_metadata(tmp_path):
     """The real-shape header (metadata and tensor infos) over a sparse file: no GBs written."""
-    spec = SynthSpec(shape=synth.SHAPE_REAL, layers=2)
-    plans = synth.plan(spec)
+    spec = SynthSpec(shape=SHAPE_REAL, layers=2)
+    plans = plan(spec)
     w = gguf.GGUFWriter(path=None, arch=spec.arch)
-    synth._add_metadata(w, spec, synth.build_vocab(spec.shape))
+    add_metadata(w, spec, build_vocab(spec.shape))
     for p in plans:
         w.add_tensor_info(p.name, tuple(reversed(p.ne)), np.dtype(np.float16), p.nbytes,
                           raw_dtype=gguf.GGMLQuantizationType(p.dtype))
@@ -344,8 +353,8 @@ def test_cli_synth_json(tmp_path):
     assert res.exit_code == 0, res.output
     j = json.loads(res.output)
     assert j["path"] == str(out) and out.is_file() and j["mtp_block"] == 4
-    assert j["spec"]["seed"] == 3 and j["sha256"] == synth.file_sha256(out)
-    assert math.isclose(j["expected_acceptance"]["3"], synth.expected_acceptance(j["realized_wrong_fraction"], 3))
+    assert j["spec"]["seed"] == 3 and j["sha256"] == sha256_file(out)
+    assert math.isclose(j["expected_acceptance"]["3"], expected_acceptance(j["realized_wrong_fraction"], 3))
 
 
 def test_cli_synth_text_no_mtp_and_omit(tmp_path):

@@ -24,11 +24,15 @@ import pytest
 from click.testing import CliRunner
 
 from ggufmtp.cli import main
-from ggufmtp.measure.tune import (TuneConfig, TuneError, UnitResult, acceptance_curve, candidate_space, final_rung_units,
-                          fit_schedule, geometric_rates, inert_draft_limits, order_candidates, plan_rungs, rank_configs,
-                          recommend_config, schedule_cost, search_anchors, server_command, store_in_receipt,
-                          successive_halving, tune)
-from ggufmtp.runtime.server import ServerConfig
+from ggufmtp.errors import TuneError
+from ggufmtp.measure.curve import acceptance_curve, geometric_rates
+from ggufmtp.measure.options import TuneConfig
+from ggufmtp.measure.tune import store_in_receipt, tune
+from ggufmtp.measure.tune_rank import rank_configs, recommend_config
+from ggufmtp.measure.tune_search import (UnitResult, candidate_space, final_rung_units, fit_schedule, inert_draft_limits,
+                                         order_candidates, plan_rungs, schedule_cost, search_anchors,
+                                         successive_halving)
+from ggufmtp.runtime.server import ServerConfig, display_command
 
 F20 = "tiny-qwen35moe-f20"
 
@@ -95,12 +99,12 @@ def test_successive_halving_keeps_the_best_drops_mismatches_and_respects_the_bud
     assert best == TuneConfig(4, 1, 0.5)
     assert best.key in {s.config.key for s in sh.final}
     rows = rank_configs(sh, resamples=500)
-    assert [r["status"] for r in rows[:2]] == ["final", "final"] and rows[-1]["status"] == "dropped"
+    assert [r.status for r in rows[:2]] == ["final", "final"] and rows[-1].status == "dropped"
     rec = recommend_config(rows)
-    assert rec["recommended"] == best.key and rec["mtp_beats_vanilla"]
-    assert rec["speedup_ci95"][0] > 1.0 and rec["speedup_ci95"][0] <= rec["speedup"] <= rec["speedup_ci95"][1]
-    fin = [r for r in rows if r["status"] == "final"]
-    assert all(r["units"] == 16 and r["identical"] for r in fin)
+    assert rec.recommended == best.key and rec.mtp_beats_vanilla
+    assert rec.speedup_ci95[0] > 1.0 and rec.speedup_ci95[0] <= rec.speedup <= rec.speedup_ci95[1]
+    fin = [r for r in rows if r.status == "final"]
+    assert all(r.units == 16 and r.identical for r in fin)
     # rung bookkeeping
     assert [len(r.configs) for r in sh.rungs] == [15, 8, 4, 2] and sh.rungs[-1].kept == []
     assert early.key in sh.rungs[0].dropped and late.key in sh.rungs[2].dropped
@@ -136,8 +140,8 @@ def test_recommendation_is_mtp_off_when_no_ci_clears_vanilla():
 
     sh = successive_halving(list(slow), ev, budget=40, units0=4)
     rec = recommend_config(rank_configs(sh, resamples=300))
-    assert rec["recommended"] is None and rec["best"] == TuneConfig(3).key and not rec["mtp_beats_vanilla"]
-    assert "without MTP" in rec["why"]
+    assert rec.recommended is None and rec.best == TuneConfig(3).key and not rec.mtp_beats_vanilla
+    assert "without MTP" in rec.why
 
 
 def test_draft_limits_that_never_cut_a_draft_are_reported_as_inert():
@@ -183,8 +187,8 @@ def test_a_draft_twin_is_merged_at_promotion_and_its_slot_goes_to_the_next_confi
     assert st[TuneConfig(3, 1, 0.5).key].merged_into is None  # it drafted differently: ranked on its own
     assert {s.config for s in sh.final} == {TuneConfig(4), TuneConfig(2)}
     rows = rank_configs(sh, resamples=200)
-    row = next(r for r in rows if r["key"] == TuneConfig(4, 2, 0.5).key)
-    assert row["merged_into"] == TuneConfig(4).key and row["status"] == "eliminated"
+    row = next(r for r in rows if r.key == TuneConfig(4, 2, 0.5).key)
+    assert row.merged_into == TuneConfig(4).key and row.status == "eliminated"
 
 
 def test_candidate_space_dimensions():
@@ -211,9 +215,10 @@ def test_candidate_space_dimensions():
     g = TuneConfig(3, backend_sampling=True, cuda_graph_opt=True)
     assert g.env() == {"GGML_CUDA_GRAPH_OPT": "1"} and TuneConfig(3, cuda_graph_opt=False).env() == {}
     assert g.key.endswith(" gopt=on") and TuneConfig.from_dict(g.to_dict()) == g
-    assert server_command(ServerConfig(model="m.gguf", draft_mtp=True, env=g.env())).startswith(
+    assert display_command(ServerConfig(model="m.gguf", draft_mtp=True, env=g.env())).startswith(
         "GGML_CUDA_GRAPH_OPT=1 llama-server --model m.gguf")
-    from ggufmtp.measure.profiles import WORKLOADS, profile_server_config
+    from ggufmtp.measure.profiles import profile_server_config
+    from ggufmtp.measure.workloads import WORKLOADS
     from ggufmtp.measure.verify import _mtp_server_config
 
     assert _mtp_server_config({"model": "m.gguf", "extra_args": []}, 3, None, g).env == g.env()
@@ -339,23 +344,24 @@ def test_small_real_tune(small_tune, llama_server_bin, f20):
     final = res.final_rows
     assert len(final) == 2
     for r in final:
-        assert r["identical"] is True and r["units"] == 4 and r["evaluations"] == 4
-        assert 0.3 < r["acceptance"] < 1.0  # f=0.2: drafts are sometimes wrong, yet output identical
-        lo, hi = r["speedup_ci95"]
-        assert lo is not None and lo <= r["speedup"] <= hi
-    assert all(r["status"] != "dropped" for r in res.rows)
+        assert r.identical is True and r.units == 4 and r.evaluations == 4
+        assert 0.3 < r.acceptance < 1.0  # f=0.2: drafts are sometimes wrong, yet output identical
+        lo, hi = r.speedup_ci95
+        assert lo is not None and lo <= r.speedup <= hi
+    assert all(r.status != "dropped" for r in res.rows)
     rec = res.recommendation
-    assert rec["best"] in {r["key"] for r in final}
-    best = TuneConfig.from_dict(rec["best_config"])
+    assert rec.best in {r.key for r in final}
+    best = TuneConfig.from_dict(rec.to_dict()["best_config"])
+    assert best == rec.best_config
     # the commands: the measured flags, exactly
     assert res.mtp_command.startswith("llama-server --model ") and str(f20) in res.mtp_command
     assert f"--spec-type draft-mtp --spec-draft-n-max {best.draft_n_max}" in res.mtp_command
     assert "--host" not in res.mtp_command and "--port" not in res.mtp_command
-    if rec["recommended"]:
+    if rec.recommended:
         assert res.command == res.mtp_command
     else:
         assert res.command == res.vanilla_command and "--spec-type" not in res.command
-    measured = shlex.split(res.server["measured_commands"][rec["best"]])
+    measured = shlex.split(res.server["measured_commands"][rec.best])
     i = measured.index("--host")
     assert measured[1:i] + measured[i + 4:] == shlex.split(res.mtp_command)[1:]  # printed = run, minus host/port
     # llama-server accepts the printed command lines, and the MTP one drafts
@@ -363,7 +369,7 @@ def test_small_real_tune(small_tune, llama_server_bin, f20):
     assert status == 200 and props["total_slots"] == 1
     assert reply["timings"].get("draft_n", 0) > 0
     status, _, reply = _serve_command(res.command, llama_server_bin, f20)
-    assert status == 200 and (("draft_n" in reply["timings"]) == bool(rec["recommended"]))
+    assert status == 200 and (("draft_n" in reply["timings"]) == bool(rec.recommended))
     d = res.to_dict()
     assert d["command"] == res.command and d["ranking"] and json.loads(json.dumps(d)) == d
     assert any("not searched" in n for n in d["notes"]) is False  # custom candidates: no dimension skipped
@@ -373,11 +379,11 @@ def test_small_real_tune(small_tune, llama_server_bin, f20):
 def test_real_evaluator_drops_a_configuration_whose_output_differs(llama_server_bin, f20):
     """Synthetic acceptance of every draft lets the f=0.2 head's wrong tokens through: the tuner's
     identity check must catch it and drop the configuration at its first unit."""
-    from ggufmtp.measure import tune as T
+    from ggufmtp.measure import tune_bench as T
     from ggufmtp.runtime.server import LlamaServer, ServerConfig
     from ggufmtp.measure.suite import load_suite
 
-    class Synth(T._ServerEvaluator):
+    class Synth(T.ServerEvaluator):
         def server_config(self, cfg):
             c = super().server_config(cfg)
             c.extra_args = list(c.extra_args) + ["--spec-synth-len", str(cfg.draft_n_max + 1)]
@@ -386,12 +392,12 @@ def test_real_evaluator_drops_a_configuration_whose_output_differs(llama_server_
     st = load_suite().limit(3)
     base = dict(model=f20, threads=2, metrics=True, extra_args=[])
     with LlamaServer(ServerConfig(**base, parallel=1, ctx_size=2048)) as van:
-        bench = T._Bench(st.prompts, [7], "default", 48, 1)
+        bench = T.Bench(st.prompts, [7], "default", 48, 1)
         ev = Synth(base, van, bench, 2048, st.prompts[0])
         sh = successive_halving([TuneConfig(3), TuneConfig(2)], ev, budget=6, units0=3, final_size=2, max_units=3)
     for s in sh.states:
         assert s.status == "dropped" and s.reason == "output differs from vanilla"
-        assert len(s.results) == 1 and s.results[0].mismatch["first_difference_at"] >= 0
+        assert len(s.results) == 1 and s.results[0].mismatch.first_difference_at >= 0
     assert sh.evaluations == 2 and not sh.final
 
 
@@ -399,23 +405,23 @@ def test_acceptance_curve_follows_the_set_rate(llama_server_bin, f20):
     res = acceptance_curve(f20, rates=(0.0, 0.5, 1.0), draft_n_max=3, seeds=(1, 2), limit=3, max_tokens=64,
                            threads=2, progress=False, bootstrap_resamples=300)
     pts = res.points
-    assert [p["acceptance_set"] for p in pts] == [0.0, 0.5, 1.0]
-    assert [p["flag_value"] for p in pts] == ["synth-len 1", "synth-len 2.5", "synth-len 4"]
-    assert pts[0]["acceptance"] == 0.0 and pts[2]["acceptance"] == 1.0  # exact at the ends
-    assert abs(pts[1]["acceptance"] - 0.5) < 0.12
-    lo, hi = pts[1]["acceptance_ci95"]
-    assert lo < pts[1]["acceptance"] < hi  # each request has its own synthetic RNG stream (seed per request)
-    assert pts[0]["acceptance"] < pts[1]["acceptance"] < pts[2]["acceptance"]
-    tps = [p["tokens_per_step"] for p in pts]
+    assert [p.acceptance_set for p in pts] == [0.0, 0.5, 1.0]
+    assert [p.flag_value for p in pts] == ["synth-len 1", "synth-len 2.5", "synth-len 4"]
+    assert pts[0].acceptance == 0.0 and pts[2].acceptance == 1.0  # exact at the ends
+    assert abs(pts[1].acceptance - 0.5) < 0.12
+    lo, hi = pts[1].acceptance_ci95
+    assert lo < pts[1].acceptance < hi  # each request has its own synthetic RNG stream (seed per request)
+    assert pts[0].acceptance < pts[1].acceptance < pts[2].acceptance
+    tps = [p.tokens_per_step for p in pts]
     assert tps[0] == pytest.approx(1.0) and tps[2] > 3.5 and tps[0] < tps[1] < tps[2]
-    assert all(p["draft_n"] > 0 and p["speedup"] > 0 and p["mtp_tokens_per_second"] > 0 for p in pts)
+    assert all(p.draft_n > 0 and p.speedup > 0 and p.mtp_tokens_per_second > 0 for p in pts)
     # the real head at the same k: identical output, acceptance near (0.8 + 0.64 + 0.512) / 3
-    assert res.real["identical_output_fraction"] == 1.0 and abs(res.real["acceptance"] - 0.65) < 0.12
+    assert res.real.identical_output_fraction == 1.0 and abs(res.real.acceptance - 0.65) < 0.12
     assert "synthetic" in " ".join(res.notes) and "break-even" in res.table()
     # explicit geometric rates: the same acceptance through the other flag
     r2 = acceptance_curve(f20, rates=(0.5,), draft_n_max=2, flag="synth-rates", seeds=(1, 2), limit=3, max_tokens=64,
                           threads=2, include_real=False, progress=False, bootstrap_resamples=100)
-    assert r2.points[0]["flag_value"].startswith("synth-rates 0.6") and abs(r2.points[0]["acceptance"] - 0.5) < 0.12
+    assert r2.points[0].flag_value.startswith("synth-rates 0.6") and abs(r2.points[0].acceptance - 0.5) < 0.12
     with pytest.raises(TuneError, match="within"):
         acceptance_curve(f20, synth_len=(5.0,), draft_n_max=3, progress=False)
 
@@ -446,7 +452,7 @@ def test_profiles_a_and_d_both_arms(profiles_ad):
         for q in r.requests:
             assert 0 < q.ttft_ms < q.e2e_ms and q.tpot_ms > 0 and q.n_out == w.output_tokens
         if r.arm == "mtp":
-            assert 0.3 < m["acceptance"] < 1.0 and r.spec["n_drafts"] > 0 and r.spec["tokens_per_step"] > 1
+            assert 0.3 < m["acceptance"] < 1.0 and r.spec.n_drafts > 0 and r.spec.tokens_per_step > 1
             assert "--spec-type draft-mtp" in r.command
         else:
             assert m["acceptance"] is None and r.spec is None and "--spec-type" not in r.command
@@ -457,21 +463,21 @@ def test_profiles_a_and_d_both_arms(profiles_ad):
 
 
 def test_decision_table_shape(profiles_ad):
-    from ggufmtp.measure.profiles import decision_table, format_decision_table
+    from ggufmtp.measure.workloads import decision_table, format_decision_table
 
     table = profiles_ad.table
-    assert [r["workload"] for r in table] == ["A", "D"]
+    assert [r.workload for r in table] == ["A", "D"]
     for row in table:
-        assert set(row["deltas"]) == {"throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "itl_mean",
-                                      "itl_p99"}
-        tp = row["deltas"]["throughput"]
-        assert tp == pytest.approx(row["mtp_tokens_per_second"] / row["vanilla_tokens_per_second"] - 1)
-        expect = "no" if tp <= 0.02 else "mixed" if row["deltas"]["tpot_mean"] > 0.02 else "yes"
-        assert row["mtp_helps"] == expect and row["within_noise"] == (abs(tp) <= 0.02)
-        assert "throughput" in row["reasoning"] and "TTFT" in row["reasoning"] and "TPOT" in row["reasoning"]
-        assert row["identical_output_fraction"] == 1.0 and 0 < row["acceptance"] < 1
+        assert set(row.deltas) == {"throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "itl_mean",
+                                   "itl_p99"}
+        tp = row.deltas["throughput"]
+        assert tp == pytest.approx(row.mtp_tokens_per_second / row.vanilla_tokens_per_second - 1)
+        expect = "no" if tp <= 0.02 else "mixed" if row.deltas["tpot_mean"] > 0.02 else "yes"
+        assert row.mtp_helps == expect and row.within_noise == (abs(tp) <= 0.02)
+        assert "throughput" in row.reasoning and "TTFT" in row.reasoning and "TPOT" in row.reasoning
+        assert row.identical_output_fraction == 1.0 and 0 < row.acceptance < 1
     # the rule on its own: a wider noise band turns every "yes" into "no"
-    assert all(r["mtp_helps"] == "no" for r in decision_table(profiles_ad.results, noise=1e9))
+    assert all(r.mtp_helps == "no" for r in decision_table(profiles_ad.results, noise=1e9))
     text = format_decision_table(table)
     assert text.splitlines()[0].split()[:2] == ["workload", "MTP?"] and len(text.splitlines()) == 3
     assert "workload A" in profiles_ad.text() and "P99" not in text.splitlines()[0]
@@ -480,17 +486,17 @@ def test_decision_table_shape(profiles_ad):
 def test_decision_rule_on_the_h200_profiles():
     """The rule applied to the metrics the H200 measured (session 2): A gains throughput and decodes
     each request faster, D gains 3.2% throughput but each request decodes 14% slower, B and C lose."""
-    from ggufmtp.measure.profiles import ProfileResult, Workload, decision_table
+    from ggufmtp.measure.workloads import ProfileResult, Workload, decision_table
 
     data = json.loads((Path(__file__).parent.parent / "benchmarks/gpu/results-2026-11-21b-h200/profiles.json").read_text())
     results = [ProfileResult(Workload(**a["workload"]), a["arm"], a["metrics"], [], a["command"], a["settings"])
                for arms in data["workloads"].values() for a in arms.values()]
-    rows = {r["workload"]: r for r in decision_table(results)}
-    assert {k: r["mtp_helps"] for k, r in rows.items()} == {"A": "yes", "B": "no", "C": "no", "D": "mixed"}
-    assert "TPOT +14.0%" in rows["D"]["reasoning"] and "mixed" not in rows["A"]["reasoning"]
+    rows = {r.workload: r for r in decision_table(results)}
+    assert {k: r.mtp_helps for k, r in rows.items()} == {"A": "yes", "B": "no", "C": "no", "D": "mixed"}
+    assert "TPOT +14.0%" in rows["D"].reasoning and "mixed" not in rows["A"].reasoning
     # the noise band is the one knob: at 3% D's +3.2% still counts (mixed), at 15% it does not (no)
     def verdicts(noise: float) -> dict[str, str]:
-        return {r["workload"]: r["mtp_helps"] for r in decision_table(results, noise=noise)}
+        return {r.workload: r.mtp_helps for r in decision_table(results, noise=noise)}
 
     assert verdicts(0.03)["D"] == "mixed" and verdicts(0.15) == {"A": "yes", "B": "no", "C": "no", "D": "no"}
 

@@ -22,7 +22,8 @@ from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
 from ggufmtp.runtime.server import LlamaServer, ServerConfig
 from ggufmtp.measure.suite import SUITES_DIR, SuiteError, load_suite, modes_for_template
-from ggufmtp.synth.factory import SynthSpec, expected_acceptance, simulate_acceptance
+from ggufmtp.synth.chain import simulate_acceptance
+from ggufmtp.synth.spec import SynthSpec, expected_acceptance
 from ggufmtp.measure.verify import Thresholds, evaluate_verdict, recommend, verify
 
 K = 4
@@ -534,3 +535,25 @@ def test_tuned_configuration_errors(knob_models, tmp_path):
         verify(knob_models[0.0], tuned=TuneConfig(2), draft_n_max=3, **FAST)
     with pytest.raises(VerifyError, match="must be positive"):
         verify(knob_models[0.0], peak_bandwidth_gbs=-1, **FAST)
+
+
+def test_thresholds_merge_and_abba_order():
+    """The CLI's threshold merge is the library's; the paired-arm loop alternates V M, M V, ..."""
+    from ggufmtp.measure.arms import ABBA, paired
+    from ggufmtp.measure.verdict import Verdict
+    from ggufmtp.quant.recipe import VerifyThresholds
+
+    rec = Thresholds.from_recipe(VerifyThresholds(min_acceptance=0.5, min_speedup=1.1), "q8_0-mtp")
+    assert rec.source == "recipe q8_0-mtp" and rec.merged() == rec
+    both = rec.merged(min_speedup=1.3, min_identical=0.9, enforce_speedup=True)
+    assert (both.min_acceptance, both.min_speedup, both.min_identical, both.enforce_speedup, both.source) == (
+        0.5, 1.3, 0.9, True, "recipe q8_0-mtp + flags")
+    assert Thresholds().merged(min_acceptance=0.7).source == "flags" and Thresholds().merged().source == "none"
+    assert Thresholds.coerce(VerifyThresholds(min_acceptance=0.5)).source == "recipe"
+    assert Verdict.PASS == "pass" and Verdict("fail") is Verdict.FAIL
+    calls = []
+    order = ABBA()
+    pairs = list(paired("ab", lambda x: calls.append(("v", x)), lambda x: calls.append(("m", x)), order))
+    pairs += list(paired("c", lambda x: calls.append(("v", x)), lambda x: calls.append(("m", x)), order))
+    assert calls == [("v", "a"), ("m", "a"), ("m", "b"), ("v", "b"), ("v", "c"), ("m", "c")]
+    assert [p.vanilla_first for p in pairs] == [True, False, True] and order.index == 3

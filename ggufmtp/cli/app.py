@@ -1,9 +1,8 @@
 """The ``ggufmtp`` click group, shared options and parsers; commands live in the sibling modules.
 
-The ``ggufmtp`` command line: a thin click layer over the Python API.
-
-Every command prints for people by default and JSON with ``--json``; a ``GgufmtpError`` becomes
-one ``error: ...`` line on stderr and exit status 1 (2 for usage errors, click's convention).
+The command line is a thin click layer over the Python API. Every command prints for people by
+default and JSON with ``--json``; a ``GgufmtpError`` becomes one ``error: ...`` line on stderr and
+exit status 1 (2 for usage errors, click's convention).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import click
 
 from .._version import __version__
 from ..errors import GgufmtpError
+from ..refs import local_model_arg
 
 
 def emit_json(obj: Any) -> None:
@@ -53,19 +53,17 @@ def main() -> None:
     """Produce, audit and verify MTP (NextN) GGUF models for llama.cpp."""
 
 
-
 def resolve_model_arg(model: str) -> str:
-    """``builtin:NAME`` → the synthesized model's path (made once, cached); else the path."""
-    if model.startswith("builtin:"):
-        from ..synth.factory import builtin_path
+    """A command's MODEL argument: ``builtin:NAME`` -> the synthesized model's path (made once,
+    cached); anything else unchanged. The resolving is :mod:`ggufmtp.refs`'s."""
+    return local_model_arg(model)
 
-        return str(builtin_path(model))
-    return model
 
 recipe_option = click.option("--recipe", "-r", "recipe_name", required=True,
                              help="Shipped recipe name (see `ggufmtp recipe list`) or a .toml file.")
 imatrix_option = click.option("--imatrix", type=click.Path(dir_okay=False), default=None,
                               help="Importance matrix (.dat or GGUF imatrix).")
+
 
 def _number_list(value: str | None, what: str, cast: Callable[[str], Any], kind: str) -> list | None:
     if value is None:
@@ -81,6 +79,7 @@ def _number_list(value: str | None, what: str, cast: Callable[[str], Any], kind:
 
 def _int_list(value: str | None, what: str) -> list[int] | None:
     return _number_list(value, what, int, "integers")
+
 
 def _float_list(value: str | None, what: str) -> list[float] | None:
     return _number_list(value, what, float, "numbers")

@@ -23,15 +23,16 @@ def imatrix_group() -> None:
 def imatrix_info_cmd(file: str, model_arg: str | None, as_json: bool) -> None:
     """Summarize FILE; with --model, check it against the model and list tensors without statistics
     (the MTP block separately: llama-imatrix never collects it). Exits 1 when the check finds errors."""
-    from ..imatrix import format as imx
+    from ..imatrix.check import coverage, read_model_tensors, validate
+    from ..imatrix.format import ImatrixInfo, read_imatrix
 
-    im = imx.read_imatrix(file)
-    out = imx.ImatrixInfo.from_imatrix(im).to_dict()
+    im = read_imatrix(file)
+    out = ImatrixInfo.from_imatrix(im).to_dict()
     report = cov = None
     if model_arg:
-        mt = imx.read_model_tensors(resolve_model_arg(model_arg))
-        report = imx.validate(im, mt, strict=False)  # an imatrix for another model raises
-        cov = imx.coverage(im, mt)
+        mt = read_model_tensors(resolve_model_arg(model_arg))
+        report = validate(im, mt, strict=False)  # an imatrix for another model raises
+        cov = coverage(im, mt)
         out["model"] = mt.path
         out["coverage"] = cov.to_dict()
         out["validation"] = report.to_dict()
@@ -70,12 +71,13 @@ def imatrix_info_cmd(file: str, model_arg: str | None, as_json: bool) -> None:
 @handle_errors
 def imatrix_convert_cmd(src: str, dst: str, fmt: str, chunk_size: int | None, as_json: bool) -> None:
     """Convert SRC to DST in another format (what is lost is printed as notes)."""
-    from ..imatrix import format as imx
+    from ..imatrix.entries import conversion_losses, convert_imatrix
+    from ..imatrix.format import read_imatrix, write_imatrix
 
-    im = imx.read_imatrix(src)
-    notes = imx.conversion_losses(im, fmt)  # type: ignore[arg-type]
-    conv = imx.convert_imatrix(im, fmt, chunk_size=chunk_size)  # type: ignore[arg-type]
-    digest = imx.write_imatrix(conv, dst)
+    im = read_imatrix(src)
+    notes = conversion_losses(im, fmt)
+    conv = convert_imatrix(im, fmt, chunk_size=chunk_size)
+    digest = write_imatrix(conv, dst)
     if as_json:
         emit_json({"src": src, "dst": dst, "from_format": im.format, "format": fmt, "sha256": digest,
                    "entries": len(conv.entries), "notes": notes})

@@ -27,9 +27,9 @@ def inspect(model: str, as_json: bool) -> None:
 
 
 def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: int):
-    """synth --target-acceptance: the calibrated fraction (ggufmtp.synth.calibrate_wrong_fraction)."""
+    """synth --target-acceptance: the calibrated fraction (ggufmtp.synth.calibrate.calibrate_wrong_fraction)."""
     from ..measure.suite import load_suite
-    from ..synth.factory import calibrate_wrong_fraction, chat_last_tokens
+    from ..synth.calibrate import calibrate_wrong_fraction, chat_last_tokens
 
     if spec.wrong_successor_fraction or spec.eh_proj_noise or not spec.mtp or spec.mtp_only:
         raise click.UsageError("--target-acceptance sets the wrong-successor fraction itself: leave out "
@@ -70,7 +70,8 @@ def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: 
           wrong_successor_fraction: float, eh_proj_noise: float, omit: tuple[str, ...],
           target_acceptance: float | None, target_k: int, suite_name: str, max_tokens: int, as_json: bool) -> None:
     """Write a synthetic BF16 GGUF with an MTP head whose behaviour is known exactly."""
-    from ..synth.factory import SynthSpec, synthesize
+    from ..synth.spec import SynthSpec
+    from ..synth.writer import synthesize
 
     spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, seed=seed,
                      wrong_successor_fraction=wrong_successor_fraction, eh_proj_noise=eh_proj_noise,
@@ -85,7 +86,7 @@ def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: 
                        f"{target_acceptance:.2%}; the iid formula's fraction: {calibration.formula_fraction:.4f})")
     res = synthesize(out, spec, progress=not as_json)
     if as_json:
-        emit_json({**res.to_json(), **({"calibration": calibration.to_json()} if calibration else {})})
+        emit_json({**res.to_dict(), **({"calibration": calibration.to_dict()} if calibration else {})})
         return
     click.echo(f"wrote {res.path} ({res.size_bytes / 2**20:.1f} MiB, {res.n_tensors} tensors)")
     click.echo(f"  arch {arch}, shape {shape}, {layers} trunk layers, "

@@ -133,8 +133,6 @@ def quantize(model: str, recipe_name: str, imatrix: str | None, output: str, thr
         click.echo(f"warning: {w}", err=True)
     for c in res.checks:
         click.echo(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
-    m = res.plan.mtp_summary()
-    click.echo(f"wrote {res.output} ({res.size_bytes} bytes, {res.plan.bpw:.3f} bpw) in {res.seconds:.1f}s; "
-               f"MTP blk.{m['block']} {m['status']}, eh_proj {m['eh_proj']}")
+    click.echo(res.summary())
     if "receipt" in out:
         click.echo(f"receipt {out['receipt']}")

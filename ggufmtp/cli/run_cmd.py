@@ -35,7 +35,7 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, inc
             as_json: bool) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
     receipt, card, upload. Reruns resume from the first stage whose inputs changed or that failed."""
-    from ..pipeline import format_summary, run
+    from ..pipeline import run
 
     vopts: dict[str, Any] = {}
     if seeds:
@@ -50,10 +50,10 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, inc
               include=list(include) or None, verify_options=vopts, threads=threads, private=private,
               dry_run_upload=dry_run_upload, force=force, progress=not as_json,
               log=lambda m: click.echo(m, err=True))
-    s = res.summary()
+    summary = res.summary_record()
     if as_json:
-        emit_json(s)
+        emit_json(summary.to_dict())
     else:
-        click.echo(format_summary(s))
-    if s.get("verdict") == "fail":
+        click.echo(summary.format())
+    if summary.verdict == "fail":
         sys.exit(1)

@@ -1,49 +1,11 @@
-"""ggufmtp tune, curve and profiles (and verify --tune, an alias of tune)."""
+"""ggufmtp tune, curve and profiles (``verify --tune``, an alias of tune, is declared in verify_cmds)."""
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-from typing import Any
-
 import click
 
-from . import verify_cmds  # noqa: F401  (verify is registered before --tune is wired onto it)
-from .app import (_float_list, _int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main,
-                  resolve_model_arg)
-
-
-def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None, out_path: str | None,
-                   as_json: bool, out_data: dict[str, Any], text: str) -> None:
-    """The common tail of tune, curve and profiles: the full JSON to --out, ``res.to_dict()`` as
-    ``verification.<section>`` of --receipt, then JSON or the human-readable text on stdout."""
-    if out_path:
-        from ..gguf.fsutil import atomic_write_json
-
-        atomic_write_json(Path(out_path), out_data)
-    if receipt_path:
-        from ..measure.tune import store_in_receipt
-
-        store_in_receipt(receipt_path, model=resolve_model_arg(model), **{section: res.to_dict()})
-    if as_json:
-        emit_json(res.to_dict())
-    else:
-        click.echo(text)
-
-
-def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int,
-              limit: int | None, gpu_layers: str | None, threads: int | None, ctx_per_slot: int,
-              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
-              final_on_suite: bool = True) -> None:
-    from ..measure.tune import tune
-
-    res = tune(resolve_model_arg(model), concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds"),
-               suite=suite, max_tokens=max_tokens, limit=limit, gpu_layers=_ngl(gpu_layers), threads=threads,
-               ctx_per_slot=ctx_per_slot, llama_cpp_bin=llama_cpp_bin, progress=not as_json,
-               final_on_suite=final_on_suite)
-    _save_and_show(res, model, "tuned", receipt_path, out_path, as_json, res.to_dict(), res.table())
-    if receipt_path and not as_json:
-        click.echo(f"receipt {receipt_path}: verification.tuned written (verify's results kept)")
+from .app import _float_list, _int_list, _ngl, bin_option, handle_errors, json_option, main, resolve_model_arg
+from .measure_common import _run_tune, _save_and_show
 
 
 @main.command("tune")
@@ -81,39 +43,6 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
               receipt_path, out_path, llama_cpp_bin, as_json, final_on_suite)
 
 
-def _wire_verify_tune() -> None:
-    """``ggufmtp verify MODEL --tune`` = ``ggufmtp tune MODEL`` with verify's options (an alias; the
-    verify command itself is untouched)."""
-    cmd = main.commands.get("verify")
-    if cmd is None or any(p.name == "tune" for p in cmd.params):
-        return
-    cmd.params.extend([
-        click.Option(["--tune"], is_flag=True, help="Run `ggufmtp tune` instead (alias): search server settings; "
-                     "--seeds/--suite/--max-tokens/--limit/--gpu-layers/--threads/--receipt/--out/--json apply."),
-        click.Option(["--budget"], type=click.IntRange(min=1), default=240, show_default=True,
-                     help="With --tune: evaluations the search may spend."),
-        click.Option(["--concurrency"], type=click.IntRange(min=1), default=1, show_default=True,
-                     help="With --tune: concurrent clients to tune for."),
-    ])
-    orig = cmd.callback
-
-    @functools.wraps(orig)
-    def callback(*args, tune: bool = False, budget: int = 240, concurrency: int = 1, **kw):
-        if not tune:
-            return orig(*args, **kw)
-        ctx = click.get_current_context()
-        default = click.core.ParameterSource.DEFAULT
-        seeds = "42" if ctx.get_parameter_source("seeds") == default else kw["seeds"]
-        return handle_errors(_run_tune)(
-            kw["model"], concurrency, budget, seeds, kw["suite"], kw["max_tokens"], kw["limit"], kw["gpu_layers"],
-            kw["threads"], kw["ctx_size"], kw["receipt_path"], kw["out_path"], kw["llama_cpp_bin"], kw["as_json"])
-
-    cmd.callback = callback
-
-
-_wire_verify_tune()
-
-
 @main.command("curve")
 @click.argument("model")
 @click.option("--rates", default="0,0.25,0.5,0.75,0.9,1", show_default=True,
@@ -142,7 +71,7 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
     """Speedup versus acceptance on this hardware, with llama-server's synthetic acceptance
     (--spec-synth-len / --spec-synth-rates; benchmarking only): what a head of any acceptance would gain
     here, separated from the head's quality. MODEL needs an MTP block (its drafter's cost is measured)."""
-    from ..measure.tune import acceptance_curve
+    from ..measure.curve import acceptance_curve
 
     res = acceptance_curve(resolve_model_arg(model), rates=_float_list(rates, "--rates") or (), draft_n_max=draft_n_max,
                            synth_len=_float_list(synth_len, "--synth-len"), flag=flag, seeds=_int_list(seeds, "--seeds"),

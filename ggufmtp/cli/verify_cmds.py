@@ -1,4 +1,4 @@
-"""ggufmtp verify."""
+"""ggufmtp verify (and ``verify --tune``, an alias of ``ggufmtp tune``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import click
 
 from .app import (_int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main,
                   resolve_model_arg)
+from .measure_common import _run_tune
 
 
 @main.command("verify")
@@ -45,13 +46,20 @@ from .app import (_int_list, _ngl, bin_option, emit_json, handle_errors, json_op
               help="Write the full JSON (with every request) here, atomically.")
 @bin_option
 @json_option
+@click.option("--tune", is_flag=True, help="Run `ggufmtp tune` instead (alias): search server settings; "
+              "--seeds/--suite/--max-tokens/--limit/--gpu-layers/--threads/--receipt/--out/--json apply.")
+@click.option("--budget", type=click.IntRange(min=1), default=240, show_default=True,
+              help="With --tune: evaluations the search may spend.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --tune: concurrent clients to tune for.")
 @handle_errors
 def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, seeds: str, suite: str, max_tokens: int,
                limit: int | None, raw: bool, sweep: str | None, recipe_name: str | None, min_acceptance: float | None,
                min_speedup: float | None, min_identical: float, enforce_speedup: bool, gpu_layers: str | None,
                threads: int | None, ctx_size: int, parallel: int, tuned_from: str | None,
                peak_bandwidth_gbs: float | None, receipt_path: str | None, out_path: str | None,
-               llama_cpp_bin: str | None, as_json: bool) -> None:
+               llama_cpp_bin: str | None, as_json: bool, tune: bool = False, budget: int = 240,
+               concurrency: int = 1) -> None:
     """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
 
     Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
@@ -59,32 +67,37 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     Exits 1 when the verdict fails. The speedup threshold applies only with GPU offload (or
     --enforce-speedup). With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
     fraction of the memory-bandwidth limit each arm reached. MODEL may be builtin:NAME."""
+    if tune:
+        default = click.core.ParameterSource.DEFAULT
+        tune_seeds = "42" if click.get_current_context().get_parameter_source("seeds") == default else seeds
+        return _run_tune(model, concurrency, budget, tune_seeds, suite, max_tokens, limit, gpu_layers, threads,
+                         ctx_size, receipt_path, out_path, llama_cpp_bin, as_json)
     from ..measure.tune import load_tuned_config
     from ..measure.verify import Thresholds, verify
 
-    seed_list = _int_list(seeds, "--seeds")
-    sweep_list = _int_list(sweep, "--sweep")
-    ngl = _ngl(gpu_layers)
-    src, acc, spd = [], None, None
+    seed_list, sweep_list, ngl = _int_list(seeds, "--seeds"), _int_list(sweep, "--sweep"), _ngl(gpu_layers)
+    th = Thresholds()
     if recipe_name:
         from ..quant.recipe import Recipe
 
         rec = Recipe.load(recipe_name)
-        acc, spd = rec.verify.min_acceptance, rec.verify.min_speedup
+        th = Thresholds.from_recipe(rec.verify, rec.name)
         if draft_n_max is None and not tuned_from:
             draft_n_max = rec.verify.draft_n_max
-        src.append(f"recipe {rec.name}")
-    if min_acceptance is not None or min_speedup is not None:
-        acc = min_acceptance if min_acceptance is not None else acc
-        spd = min_speedup if min_speedup is not None else spd
-        src.append("flags")
-    th = Thresholds(min_acceptance=acc, min_speedup=spd, min_identical=min_identical,
-                    enforce_speedup=enforce_speedup, source=" + ".join(src) or "none")
-    res = verify(resolve_model_arg(model), draft_n_max=draft_n_max, draft_n_min=draft_n_min, seeds=seed_list,
-                 suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size, threads=threads, gpu_layers=ngl,
-                 parallel=parallel, llama_cpp_bin=llama_cpp_bin, progress=not as_json, thresholds=th, limit=limit,
-                 sweep=sweep_list, tuned=load_tuned_config(tuned_from) if tuned_from else None,
-                 peak_bandwidth_gbs=peak_bandwidth_gbs)
+    th = th.merged(min_acceptance=min_acceptance, min_speedup=min_speedup, min_identical=min_identical,
+                   enforce_speedup=enforce_speedup)
+    res = verify(resolve_model_arg(model), draft_n_max=draft_n_max, draft_n_min=draft_n_min,
+                 seeds=seed_list, suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size,
+                 threads=threads, gpu_layers=ngl, parallel=parallel, llama_cpp_bin=llama_cpp_bin,
+                 progress=not as_json, thresholds=th, limit=limit, sweep=sweep_list,
+                 tuned=load_tuned_config(tuned_from) if tuned_from else None, peak_bandwidth_gbs=peak_bandwidth_gbs)
+    _write_and_show(res, out_path, receipt_path, as_json)
+    if not res.ok:
+        sys.exit(1)
+
+
+def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json: bool) -> None:
+    """--out (the full JSON), --receipt (its verification section), then JSON or the table."""
     if out_path:
         from ..gguf.fsutil import atomic_write_json
 
@@ -103,5 +116,3 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
             click.echo(f"wrote {out_path}")
         if receipt_path:
             click.echo(f"receipt {receipt_path}: verification section written (verdict {res.verdict})")
-    if not res.ok:
-        sys.exit(1)

@@ -12,7 +12,9 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -51,16 +53,48 @@ def _target_mode(path: Path) -> int:
         return 0o666 & ~current_umask()
 
 
-def atomic_write_parts(path: str | os.PathLike, parts: Iterable[bytes]) -> str:
+class _BackgroundDigest:
+    """sha256 in a worker thread, fed through a small bounded queue: hashlib releases the GIL on
+    large buffers, so hashing overlaps the writes (synthesizing a 72 GB model pays for one, not both)."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+        self._thread = threading.Thread(target=self._run, name="ggufmtp-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (part := self._queue.get()) is not None:
+            self._digest.update(part)
+
+    def update(self, part: bytes) -> None:
+        self._queue.put(part)
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self._digest.hexdigest()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+
+def atomic_write_parts(path: str | os.PathLike, parts: Iterable[bytes], *, make_parents: bool = True) -> str:
     """Write the concatenation of ``parts`` to ``path`` atomically; returns its sha256 (hex).
 
-    Raises ``OSError`` as the OS reported it (callers wrap it in their own error naming the file);
-    the temp file is removed on any failure, including KeyboardInterrupt."""
+    Parts are hashed in a worker thread while later parts are written, so a part must not be mutated
+    after it is yielded (yield fresh bytes, not a reused buffer).
+
+    Missing parent folders are created unless ``make_parents`` is False (then a missing folder is
+    ``FileNotFoundError``). Raises ``OSError`` as the OS reported it (callers wrap it in their own
+    error naming the file); the temp file is removed on any failure, including KeyboardInterrupt."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    folder.mkdir(parents=True, exist_ok=True)
+    if make_parents:
+        folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    digest = hashlib.sha256()
+    digest = _BackgroundDigest()
     try:
         os.fchmod(fd, _target_mode(path))
         with os.fdopen(fd, "wb") as fh:
@@ -71,6 +105,7 @@ def atomic_write_parts(path: str | os.PathLike, parts: Iterable[bytes]) -> str:
             os.fsync(fh.fileno())
         os.replace(tmp, path)  # replaces a symlink itself, never writes through it
     except BaseException:
+        digest.close()
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

@@ -1,6 +1,6 @@
 """Reading a GGUF model's structure, with its MTP (NextN) block: ``ggufmtp inspect``.
 
-The header is read with :mod:`ggufmtp.gguf_header` (fast on 248k-token vocabularies); tensor
+The header is read with :mod:`ggufmtp.gguf.reader` (fast on 248k-token vocabularies); tensor
 data stays on disk and is reached through memory maps.
 Split GGUFs (``name-00001-of-00003.gguf``) are read as one model: metadata from the first shard,
 tensors from all of them.
@@ -9,16 +9,20 @@ tensors from all of them.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import os
 import re
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
+from gguf.constants import Keys, LlamaFileType
 
 from ..constants import MTP_ARCHITECTURES, NEXTN_OPTIONAL_FALLBACKS, NEXTN_REQUIRED
 from ..errors import GGUFReadError
-from ..gguf.reader import read_header, tensor_nbytes
+from ..fmt import human_bytes
+from .reader import GGUFHeader, read_header, tensor_nbytes
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
@@ -69,6 +73,40 @@ def split_shards(path: Path) -> list[Path]:
     return shards
 
 
+def _arch_count(header: GGUFHeader, key_template: str) -> int | None:
+    """``<arch>.<key>`` of the file's own architecture as an int (None when absent or not a number)."""
+    arch = header.metadata.get(Keys.General.ARCHITECTURE)
+    try:
+        return int(header.metadata[key_template.format(arch=arch)])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def has_mtp_head(path: str | os.PathLike) -> bool | None:
+    """Whether llama-server would find an MTP head in ``path``: it looks for
+    ``blk.<block_count-1>.nextn.eh_proj.weight``. None if the file cannot be read as a GGUF or has
+    no block count. Reads the header only."""
+    try:
+        header = read_header(path)
+    except (OSError, ValueError):  # GGUFReadError is a ValueError; OSError: mmap of an odd file
+        return None
+    n = _arch_count(header, Keys.LLM.BLOCK_COUNT)
+    if n is None:
+        return None
+    return any(t.name == f"blk.{n - 1}.nextn.eh_proj.weight" for t in header.tensors)
+
+
+def is_mtp_sidecar(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an MTP-only file (``nextn_predict_layers > 0`` and no trunk), the kind
+    ``--spec-draft-model`` takes; False when it cannot be read."""
+    try:
+        header = read_header(path)
+    except (OSError, ValueError):
+        return False
+    nextn = _arch_count(header, Keys.LLM.NEXTN_PREDICT_LAYERS) or 0
+    return nextn > 0 and all(t.name != "blk.0.attn_norm.weight" for t in header.tensors)
+
+
 class GGUFModel:
     """A GGUF model (one file or all shards of a split one): metadata and tensor table.
 
@@ -101,18 +139,18 @@ class GGUFModel:
     # --- architecture ---------------------------------------------------------------------
     @property
     def architecture(self) -> str:
-        return str(self.metadata.get("general.architecture", "unknown"))
+        return str(self.metadata.get(Keys.General.ARCHITECTURE, "unknown"))
 
     def arch_key(self, suffix: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.architecture}.{suffix}", default)
 
     @property
     def block_count(self) -> int:
-        return int(self.arch_key("block_count", 0) or 0)
+        return int(self.metadata.get(Keys.LLM.BLOCK_COUNT.format(arch=self.architecture), 0) or 0)
 
     @property
     def nextn_predict_layers(self) -> int:
-        return int(self.arch_key("nextn_predict_layers", 0) or 0)
+        return int(self.metadata.get(Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=self.architecture), 0) or 0)
 
     @property
     def trunk_layers(self) -> int:
@@ -126,13 +164,11 @@ class GGUFModel:
 
     @property
     def file_type(self) -> str | None:
-        import gguf
-
-        ft = self.metadata.get("general.file_type")
+        ft = self.metadata.get(Keys.General.FILE_TYPE)
         if ft is None:
             return None
         try:
-            return gguf.LlamaFileType(int(ft)).name.replace("MOSTLY_", "")
+            return LlamaFileType(int(ft)).name.replace("MOSTLY_", "")
         except ValueError:
             return str(ft)
 
@@ -167,11 +203,20 @@ class GGUFModel:
         return {name: t.type for name, t in self.tensors.items()}
 
 
+class MTPStatus(enum.StrEnum):
+    """How llama.cpp's loader would see a file's MTP (NextN) block. Compares equal to its value."""
+
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"
+    ABSENT = "absent"
+    SIDECAR = "sidecar"  # an MTP block without the trunk (``--spec-draft-model`` file)
+
+
 @dataclasses.dataclass
 class MTPCheck:
     """The MTP block's presence and completeness."""
 
-    status: str  # complete | incomplete | absent | sidecar
+    status: MTPStatus
     block: int | None
     tensors: dict[str, str]
     missing: list[str]
@@ -183,22 +228,9 @@ def _has(names: set[str], prefix: str, alt: str) -> bool:
     return all(f"{prefix}{part}.weight" in names for part in alt.split("+"))
 
 
-def check_mtp(model: GGUFModel) -> MTPCheck:
-    """Decide ``mtp_status`` the way llama.cpp's loader would see the file."""
-    names = set(model.tensors)
-    nextn_names = sorted(n for n in names if ".nextn." in n)
-    blocks = model.mtp_blocks
-    if not blocks:
-        if nextn_names:
-            return MTPCheck("incomplete", None, {n: model.tensors[n].type for n in nextn_names},
-                            [f"{model.architecture}.nextn_predict_layers (metadata says 0, file has NextN tensors)"],
-                            {}, ["NextN tensors present but nextn_predict_layers is 0"])
-        return MTPCheck("absent", None, {}, [], {}, [])
-    block = blocks[-1] if len(blocks) == 1 else blocks[0]
-    prefix = f"blk.{block}."
-    block_tensors = {n: model.tensors[n].type for n in sorted(names) if n.startswith(prefix)}
+def _missing_block_tensors(model: GGUFModel, names: set[str], blocks: list[int]) -> list[str]:
+    """Tensors the loader requires in each MTP block that the file lacks (first alternative named)."""
     missing: list[str] = []
-    problems: list[str] = []
     for b in blocks:
         p = f"blk.{b}."
         for req in NEXTN_REQUIRED:
@@ -207,6 +239,11 @@ def check_mtp(model: GGUFModel) -> MTPCheck:
         for alternatives in MTP_BLOCK_REQUIREMENTS.get(model.architecture, _GENERIC_BLOCK):
             if not any(_has(names, p, alt) for alt in alternatives):
                 missing.append(f"{p}{alternatives[0].split('+')[0]}.weight")
+    return missing
+
+
+def _fallbacks(names: set[str], prefix: str) -> dict[str, str]:
+    """Optional NextN tensors the file lacks -> the tensor llama.cpp uses instead."""
     fallbacks = {}
     for opt, fallback in NEXTN_OPTIONAL_FALLBACKS.items():
         if f"{prefix}{opt}.weight" not in names:
@@ -214,18 +251,37 @@ def check_mtp(model: GGUFModel) -> MTPCheck:
             if fallback == "output" and fb not in names:
                 fb = "token_embd.weight"  # tied embeddings: output falls back to token_embd
             fallbacks[f"{prefix}{opt}.weight"] = fb
+    return fallbacks
+
+
+def check_mtp(model: GGUFModel) -> MTPCheck:
+    """Decide ``mtp_status`` the way llama.cpp's loader would see the file."""
+    names = set(model.tensors)
+    nextn_names = sorted(n for n in names if ".nextn." in n)
+    blocks = model.mtp_blocks
+    if not blocks:
+        if nextn_names:
+            return MTPCheck(MTPStatus.INCOMPLETE, None, {n: model.tensors[n].type for n in nextn_names},
+                            [f"{model.architecture}.nextn_predict_layers (metadata says 0, file has NextN tensors)"],
+                            {}, ["NextN tensors present but nextn_predict_layers is 0"])
+        return MTPCheck(MTPStatus.ABSENT, None, {}, [], {}, [])
+    block = blocks[-1] if len(blocks) == 1 else blocks[0]
+    prefix = f"blk.{block}."
+    block_tensors = {n: model.tensors[n].type for n in sorted(names) if n.startswith(prefix)}
+    missing = _missing_block_tensors(model, names, blocks)
+    problems: list[str] = []
     if model.architecture not in MTP_ARCHITECTURES:
         problems.append(f"architecture {model.architecture} has no MTP draft graph in llama.cpp")
     trunk_present = "blk.0.attn_norm.weight" in names or any(
         t.block is not None and t.block < blocks[0] for t in model.tensors.values()
     )
     if not trunk_present and block_tensors:
-        status = "sidecar" if not missing else "incomplete"
+        status = MTPStatus.SIDECAR if not missing else MTPStatus.INCOMPLETE
     elif missing or problems:
-        status = "incomplete"
+        status = MTPStatus.INCOMPLETE
     else:
-        status = "complete"
-    return MTPCheck(status, block, block_tensors, missing, fallbacks, problems)
+        status = MTPStatus.COMPLETE
+    return MTPCheck(status, block, block_tensors, missing, _fallbacks(names, prefix), problems)
 
 
 @dataclasses.dataclass
@@ -239,7 +295,7 @@ class ModelReport:
     trunk_layers: int
     nextn_predict_layers: int
     mtp_block: int | None
-    mtp_status: str
+    mtp_status: MTPStatus
     mtp_tensors: dict[str, str]
     mtp_missing: list[str]
     mtp_fallbacks: dict[str, str]
@@ -252,7 +308,9 @@ class ModelReport:
     bpw: float
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["mtp_status"] = self.mtp_status.value
+        return d
 
 
 def inspect_model(path: str | Path) -> ModelReport:
@@ -281,22 +339,16 @@ def inspect_model(path: str | Path) -> ModelReport:
     )
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def format_report(r: ModelReport) -> str:
+    """``ggufmtp inspect``'s text output."""
     lines = [
         f"model         {r.path}" + (f"  ({len(r.shards)} shards)" if len(r.shards) > 1 else ""),
         f"architecture  {r.architecture}",
         f"blocks        {r.block_count} ({r.trunk_layers} trunk + {r.nextn_predict_layers} MTP)",
         f"file type     {r.file_type or '-'}",
         f"size          {human_bytes(r.size_bytes)}, {r.n_params:,} params, {r.bpw:.2f} bpw, {r.n_tensors} tensors",
-        "tensor types  " + ", ".join(f"{t}: {v['count']} ({human_bytes(v['bytes'])})" for t, v in r.tensor_types.items()),
+        "tensor types  " + ", ".join(f"{t}: {v['count']} ({human_bytes(v['bytes'])})"
+                                     for t, v in r.tensor_types.items()),
         "",
         f"MTP status    {r.mtp_status.upper()}" + (f"  (block blk.{r.mtp_block})" if r.mtp_block is not None else ""),
     ]
@@ -309,13 +361,6 @@ def format_report(r: ModelReport) -> str:
     for p in r.mtp_problems:
         lines.append(f"  problem: {p}")
     return "\n".join(lines)
-
-
-def iter_quantizable(model: GGUFModel) -> Iterable[TensorInfo]:
-    """Weights llama.cpp may quantize: names ending in ``.weight`` with 2+ dimensions."""
-    for t in model.tensors.values():
-        if t.name.endswith(".weight") and len([d for d in t.shape if d > 1]) >= 2:
-            yield t
 
 
 def tensor_array(model: GGUFModel, name: str) -> np.ndarray:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import SuiteError, VerifyError
+from ..errors import SuiteError
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "data" / "suites"
 DEFAULT_SUITE = "chat-v1"

@@ -89,24 +89,35 @@ def _standalone(model: GGUFModel) -> list[Check]:
 
 def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel | None, receipt: Path,
                      progress: bool) -> list[Check]:
-    checks: list[Check] = []
     try:
         st = load_receipt(receipt)
     except GgufmtpError as e:
         return [Check("receipt readable", False, str(e))]
+    checks = _statement_checks(st) + _file_checks(artifact, shards, st, progress)
+    if model is not None:
+        checks += _model_checks(model, st)
+    return checks
+
+
+def _statement_checks(st: dict[str, Any]) -> list[Check]:
+    """The receipt against its schema and its own integrity digest."""
     errs = schema_errors(st)
-    checks.append(Check("receipt schema", not errs, "; ".join(errs[:3]) or "valid"))
     recorded = (st.get("predicate", {}).get("integrity") or {}).get("sha256")
     actual = integrity_digest(st)
-    checks.append(Check("receipt integrity", recorded == actual,
-                        "unchanged since written" if recorded == actual else
-                        f"receipt was edited after it was written (digest {str(recorded)[:12]}... != {actual[:12]}...)"))
+    return [Check("receipt schema", not errs, "; ".join(errs[:3]) or "valid"),
+            Check("receipt integrity", recorded == actual,
+                  "unchanged since written" if recorded == actual else
+                  f"receipt was edited after it was written (digest {str(recorded)[:12]}... != {actual[:12]}...)")]
+
+
+def _file_checks(artifact: Path, shards: list[Path] | None, st: dict[str, Any], progress: bool) -> list[Check]:
+    """The receipt names these files, all are present, and each has the recorded size and sha256."""
     subjects = {s.get("name"): s for s in st.get("subject", []) if isinstance(s, dict)}
     names = [p.name for p in shards] if shards else [artifact.name]
     foreign = [n for n in names if n not in subjects]
-    checks.append(Check("receipt names this artifact", not foreign,
-                        f"receipt covers {', '.join(subjects) or 'nothing'}; not {', '.join(foreign)}" if foreign
-                        else ", ".join(names)))
+    checks = [Check("receipt names this artifact", not foreign,
+                    f"receipt covers {', '.join(subjects) or 'nothing'}; not {', '.join(foreign)}" if foreign
+                    else ", ".join(names))]
     missing = [n for n in subjects if not (artifact.parent / n).exists()]
     if missing:
         checks.append(Check("all shards present", False, f"missing {', '.join(missing)}"))
@@ -122,8 +133,12 @@ def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel
             continue
         got = sha256_file(p, progress=progress)
         checks.append(Check(f"sha256 {name}", got == want, got if got == want else f"receipt {want}, file {got}"))
-    if model is None:
-        return checks
+    return checks
+
+
+def _model_checks(model: GGUFModel, st: dict[str, Any]) -> list[Check]:
+    """What the file's GGUF says against the receipt's result: tensor types, MTP block, figures, imatrix."""
+    checks: list[Check] = []
     res = st.get("predicate", {}).get("result", {})
     want_types: dict[str, str] = res.get("tensor_types", {})
     have = model.type_table()

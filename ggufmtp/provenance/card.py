@@ -6,31 +6,23 @@ receipt; a section with no data is left out, never filled with placeholders.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
-from ..runtime.hardware import format_bandwidth
-
+from ..fmt import ci_phrase, pct, times
 from ..gguf.fsutil import atomic_write_text
 from ..provenance.receipt import load_receipt
+from ..runtime.hardware import format_bandwidth
 
 TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _ci_pct(ci: list | None) -> str:
-    return "" if not ci or None in ci else f" (95% CI {100 * ci[0]:.1f}–{100 * ci[1]:.1f}%)"
-
-
-def _x(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}×"
-
-
-def _ci_x(ci: list | None) -> str:
-    return "" if not ci or None in ci else f" (95% CI {ci[0]:.2f}–{ci[1]:.2f}×)"
+# The card's number styles: fmt.py's formatters, "-" for a missing cell, "×" for ratios.
+_pct = functools.partial(pct, space=False, missing="-")
+_x = functools.partial(times, nd=2, missing="-")
+_ci_pct = functools.partial(ci_phrase, scale=100, digits=1, unit="%")
+_ci_x = functools.partial(ci_phrase, digits=2, unit="×")
 
 
 def _hardware(v: dict[str, Any]) -> str:
@@ -64,18 +56,28 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
              f"({res['mtp_status']}) so `llama-server --spec-type draft-mtp` can draft with it. "
              f"Recipe `{rec['name']}` ({rec['ftype']}), {res['bpw']} bits per weight, {res['size_bytes']:,} bytes.\n"]
     if v:
-        m = v["mtp"]
-        lines.append("## One-line claim\n")
-        lines.append(f"Runtime-verified in llama-server: **{_pct(m['acceptance'])}** draft acceptance"
-                     f"{_ci_pct(m.get('acceptance_ci95'))} and **{_x(v.get('speedup'))}** decode speedup"
-                     f"{_ci_x(v.get('speedup_ci95'))} on {v.get('suite', {}).get('n_prompts', 'the')} prompts of "
-                     f"suite `{v.get('suite', {}).get('name')}`, {_hardware(v)}, "
-                     f"k={v.get('settings', {}).get('draft_n_max')}, seeds "
-                     f"{', '.join(str(s) for s in v.get('settings', {}).get('seeds', []))}. "
-                     f"Output identical to vanilla decoding for {_pct(v.get('identical_output_fraction'))} of requests. "
-                     f"Verdict: **{v.get('verdict')}**.\n")
-        lines += _tables(v)
-    lines.append("## How to run\n")
+        lines += _claim(v) + _tables(v)
+    lines += _how_to_run(name, v) + _caveats(p) + _provenance(p, subj, name)
+    return meta, "\n".join(lines)
+
+
+def _claim(v: dict[str, Any]) -> list[str]:
+    """The verification in one sentence: acceptance, speedup, where and how it was measured."""
+    m, suite, settings = v["mtp"], v.get("suite", {}), v.get("settings", {})
+    return ["## One-line claim\n",
+            f"Runtime-verified in llama-server: **{_pct(m['acceptance'])}** draft acceptance"
+            f"{_ci_pct(m.get('acceptance_ci95'))} and **{_x(v.get('speedup'))}** decode speedup"
+            f"{_ci_x(v.get('speedup_ci95'))} on {suite.get('n_prompts', 'the')} prompts of "
+            f"suite `{suite.get('name')}`, {_hardware(v)}, "
+            f"k={settings.get('draft_n_max')}, seeds "
+            f"{', '.join(str(s) for s in settings.get('seeds', []))}. "
+            f"Output identical to vanilla decoding for {_pct(v.get('identical_output_fraction'))} of requests. "
+            f"Verdict: **{v.get('verdict')}**.\n"]
+
+
+def _how_to_run(name: str, v: dict[str, Any] | None) -> list[str]:
+    """The llama-server command the verification's numbers are true for, and a request."""
+    lines = ["## How to run\n"]
     lines.append("```sh\n"
                  f"{_verified_mtp_env(v)}llama-server -m {name} -ngl 999 -c 4096 \\\n"
                  f"  --spec-type draft-mtp {' '.join(_verified_mtp_flags(v))}\n"
@@ -86,7 +88,12 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
                  '  "max_tokens": 256, "temperature": 0}\'\n```\n')
     lines.append("`timings.draft_n` (drafted) and `timings.draft_n_accepted` (accepted) in the response show the "
                  "MTP head at work; speculation is configured by server flags only.\n")
-    lines.append("## Caveats\n")
+    return lines
+
+
+def _caveats(p: dict[str, Any]) -> list[str]:
+    """What the numbers do not say."""
+    lines = ["## Caveats\n"]
     lines.append("- Send requests through `/v1/chat/completions` (or apply the chat template yourself): raw prompts "
                  "through `/completion` are out of distribution for the head and lower acceptance.\n"
                  "- The speedup depends on the hardware: it needs a memory-bound decode (a large model on a GPU); "
@@ -95,7 +102,13 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
                  + (f"; the imatrix has no statistics for {len(p['imatrix']['missing'])} tensor(s) "
                     f"(llama-imatrix never collects the MTP block)" if p.get("imatrix") and p["imatrix"]["missing"] else "")
                  + ".\n")
-    lines.append("## Provenance\n")
+    return lines
+
+
+def _provenance(p: dict[str, Any], subj: dict[str, Any], name: str) -> list[str]:
+    """Where every input came from, with digests, and how to check the artifact."""
+    src, rec, v = p["base_model"]["source"], p["recipe"], p.get("verification")
+    lines = ["## Provenance\n"]
     base = src.get("repo_id") or src.get("name") or src.get("path")
     lines.append(f"- Base model: `{base}`" + (f" at revision `{src['commit']}`" if src.get("commit") else ""))
     for f in p["base_model"]["files"]:
@@ -113,7 +126,7 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
         lines.append(f"- Verified with llama-server `{v['server'].get('build_info')}`")
     lines.append(f"- Artifact sha256: `{subj['digest']['sha256']}`")
     lines.append("\nCheck it: `ggufmtp audit " + name + " --receipt " + name + ".receipt.json`\n")
-    return meta, "\n".join(lines)
+    return lines
 
 
 def _verified_mtp_flags(v: dict[str, Any] | None) -> list[str]:

@@ -23,13 +23,16 @@ import platform
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
 from ..errors import AuditError
 from ..gguf.fsutil import atomic_write_json
 from ..gguf.hashing import sha256_file
+
+if TYPE_CHECKING:  # annotations only: quantize pulls in libllama
+    from ..quant.quantize import QuantizeResult
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://ggufmtp.dev/receipt/v1"
@@ -154,10 +157,19 @@ def default_receipt_path(artifact: Path) -> Path:
     return artifact.with_name(artifact.name + ".receipt.json")
 
 
-def receipt_for_quantize(res, model_arg: str | None = None, imatrix: str | Path | None = None,
+def write_receipt(result: QuantizeResult, receipt_path: str | Path | None = None,
+                  imatrix: str | Path | None = None, model_arg: str | None = None,
+                  manifest: dict[str, Any] | None = None) -> Path:
+    """Write the receipt of a :func:`~ggufmtp.quant.quantize.quantize` result (default
+    ``OUT.gguf.receipt.json``); ``imatrix`` defaults to the one the plan used. Returns its path."""
+    return receipt_for_quantize(result, model_arg=model_arg, imatrix=imatrix or result.plan.imatrix,
+                                receipt_path=receipt_path, manifest=manifest)
+
+
+def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imatrix: str | Path | None = None,
                          receipt_path: str | Path | None = None, manifest: dict[str, Any] | None = None,
                          verification: dict[str, Any] | None = None) -> Path:
-    """Write the receipt of a :class:`~ggufmtp.quantize.QuantizeResult`; returns its path."""
+    """Write the receipt of a :class:`~ggufmtp.quant.quantize.QuantizeResult`; returns its path."""
     from ..gguf.model import GGUFModel, check_mtp
 
     out = Path(res.output)
@@ -295,3 +307,21 @@ def format_receipt(st: dict[str, Any]) -> str:
     else:
         lines.append("  verified  not yet")
     return "\n".join(lines)
+
+
+def read_statement(path: str | Path) -> dict[str, Any] | None:
+    """The statement in a receipt file, plain JSON or wrapped in a DSSE envelope (``payloadType`` +
+    base64 ``payload``); None when the file is unreadable or holds no JSON object. Unlike
+    ``load_receipt`` it neither raises nor checks ``_type``: for callers that only glean facts."""
+    import base64  # stdlib; kept local so this reader stays one self-contained addition
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("payload"), str) and "payloadType" in data:
+        try:
+            data = json.loads(base64.b64decode(data["payload"]))
+        except ValueError:
+            return None
+    return data if isinstance(data, dict) else None

@@ -16,11 +16,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..imatrix import format as imx
+import gguf
+
 from ..errors import PlanError
+from ..fmt import human_bytes
+from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, check_mtp
+from ..imatrix import check as imx_check, entries as imx_entries, format as imx
 from ..runtime.libllama import KVOverride, QuantizeParams, run_quantize
-from ..gguf.model import GGUFModel, check_mtp, human_bytes
-from ..quant.recipe import Recipe, Rule, ftype_names, ggml_type_names
+from .recipe import Recipe, Rule, ftype_names, ggml_type_names
 
 # llama_ftype_get_default_type (src/llama-quant.cpp)
 FTYPE_DEFAULT_TYPE = {
@@ -46,8 +49,6 @@ def _norm_type(name: str) -> str:
 
 def row_bytes(type_name: str, shape: tuple[int, ...]) -> int:
     """Bytes of a tensor of ``shape`` (ne order) stored as ``type_name``."""
-    import gguf
-
     qt = gguf.GGMLQuantizationType[type_name]
     block, size = gguf.GGML_QUANT_SIZES[qt]
     n = 1
@@ -58,6 +59,8 @@ def row_bytes(type_name: str, shape: tuple[int, ...]) -> int:
 
 @dataclasses.dataclass
 class PlannedTensor:
+    """One tensor's fate: its type before and after, why, and whether it needs imatrix statistics."""
+
     name: str
     shape: list[int]
     from_type: str
@@ -72,6 +75,22 @@ class PlannedTensor:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class MtpSummary:
+    """The MTP block of a plan at a glance (the ``mtp`` object of plan, quantize and receipt JSON)."""
+
+    block: int | None
+    status: str
+    tensors: int
+    bytes: int
+    types: dict[str, int]  # planned type -> tensor count
+    eh_proj: str | None  # nextn.eh_proj's planned type: the tensor the draft quality hangs on most
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block": self.block, "status": self.status, "tensors": self.tensors, "bytes": self.bytes,
+                "types": dict(self.types), "eh_proj": self.eh_proj}
+
+
 @dataclasses.dataclass
 class Plan:
     """The per-tensor plan plus totals; ``errors`` non-empty means quantize would refuse."""
@@ -80,7 +99,7 @@ class Plan:
     recipe: str
     ftype: str
     mtp_block: int | None
-    mtp_status: str
+    mtp_status: MTPStatus
     rules: list[Rule]
     tensors: list[PlannedTensor]
     n_params: int
@@ -106,20 +125,20 @@ class Plan:
     def type_table(self) -> dict[str, str]:
         return {t.name: t.to_type for t in self.tensors}
 
-    def mtp_summary(self) -> dict[str, Any]:
+    def mtp_summary(self) -> MtpSummary:
         mtp = [t for t in self.tensors if t.mtp]
         types: dict[str, int] = {}
         for t in mtp:
             types[t.to_type] = types.get(t.to_type, 0) + 1
-        return {"block": self.mtp_block, "status": self.mtp_status, "tensors": len(mtp),
-                "bytes": sum(t.bytes for t in mtp), "types": types,
-                "eh_proj": next((t.to_type for t in mtp if ".nextn.eh_proj." in t.name), None)}
+        return MtpSummary(block=self.mtp_block, status=self.mtp_status, tensors=len(mtp),
+                          bytes=sum(t.bytes for t in mtp), types=types,
+                          eh_proj=next((t.to_type for t in mtp if ".nextn.eh_proj." in t.name), None))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "recipe": self.recipe, "ftype": self.ftype,
-            "mtp_block": self.mtp_block, "mtp_status": self.mtp_status, "mtp": self.mtp_summary(),
-            "rules": [{"pattern": r.pattern, "type": r.type, "source": r.source} for r in self.rules],
+            "mtp_block": self.mtp_block, "mtp_status": self.mtp_status, "mtp": self.mtp_summary().to_dict(),
+            "rules": [r.to_dict() for r in self.rules],
             "tensors": [t.to_dict() for t in self.tensors],
             "size_bytes": self.size_bytes, "n_params": self.n_params, "bpw": round(self.bpw, 4),
             "imatrix": self.imatrix, "imatrix_missing": self.imatrix_missing,
@@ -149,7 +168,7 @@ class Plan:
         return shlex.join(self.llama_quantize_argv(out, binary, threads))
 
 
-def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: "imx.Imatrix | None",
+def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: "imx_entries.Imatrix | None",
                     imatrix_arg: str | None, threads: int = 0, dry_run: bool = False) -> QuantizeParams:
     """The ``llama_model_quantize_params`` llama-quantize builds from the equivalent flags,
     including the ``quantize.imatrix.*`` metadata it adds through key overrides."""
@@ -157,7 +176,7 @@ def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: "imx.Imatrix | N
     kv: list[KVOverride] = []
     data = None
     if imatrix is not None:
-        data = imx.to_quantize_data(imatrix)
+        data = imx_entries.to_quantize_data(imatrix)
         kv.append(KVOverride("quantize.imatrix.file", imatrix_arg or str(imatrix.path)))
         if imatrix.datasets:
             kv.append(KVOverride("quantize.imatrix.dataset", imatrix.datasets[0]))
@@ -176,6 +195,14 @@ def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: "imx.Imatrix | N
     )
 
 
+@dataclasses.dataclass
+class _Preflight:
+    """What the pre-flight checks found, in the order they found it."""
+
+    errors: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
 def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Path | None = None,
               threads: int = 0, mtp_optional: bool = False) -> Plan:
     """Plan ``recipe`` on ``model`` (dry run in libllama); never raises for pre-flight problems,
@@ -183,69 +210,93 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
     rec = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)
     gm = GGUFModel(model)
     mtp = check_mtp(gm)
-    errors: list[str] = []
-    warnings: list[str] = []
-    block = mtp.block if mtp.status in ("complete", "incomplete") else None
-
+    found = _Preflight()
+    block = mtp.block if mtp.status in (MTPStatus.COMPLETE, MTPStatus.INCOMPLETE) else None
     if rec.mtp_required and not mtp_optional:
-        if mtp.status == "absent":
-            errors.append(f"{model}: recipe {rec.name} expects an MTP block and the model has none "
-                          f"(nextn_predict_layers = 0); convert the checkpoint with its MTP layer kept")
-        elif mtp.status == "incomplete":
-            errors.append(f"{model}: MTP block blk.{mtp.block} is incomplete (missing {', '.join(mtp.missing)})")
-        elif mtp.status == "sidecar":
-            errors.append(f"{model}: is an MTP-only sidecar; quantize the full model")
+        found.errors += _mtp_errors(model, rec, mtp)
     rules = rec.resolved_rules(block)
-    if rec.is_unquantized and rules:
-        errors.append(f"recipe {rec.name}: ftype {rec.ftype} ignores every override rule (llama.cpp applies "
-                      f"--tensor-type only when the base type is quantized); use a quantized ftype")
-    if rec.is_unquantized and (rec.output_type or rec.token_embedding_type):
-        warnings.append(f"recipe {rec.name}: output/token-embedding types apply, but the ftype is {rec.ftype}")
-
-    im = None
-    if imatrix is not None:
-        im = imx.read_imatrix(imatrix)
-        if not im.has_metadata:
-            errors.append(f"{imatrix}: GGUF imatrix without imatrix.datasets/chunk_count/chunk_size "
-                          f"(llama-quantize refuses it); re-save it with `ggufmtp imatrix convert`")
-        report = imx.validate(im, gm.shapes(), strict=False)
-        errors += [f"{imatrix}: {p}" for p in getattr(report, "errors", [])]
-        warnings += [f"{imatrix}: {p}" for p in getattr(report, "warnings", [])]
-    elif rec.imatrix == "required":
-        errors.append(f"recipe {rec.name} requires an imatrix (--imatrix FILE)")
-
+    _check_recipe(rec, rules, found)
+    im = _read_imatrix(imatrix, rec, gm, found)
     params = quantize_params(rec, rules, im, str(imatrix) if imatrix else None, threads, dry_run=True)
-    tensors, fallbacks, log = _dry_run(gm, params)
+    tensors, fallbacks, _log = _dry_run(gm, params)
     names = [t.name for t in tensors]
     for r in rules:
         if not any(re.search(r.llama_pattern, n) for n in names):
-            warnings.append(f"rule {r.source} {r.pattern!r} -> {r.type} matches no tensor")
-
+            found.warnings.append(f"rule {r.source} {r.pattern!r} -> {r.type} matches no tensor")
     mtp_prefix = f"blk.{block}." if block is not None else None
+    missing_stats = _annotate(tensors, rec, rules, fallbacks, im, mtp_prefix)
+    _check_imatrix_coverage(missing_stats, rec, im, imatrix, mtp_prefix, found)
+    return Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=block, mtp_status=mtp.status,
+                rules=rules, tensors=tensors, n_params=gm.n_params, errors=found.errors, warnings=found.warnings,
+                imatrix=str(imatrix) if imatrix else None, imatrix_missing=missing_stats,
+                params=dataclasses.replace(params, dry_run=False), recipe_obj=rec)
+
+
+def _mtp_errors(model: str | Path, rec: Recipe, mtp: MTPCheck) -> list[str]:
+    """An MTP recipe on a model without a usable MTP block."""
+    if mtp.status == MTPStatus.ABSENT:
+        return [f"{model}: recipe {rec.name} expects an MTP block and the model has none "
+                f"(nextn_predict_layers = 0); convert the checkpoint with its MTP layer kept"]
+    if mtp.status == MTPStatus.INCOMPLETE:
+        return [f"{model}: MTP block blk.{mtp.block} is incomplete (missing {', '.join(mtp.missing)})"]
+    if mtp.status == MTPStatus.SIDECAR:
+        return [f"{model}: is an MTP-only sidecar; quantize the full model"]
+    return []
+
+
+def _check_recipe(rec: Recipe, rules: list[Rule], found: _Preflight) -> None:
+    """Overrides an F16/BF16/F32 base would silently ignore."""
+    if rec.is_unquantized and rules:
+        found.errors.append(f"recipe {rec.name}: ftype {rec.ftype} ignores every override rule (llama.cpp applies "
+                            f"--tensor-type only when the base type is quantized); use a quantized ftype")
+    if rec.is_unquantized and (rec.output_type or rec.token_embedding_type):
+        found.warnings.append(f"recipe {rec.name}: output/token-embedding types apply, but the ftype is {rec.ftype}")
+
+
+def _read_imatrix(imatrix: str | Path | None, rec: Recipe, gm: GGUFModel, found: _Preflight) -> imx_entries.Imatrix | None:
+    """The imatrix, read and validated against the model; or the error of a recipe that requires one."""
+    if imatrix is None:
+        if rec.imatrix == "required":
+            found.errors.append(f"recipe {rec.name} requires an imatrix (--imatrix FILE)")
+        return None
+    im = imx.read_imatrix(imatrix)
+    if not im.has_metadata:
+        found.errors.append(f"{imatrix}: GGUF imatrix without imatrix.datasets/chunk_count/chunk_size "
+                            f"(llama-quantize refuses it); re-save it with `ggufmtp imatrix convert`")
+    report = imx_check.validate(im, gm.shapes(), strict=False)
+    found.errors += [f"{imatrix}: {p}" for p in getattr(report, "errors", [])]
+    found.warnings += [f"{imatrix}: {p}" for p in getattr(report, "warnings", [])]
+    return im
+
+
+def _annotate(tensors: list[PlannedTensor], rec: Recipe, rules: list[Rule], fallbacks: dict[str, str],
+              im: imx_entries.Imatrix | None, mtp_prefix: str | None) -> list[str]:
+    """Fill in each tensor's MTP flag, reason and imatrix needs; returns the tensors lacking statistics."""
     covered = set(im.entries) if im is not None else set()
     missing_stats: list[str] = []
     for t in tensors:
         t.mtp = bool(mtp_prefix and t.name.startswith(mtp_prefix))
         t.reason = _reason(t, rec, rules, fallbacks)
-        t.needs_imatrix = imx.needs_imatrix(t.to_type, rec.ftype, t.name) and t.to_type != t.from_type
+        t.needs_imatrix = imx_check.needs_imatrix(t.to_type, rec.ftype, t.name) and t.to_type != t.from_type
         if im is not None:
             t.has_imatrix = t.name in covered
         if t.needs_imatrix and not t.has_imatrix:
             missing_stats.append(t.name)
+    return missing_stats
+
+
+def _check_imatrix_coverage(missing_stats: list[str], rec: Recipe, im: imx_entries.Imatrix | None,
+                            imatrix: str | Path | None, mtp_prefix: str | None, found: _Preflight) -> None:
+    """Types that need statistics the imatrix lacks (the MTP block, which llama-imatrix never covers,
+    is written last: without this check the run would fail hours in)."""
     if missing_stats:
         what = "no imatrix was given" if im is None else f"{imatrix} has no statistics for them"
         mtp_note = " (the MTP block: llama-imatrix never collects statistics for it; give it a non-IQ type " \
                    "in the recipe's [mtp] table)" if any(mtp_prefix and n.startswith(mtp_prefix) for n in missing_stats) else ""
-        errors.append(f"{len(missing_stats)} tensor(s) planned as a type that needs an imatrix, but {what}"
-                      f"{mtp_note}: {', '.join(missing_stats[:6])}{' ...' if len(missing_stats) > 6 else ''}")
+        found.errors.append(f"{len(missing_stats)} tensor(s) planned as a type that needs an imatrix, but {what}"
+                            f"{mtp_note}: {', '.join(missing_stats[:6])}{' ...' if len(missing_stats) > 6 else ''}")
     elif rec.imatrix == "recommended" and im is None and rec.ftype not in ("Q8_0", "F16", "BF16", "F32"):
-        warnings.append(f"recipe {rec.name} recommends an imatrix; quantizing without one")
-
-    plan = Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=block, mtp_status=mtp.status,
-                rules=rules, tensors=tensors, n_params=gm.n_params, errors=errors, warnings=warnings,
-                imatrix=str(imatrix) if imatrix else None, imatrix_missing=missing_stats,
-                params=dataclasses.replace(params, dry_run=False), recipe_obj=rec)
-    return plan
+        found.warnings.append(f"recipe {rec.name} recommends an imatrix; quantizing without one")
 
 
 def _dry_run(gm: GGUFModel, params: QuantizeParams) -> tuple[list[PlannedTensor], dict[str, str], list[str]]:
@@ -276,7 +327,7 @@ def _dry_run(gm: GGUFModel, params: QuantizeParams) -> tuple[list[PlannedTensor]
 
 
 def _reason(t: PlannedTensor, rec: Recipe, rules: list[Rule], fallbacks: dict[str, str]) -> str:
-    if not imx.is_quantizable(t.name, t.shape):
+    if not imx_check.is_quantizable(t.name, t.shape):
         return "not quantized (1-D, norm, router or conv)"
     fb = f", shape fallback to {fallbacks[t.name]}" if t.name in fallbacks else ""
     if rec.token_embedding_type and t.name in ("token_embd.weight", "per_layer_token_embd.weight"):
@@ -310,9 +361,9 @@ def format_plan(p: Plan, rows: list[PlannedTensor] | None = None) -> str:
     s = p.mtp_summary()
     lines += ["",
               f"total  {human_bytes(p.size_bytes)} ({p.size_bytes} bytes), {p.bpw:.3f} bpw, {len(p.tensors)} tensors",
-              f"MTP    " + (f"blk.{s['block']} ({p.mtp_status}): {s['tensors']} tensors (* above), "
-                          f"{human_bytes(s['bytes'])}, types {s['types']}, eh_proj {s['eh_proj']}"
-                          if s["block"] is not None else f"no MTP block ({p.mtp_status})")]
+              "MTP    " + (f"blk.{s.block} ({p.mtp_status}): {s.tensors} tensors (* above), "
+                          f"{human_bytes(s.bytes)}, types {s.types}, eh_proj {s.eh_proj}"
+                          if s.block is not None else f"no MTP block ({p.mtp_status})")]
     lines += [f"warning: {m}" for m in p.warnings]
     lines += [f"error: {m}" for m in p.errors]
     return "\n".join(lines)

@@ -16,19 +16,24 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError, QuantizeError
-from ..runtime.libllama import llama_cpp_module, run_quantize
 from ..gguf.model import GGUFModel, check_mtp
-from ..quant.plan import Plan, make_plan
-from ..quant.recipe import Recipe
+from ..runtime.libllama import QuantizeParams, llama_cpp_module, run_quantize
+from .plan import Plan, make_plan
+from .recipe import Recipe
 
 _TENSOR_START = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-")
 
 
 @dataclasses.dataclass
 class AuditCheck:
+    """One post-quantization check: what was checked, whether it held, and the evidence."""
+
     name: str
     ok: bool
     detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -47,8 +52,14 @@ class QuantizeResult:
     def to_dict(self) -> dict[str, Any]:
         return {"output": str(self.output), "recipe": self.plan.recipe, "ftype": self.plan.ftype,
                 "size_bytes": self.size_bytes, "bpw": round(self.plan.bpw, 4), "seconds": round(self.seconds, 3),
-                "mtp": self.plan.mtp_summary(), "started_at": self.started_at, "finished_at": self.finished_at,
-                "checks": [dataclasses.asdict(c) for c in self.checks], "warnings": self.plan.warnings}
+                "mtp": self.plan.mtp_summary().to_dict(), "started_at": self.started_at, "finished_at": self.finished_at,
+                "checks": [c.to_dict() for c in self.checks], "warnings": self.plan.warnings}
+
+    def summary(self) -> str:
+        """One line: what was written, how big, how fast, and what became of the MTP block."""
+        m = self.plan.mtp_summary()
+        return (f"wrote {self.output} ({self.size_bytes} bytes, {self.plan.bpw:.3f} bpw) in {self.seconds:.1f}s; "
+                f"MTP blk.{m.block} {m.status}, eh_proj {m.eh_proj}")
 
 
 def _now() -> str:
@@ -120,40 +131,21 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
     out = Path(out)
     if plan is None:
         plan = make_plan(model, recipe, imatrix, threads, mtp_optional=mtp_optional)
-    if plan.errors:
-        raise PlanError(f"{model}: pre-flight checks failed:\n  " + "\n  ".join(plan.errors), plan.errors)
-    if out.exists() and out.is_dir():
-        raise QuantizeError(f"{out}: is a directory")
-    if out.resolve() == model.resolve():
-        raise QuantizeError(f"{out}: output would overwrite the input")
+    _refuse_before_work(model, out, plan)
     out.parent.mkdir(parents=True, exist_ok=True)
     source = GGUFModel(model)
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     params = dataclasses.replace(plan.params, nthread=threads, dry_run=False)
     bar = _Progress(source, progress)
-    result: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            result["rc"], result["log"] = run_quantize(str(source.shards[0]), str(tmp), params, bar.on_line)
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            result["exc"] = e
-
     started, t0 = _now(), time.perf_counter()
-    # The C call cannot be interrupted; running it in a worker keeps Ctrl-C responsive here.
-    llama_cpp_module().llama_backend_init()
-    worker = threading.Thread(target=work, name="ggufmtp-quantize", daemon=True)
     ok = False
     try:
-        worker.start()
-        while worker.is_alive():
-            worker.join(0.2)
-        if "exc" in result:
-            raise QuantizeError(f"{model}: quantization failed: {result['exc']}")
-        if result.get("rc") != 0:
-            tail = [line for line in result.get("log", []) if line.strip()][-12:]
-            raise QuantizeError(f"{model}: llama_model_quantize failed (status {result.get('rc')}):\n  "
-                                + "\n  ".join(tail))
+        run = _quantize_in_worker(str(source.shards[0]), str(tmp), params, bar)
+        if run.exc is not None:
+            raise QuantizeError(f"{model}: quantization failed: {run.exc}")
+        if run.rc != 0:
+            tail = [line for line in run.log if line.strip()][-12:]
+            raise QuantizeError(f"{model}: llama_model_quantize failed (status {run.rc}):\n  " + "\n  ".join(tail))
         checks = audit_against_plan(tmp, plan, source)
         bad = [c for c in checks if not c.ok]
         if bad:
@@ -164,14 +156,44 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
     finally:
         bar.close(ok)
         if not ok:
-            _unlink(tmp)
+            tmp.unlink(missing_ok=True)
     return QuantizeResult(output=out, plan=plan, checks=checks, seconds=time.perf_counter() - t0,
                           size_bytes=out.stat().st_size, started_at=started, finished_at=_now(),
-                          log_tail=result.get("log", [])[-20:])
+                          log_tail=run.log[-20:])
 
 
-def _unlink(p: Path) -> None:
-    try:
-        p.unlink()
-    except FileNotFoundError:
-        pass
+def _refuse_before_work(model: Path, out: Path, plan: Plan) -> None:
+    if plan.errors:
+        raise PlanError(f"{model}: pre-flight checks failed:\n  " + "\n  ".join(plan.errors), plan.errors)
+    if out.exists() and out.is_dir():
+        raise QuantizeError(f"{out}: is a directory")
+    if out.resolve() == model.resolve():
+        raise QuantizeError(f"{out}: output would overwrite the input")
+
+
+@dataclasses.dataclass
+class _WorkerRun:
+    """What the quantization thread hands back: libllama's status and log, or what it raised."""
+
+    rc: int | None = None
+    log: list[str] = dataclasses.field(default_factory=list)
+    exc: BaseException | None = None
+
+
+def _quantize_in_worker(src: str, dst: str, params: QuantizeParams, bar: _Progress) -> _WorkerRun:
+    """``llama_model_quantize`` in a worker thread: the C call cannot be interrupted, and waiting for
+    it here in short joins keeps Ctrl-C responsive."""
+    run = _WorkerRun()
+
+    def work() -> None:
+        try:
+            run.rc, run.log = run_quantize(src, dst, params, bar.on_line)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            run.exc = e
+
+    llama_cpp_module().llama_backend_init()
+    worker = threading.Thread(target=work, name="ggufmtp-quantize", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)
+    return run

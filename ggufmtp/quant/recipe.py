@@ -115,6 +115,10 @@ class Rule:
         """The pattern as llama-quantize uses it (it lower-cases ``--tensor-type`` names)."""
         return self.pattern.lower()
 
+    def to_dict(self) -> dict[str, str]:
+        """The rule as plan JSON and receipts record it."""
+        return {"pattern": self.pattern, "type": self.type, "source": self.source}
+
 
 @dataclasses.dataclass(frozen=True)
 class VerifyThresholds:

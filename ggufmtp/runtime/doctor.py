@@ -17,6 +17,7 @@ from ..runtime import build as runtime
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
 from ..errors import RuntimeMissingError
+from .hardware import read_cpu_model
 
 
 def _version(dist: str) -> str | None:
@@ -66,17 +67,9 @@ def libllama_info() -> dict[str, Any]:
 
 def cpu_info() -> dict[str, Any]:
     flags = runtime.cpu_flags()
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     interesting = ["avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni",
                    "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd"]
-    return {"model": model or platform.processor(), "machine": platform.machine(), "cores": os.cpu_count(),
+    return {"model": read_cpu_model() or "", "machine": platform.machine(), "cores": os.cpu_count(),
             "features": [f for f in interesting if f in flags]}
 
 

@@ -1,4 +1,11 @@
-"""How close decode gets to the memory-bandwidth limit.
+"""The machine a measurement ran on (:func:`probe_hardware`), and how close decode gets to the
+memory-bandwidth limit.
+
+Hardware: the CPU model and cores, the GPUs ``nvidia-smi`` lists, the devices the llama-server
+binary can offload to (``--list-devices``), and whether the run was offloaded (GPU layers
+requested and a GPU device present).
+
+Bandwidth:
 
 At batch size 1 every decoded token must stream the trunk's *active* weights from memory once:
 every dense tensor, and of each MoE layer's routed experts only the ``expert_used_count`` of
@@ -16,15 +23,19 @@ step overhead), the KV cache and activations (small at short context).
 from __future__ import annotations
 
 import os
+import platform
 import re
+import shutil
+import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BandwidthError, GgufmtpError
+from ..errors import BandwidthError
 from ..gguf.reader import read_header, tensor_nbytes
 
-__all__ = ["ActiveWeights", "active_weights", "peak_bandwidth", "PEAK_BANDWIDTH_GBS", "bandwidth_report",
+__all__ = ["HardwareInfo", "GpuInfo", "probe_hardware", "hardware_info", "server_devices", "gpu_layers_requested",
+           "ActiveWeights", "active_weights", "peak_bandwidth", "PEAK_BANDWIDTH_GBS", "bandwidth_report",
            "format_bandwidth", "BandwidthError", "PEAK_BANDWIDTH_ENV"]
 
 PEAK_BANDWIDTH_ENV = "GGUFMTP_PEAK_BANDWIDTH_GBS"
@@ -168,3 +179,128 @@ def format_bandwidth(b: dict[str, Any] | None) -> str | None:
     fr = " · ".join(f"{arm} {f * 100:.1f}%" for arm, f in b["fraction_of_limit"].items() if f is not None)
     return (f"bandwidth: active weights {size} per token; limit {b['limit_tokens_per_second']:,.0f} tok/s at "
             f"{b['peak_bytes_per_second'] / 1e12:.2f} TB/s ({b['peak_source']}); reached: {fr}")
+
+
+# ----------------------------------------------------------------------------- the machine
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as ``nvidia-smi`` lists it."""
+
+    name: str
+    memory: str | None = None
+    driver: str | None = None
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    """The machine of a run (the ``hardware`` object of verify/tune/profiles results)."""
+
+    cpu: str | None
+    cpu_cores: int | None
+    cpu_cores_usable: int | None
+    gpus: tuple[GpuInfo, ...] = ()
+    server_devices: tuple[str, ...] = ()
+    gpu_layers: int | str | None = None
+    offloaded: bool = False
+    os: str = ""
+
+    @property
+    def gpu(self) -> str | None:
+        """The first GPU's name (nvidia-smi), else the first device llama-server lists."""
+        return self.gpus[0].name if self.gpus else (self.server_devices[0] if self.server_devices else None)
+
+    @property
+    def backend(self) -> str:
+        return "gpu" if self.offloaded else "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``cores`` repeats ``cpu_cores``: ggufmtp.provenance.card reads it)."""
+        return {
+            "cpu": self.cpu, "cpu_cores": self.cpu_cores, "cores": self.cpu_cores,
+            "cpu_cores_usable": self.cpu_cores_usable, "gpus": [asdict(g) for g in self.gpus], "gpu": self.gpu,
+            "server_devices": list(self.server_devices), "gpu_layers": self.gpu_layers, "offloaded": self.offloaded,
+            "backend": self.backend, "os": self.os,
+        }
+
+
+def read_cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo, else ``platform.processor()``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def nvidia_gpus() -> list[GpuInfo]:
+    """The GPUs ``nvidia-smi`` lists (none when it is missing or fails)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        p = subprocess.run([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = []
+    for line in p.stdout.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if parts and parts[0]:
+            out.append(GpuInfo(parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else None))
+    return out
+
+
+def server_devices(binary: Path) -> list[str]:
+    """GPU devices llama-server can use (``--list-devices``); empty for a CPU-only build."""
+    try:
+        p = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    devs = []
+    seen = False
+    for line in (p.stdout + p.stderr).splitlines():
+        if line.strip().startswith("Available devices"):
+            seen = True
+            continue
+        if seen and line.startswith((" ", "\t")) and line.strip() and line.strip() != "(none)":
+            devs.append(line.strip())
+    return devs
+
+
+def gpu_layers_requested(gpu_layers: int | str | None) -> bool:
+    """Whether ``--n-gpu-layers`` asks for any offload (> 0, ``all`` or ``auto``)."""
+    if gpu_layers is None:
+        return False
+    if isinstance(gpu_layers, str):
+        s = gpu_layers.strip().lower()
+        if s in ("all", "auto"):
+            return True
+        try:
+            return int(s) > 0
+        except ValueError:
+            return False
+    return int(gpu_layers) > 0
+
+
+def probe_hardware(binary: Path | None, gpu_layers: int | str | None) -> HardwareInfo:
+    """The machine a run with llama-server ``binary`` and ``gpu_layers`` happens on."""
+    devices = server_devices(binary) if binary else []
+    try:
+        affinity: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return HardwareInfo(
+        cpu=read_cpu_model(), cpu_cores=os.cpu_count(), cpu_cores_usable=affinity, gpus=tuple(nvidia_gpus()),
+        server_devices=tuple(devices), gpu_layers=gpu_layers,
+        offloaded=gpu_layers_requested(gpu_layers) and bool(devices),
+        os=f"{platform.system()} {platform.release()} {platform.machine()}")
+
+
+def hardware_info(binary: Path | None, gpu_layers: int | str | None) -> dict[str, Any]:
+    """:func:`probe_hardware` in its JSON form."""
+    return probe_hardware(binary, gpu_layers).to_dict()

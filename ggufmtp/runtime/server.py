@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import http.client
 import json
 import os
@@ -33,14 +32,17 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
-from ..runtime import build as runtime
 from ..errors import RuntimeMissingError, ServerError
+from ..gguf.reader import read_header
+from ..runtime import build as runtime
+from .process import HOST, describe_exit, die_with_parent, owns_listening_port, port_in_use
+from .replies import Reply, SpecCounters, parse_prometheus, require_drafting
 
-__all__ = ["ServerConfig", "LlamaServer", "parse_prometheus", "gguf_has_mtp", "require_drafting", "binary_flags"]
+__all__ = ["ServerConfig", "LlamaServer", "build_command", "display_command", "flags_without", "pick_flags",
+           "parse_prometheus", "gguf_has_mtp", "require_drafting", "binary_flags", "Reply", "SpecCounters"]
 
-HOST = "127.0.0.1"
 LOG_TAIL_LINES = 20
 
 
@@ -72,6 +74,72 @@ class ServerConfig:
     env: dict[str, str] | None = None
 
 
+# ----------------------------------------------------------------------------- command lines
+# build_command is the ONE place a llama-server command line is written; every other form (the
+# display form of tune/profiles, the flag lists of a verify report) is derived from it.
+
+SERVER_ONLY_FLAGS = ("--model", "-m", "--host", "--port")
+
+
+def build_command(config: ServerConfig, binary: str | os.PathLike, port: int) -> list[str]:
+    """The llama-server command line (argv) of ``config``, listening on ``HOST:port``."""
+    c = config
+    args = [str(binary), "--model", str(c.model), "--host", HOST, "--port", str(port)]
+    args += _valued_flags((("--ctx-size", c.ctx_size), ("--threads", c.threads), ("--n-gpu-layers", c.gpu_layers),
+                           ("--parallel", c.parallel), ("--cache-type-k", c.cache_type_k or None),
+                           ("--cache-type-v", c.cache_type_v or None)))
+    args += (["--metrics"] if c.metrics else []) + ([] if c.repack else ["--no-repack"])
+    draft = (("--spec-draft-n-max", c.draft_n_max), ("--spec-draft-n-min", c.draft_n_min),
+             ("--spec-draft-p-min", c.draft_p_min), ("--spec-draft-model", c.draft_model))
+    if c.draft_mtp:
+        args += ["--spec-type", "draft-mtp"] + _valued_flags(draft)
+    elif any(v is not None for _, v in draft):
+        raise ServerError("draft_n_max/draft_n_min/draft_p_min/draft_model need draft_mtp=True")
+    args += [str(a) for a in c.extra_args]
+    return args
+
+
+def _valued_flags(pairs: Iterable[tuple[str, Any]]) -> list[str]:
+    """``[flag, str(value), ...]`` for every pair whose value is set (not None)."""
+    return [a for flag, v in pairs if v is not None for a in (flag, str(v))]
+
+
+def flags_without(command: Sequence[str], drop: Iterable[str] = SERVER_ONLY_FLAGS) -> list[str]:
+    """``command`` without its binary (``command[0]``) and without the flags in ``drop`` and their
+    values (default: the model path and listening address, which differ from run to run)."""
+    dropped = set(drop)
+    out: list[str] = []
+    args = iter(command[1:])
+    for a in args:
+        if a in dropped:
+            next(args, None)
+            continue
+        out.append(a)
+    return out
+
+
+def pick_flags(command: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The flags ``names`` of ``command`` with their values, in the order of ``names`` (those
+    ``command`` does not have are left out)."""
+    out: list[str] = []
+    for name in names:
+        if name in command:
+            i = list(command).index(name)
+            out += list(command[i:i + 2])
+    return out
+
+
+def display_command(config: ServerConfig, binary: str | os.PathLike | None = None,
+                    binary_name: str | None = "llama-server") -> str:
+    """The exact llama-server command line of ``config`` (as :class:`LlamaServer` would run it),
+    without ``--host``/``--port``, after the environment assignments ``config.env`` adds, as one
+    shell-quoted string; the binary named ``binary_name`` (None: the full path ``binary``)."""
+    b = Path(binary) if binary is not None else Path("llama-server")
+    args = flags_without(build_command(config, b, 0), ("--host", "--port"))
+    env = [f"{k}={v}" for k, v in sorted((config.env or {}).items())]
+    return shlex.join(env + [binary_name or str(b)] + args)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 _help_cache: dict[tuple[str, int, int], frozenset[str]] = {}
@@ -100,78 +168,11 @@ def binary_flags(binary: Path) -> frozenset[str]:
     return flags
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text exposition -> ``{"name" or "name{labels}": value}``."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(\S+)", line)
-        if not m:
-            continue
-        try:
-            out[m.group(1)] = float(m.group(2))
-        except ValueError:
-            continue
-    return out
-
-
-_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _gguf_header(path: str | os.PathLike) -> tuple[dict[str, Any], list[str]]:
-    """(scalar/string kv, tensor names) of a GGUF, parsed from a memory map of its header only
-    (fast even for multi-GB files with a 248k-token vocabulary)."""
-    import mmap
-    import struct
-
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if mm[:4] != b"GGUF":
-            raise ValueError("not a GGUF file")
-        _version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
-        off = 24
-
-        def string() -> str:
-            nonlocal off
-            (n,) = struct.unpack_from("<Q", mm, off)
-            v = mm[off + 8: off + 8 + n].decode("utf-8", "replace")
-            off += 8 + n
-            return v
-
-        kv: dict[str, Any] = {}
-        fmt = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-        for _ in range(n_kv):
-            key = string()
-            (vt,) = struct.unpack_from("<I", mm, off)
-            off += 4
-            if vt == 8:
-                kv[key] = string()
-            elif vt == 9:
-                at, count = struct.unpack_from("<IQ", mm, off)
-                off += 12
-                if at == 8:
-                    for _ in range(count):
-                        (n,) = struct.unpack_from("<Q", mm, off)
-                        off += 8 + n
-                else:
-                    off += _GGUF_SCALAR[at] * count
-            else:
-                kv[key] = struct.unpack_from("<" + fmt[vt], mm, off)[0]
-                off += _GGUF_SCALAR[vt]
-        names = []
-        for _ in range(n_tensors):
-            names.append(string())
-            (nd,) = struct.unpack_from("<I", mm, off)
-            off += 4 + 8 * nd + 4 + 8
-        return kv, names
-
-
 def gguf_has_mtp(path: str | os.PathLike) -> bool | None:
     """Whether llama-server would find an MTP head in ``path`` (it looks for
     ``blk.<block_count-1>.nextn.eh_proj.weight``); None if the file cannot be read as GGUF."""
     try:
-        kv, names = _gguf_header(path)
+        kv, names = _header(path)
         arch = kv["general.architecture"]
         n = int(kv[f"{arch}.block_count"])
     except Exception:
@@ -179,9 +180,15 @@ def gguf_has_mtp(path: str | os.PathLike) -> bool | None:
     return f"blk.{n - 1}.nextn.eh_proj.weight" in names
 
 
+def _header(path: str | os.PathLike) -> tuple[dict[str, Any], set[str]]:
+    """(metadata, tensor names) of a GGUF, from the one header reader."""
+    h = read_header(path)
+    return h.metadata, {t.name for t in h.tensors}
+
+
 def _is_mtp_only_sidecar(path: str | os.PathLike) -> bool:
     try:
-        kv, names = _gguf_header(path)
+        kv, names = _header(path)
         arch = kv["general.architecture"]
         return int(kv.get(f"{arch}.nextn_predict_layers", 0)) > 0 and "blk.0.attn_norm.weight" not in names
     except Exception:
@@ -192,60 +199,10 @@ class _BindRace(Exception):
     pass
 
 
-def _owns_listening_port(pid: int, port: int) -> bool:
-    """Whether process ``pid`` holds the socket listening on 127.0.0.1:``port`` (Linux /proc;
-    True where /proc cannot tell)."""
-    try:
-        want = f"0100007F:{port:04X}"
-        inodes = set()
-        with open("/proc/net/tcp") as fh:
-            for line in fh.readlines()[1:]:
-                f = line.split()
-                if len(f) > 9 and f[1] == want and f[3] == "0A":  # LISTEN
-                    inodes.add(f"socket:[{f[9]}]")
-        if not inodes:
-            return False
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                    return True
-        return False
-    except OSError:
-        return True
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((HOST, port))
-        except OSError as e:
-            return e.errno in (errno.EADDRINUSE, errno.EACCES)
-    return False
-
-
-def _describe_exit(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by signal {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
-
-
-def _pdeathsig() -> None:  # runs in the child between fork and exec (Linux only)
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
 
 
 _live: "weakref.WeakSet[LlamaServer]" = weakref.WeakSet()
@@ -309,38 +266,8 @@ class LlamaServer:
         return self.proc is not None and self.proc.poll() is None
 
     def build_command(self, binary: Path, port: int) -> list[str]:
-        c = self.config
-        args = [str(binary), "--model", str(c.model), "--host", HOST, "--port", str(port)]
-        if c.ctx_size is not None:
-            args += ["--ctx-size", str(c.ctx_size)]
-        if c.threads is not None:
-            args += ["--threads", str(c.threads)]
-        if c.gpu_layers is not None:
-            args += ["--n-gpu-layers", str(c.gpu_layers)]
-        if c.parallel is not None:
-            args += ["--parallel", str(c.parallel)]
-        if c.cache_type_k:
-            args += ["--cache-type-k", c.cache_type_k]
-        if c.cache_type_v:
-            args += ["--cache-type-v", c.cache_type_v]
-        if c.metrics:
-            args += ["--metrics"]
-        if not c.repack:
-            args += ["--no-repack"]
-        if c.draft_mtp:
-            args += ["--spec-type", "draft-mtp"]
-            if c.draft_n_max is not None:
-                args += ["--spec-draft-n-max", str(c.draft_n_max)]
-            if c.draft_n_min is not None:
-                args += ["--spec-draft-n-min", str(c.draft_n_min)]
-            if c.draft_p_min is not None:
-                args += ["--spec-draft-p-min", str(c.draft_p_min)]
-            if c.draft_model is not None:
-                args += ["--spec-draft-model", str(c.draft_model)]
-        elif any(v is not None for v in (c.draft_n_max, c.draft_n_min, c.draft_p_min, c.draft_model)):
-            raise ServerError("draft_n_max/draft_n_min/draft_p_min/draft_model need draft_mtp=True")
-        args += [str(a) for a in c.extra_args]
-        return args
+        """The command line this server runs (see :func:`build_command`)."""
+        return build_command(self.config, binary, port)
 
     def _check_flags(self, args: Iterable[str], binary: Path) -> None:
         known = binary_flags(binary)
@@ -378,7 +305,7 @@ class LlamaServer:
                 f"model {mtp_file}: has no MTP block (no blk.<block_count-1>.nextn.eh_proj.weight), so "
                 f"--spec-type draft-mtp cannot draft (llama-server would exit with 'failed to create MTP "
                 f"context'); use a GGUF converted with MTP, or draft_mtp=False")
-        if c.port is not None and _port_in_use(c.port):
+        if c.port is not None and port_in_use(c.port):
             raise ServerError(f"port {c.port} on {HOST} is already in use; pick another or let ggufmtp choose (port=None)")
         # a free port can be taken by someone else between our probe and llama-server's bind:
         # with an automatic port, retry on a bind failure
@@ -419,7 +346,7 @@ class LlamaServer:
             self.proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=self._log_fh, stderr=subprocess.STDOUT,
                 start_new_session=True, env=env,
-                preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
             )
         except OSError as e:
             self._close_log()
@@ -445,7 +372,7 @@ class LlamaServer:
                 raise err
             # only trust /health once the listening socket is ours (not another process's
             # that grabbed the same port)
-            owned = owned or _owns_listening_port(self.proc.pid, self.port)
+            owned = owned or owns_listening_port(self.proc.pid, self.port)
             try:
                 if not owned:
                     raise ConnectionRefusedError("port not yet bound by our llama-server")
@@ -475,7 +402,7 @@ class LlamaServer:
 
     def _startup_failure(self, rc: int) -> ServerError:
         tail = self.log_tail()
-        how = _describe_exit(rc)
+        how = describe_exit(rc)
         key = self.key_error_line()
         if key and key.strip() not in tail:
             tail = f"    {key}\n    ...\n{tail}"
@@ -583,7 +510,7 @@ class LlamaServer:
         if key and key.strip() not in tail and re.search(r"GGML_ASSERT|GGML_ABORT|terminate|what\(\)", key):
             tail = f"    {key}\n    ...\n{tail}"
         return ServerError(
-            f"llama-server (pid {self.proc.pid if self.proc else '?'}) crashed: it died ({_describe_exit(rc)}) "
+            f"llama-server (pid {self.proc.pid if self.proc else '?'}) crashed: it died ({describe_exit(rc)}) "
             f"before or while answering {what}; log {self.log_path}:\n{tail}")
 
     def get_json(self, path: str) -> Any:
@@ -625,6 +552,10 @@ class LlamaServer:
             raise ServerError("metrics are off (ServerConfig.metrics=False)")
         return parse_prometheus(self.request("GET", "/metrics").decode(errors="replace"))
 
+    def spec_counters(self) -> SpecCounters:
+        """The speculative-decoding counters of ``/metrics`` now (cumulative since start)."""
+        return SpecCounters.from_metrics(self.metrics())
+
     @property
     def build_info(self) -> str | None:
         props = self._props or self.props()
@@ -632,13 +563,3 @@ class LlamaServer:
 
     def slots(self) -> list[dict]:
         return self.get_json("/slots")
-
-
-def require_drafting(resp: dict) -> tuple[int, int]:
-    """(draft_n, draft_n_accepted) from a response's ``timings``; ServerError if it did not draft."""
-    t = resp.get("timings") or {}
-    if "draft_n" not in t:
-        raise ServerError("the response has no timings.draft_n: speculative decoding did not run")
-    return int(t["draft_n"]), int(t.get("draft_n_accepted", 0))
-
-

@@ -1,0 +1,56 @@
+"""Public functions that join two stages: :func:`verify` measures and records into a receipt.
+
+Every other public name of :mod:`ggufmtp` is a library function itself (see ``__init__``'s map).
+This wrapper repeats the parameters of :func:`ggufmtp.measure.verify.verify` so that
+``inspect.signature`` and editors show them; ``tests/test_public_api.py`` checks that both lists
+stay equal.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Sequence
+
+from .measure import stats
+from .measure import verify as _verify_mod
+from .measure.suite import DEFAULT_SUITE, Suite
+from .provenance.receipt import set_verification
+
+
+def verify(
+    model: str | os.PathLike,
+    draft_n_max: int | None = None,
+    draft_n_min: int | None = None,
+    seeds: Sequence[int] = _verify_mod.DEFAULT_SEEDS,
+    suite: str | os.PathLike | Suite = DEFAULT_SUITE,
+    max_tokens: int = _verify_mod.DEFAULT_MAX_TOKENS,
+    raw: bool = False,
+    ctx_size: int | None = 4096,
+    threads: int | None = None,
+    gpu_layers: int | str | None = None,
+    parallel: int | None = 1,
+    llama_cpp_bin: str | os.PathLike | None = None,
+    progress: bool = True,
+    thresholds: Any = None,
+    limit: int | None = None,
+    sweep: Iterable[int] | None = None,
+    enforce_speedup: bool = False,
+    min_identical: float | None = None,
+    bootstrap_resamples: int = stats.DEFAULT_RESAMPLES,
+    bootstrap_seed: int = stats.DEFAULT_SEED,
+    extra_args: Sequence[str] = (),
+    on_record: Callable[[_verify_mod.Record], None] | None = None,
+    tuned: Any = None,
+    peak_bandwidth_gbs: float | None = None,
+    *,
+    receipt: str | os.PathLike | None = None,
+) -> _verify_mod.VerifyResult:
+    """Verify MTP drafting with llama-server (see :func:`ggufmtp.measure.verify.verify`, whose
+    parameters these are). With ``receipt``, the results go into that receipt's verification
+    section; what tune, curve and profiles added there is kept."""
+    args = dict(locals())  # exactly the parameters above, forwarded by name
+    del args["receipt"]
+    res = _verify_mod.verify(**args)
+    if receipt is not None:
+        set_verification(receipt, res.to_receipt(), keep_added=True)
+    return res

@@ -1,0 +1,45 @@
+"""What the measuring commands share: running ``tune`` (the ``tune`` command and its alias ``verify
+--tune``) and the common tail of tune, curve and profiles (``--out``, ``--receipt``, output)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .app import _int_list, _ngl, emit_json, resolve_model_arg
+
+
+def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None, out_path: str | None,
+                   as_json: bool, out_data: dict[str, Any], text: str) -> None:
+    """The common tail of tune, curve and profiles: the full JSON to --out, ``res.to_dict()`` as
+    ``verification.<section>`` of --receipt, then JSON or the human-readable text on stdout."""
+    if out_path:
+        from ..gguf.fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), out_data)
+    if receipt_path:
+        from ..measure.tune import store_in_receipt
+
+        store_in_receipt(receipt_path, model=resolve_model_arg(model), **{section: res.to_dict()})
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(text)
+
+
+def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int,
+              limit: int | None, gpu_layers: str | None, threads: int | None, ctx_per_slot: int,
+              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+              final_on_suite: bool = True) -> None:
+    """``ggufmtp tune`` with parsed options (also ``verify --tune``)."""
+    from ..measure.tune import tune
+
+    res = tune(resolve_model_arg(model), concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds"),
+               suite=suite, max_tokens=max_tokens, limit=limit, gpu_layers=_ngl(gpu_layers), threads=threads,
+               ctx_per_slot=ctx_per_slot, llama_cpp_bin=llama_cpp_bin, progress=not as_json,
+               final_on_suite=final_on_suite)
+    _save_and_show(res, model, "tuned", receipt_path, out_path, as_json, res.to_dict(), res.table())
+    if receipt_path and not as_json:
+        click.echo(f"receipt {receipt_path}: verification.tuned written (verify's results kept)")

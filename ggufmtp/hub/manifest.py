@@ -1,0 +1,209 @@
+"""The records of a pull and its manifest, ``ggufmtp-pull.json``.
+
+The manifest is written atomically next to the pulled files. It records repo, requested revision,
+resolved commit, endpoint host, every file's size and sha256, the GGUF entry point (first shard of
+a split model) and the Hub's metadata for the whole commit (``hub_files``), which lets a later
+offline pull (``HF_HUB_OFFLINE=1``) verify the cached files without the network. Its content is
+exactly ``PullResult.to_dict()``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..errors import HubError, HubManifestError
+from ..gguf.fsutil import atomic_write_json
+
+__all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA", "GGUFModel", "HubFile", "PullResult", "PullSource", "PulledFile",
+           "read_manifest", "try_read_manifest", "write_manifest"]
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "ggufmtp-pull.json"
+MANIFEST_SCHEMA = "ggufmtp.pull/v1"
+
+
+class PullSource(enum.StrEnum):
+    """Where a pull's files came from."""
+
+    HUB = "hub"  # downloaded / checked online
+    CACHE = "cache"  # offline, from the cache or a --local-dir filled earlier
+    LOCAL = "local"  # a plain local directory
+
+
+@dataclass(frozen=True)
+class PulledFile:
+    """One file of a pull, as hashed on disk."""
+
+    path: str  # path inside the repo / directory, POSIX separators
+    size: int
+    sha256: str
+    verified: bool = False  # True when checked against the Hub's metadata for this commit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "verified": self.verified}
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    """One GGUF model of a pull: a single file, or every shard of a split model."""
+
+    entry: str  # what to hand llama.cpp: the file itself, or the first shard of a split model
+    shards: tuple[str, ...]  # every file of the model, in order (one item when not split)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entry": self.entry, "shards": list(self.shards)}
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """The Hub's metadata for one file of a commit: what a download must hash to."""
+
+    path: str
+    size: int | None
+    sha256: str | None  # LFS sha256
+    git_oid: str | None  # git blob id (regular files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "git_oid": self.git_oid}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> HubFile | None:
+        """The entry a manifest recorded, or None when it is malformed (such entries are skipped)."""
+        try:
+            return cls(d["path"], d.get("size"), d.get("sha256"), d.get("git_oid"))
+        except (KeyError, TypeError, AttributeError):
+            return None
+
+
+def hub_files_by_path(hub_files: list[HubFile] | None) -> dict[str, HubFile]:
+    """``hub_files`` keyed by path (empty when there is no Hub metadata)."""
+    return {f.path: f for f in hub_files or []}
+
+
+@dataclass
+class PullResult:
+    """What ``pull`` fetched and verified; ``to_dict()`` is exactly the manifest's content."""
+
+    repo_id: str | None  # None for a plain local directory
+    source: PullSource
+    requested_revision: str | None
+    resolved_commit: str | None
+    endpoint_host: str | None
+    local_dir: Path  # the directory holding the files (local_dir, cache snapshot, or the directory)
+    files: list[PulledFile]
+    gguf_models: list[GGUFModel]
+    include: list[str] | None = None
+    hub_files: list[HubFile] | None = None  # the Hub's metadata for every file of the commit
+    manifest_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.source = PullSource(self.source)
+
+    @property
+    def verified(self) -> bool:
+        """Every file was checked against the Hub's checksums."""
+        return bool(self.files) and all(f.verified for f in self.files)
+
+    @property
+    def model_entry(self) -> str | None:
+        """The GGUF entry point (first shard) when the pull holds exactly one GGUF model."""
+        return self.gguf_models[0].entry if len(self.gguf_models) == 1 else None
+
+    @property
+    def model_path(self) -> Path | None:
+        """The file to hand llama.cpp when the pull holds exactly one GGUF model."""
+        entry = self.model_entry
+        return self.local_dir / entry if entry else None
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": MANIFEST_SCHEMA,
+            "ggufmtp_version": __version__,
+            "source": self.source.value,
+            "repo_id": self.repo_id,
+            "requested_revision": self.requested_revision,
+            "resolved_commit": self.resolved_commit,
+            "endpoint_host": self.endpoint_host,
+            "include": self.include,
+            "local_dir": str(self.local_dir),
+            "model_entry": self.model_entry,
+            "gguf_models": [m.to_dict() for m in self.gguf_models],
+            "verified": self.verified,
+            "total_size": self.total_size,
+            "files": [f.to_dict() for f in self.files],
+            "hub_files": None if self.hub_files is None else [h.to_dict() for h in self.hub_files],
+        }
+
+
+def write_manifest(result: PullResult) -> Path:
+    """Write ``result`` as the manifest in its ``local_dir`` (atomically) and note where."""
+    path = result.local_dir / MANIFEST_NAME
+    try:
+        atomic_write_json(path, result.to_dict())
+    except OSError as e:
+        raise HubError(f"cannot write the pull manifest {path}: {e.strerror or e}; "
+                       "make the directory writable or pull into another --local-dir") from e
+    result.manifest_path = path
+    return path
+
+
+def _load_manifest_json(p: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise HubManifestError(f"no pull manifest at {p}: run `ggufmtp pull` first") from None
+    except (OSError, ValueError) as e:
+        raise HubManifestError(f"cannot read pull manifest {p}: {e}") from None
+    if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
+        raise HubManifestError(f"{p} is not a ggufmtp pull manifest (schema {MANIFEST_SCHEMA!r} expected)")
+    return data
+
+
+def _recorded_hub_files(raw: Any) -> list[HubFile] | None:
+    if raw is None:
+        return None
+    entries = (HubFile.from_dict(x) for x in (raw if isinstance(raw, list) else []))
+    return [h for h in entries if h is not None]
+
+
+def read_manifest(path: str | os.PathLike) -> PullResult:
+    """Load a ``ggufmtp-pull.json`` (or the directory holding one) back into a ``PullResult``."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / MANIFEST_NAME
+    data = _load_manifest_json(p)
+    try:
+        files = [PulledFile(path=f["path"], size=int(f["size"]), sha256=f["sha256"], verified=bool(f.get("verified")))
+                 for f in data["files"]]
+        models = [GGUFModel(entry=m["entry"], shards=tuple(m["shards"])) for m in data.get("gguf_models") or []]
+        return PullResult(
+            repo_id=data.get("repo_id"), source=data["source"], requested_revision=data.get("requested_revision"),
+            resolved_commit=data.get("resolved_commit"), endpoint_host=data.get("endpoint_host"),
+            local_dir=p.parent, files=files, gguf_models=models, include=data.get("include"),
+            hub_files=_recorded_hub_files(data.get("hub_files")), manifest_path=p,
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise HubManifestError(f"pull manifest {p} is malformed ({e!r}); delete it and pull again") from None
+
+
+def try_read_manifest(directory: Path) -> PullResult | None:
+    """The manifest in ``directory``, or None when there is none or it cannot be read (logged)."""
+    if not (directory / MANIFEST_NAME).is_file():
+        return None
+    try:
+        return read_manifest(directory / MANIFEST_NAME)
+    except HubError as e:
+        log.warning("ignoring unreadable manifest: %s", e)
+        return None

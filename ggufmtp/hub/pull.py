@@ -1,0 +1,308 @@
+"""Pull a checkpoint from the Hugging Face Hub (or index a local directory), verified, with a manifest.
+
+Everything on the wire is ``huggingface_hub`` (written against 2.4): ``HfApi.resolve_revision``,
+``list_repo_tree`` and ``hf_hub_download``. ggufmtp adds what a supply chain needs on top:
+
+* **pinning** - the requested revision is resolved to a commit sha once; the listing and every
+  download use that sha, so a branch that moves mid-pull cannot mix two versions;
+* **verification** - every pulled file is hashed and compared with the Hub's own metadata (the LFS
+  ``sha256`` for LFS files, the git blob id for regular files). A mismatch is refused
+  (``errors.HubDigestMismatchError``) and the bad download removed, but only when ggufmtp created
+  it: files already in ``local_dir`` that ggufmtp did not pull are never overwritten or deleted;
+* **a manifest** (``manifest.MANIFEST_NAME``, see ``hub/manifest.py``) that lets a later offline pull
+  (``HF_HUB_OFFLINE=1``) verify the cached files without the network.
+
+Resuming: huggingface_hub 2.4 resumes an interrupted plain-HTTP download *within the same call*
+(``http_get`` retries with ``Range: bytes=<written>-`` up to 5 times without progress). Its
+temporary ``<etag>.<uuid>.incomplete`` file is process-unique and deleted on failure, so a pull
+that is killed restarts that file from zero; files completed earlier are not downloaded again.
+Xet downloads (used when the Hub advertises Xet and ``hf_xet`` is installed) go through ``hf_xet``
+instead; they are not exercised by the tests (the local fake Hub speaks plain HTTP/LFS only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Sequence
+
+from .._version import __version__
+from ..errors import HubDigestMismatchError, HubError, HubHTTPError, HubRefusedError
+from ..gguf.hashing import FileDigests
+from .files import (COMMIT_RE, check_digests, check_safe_paths, complete_shard_selection, group_gguf_shards,
+                    hash_file, matches, normalize_include)
+from .local import pull_directory, pull_offline
+from .manifest import MANIFEST_NAME, HubFile, PulledFile, PullResult, PullSource, try_read_manifest, write_manifest
+from .transport import (SilentBar, cache_dir, guard_secrets, host, hub_errors, is_offline, resolve_endpoint,
+                        storage_folder)
+
+__all__ = ["pull"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _HubPull:
+    """One pull from the Hub, its inputs checked and normalised in ``__post_init__``."""
+
+    repo_id: str
+    revision: str | None
+    include: list[str] | None
+    local_dir: Path | None
+    token: str | bool | None
+    progress: bool
+    endpoint: str | None = None  # resolved to the effective endpoint
+    cache: Path | None = None  # resolved to the effective cache directory
+    secrets: Sequence[str] = field(default_factory=tuple)  # set while the secrets guard is active
+
+    def __post_init__(self) -> None:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(self.repo_id)
+        except HFValidationError as e:
+            raise HubRefusedError(f"{self.repo_id!r} is neither an existing directory nor a valid Hub repo id: "
+                                  f"{e}") from None
+        self.endpoint = resolve_endpoint(self.endpoint)
+        self.cache = cache_dir(self.cache)
+        self.local_dir = Path(self.local_dir).expanduser().resolve() if self.local_dir is not None else None
+
+    @property
+    def errs(self) -> dict[str, Any]:
+        """The context ``hub_errors`` needs for this pull."""
+        return dict(repo_id=self.repo_id, endpoint=self.endpoint, secrets=self.secrets, revision=self.revision)
+
+
+def pull(
+    repo_id: str,
+    revision: str | None = None,
+    include: str | Sequence[str] | None = None,
+    local_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    progress: bool = True,
+    *,
+    endpoint: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> PullResult:
+    """Download (or re-verify) a model repo pinned to one commit, verify every file, write the manifest.
+
+    ``repo_id`` may also be a local directory: the manifest is then built from the files in it
+    (verified against the Hub's checksums if an earlier pull left a manifest there).
+
+    ``include``: fnmatch patterns matched against repo paths (``*`` crosses ``/``). Selecting any
+    shard of a split GGUF selects all of them; a missing shard is an error naming it.
+    ``local_dir``: where to put the files; default: the Hugging Face cache (the manifest then sits
+    in the cache's snapshot folder). ``endpoint``: default ``$HF_ENDPOINT`` or huggingface.co.
+    With ``HF_HUB_OFFLINE=1`` nothing touches the network: files come from the cache / local_dir
+    and are checked against the Hub metadata recorded by the last online pull.
+    """
+    include = normalize_include(include)
+    directory = _as_local_directory(repo_id, revision, local_dir)
+    if directory is not None:
+        return pull_directory(directory, include, progress, source=PullSource.LOCAL)
+    req = _HubPull(repo_id, revision, include, local_dir, token, progress, endpoint, cache_dir)
+    with guard_secrets(token) as secrets:
+        req.secrets = secrets
+        if is_offline():
+            return pull_offline(req.repo_id, req.revision, req.include, req.local_dir, req.cache, req.endpoint,
+                                req.progress, req.secrets)
+        return _pull_online(req)
+
+
+def _as_local_directory(repo_id: str, revision: str | None, local_dir: str | os.PathLike | None) -> Path | None:
+    """``repo_id`` as an existing directory, None when it names a Hub repo; refuses a path that is neither."""
+    as_path = Path(os.path.expanduser(str(repo_id)))
+    looks_like_path = str(repo_id).startswith((".", "/", "~")) or "\\" in str(repo_id)
+    if as_path.is_dir():
+        if revision is not None:
+            raise HubRefusedError(f"{repo_id} is a local directory: --revision only applies to Hub repos")
+        if local_dir is not None and Path(local_dir).resolve() != as_path.resolve():
+            raise HubRefusedError(f"{repo_id} is a local directory: files are used in place, drop --local-dir")
+        return as_path.resolve()
+    if looks_like_path:
+        raise HubRefusedError(f"{repo_id}: no such directory (and not a Hub repo id of the form namespace/name)")
+    return None
+
+
+# ================================================================================================
+# online: pin, list, select, check what is there, download and verify, record
+# ================================================================================================
+
+
+def _pull_online(req: _HubPull) -> PullResult:
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=req.endpoint, token=req.token, library_name="ggufmtp", library_version=__version__)
+    commit = _pin_commit(api, req)
+    hub = _list_commit(api, req, commit)
+    where = f"{req.repo_id} @ {commit[:12]}"
+    order = _select(hub, req.include, where)
+    reused = _check_preexisting(req.local_dir, order, hub, where, req.progress) if req.local_dir is not None else {}
+    base_dir, files = _Downloads(req, commit, hub, where).run(order, reused)
+    models, _ = group_gguf_shards(order)
+    result = PullResult(
+        repo_id=req.repo_id, source=PullSource.HUB, requested_revision=req.revision, resolved_commit=commit,
+        endpoint_host=host(req.endpoint), local_dir=base_dir, files=files, gguf_models=models,
+        include=req.include, hub_files=[hub[p] for p in sorted(hub)],
+    )
+    write_manifest(result)
+    return result
+
+
+def _pin_commit(api: Any, req: _HubPull) -> str:
+    """One commit sha for the whole pull (also caches refs/<rev> for later offline pulls)."""
+    rev_label = req.revision or "the default branch"
+    with hub_errors(f"resolving {req.repo_id} @ {rev_label}", **req.errs):
+        resolved = api.resolve_revision(req.repo_id, revision=req.revision, cache_dir=req.cache)
+    commit = str(getattr(resolved, "resolved", resolved))
+    if not COMMIT_RE.match(commit):
+        raise HubHTTPError(f"{host(req.endpoint)} resolved {req.repo_id} @ {rev_label} to {commit!r}, not a commit "
+                           "sha; check HF_ENDPOINT points at a Hugging Face Hub")
+    return commit
+
+
+def _list_commit(api: Any, req: _HubPull, commit: str) -> dict[str, HubFile]:
+    """Every file *at that commit*, with the Hub's checksums."""
+    from huggingface_hub.hf_api import RepoFile
+
+    with hub_errors(f"listing {req.repo_id} @ {commit[:12]}", **req.errs):
+        tree = [e for e in api.list_repo_tree(req.repo_id, recursive=True, revision=commit)
+                if isinstance(e, RepoFile)]
+    return {e.path: HubFile(e.path, e.size, e.lfs.sha256 if e.lfs is not None else None, e.blob_id) for e in tree}
+
+
+def _select(hub: dict[str, HubFile], include: list[str] | None, where: str) -> list[str]:
+    """The repo paths to pull, in order: those matching ``include``, with whole split models, all safe."""
+    if MANIFEST_NAME in hub:
+        log.warning("%s contains its own %s; ggufmtp's manifest takes that name, so that file is not pulled",
+                    where, MANIFEST_NAME)
+    available = {p for p in hub if p != MANIFEST_NAME}
+    selected = {p for p in available if matches(p, include)}
+    if not selected:
+        sample = ", ".join(sorted(available)[:10]) or "(the repo is empty)"
+        raise HubRefusedError(f"no file of {where} matches --include {include}: the repo has {sample}"
+                              + (" ..." if len(available) > 10 else ""))
+    selected = complete_shard_selection(selected, available, where)
+    check_safe_paths(sorted(selected), where)
+    return sorted(selected)
+
+
+def _check_preexisting(ldir: Path, order: list[str], hub: dict[str, HubFile], where: str,
+                       progress: bool) -> dict[str, FileDigests]:
+    """Hash files already at their destination. Matching the Hub -> reuse. Otherwise they may only be
+    replaced when an earlier ggufmtp pull put them there unchanged; anything else is the user's."""
+    prev = try_read_manifest(ldir)
+    ours = {f.path: f.sha256 for f in prev.files} if prev is not None else {}
+    reuse: dict[str, FileDigests] = {}
+    conflicts = []
+    for path in order:
+        dest = ldir / path
+        if not (dest.exists() or dest.is_symlink()):
+            continue
+        if not dest.is_file():
+            conflicts.append(f"{dest} exists and is not a regular file")
+            continue
+        try:
+            d = hash_file(dest, hub[path], progress)
+        except OSError as e:
+            raise HubError(f"cannot read {dest} to check it against {where}: {e}") from None
+        ok, problem = check_digests(hub[path], d)
+        if ok:
+            reuse[path] = d
+        elif ours.get(path) != d.sha256:  # else: our download of another revision, which may be replaced
+            conflicts.append(f"{dest} ({problem or 'cannot be verified'}; not downloaded by ggufmtp)")
+    if conflicts:
+        raise HubRefusedError(
+            f"refusing to overwrite files in {ldir} that differ from {where}: " + "; ".join(conflicts) +
+            ". ggufmtp never replaces files it did not download: move them away or choose another --local-dir")
+    return reuse
+
+
+def _discard_bad_download(local: Path, created: bool, cache_mode: bool) -> str:
+    """Remove a download that failed verification, but only when this pull created it."""
+    if not created:
+        target = local.resolve() if cache_mode else local
+        return (f"The copy at {target} predates this pull, so it was left in place: delete it (or clear the cache "
+                "entry with `hf cache delete`) before pulling again.")
+    try:
+        if cache_mode:
+            blob = local.resolve()
+            local.unlink(missing_ok=True)
+            if blob != local:
+                blob.unlink(missing_ok=True)
+        else:
+            local.unlink(missing_ok=True)
+        return "The bad download was removed."
+    except OSError as e:
+        return f"Removing the bad download {local} failed ({e}): delete it by hand."
+
+
+class _Downloads:
+    """Download files pinned to one commit and verify each, hashing file i while file i+1 downloads."""
+
+    def __init__(self, req: _HubPull, commit: str, hub: dict[str, HubFile], where: str):
+        self.req, self.commit, self.hub, self.where = req, commit, hub, where
+        self.base_dir: Path | None = req.local_dir  # cache mode: found with the first download
+        self.results: dict[str, PulledFile] = {}
+        self.pending: list[tuple[str, Path, bool, Future]] = []
+
+    def run(self, order: list[str], reused: dict[str, FileDigests]) -> tuple[Path, list[PulledFile]]:
+        """(the folder holding the files, the verified files in ``order``)."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ggufmtp-hash") as hasher:
+            try:
+                for path in order:
+                    self._collect(block=False)
+                    if path in reused:
+                        d = reused[path]
+                        self.results[path] = PulledFile(path, d.size, d.sha256, verified=True)
+                        continue
+                    local, created = self._download(path)
+                    job = hasher.submit(hash_file, local, self.hub[path], self.req.progress)
+                    self.pending.append((path, local, created, job))
+                self._collect(block=True)
+            except BaseException:
+                for *_, fut in self.pending:
+                    fut.cancel()
+                raise
+        base_dir = self.base_dir if self.base_dir is not None else self.req.local_dir  # all reused
+        return base_dir, [self.results[p] for p in order]
+
+    def _download(self, path: str) -> tuple[Path, bool]:
+        """(where huggingface_hub put ``path``, whether this pull created that file)."""
+        from huggingface_hub import hf_hub_download
+
+        req, exp = self.req, self.hub[path]
+        created = True
+        if req.local_dir is None:
+            etag = exp.sha256 or exp.git_oid
+            created = not (etag and (storage_folder(req.cache, req.repo_id) / "blobs" / etag).exists())
+        with hub_errors(f"downloading {path} from {self.where}", **req.errs):
+            local = Path(hf_hub_download(
+                req.repo_id, path, revision=self.commit, local_dir=req.local_dir, cache_dir=req.cache,
+                token=req.token, endpoint=req.endpoint, tqdm_class=None if req.progress else SilentBar,
+                library_name="ggufmtp", library_version=__version__,
+            ))
+        if self.base_dir is None:  # cache mode: the snapshot folder of this commit
+            self.base_dir = local
+            for _ in PurePosixPath(path).parts:
+                self.base_dir = self.base_dir.parent
+        return local, created
+
+    def _collect(self, block: bool) -> None:
+        """Check the finished hashes (all of them when ``block``) against the Hub's metadata."""
+        for item in list(self.pending):
+            path, local, created, fut = item
+            if not block and not fut.done():
+                continue
+            self.pending.remove(item)
+            digests = fut.result()
+            ok, problem = check_digests(self.hub[path], digests)
+            if problem:
+                removed = _discard_bad_download(local, created, self.req.local_dir is None)
+                raise HubDigestMismatchError(
+                    f"{self.where}: {path}: {problem}. {removed} The download is corrupt or was altered in "
+                    "transit: pull again; if it persists, report it to the repo owner")
+            self.results[path] = PulledFile(path, digests.size, digests.sha256, verified=ok)

@@ -1,0 +1,327 @@
+"""Publish artifacts to the Hugging Face Hub: one commit carrying artifact(s), receipt(s) and the card.
+
+On the wire this is ``huggingface_hub``'s ``create_repo`` / ``create_branch`` / ``create_commit``.
+The inputs are checked before any request (``_UploadRequest.__post_init__``, then the planned
+operations), the files are hashed once (the hash also goes to the commit, so huggingface_hub does
+not hash again), and the default commit message names the recipe and the artifact's sha256 as the
+receipt states them (``receipt_commit_facts``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .._version import __version__
+from ..errors import HubError, HubRefusedError
+from ..fmt import decimal_bytes
+from ..gguf.hashing import file_digests
+from ..provenance.receipt import read_statement
+from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
+from .transport import guard_secrets, host, hub_errors, resolve_endpoint
+
+__all__ = ["CommitFacts", "UploadKind", "UploadOperation", "UploadResult", "default_commit_message",
+           "receipt_commit_facts", "upload"]
+
+
+class UploadKind(enum.StrEnum):
+    """What a file of an upload is."""
+
+    ARTIFACT = "artifact"
+    RECEIPT = "receipt"
+    CARD = "card"
+
+
+@dataclass(frozen=True)
+class UploadOperation:
+    """One file of the commit."""
+
+    path_in_repo: str
+    local_path: Path
+    size: int
+    kind: UploadKind
+    sha256: str | None = None  # None in dry runs (no hashing)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", UploadKind(self.kind))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path_in_repo": self.path_in_repo, "local_path": str(self.local_path), "size": self.size,
+                "kind": self.kind.value, "sha256": self.sha256}
+
+
+@dataclass
+class UploadResult:
+    """What ``upload`` committed (or, in a dry run, would commit)."""
+
+    repo_id: str
+    revision: str
+    dry_run: bool
+    private: bool
+    commit_message: str
+    commit_description: str
+    operations: list[UploadOperation]
+    endpoint_host: str
+    commit_sha: str | None = None
+    commit_url: str | None = None
+    repo_url: str | None = None
+
+    @property
+    def total_size(self) -> int:
+        return sum(op.size for op in self.operations)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "dry_run": self.dry_run,
+            "private": self.private,
+            "endpoint_host": self.endpoint_host,
+            "commit_message": self.commit_message,
+            "commit_description": self.commit_description,
+            "commit_sha": self.commit_sha,
+            "commit_url": self.commit_url,
+            "repo_url": self.repo_url,
+            "total_size": self.total_size,
+            "operations": [op.to_dict() for op in self.operations],
+        }
+
+
+# ================================================================================================
+# The commit message: facts from the receipts
+# ================================================================================================
+
+
+@dataclass(frozen=True)
+class CommitFacts:
+    """What the receipts say for the commit message, and notes about receipts that said nothing."""
+
+    recipe_name: str | None
+    artifact_sha256: str | None
+    notes: tuple[str, ...] = ()  # one line each, for the user (the CLI prints them as ``note: ...``)
+
+
+def _statement_digests(stmt: dict[str, Any], names: list[str]) -> list[tuple[int, str]]:
+    """(rank, sha256) of every subject; lower rank = the subject is an earlier artifact of ``names``."""
+    out = []
+    subjects = stmt.get("subject")
+    for s in subjects if isinstance(subjects, list) else []:
+        dig = s.get("digest") if isinstance(s, dict) else None
+        sha = dig.get("sha256") if isinstance(dig, dict) else None
+        if not isinstance(sha, str):
+            continue
+        name = Path(str(s.get("name", ""))).name
+        out.append((names.index(name) if name in names else len(names), sha.lower()))
+    return out
+
+
+def receipt_commit_facts(receipts: Sequence[str | os.PathLike], artifacts: Sequence[str | os.PathLike]
+                         ) -> CommitFacts:
+    """The recipe name and artifact sha256 for the commit message, read from the receipts (plain JSON
+    or DSSE envelopes) when they have ``predicate.recipe.name`` and ``subject[i].digest.sha256``."""
+    names = [Path(a).name for a in artifacts]
+    recipe, digests, notes = None, [], []
+    for r in receipts:
+        stmt = read_statement(r)
+        if stmt is None:
+            notes.append(f"{r} is not a JSON receipt; the commit message will not name its recipe")
+            continue
+        pred = stmt.get("predicate")
+        rec = pred.get("recipe") if isinstance(pred, dict) else None
+        if recipe is None and isinstance(rec, dict) and isinstance(rec.get("name"), str):
+            recipe = rec["name"]
+        digests += _statement_digests(stmt, names)
+    digests.sort(key=lambda t: t[0])
+    return CommitFacts(recipe, digests[0][1] if digests else None, tuple(notes))
+
+
+def default_commit_message(artifact_name: str, recipe_name: str | None, artifact_sha256: str | None) -> str:
+    """``Upload NAME (recipe R, sha256 S) with ggufmtp``, naming only the facts that are known."""
+    facts = []
+    if recipe_name:
+        facts.append(f"recipe {recipe_name}")
+    if artifact_sha256:
+        facts.append(f"sha256 {artifact_sha256}")
+    return f"Upload {artifact_name}" + (f" ({', '.join(facts)})" if facts else "") + " with ggufmtp"
+
+
+def _commit_message(ops: list[UploadOperation], recipe_name: str | None, artifact_sha256: str | None) -> str:
+    """The default message, naming the artifact whose sha256 the receipt states (else the first)."""
+    artifacts = [o for o in ops if o.kind == UploadKind.ARTIFACT]
+    named = next((o for o in artifacts if artifact_sha256 and o.sha256 == artifact_sha256), artifacts[0])
+    return default_commit_message(named.path_in_repo, recipe_name, artifact_sha256)
+
+
+def _commit_description(ops: list[UploadOperation]) -> str:
+    return "\n".join(
+        ["Files in this commit:", ""]
+        + [f"- `{o.path_in_repo}` ({o.kind}, {decimal_bytes(o.size)}"
+           + (f", sha256 `{o.sha256}`)" if o.sha256 else ")") for o in ops]
+        + ["", f"Published with ggufmtp {__version__}."]
+    )
+
+
+# ================================================================================================
+# upload: check, plan, hash, commit
+# ================================================================================================
+
+
+def _as_paths(items: str | os.PathLike | Iterable[str | os.PathLike] | None) -> list[Path]:
+    if items is None:
+        return []
+    if isinstance(items, (str, os.PathLike)):
+        return [Path(items)]
+    return [Path(i) for i in items]
+
+
+@dataclass
+class _UploadRequest:
+    """An upload's inputs, refused in ``__post_init__`` before anything is read or sent."""
+
+    repo_id: str
+    artifacts: list[Path]
+    receipts: list[Path]
+    card: Path | None
+    revision: str | None
+    artifact_sha256: str | None
+
+    def __post_init__(self) -> None:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(self.repo_id)
+        except HFValidationError as e:
+            raise HubRefusedError(f"{self.repo_id!r} is not a valid Hub repo id (namespace/name): {e}") from None
+        if self.revision is not None and (not self.revision or COMMIT_RE.match(self.revision)):
+            raise HubRefusedError(f"--revision {self.revision!r}: uploads go to a branch name, not a commit sha")
+        if self.artifact_sha256 is not None and not SHA256_RE.match(self.artifact_sha256):
+            raise HubRefusedError(f"artifact sha256 {self.artifact_sha256!r} is not a 64-hex-digit sha256")
+        if not self.artifacts:
+            raise HubRefusedError("nothing to upload: pass at least one artifact file")
+        if not self.receipts:
+            raise HubRefusedError("every upload carries its receipt: pass at least one receipt file")
+
+    def operations(self) -> list[UploadOperation]:
+        """The files of the commit (not hashed yet); refuses a missing file or two files with one name."""
+        planned = [(p.name, p, UploadKind.ARTIFACT) for p in self.artifacts]
+        planned += [(p.name, p, UploadKind.RECEIPT) for p in self.receipts]
+        if self.card is not None:
+            planned.append(("README.md", self.card, UploadKind.CARD))
+        seen: dict[str, Path] = {}
+        ops = []
+        for name, p, kind in planned:
+            if not p.is_file():
+                raise HubRefusedError(f"{kind} {p} does not exist or is not a regular file")
+            if name in seen:
+                raise HubRefusedError(f"two files would both be uploaded as {name!r}: {seen[name]} and {p}"
+                                      + ("; the model card is uploaded as README.md, so rename the other one"
+                                         if name == "README.md" else "; rename one of them"))
+            seen[name] = p
+            ops.append(UploadOperation(name, p.resolve(), p.stat().st_size, kind))
+        return ops
+
+
+def _hashed(ops: list[UploadOperation], progress: bool) -> list[UploadOperation]:
+    out = []
+    for op in ops:
+        try:
+            digest = file_digests(op.local_path, progress=progress and op.size >= HASH_PROGRESS_MIN).sha256
+        except OSError as e:
+            raise HubError(f"cannot read {op.local_path}: {e}") from None
+        out.append(UploadOperation(op.path_in_repo, op.local_path, op.size, op.kind, digest))
+    return out
+
+
+def _check_artifact_digest(ops: list[UploadOperation], artifact_sha256: str | None) -> None:
+    """Refuse a receipt sha256 that is none of the artifacts': the receipt describes another file."""
+    artifacts = [o for o in ops if o.kind == UploadKind.ARTIFACT]
+    if artifact_sha256 is not None and artifact_sha256 not in {o.sha256 for o in artifacts}:
+        listing = ", ".join(f"{o.path_in_repo}={o.sha256}" for o in artifacts)
+        raise HubRefusedError(f"the receipt's artifact sha256 {artifact_sha256} matches none of the files being "
+                              f"uploaded ({listing}): the receipt describes another file; re-run the receipt step")
+
+
+def upload(
+    repo_id: str,
+    files: Sequence[str | os.PathLike],
+    receipt: str | os.PathLike | Sequence[str | os.PathLike],
+    card: str | os.PathLike | None = None,
+    private: bool = False,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    dry_run: bool = False,
+    commit_message: str | None = None,
+    *,
+    recipe_name: str | None = None,
+    artifact_sha256: str | None = None,
+    endpoint: str | None = None,
+    progress: bool = True,
+) -> UploadResult:
+    """Publish artifact(s), their receipt(s) and the model card (as README.md) in ONE commit.
+
+    Creates the repo if needed (``private`` only applies to a new repo) and the branch
+    ``revision`` if it does not exist. The default commit message names ``recipe_name`` and
+    ``artifact_sha256`` (which must be the sha256 of one of ``files``). ``dry_run`` validates
+    the inputs and lists the operations and sizes without any network access (and without
+    hashing, so ``artifact_sha256`` is not checked).
+    """
+    req = _UploadRequest(repo_id, _as_paths(files), _as_paths(receipt), Path(card) if card is not None else None,
+                         revision, artifact_sha256)
+    ops = req.operations()
+    endpoint = resolve_endpoint(endpoint)
+    if not dry_run:
+        ops = _hashed(ops, progress)
+        _check_artifact_digest(ops, artifact_sha256)
+    result = UploadResult(
+        repo_id=repo_id, revision=revision or "main", dry_run=dry_run, private=private,
+        commit_message=commit_message or _commit_message(ops, recipe_name, artifact_sha256),
+        commit_description=_commit_description(ops), operations=ops, endpoint_host=host(endpoint))
+    if not dry_run:
+        _push(result, revision, token, endpoint, progress)
+    return result
+
+
+def _push(result: UploadResult, revision: str | None, token: str | bool | None, endpoint: str,
+          progress: bool) -> None:
+    """Send the commit, with huggingface_hub's progress bars off unless ``progress``; fills in the commit."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    restore_bars = not progress and not are_progress_bars_disabled()
+    if restore_bars:
+        disable_progress_bars()
+    try:
+        with guard_secrets(token) as secrets:
+            _commit(result, revision, token, endpoint, secrets)
+    finally:
+        if restore_bars:
+            enable_progress_bars()
+
+
+def _commit(result: UploadResult, revision: str | None, token: str | bool | None, endpoint: str,
+            secrets: Sequence[str]) -> None:
+    """create_repo (exist_ok), create_branch when not main, then one create_commit."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    repo_id, branch, ops = result.repo_id, result.revision, result.operations
+    api = HfApi(endpoint=endpoint, token=token, library_name="ggufmtp", library_version=__version__)
+    errs = dict(repo_id=repo_id, endpoint=endpoint, secrets=secrets, revision=revision, writing=True)
+    with hub_errors(f"creating repo {repo_id}", **errs):
+        repo_url = api.create_repo(repo_id, private=True if result.private else None, exist_ok=True,
+                                   repo_type="model")
+    if branch != "main":
+        with hub_errors(f"creating branch {branch} in {repo_id}", **errs):
+            api.create_branch(repo_id, branch=branch, exist_ok=True, repo_type="model")
+    additions = []
+    for op in ops:
+        add = CommitOperationAdd(path_in_repo=op.path_in_repo, path_or_fileobj=str(op.local_path))
+        add.upload_info.sha256 = bytes.fromhex(op.sha256)  # hashed above: don't hash twice
+        additions.append(add)
+    with hub_errors(f"committing {len(ops)} file(s) to {repo_id} @ {branch}", **errs):
+        info = api.create_commit(repo_id, additions, commit_message=result.commit_message,
+                                 commit_description=result.commit_description, revision=revision, repo_type="model")
+    result.commit_sha = getattr(info, "oid", None)
+    result.commit_url = getattr(info, "commit_url", None)
+    result.repo_url = str(repo_url)

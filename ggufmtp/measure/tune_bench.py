@@ -1,0 +1,173 @@
+"""The real evaluator of ``ggufmtp tune`` and ``ggufmtp curve``: what a run needs (suite, model,
+llama-server binary), and the requests sent to the vanilla and MTP servers.
+
+Measurement: the vanilla server (``-np`` = concurrency) stays up for the whole search; one MTP
+server at a time is started per (configuration, rung), warmed up (its warm-up reply must draft),
+then every unit is sent to both in ABBA order (unit 0 vanilla first, unit 1 MTP first, ...), as
+:mod:`ggufmtp.measure.verify` does, at temperature 0 with ``cache_prompt: false``. Speedup of a unit
+set = (sum MTP tokens / sum MTP time) / (sum vanilla tokens / sum vanilla time): time = the decode
+time of ``timings.predicted_ms`` at concurrency 1 (as verify), the wall time of the batch (first
+send to last answer) at concurrency > 1 (aggregate output tok/s, prefill included, as a serving
+benchmark).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+from ..errors import FatalTuneError, GgufmtpError, TuneError
+from ..gguf.model import inspect_model
+from ..measure.arms import ABBA, WARMUP_TOKENS, send, send_concurrently
+from ..measure.options import TuneConfig
+from ..measure.suite import Prompt, Suite, load_suite
+from ..measure.tune_search import Mismatch, UnitResult
+from ..runtime import build as runtime
+from ..runtime.replies import Reply
+from ..runtime.server import LlamaServer, ServerConfig, binary_flags
+
+__all__ = ["WARMUP_TOKENS", "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT", "TuneSetup", "prepare", "check_seeds", "Bench", "ServerEvaluator"]
+
+DEFAULT_MAX_TOKENS = 128  # tokens per reply
+DEFAULT_CTX_PER_SLOT = 4096
+
+
+class TuneSetup(NamedTuple):
+    """What a tune or curve run measures with: the suite (limited), the model and its inspection,
+    the llama-server binary and the flags it lists in ``--help``."""
+
+    suite: Suite
+    path: Path
+    report: Any  # ggufmtp.gguf.model's inspection report
+    binary: Path
+    flags: frozenset[str]
+
+
+def _inspect_complete(path: Path) -> Any:
+    if not path.is_file():
+        raise TuneError(f"model {path}: no such file")
+    rep = inspect_model(path)
+    if rep.mtp_status != "complete":
+        raise TuneError(f"model {path}: its MTP block is {rep.mtp_status}; tuning needs a complete MTP (NextN) block "
+                        f"(see `ggufmtp inspect {path}`)")
+    return rep
+
+
+def prepare(model: str | os.PathLike, suite: str | os.PathLike | Suite, limit: int | None,
+            llama_cpp_bin: str | os.PathLike | None) -> TuneSetup:
+    """The :class:`TuneSetup` of a run on ``model`` (a path): TuneError when the model has no
+    complete MTP block or no llama-server is found."""
+    st = suite if isinstance(suite, Suite) else load_suite(suite)
+    st = st.limit(limit)
+    path = Path(model)
+    rep = _inspect_complete(path)
+    try:
+        binary = runtime.find_binary("llama-server", llama_cpp_bin)
+        flags = binary_flags(binary)
+    except GgufmtpError as e:
+        raise TuneError(str(e)) from e
+    return TuneSetup(st, path, rep, binary, flags)
+
+
+def check_seeds(seeds: Sequence[int]) -> list[int]:
+    """The request seeds as a list of ints; TuneError when empty or repeated."""
+    out = [int(s) for s in seeds]
+    if not out or len(set(out)) != len(out):
+        raise TuneError(f"seeds {out}: need at least one, no duplicates")
+    return out
+
+
+class Bench:
+    """Sends units of prompts to a server: one request per (prompt, seed), ``concurrency`` at a time."""
+
+    def __init__(self, prompts: Sequence[Prompt], seeds: Sequence[int], mode: str, max_tokens: int,
+                 concurrency: int):
+        self.prompts, self.seeds, self.mode = list(prompts), list(seeds), mode
+        self.max_tokens, self.concurrency = max_tokens, concurrency
+        self.pool = ThreadPoolExecutor(max_workers=concurrency) if concurrency > 1 else None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+    def unit_prompts(self, unit: int) -> list[Prompt]:
+        n, c = len(self.prompts), self.concurrency
+        return [self.prompts[(unit * c + j) % n] for j in range(c)]
+
+    def one(self, srv: LlamaServer, p: Prompt, seed: int, max_tokens: int | None = None) -> Reply:
+        """One chat request at temperature 0, without prompt caching."""
+        return send(srv, p, seed, max_tokens or self.max_tokens, self.mode)
+
+    def run(self, srv: LlamaServer, unit: int) -> tuple[list[tuple[Prompt, int, Reply]], float]:
+        """All requests of one unit; (results, wall ms). Concurrency 1: sequential; else one batch
+        of ``concurrency`` prompts per seed, sent at once."""
+        t0 = time.perf_counter()
+        out: list[tuple[Prompt, int, Reply]] = []
+        for s in self.seeds:
+            batch = [(p, s) for p in self.unit_prompts(unit)]
+            replies, _ = send_concurrently(srv, batch, self.max_tokens, self.mode, self.pool)
+            out.extend((p, s_, r) for (p, s_), r in zip(batch, replies))
+        return out, (time.perf_counter() - t0) * 1000.0
+
+
+class ServerEvaluator:
+    """The evaluator of :func:`ggufmtp.measure.tune.tune`: vanilla server resident, one MTP server per
+    (config, rung)."""
+
+    def __init__(self, base: dict[str, Any], van: LlamaServer, bench: Bench, ctx_per_slot: int,
+                 warm_prompt: Prompt, bar=None):
+        self.base, self.van, self.bench = base, van, bench
+        self.ctx_per_slot = ctx_per_slot
+        self.warm_prompt = warm_prompt
+        self.bar = bar
+        self.order = ABBA()  # one alternation across every configuration of the search
+        self.commands: dict[str, str] = {}
+        self.logs: dict[str, str] = {}
+        self.server_starts = 0
+
+    def _vanilla(self, unit: int) -> tuple[list[tuple[Prompt, int, Reply]], float]:
+        try:
+            return self.bench.run(self.van, unit)
+        except GgufmtpError as e:
+            raise FatalTuneError(f"vanilla server: {e}") from e
+
+    def server_config(self, cfg: TuneConfig) -> ServerConfig:
+        """The MTP server of ``cfg``: the shared settings, its slots and their context."""
+        return ServerConfig(**cfg.server_fields({**self.base, "parallel": cfg.parallel,
+                                                 "ctx_size": self.ctx_per_slot * cfg.parallel}))
+
+    def __call__(self, cfg: TuneConfig, units: Sequence[int]) -> list[UnitResult]:
+        out: list[UnitResult] = []
+        self.server_starts += 1
+        with LlamaServer(self.server_config(cfg)) as mtp:
+            self.commands[cfg.key] = shlex.join(mtp.command)
+            self.logs[cfg.key] = str(mtp.log_path)
+            if not self.bench.one(mtp, self.warm_prompt, 0, WARMUP_TOKENS).draft_n:
+                raise TuneError(f"{cfg.key}: speculation did not run (the warm-up reply has no timings.draft_n); "
+                                f"log {mtp.log_path}")
+            for u in units:
+                out.append(self._pair(mtp, u))
+                if not out[-1].identical:
+                    break
+        return out
+
+    def _pair(self, mtp: LlamaServer, u: int) -> UnitResult:
+        """Unit ``u`` on vanilla and on ``mtp``, in ABBA order."""
+        (van, van_ms), (mt, mt_ms) = self.order.run(lambda: self._vanilla(u), lambda: self.bench.run(mtp, u))
+        if self.bar is not None:
+            self.bar.update(len(mt))
+        mism = next((Mismatch.of(a.text, b.text, p.id, s) for (p, s, a), (_, _, b) in zip(van, mt)
+                     if a.text != b.text), None)
+        if self.bench.concurrency > 1:  # aggregate output tok/s over the batch's wall time
+            m_ms, v_ms = mt_ms, van_ms
+        else:  # decode throughput, as verify
+            m_ms, v_ms = sum(r.predicted_ms for _, _, r in mt), sum(r.predicted_ms for _, _, r in van)
+        return UnitResult(
+            unit=u, mtp_tokens=sum(r.predicted_n for _, _, r in mt), mtp_ms=m_ms,
+            van_tokens=sum(r.predicted_n for _, _, r in van), van_ms=v_ms, identical=mism is None,
+            draft_n=sum(r.draft_n or 0 for _, _, r in mt),
+            draft_n_accepted=sum(r.draft_n_accepted or 0 for _, _, r in mt), requests=len(mt), mismatch=mism)

@@ -1,0 +1,92 @@
+"""The one model-reference resolver: ``builtin:NAME``, a local path, or a Hub repo ``owner/name[@rev]``.
+
+Library functions take paths; only the command line and :mod:`ggufmtp.pipeline` accept these
+references and turn them into paths here. A built-in model is synthesized once and cached
+(:func:`ggufmtp.synth.builtin.builtin_path`); a Hub repo is pulled, pinned to a commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import GgufmtpError
+
+BUILTIN_PREFIX = "builtin:"
+
+
+class RefKind(enum.StrEnum):
+    """Where a model reference points."""
+
+    BUILTIN = "builtin"
+    LOCAL = "local"
+    HUB = "hub"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRef:
+    """A parsed model reference. ``ident``: ``builtin:NAME``, an absolute path, or a repo id."""
+
+    kind: RefKind
+    ident: str
+    revision: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedModel:
+    """A reference made local: the model's path and, for a Hub pull, the pull's manifest."""
+
+    path: Path
+    manifest: dict[str, Any] | None = None
+
+
+def is_builtin(model: str | os.PathLike) -> bool:
+    return str(model).startswith(BUILTIN_PREFIX)
+
+
+def parse_model_ref(model: str) -> ModelRef:
+    """``builtin:NAME`` | an existing local path | ``REPO_ID[@REV]``; anything else is an error."""
+    if is_builtin(model):
+        return ModelRef(RefKind.BUILTIN, model)
+    if Path(model).exists():
+        return ModelRef(RefKind.LOCAL, str(Path(model).resolve()))
+    repo, _, rev = model.partition("@")
+    if repo.count("/") != 1 or repo.startswith(("/", ".")):
+        raise GgufmtpError(f"{model}: not a file, not builtin:NAME and not a Hub repo id (owner/name[@revision])")
+    return ModelRef(RefKind.HUB, repo, rev or None)
+
+
+def builtin_model_path(name: str) -> Path:
+    """The path of built-in model ``builtin:NAME`` (synthesized on first use, then cached)."""
+    # Function-level import: synthesizing pulls in numpy and the GGUF writer, which a command
+    # that never names a built-in model should not pay for at start-up.
+    from .synth.builtin import builtin_path
+
+    return builtin_path(name)
+
+
+def local_model_arg(model: str) -> str:
+    """A model argument of a command that needs a file: ``builtin:NAME`` becomes the synthesized
+    model's path; anything else is passed on unchanged (the command checks it, with its own error)."""
+    return str(builtin_model_path(model)) if is_builtin(model) else model
+
+
+def resolve(ref: ModelRef, *, local_dir: str | os.PathLike | None = None, include: Sequence[str] | None = None,
+            token: str | bool | None = None, progress: bool = True) -> ResolvedModel:
+    """Make ``ref`` a local model file: synthesize a built-in one, take a path as is, or pull a
+    Hub repo into ``local_dir`` (``include`` selects the files) and require exactly one model there."""
+    if ref.kind is RefKind.BUILTIN:
+        return ResolvedModel(builtin_model_path(ref.ident))
+    if ref.kind is RefKind.LOCAL:
+        return ResolvedModel(Path(ref.ident))
+    # Function-level import: huggingface_hub is a heavy optional dependency of this step only.
+    from .hub.pull import pull
+
+    res = pull(ref.ident, revision=ref.revision, include=include, local_dir=local_dir, token=token, progress=progress)
+    if res.model_path is None:
+        raise GgufmtpError(f"{ref.ident}: the pulled files hold {len(res.gguf_models)} GGUF models; "
+                           f"choose one with --include")
+    return ResolvedModel(Path(res.model_path), res.to_dict())

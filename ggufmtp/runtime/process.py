@@ -1,0 +1,67 @@
+"""Process-level helpers of :mod:`ggufmtp.runtime.server`: who owns a listening port, whether a
+port is free, an exit status in words, and the Linux parent-death signal for child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+
+__all__ = ["HOST", "owns_listening_port", "port_in_use", "describe_exit", "die_with_parent"]
+
+HOST = "127.0.0.1"
+
+
+def owns_listening_port(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on 127.0.0.1:``port`` (Linux /proc;
+    True where /proc cannot tell)."""
+    try:
+        want = f"0100007F:{port:04X}"
+        inodes = set()
+        with open("/proc/net/tcp") as fh:
+            for line in fh.readlines()[1:]:
+                f = line.split()
+                if len(f) > 9 and f[1] == want and f[3] == "0A":  # LISTEN
+                    inodes.add(f"socket:[{f[9]}]")
+        if not inodes:
+            return False
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return True
+        return False
+    except OSError:
+        return True
+
+
+def port_in_use(port: int) -> bool:
+    """Whether ``port`` on 127.0.0.1 is taken (bound by another process, or not ours to bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError as e:
+            return e.errno in (errno.EADDRINUSE, errno.EACCES)
+    return False
+
+
+def describe_exit(rc: int) -> str:
+    """A process exit status in words (``exit code 1``, ``killed by signal SIGKILL``)."""
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (runs in the child between fork and exec)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass

@@ -1,0 +1,40 @@
+"""The built-in models (``builtin:NAME`` on the command line): named specs, synthesized once into a cache.
+
+Only the CLI and the pipeline turn ``builtin:NAME`` into a path (with :func:`builtin_path`);
+library functions take paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import SynthError
+from ..runtime.build import cache_root
+from .spec import SynthSpec
+from .writer import synthesize
+
+BUILTIN_MODELS: dict[str, SynthSpec] = {
+    "tiny-qwen35moe": SynthSpec(),
+    "tiny-qwen35moe-f20": SynthSpec(wrong_successor_fraction=0.2),
+    "tiny-qwen35moe-f50": SynthSpec(wrong_successor_fraction=0.5),
+    "tiny-qwen35moe-noise": SynthSpec(eh_proj_noise=0.5),
+    "tiny-qwen35": SynthSpec(arch="qwen35"),
+    "tiny-qwen35moe-nomtp": SynthSpec(mtp=False),
+    "tiny-qwen35moe-mtp-only": SynthSpec(mtp_only=True),
+    "tiny-qwen35moe-no-hnorm": SynthSpec(omit_tensors=("nextn.hnorm",)),
+}
+
+
+def builtin_path(name: str, cache_dir: Path | None = None, progress: bool = False) -> Path:
+    """Path of built-in model ``name`` (``"builtin:NAME"`` or ``"NAME"``), synthesized once into
+    ``cache_root()/"builtin"`` (keyed by the spec and the synth version; atomic write)."""
+    key = name.removeprefix("builtin:")
+    if key not in BUILTIN_MODELS:
+        raise SynthError(f"unknown built-in model {name!r}; known: {', '.join(sorted(BUILTIN_MODELS))}")
+    spec = BUILTIN_MODELS[key]
+    if cache_dir is None:
+        cache_dir = cache_root() / "builtin"
+    path = Path(cache_dir) / f"{key}-{spec.digest()[:12]}.gguf"
+    if not path.is_file():
+        synthesize(path, spec, progress=progress)
+    return path

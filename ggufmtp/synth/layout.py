@@ -1,0 +1,201 @@
+"""What a synthetic model is made of: the shapes, and which tensors each block holds (pure data).
+
+Names, ggml shapes (``ne0`` first), storage types and how each tensor is initialised. The bytes
+themselves are made by :mod:`ggufmtp.synth.tensors`; :meth:`ggufmtp.synth.spec.SynthSpec.validate`
+uses the MTP block's names to check ``omit_tensors``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Union
+
+ARCHES = ("qwen35moe", "qwen35")
+SHAPE_TINY = "tiny"
+SHAPE_REAL = "qwen3.6-35b-a3b"
+SHAPES = (SHAPE_TINY, SHAPE_REAL)
+
+F32, BF16 = 0, 30  # GGMLQuantizationType values
+
+LOGIT_SCALE = 24.0  # logit of the successor token; the others are ~N(0, (LOGIT_SCALE/sqrt(n_embd))^2)
+RESIDUAL_SCALE = 0.01  # relative size of what each block writes back into the residual stream
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-layer dimensions of a shape."""
+
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rope_dims: int
+    rope_sections: tuple[int, int, int, int]
+    rope_freq_base: float
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    n_ff: int  # dense qwen35 FFN width
+    ssm_conv_kernel: int
+    ssm_state: int  # head_k_dim == head_v_dim
+    ssm_groups: int  # linear-attention key heads
+    ssm_dt_rank: int  # linear-attention value heads
+    ctx: int
+    vocab: int | None  # None = natural size of the tokenizer
+    rms_eps: float = 1e-6
+
+    @property
+    def ssm_inner(self) -> int:
+        return self.ssm_state * self.ssm_dt_rank
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.ssm_state * self.ssm_groups + self.ssm_inner
+
+
+DIMS = {
+    SHAPE_TINY: Dims(
+        n_embd=256, n_head=2, n_head_kv=1, head_dim=128, rope_dims=64, rope_sections=(11, 11, 10, 0),
+        rope_freq_base=1e7, n_expert=4, n_expert_used=2, n_ff_exp=256, n_ff_shexp=256, n_ff=512,
+        ssm_conv_kernel=4, ssm_state=128, ssm_groups=1, ssm_dt_rank=2, ctx=4096, vocab=None),
+    # Qwen3.6-35B-A3B per-layer dimensions (same topology as Qwen3.5-35B-A3B).
+    SHAPE_REAL: Dims(
+        n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, rope_dims=64, rope_sections=(11, 11, 10, 0),
+        rope_freq_base=1e7, n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, n_ff=0,
+        ssm_conv_kernel=4, ssm_state=128, ssm_groups=16, ssm_dt_rank=32, ctx=262144, vocab=248320),
+}
+
+
+# ----------------------------------------------------------------------------- how a tensor is filled
+
+
+class Normal(NamedTuple):
+    """Gaussian values (seeded per tensor name)."""
+
+    std: float
+    mean: float = 0.0
+
+
+class Const(NamedTuple):
+    """Every element the same (norm weights)."""
+
+    value: float
+
+
+class Constructed(enum.Enum):
+    """Tensors whose values carry the model's behaviour (see the package docstring)."""
+
+    EMBEDDINGS = "embeddings"  # token_embd: the text tokens' embeddings, then vocabulary padding
+    OUTPUT = "output"  # output: each row the scaled sum of its predecessors' embeddings
+    DRAFT_EMBEDDINGS = "draft_embeddings"  # nextn.embed_tokens: token_embd with corrupted rows
+    EH_PROJ = "eh_proj"  # nextn.eh_proj: [I | 0], plus the optional noise
+    SSM_A = "ssm_a"  # -exp(U(0, 1.5)): a stable decay per value head
+
+
+Init = Union[Normal, Const, Constructed]
+
+
+class TensorLayout(NamedTuple):
+    name: str
+    ne: tuple[int, ...]  # ggml order (ne0 first)
+    dtype: int
+    init: Init
+
+
+def _t(name: str, ne: tuple[int, ...], dtype: int, init: Init) -> TensorLayout:
+    return TensorLayout(name, ne, dtype, init)
+
+
+def _norm(name: str, n: int) -> TensorLayout:
+    return TensorLayout(name, (n,), F32, Const(1.0))
+
+
+def global_tensors(n_embd: int, n_vocab: int) -> list[TensorLayout]:
+    """token_embd, output_norm, output (an MTP-only sidecar keeps them too: the loader requires
+    token_embd and output_norm, and the MTP head falls back to them and to output)."""
+    return [_t("token_embd.weight", (n_embd, n_vocab), BF16, Constructed.EMBEDDINGS),
+            _norm("output_norm.weight", n_embd),
+            _t("output.weight", (n_embd, n_vocab), BF16, Constructed.OUTPUT)]
+
+
+def _recurrent_mixer(p: str, d: Dims, w: float) -> list[TensorLayout]:
+    n, vdim, kdim = d.n_embd, d.ssm_inner, d.ssm_state * d.ssm_groups
+    return [
+        _t(p + "attn_qkv.weight", (n, 2 * kdim + vdim), BF16, Normal(w)),
+        _t(p + "attn_gate.weight", (n, vdim), BF16, Normal(w)),
+        _t(p + "ssm_conv1d.weight", (d.ssm_conv_kernel, d.conv_dim), F32, Normal(0.5)),
+        _t(p + "ssm_dt.bias", (d.ssm_dt_rank,), F32, Normal(0.1, mean=1.0)),
+        _t(p + "ssm_a", (d.ssm_dt_rank,), F32, Constructed.SSM_A),
+        _t(p + "ssm_beta.weight", (n, d.ssm_dt_rank), BF16, Normal(w)),
+        _t(p + "ssm_alpha.weight", (n, d.ssm_dt_rank), BF16, Normal(w)),
+        _norm(p + "ssm_norm.weight", d.ssm_state),
+        _t(p + "ssm_out.weight", (vdim, n), BF16, Normal(RESIDUAL_SCALE / math.sqrt(vdim))),
+    ]
+
+
+def _attention_mixer(p: str, d: Dims, w: float) -> list[TensorLayout]:
+    n, hq, hkv = d.n_embd, d.head_dim * d.n_head, d.head_dim * d.n_head_kv
+    return [
+        _t(p + "attn_q.weight", (n, 2 * hq), BF16, Normal(w)),  # q carries the output gate
+        _t(p + "attn_k.weight", (n, hkv), BF16, Normal(w)),
+        _t(p + "attn_v.weight", (n, hkv), BF16, Normal(w)),
+        _t(p + "attn_output.weight", (hq, n), BF16, Normal(RESIDUAL_SCALE / math.sqrt(hq))),
+        _norm(p + "attn_q_norm.weight", d.head_dim),
+        _norm(p + "attn_k_norm.weight", d.head_dim),
+    ]
+
+
+def _moe_ffn(p: str, d: Dims, w: float) -> list[TensorLayout]:
+    n = d.n_embd
+    return [
+        _t(p + "ffn_gate_inp.weight", (n, d.n_expert), F32, Normal(w)),
+        _t(p + "ffn_gate_exps.weight", (n, d.n_ff_exp, d.n_expert), BF16, Normal(w)),
+        _t(p + "ffn_up_exps.weight", (n, d.n_ff_exp, d.n_expert), BF16, Normal(w)),
+        _t(p + "ffn_down_exps.weight", (d.n_ff_exp, n, d.n_expert), BF16,
+           Normal(RESIDUAL_SCALE / math.sqrt(d.n_ff_exp))),
+        _t(p + "ffn_gate_inp_shexp.weight", (n,), F32, Normal(w)),
+        _t(p + "ffn_gate_shexp.weight", (n, d.n_ff_shexp), BF16, Normal(w)),
+        _t(p + "ffn_up_shexp.weight", (n, d.n_ff_shexp), BF16, Normal(w)),
+        _t(p + "ffn_down_shexp.weight", (d.n_ff_shexp, n), BF16, Normal(RESIDUAL_SCALE / math.sqrt(d.n_ff_shexp))),
+    ]
+
+
+def _dense_ffn(p: str, d: Dims, w: float) -> list[TensorLayout]:
+    n = d.n_embd
+    return [
+        _t(p + "ffn_gate.weight", (n, d.n_ff), BF16, Normal(w)),
+        _t(p + "ffn_up.weight", (n, d.n_ff), BF16, Normal(w)),
+        _t(p + "ffn_down.weight", (d.n_ff, n), BF16, Normal(RESIDUAL_SCALE / math.sqrt(d.n_ff))),
+    ]
+
+
+def block_tensors(il: int, arch: str, d: Dims, recurrent: bool) -> list[TensorLayout]:
+    """Block ``il``: norms, a Gated DeltaNet (``recurrent``) or full-attention mixer, then the
+    MoE (``qwen35moe``) or dense FFN. Projections back into the residual stream are ~1e-2 of the signal."""
+    p, w = f"blk.{il}.", 1.0 / math.sqrt(d.n_embd)
+    out = [_norm(p + "attn_norm.weight", d.n_embd), _norm(p + "post_attention_norm.weight", d.n_embd)]
+    out += _recurrent_mixer(p, d, w) if recurrent else _attention_mixer(p, d, w)
+    out += _moe_ffn(p, d, w) if arch == "qwen35moe" else _dense_ffn(p, d, w)
+    return out
+
+
+def nextn_tensors(il: int, n_embd: int, n_vocab: int, embed_tokens: bool) -> list[TensorLayout]:
+    """The MTP head's own tensors in block ``il``; ``embed_tokens`` only when some draft successors
+    are wrong (otherwise the head falls back to ``token_embd``)."""
+    p = f"blk.{il}.nextn."
+    out = [_t(p + "eh_proj.weight", (2 * n_embd, n_embd), BF16, Constructed.EH_PROJ),
+           _norm(p + "enorm.weight", n_embd), _norm(p + "hnorm.weight", n_embd),
+           _norm(p + "shared_head_norm.weight", n_embd)]
+    if embed_tokens:
+        out.append(_t(p + "embed_tokens.weight", (n_embd, n_vocab), BF16, Constructed.DRAFT_EMBEDDINGS))
+    return out
+
+
+def mtp_block_suffixes(arch: str, shape: str) -> list[str]:
+    """Names (without ``blk.N.`` and ``.weight``) of every tensor an MTP block can hold."""
+    d = DIMS[shape]
+    names = [t.name for t in block_tensors(0, arch, d, recurrent=False) + nextn_tensors(0, d.n_embd, 0, True)]
+    return [nm.removeprefix("blk.0.").removesuffix(".weight") for nm in names]

@@ -1,0 +1,113 @@
+"""The public API (``ggufmtp.__all__``): lazy names that stay the same functions however often
+they are called and whatever has been imported since (issue #15: ``ggufmtp.verify`` used to turn
+into the ``ggufmtp.verify`` module after its first call), with their real signatures."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import ggufmtp
+from ggufmtp.measure import verify as verify_mod
+
+FUNCTIONS = ("synthesize", "inspect", "plan", "quantize", "audit", "verify", "write_receipt", "make_card", "pull",
+             "upload", "run")
+CLASSES = ("Recipe", "SynthSpec", "GgufmtpError")
+
+
+def _import_every_submodule() -> list[str]:
+    names = [m.name for m in pkgutil.walk_packages(ggufmtp.__path__, "ggufmtp.") if m.name != "ggufmtp.__main__"]
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
+def test_no_public_name_is_also_a_submodule_name():
+    submodules = {m.name for m in pkgutil.iter_modules(ggufmtp.__path__)}
+    assert not set(ggufmtp.__all__) & submodules
+
+
+def test_public_names_are_lazy_listed_and_typed():
+    proc = subprocess.run([sys.executable, "-c", "import sys, ggufmtp; print(sorted(m for m in sys.modules "
+                           "if m.startswith('ggufmtp.') and m not in ('ggufmtp._version', 'ggufmtp.errors')))"],
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", "import ggufmtp should load no stage module"
+    assert set(ggufmtp.__all__) == set(FUNCTIONS) | set(CLASSES) | {"__version__"}
+    assert set(ggufmtp.__all__) <= set(dir(ggufmtp))
+    for name in FUNCTIONS:
+        assert inspect.isfunction(getattr(ggufmtp, name)), name
+    for name in CLASSES:
+        assert inspect.isclass(getattr(ggufmtp, name)), name
+    assert isinstance(ggufmtp.__version__, str)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        ggufmtp.nope  # noqa: B018
+
+
+def test_public_functions_have_real_signatures():
+    for name in FUNCTIONS:
+        kinds = {p.kind for p in inspect.signature(getattr(ggufmtp, name)).parameters.values()}
+        assert not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}, name
+    # ggufmtp.verify is the measuring function plus ``receipt``: the same parameters, same defaults.
+    api = dict(inspect.signature(ggufmtp.verify).parameters)
+    assert api.pop("receipt").kind is inspect.Parameter.KEYWORD_ONLY
+    real = inspect.signature(verify_mod.verify).parameters
+    assert [(p.name, p.kind, p.default) for p in api.values()] == [(p.name, p.kind, p.default) for p in real.values()]
+
+
+def _shape(obj: object) -> object:
+    """What must not change between calls: the type, and a record's field names."""
+    if dataclasses.is_dataclass(obj):
+        return type(obj), tuple(f.name for f in dataclasses.fields(obj))
+    return type(obj)
+
+
+def _call_every_function(model: Path, work: Path) -> dict[str, object]:
+    """Each public function once, on the tiny synthetic model, with the cheapest settings."""
+    work.mkdir()
+    out: dict[str, object] = {}
+    out["synthesize"] = ggufmtp.synthesize(work / "synth.gguf", ggufmtp.SynthSpec(), progress=False)
+    out["inspect"] = ggufmtp.inspect(model)
+    out["plan"] = ggufmtp.plan(model, "q8_0-mtp")
+    q = out["quantize"] = ggufmtp.quantize(model, "q8_0-mtp", work / "q8.gguf", progress=False)
+    receipt = out["write_receipt"] = ggufmtp.write_receipt(q)
+    out["audit"] = ggufmtp.audit(q.output, receipt)
+    out["verify"] = ggufmtp.verify(q.output, draft_n_max=2, seeds=(42,), limit=1, max_tokens=8, progress=False,
+                                   threads=2, receipt=receipt)
+    card = out["make_card"] = ggufmtp.make_card(q.output, receipt)
+    base = work / "base"
+    base.mkdir()
+    shutil.copy(model, base / model.name)
+    out["pull"] = ggufmtp.pull(str(base), progress=False)
+    out["upload"] = ggufmtp.upload("me/model", [q.output], [receipt], card, dry_run=True,
+                                   endpoint="http://127.0.0.1:9", progress=False)
+    out["run"] = ggufmtp.run("q8_0-mtp", str(model), out_dir=work / "run", verify=False, progress=False)
+    return out
+
+
+def test_every_function_twice_and_after_importing_every_submodule(tiny_mtp_model, tmp_path):
+    before = {name: getattr(ggufmtp, name) for name in ggufmtp.__all__}
+    first = _call_every_function(tiny_mtp_model, tmp_path / "first")
+    second = _call_every_function(tiny_mtp_model, tmp_path / "second")
+    assert _import_every_submodule()
+    third = _call_every_function(tiny_mtp_model, tmp_path / "third")
+    assert {name: getattr(ggufmtp, name) for name in ggufmtp.__all__} == before
+    assert set(first) == set(FUNCTIONS)
+    for name in FUNCTIONS:
+        assert not isinstance(first[name], (dict, types.ModuleType)), f"{name} returned {type(first[name])}"
+        assert _shape(first[name]) == _shape(second[name]) == _shape(third[name]), name
+    assert first["audit"].ok and third["audit"].ok
+    assert first["verify"].to_receipt()["mtp"]["draft_n"] > 0
+    assert [s.stage for s in first["run"].stages] == [s.stage for s in third["run"].stages]
+    # verify(receipt=...) wrote the verification section
+    assert ggufmtp.write_receipt is before["write_receipt"]
+    from ggufmtp.provenance.receipt import load_receipt
+    assert load_receipt(third["write_receipt"])["predicate"]["verification"]["verdict"] == third["verify"].verdict
