@@ -2,9 +2,15 @@
 
 Stages, in order: pull, inspect, plan, quantize, audit, verify, receipt, card, upload. Each
 stage's result is recorded in ``OUT/.ggufmtp/stages/<stage>.json`` under a key computed from its
-inputs (the keys of the stages it depends on plus its own parameters). A rerun reuses every
-stage whose key is unchanged and whose outputs are still intact, so a run that failed in
-``verify`` resumes there, and a changed recipe reruns plan and quantize but not pull.
+inputs (the keys of the stages it depends on plus its own parameters). The keys are on content:
+the sha256 of the model's files (for a Hub pull, the digests the pull verified) and of the
+imatrix, the resolved Hub commit (not the requested revision), the recipe's content, ggufmtp's
+version and the llama.cpp runtime (commit, variant). A rerun reuses every stage whose key is
+unchanged and whose outputs still hold the bytes recorded, so a run that failed in ``verify``
+resumes there, and a changed recipe reruns plan and quantize but not pull. A failing verdict
+is recorded but never reused (the next run verifies again), and ``upload`` publishes only an
+artifact with a passing verification of its bytes (:mod:`ggufmtp.hub.gate`). The model is made
+local, checked to be a GGUF and hashed before anything is written into ``OUT``.
 
 Each stage is a ``_stage_*`` function below; :func:`run` calls them in order on one ``_Run``
 record, which carries the inputs and what the earlier stages found (paths, keys).
@@ -20,19 +26,25 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import GgufmtpError, PlanError
+from ._version import __version__
+from .constants import LLAMA_CPP_COMMIT
+from .errors import GgufmtpError, HubRefusedError, PlanError
 from .fmt import ci_phrase, pct, times
 from .gguf.fsutil import atomic_write_json
-from .gguf.model import inspect_model
+from .gguf.hashing import sha256_file
+from .gguf.model import inspect_model, split_shards
+from .gguf.reader import read_header
 from .hub.upload import upload as hub_upload
 from .measure import verify as verify_mod
 from .provenance.audit import audit
 from .provenance.card import make_card
 from .provenance.receipt import load_receipt, receipt_for_quantize, set_verification
+from .provenance.signing import resolve_public_key, resolve_signing_key, sign_artifact
 from .quant.plan import make_plan
 from .quant.quantize import quantize
 from .quant.recipe import Recipe
 from .refs import ModelRef, parse_model_ref, resolve
+from .runtime.build import installed_runtime
 
 STAGES = ("pull", "inspect", "plan", "quantize", "audit", "verify", "receipt", "card", "upload")
 
@@ -137,15 +149,45 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _fingerprint(path: Path) -> dict[str, Any]:
-    """Cheap identity of a file a stage produced or consumed (content hashing is the receipt's job)."""
-    st = path.stat()
-    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+def _file_record(path: Path) -> dict[str, Any]:
+    """The identity of a file a stage produced: its path and the sha256 of its bytes."""
+    return {"path": str(path), "sha256": sha256_file(path)}
+
+
+def _intact(*keys: str) -> Callable[[dict[str, Any]], bool]:
+    """A cached result is valid while the files it recorded under ``keys`` still hold the same bytes
+    (hashed again: a file rewritten with its size and mtime restored is not intact)."""
+    def check(r: dict[str, Any]) -> bool:
+        for k in keys:
+            rec = r.get(k)
+            if not rec or not rec.get("sha256"):
+                return False
+            p = Path(rec["path"])
+            if not p.is_file() or sha256_file(p) != rec["sha256"]:
+                return False
+        return True
+
+    return check
+
+
+def _secret_id(path: Path | None) -> str | None:
+    """What a cache key holds of a signing key: a digest of its bytes (never the key itself), so that
+    another key re-signs while the same key, moved, does not."""
+    return hashlib.sha256(b"ggufmtp signing key\0" + path.read_bytes()).hexdigest() if path else None
+
+
+def _toolchain_key() -> str:
+    """What the stages' outputs depend on besides their inputs: ggufmtp's version and the llama.cpp
+    runtime the stages will load (its commit and variant, from the runtime's record: reading it
+    does not load libllama, which a fully cached run never needs)."""
+    info = installed_runtime()
+    return _key("toolchain", __version__, info.commit if info else LLAMA_CPP_COMMIT, info.variant if info else None)
 
 
 class _StageCache:
     """Runs a stage unless ``OUT/.ggufmtp/stages/<stage>.json`` holds a successful result for the
-    same key whose outputs are still intact; records what happened either way."""
+    same key whose outputs are still intact; records what happened either way. A result that
+    ``ok`` judges a failure (a failing verdict) is recorded but not reused: a rerun runs it again."""
 
     def __init__(self, out_dir: Path, log: Callable[[str], None], force: bool):
         self.dir = out_dir / ".ggufmtp" / "stages"
@@ -155,7 +197,8 @@ class _StageCache:
         self.records: list[StageRecord] = []
 
     def run(self, stage: str, key: str, fn: Callable[[], dict[str, Any]],
-            still_valid: Callable[[dict[str, Any]], bool] = lambda r: True) -> dict[str, Any]:
+            still_valid: Callable[[dict[str, Any]], bool] = lambda r: True,
+            ok: Callable[[dict[str, Any]], bool] = lambda r: True) -> dict[str, Any]:
         path = self.dir / f"{stage}.json"
         if not self.force and path.exists():
             rec = json.loads(path.read_text())
@@ -166,24 +209,52 @@ class _StageCache:
         self.log(f"[{stage}] running")
         path.unlink(missing_ok=True)
         result = fn()
-        atomic_write_json(path, {"stage": stage, "key": key, "ok": True, "result": result})
+        atomic_write_json(path, {"stage": stage, "key": key, "ok": bool(ok(result)), "result": result})
         self.records.append(StageRecord(stage, key, False, result))
         return result
 
 
-def _exists(*keys: str) -> Callable[[dict[str, Any]], bool]:
-    """A cached result is valid while the files it fingerprinted under ``keys`` are unchanged."""
-    def check(r: dict[str, Any]) -> bool:
-        for k in keys:
-            fp = r.get(k)
-            if not fp:
-                return False
-            p = Path(fp["path"])
-            if not p.exists() or p.stat().st_size != fp["size"] or p.stat().st_mtime_ns != fp["mtime_ns"]:
-                return False
-        return True
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """The model a run starts from, checked and hashed before anything is written: its path, the
+    pull's manifest (Hub), and the digest of every shard (the pull-verified one for a Hub pull)."""
 
-    return check
+    path: Path
+    manifest: dict[str, Any] | None
+    shards: tuple[tuple[str, str], ...]  # (file name, sha256)
+
+    @property
+    def resolved_commit(self) -> str | None:
+        return (self.manifest or {}).get("resolved_commit")
+
+
+def _unverified_shards(manifest: dict[str, Any]) -> list[str]:
+    """The model's files that the pull could not check against a Hub checksum (``verified: false``)."""
+    entry = manifest.get("model_entry")
+    shards = next((m["shards"] for m in manifest.get("gguf_models") or [] if m.get("entry") == entry), [entry])
+    files = {f["path"]: f for f in manifest.get("files") or []}
+    return [str(s) for s in shards if not (files.get(s) or {}).get("verified")]
+
+
+def _resolve_model(ref: ModelRef, out: Path, include: list[str] | None, token: str | None, progress: bool,
+                   allow_unverified: bool) -> _Model:
+    """Make the model local (synthesize / take the path / pull), refuse a file that is not a GGUF
+    and a pulled file with no Hub checksum (unless ``allow_unverified``), and hash every shard."""
+    got = resolve(ref, local_dir=out / "base", include=include, token=token, progress=progress)
+    shards = split_shards(Path(got.path))
+    for s in shards:
+        read_header(s)  # GGUFReadError naming the file: not a GGUF, truncated, corrupt
+    if got.manifest is not None:
+        unverified = _unverified_shards(got.manifest)
+        if unverified and not allow_unverified:
+            raise HubRefusedError(
+                f"{ref.ident}: the Hub gave no checksum for {', '.join(unverified)}, so the pull could not verify "
+                "it; pass --allow-unverified to use it anyway")
+        pulled = {Path(f["path"]).name: f["sha256"] for f in got.manifest.get("files") or []}
+        digests = tuple((s.name, pulled.get(s.name) or sha256_file(s)) for s in shards)
+    else:
+        digests = tuple((s.name, sha256_file(s)) for s in shards)
+    return _Model(Path(got.path), got.manifest, digests)
 
 
 @dataclasses.dataclass
@@ -196,19 +267,30 @@ class _Run:
     recipe: Recipe
     model_arg: str
     ref: ModelRef
+    model: _Model
     imatrix: str | Path | None
     include: list[str] | None
     threads: int
     token: str | None
     progress: bool
     log: Callable[[str], None]
-    model_path: Path = Path()
-    manifest: dict[str, Any] | None = None
+    signing_key: Path | None = None
+    public_key: Path | None = None
+    allow_unverified: bool = False
     model_key: str = ""
     plan_key: str = ""
     artifact_key: str = ""
+    artifact_sha256: str = ""
     verification: dict[str, Any] | None = None
     receipted: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def model_path(self) -> Path:
+        return self.model.path
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        return self.model.manifest
 
     @property
     def artifact(self) -> Path:
@@ -225,14 +307,15 @@ class _Run:
 
 
 def _stage_pull(r: _Run) -> None:
-    def do() -> dict[str, Any]:
-        got = resolve(r.ref, local_dir=r.out / "base", include=r.include, token=r.token, progress=r.progress)
-        return {"model_path": str(got.path), "manifest": got.manifest, "source": _fingerprint(got.path)}
-
-    pull_key = _key("pull", r.ref.kind, r.ref.ident, r.ref.revision, r.include)
-    pulled = r.cache.run("pull", pull_key, do, _exists("source"))
-    r.model_path, r.manifest = Path(pulled["model_path"]), pulled.get("manifest")
-    r.model_key = _key(pull_key, pulled["source"])
+    """Records the model's identity: where it came from, the resolved Hub commit (not the requested
+    revision), and the sha256 of every file. The model was made local and hashed before the run
+    wrote anything (:func:`_resolve_model`); this stage is cached when none of that changed."""
+    m = r.model
+    source = {"kind": str(r.ref.kind), "ident": r.ref.ident, "requested_revision": r.ref.revision,
+              "resolved_commit": m.resolved_commit, "include": r.include, "shards": [list(s) for s in m.shards]}
+    pull_key = _key("pull", source)
+    r.cache.run("pull", pull_key, lambda: {"model_path": str(m.path), "manifest": m.manifest, "source": source})
+    r.model_key = _key(pull_key, _toolchain_key())
 
 
 def _stage_inspect(r: _Run) -> None:
@@ -241,6 +324,13 @@ def _stage_inspect(r: _Run) -> None:
         return {k: report[k] for k in _INSPECT_FIELDS}
 
     r.cache.run("inspect", _key("inspect", r.model_key), do)
+
+
+def _recipe_content(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as the receipt records it: its whole content and file name (not where it lies)."""
+    d = recipe.to_dict()
+    d["path"] = Path(recipe.path).name if recipe.path else None
+    return d
 
 
 def _stage_plan(r: _Run) -> None:
@@ -252,26 +342,32 @@ def _stage_plan(r: _Run) -> None:
         return {"size_bytes": d["size_bytes"], "bpw": d["bpw"], "mtp": d["mtp"], "warnings": d["warnings"],
                 "llama_quantize_command": p.llama_quantize_command("OUT.gguf")}
 
-    im_key = _fingerprint(Path(r.imatrix)) if r.imatrix else None
-    r.plan_key = _key("plan", r.model_key, r.recipe.sha256, r.recipe.name, im_key)
+    im_key = {"name": Path(r.imatrix).name, "sha256": sha256_file(r.imatrix)} if r.imatrix else None
+    r.plan_key = _key("plan", r.model_key, _recipe_content(r.recipe), im_key)
     planned = r.cache.run("plan", r.plan_key, do)
     for w in planned["warnings"]:
         r.log(f"warning: {w}")
 
 
 def _stage_quantize(r: _Run) -> None:
-    """Writes the artifact and its base receipt (verification comes later)."""
+    """Writes the artifact, its base receipt (verification comes later) and, with a signing key,
+    the receipt's signature and the artifact's (``ARTIFACT.sig``)."""
     def do() -> dict[str, Any]:
-        res = quantize(r.model_path, r.recipe, r.artifact, imatrix=r.imatrix, threads=r.threads, progress=r.progress)
-        receipt_for_quantize(res, model_arg=r.model_arg, imatrix=r.imatrix, receipt_path=r.receipt,
-                             manifest=r.manifest)
+        # the receipt is written before quantize renames the artifact into place (never one without the other)
+        res = quantize(r.model_path, r.recipe, r.artifact, imatrix=r.imatrix, threads=r.threads, progress=r.progress,
+                       before_publish=lambda staged: receipt_for_quantize(
+                           staged, model_arg=r.model_arg, imatrix=r.imatrix, receipt_path=r.receipt,
+                           manifest=r.manifest, signing_key=r.signing_key))
+        if r.signing_key is not None:
+            sign_artifact(r.artifact, r.signing_key)
         d = res.to_dict()
-        d["artifact"] = _fingerprint(r.artifact)
+        d["artifact"] = _file_record(r.artifact)
         return d
 
-    quant_key = _key("quantize", r.plan_key)
-    quantized = r.cache.run("quantize", quant_key, do, _exists("artifact"))
-    r.artifact_key = _key(quant_key, quantized["artifact"])
+    quant_key = _key("quantize", r.plan_key, _secret_id(r.signing_key))
+    quantized = r.cache.run("quantize", quant_key, do, _intact("artifact"))
+    r.artifact_sha256 = quantized["artifact"]["sha256"]
+    r.artifact_key = _key(quant_key, r.artifact_sha256)
 
 
 def _stage_audit(r: _Run) -> None:
@@ -286,6 +382,7 @@ def _stage_audit(r: _Run) -> None:
 
 
 def _stage_verify(r: _Run, verify_options: dict[str, Any]) -> None:
+    """A failing verdict is recorded, not cached as done: the next run verifies again."""
     def do() -> dict[str, Any]:
         opts = dict(verify_options)
         opts.setdefault("draft_n_max", r.recipe.verify.draft_n_max)
@@ -296,49 +393,70 @@ def _stage_verify(r: _Run, verify_options: dict[str, Any]) -> None:
 
     key = _key("verify", r.artifact_key, {k: str(v) for k, v in verify_options.items()},
                dataclasses.asdict(r.recipe.verify))
-    r.verification = r.cache.run("verify", key, do)["verification"]
+    passed = r.cache.run("verify", key, do, ok=lambda res: res["verification"].get("verdict") == "pass")
+    r.verification = passed["verification"]
 
 
 def _stage_receipt(r: _Run) -> None:
-    """The verification goes into the receipt."""
+    """The verification goes into the receipt (signed with the signing key, when there is one)."""
     def do() -> dict[str, Any]:
         if r.verification is not None:
-            set_verification(r.receipt, r.verification)
+            set_verification(r.receipt, r.verification, signing_key=r.signing_key)
         stmt = load_receipt(r.receipt)
-        return {"receipt": _fingerprint(r.receipt), "artifact_sha256": stmt["subject"][0]["digest"]["sha256"]}
+        return {"receipt": _file_record(r.receipt), "artifact_sha256": stmt["subject"][0]["digest"]["sha256"]}
 
-    r.receipted = r.cache.run("receipt", _key("receipt", r.artifact_key, r.verification), do, _exists("receipt"))
+    key = _key("receipt", r.artifact_key, r.verification, _secret_id(r.signing_key))
+    r.receipted = r.cache.run("receipt", key, do, _intact("receipt"))
 
 
 def _stage_card(r: _Run) -> None:
     def do() -> dict[str, Any]:
         make_card(r.artifact, r.receipt, r.card)
-        return {"card": _fingerprint(r.card)}
+        return {"card": _file_record(r.card)}
 
-    r.cache.run("card", _key("card", r.receipted["receipt"]), do, _exists("card"))
+    r.cache.run("card", _key("card", r.receipted["receipt"], __version__), do, _intact("card"))
 
 
 def _stage_upload(r: _Run, repo_id: str, private: bool, dry_run: bool) -> None:
+    """Through the publish gate (:mod:`ggufmtp.hub.gate`): without a passing verification of the
+    artifact's bytes (or ``allow_unverified``) it raises before any request reaches the Hub."""
     def do() -> dict[str, Any]:
         res = hub_upload(repo_id, [r.artifact], [r.receipt], r.card, private=private, token=r.token,
-                         dry_run=dry_run, recipe_name=r.recipe.name, artifact_sha256=r.receipted["artifact_sha256"])
-        return res.to_dict() if hasattr(res, "to_dict") else {"result": str(res)}
+                         dry_run=dry_run, recipe_name=r.recipe.name, artifact_sha256=r.receipted["artifact_sha256"],
+                         allow_unverified=r.allow_unverified, public_key=r.public_key, progress=r.progress)
+        return res.to_dict()
 
-    r.cache.run("upload", _key("upload", repo_id, r.receipted, dry_run, private), do)
+    key = _key("upload", repo_id, r.receipted, r.card.exists() and sha256_file(r.card), dry_run, private,
+               r.allow_unverified, str(r.public_key) if r.public_key else None)
+    r.cache.run("upload", key, do)
 
 
 def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_dir: str | Path = "ggufmtp-out",
         verify: bool = True, upload: str | None = None, *, include: list[str] | None = None,
         verify_options: dict[str, Any] | None = None, threads: int = 0, private: bool = False,
         dry_run_upload: bool = False, token: str | None = None, force: bool = False, progress: bool = True,
-        log: Callable[[str], None] = lambda m: None) -> RunResult:
+        log: Callable[[str], None] = lambda m: None, signing_key: str | Path | None = None,
+        public_key: str | Path | None = None, allow_unverified: bool = False) -> RunResult:
     """Run the whole pipeline; see the module docstring. ``model`` is ``REPO_ID[@REV]``, a local
-    GGUF path or ``builtin:NAME``. ``verify_options`` go to :func:`ggufmtp.measure.verify.verify`."""
+    GGUF path or ``builtin:NAME``. ``verify_options`` go to :func:`ggufmtp.measure.verify.verify`.
+
+    ``signing_key`` (default ``$GGUFMTP_SIGNING_KEY``) signs the receipt and the artifact
+    (``ARTIFACT.sig``). ``upload`` publishes only an artifact with a passing verification of its
+    bytes, unless ``allow_unverified`` (the card then says so); ``public_key`` (default
+    ``$GGUFMTP_PUBLIC_KEY``) also requires valid signatures. ``allow_unverified`` also accepts
+    pulled files the Hub gave no checksum for. Nothing is written for a model that is not a GGUF."""
+    if upload and not verify and not allow_unverified:
+        raise HubRefusedError(f"--upload {upload} with --no-verify: only a verified artifact is published; "
+                              "verify it, or pass --allow-unverified (the card then says so)")
     out = Path(out_dir)
+    rec, ref = Recipe.load(recipe), parse_model_ref(model)
+    key = resolve_signing_key(signing_key)
+    pub = resolve_public_key(public_key) if upload else None
+    resolved = _resolve_model(ref, out, include, token, progress, allow_unverified)
     out.mkdir(parents=True, exist_ok=True)
-    r = _Run(out=out, cache=_StageCache(out, log, force), recipe=Recipe.load(recipe), model_arg=model,
-             ref=parse_model_ref(model), imatrix=imatrix, include=include, threads=threads, token=token,
-             progress=progress, log=log)
+    r = _Run(out=out, cache=_StageCache(out, log, force), recipe=rec, model_arg=model, ref=ref, model=resolved,
+             imatrix=imatrix, include=include, threads=threads, token=token, progress=progress, log=log,
+             signing_key=key, public_key=pub, allow_unverified=allow_unverified)
     for stage in (_stage_pull, _stage_inspect, _stage_plan, _stage_quantize, _stage_audit):
         stage(r)
     if verify:

@@ -36,7 +36,10 @@ import time); if they forget, the xet-token endpoint answers 501 and the upload 
 Commit ids are sha1s of the commit's content (parent, files, message, a counter), branches are
 mutable pointers, every request is recorded with all its headers (``FakeHub.requests``), and tests
 can corrupt what the CDN serves for a blob (``serve_corrupted``), cut a download once after N bytes
-(``drop_connection_once``) or run a hook while the server is handling a request (``on``).
+(``drop_connection_once``), list a file without any checksum (``withhold_checksums``) or run a
+hook while the server is handling a request (``on``). ``isolate_hf_client`` points huggingface_hub's
+state (home, cache, token files) at a temp dir for one test; ``write_keypair`` makes the keys of
+signed uploads.
 """
 
 from __future__ import annotations
@@ -72,6 +75,43 @@ DEFAULT_GITATTRIBUTES = (
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024  # the Hub stores anything bigger than 10 MB in LFS
 
 
+def write_keypair(folder, stem: str = "key"):
+    """(private, public) EC P-256 PEM files in ``folder``: what signed uploads are signed and
+    checked with (model-signing's key signer takes this curve)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    priv, pub = folder / f"{stem}.pem", folder / f"{stem}.pub.pem"
+    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    return priv, pub
+
+
+def isolate_hf_client(home, monkeypatch) -> None:
+    """huggingface_hub's state in ``home`` for one test: HF_HOME / HF_HUB_CACHE / the token files
+    (the constants are read at import time, so they are monkeypatched, not only the env vars), no
+    HF_TOKEN / HF_ENDPOINT from the developer's environment, Xet disabled (this fake speaks LFS only)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HOME", str(home))
+    for name, value in {
+        "HF_HOME": str(home),
+        "HF_HUB_CACHE": str(home / "hub"),
+        "HF_TOKEN_PATH": str(home / "token"),
+        "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"),
+        "HF_XET_CACHE": str(home / "xet"),
+        "HF_HUB_DISABLE_XET": True,  # = HF_HUB_DISABLE_XET=1 at import: uploads use LFS, which the fake speaks
+        "HF_HUB_OFFLINE": False,
+        "HF_HUB_DISABLE_TELEMETRY": True,
+    }.items():
+        monkeypatch.setattr(constants, name, value)
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+
+
 def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
@@ -88,8 +128,11 @@ class Entry:
     sha256: str | None = None  # LFS oid; None for regular files
     pointer_size: int | None = None
     content: bytes | None = None  # regular files only; LFS content lives in FakeHub.lfs
+    withheld: bool = False  # listings give no checksum for it (empty oid, no LFS metadata)
 
     def tree_json(self) -> dict:
+        if self.withheld:
+            return {"type": "file", "oid": "", "size": self.size, "path": self.path}
         d: dict = {"type": "file", "oid": self.blob_id, "size": self.size, "path": self.path}
         if self.sha256 is not None:
             d["lfs"] = {"oid": self.sha256, "size": self.size, "pointerSize": self.pointer_size}
@@ -240,6 +283,11 @@ class FakeHub:
         bad = bytes([good[0] ^ 0xFF]) + good[1:] if good else b"x"
         self.corrupted[entry.sha256] = bad
         return bad
+
+    def withhold_checksums(self, repo_id: str, path: str, rev: str = "main") -> None:
+        """From now on the tree listings give no checksum for this file (no LFS sha256, empty git
+        oid), so a client cannot verify it; downloads are unchanged."""
+        self.entry(repo_id, path, rev).withheld = True
 
     def drop_connection_once(self, repo_id: str, path: str, after_bytes: int, rev: str = "main") -> None:
         """The next GET of this LFS file sends ``after_bytes`` bytes of the body, then the server

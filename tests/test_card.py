@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from ggufmtp.provenance.card import card_text
+from ggufmtp.provenance.card import UNVERIFIED_HEADING, card_text
 from ggufmtp.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,3 +78,28 @@ def test_tuned_verification_and_bandwidth_from_the_h200_run():
     assert f"vanilla {bw['fraction_of_limit']['vanilla'] * 100:.1f}%" in body
     assert "| A single decode |" in body and "| B prefill-bound |" in body
     assert "--spec-type draft-mtp --spec-draft-n-max 3 --spec-draft-n-min 0 -bs --spec-draft-backend-sampling\n" in body
+
+
+def test_card_states_when_the_artifact_has_no_passing_verification_of_its_bytes():
+    """A card says "Not verified" (what ``upload --allow-unverified`` requires) unless the receipt
+    holds a passing verification of the artifact's own bytes."""
+    def body_with(change) -> str:
+        st = statement()
+        v = st["predicate"]["verification"]
+        v["model"]["sha256"] = st["subject"][0]["digest"]["sha256"]  # bound to the artifact
+        change(st, v)
+        return card_text(st)[1]
+
+    assert UNVERIFIED_HEADING not in body_with(lambda st, v: None)
+    cases = [
+        (lambda st, v: v.update(verdict="fail", reasons=["acceptance 12.0 % is below the minimum 60.0 %"]),
+         "its verification failed (verdict fail: acceptance 12.0 % is below the minimum 60.0 %)"),
+        (lambda st, v: v["model"].pop("sha256"), "does not name the sha256 of the file it served"),
+        (lambda st, v: v["model"].update(sha256="ab" * 32), f"served file has sha256 {'ab' * 32}"),
+        (lambda st, v: st["predicate"].update(verification=None), "the receipt holds no runtime verification"),
+    ]
+    for change, reason in cases:
+        body = body_with(change)
+        assert UNVERIFIED_HEADING in body and reason in body, reason
+        assert body.index(UNVERIFIED_HEADING) < body.index("## How to run")
+        assert "One-line claim" not in body or body.index(UNVERIFIED_HEADING) < body.index("One-line claim")

@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fakehub import FakeHub
+from fakehub import FakeHub, isolate_hf_client, write_keypair
 from ggufmtp.hub.manifest import MANIFEST_NAME, GGUFModel, read_manifest
 from ggufmtp.hub.pull import pull
 from ggufmtp.hub.transport import cache_dir, storage_folder
@@ -30,6 +31,7 @@ from ggufmtp.gguf.hashing import file_digests, git_blob_sha1, sha256_file
 
 TOKEN = "hf_SECRETtoken123"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+REF_RECEIPT = REPO_ROOT / "receipts" / "tiny-qwen35moe-0fef400b9589-hifi-q4_k_m-mtp.gguf.receipt.json"
 
 
 def sha(data: bytes) -> str:
@@ -48,23 +50,9 @@ def gguf_bytes(n: int, seed: int = 0) -> bytes:
 
 @pytest.fixture(autouse=True)
 def hf_env(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
     home = tmp_path / "hf_home"
-    monkeypatch.setenv("HF_HOME", str(home))
-    for name, value in {
-        "HF_HOME": str(home),
-        "HF_HUB_CACHE": str(home / "hub"),
-        "HF_TOKEN_PATH": str(home / "token"),
-        "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"),
-        "HF_XET_CACHE": str(home / "xet"),
-        "HF_HUB_DISABLE_XET": True,  # = HF_HUB_DISABLE_XET=1 at import: uploads use LFS, which the fake speaks
-        "HF_HUB_OFFLINE": False,
-        "HF_HUB_DISABLE_TELEMETRY": True,
-    }.items():
-        monkeypatch.setattr(constants, name, value)
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_OIDC_RESOURCE"):
-        monkeypatch.delenv(var, raising=False)
+    isolate_hf_client(home, monkeypatch)
+    monkeypatch.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
     return home
 
 
@@ -323,6 +311,22 @@ def test_pull_reports_missing_repo_and_revision_clearly(fake, tmp_path):
 # ---------------------------------------------------------------------------------------------------
 
 
+def receipt_of(art: Path, verdict: str | None = "pass", served: str | None = None) -> dict:
+    """A receipt statement for ``art`` (the reference receipt's, with ``art``'s digest): its
+    verification has ``verdict`` and covers the bytes with sha256 ``served`` (default: ``art``'s);
+    no verification when ``verdict`` is None."""
+    st = json.loads(REF_RECEIPT.read_text())
+    digest = sha256_file(art)
+    st["subject"] = [{"name": art.name, "digest": {"sha256": digest}, "annotations": {"size": art.stat().st_size}}]
+    v = st["predicate"]["verification"]
+    if verdict is None:
+        st["predicate"]["verification"] = None
+    else:
+        v["verdict"], v["model"] = verdict, {**(v.get("model") or {}), "sha256": served or digest}
+        v["reasons"] = [] if verdict == "pass" else ["acceptance 12.0 % is below the minimum 60.0 %"]
+    return st
+
+
 @pytest.fixture
 def artifacts(tmp_path):
     d = tmp_path / "out"
@@ -330,11 +334,7 @@ def artifacts(tmp_path):
     art = d / "model-Q4_K_M-mtp.gguf"
     art.write_bytes(gguf_bytes(20000, seed=40))
     rc = d / "model-Q4_K_M-mtp.receipt.json"
-    rc.write_text(json.dumps({
-        "_type": "https://in-toto.io/Statement/v1",
-        "subject": [{"name": art.name, "digest": {"sha256": sha256_file(art)}}],
-        "predicate": {"recipe": {"name": "hifi-q4_k_m-mtp"}},
-    }))
+    rc.write_text(json.dumps(receipt_of(art)))
     card = d / "card.md"
     card.write_text("---\nlicense: apache-2.0\nlibrary_name: gguf\n---\n# model\n")
     return art, rc, card
@@ -362,6 +362,7 @@ def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
 
     # again into the existing repo, on a new branch: create_repo(exist_ok) + create_branch, one more commit
     art.write_bytes(gguf_bytes(20001, seed=41))
+    rc.write_text(json.dumps(receipt_of(art)))  # the receipt of the new bytes
     res2 = upload("me/new-model", [art], [rc], token=TOKEN, endpoint=fake.url, revision="v2", progress=False)
     assert fake.head("me/new-model", "v2") == res2.commit_sha
     assert fake.history("me/new-model", "v2")[1].oid == res.commit_sha
@@ -507,15 +508,17 @@ def test_cli_pull_and_upload(fake, artifacts, tmp_path):
     assert "commit:" in r.stdout
 
 
-def test_cli_upload_falls_back_when_the_receipt_is_not_an_in_toto_statement(fake, artifacts, tmp_path):
-    art, _, _ = artifacts
-    odd = tmp_path / "receipt.txt"
-    odd.write_text("not json")
-    r = CliRunner().invoke(main, ["upload", "me/odd", str(art), "--receipt", str(odd), "--dry-run", "--json"],
+def test_cli_upload_names_the_recipe_and_digest_of_a_signed_receipt(fake, artifacts, tmp_path):
+    art, rc, _ = artifacts
+    priv, _ = write_keypair(tmp_path)
+    signed = tmp_path / "signed.receipt.json"
+    signed.write_text(json.dumps(sign_statement(json.loads(rc.read_text()), priv)))
+    r = CliRunner().invoke(main, ["upload", "me/odd", str(art), "--receipt", str(signed), "--dry-run", "--json"],
                            env={"HF_ENDPOINT": fake.url})
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["commit_message"] == f"Upload {art.name} with ggufmtp"
-    assert "not a JSON receipt" in r.stderr
+    out = json.loads(r.stdout)
+    assert out["commit_message"] == f"Upload {art.name} (recipe hifi-q4_k_m-mtp, sha256 {sha256_file(art)}) with ggufmtp"
+    assert out["artifacts"][0]["receipt_signed"] and out["artifacts"][0]["verified"]
 
 
 def test_receipt_commit_facts_reads_plain_and_dsse_receipts(artifacts, tmp_path):
@@ -533,3 +536,120 @@ def test_receipt_commit_facts_reads_plain_and_dsse_receipts(artifacts, tmp_path)
         facts = receipt_commit_facts([odd, receipt], [art])
         assert (facts.recipe_name, facts.artifact_sha256) == ("hifi-q4_k_m-mtp", sha256_file(art))
         assert facts.notes == (f"{odd} is not a JSON receipt; the commit message will not name its recipe",)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the publish gate: real and dry-run uploads refuse the same things, before any request
+# ---------------------------------------------------------------------------------------------------
+
+
+def sign_statement(statement: dict, priv: Path) -> dict:
+    from ggufmtp.provenance.signing import sign_statement as sign
+
+    return sign(statement, priv)
+
+
+def refused_both_ways(fake, files, receipts, match, card=None, allow_unverified=False, public_key=None):
+    """The API and the CLI, dry run and real, all refuse with ``match`` and the Hub sees nothing."""
+    flags = (["--allow-unverified"] if allow_unverified else []) + (["--public-key", str(public_key)]
+                                                                   if public_key else [])
+    for dry_run in (True, False):
+        with pytest.raises(HubRefusedError, match=match):
+            upload("me/gated", files, receipts, card=card, token=TOKEN, endpoint=fake.url, dry_run=dry_run,
+                   progress=False, allow_unverified=allow_unverified, public_key=public_key)
+        argv = ["upload", "me/gated", *map(str, files), *(x for r in receipts for x in ("--receipt", str(r))),
+                *(["--card", str(card)] if card else []), *flags, *(["--dry-run"] if dry_run else [])]
+        r = CliRunner().invoke(main, argv, env={"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN})
+        assert r.exit_code == 1, (argv, r.output)
+        assert r.stderr.startswith("error: ") and "Traceback" not in r.output
+        assert re.search(match, r.stderr), r.stderr
+    assert fake.requests == [] and fake.repos == {}  # nothing sent: no repo, no commit, no file
+
+
+def test_upload_refuses_receipts_that_do_not_describe_the_artifacts(fake, artifacts, tmp_path):
+    art, rc, card = artifacts
+    other = tmp_path / "other.gguf"
+    other.write_bytes(gguf_bytes(20000, seed=41))
+    other_rc = tmp_path / "other.receipt.json"
+    other_rc.write_text(json.dumps(receipt_of(other)))
+    odd = tmp_path / "receipt.txt"
+    odd.write_text("not json")
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2]")
+    refused_both_ways(fake, [art], [other_rc], f"no receipt describes .*{art.name} .*sha256 {sha256_file(art)}", card)
+    refused_both_ways(fake, [art, other], [rc], f"no receipt describes .*{other.name}")  # one of two covered
+    refused_both_ways(fake, [art], [rc, other_rc], "describes none of the files being uploaded")
+    refused_both_ways(fake, [art], [odd], f"refusing to upload with receipt .*{odd.name}")
+    refused_both_ways(fake, [art], [listing], f"refusing to upload with receipt .*{listing.name}")
+    refused_both_ways(fake, [art], [tmp_path / "missing.json"], "missing.json")
+    # the two artifacts, each with its own receipt, pass
+    res = upload("me/two", [art, other], [rc, other_rc], token=TOKEN, endpoint=fake.url, progress=False)
+    assert sorted(fake.history("me/two")[0].files) == sorted([".gitattributes", art.name, other.name, rc.name,
+                                                              other_rc.name])
+    assert [a["verified"] for a in res.to_dict()["artifacts"]] == [True, True]
+
+
+def test_upload_refuses_an_unverified_artifact_unless_allowed_and_the_card_says_so(fake, artifacts, tmp_path):
+    from ggufmtp.provenance.card import UNVERIFIED_HEADING
+
+    art, rc, card = artifacts
+    for statement, match in ((receipt_of(art, "fail"), r"its verification failed \(verdict fail: acceptance 12.0 %"),
+                             (receipt_of(art, None), "the receipt holds no runtime verification of it"),
+                             (receipt_of(art, "pass", served="ab" * 32), f"the verification is of another file: .*sha256 {'ab' * 32}")):
+        rc.write_text(json.dumps(statement))
+        refused_both_ways(fake, [art], [rc], f"refusing to publish .*{art.name}: {match}.*--allow-unverified", card)
+    rc.write_text(json.dumps(receipt_of(art, "fail")))
+    refused_both_ways(fake, [art], [rc], "does not state that .* is not verified", card, allow_unverified=True)
+
+    card.write_text(card.read_text() + f"\n{UNVERIFIED_HEADING}\n\nverification failed\n")
+    runner, env = CliRunner(), {"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN}
+    argv = ["upload", "me/gated", str(art), "--receipt", str(rc), "--card", str(card), "--allow-unverified"]
+    r = runner.invoke(main, [*argv, "--dry-run", "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["artifacts"][0]["verified"] is False and fake.requests == []
+    r = runner.invoke(main, argv, env=env)
+    assert r.exit_code == 0, r.output
+    assert f"NOT VERIFIED {art.name}: its verification failed" in r.stdout
+    head = fake.history("me/gated")[0]
+    assert "NOT VERIFIED" in head.description and UNVERIFIED_HEADING in fake.file("me/gated", "README.md").decode()
+
+
+def test_upload_with_a_public_key_requires_valid_signatures(fake, artifacts, tmp_path, monkeypatch):
+    from ggufmtp.provenance.signing import sign_artifact
+
+    art, rc, card = artifacts
+    priv, pub = write_keypair(tmp_path)
+    other_priv, _ = write_keypair(tmp_path, "other")
+    refused_both_ways(fake, [art], [rc], "unsigned", card, public_key=pub)  # a plain receipt
+    rc.write_text(json.dumps(sign_statement(receipt_of(art), priv)))
+    refused_both_ways(fake, [art], [rc], f"has no signature {art.name}.sig", card, public_key=pub)
+    sign_artifact(art, other_priv)
+    refused_both_ways(fake, [art], [rc], "signature check .* failed", card, public_key=pub)
+    rc.write_text(json.dumps(sign_statement(receipt_of(art), other_priv)))
+    sign_artifact(art, priv)
+    refused_both_ways(fake, [art], [rc], "signature check .* failed", card, public_key=pub)
+    rc.write_text(json.dumps(sign_statement(receipt_of(art), priv)))
+
+    monkeypatch.setenv("GGUFMTP_PUBLIC_KEY", str(pub))  # configured through the environment this time
+    res = upload("me/signed", [art], [rc], card=card, token=TOKEN, endpoint=fake.url, progress=False)
+    files = fake.history("me/signed")[0].files
+    assert f"{art.name}.sig" in files and fake.file("me/signed", f"{art.name}.sig") == (tmp_path / "out" / f"{art.name}.sig").read_bytes()
+    check = res.to_dict()["artifacts"][0]
+    assert check["signatures_checked"] and check["receipt_signed"] and check["signature"] == f"{art.name}.sig"
+    art.write_bytes(art.read_bytes()[:-1] + b"\0")  # one byte changed: its receipt no longer describes it
+    with pytest.raises(HubRefusedError, match="no receipt describes"):
+        upload("me/signed", [art], [rc], token=TOKEN, endpoint=fake.url, dry_run=True)
+
+
+def test_pull_flags_files_the_hub_gives_no_checksum_for(fake, tmp_path):
+    fake.commit("org/model", {"model.gguf": gguf_bytes(3000, seed=60), "config.json": b"{}"})
+    fake.withhold_checksums("org/model", "model.gguf")
+    res = pull("org/model", local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+    flags = {f.path: f.verified for f in res.files}
+    assert flags == {".gitattributes": True, "config.json": True, "model.gguf": False} and not res.verified
+    manifest = json.loads((tmp_path / "dl" / MANIFEST_NAME).read_text())
+    assert manifest["verified"] is False
+    assert {f["path"]: f["verified"] for f in manifest["files"]} == flags
+    r = CliRunner().invoke(main, ["pull", "org/model", "--local-dir", str(tmp_path / "dl")],
+                           env={"HF_ENDPOINT": fake.url})
+    assert r.exit_code == 0 and "1 file(s) have no Hub checksum to compare with (sha256 recorded): model.gguf" in r.stdout

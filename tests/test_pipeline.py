@@ -3,17 +3,37 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import ggufmtp
-from ggufmtp.provenance.audit import audit
+from fakehub import FakeHub, isolate_hf_client, write_keypair
 from ggufmtp.cli import main
-from ggufmtp.provenance.receipt import load_receipt, schema_errors
+from ggufmtp.errors import HubRefusedError
+from ggufmtp.provenance.audit import audit
+from ggufmtp.provenance.card import UNVERIFIED_HEADING
+from ggufmtp.provenance.receipt import load_receipt, read_receipt, schema_errors
+from ggufmtp.provenance.signing import verify_artifact, verify_receipt
+from ggufmtp.synth.spec import SynthSpec
 
 VERIFY = {"seeds": (42,), "limit": 4, "max_tokens": 32}
+TOKEN = "hf_pipelineTOKEN42"
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A local Hub (tests/fakehub.py) that ``run`` reaches through $HF_ENDPOINT, with a token."""
+    isolate_hf_client(tmp_path / "hf_home", monkeypatch)
+    for var in ("GGUFMTP_SIGNING_KEY", "GGUFMTP_PUBLIC_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    with FakeHub(tokens=(TOKEN,)) as fh:
+        monkeypatch.setenv("HF_ENDPOINT", fh.url)
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        yield fh
 
 
 def stages(res):
@@ -21,9 +41,11 @@ def stages(res):
 
 
 @pytest.mark.runtime
-def test_run_end_to_end_then_fully_cached(tmp_path):
+def test_run_end_to_end_then_fully_cached(tmp_path, fake):
     out = tmp_path / "out"
-    res = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=out, verify_options=VERIFY, progress=False)
+    priv, pub = write_keypair(tmp_path)
+    res = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=out, verify_options=VERIFY, progress=False,
+                      signing_key=priv)
     assert set(stages(res).values()) == {"ran"}
     s = res.summary()
     assert s["mtp_status"] == "complete" and s["verdict"] == "pass"
@@ -34,8 +56,22 @@ def test_run_end_to_end_then_fully_cached(tmp_path):
     assert audit(res.artifact, res.receipt).ok
     card = res.card.read_text()
     assert "speculative-decoding" in card and "--spec-type draft-mtp" in card and st["subject"][0]["digest"]["sha256"] in card
-    again = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=out, verify_options=VERIFY, progress=False)
+    # signed: the receipt (DSSE, its verification included) and the artifact (model-signing's ARTIFACT.sig)
+    assert read_receipt(res.receipt).signed
+    verify_receipt(res.receipt, pub)
+    verify_artifact(res.artifact, pub)
+    again = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=out, verify_options=VERIFY, progress=False,
+                        signing_key=priv)
     assert set(stages(again).values()) == {"cached"}
+    # a passing, signed verification is published, signature included, checked against the public key
+    up = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=out, verify_options=VERIFY, progress=False,
+                     signing_key=priv, upload="me/tiny", public_key=pub, token=TOKEN)
+    assert stages(up)["upload"] == "ran" and stages(up)["verify"] == "cached"
+    files = fake.history("me/tiny")[0].files
+    assert {res.artifact.name, res.artifact.name + ".sig", res.receipt.name, "README.md"} <= set(files)
+    assert fake.file("me/tiny", res.receipt.name) == res.receipt.read_bytes()
+    assert UNVERIFIED_HEADING not in fake.file("me/tiny", "README.md").decode()
+    assert up.summary()["uploaded"].endswith(fake.history("me/tiny")[0].oid)
 
 
 @pytest.mark.runtime
@@ -134,3 +170,105 @@ def test_model_references(tmp_path):
         with pytest.raises(ggufmtp.GgufmtpError, match="not a file"):
             parse_model_ref(bad)
     assert local_model_arg("some/path.gguf") == "some/path.gguf"  # passed on; the command checks it
+
+
+# ---------------------------------------------------------------------------------------------------
+# publish only what passed
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_run_upload_with_a_failing_verdict_leaves_the_hub_untouched(fake, synth_model, tmp_path):
+    """A head that mostly drafts wrong tokens (acceptance far below q8_0-mtp's 60 %) fails verify:
+    ``run --upload`` exits 1 before any request; the failing verdict is not cached as done."""
+    model = synth_model(SynthSpec(wrong_successor_fraction=0.9))
+    out = tmp_path / "out"
+    argv = ["run", "--recipe", "q8_0-mtp", "--model", str(model), "-o", str(out), "--seeds", "42", "--limit", "3",
+            "--max-tokens", "24", "--upload", "me/tiny", "--json"]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 1, r.output
+    assert "error: refusing to publish" in r.stderr and "its verification failed (verdict fail: acceptance" in r.stderr
+    assert fake.requests == [] and fake.repos == {}  # not one request: no repo, no commit, no file
+    stored = json.loads((out / ".ggufmtp" / "stages" / "verify.json").read_text())
+    assert stored["ok"] is False and stored["result"]["verification"]["verdict"] == "fail"
+    assert not (out / ".ggufmtp" / "stages" / "upload.json").exists()
+    assert UNVERIFIED_HEADING in (out / "README.md").read_text()  # the local card says so too
+
+    r = CliRunner().invoke(main, [*argv, "--allow-unverified"])  # publish it anyway: verified again, card says so
+    assert r.exit_code == 1, r.output  # the verdict is still a failure
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "fail" and d["stages"]["verify"] == "ran" and d["stages"]["upload"] == "ran"
+    readme = fake.file("me/tiny", "README.md").decode()
+    assert UNVERIFIED_HEADING in readme and "its verification failed" in readme
+    assert "NOT VERIFIED" in fake.history("me/tiny")[0].description
+
+
+# ---------------------------------------------------------------------------------------------------
+# cache keys on content
+# ---------------------------------------------------------------------------------------------------
+
+
+def _flip_low_byte(path: Path) -> None:
+    """Change one byte of the last tensor's data (a low mantissa byte), keep size, atime and mtime."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-4] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+@pytest.mark.runtime
+def test_cache_sees_changed_bytes_behind_restored_size_and_mtime(tmp_path, synth_model):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(synth_model("tiny-qwen35moe").read_bytes())
+    out = tmp_path / "out"
+    first = ggufmtp.run("q8_0-mtp", str(model), out_dir=out, verify=False, progress=False)
+    digest = load_receipt(first.receipt)["subject"][0]["digest"]["sha256"]
+    _flip_low_byte(model)
+    s = stages(ggufmtp.run("q8_0-mtp", str(model), out_dir=out, verify=False, progress=False))
+    assert [s[k] for k in ("pull", "inspect", "plan", "quantize", "audit")] == ["ran"] * 5
+    assert load_receipt(first.receipt)["subject"][0]["digest"]["sha256"] != digest
+    assert set(stages(ggufmtp.run("q8_0-mtp", str(model), out_dir=out, verify=False, progress=False)).values()) == {
+        "cached"}
+    _flip_low_byte(first.artifact)  # the artifact altered behind the cache's back: rebuilt
+    s = stages(ggufmtp.run("q8_0-mtp", str(model), out_dir=out, verify=False, progress=False))
+    assert s["pull"] == "cached" and s["quantize"] == "ran"
+    assert audit(first.artifact, first.receipt).ok
+
+
+@pytest.mark.runtime
+def test_hub_model_keyed_on_the_resolved_commit_and_refused_without_checksums(fake, synth_model, tmp_path):
+    fake.commit("org/tiny", {"tiny.gguf": synth_model("tiny-qwen35moe").read_bytes()})
+    out = tmp_path / "out"
+    kw = dict(out_dir=out, verify=False, progress=False, include=["*.gguf"])
+    first = ggufmtp.run("q8_0-mtp", "org/tiny", **kw)
+    assert set(stages(first).values()) == {"ran"}
+    assert set(stages(ggufmtp.run("q8_0-mtp", "org/tiny", **kw)).values()) == {"cached"}
+    moved = fake.commit("org/tiny", {"README.md": b"# tiny\n"})  # main moves; the model's bytes do not
+    s = stages(ggufmtp.run("q8_0-mtp", "org/tiny", **kw))
+    assert s["pull"] == "ran" and s["quantize"] == "ran"
+    assert load_receipt(first.receipt)["predicate"]["base_model"]["source"]["commit"] == moved
+
+    fake.withhold_checksums("org/tiny", "tiny.gguf")  # the Hub no longer gives a checksum to verify against
+    other = tmp_path / "other"
+    with pytest.raises(HubRefusedError, match=r"no checksum for tiny.gguf.*--allow-unverified"):
+        ggufmtp.run("q8_0-mtp", "org/tiny", **{**kw, "out_dir": other})
+    assert not (other / ".ggufmtp").exists()
+    res = ggufmtp.run("q8_0-mtp", "org/tiny", **{**kw, "out_dir": other}, allow_unverified=True)
+    assert res.artifact.exists()
+
+
+def test_run_upload_without_verification_is_refused_before_any_work(tmp_path):
+    r = CliRunner().invoke(main, ["run", "--recipe", "q8_0-mtp", "--model", "builtin:tiny-qwen35moe", "-o",
+                                  str(tmp_path / "out"), "--no-verify", "--upload", "me/x"])
+    assert r.exit_code == 1 and "--allow-unverified" in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_run_writes_nothing_for_a_model_that_is_not_a_gguf(tmp_path):
+    for name, data in (("junk.gguf", b"not a gguf at all"), ("short.gguf", b"GGUF\x03\x00\x00\x00\x01")):
+        model = tmp_path / name
+        model.write_bytes(data)
+        out = tmp_path / f"out-{name}"
+        r = CliRunner().invoke(main, ["run", "--recipe", "q8_0-mtp", "--model", str(model), "-o", str(out)])
+        assert r.exit_code == 1 and r.stderr.startswith(f"error: {model}") and "Traceback" not in r.output
+        assert not out.exists()

@@ -166,6 +166,10 @@ def test_verification_slot_validates(copy):
          "vanilla": {"tokens_per_second": 80.0}, "speedup": 1.25, "speedup_ci95": [1.2, 1.3],
          "identical_output_fraction": 1.0, "suite": {"name": "chat-v1", "sha256": "0" * 64},
          "server": {"build_info": "b1-0c1e570"}, "hardware": {"cpu": "x"}, "settings": {"draft_n_max": 4}}
+    with pytest.raises(Exception, match="model.sha256"):
+        set_verification(rc, v)  # a hand-written verification that names no served bytes is refused
+    v["model"] = {"path": str(out), "size_bytes": out.stat().st_size,
+                  "sha256": load_receipt(rc)["subject"][0]["digest"]["sha256"]}
     set_verification(rc, v)
     assert audit(out, rc).ok
     bad = dict(v, verdict="maybe")
@@ -185,6 +189,7 @@ def test_set_verification_keeps_what_tune_curve_and_profiles_added(tmp_path):
     r = tmp_path / "r.json"
     shutil.copy(ref, r)
     v = load_receipt(r)["predicate"]["verification"]
+    v["model"]["sha256"] = load_receipt(r)["subject"][0]["digest"]["sha256"]  # bound to the artifact's bytes
     old = {**v, "profiles": {"kind": "ggufmtp profiles"}, "tuned": {"kind": "ggufmtp tune", "best": "k=3"}}
     set_verification(r, old)
     set_verification(r, {**v, "tuned": None}, keep_added=True)

@@ -195,23 +195,23 @@ def test_candidate_space_dimensions():
     cpu, dims = candidate_space(1, gpu=False, flags={"-bs", "--spec-draft-backend-sampling",
                                                      "--no-spec-draft-backend-sampling"})
     assert {c.backend_sampling for c in cpu} == {None} and {c.draft_backend_sampling for c in cpu} == {None}
-    assert sum("not searched" in n and "no GPU" in n for n in dims["notes"]) == 2
+    assert sum("not searched" in n and "no GPU" in n for n in dims.notes) == 2
     assert all(c.draft_n_min == 0 for c in cpu if c.draft_p_min == 0)  # n-min is inert without p-min
     assert all(c.draft_n_min <= c.draft_n_max for c in cpu)
     assert {c.draft_n_max for c in cpu} == set(range(1, 9)) and len(cpu) == len(set(cpu)) == 77
     gpu, gd = candidate_space(1, gpu=True, flags={"-bs", "--spec-draft-backend-sampling",
                                                    "--no-spec-draft-backend-sampling"})
-    assert len(gpu) == 4 * len(cpu) and gd["backend_sampling"] == [False, True]
+    assert len(gpu) == 4 * len(cpu) and gd.backend_sampling == [False, True]
     nob, nd = candidate_space(1, gpu=True, flags={"--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"})
-    assert len(nob) == 2 * len(cpu) and any("no -bs flag" in n for n in nd["notes"])
+    assert len(nob) == 2 * len(cpu) and any("no -bs flag" in n for n in nd.notes)
     c4, d4 = candidate_space(4, gpu=False)
-    assert {c.parallel for c in c4} == {4, 2} and d4["parallel"] == [4, 2]
+    assert {c.parallel for c in c4} == {4, 2} and d4.parallel == [4, 2]
     assert TuneConfig(3, 0, 0.0, True, False, 2).extra_args() == ["-bs", "--no-spec-draft-backend-sampling"]
     # CUDA: ggml-cuda's graph optimisation is a dimension too, set through the environment
     cu, cd = candidate_space(1, gpu=True, cuda=True, flags={"-bs", "--spec-draft-backend-sampling",
                                                             "--no-spec-draft-backend-sampling"})
-    assert len(cu) == 2 * len(gpu) and cd["cuda_graph_opt"] == [False, True] and gd["cuda_graph_opt"] is None
-    assert any("GGML_CUDA_GRAPH_OPT not searched: not a CUDA device" in n for n in gd["notes"])
+    assert len(cu) == 2 * len(gpu) and cd.cuda_graph_opt == [False, True] and gd.cuda_graph_opt is None
+    assert any("GGML_CUDA_GRAPH_OPT not searched: not a CUDA device" in n for n in gd.notes)
     g = TuneConfig(3, backend_sampling=True, cuda_graph_opt=True)
     assert g.env() == {"GGML_CUDA_GRAPH_OPT": "1"} and TuneConfig(3, cuda_graph_opt=False).env() == {}
     assert g.key.endswith(" gopt=on") and TuneConfig.from_dict(g.to_dict()) == g
@@ -338,9 +338,9 @@ def small_tune(llama_server_bin, f20):
 def test_small_real_tune(small_tune, llama_server_bin, f20):
     res = small_tune
     sch = res.schedule
-    assert len(sch["rungs"]) == 2 and [r["units"] for r in sch["rungs"]] == [2, 4]
-    assert sch["evaluations"] <= sch["budget"] == 12 and sch["n_searched"] == 4
-    assert len(sch["rungs"][0]["configs"]) == 4 and len(sch["rungs"][1]["configs"]) == 2
+    assert len(sch.rungs) == 2 and [r.units for r in sch.rungs] == [2, 4]
+    assert sch.evaluations <= sch.budget == 12 and sch.n_searched == 4
+    assert len(sch.rungs[0].configs) == 4 and len(sch.rungs[1].configs) == 2
     final = res.final_rows
     assert len(final) == 2
     for r in final:
@@ -361,7 +361,7 @@ def test_small_real_tune(small_tune, llama_server_bin, f20):
         assert res.command == res.mtp_command
     else:
         assert res.command == res.vanilla_command and "--spec-type" not in res.command
-    measured = shlex.split(res.server["measured_commands"][rec.best])
+    measured = shlex.split(res.server.measured_commands[rec.best])
     i = measured.index("--host")
     assert measured[1:i] + measured[i + 4:] == shlex.split(res.mtp_command)[1:]  # printed = run, minus host/port
     # llama-server accepts the printed command lines, and the MTP one drafts
@@ -440,22 +440,22 @@ def test_profiles_a_and_d_both_arms(profiles_ad):
     for r in res.results:
         w, m = r.workload, r.metrics
         assert (w.input_tokens, w.output_tokens) == {"A": (32, 32), "D": (128, 16)}[w.name]
-        assert m["requests"] == 4 and m["failed"] == 0 and m["output_tokens"] == 4 * w.output_tokens  # ignore_eos
-        assert m["output_tokens_per_second"] > 0 and m["request_throughput"] > 0
-        assert abs(m["mean_prompt_tokens"] - w.input_tokens) <= 2  # prompts built on the server's tokenizer
+        assert m.requests == 4 and m.failed == 0 and m.output_tokens == 4 * w.output_tokens  # ignore_eos
+        assert m.output_tokens_per_second > 0 and m.request_throughput > 0
+        assert abs(m.mean_prompt_tokens - w.input_tokens) <= 2  # prompts built on the server's tokenizer
         for met in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-            dist = m[met]
+            dist = getattr(m, met)
             # p99 >= median always holds; p99 >= mean does not (one stalled gap among 124 lifts the mean
             # above the 99th percentile: seen in CI, ITL mean 0.57 ms, p99 0.40 ms)
-            assert dist["mean"] > 0 and dist["p99"] >= dist["median"], (met, dist)
-        assert m["itl_ms"]["n"] == 4 * (w.output_tokens - 1)  # one SSE chunk per token
+            assert dist.mean > 0 and dist.p99 >= dist.median, (met, dist)
+        assert m.itl_ms.n == 4 * (w.output_tokens - 1)  # one SSE chunk per token
         for q in r.requests:
             assert 0 < q.ttft_ms < q.e2e_ms and q.tpot_ms > 0 and q.n_out == w.output_tokens
         if r.arm == "mtp":
-            assert 0.3 < m["acceptance"] < 1.0 and r.spec.n_drafts > 0 and r.spec.tokens_per_step > 1
+            assert 0.3 < m.acceptance < 1.0 and r.spec.n_drafts > 0 and r.spec.tokens_per_step > 1
             assert "--spec-type draft-mtp" in r.command
         else:
-            assert m["acceptance"] is None and r.spec is None and "--spec-type" not in r.command
+            assert m.acceptance is None and r.spec is None and "--spec-type" not in r.command
         assert f"--parallel {w.concurrency}" in r.command
     # D ran 2 clients at once: some requests overlap in time
     d = next(r for r in res.results if r.workload.name == "D" and r.arm == "vanilla").requests
@@ -486,10 +486,12 @@ def test_decision_table_shape(profiles_ad):
 def test_decision_rule_on_the_h200_profiles():
     """The rule applied to the metrics the H200 measured (session 2): A gains throughput and decodes
     each request faster, D gains 3.2% throughput but each request decodes 14% slower, B and C lose."""
-    from ggufmtp.measure.workloads import ProfileResult, Workload, decision_table
+    from ggufmtp.measure.profiles_stream import ServingMetrics
+    from ggufmtp.measure.workloads import ArmSettings, ProfileResult, Workload, decision_table
 
     data = json.loads((Path(__file__).parent.parent / "benchmarks/gpu/results-2026-11-21b-h200/profiles.json").read_text())
-    results = [ProfileResult(Workload(**a["workload"]), a["arm"], a["metrics"], [], a["command"], a["settings"])
+    results = [ProfileResult(Workload(**a["workload"]), a["arm"], ServingMetrics.from_dict(a["metrics"]), [],
+                             a["command"], ArmSettings(**a["settings"]))
                for arms in data["workloads"].values() for a in arms.values()]
     rows = {r.workload: r for r in decision_table(results)}
     assert {k: r.mtp_helps for k, r in rows.items()} == {"A": "yes", "B": "no", "C": "no", "D": "mixed"}
@@ -502,6 +504,7 @@ def test_decision_rule_on_the_h200_profiles():
 
 
 def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20):
+    from ggufmtp.gguf.hashing import sha256_file
     from ggufmtp.provenance.audit import audit
     from ggufmtp.provenance.card import card_text
     from ggufmtp.quant.quantize import quantize
@@ -516,7 +519,8 @@ def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20)
          "vanilla": {"tokens_per_second": 80.0}, "speedup": 1.25, "speedup_ci95": [1.2, 1.3],
          "identical_output_fraction": 1.0, "suite": {"name": "chat-v1", "sha256": "0" * 64},
          "server": {"build_info": "b1-0c1e570"}, "hardware": {"cpu": "x"}, "settings": {"draft_n_max": 4},
-         "per_category": {"code": {"acceptance": 0.6}}, "model": {"size_bytes": q.output.stat().st_size},
+         "per_category": {"code": {"acceptance": 0.6}}, "model": {"size_bytes": q.output.stat().st_size,
+                                                                    "sha256": sha256_file(q.output)},
          "tuned": {"command": "llama-server -m old --spec-draft-n-max 2", "from": "verify --sweep"}}
     set_verification(rc, v)
     store_in_receipt(rc, model=q.output, tuned=small_tune.to_dict(), profiles=profiles_ad.to_dict())
@@ -530,6 +534,13 @@ def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20)
     assert got["tuned"]["verify_sweep"] == v["tuned"]  # verify --sweep's recommendation kept beside it
     assert got["profiles"]["decision_table"][0]["workload"] == "A"
     assert audit(q.output, rc).ok
+    # a model of the same size but other bytes is not the verified one: refused, naming both digests
+    other = tmp_path / "other.gguf"
+    data = bytearray(q.output.read_bytes())
+    data[-1] ^= 0xFF
+    other.write_bytes(bytes(data))
+    with pytest.raises(TuneError, match=f"sha256 {sha256_file(q.output)}, not {other} \\(sha256 {sha256_file(other)}\\)"):
+        store_in_receipt(rc, model=other, tuned=small_tune.to_dict())
     _, body = card_text(st, q.output.name)
     assert small_tune.command in body
     with pytest.raises(TuneError, match="byte model"):

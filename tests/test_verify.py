@@ -7,9 +7,11 @@ verify run is 12-24 requests of a tiny model, a few seconds when the machine is 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from ggufmtp.measure.suite import SUITES_DIR, SuiteError, load_suite, modes_for_
 from ggufmtp.synth.chain import simulate_acceptance
 from ggufmtp.synth.spec import SynthSpec, expected_acceptance
 from ggufmtp.measure.verify import Thresholds, evaluate_verdict, recommend, verify
+from ggufmtp.measure.verify_summary import Comparison
 
 K = 4
 FAST = dict(seeds=(42,), limit=6, max_tokens=64, progress=False, threads=2)
@@ -92,8 +95,8 @@ def knob_results(llama_server_bin, knob_models):
 
 
 def test_acceptance_orders_models_and_matches_the_knob(knob_results):
-    acc = {f: r.main["acceptance"] for f, r in knob_results.items()}
-    ci = {f: r.main["acceptance_ci95"] for f, r in knob_results.items()}
+    acc = {f: r.main.acceptance for f, r in knob_results.items()}
+    ci = {f: r.main.acceptance_ci95 for f, r in knob_results.items()}
     # ordering, with separated confidence intervals (not just point estimates)
     assert acc[0.0] > acc[0.3] > acc[0.6], acc
     assert ci[0.3][1] < ci[0.0][0] and ci[0.6][1] < ci[0.3][0], ci
@@ -144,8 +147,8 @@ def test_calibrated_head_measures_the_acceptance_it_was_calibrated_for(llama_ser
     assert rep["spec"]["wrong_successor_fraction"] == cal["wrong_successor_fraction"] > 0
     assert abs(cal["acceptance"] - 0.6) < 0.1
     res = verify(out, draft_n_max=K, seeds=(42,), suite=str(suite), max_tokens=48, progress=False, threads=2)
-    assert res.main["acceptance"] == pytest.approx(cal["acceptance"], abs=1e-12), (res.main, cal)
-    assert 0 < res.main["acceptance"] < 1
+    assert res.main.acceptance == pytest.approx(cal["acceptance"], abs=1e-12), (res.main, cal)
+    assert 0 < res.main.acceptance < 1
     clash = run_cli("synth", tmp_path / "x.gguf", "--target-acceptance", 0.6, "--wrong-successor-fraction", 0.2)
     assert clash.exit_code == 2 and "--target-acceptance sets the wrong-successor fraction" in clash.output
     assert not (tmp_path / "x.gguf").exists()
@@ -178,6 +181,37 @@ def test_identical_output_and_report_shape(knob_results):
     ps = knob_results[0.3].to_dict()["per_seed"]
     assert set(ps) == {"42", "7"} and ps["42"]["acceptance"] == ps["7"]["acceptance"]
     assert ps["42"]["draft_n"] == ps["7"]["draft_n"]
+
+
+def test_the_served_file_is_named_by_its_digest(knob_results, knob_models, tmp_path):
+    """verification.model.sha256 is the digest of the bytes llama-server served; a model file that
+    changes while it is served is refused, naming the file (the digest would not name what ran)."""
+    from ggufmtp.gguf.hashing import sha256_file
+    from ggufmtp.measure.records import ServedFile
+
+    for f, r in knob_results.items():
+        digest = sha256_file(knob_models[f])
+        assert r.model.sha256 == digest and len(digest) == 64
+        d = r.to_dict()
+        assert d["model"]["sha256"] == digest and list(d["model"])[-1] == "sha256"
+        assert r.to_receipt()["model"]["sha256"] == digest
+    copy = tmp_path / "served.gguf"
+    copy.write_bytes(knob_models[0.3].read_bytes())
+
+    def append_a_byte(rec):
+        if rec.order == 1:
+            with open(copy, "ab") as fh:
+                fh.write(b"\0")
+
+    with pytest.raises(VerifyError, match=rf"model {re.escape(str(copy))}: changed during the run \(size \d+ -> \d+ bytes"):
+        verify(copy, on_record=append_a_byte, **{**FAST, "limit": 1})
+    assert not _llama_children()
+    # the check on its own: a touched file (same size, new mtime) is refused too
+    served = ServedFile.of(copy)
+    served.check_unchanged()
+    os.utime(copy, ns=(served.mtime_ns + 10**9, served.mtime_ns + 10**9))
+    with pytest.raises(VerifyError, match=rf"model {re.escape(str(copy))}: changed during the run.*mtime_ns"):
+        served.check_unchanged()
 
 
 def test_no_mtp_model_fails_cleanly(llama_server_bin, synth_model):
@@ -403,8 +437,16 @@ def test_bootstrap_coverage_sanity():
 # ----------------------------------------------------------------------------- verdict & sweep
 
 
+def _cmp(k=4, **kw):
+    """A comparison row with the given numbers (the rest empty)."""
+    base = dict(acceptance=None, acceptance_ci95=[None, None], draft_n=0, draft_n_accepted=0,
+                mtp_tokens_per_second=None, vanilla_tokens_per_second=None, speedup=None, speedup_ci95=[None, None],
+                n_prompts=1, n_pairs=1, k=k, endpoint="chat", mode="default")
+    return Comparison(**{**base, **kw})
+
+
 def _m(acc=0.7, sp=0.8, ident=1.0):
-    return {"acceptance": acc, "speedup": sp, "speedup_ci95": [sp - 0.05, sp + 0.05], "identical_output_fraction": ident}
+    return _cmp(acceptance=acc, speedup=sp, speedup_ci95=[sp - 0.05, sp + 0.05], identical_output_fraction=ident)
 
 
 def test_verdict_policy():
@@ -428,43 +470,43 @@ def test_verdict_policy():
 
 def test_recommend():
     def row(k, sp, lo, hi, acc=0.7, ident=1.0):
-        return {"k": k, "speedup": sp, "speedup_ci95": [lo, hi], "acceptance": acc, "identical_output_fraction": ident}
+        return _cmp(k, speedup=sp, speedup_ci95=[lo, hi], acceptance=acc, identical_output_fraction=ident)
 
     rows = [row(2, 1.30, 1.27, 1.33), row(3, 1.44, 1.41, 1.47), row(4, 1.49, 1.46, 1.52), row(6, 1.14, 1.1, 1.2),
             row(8, 0.82, 0.8, 0.85)]
     t = recommend(rows)
-    assert t["recommended_k"] == 4 and t["mtp_beats_vanilla"] and not t["clear"] and t["within_noise_of"] == [3]
-    assert t["balanced_k"] == 3  # smallest k within 5% of 1.49
-    prof = {p["profile"]: p for p in t["profiles"]}
-    assert prof["low latency"]["k"] == 4 and prof["balanced"]["k"] == 3 and not prof["MTP off"]["recommended"]
+    assert t.recommended_k == 4 and t.mtp_beats_vanilla and not t.clear and t.within_noise_of == [3]
+    assert t.balanced_k == 3  # smallest k within 5% of 1.49
+    prof = {p.profile: p for p in t.profiles}
+    assert prof["low latency"].k == 4 and prof["balanced"].k == 3 and not prof["MTP off"].recommended
     t = recommend([row(2, 1.1, 1.05, 1.15), row(4, 1.6, 1.5, 1.7)])
-    assert t["clear"] and t["recommended_k"] == 4 and t["balanced_k"] == 4
+    assert t.clear and t.recommended_k == 4 and t.balanced_k == 4
     # a window that changes the output is never recommended
-    assert recommend([row(2, 1.1, 1.05, 1.15), row(4, 1.6, 1.5, 1.7, ident=0.9)])["best_k"] == 2
+    assert recommend([row(2, 1.1, 1.05, 1.15), row(4, 1.6, 1.5, 1.7, ident=0.9)]).best_k == 2
     # nothing beats vanilla -> MTP off
     t = recommend([row(2, 0.7, 0.6, 0.8), row(4, 0.95, 0.85, 1.02)])
-    assert t["recommended_k"] is None and t["best_k"] == 4
-    assert {p["profile"]: p["recommended"] for p in t["profiles"]} == {"low latency": False, "balanced": False,
-                                                                       "MTP off": True}
+    assert t.recommended_k is None and t.best_k == 4
+    assert {p.profile: p.recommended for p in t.profiles} == {"low latency": False, "balanced": False,
+                                                             "MTP off": True}
 
 
 def test_step_cost_fits_a_line_through_the_windows():
     from ggufmtp.measure.verify import format_step_cost, step_cost
 
     # the H200's fourth run: k=3/4/5 at 3.202/3.815/4.234 tokens per step
-    rows = [{"k": 3, "tokens_per_step": 3.202, "mtp_tokens_per_second": 335.39, "vanilla_tokens_per_second": 218.25},
-            {"k": 4, "tokens_per_step": 3.815, "mtp_tokens_per_second": 354.23, "vanilla_tokens_per_second": 222.85},
-            {"k": 5, "tokens_per_step": 4.234, "mtp_tokens_per_second": 347.11, "vanilla_tokens_per_second": 222.22}]
+    rows = [_cmp(3, tokens_per_step=3.202, mtp_tokens_per_second=335.39, vanilla_tokens_per_second=218.25),
+            _cmp(4, tokens_per_step=3.815, mtp_tokens_per_second=354.23, vanilla_tokens_per_second=222.85),
+            _cmp(5, tokens_per_step=4.234, mtp_tokens_per_second=347.11, vanilla_tokens_per_second=222.22)]
     sc = step_cost(rows)
-    assert [round(p["ms_per_step"], 2) for p in sc["points"]] == [9.55, 10.77, 12.20]
-    assert sc["per_position_ms"] == pytest.approx(1.325, abs=0.002) and sc["fixed_ms"] == pytest.approx(5.54, abs=0.01)
-    assert sc["per_position_in_vanilla_tokens"] == pytest.approx(sc["per_position_ms"] / sc["vanilla_ms_per_token"])
+    assert [round(p.ms_per_step, 2) for p in sc.points] == [9.55, 10.77, 12.20]
+    assert sc.per_position_ms == pytest.approx(1.325, abs=0.002) and sc.fixed_ms == pytest.approx(5.54, abs=0.01)
+    assert sc.per_position_in_vanilla_tokens == pytest.approx(sc.per_position_ms / sc.vanilla_ms_per_token)
     line = format_step_cost(sc)
     assert line.startswith("step cost: 5.54 ms + 1.33 ms per draft position (k=3 9.55 ms, k=4 10.77 ms")
     assert "costs 0.29 of one" in line
     # one window, or windows that never drafted: no fit
     assert step_cost(rows[:1]) is None
-    assert step_cost([dict(r, tokens_per_step=None) for r in rows]) is None
+    assert step_cost([dataclasses.replace(r, tokens_per_step=None) for r in rows]) is None
 
 
 # ----------------------------------------------------------------------------- tuned configuration, bandwidth

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from typing import Any, Callable
 
@@ -23,8 +24,15 @@ def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
 
 
+def os_error_text(e: OSError) -> str:
+    """``FILE: reason`` for an OSError (both files of a rename), e.g. ``out/x.md: Permission denied``."""
+    reason = e.strerror or str(e)
+    files = [str(f) for f in (e.filename, e.filename2) if f is not None]
+    return f"{' -> '.join(files)}: {reason}" if files else reason
+
+
 def handle_errors(fn: Callable) -> Callable:
-    """Turn GgufmtpError (and Ctrl-C) into one clear line and a non-zero exit, no traceback."""
+    """Turn GgufmtpError, OSError (and Ctrl-C) into one clear line and a non-zero exit, no traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -33,7 +41,11 @@ def handle_errors(fn: Callable) -> Callable:
         except GgufmtpError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(1)
+        except OSError as e:  # an unwritable output, a full disk: the file and the reason, no traceback
+            click.echo(f"error: {os_error_text(e)}", err=True)
+            sys.exit(1)
         except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not turn 130 into click's 1
             click.echo("interrupted", err=True)
             sys.exit(130)
 

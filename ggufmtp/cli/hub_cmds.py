@@ -8,6 +8,11 @@ import click
 
 from ..fmt import decimal_bytes
 from .app import emit_json, handle_errors, json_option, main
+from .provenance_cmds import public_key_option
+
+allow_unverified_option = click.option(
+    "--allow-unverified", is_flag=True,
+    help="Publish even without a passing verification of the artifact (the card then says so).")
 
 
 @main.command("pull")
@@ -63,23 +68,28 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local
 @click.option("--private", is_flag=True, help="Create the repo private (no effect on an existing repo).")
 @click.option("--revision", default=None, metavar="BRANCH", help="Branch to commit to (created if missing; "
               "default main).")
-@click.option("--dry-run", is_flag=True, help="List what would be uploaded, touch no network.")
+@click.option("--dry-run", is_flag=True, help="Run every check and list what would be uploaded; touch no network.")
+@public_key_option
+@allow_unverified_option
 @json_option
 @handle_errors
 def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, ...], card: Path | None, private: bool,
-           revision: str | None, dry_run: bool, as_json: bool) -> None:
+               revision: str | None, dry_run: bool, public_key: str | None, allow_unverified: bool,
+               as_json: bool) -> None:
     """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit.
 
-    The commit message names the recipe and the artifact's sha256 (from the receipt).
-    Tokens come from HF_TOKEN or `hf auth login`, never from the command line.
+    Every artifact needs a receipt describing its bytes and a passing verification bound to them
+    (else --allow-unverified, and the card must say so); with a public key, valid signatures
+    (ARTIFACT.sig is uploaded alongside). The commit message names the recipe and the artifact's
+    sha256 (from the receipt). Tokens come from HF_TOKEN or `hf auth login`, never from the command line.
     """
     from ..hub.upload import receipt_commit_facts, upload
 
+    # Facts for the commit message only; the upload itself refuses receipts it cannot parse.
     facts = receipt_commit_facts(receipts, artifacts)
-    for note in facts.notes:
-        click.echo(f"note: {note}", err=True)
     res = upload(repo_id, list(artifacts), list(receipts), card=card, private=private, revision=revision,
-                 dry_run=dry_run, recipe_name=facts.recipe_name, artifact_sha256=facts.artifact_sha256)
+                 dry_run=dry_run, recipe_name=facts.recipe_name, artifact_sha256=facts.artifact_sha256,
+                 allow_unverified=allow_unverified, public_key=public_key)
     if as_json:
         emit_json(res.to_dict())
         return
@@ -89,6 +99,8 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     for op in res.operations:
         digest = f"  sha256 {op.sha256}" if op.sha256 else ""
         click.echo(f"  {op.path_in_repo:<40} {decimal_bytes(op.size):>10}  {op.kind}{digest}")
+    for check in res.checks.unverified if res.checks else []:
+        click.echo(f"  NOT VERIFIED {check.artifact.name}: {check.problem} (published with --allow-unverified)")
     click.echo(f"  message: {res.commit_message}")
     if res.commit_sha:
         click.echo(f"  commit: {res.commit_sha}  {res.commit_url or ''}".rstrip())

@@ -71,10 +71,12 @@ def imatrix_info_cmd(file: str, model_arg: str | None, as_json: bool) -> None:
 @handle_errors
 def imatrix_convert_cmd(src: str, dst: str, fmt: str, chunk_size: int | None, as_json: bool) -> None:
     """Convert SRC to DST in another format (what is lost is printed as notes)."""
+    from ..imatrix.check import refuse_unusable_values
     from ..imatrix.entries import conversion_losses, convert_imatrix
     from ..imatrix.format import read_imatrix, write_imatrix
 
     im = read_imatrix(src)
+    refuse_unusable_values(im)  # NaN or negative values would be carried into the new file
     notes = conversion_losses(im, fmt)
     conv = convert_imatrix(im, fmt, chunk_size=chunk_size)
     digest = write_imatrix(conv, dst)

@@ -1,4 +1,4 @@
-"""ggufmtp receipt show/schema, audit and card."""
+"""ggufmtp receipt show/schema/sign, audit and card."""
 
 from __future__ import annotations
 
@@ -8,6 +8,14 @@ from pathlib import Path
 import click
 
 from .app import emit_json, handle_errors, json_option, main
+
+signing_key_option = click.option(
+    "--signing-key", "signing_key", type=click.Path(), default=None,
+    help="EC private key (PEM) to sign with: the receipt as a DSSE envelope, the artifact with OpenSSF "
+         "model-signing (ARTIFACT.sig). Default: $GGUFMTP_SIGNING_KEY; neither: unsigned.")
+public_key_option = click.option(
+    "--public-key", "public_key", type=click.Path(), default=None,
+    help="EC public key (PEM) that must have signed the receipt and the artifact. Default: $GGUFMTP_PUBLIC_KEY.")
 
 
 @main.group()
@@ -21,13 +29,36 @@ def receipt() -> None:
 @handle_errors
 def receipt_show(receipt_path: str, as_json: bool) -> None:
     """Render a receipt for people (or print it as JSON)."""
-    from ..provenance.receipt import format_receipt, load_receipt
+    from ..provenance.receipt import format_receipt, read_receipt
 
-    st = load_receipt(receipt_path)
+    rf = read_receipt(receipt_path)
     if as_json:
-        emit_json(st)
+        emit_json(rf.statement)
     else:
-        click.echo(format_receipt(st))
+        click.echo(format_receipt(rf.statement, signed=rf.signed))
+
+
+@receipt.command("sign")
+@click.argument("receipt_path", type=click.Path())
+@signing_key_option
+@click.option("--artifact", type=click.Path(), default=None,
+              help="The artifact the receipt describes (default: its subject's name beside the receipt).")
+@handle_errors
+def receipt_sign(receipt_path: str, signing_key: str | None, artifact: str | None) -> None:
+    """Sign an existing receipt (DSSE envelope) and its artifact (model-signing, ARTIFACT.sig).
+
+    Only an intact receipt is signed: its checksum must hold and the artifact's sha256 must be the
+    recorded one."""
+    from ..errors import AuditError
+    from ..provenance.receipt import sign_receipt
+    from ..provenance.signing import ENV_SIGNING_KEY, resolve_signing_key
+
+    key = resolve_signing_key(signing_key)
+    if key is None:
+        raise AuditError(f"no signing key: give --signing-key KEY.pem or set ${ENV_SIGNING_KEY}")
+    for sig in sign_receipt(receipt_path, key, artifact):
+        click.echo(f"wrote {sig}")
+    click.echo(f"signed {receipt_path} (DSSE envelope)")
 
 
 @receipt.command("schema")
@@ -40,17 +71,25 @@ def receipt_schema() -> None:
 
 @main.command()
 @click.argument("artifact", type=click.Path(dir_okay=False))
-@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--receipt", "receipt_path", type=click.Path(), default=None,
               help="Receipt to audit against (default: ARTIFACT.receipt.json if it exists).")
+@public_key_option
+@click.option("--signature", type=click.Path(), default=None,
+              help="The artifact's model-signing signature (default: ARTIFACT.sig).")
 @json_option
 @handle_errors
-def audit(artifact: str, receipt_path: str | None, as_json: bool) -> None:
-    """Recompute sha256s, re-read tensor types and check the MTP block against the receipt.
+def audit(artifact: str, receipt_path: str | None, public_key: str | None, signature: str | None,
+          as_json: bool) -> None:
+    """Check the signatures (with a public key), then recompute sha256s, re-read tensor types, the
+    MTP block and the imatrix metadata, and check the verification is of these bytes.
 
-    Exits 1 on any mismatch, naming it."""
+    Without a public key an unsigned receipt is reported as "unsigned: checksum only, detects
+    accidental edits, not forgery". Exits 1 on any mismatch, naming it."""
     from ..provenance.audit import audit as run, format_audit
+    from ..provenance.signing import resolve_public_key
 
-    report = run(artifact, receipt_path, progress=not as_json)
+    report = run(artifact, receipt_path, progress=not as_json, public_key=resolve_public_key(public_key),
+                 signature=signature)
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -10,6 +10,7 @@ import click
 
 from .app import (emit_json, handle_errors, imatrix_option, json_option, main, recipe_option,
                   resolve_model_arg)
+from .provenance_cmds import signing_key_option
 
 
 @main.group()
@@ -111,21 +112,40 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
               help="Receipt path (default: OUTPUT.receipt.json).")
 @click.option("--no-receipt", is_flag=True, help="Do not write a receipt.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@signing_key_option
 @json_option
 @handle_errors
 def quantize(model: str, recipe_name: str, imatrix: str | None, output: str, threads: int, receipt: str | None,
-             no_receipt: bool, no_progress: bool, as_json: bool) -> None:
-    """Quantize MODEL with RECIPE into OUTPUT (in-process libllama), audit it, write its receipt."""
+             no_receipt: bool, no_progress: bool, signing_key: str | None, as_json: bool) -> None:
+    """Quantize MODEL with RECIPE into OUTPUT (in-process libllama), audit it, write its receipt
+    (with a signing key: a signed receipt and OUTPUT.sig)."""
+    from ..provenance.receipt import default_receipt_path, receipt_for_quantize
+    from ..provenance.signing import resolve_signing_key, sign_artifact, signature_path
     from ..quant.quantize import quantize as run
 
-    res = run(resolve_model_arg(model), recipe_name, output, imatrix=imatrix, threads=threads,
-              progress=not no_progress and not as_json)
-    out: dict[str, Any] = res.to_dict()
-    if not no_receipt:
-        from ..provenance.receipt import receipt_for_quantize
+    key = resolve_signing_key(signing_key)  # a bad key fails before any work
 
-        rpath = receipt_for_quantize(res, model_arg=model, imatrix=imatrix, receipt_path=receipt)
+    rpath = None if no_receipt else Path(receipt) if receipt else default_receipt_path(Path(output))
+    if rpath is not None and rpath.resolve() == Path(output).resolve():
+        from ..errors import QuantizeError
+
+        raise QuantizeError(f"{receipt}: the receipt path is the output path (--receipt would overwrite it)")
+
+    def write_receipt(staged) -> None:
+        # the artifact is renamed into place only after its receipt (and signature) are written
+        if key is not None:
+            sign_artifact(staged.output, key, signature=signature_path(Path(output)))
+        if rpath is not None:
+            receipt_for_quantize(staged, model_arg=model, imatrix=imatrix, receipt_path=rpath, signing_key=key)
+
+    res = run(resolve_model_arg(model), recipe_name, output, imatrix=imatrix, threads=threads,
+              progress=not no_progress and not as_json,
+              before_publish=write_receipt if rpath or key else None)
+    out: dict[str, Any] = res.to_dict()
+    if rpath is not None:
         out["receipt"] = str(rpath)
+    if key is not None:
+        out["signature"] = str(signature_path(Path(output)))
     if as_json:
         emit_json(out)
         return
@@ -135,4 +155,6 @@ def quantize(model: str, recipe_name: str, imatrix: str | None, output: str, thr
         click.echo(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
     click.echo(res.summary())
     if "receipt" in out:
-        click.echo(f"receipt {out['receipt']}")
+        click.echo(f"receipt {out['receipt']}" + (" (signed)" if key else ""))
+    if "signature" in out:
+        click.echo(f"signature {out['signature']}")

@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
+from .hub_cmds import allow_unverified_option
+from .provenance_cmds import public_key_option, signing_key_option
 
 
 @main.command("run")
@@ -27,14 +29,21 @@ from .app import emit_json, handle_errors, imatrix_option, json_option, main, re
 @click.option("--gpu-layers", type=int, default=None, help="Layers offloaded to the GPU during verification.")
 @click.option("--threads", "-t", type=int, default=0, help="Threads for quantization.")
 @click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
+@signing_key_option
+@public_key_option
+@allow_unverified_option
 @json_option
 @handle_errors
 def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, include: tuple[str, ...],
             no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
             limit: int | None, max_tokens: int | None, gpu_layers: int | None, threads: int, force: bool,
-            as_json: bool) -> None:
+            signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
-    receipt, card, upload. Reruns resume from the first stage whose inputs changed or that failed."""
+    receipt, card, upload. Reruns resume from the first stage whose inputs changed or that failed.
+
+    --upload publishes only an artifact whose verification passed (else it stops before any
+    request, exit 1); --allow-unverified publishes anyway, with the card saying so, and also
+    accepts pulled files the Hub gave no checksum for."""
     from ..pipeline import run
 
     vopts: dict[str, Any] = {}
@@ -49,7 +58,8 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, inc
     res = run(recipe_name, model, imatrix, out_dir, verify=not no_verify, upload=upload_repo,
               include=list(include) or None, verify_options=vopts, threads=threads, private=private,
               dry_run_upload=dry_run_upload, force=force, progress=not as_json,
-              log=lambda m: click.echo(m, err=True))
+              log=lambda m: click.echo(m, err=True), signing_key=signing_key, public_key=public_key,
+              allow_unverified=allow_unverified)
     summary = res.summary_record()
     if as_json:
         emit_json(summary.to_dict())

@@ -10,6 +10,7 @@ import click
 from .app import (_int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main,
                   resolve_model_arg)
 from .measure_common import _run_tune
+from .provenance_cmds import signing_key_option
 
 
 @main.command("verify")
@@ -44,6 +45,7 @@ from .measure_common import _run_tune
               help="Write the results into this receipt's verification section.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the full JSON (with every request) here, atomically.")
+@signing_key_option
 @bin_option
 @json_option
 @click.option("--tune", is_flag=True, help="Run `ggufmtp tune` instead (alias): search server settings; "
@@ -59,7 +61,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                threads: int | None, ctx_size: int, parallel: int, tuned_from: str | None,
                peak_bandwidth_gbs: float | None, receipt_path: str | None, out_path: str | None,
                llama_cpp_bin: str | None, as_json: bool, tune: bool = False, budget: int = 240,
-               concurrency: int = 1) -> None:
+               concurrency: int = 1, signing_key: str | None = None) -> None:
     """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
 
     Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
@@ -86,17 +88,20 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
             draft_n_max = rec.verify.draft_n_max
     th = th.merged(min_acceptance=min_acceptance, min_speedup=min_speedup, min_identical=min_identical,
                    enforce_speedup=enforce_speedup)
+    from ..provenance.signing import resolve_signing_key
+
+    key = resolve_signing_key(signing_key) if receipt_path else None  # a bad key fails before the run
     res = verify(resolve_model_arg(model), draft_n_max=draft_n_max, draft_n_min=draft_n_min,
                  seeds=seed_list, suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size,
                  threads=threads, gpu_layers=ngl, parallel=parallel, llama_cpp_bin=llama_cpp_bin,
                  progress=not as_json, thresholds=th, limit=limit, sweep=sweep_list,
                  tuned=load_tuned_config(tuned_from) if tuned_from else None, peak_bandwidth_gbs=peak_bandwidth_gbs)
-    _write_and_show(res, out_path, receipt_path, as_json)
+    _write_and_show(res, out_path, receipt_path, as_json, key)
     if not res.ok:
         sys.exit(1)
 
 
-def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json: bool) -> None:
+def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json: bool, signing_key=None) -> None:
     """--out (the full JSON), --receipt (its verification section), then JSON or the table."""
     if out_path:
         from ..gguf.fsutil import atomic_write_json
@@ -105,7 +110,7 @@ def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json
     if receipt_path:
         from ..provenance.receipt import set_verification
 
-        set_verification(receipt_path, res.to_receipt(), keep_added=True)
+        set_verification(receipt_path, res.to_receipt(), keep_added=True, signing_key=signing_key)
     if as_json:
         emit_json(res.to_dict())
         for r in res.reasons:

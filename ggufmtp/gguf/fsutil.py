@@ -9,17 +9,19 @@ leave receipts and cards 0600.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import queue
+import stat
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterable
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_parts", "current_umask",
-           "fsync_dir", "json_text"]
+           "fsync_dir", "fsync_path", "json_text", "not_a_regular_file"]
 
 
 def current_umask() -> int:
@@ -36,14 +38,19 @@ def current_umask() -> int:
     return mask
 
 
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file written by someone else (libllama closes its output without one)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(folder: Path) -> None:
     """fsync a directory so a rename into it is durable (a no-op where the OS refuses)."""
     with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(folder)
 
 
 def _target_mode(path: Path) -> int:
@@ -80,6 +87,13 @@ class _BackgroundDigest:
             self._thread.join()
 
 
+def _naming(e: OSError, path: Path) -> OSError:
+    """The same kind of OSError, naming the target instead of the temp file (``x.md: No space left``)."""
+    if e.errno is None:
+        return e
+    return OSError(e.errno, e.strerror, str(path))  # OSError(errno, ...) builds the matching subclass
+
+
 def atomic_write_parts(path: str | os.PathLike, parts: Iterable[bytes], *, make_parents: bool = True) -> str:
     """Write the concatenation of ``parts`` to ``path`` atomically; returns its sha256 (hex).
 
@@ -87,13 +101,20 @@ def atomic_write_parts(path: str | os.PathLike, parts: Iterable[bytes], *, make_
     after it is yielded (yield fresh bytes, not a reused buffer).
 
     Missing parent folders are created unless ``make_parents`` is False (then a missing folder is
-    ``FileNotFoundError``). Raises ``OSError`` as the OS reported it (callers wrap it in their own
-    error naming the file); the temp file is removed on any failure, including KeyboardInterrupt."""
+    ``FileNotFoundError``). Raises ``OSError`` of the kind the OS reported, naming ``path`` (not the
+    temp file; callers may wrap it in their own error); the temp file is removed on any failure,
+    including KeyboardInterrupt."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if make_parents:
-        folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file where a folder belongs (on the way to the target)
+            raise NotADirectoryError(errno.ENOTDIR, f"a file is in the way of folder {folder}", str(path)) from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise _naming(e, path) from e
     digest = _BackgroundDigest()
     try:
         os.fchmod(fd, _target_mode(path))
@@ -104,10 +125,12 @@ def atomic_write_parts(path: str | os.PathLike, parts: Iterable[bytes], *, make_
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)  # replaces a symlink itself, never writes through it
-    except BaseException:
+    except BaseException as e:
         digest.close()
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise _naming(e, path) from e
         raise
     fsync_dir(folder)
     return digest.hexdigest()
@@ -129,3 +152,22 @@ def json_text(obj: Any) -> str:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json_text(obj))
+
+
+def not_a_regular_file(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as a file (``no such file``, ``is a directory``, ``is a FIFO, not
+    a regular file``), or None when it is a regular file. Checked before opening: ``open()`` of a
+    FIFO blocks until a writer appears, a device may never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as e:
+        return f"cannot read ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a plain file")
+    return f"is {kind}, not a regular file"

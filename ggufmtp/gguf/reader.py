@@ -26,6 +26,7 @@ from gguf.constants import (GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_VERSI
                             GGUFValueType, Keys)
 
 from ..errors import GGUFReadError
+from .fsutil import not_a_regular_file
 
 __all__ = ["GGUF_MAGIC", "ByteCursor", "GGUFHeader", "HeaderField", "HeaderTensor", "parse_header", "read_header",
            "tensor_nbytes", "truncation"]
@@ -296,10 +297,11 @@ def read_header(path: str | Path) -> GGUFHeader:
 
     Raises :class:`GGUFReadError` naming the file and the problem."""
     path = Path(path)
-    if not path.exists():
-        raise GGUFReadError(f"{path}: no such file")
-    if path.is_dir():
+    problem = not_a_regular_file(path)
+    if problem == "is a directory":
         raise GGUFReadError(f"{path}: is a directory, not a GGUF file")
+    if problem is not None:
+        raise GGUFReadError(f"{path}: {problem}")
     try:
         fh = open(path, "rb")
     except OSError as e:

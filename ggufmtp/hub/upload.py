@@ -3,8 +3,11 @@
 On the wire this is ``huggingface_hub``'s ``create_repo`` / ``create_branch`` / ``create_commit``.
 The inputs are checked before any request (``_UploadRequest.__post_init__``, then the planned
 operations), the files are hashed once (the hash also goes to the commit, so huggingface_hub does
-not hash again), and the default commit message names the recipe and the artifact's sha256 as the
-receipt states them (``receipt_commit_facts``).
+not hash again), then the publish gate (``hub/gate.py``: receipts bound to the artifacts, a passing
+verification, signatures when a public key is configured) decides; a dry run does all of that
+too, so it refuses exactly what the real upload refuses. The default commit message names the
+recipe and the artifact's sha256 as the receipt states them (``receipt_commit_facts``). An
+artifact's signature ``ARTIFACT.sig`` is uploaded alongside it when present.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from ..fmt import decimal_bytes
 from ..gguf.hashing import file_digests
 from ..provenance.receipt import read_statement
 from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
+from ..provenance.signing import resolve_public_key, signature_path
+from .gate import PublishCheck, check_publishable
 from .transport import guard_secrets, host, hub_errors, resolve_endpoint
 
 __all__ = ["CommitFacts", "UploadKind", "UploadOperation", "UploadResult", "default_commit_message",
@@ -33,6 +38,7 @@ class UploadKind(enum.StrEnum):
     ARTIFACT = "artifact"
     RECEIPT = "receipt"
     CARD = "card"
+    SIGNATURE = "signature"
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class UploadOperation:
     local_path: Path
     size: int
     kind: UploadKind
-    sha256: str | None = None  # None in dry runs (no hashing)
+    sha256: str | None = None  # set once hashed (dry runs hash too: the gate needs the digests)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", UploadKind(self.kind))
@@ -68,6 +74,7 @@ class UploadResult:
     commit_sha: str | None = None
     commit_url: str | None = None
     repo_url: str | None = None
+    checks: PublishCheck | None = None  # what the publish gate found
 
     @property
     def total_size(self) -> int:
@@ -87,6 +94,7 @@ class UploadResult:
             "repo_url": self.repo_url,
             "total_size": self.total_size,
             "operations": [op.to_dict() for op in self.operations],
+            "artifacts": self.checks.to_dict() if self.checks else [],
         }
 
 
@@ -155,11 +163,13 @@ def _commit_message(ops: list[UploadOperation], recipe_name: str | None, artifac
     return default_commit_message(named.path_in_repo, recipe_name, artifact_sha256)
 
 
-def _commit_description(ops: list[UploadOperation]) -> str:
+def _commit_description(ops: list[UploadOperation], checks: PublishCheck | None = None) -> str:
+    unverified = [f"- `{a.artifact.name}`: {a.problem}" for a in (checks.unverified if checks else [])]
     return "\n".join(
         ["Files in this commit:", ""]
         + [f"- `{o.path_in_repo}` ({o.kind}, {decimal_bytes(o.size)}"
            + (f", sha256 `{o.sha256}`)" if o.sha256 else ")") for o in ops]
+        + (["", "NOT VERIFIED (published with --allow-unverified):", *unverified] if unverified else [])
         + ["", f"Published with ggufmtp {__version__}."]
     )
 
@@ -207,6 +217,8 @@ class _UploadRequest:
     def operations(self) -> list[UploadOperation]:
         """The files of the commit (not hashed yet); refuses a missing file or two files with one name."""
         planned = [(p.name, p, UploadKind.ARTIFACT) for p in self.artifacts]
+        planned += [(sig.name, sig, UploadKind.SIGNATURE) for p in self.artifacts
+                     if (sig := signature_path(p)).is_file()]
         planned += [(p.name, p, UploadKind.RECEIPT) for p in self.receipts]
         if self.card is not None:
             planned.append(("README.md", self.card, UploadKind.CARD))
@@ -259,26 +271,35 @@ def upload(
     artifact_sha256: str | None = None,
     endpoint: str | None = None,
     progress: bool = True,
+    allow_unverified: bool = False,
+    public_key: str | os.PathLike | None = None,
 ) -> UploadResult:
     """Publish artifact(s), their receipt(s) and the model card (as README.md) in ONE commit.
 
     Creates the repo if needed (``private`` only applies to a new repo) and the branch
     ``revision`` if it does not exist. The default commit message names ``recipe_name`` and
-    ``artifact_sha256`` (which must be the sha256 of one of ``files``). ``dry_run`` validates
-    the inputs and lists the operations and sizes without any network access (and without
-    hashing, so ``artifact_sha256`` is not checked).
+    ``artifact_sha256`` (which must be the sha256 of one of ``files``). Before anything is sent,
+    every artifact must pass the publish gate (:mod:`ggufmtp.hub.gate`): a receipt describing its
+    bytes, a passing verification of them unless ``allow_unverified`` (the card must then say
+    so), and valid signatures when ``public_key`` (default ``$GGUFMTP_PUBLIC_KEY``) is set.
+    ``dry_run`` runs every check (hashing the files) and lists the operations, without any
+    network access.
     """
     req = _UploadRequest(repo_id, _as_paths(files), _as_paths(receipt), Path(card) if card is not None else None,
                          revision, artifact_sha256)
-    ops = req.operations()
+    key = resolve_public_key(public_key)
+    ops = _hashed(req.operations(), progress)
+    checks = check_publishable({o.local_path: str(o.sha256) for o in ops if o.kind == UploadKind.ARTIFACT},
+                               [o.local_path for o in ops if o.kind == UploadKind.RECEIPT],
+                               next((o.local_path for o in ops if o.kind == UploadKind.CARD), None),
+                               allow_unverified=allow_unverified, public_key=key)
+    _check_artifact_digest(ops, artifact_sha256)
     endpoint = resolve_endpoint(endpoint)
-    if not dry_run:
-        ops = _hashed(ops, progress)
-        _check_artifact_digest(ops, artifact_sha256)
     result = UploadResult(
         repo_id=repo_id, revision=revision or "main", dry_run=dry_run, private=private,
         commit_message=commit_message or _commit_message(ops, recipe_name, artifact_sha256),
-        commit_description=_commit_description(ops), operations=ops, endpoint_host=host(endpoint))
+        commit_description=_commit_description(ops, checks), operations=ops, endpoint_host=host(endpoint),
+        checks=checks)
     if not dry_run:
         _push(result, revision, token, endpoint, progress)
     return result

@@ -24,7 +24,8 @@ from .entries import (DEFAULT_CHUNK_SIZE, KEY_CHUNK_COUNT, KEY_CHUNK_SIZE, KEY_D
 
 __all__ = ["EXEMPT_TENSORS", "IMATRIX_REQUIRED_TYPES", "Coverage", "ImatrixProblem", "ModelTensors", "ProblemKind",
            "Severity", "ValidationReport", "coverage", "expected_size", "is_q2_k_s_ftype", "is_quantizable",
-           "mtp_block_indices", "needs_imatrix", "read_model_tensors", "synthetic_imatrix", "validate"]
+           "mtp_block_indices", "needs_imatrix", "read_model_tensors", "refuse_unusable_values", "synthetic_imatrix",
+           "validate"]
 
 # Types for which llama-quantize needs imatrix data (src/llama-quant.cpp: tensor_requires_imatrix).
 IMATRIX_REQUIRED_TYPES = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"})
@@ -213,6 +214,9 @@ def _count_problems(name: str, e: ImatrixEntry) -> list[ImatrixProblem]:
     if e.kind == ImatrixFormat.DAT:
         if e.ncall > 0:
             return []
+        if e.ncall < 0:  # refused like the GGUF format's negative counts
+            return [ImatrixProblem(Severity.ERROR, ProblemKind.BAD_COUNTS, name,
+                                   f"{name}: ncall is {e.ncall} (a token count cannot be negative)")]
         return [ImatrixProblem(Severity.WARNING, ProblemKind.NO_DATA, name,
                                f"{name}: ncall is {e.ncall} (llama-quantize uses the stored values as-is)")]
     bad = int(np.count_nonzero(~np.isfinite(e.counts) | (e.counts < 0)))
@@ -242,6 +246,16 @@ def _value_problems(name: str, e: ImatrixEntry) -> list[ImatrixProblem]:
         out.append(ImatrixProblem(Severity.ERROR, ProblemKind.NEGATIVE, name,
                                   f"{name}: {neg} of {means.size} values are negative (sums of squares cannot be)"))
     return out + _count_problems(name, e)
+
+
+def refuse_unusable_values(im: Imatrix) -> None:
+    """Raise ImatrixError for the first entry whose values or counts llama-quantize would refuse
+    (NaN, infinite, negative), naming the file: such an imatrix is not converted or used."""
+    src = f"imatrix {im.path}" if im.path else "imatrix"
+    for name, e in im.entries.items():
+        errors = [p for p in _value_problems(name, e) if p.severity == Severity.ERROR]
+        if errors:
+            raise ImatrixError(f"{src} is not usable: {errors[0].message}")
 
 
 def _shape_problem(name: str, e: ImatrixEntry, shape: tuple[int, ...]) -> ImatrixProblem | None:

@@ -60,7 +60,7 @@ import numpy as np
 from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION, GGMLQuantizationType, GGUFValueType, Keys
 
 from ..errors import GGUFReadError, ImatrixError
-from ..gguf.fsutil import atomic_write_parts
+from ..gguf.fsutil import atomic_write_parts, not_a_regular_file
 from ..gguf.reader import (GGML_MAX_NAME, GGUF_MAGIC, ByteCursor, GGUFHeader, HeaderTensor, parse_header,
                            truncation)
 from .entries import (KEY_CHUNK_COUNT, KEY_CHUNK_SIZE, KEY_DATASETS, KEY_GENERAL_TYPE, STANDARD_KEYS, TEXT_ENCODING,
@@ -146,6 +146,9 @@ class _Short(_Bad):
 def _read_bytes_hashed(path: Path) -> tuple[bytearray, str]:
     """Read a whole file into one buffer, hashing it on the way (no second pass, no join copy)."""
     h = hashlib.sha256()
+    problem = not_a_regular_file(path)
+    if problem not in (None, "no such file", "is a directory"):  # those two keep their own words below
+        raise ImatrixError(f"imatrix file {path} {problem}")
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

@@ -22,6 +22,7 @@ import os
 import shlex
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -33,8 +34,10 @@ from ..errors import ServerError, TuneError
 from ..fmt import ci_text, finite_or_none as _num, num, pct, times
 from ..measure import stats
 from ..measure.arms import ABBA, WARMUP_TOKENS
+from ..measure.records import CURVE_MODEL_KEYS, CURVE_SERVER_KEYS, ModelInfo, ServerInfo
 from ..measure.suite import DEFAULT_SUITE, Prompt, Suite, modes_for_template
 from ..measure.tune_bench import DEFAULT_CTX_PER_SLOT, DEFAULT_MAX_TOKENS, Bench, check_seeds, prepare
+from ..measure.verify_summary import PairStats
 from ..runtime.hardware import HardwareInfo, probe_hardware
 from ..runtime.server import LlamaServer, ServerConfig
 
@@ -71,27 +74,18 @@ def geometric_rates(acceptance: float, k: int) -> list[float]:
     return [p ** i for i in range(1, k + 1)]
 
 
-@dataclass
-class CurvePoint:
-    """One point of the curve: a set acceptance (or the real head) and what it measured."""
+@dataclass(frozen=True)
+class CurvePoint(PairStats):
+    """One point of the curve: a set acceptance (or the real head) and what it measured (its
+    :class:`~ggufmtp.measure.verify_summary.PairStats`, draft rounds, the MTP server's command line)."""
 
     acceptance_set: float | None  # the real head: its measured acceptance
     flag_value: str | None  # e.g. "synth-len 2.5"; None for the real head
     expected_tokens_per_step: float | None
     rates: list[float] | None
-    acceptance: float | None
-    acceptance_ci95: list[float | None]
-    draft_n: int
-    draft_n_accepted: int
     n_drafts: int
     tokens_per_step: float | None
     per_position: list[float | None] | None
-    mtp_tokens_per_second: float | None
-    vanilla_tokens_per_second: float | None
-    speedup: float | None
-    speedup_ci95: list[float | None]
-    n_prompts: int
-    n_pairs: int
     command: str
     identical_output_fraction: float | None = None  # the real head only (synthetic output is not the model's)
     real: bool = False
@@ -111,28 +105,49 @@ class CurvePoint:
         return d
 
 
+@dataclass(frozen=True)
+class CurveSettings:
+    """What every point of a curve shared (the ``settings`` object of its JSON)."""
+
+    flag: str  # "synth-len" | "synth-rates"
+    seeds: list[int]
+    max_tokens: int
+    n_prompts: int
+    suite: str
+    mode: str
+    batch_size: int
+    request_seed: str
+    gpu_layers: int | str | None
+    threads: int | None
+    speedup: str
+    acceptance_set: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class CurveResult:
     """:func:`acceptance_curve`'s points; :meth:`to_dict` is the receipt's ``verification.acceptance_curve``."""
 
-    model: dict[str, Any]
+    model: ModelInfo
     draft_n_max: int
     points: list[CurvePoint]
     real: CurvePoint | None
     breakeven_acceptance: float | None
-    settings: dict[str, Any]
+    settings: CurveSettings
     hardware: HardwareInfo
-    server: dict[str, Any]
+    server: ServerInfo
     notes: list[str]
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "ggufmtp curve", "model": self.model, "draft_n_max": self.draft_n_max,
-                "points": [p.to_dict() for p in self.points],
+        return {"kind": "ggufmtp curve", "model": self.model.to_dict(CURVE_MODEL_KEYS),
+                "draft_n_max": self.draft_n_max, "points": [p.to_dict() for p in self.points],
                 "real": self.real.to_dict() if self.real else None,
-                "breakeven_acceptance": self.breakeven_acceptance, "settings": self.settings,
-                "hardware": self.hardware.to_dict(), "server": self.server, "notes": list(self.notes),
-                "seconds": round(self.seconds, 2)}
+                "breakeven_acceptance": self.breakeven_acceptance, "settings": self.settings.to_dict(),
+                "hardware": self.hardware.to_dict(), "server": self.server.to_dict(CURVE_SERVER_KEYS),
+                "notes": list(self.notes), "seconds": round(self.seconds, 2)}
 
     def table(self) -> str:
         return format_curve(self)
@@ -153,9 +168,9 @@ def _breakeven(points: Sequence[CurvePoint]) -> float | None:
 
 def format_curve(res: CurveResult) -> str:
     """The human-readable table of a curve."""
-    L = [f"ggufmtp curve {Path(res.model['path']).name}  (k = {res.draft_n_max}; synthetic acceptance via "
-         f"--spec-{res.settings['flag']}; {res.settings['n_prompts']} prompts x seeds "
-         f"{','.join(map(str, res.settings['seeds']))}, max_tokens {res.settings['max_tokens']})",
+    st = res.settings
+    L = [f"ggufmtp curve {Path(res.model.path).name}  (k = {res.draft_n_max}; synthetic acceptance via "
+         f"--spec-{st.flag}; {st.n_prompts} prompts x seeds {','.join(map(str, st.seeds))}, max_tokens {st.max_tokens})",
          "",
          f"{'set acceptance':>14} {'synth flag':<26} {'measured acceptance (95% CI)':<30} {'tokens/step':>11} "
          f"{'mtp tok/s':>10} {'vanilla tok/s':>13}  speedup (95% CI)"]
@@ -254,11 +269,10 @@ def acceptance_curve(
     if real is not None and real.identical_output_fraction not in (None, 1.0):
         notes.append(f"real head: only {real.identical_output_fraction * 100:.1f}% of replies identical to vanilla")
     return CurveResult(
-        model={"path": str(setup.path), "architecture": setup.report.architecture,
-               "mtp_block": setup.report.mtp_block},
+        model=ModelInfo(str(setup.path), architecture=setup.report.architecture, mtp_block=setup.report.mtp_block),
         draft_n_max=k, points=points, real=real, breakeven_acceptance=_breakeven(points),
         settings=_curve_settings(flag, seeds, max_tokens, setup.suite, mode, gpu_layers, threads),
-        hardware=hw, server={"binary": str(setup.binary), "build_info": build_info}, notes=notes,
+        hardware=hw, server=ServerInfo(build_info=build_info, binary=str(setup.binary)), notes=notes,
         seconds=time.monotonic() - t0)
 
 
@@ -370,12 +384,12 @@ def _run_pairs(arms: _Arms, mtp: LlamaServer) -> tuple[list[list[float]], int]:
 
 
 def _curve_settings(flag: str, seeds: list[int], max_tokens: int, suite: Suite, mode: str,
-                    gpu_layers: int | str | None, threads: int | None) -> dict[str, Any]:
+                    gpu_layers: int | str | None, threads: int | None) -> CurveSettings:
     """The ``settings`` object of the curve's JSON."""
-    return {"flag": flag, "seeds": seeds, "max_tokens": max_tokens, "n_prompts": len(suite.prompts),
-            "suite": suite.name, "mode": mode, "batch_size": 1,
-            "request_seed": "seed * 1000 + prompt index (distinct synthetic-acceptance RNG streams)",
-            "gpu_layers": gpu_layers, "threads": threads,
-            "speedup": "decode throughput ratio (timings.predicted_ms), ABBA-interleaved with vanilla",
-            "acceptance_set": "target accepted/drafted at window k; --spec-synth-len = 1 + k * acceptance "
-                              "(geometric per-position rates p^i)"}
+    return CurveSettings(
+        flag=flag, seeds=seeds, max_tokens=max_tokens, n_prompts=len(suite.prompts), suite=suite.name, mode=mode,
+        batch_size=1, request_seed="seed * 1000 + prompt index (distinct synthetic-acceptance RNG streams)",
+        gpu_layers=gpu_layers, threads=threads,
+        speedup="decode throughput ratio (timings.predicted_ms), ABBA-interleaved with vanilla",
+        acceptance_set="target accepted/drafted at window k; --spec-synth-len = 1 + k * acceptance "
+                       "(geometric per-position rates p^i)")

@@ -62,8 +62,9 @@ from ..measure.arms import ABBA, MTP, VANILLA
 from ..measure.options import TuneConfig
 from ..measure.profiles_stream import RequestRecord, aggregate, run_clients
 from ..measure.suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
-from ..measure.workloads import (DEFAULT_NOISE, DecisionRow, ProfileResult, ProfileSpec, Workload, decision_table,
-                                 format_profiles, get_workload)
+from ..measure.records import PROFILES_MODEL_KEYS, ModelInfo
+from ..measure.workloads import (DEFAULT_NOISE, ArmSettings, DecisionRow, ProfileResult, ProfileSpec, Workload,
+                                 decision_table, format_profiles, get_workload)
 from ..runtime.build import find_binary
 from ..runtime.hardware import HardwareInfo, probe_hardware
 from ..runtime.server import LlamaServer, ServerConfig, display_command, gguf_has_mtp
@@ -239,15 +240,16 @@ def _profile_on(srv: LlamaServer, w: Workload, arm: str, prompts: Sequence[dict[
         raise ProfileError(f"{arm} arm, workload {w.name}: {e}") from e
     m = aggregate(recs, dur)
     notes = []
-    if m["failed"]:
-        notes.append(f"{m['failed']} request(s) failed: {next(r.error for r in recs if r.error)}")
-    if arm == "mtp" and not m["draft_n"]:
+    if m.failed:
+        notes.append(f"{m.failed} request(s) failed: {next(r.error for r in recs if r.error)}")
+    if arm == "mtp" and not m.draft_n:
         notes.append("the MTP arm never drafted (no timings.draft_n)")
     return ProfileResult(workload=w, arm=arm, metrics=m, requests=recs, command=display_command(srv.config, srv.binary),
-                         settings={"mode": mode, "seed": seed, "prompt_tokens_target": w.input_tokens,
-                                   "prompt_tokens_built": [p.get("prompt_tokens") for p in prompts[:w.num_requests]],
-                                   "ignore_eos": True, "temperature": 0.0, "cache_prompt": False,
-                                   "warmup_requests": w.concurrency if warmup else 0},
+                         settings=ArmSettings(
+                             mode=mode, seed=seed, prompt_tokens_target=w.input_tokens,
+                             prompt_tokens_built=[p.get("prompt_tokens") for p in prompts[:w.num_requests]],
+                             ignore_eos=True, temperature=0.0, cache_prompt=False,
+                             warmup_requests=w.concurrency if warmup else 0),
                          spec=spec, notes=notes)
 
 
@@ -256,8 +258,7 @@ def _pool(results: Sequence[ProfileResult]) -> ProfileResult:
     if len(results) == 1:
         return results[0]
     recs = [r for res in results for r in res.requests]
-    m = aggregate(recs, sum(res.metrics["duration_s"] for res in results))
-    m["runs"] = len(results)
+    m = aggregate(recs, sum(res.metrics.duration_s for res in results), runs=len(results))
     specs = [res.spec for res in results if res.spec]
     spec = None
     if len(specs) == len(results):
@@ -271,27 +272,43 @@ def _pool(results: Sequence[ProfileResult]) -> ProfileResult:
 # ----------------------------------------------------------------------------- all profiles
 
 
+@dataclass(frozen=True)
+class ProfilesSettings:
+    """What every workload of a profiles run shared (the ``settings`` object of its JSON)."""
+
+    repeats: int
+    noise: float
+    seed: int
+    draft_n_max: int | None
+    tuned: dict[str, Any] | None  # the MTP arm's tuned configuration (JSON form), if any
+    extra_args: list[str]
+    workloads: dict[str, Workload]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class ProfilesResult:
     """Both arms of every workload and the decision table; :meth:`to_dict` is the receipt's
     ``verification.profiles``."""
 
-    model: dict[str, Any]
+    model: ModelInfo
     scale: float
     results: list[ProfileResult]
     table: list[DecisionRow]
     hardware: HardwareInfo
-    settings: dict[str, Any]
+    settings: ProfilesSettings
     notes: list[str]
     seconds: float = 0.0
 
     def to_dict(self, requests: bool = False) -> dict[str, Any]:
         """The receipt's ``verification.profiles`` object."""
-        return {"kind": "ggufmtp profiles", "model": self.model, "scale": self.scale,
+        return {"kind": "ggufmtp profiles", "model": self.model.to_dict(PROFILES_MODEL_KEYS), "scale": self.scale,
                 "workloads": {w: {r.arm: r.to_dict(requests) for r in self.results if r.workload.name == w}
                               for w in dict.fromkeys(r.workload.name for r in self.results)},
                 "decision_table": [r.to_dict() for r in self.table], "hardware": self.hardware.to_dict(),
-                "settings": self.settings,
+                "settings": self.settings.to_dict(),
                 "notes": list(self.notes), "seconds": round(self.seconds, 2)}
 
     def text(self) -> str:
@@ -340,11 +357,10 @@ def run_profiles(
     if scale != 1.0:
         notes.append(f"token counts scaled by {scale:g} (the write-up's workloads are scale 1)")
     return ProfilesResult(
-        model={"path": str(path), "size_bytes": path.stat().st_size}, scale=scale, results=results, table=table,
-        hardware=hw, settings={"repeats": repeats, "noise": noise, "seed": seed, "draft_n_max": draft_n_max,
-                               "tuned": (tuned.to_dict() if hasattr(tuned, "to_dict") else tuned),
-                               "extra_args": list(extra_args),
-                               "workloads": {w.name: dataclasses.asdict(w) for w in ws}},
+        model=ModelInfo(str(path), path.stat().st_size), scale=scale, results=results, table=table,
+        hardware=hw, settings=ProfilesSettings(repeats=repeats, noise=noise, seed=seed, draft_n_max=draft_n_max,
+                                               tuned=(tuned.to_dict() if hasattr(tuned, "to_dict") else tuned),
+                                               extra_args=list(extra_args), workloads={w.name: w for w in ws}),
         notes=notes, seconds=time.monotonic() - t0)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import ProfileError
 from ..runtime.process import HOST
 
-__all__ = ["RequestRecord", "stream_chat", "run_clients", "aggregate"]
+__all__ = ["RequestRecord", "Distribution", "ServingMetrics", "stream_chat", "run_clients", "aggregate"]
 
 
 @dataclass
@@ -140,30 +140,75 @@ def run_clients(port: int, bodies: Sequence[dict[str, Any]], concurrency: int) -
     return sorted(out, key=lambda r: r.index)
 
 
-def _dist(xs: Sequence[float]) -> dict[str, float | None]:
+@dataclass(frozen=True)
+class Distribution:
+    """Mean, median and P99 (numpy linear interpolation) of one latency, over ``n`` values."""
+
+    mean: float | None
+    median: float | None
+    p99: float | None
+    n: int
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    """Serving metrics of a set of requests (:func:`aggregate`); ``runs``: how many runs were pooled
+    (only when more than one)."""
+
+    requests: int
+    failed: int
+    duration_s: float
+    output_tokens: int
+    output_tokens_per_second: float | None
+    request_throughput: float | None
+    mean_prompt_tokens: float | None
+    ttft_ms: Distribution
+    tpot_ms: Distribution
+    itl_ms: Distribution
+    e2e_ms: Distribution
+    draft_n: int
+    draft_n_accepted: int
+    acceptance: float | None
+    runs: int | None = None
+
+    def value(self, key: str, stat: str | None = None) -> float | None:
+        """The metric ``key`` (with ``stat``, that statistic of a distribution)."""
+        x = getattr(self, key)
+        return getattr(x, stat) if stat else x
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if self.runs is None:
+            del d["runs"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ServingMetrics":
+        """The metrics of a :meth:`to_dict` object (e.g. a saved ``profiles`` JSON)."""
+        dists = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+        return cls(**{k: Distribution(**v) if k in dists else v for k, v in d.items()})
+
+
+def _dist(xs: Sequence[float]) -> Distribution:
     a = np.asarray([x for x in xs if x is not None], dtype=float)
     if a.size == 0:
-        return {"mean": None, "median": None, "p99": None, "n": 0}
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99)),
-            "n": int(a.size)}
+        return Distribution(None, None, None, 0)
+    return Distribution(float(a.mean()), float(np.median(a)), float(np.percentile(a, 99)), int(a.size))
 
 
-def aggregate(records: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
-    """Serving metrics of a set of requests run over ``duration_s`` seconds of wall time."""
+def aggregate(records: Sequence[RequestRecord], duration_s: float, runs: int | None = None) -> ServingMetrics:
+    """Serving metrics of a set of requests run over ``duration_s`` seconds of wall time (``runs``:
+    the number of runs pooled into them, when more than one)."""
     ok = [r for r in records if r.error is None]
     n_out = sum(r.n_out for r in ok)
     dn = sum(r.draft_n or 0 for r in ok)
     da = sum(r.draft_n_accepted or 0 for r in ok)
-    return {
-        "requests": len(records), "failed": len(records) - len(ok), "duration_s": duration_s,
-        "output_tokens": n_out,
-        "output_tokens_per_second": n_out / duration_s if duration_s > 0 else None,
-        "request_throughput": len(ok) / duration_s if duration_s > 0 else None,
-        "mean_prompt_tokens": float(np.mean([r.prompt_n for r in ok if r.prompt_n is not None]))
+    return ServingMetrics(
+        requests=len(records), failed=len(records) - len(ok), duration_s=duration_s, output_tokens=n_out,
+        output_tokens_per_second=n_out / duration_s if duration_s > 0 else None,
+        request_throughput=len(ok) / duration_s if duration_s > 0 else None,
+        mean_prompt_tokens=float(np.mean([r.prompt_n for r in ok if r.prompt_n is not None]))
         if any(r.prompt_n is not None for r in ok) else None,
-        "ttft_ms": _dist([r.ttft_ms for r in ok]),
-        "tpot_ms": _dist([r.tpot_ms for r in ok]),
-        "itl_ms": _dist([x for r in ok for x in r.itl_ms]),
-        "e2e_ms": _dist([r.e2e_ms for r in ok]),
-        "draft_n": dn, "draft_n_accepted": da, "acceptance": da / dn if dn else None,
-    }
+        ttft_ms=_dist([r.ttft_ms for r in ok]), tpot_ms=_dist([r.tpot_ms for r in ok]),
+        itl_ms=_dist([x for r in ok for x in r.itl_ms]), e2e_ms=_dist([r.e2e_ms for r in ok]),
+        draft_n=dn, draft_n_accepted=da, acceptance=da / dn if dn else None, runs=runs)

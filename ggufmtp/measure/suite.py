@@ -21,6 +21,7 @@ digest, which receipts record. Ship changes as a new file (``chat-v2``), never e
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -79,9 +80,28 @@ class Suite:
             raise SuiteError(f"limit {n}: must be at least 1")
         return Suite(self.name, self.version, self.sha256, self.path, self.prompts[:n])
 
+    def info(self) -> "SuiteInfo":
+        """What a result records of the suite: its name, digest and prompt counts."""
+        return SuiteInfo(self.name, self.version, self.sha256, self.path, len(self.prompts),
+                         dict(Counter(p.category for p in self.prompts)))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "sha256": self.sha256, "path": self.path,
-                "n_prompts": len(self.prompts), "categories": dict(Counter(p.category for p in self.prompts))}
+        return self.info().to_dict()
+
+
+@dataclass(frozen=True)
+class SuiteInfo:
+    """The suite a measurement ran (the ``suite`` section of verify's JSON)."""
+
+    name: str
+    version: str | None
+    sha256: str
+    path: str
+    n_prompts: int
+    categories: dict[str, int]  # prompts per category, in order of first appearance
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def shipped_suites() -> list[str]:

@@ -20,6 +20,7 @@ import os
 import shlex
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
@@ -28,14 +29,17 @@ from tqdm import tqdm
 
 from ..errors import FatalTuneError, ServerError, TuneError
 from ..fmt import ci_text, pct, times
+from ..gguf.hashing import sha256_file
 from ..measure import stats
 from ..measure.options import TuneConfig
+from ..measure.records import (TUNE_BOOTSTRAP_KEYS, TUNE_MODEL_KEYS, TUNE_SERVER_KEYS, BootstrapInfo, ModelInfo,
+                               ServerInfo)
 from ..measure.suite import DEFAULT_SUITE, Suite, modes_for_template
 from ..measure.tune_bench import (DEFAULT_CTX_PER_SLOT, DEFAULT_MAX_TOKENS, WARMUP_TOKENS, Bench, ServerEvaluator,
                                   TuneSetup, check_seeds, prepare)
 from ..measure.tune_rank import ConfigRow, Recommendation, rank_configs, recommend_config
 from ..measure.tune_search import (DEFAULT_ETA, DEFAULT_FINAL_SIZE, DEFAULT_UNITS0, N_MAX_VALUES, N_MIN_VALUES,
-                                   P_MIN_VALUES, ConfigStatus, SHResult, candidate_space, final_rung_units,
+                                   P_MIN_VALUES, ConfigStatus, Rung, SearchSpace, SHResult, candidate_space, final_rung_units,
                                    fit_schedule, inert_draft_limits, order_candidates, schedule_cost,
                                    search_anchors, successive_halving)
 from ..provenance.receipt import load_receipt, set_verification
@@ -51,22 +55,81 @@ DEFAULT_BUDGET = 240
 # ----------------------------------------------------------------------------- result
 
 
+@dataclass(frozen=True)
+class RungPlan:
+    """One planned rung: how many configurations, each measured on how many units."""
+
+    configs: int
+    units: int
+
+
+@dataclass(frozen=True)
+class TuneSchedule:
+    """How the successive halving ran (the ``schedule`` object of tune's JSON)."""
+
+    method: str
+    eta: int
+    units0: int
+    final_size: int
+    final_units: int | None
+    final_on_suite: bool
+    n_candidates: int
+    n_searched: int
+    budget: int
+    evaluations: int
+    planned_evaluations: int
+    unit_cost: int
+    unit: str
+    plan: list[RungPlan]
+    rungs: list[Rung]
+    server_starts: int
+    order: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """What every measurement of a tune run shared (the ``settings`` object of tune's JSON)."""
+
+    suite: str
+    suite_sha256: str
+    n_prompts: int
+    seeds: list[int]
+    max_tokens: int
+    temperature: float
+    mode: str
+    ctx_per_slot: int
+    threads: int | None
+    gpu_layers: int | str | None
+    cache_prompt: bool
+    speedup: str
+    interleave: str
+    bootstrap: BootstrapInfo
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["bootstrap"] = self.bootstrap.to_dict(TUNE_BOOTSTRAP_KEYS)
+        return d
+
+
 @dataclass
 class TuneResult:
     """What :func:`tune` measured and recommends; :meth:`to_dict` is the receipt's ``verification.tuned``."""
 
-    model: dict[str, Any]
+    model: ModelInfo
     concurrency: int
-    space: dict[str, Any]
-    schedule: dict[str, Any]
+    space: SearchSpace
+    schedule: TuneSchedule
     rows: list[ConfigRow]
     recommendation: Recommendation
     command: str
     mtp_command: str | None
     vanilla_command: str
-    settings: dict[str, Any]
+    settings: TuneSettings
     hardware: HardwareInfo
-    server: dict[str, Any]
+    server: ServerInfo
     notes: list[str]
     seconds: float = 0.0
 
@@ -86,13 +149,13 @@ class TuneResult:
                                        "speedup_ci95", "acceptance", "mtp_beats_vanilla", "clear",
                                        "within_noise_of", "why", "rule")},
             "concurrency": self.concurrency,
-            "model": self.model,
-            "space": self.space,
-            "schedule": self.schedule,
+            "model": self.model.to_dict(TUNE_MODEL_KEYS),
+            "space": self.space.to_dict(),
+            "schedule": self.schedule.to_dict(),
             "ranking": [r.to_dict() for r in self.rows],
-            "settings": self.settings,
+            "settings": self.settings.to_dict(),
             "hardware": self.hardware.to_dict(),
-            "server": self.server,
+            "server": self.server.to_dict(TUNE_SERVER_KEYS),
             "notes": list(self.notes),
             "seconds": round(self.seconds, 2),
         }
@@ -104,14 +167,14 @@ class TuneResult:
 def format_tune(res: TuneResult) -> str:
     """The human-readable report of a tune run."""
     sch, st, hw = res.schedule, res.settings, res.hardware
-    L = [f"ggufmtp tune {Path(res.model['path']).name}  (concurrency {res.concurrency}; "
+    L = [f"ggufmtp tune {Path(res.model.path).name}  (concurrency {res.concurrency}; "
          f"{'GPU ' + str(hw.gpu) + ', gpu_layers ' + str(hw.gpu_layers) if hw.offloaded else 'CPU, no GPU offload'})",
-         f"search: {res.space['n_candidates']} candidates, {sch['n_searched']} searched by successive halving "
-         f"(eta {sch['eta']}, {len(sch['rungs'])} rungs, units {' -> '.join(str(r['units']) for r in sch['rungs'])}"
-         f"{', the last = the whole suite' if sch.get('final_on_suite') else ''}); "
-         f"{sch['evaluations']}/{sch['budget']} evaluations; suite {st['suite']} x seeds "
-         f"{','.join(map(str, st['seeds']))}, max_tokens {st['max_tokens']}"]
-    L += [f"  note: {n}" for n in res.space.get("notes") or [] if n not in res.notes]
+         f"search: {res.space.n_candidates} candidates, {sch.n_searched} searched by successive halving "
+         f"(eta {sch.eta}, {len(sch.rungs)} rungs, units {' -> '.join(str(r.units) for r in sch.rungs)}"
+         f"{', the last = the whole suite' if sch.final_on_suite else ''}); "
+         f"{sch.evaluations}/{sch.budget} evaluations; suite {st.suite} x seeds "
+         f"{','.join(map(str, st.seeds))}, max_tokens {st.max_tokens}"]
+    L += [f"  note: {n}" for n in res.space.notes if n not in res.notes]
     L += ["", f"{'configuration':<40} {'status':<12} {'units':>5} {'acceptance':>10} {'median':>8}  "
               f"{'speedup (95% CI)':<26}"]
     shown = 0
@@ -221,7 +284,7 @@ def tune(
         ordered = list(dict.fromkeys(candidates))
         if not ordered:
             raise TuneError("candidates: empty")
-        space = {"n_candidates": len(ordered), "notes": ["custom candidate list"], "custom": True}
+        space = SearchSpace(n_candidates=len(ordered), notes=["custom candidate list"], custom=True)
     notes = _setup_notes(space, gpu_layers, hw, concurrency, len(setup.suite.prompts))
     n_prompts = len(setup.suite.prompts)
     unit_cost = len(seeds) * concurrency
@@ -244,8 +307,8 @@ def tune(
                    if rec.best_config else None)
     _outcome_notes(rows, rec, run.sh, notes)
     return TuneResult(
-        model={"path": str(setup.path), "size_bytes": setup.path.stat().st_size,
-               "architecture": setup.report.architecture, "mtp_block": setup.report.mtp_block},
+        model=ModelInfo(str(setup.path), setup.path.stat().st_size, setup.report.architecture,
+                        setup.report.mtp_block),
         concurrency=concurrency, space=space,
         schedule=_schedule_record(run, sched, len(ordered), concurrency, order_seed), rows=rows,
         recommendation=rec, command=mtp_command if rec.recommended else vanilla_command, mtp_command=mtp_command,
@@ -255,11 +318,11 @@ def tune(
         hardware=hw, server=_server_record(setup, run, rows), notes=notes, seconds=time.monotonic() - t0)
 
 
-def _server_record(setup: TuneSetup, run: _Search, rows: Sequence[ConfigRow]) -> dict[str, Any]:
+def _server_record(setup: TuneSetup, run: _Search, rows: Sequence[ConfigRow]) -> ServerInfo:
     """The ``server`` object of tune's JSON: the binary, its build, and the command lines as run."""
     final = {r.key for r in rows if r.status == ConfigStatus.FINAL}
-    return {"binary": str(setup.binary), "build_info": run.build_info, "vanilla": run.vanilla_measured,
-            "measured_commands": {k: v for k, v in run.evaluator.commands.items() if k in final}}
+    return ServerInfo(binary=str(setup.binary), build_info=run.build_info, vanilla=run.vanilla_measured,
+                      measured_commands={k: v for k, v in run.evaluator.commands.items() if k in final})
 
 
 def _check_args(concurrency: int, seeds: Sequence[int], max_tokens: int) -> list[int]:
@@ -274,7 +337,7 @@ def _check_args(concurrency: int, seeds: Sequence[int], max_tokens: int) -> list
 
 def _builtin_order(concurrency: int, hw: HardwareInfo, flags: frozenset[str], n_max_values: Sequence[int],
                    n_min_values: Sequence[int], p_min_values: Sequence[float],
-                   order_seed: int) -> tuple[list[TuneConfig], dict[str, Any]]:
+                   order_seed: int) -> tuple[list[TuneConfig], SearchSpace]:
     """The built-in candidate space in search order (anchors first), and its description."""
     cuda = any(d.upper().startswith("CUDA") for d in hw.server_devices)
     space_all, space = candidate_space(concurrency, hw.offloaded, flags, n_max_values, n_min_values, p_min_values,
@@ -282,10 +345,10 @@ def _builtin_order(concurrency: int, hw: HardwareInfo, flags: frozenset[str], n_
     return order_candidates(space_all, order_seed, search_anchors(space_all)), space
 
 
-def _setup_notes(space: dict[str, Any], gpu_layers: int | str | None, hw: HardwareInfo, concurrency: int,
+def _setup_notes(space: SearchSpace, gpu_layers: int | str | None, hw: HardwareInfo, concurrency: int,
                  n_prompts: int) -> list[str]:
     """The notes known before the search: skipped dimensions, CPU runs, a suite shorter than a batch."""
-    notes = [n for n in space.get("notes") or [] if "not searched" in n]
+    notes = [n for n in space.notes if "not searched" in n]
     if gpu_layers is not None and not hw.offloaded:
         notes.append(f"gpu_layers {gpu_layers} requested but this llama-server lists no GPU device: it ran on CPU")
     if not hw.offloaded:
@@ -346,41 +409,38 @@ def _outcome_notes(rows: Sequence[ConfigRow], rec: Recommendation, sh: SHResult,
 
 
 def _schedule_record(run: _Search, sched: _Schedule, n_candidates: int, concurrency: int,
-                     order_seed: int) -> dict[str, Any]:
+                     order_seed: int) -> TuneSchedule:
     """The ``schedule`` object of tune's JSON."""
     sh = run.sh
-    return {
-        "method": "successive halving", "eta": sched.eta, "units0": sh.units0, "final_size": sched.final_size,
-        "final_units": sched.final_units, "final_on_suite": sched.final_units is not None,
-        "n_candidates": n_candidates, "n_searched": len(sh.states), "budget": sched.budget,
-        "evaluations": sh.evaluations, "planned_evaluations": schedule_cost(sched.fit(n_candidates)[2], sched.unit_cost),
-        "unit_cost": sched.unit_cost,
-        "unit": ("one prompt under every seed" if concurrency == 1
-                 else f"a batch of {concurrency} prompts sent at once, under every seed"),
-        "plan": [{"configs": n, "units": u} for n, u in sh.plan],
-        "rungs": [r.to_dict() for r in sh.rungs], "server_starts": run.evaluator.server_starts + 1,
-        "order": "anchors first (llama-server defaults; on a GPU the defaults with -bs, and with -bs and CUDA graph "
-                 "optimisation; then every other draft-n-max with the best-guess flags, nearest the default first), "
-                 "then a seeded shuffle round-robin over draft-n-max "
-                 f"(seed {order_seed})",
-    }
+    return TuneSchedule(
+        method="successive halving", eta=sched.eta, units0=sh.units0, final_size=sched.final_size,
+        final_units=sched.final_units, final_on_suite=sched.final_units is not None,
+        n_candidates=n_candidates, n_searched=len(sh.states), budget=sched.budget,
+        evaluations=sh.evaluations, planned_evaluations=schedule_cost(sched.fit(n_candidates)[2], sched.unit_cost),
+        unit_cost=sched.unit_cost,
+        unit=("one prompt under every seed" if concurrency == 1
+              else f"a batch of {concurrency} prompts sent at once, under every seed"),
+        plan=[RungPlan(n, u) for n, u in sh.plan],
+        rungs=list(sh.rungs), server_starts=run.evaluator.server_starts + 1,
+        order="anchors first (llama-server defaults; on a GPU the defaults with -bs, and with -bs and CUDA graph "
+              "optimisation; then every other draft-n-max with the best-guess flags, nearest the default first), "
+              "then a seeded shuffle round-robin over draft-n-max "
+              f"(seed {order_seed})")
 
 
 def _settings_record(setup: TuneSetup, seeds: list[int], max_tokens: int, mode: str, ctx_per_slot: int,
                      threads: int | None, gpu_layers: int | str | None, concurrency: int,
-                     bootstrap_resamples: int) -> dict[str, Any]:
+                     bootstrap_resamples: int) -> TuneSettings:
     """The ``settings`` object of tune's JSON."""
-    return {
-        "suite": setup.suite.name, "suite_sha256": setup.suite.sha256, "n_prompts": len(setup.suite.prompts),
-        "seeds": seeds, "max_tokens": max_tokens, "temperature": 0.0, "mode": mode, "ctx_per_slot": ctx_per_slot,
-        "threads": threads, "gpu_layers": gpu_layers, "cache_prompt": False,
-        "speedup": ("decode throughput: (sum MTP tokens / sum MTP predicted_ms) / (same for vanilla)"
-                    if concurrency == 1 else
-                    "aggregate output tok/s: (sum MTP tokens / sum MTP batch wall time) / (same for vanilla)"),
-        "interleave": "vanilla resident; per unit ABBA order vanilla/MTP",
-        "bootstrap": {"unit": "unit (prompt or batch; seeds pooled)", "resamples": bootstrap_resamples,
-                      "level": 0.95, "method": "percentile"},
-    }
+    return TuneSettings(
+        suite=setup.suite.name, suite_sha256=setup.suite.sha256, n_prompts=len(setup.suite.prompts),
+        seeds=seeds, max_tokens=max_tokens, temperature=0.0, mode=mode, ctx_per_slot=ctx_per_slot,
+        threads=threads, gpu_layers=gpu_layers, cache_prompt=False,
+        speedup=("decode throughput: (sum MTP tokens / sum MTP predicted_ms) / (same for vanilla)"
+                 if concurrency == 1 else
+                 "aggregate output tok/s: (sum MTP tokens / sum MTP batch wall time) / (same for vanilla)"),
+        interleave="vanilla resident; per unit ABBA order vanilla/MTP",
+        bootstrap=BootstrapInfo(unit="unit (prompt or batch; seeds pooled)", resamples=bootstrap_resamples))
 
 
 # ----------------------------------------------------------------------------- receipt
@@ -399,16 +459,27 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
         raise TuneError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
                         f"--receipt {path}` first (tune, profiles and curve add to it)")
     if model is not None:
-        want = (v.get("model") or {}).get("size_bytes")
-        p = Path(model)
-        if want is not None and p.is_file() and p.stat().st_size != want:
-            raise TuneError(f"{path}: its verification is of a {want}-byte model, not {p} ({p.stat().st_size} bytes)")
+        _check_same_model(path, v.get("model") or {}, Path(model))
     old_tuned = v.get("tuned")
     if sections.get("tuned") and isinstance(old_tuned, dict) and old_tuned.get("kind") != "ggufmtp tune":
         sections["tuned"] = {**sections["tuned"], "verify_sweep": old_tuned}  # verify --sweep's, kept
     merged = dict(v)
     merged.update({k: val for k, val in sections.items() if val is not None})
     return set_verification(path, merged)
+
+
+def _check_same_model(receipt: str | os.PathLike, verified: dict[str, Any], p: Path) -> None:
+    """TuneError unless ``p`` is the model the receipt's verification measured (its size, then its
+    sha256 when the verification names one)."""
+    if not p.is_file():
+        return
+    want = verified.get("size_bytes")
+    if want is not None and p.stat().st_size != want:
+        raise TuneError(f"{receipt}: its verification is of a {want}-byte model, not {p} ({p.stat().st_size} bytes)")
+    digest = verified.get("sha256")
+    got = sha256_file(p) if digest else None
+    if got != digest:
+        raise TuneError(f"{receipt}: its verification is of the model with sha256 {digest}, not {p} (sha256 {got})")
 
 
 def load_tuned_config(path: str | os.PathLike) -> TuneConfig:

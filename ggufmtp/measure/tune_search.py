@@ -56,10 +56,11 @@ import numpy as np
 
 from ..errors import FatalTuneError, GgufmtpError, TuneError
 from ..measure.options import CUDA_GRAPH_OPT_ENV, TuneConfig
+from ..measure.records import Keyed, first_difference
 
 __all__ = [
     "N_MAX_VALUES", "N_MIN_VALUES", "P_MIN_VALUES", "DEFAULT_UNITS0", "DEFAULT_ETA", "DEFAULT_FINAL_SIZE",
-    "ConfigStatus", "Mismatch", "UnitResult", "Evaluator", "Rung", "SearchState", "SHResult", "candidate_space",
+    "ConfigStatus", "Mismatch", "SearchSpace", "UnitResult", "Evaluator", "Rung", "SearchState", "SHResult", "candidate_space",
     "search_anchors", "order_candidates", "plan_rungs", "schedule_cost", "fit_schedule", "final_rung_units",
     "successive_halving", "inert_draft_limits", "rank_value",
 ]
@@ -78,7 +79,7 @@ DEFAULT_FINAL_SIZE = 2
 def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str] | None = None,
                     n_max_values: Sequence[int] = N_MAX_VALUES, n_min_values: Sequence[int] = N_MIN_VALUES,
                     p_min_values: Sequence[float] = P_MIN_VALUES,
-                    cuda: bool = False) -> tuple[list[TuneConfig], dict[str, Any]]:
+                    cuda: bool = False) -> tuple[list[TuneConfig], "SearchSpace"]:
     """Every candidate configuration and a description of the dimensions (what was searched, what
     was skipped and why). ``flags`` = the flags llama-server lists in ``--help`` (None: all assumed);
     ``cuda``: the server offloads to a CUDA device (enables the CUDA graph-optimisation dimension)."""
@@ -123,14 +124,36 @@ def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str
     if any(p == 0 for p in p_min_values) and any(n > 0 for n in n_min_values):
         notes.append("draft-n-min > 0 searched only with draft-p-min > 0: at 0c1e570 the MTP drafter stops "
                      "early only on p-min, so with p-min 0 every draft has k tokens and n-min changes nothing")
-    dims = {
-        "draft_n_max": list(n_max_values), "draft_n_min": list(n_min_values), "draft_p_min": list(p_min_values),
-        "backend_sampling": [v for v in bs_values if v is not None] or None,
-        "draft_backend_sampling": [v for v in dbs_values if v is not None] or None,
-        "parallel": slots, "cuda_graph_opt": [v for v in gopt_values if v is not None] or None,
-        "n_candidates": len(out), "notes": notes,
-    }
-    return out, dims
+    return out, SearchSpace(
+        n_candidates=len(out), notes=notes, draft_n_max=list(n_max_values), draft_n_min=list(n_min_values),
+        draft_p_min=list(p_min_values), backend_sampling=[v for v in bs_values if v is not None] or None,
+        draft_backend_sampling=[v for v in dbs_values if v is not None] or None, parallel=slots,
+        cuda_graph_opt=[v for v in gopt_values if v is not None] or None)
+
+
+@dataclass(frozen=True)
+class SearchSpace(Keyed):
+    """The dimensions searched (the values of each; None: not searched) and why any was skipped
+    (``notes``); ``custom``: a given candidate list instead of the built-in space."""
+
+    n_candidates: int
+    notes: list[str]
+    custom: bool = False
+    draft_n_max: list[int] | None = None
+    draft_n_min: list[int] | None = None
+    draft_p_min: list[float] | None = None
+    backend_sampling: list[bool] | None = None
+    draft_backend_sampling: list[bool] | None = None
+    parallel: list[int] | None = None
+    cuda_graph_opt: list[bool] | None = None
+
+    def to_dict(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
+        """The ``space`` object of tune's JSON."""
+        if keys is None:
+            keys = (("n_candidates", "notes", "custom") if self.custom else
+                    ("draft_n_max", "draft_n_min", "draft_p_min", "backend_sampling", "draft_backend_sampling",
+                     "parallel", "cuda_graph_opt", "n_candidates", "notes"))
+        return super().to_dict(keys)
 
 
 def search_anchors(space: Sequence[TuneConfig], default_n_max: int = 3) -> list[TuneConfig]:
@@ -196,9 +219,8 @@ class Mismatch:
     @classmethod
     def of(cls, vanilla: str, mtp: str, prompt_id: str, seed: int) -> "Mismatch":
         """The first difference of two replies, 30 characters before it to 50 after."""
-        i = next((j for j in range(min(len(vanilla), len(mtp))) if vanilla[j] != mtp[j]), min(len(vanilla), len(mtp)))
-        lo = max(0, i - 30)
-        return cls(prompt_id, seed, i, vanilla[lo:i + 50], mtp[lo:i + 50])
+        i, v, m = first_difference(vanilla, mtp)
+        return cls(prompt_id, seed, i, v, m)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..fmt import pct, times
+from .verify_summary import Comparison
 
 __all__ = ["Verdict", "Thresholds", "evaluate_verdict"]
 
@@ -76,12 +77,12 @@ class Thresholds:
         return dataclasses.asdict(self)
 
 
-def evaluate_verdict(per_mode: Mapping[str, Mapping[str, Any]], thresholds: Thresholds, offloaded: bool
+def evaluate_verdict(per_mode: Mapping[str, Comparison], thresholds: Thresholds, offloaded: bool
                      ) -> tuple[Verdict, list[str], list[str]]:
     """``(verdict, reasons, notes)`` from each mode's main numbers.
 
-    ``per_mode[mode]`` holds ``acceptance``, ``speedup``, ``speedup_ci95`` and
-    ``identical_output_fraction`` of the chat arm at k = draft_n_max. ``reasons`` are the failures
+    ``per_mode[mode]`` is the :class:`~ggufmtp.measure.verify_summary.Comparison` of the chat arm at
+    k = draft_n_max (its ``acceptance``, ``speedup`` and ``identical_output_fraction`` are judged). ``reasons`` are the failures
     (verdict FAIL iff non-empty); ``notes`` explain what was not checked and why.
     """
     t = thresholds
@@ -92,16 +93,16 @@ def evaluate_verdict(per_mode: Mapping[str, Mapping[str, Any]], thresholds: Thre
     return (Verdict.FAIL if reasons else Verdict.PASS), reasons, _unchecked_notes(t, speed_applies, offloaded)
 
 
-def _mode_failures(tag: str, m: Mapping[str, Any], t: Thresholds, speed_applies: bool) -> list[str]:
+def _mode_failures(tag: str, m: Comparison, t: Thresholds, speed_applies: bool) -> list[str]:
     out = []
-    acc = m.get("acceptance")
+    acc = m.acceptance
     if t.min_acceptance is not None and (acc is None or acc < t.min_acceptance):
         out.append(f"acceptance{tag} {pct(acc)} is below the minimum {pct(t.min_acceptance)}")
-    ident = m.get("identical_output_fraction")
+    ident = m.identical_output_fraction
     if ident is None or ident < t.min_identical:
         out.append(f"identical output{tag}: {pct(ident)} of MTP replies equal the vanilla replies "
                    f"(required {pct(t.min_identical)}); speculative decoding at temperature 0 must be lossless")
-    sp = m.get("speedup")
+    sp = m.speedup
     if t.min_speedup is not None and speed_applies and (sp is None or sp < t.min_speedup):
         out.append(f"speedup{tag} {times(sp)} is below the minimum {times(t.min_speedup)}")
     return out

@@ -26,6 +26,10 @@ sum(accepted) / sum(drafted); speedup = MTP decode throughput / vanilla decode t
 summed tokens over summed decode time); 95% percentile-bootstrap CIs resampling *prompts* (a prompt's seeds pooled, arms paired), 2000
 resamples, fixed generator seed 0. Per category and per seed the same, on that subset.
 
+Identity: the model file is hashed (sha256) before the servers start, and its size and mtime are
+checked unchanged after the run (else :class:`VerifyError`), so ``model.sha256`` names the bytes
+llama-server served; a receipt refuses a verification whose digest is not its subject's.
+
 Correctness: at temperature 0 speculative decoding is lossless, so every MTP reply must equal the
 vanilla reply to the same request; ``identical_output_fraction`` and the list of mismatches report it.
 
@@ -61,6 +65,7 @@ advised when no k's speedup CI lower bound exceeds 1.0. The sweep also gives the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -84,12 +89,13 @@ from .arms import ABBA, MTP, VANILLA, paired, send, warm_up
 from .options import TuneConfig
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, modes_for_template
 from .verdict import Thresholds, Verdict, evaluate_verdict
-from .verify_report import ModelInfo, ServerInfo, VerifyResult, VerifySettings, format_result
-from .verify_summary import Record, format_step_cost, recommend, step_cost, summarize
+from .records import ArmFlags, ModelInfo, ServedFile, ServerInfo
+from .verify_report import VerifyResult, VerifySettings, format_result
+from .verify_summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
 
 __all__ = [
-    "Record", "Thresholds", "Verdict", "VerifyResult", "verify", "evaluate_verdict", "recommend", "step_cost",
-    "format_step_cost", "summarize", "format_result", "DEFAULT_SEEDS", "DEFAULT_MAX_TOKENS",
+    "Comparison", "Record", "Thresholds", "Verdict", "VerifyResult", "verify", "evaluate_verdict", "recommend",
+    "step_cost", "format_step_cost", "summarize", "format_result", "DEFAULT_SEEDS", "DEFAULT_MAX_TOKENS",
 ]
 
 DEFAULT_SEEDS = (42, 1337, 2024)
@@ -365,7 +371,7 @@ def _server_info(srv: _Servers) -> ServerInfo:
     return ServerInfo(
         build_info=build_info, binary=str(srv.binary),
         commit=_parse_build_commit(build_info) or version.get("commit"), version=version.get("version"),
-        variant=version.get("variant"), flags={"vanilla": srv.vanilla_flags, "mtp": srv.mtp_flags},
+        variant=version.get("variant"), flags=ArmFlags(srv.vanilla_flags, srv.mtp_flags),
         mtp_build_info=srv.mtp_build,
         chat_template_sha256=hashlib.sha256((template or "").encode()).hexdigest() if template else None,
         thinking_modes=srv.modes, log=srv.log)
@@ -382,18 +388,18 @@ def _settings(plan: _Plan, draft_n_max: Any, max_tokens: int, base: dict[str, An
         cache_prompt=False, batch_size=1,
         interleave="both servers resident; requests alternate vanilla/MTP per prompt in ABBA order",
         bootstrap=VerifySettings.bootstrap_of(resamples, boot_seed), metrics_mismatches=runner.metrics_mismatches,
-        mtp_config=cfg.to_dict() if cfg is not None else None, mtp_flags=_mtp_only_flags(cfg),
+        mtp_config=cfg, mtp_flags=_mtp_only_flags(cfg),
         mtp_env=cfg.env() if cfg is not None else None)
 
 
-def _notes(runner: _Runner, comparisons: Sequence[dict[str, Any]], gpu_layers: int | str | None,
+def _notes(runner: _Runner, comparisons: Sequence[Comparison], gpu_layers: int | str | None,
            hw: HardwareInfo, binary: Path | None) -> list[str]:
     """What the reader of a verdict should know beyond the thresholds."""
     notes = []
     if runner.metrics_mismatches:
         notes.append(f"{runner.metrics_mismatches} MTP request(s) whose /metrics deltas disagreed with their "
                      "timings: per-position acceptance left out for them")
-    nodraft = sum(c["requests_without_drafts"] for c in comparisons)
+    nodraft = sum(c.requests_without_drafts for c in comparisons)
     if nodraft:
         notes.append(f"{nodraft} MTP request(s) drafted nothing (e.g. replies of one or two tokens)")
     if gpu_layers_requested(gpu_layers) and not hw.offloaded:
@@ -403,24 +409,22 @@ def _notes(runner: _Runner, comparisons: Sequence[dict[str, Any]], gpu_layers: i
 
 
 def _sweep_recommendation(res: VerifyResult, path: Path, gpu_layers: int | str | None,
-                          ctx_size: int | None) -> dict[str, Any]:
+                          ctx_size: int | None) -> SweepAdvice:
     """The sweep's recommendation per mode, the first mode's on top with its command line (in
     llama-server's short flag spelling, to paste)."""
     th = res.thresholds
-    by_mode = {mode: {**recommend(res.sweep_rows(mode), th.min_identical),
-                      "step_cost": step_cost(res.sweep_rows(mode))} for mode in res.modes}
-    top = dict(by_mode[res.modes[0]])
+    by_mode = {mode: dataclasses.replace(recommend(res.sweep_rows(mode), th.min_identical),
+                                         step_cost=step_cost(res.sweep_rows(mode))) for mode in res.modes}
+    k = by_mode[res.modes[0]].recommended_k
     ngl = f" -ngl {gpu_layers}" if gpu_layers is not None else ""
     plain = f"llama-server -m {path.name}{ngl} -c {ctx_size or 4096}"
-    top["command"] = (f"{plain} --spec-type draft-mtp --spec-draft-n-max {top['recommended_k']}"
-                      if top["recommended_k"] is not None else f"{plain}  # MTP off: no window beat vanilla here")
-    top["mode"] = res.modes[0]
-    top["by_mode"] = by_mode
-    return top
+    command = (f"{plain} --spec-type draft-mtp --spec-draft-n-max {k}"
+               if k is not None else f"{plain}  # MTP off: no window beat vanilla here")
+    return SweepAdvice(mode=res.modes[0], command=command, by_mode=by_mode)
 
 
 def _summaries(records: Sequence[Record], plan: _Plan, modes: list[str], resamples: int,
-               boot_seed: int) -> list[dict[str, Any]]:
+               boot_seed: int) -> list[Comparison]:
     """:func:`summarize` of every (k, endpoint, mode), in that order."""
     if not any(r.draft_n for r in records if r.arm == MTP):
         raise VerifyError("speculation did not run: no MTP-arm response reported timings.draft_n > 0")
@@ -482,14 +486,16 @@ def verify(
                  enforce_speedup, peak_bandwidth_gbs, suite, limit, raw)
     path = Path(model)
     rep = _check_model(path)
+    served = ServedFile.of(path)  # the bytes llama-server is about to serve
     base = dict(model=path, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, parallel=parallel,
                 llama_cpp_bin=llama_cpp_bin, metrics=True, extra_args=list(extra_args))
     runner, srv = _run(plan, base, max_tokens, progress, on_record)
+    served.check_unchanged()
     comparisons = _summaries(runner.records, plan, srv.modes, bootstrap_resamples, bootstrap_seed)
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
-        model=ModelInfo(str(path), path.stat().st_size, rep.architecture, rep.mtp_block, rep.file_type),
-        suite=plan.suite.to_dict(),
+        model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256),
+        suite=plan.suite.info(),
         settings=_settings(plan, plan.draft_n_max, max_tokens, base, limit, raw, srv.modes, runner,
                            bootstrap_resamples, bootstrap_seed),
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
@@ -500,8 +506,8 @@ def verify(
         res.tuned = _sweep_recommendation(res, path, gpu_layers, ctx_size)
     c0 = res.main
     try:
-        res.bandwidth = bandwidth_report(path, hw.to_dict(), {"vanilla": c0["vanilla_tokens_per_second"],
-                                                              "mtp": c0["mtp_tokens_per_second"]}, peak_bandwidth_gbs)
+        res.bandwidth = bandwidth_report(path, hw.to_dict(), {"vanilla": c0.vanilla_tokens_per_second,
+                                                              "mtp": c0.mtp_tokens_per_second}, peak_bandwidth_gbs)
     except GgufmtpError as e:  # a measured run is worth more than its bandwidth line
         notes.append(f"bandwidth fraction not computed: {e}")
     _judge(res, notes)

@@ -4,6 +4,7 @@ table (:func:`format_result`)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,41 +12,16 @@ from typing import Any, Sequence
 
 from ..fmt import ci_text, num, pct, times
 from ..runtime.hardware import HardwareInfo, format_bandwidth
+from .options import TuneConfig
+from .records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
+from .suite import SuiteInfo
 from .verdict import Thresholds, Verdict
-from .verify_summary import MAX_LISTED_MISMATCHES, Record, format_step_cost
+from .verify_summary import (MAX_LISTED_MISMATCHES, Comparison, PairStats, Record, SweepAdvice, SweepRecommendation,
+                             format_step_cost)
 
 __all__ = ["ModelInfo", "ServerInfo", "VerifySettings", "VerifyResult", "format_result"]
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """The verified GGUF."""
-
-    path: str
-    size_bytes: int
-    architecture: str | None
-    mtp_block: int | None
-    file_type: Any = None
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """The llama-server both arms ran: its build, binary, flags (model and address left out; the MTP
-    arm's per draft window) and the chat template's thinking modes."""
-
-    build_info: str | None
-    binary: str
-    commit: str | None
-    version: str | None
-    variant: str | None
-    flags: dict[str, Any]  # {"vanilla": [...], "mtp": {str(k): [...]}}
-    mtp_build_info: str | None
-    chat_template_sha256: str | None
-    thinking_modes: list[str]
-    log: str
-
-
-BOOTSTRAP_METHOD = {"unit": "prompt (seeds pooled; arms paired)", "method": "percentile", "level": 0.95}
 INTERLEAVE = "both servers resident; requests alternate vanilla/MTP per prompt in ABBA order"
 
 
@@ -70,18 +46,24 @@ class VerifySettings:
     cache_prompt: bool
     batch_size: int
     interleave: str
-    bootstrap: dict[str, Any]
+    bootstrap: BootstrapInfo
     metrics_mismatches: int
-    mtp_config: dict[str, Any] | None
+    mtp_config: TuneConfig | None
     mtp_flags: list[str]
     mtp_env: dict[str, str] | None
 
     @staticmethod
-    def bootstrap_of(resamples: int, seed: int) -> dict[str, Any]:
+    def bootstrap_of(resamples: int, seed: int) -> BootstrapInfo:
         """The ``bootstrap`` description of a run with these resampling settings."""
-        return {**BOOTSTRAP_METHOD, "resamples": resamples, "rng": f"numpy PCG64 seed {seed}",
-                "acceptance": "sum(accepted)/sum(drafted)",
-                "speedup": "(sum mtp tokens/sum mtp decode ms)/(sum vanilla tokens/sum vanilla decode ms)"}
+        return BootstrapInfo(unit="prompt (seeds pooled; arms paired)", resamples=resamples,
+                             rng=f"numpy PCG64 seed {seed}", acceptance="sum(accepted)/sum(drafted)",
+                             speedup="(sum mtp tokens/sum mtp decode ms)/(sum vanilla tokens/sum vanilla decode ms)")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(bootstrap=self.bootstrap.to_dict(VERIFY_BOOTSTRAP_KEYS),
+                 mtp_config=self.mtp_config.to_dict() if self.mtp_config is not None else None)
+        return copy.deepcopy(d)
 
 
 @dataclass
@@ -91,19 +73,19 @@ class VerifyResult:
     ``bandwidth``: :func:`ggufmtp.runtime.hardware.bandwidth_report` of the main comparison."""
 
     model: ModelInfo
-    suite: dict[str, Any]
+    suite: SuiteInfo
     settings: VerifySettings
     server: ServerInfo
     hardware: HardwareInfo
     thresholds: Thresholds
     modes: list[str]
     draft_n_max: int
-    comparisons: list[dict[str, Any]]
+    comparisons: list[Comparison]
     verdict: Verdict
     reasons: list[str]
     notes: list[str]
     records: list[Record] = field(default_factory=list)
-    tuned: dict[str, Any] | None = None
+    tuned: SweepAdvice | None = None
     seconds: float = 0.0
     bandwidth: dict[str, Any] | None = None
 
@@ -111,17 +93,17 @@ class VerifyResult:
     def ok(self) -> bool:
         return self.verdict == Verdict.PASS
 
-    def comparison(self, k: int | None = None, endpoint: str = "chat", mode: str | None = None) -> dict[str, Any] | None:
+    def comparison(self, k: int | None = None, endpoint: str = "chat", mode: str | None = None) -> Comparison | None:
         """The comparison of window ``k`` (default: the shipped one), ``endpoint`` and ``mode`` (default: the first)."""
         k = self.draft_n_max if k is None else k
         mode = mode or self.modes[0]
         for c in self.comparisons:
-            if c["k"] == k and c["endpoint"] == endpoint and c["mode"] == mode:
+            if c.k == k and c.endpoint == endpoint and c.mode == mode:
                 return c
         return None
 
     @property
-    def main(self) -> dict[str, Any]:
+    def main(self) -> Comparison:
         """The headline comparison: chat arm, shipped window, first mode."""
         c = self.comparison()
         assert c is not None
@@ -129,31 +111,31 @@ class VerifyResult:
 
     @property
     def sweep_ks(self) -> list[int]:
-        return sorted({c["k"] for c in self.comparisons})
+        return sorted({c.k for c in self.comparisons})
 
-    def sweep_rows(self, mode: str | None = None, endpoint: str = "chat") -> list[dict[str, Any]]:
+    def sweep_rows(self, mode: str | None = None, endpoint: str = "chat") -> list[Comparison]:
         mode = mode or self.modes[0]
-        return [c for c in sorted(self.comparisons, key=lambda c: c["k"])
-                if c["mode"] == mode and c["endpoint"] == endpoint]
+        return [c for c in sorted(self.comparisons, key=lambda c: c.k) if c.mode == mode and c.endpoint == endpoint]
 
     def to_dict(self, requests: bool = False) -> dict[str, Any]:
         """The JSON form (with every request's record when ``requests``)."""
         c = self.main
         d: dict[str, Any] = {
             "verdict": self.verdict.value, "reasons": list(self.reasons), "notes": list(self.notes),
-            "model": dataclasses.asdict(self.model), "mode": self.modes[0],
+            "model": self.model.to_dict(), "mode": self.modes[0],
             **_mode_numbers(c),
-            "identical_outputs": c["identical_outputs"],
-            "mismatch_count": sum(x["mismatch_count"] for x in self.comparisons),
-            "mismatches": [m for x in self.comparisons for m in x["mismatches"]][:MAX_LISTED_MISMATCHES],
-            "per_category": c["per_category"], "per_seed": c["per_seed"],
+            "identical_outputs": c.identical_outputs,
+            "mismatch_count": sum(x.mismatch_count for x in self.comparisons),
+            "mismatches": [m.to_dict() for x in self.comparisons for m in x.mismatches][:MAX_LISTED_MISMATCHES],
+            "per_category": _rows(c.per_category), "per_seed": _rows(c.per_seed),
             "modes": {m: self._mode_dict(m) for m in self.modes},
             "raw": ({m: self._mode_dict(m, "raw") for m in self.modes}
                     if self.comparison(endpoint="raw") is not None else None),
             "sweep": self._sweep_dicts() if len(self.sweep_ks) > 1 else None,
-            "tuned": self.tuned, "bandwidth": self.bandwidth, "suite": self.suite,
-            "server": dataclasses.asdict(self.server), "hardware": self.hardware.to_dict(),
-            "settings": dataclasses.asdict(self.settings), "thresholds": self.thresholds.to_dict(),
+            "tuned": self.tuned.to_dict() if self.tuned is not None else None, "bandwidth": self.bandwidth,
+            "suite": self.suite.to_dict(), "server": self.server.to_dict(VERIFY_SERVER_KEYS),
+            "hardware": self.hardware.to_dict(), "settings": self.settings.to_dict(),
+            "thresholds": self.thresholds.to_dict(),
             "seconds": round(self.seconds, 2),
         }
         if requests:
@@ -161,18 +143,16 @@ class VerifyResult:
         return d
 
     def _sweep_dicts(self) -> list[dict[str, Any]]:
-        return [{**_flat(r), "k": r["k"], "mode": r["mode"], "identical_output_fraction": r["identical_output_fraction"],
-                 "mean_accepted_per_draft": r.get("mean_accepted_per_draft"), "n_drafts": r.get("n_drafts"),
-                 "tokens_per_step": r.get("tokens_per_step"), "per_position": r.get("per_position")}
+        return [{**PairStats.to_dict(r), "k": r.k, "mode": r.mode, "identical_output_fraction": r.identical_output_fraction,
+                 "mean_accepted_per_draft": r.mean_accepted_per_draft, "n_drafts": r.n_drafts,
+                 "tokens_per_step": r.tokens_per_step, "per_position": r.per_position}
                 for m in self.modes for r in self.sweep_rows(m)]
 
     def _mode_dict(self, mode: str, endpoint: str = "chat") -> dict[str, Any] | None:
         c = self.comparison(mode=mode, endpoint=endpoint)
         if c is None:
             return None
-        return {**_mode_numbers(c),
-                "per_category": {k: _flat(v) for k, v in c["per_category"].items()},
-                "per_seed": {k: _flat(v) for k, v in c["per_seed"].items()}}
+        return {**_mode_numbers(c), "per_category": _rows(c.per_category), "per_seed": _rows(c.per_seed)}
 
     def to_receipt(self) -> dict[str, Any]:
         """The receipt's ``predicate.verification`` section (schema ``$defs.verification``)."""
@@ -184,31 +164,27 @@ class VerifyResult:
         return format_result(self)
 
 
-def _arm(c: dict[str, Any]) -> dict[str, Any]:
+def _arm(c: Comparison) -> dict[str, Any]:
     """The MTP arm's numbers of a comparison."""
     return {
-        "acceptance": c["acceptance"], "acceptance_ci95": c["acceptance_ci95"],
-        "draft_n": c["draft_n"], "draft_n_accepted": c["draft_n_accepted"],
-        "tokens_per_second": c["mtp_tokens_per_second"], "draft_n_max": c["k"],
-        "n_drafts": c.get("n_drafts"), "mean_accepted_per_draft": c.get("mean_accepted_per_draft"),
-        "tokens_per_step": c.get("tokens_per_step"), "per_position": c.get("per_position"),
-        "requests_without_drafts": c.get("requests_without_drafts"),
+        "acceptance": c.acceptance, "acceptance_ci95": list(c.acceptance_ci95),
+        "draft_n": c.draft_n, "draft_n_accepted": c.draft_n_accepted,
+        "tokens_per_second": c.mtp_tokens_per_second, "draft_n_max": c.k,
+        "n_drafts": c.n_drafts, "mean_accepted_per_draft": c.mean_accepted_per_draft,
+        "tokens_per_step": c.tokens_per_step, "per_position": c.per_position,
+        "requests_without_drafts": c.requests_without_drafts,
     }
 
 
-def _mode_numbers(c: dict[str, Any]) -> dict[str, Any]:
+def _mode_numbers(c: Comparison) -> dict[str, Any]:
     """The headline numbers of a comparison: both arms, speedup, identical output."""
-    return {"mtp": _arm(c), "vanilla": {"tokens_per_second": c["vanilla_tokens_per_second"]},
-            "speedup": c["speedup"], "speedup_ci95": c["speedup_ci95"],
-            "identical_output_fraction": c["identical_output_fraction"]}
+    return {"mtp": _arm(c), "vanilla": {"tokens_per_second": c.vanilla_tokens_per_second},
+            "speedup": c.speedup, "speedup_ci95": list(c.speedup_ci95),
+            "identical_output_fraction": c.identical_output_fraction}
 
 
-_FLAT_KEYS = ("acceptance", "acceptance_ci95", "draft_n", "draft_n_accepted", "mtp_tokens_per_second",
-              "tokens_per_second", "vanilla_tokens_per_second", "speedup", "speedup_ci95", "n_prompts", "n_pairs")
-
-
-def _flat(c: dict[str, Any]) -> dict[str, Any]:
-    return {k: c.get(k) for k in _FLAT_KEYS}
+def _rows(rows: dict[str, PairStats]) -> dict[str, dict[str, Any]]:
+    return {k: r.to_dict() for k, r in rows.items()}
 
 
 # ----------------------------------------------------------------------------- the text table
@@ -244,9 +220,9 @@ def _header_lines(res: VerifyResult) -> list[str]:
         env = " ".join(f"{k}={v}" for k, v in sorted((st.mtp_env or {}).items()))
         out.append(f"MTP arm flags (tuned): {' '.join(st.mtp_flags)}" + (f" (environment {env})" if env else "")
                    + "; vanilla arm: llama-server defaults")
-    out.append(f"suite {s['name']} ({s['n_prompts']} prompts: "
-               + ", ".join(f"{k} {v}" for k, v in s["categories"].items())
-               + f"; sha256 {s['sha256'][:16]}…)  seeds {', '.join(map(str, st.seeds))}  "
+    out.append(f"suite {s.name} ({s.n_prompts} prompts: "
+               + ", ".join(f"{k} {v}" for k, v in s.categories.items())
+               + f"; sha256 {s.sha256[:16]}…)  seeds {', '.join(map(str, st.seeds))}  "
                f"max_tokens {st.max_tokens}  temperature 0, /v1/chat/completions")
     gpu = (f"GPU {hw.gpu}, gpu_layers {hw.gpu_layers} (offloaded)" if hw.offloaded
            else f"no GPU offload (gpu_layers {hw.gpu_layers}" + (f"; GPU present: {hw.gpu}" if hw.gpu else "") + ")")
@@ -255,10 +231,10 @@ def _header_lines(res: VerifyResult) -> list[str]:
     return out
 
 
-def _row_line(name: str, r: dict[str, Any]) -> str:
-    return (f"{name:<18} {pct(r.get('acceptance'), 2) + ' ' + _ci_pct(r.get('acceptance_ci95')):<26} "
-            f"{num(r.get('mtp_tokens_per_second')):>10} {num(r.get('vanilla_tokens_per_second')):>14}  "
-            f"{times(r.get('speedup'))} {ci_text(r.get('speedup_ci95'))}")
+def _row_line(name: str, r: PairStats) -> str:
+    return (f"{name:<18} {pct(r.acceptance, 2) + ' ' + _ci_pct(r.acceptance_ci95):<26} "
+            f"{num(r.mtp_tokens_per_second):>10} {num(r.vanilla_tokens_per_second):>14}  "
+            f"{times(r.speedup)} {ci_text(r.speedup_ci95)}")
 
 
 def _mode_lines(res: VerifyResult, mode: str) -> list[str]:
@@ -270,12 +246,12 @@ def _mode_lines(res: VerifyResult, mode: str) -> list[str]:
                    "reported separately, never averaged)")
     out.append(f"{'arm':<18} {'acceptance (95% CI)':<26} {'mtp tok/s':>10} {'vanilla tok/s':>14}  {'speedup (95% CI)'}")
     out.append(_row_line("overall", c))
-    out += [_row_line(cat, r) for cat, r in c["per_category"].items()]
+    out += [_row_line(cat, r) for cat, r in c.per_category.items()]
     raw = res.comparison(mode=mode, endpoint="raw")
     if raw is not None:
         out.append(_row_line("raw /completion", raw))
-    out.append("per-seed: " + " · ".join(f"seed {sd} → {pct(r.get('acceptance'), 2)}/{times(r.get('speedup'))}"
-                                         for sd, r in c["per_seed"].items()))
+    out.append("per-seed: " + " · ".join(f"seed {sd} → {pct(r.acceptance, 2)}/{times(r.speedup)}"
+                                         for sd, r in c.per_seed.items()))
     out += _draft_lines(c, raw)
     rows = res.sweep_rows(mode)
     if len(rows) > 1:
@@ -283,58 +259,57 @@ def _mode_lines(res: VerifyResult, mode: str) -> list[str]:
     return out
 
 
-def _draft_lines(c: dict[str, Any], raw: dict[str, Any] | None) -> list[str]:
+def _draft_lines(c: Comparison, raw: Comparison | None) -> list[str]:
     out = []
-    if c.get("n_drafts"):
-        pp = c.get("per_position")
-        out.append(f"drafts: {c['draft_n_accepted']}/{c['draft_n']} tokens accepted in {c['n_drafts']} draft rounds; "
-                   f"mean accepted length per draft {c['mean_accepted_per_draft']:.2f} of {c['k']} "
-                   f"({c['tokens_per_step']:.2f} tokens per verification step)"
+    if c.n_drafts:
+        pp = c.per_position
+        out.append(f"drafts: {c.draft_n_accepted}/{c.draft_n} tokens accepted in {c.n_drafts} draft rounds; "
+                   f"mean accepted length per draft {c.mean_accepted_per_draft:.2f} of {c.k} "
+                   f"({c.tokens_per_step:.2f} tokens per verification step)"
                    + ("; acceptance by position " + " · ".join(f"{i + 1}: {pct(p)}" for i, p in enumerate(pp))
                       if pp else ""))
-    io = c["identical_outputs"]
-    first = c["mismatches"][0] if c["mismatch_count"] else None
-    out.append(f"identical output vs vanilla: {io['identical']}/{io['pairs']} ({pct(c['identical_output_fraction'])})"
-               + (f"; {c['mismatch_count']} mismatches, first: {first['prompt_id']} seed "
-                  f"{first['seed']} at char {first['first_difference_at']}" if first else ""))
-    if raw is not None and raw["mismatch_count"]:
-        out.append(f"raw arm identical output: {raw['identical_outputs']['identical']}/{raw['identical_outputs']['pairs']}")
+    first = c.mismatches[0] if c.mismatch_count else None
+    out.append(f"identical output vs vanilla: {c.identical}/{c.n_pairs} ({pct(c.identical_output_fraction)})"
+               + (f"; {c.mismatch_count} mismatches, first: {first.prompt_id} seed "
+                  f"{first.seed} at char {first.first_difference_at}" if first else ""))
+    if raw is not None and raw.mismatch_count:
+        out.append(f"raw arm identical output: {raw.identical}/{raw.n_pairs}")
     return out
 
 
-def _sweep_lines(res: VerifyResult, mode: str, rows: list[dict[str, Any]]) -> list[str]:
+def _sweep_lines(res: VerifyResult, mode: str, rows: list[Comparison]) -> list[str]:
     out = ["", "draft-window sweep (chat arm; each k paired with its own interleaved vanilla requests)",
            f"{'k':<12} {'acceptance (95% CI)':<26} {'mtp tok/s':>10} {'vanilla tok/s':>14}  "
            f"{'speedup (95% CI)':<24} identical"]
     for r in rows:
-        name = f"{r['k']}" + (" (shipped)" if r["k"] == res.draft_n_max else "")
-        out.append(f"{name:<12} {pct(r['acceptance'], 2) + ' ' + _ci_pct(r['acceptance_ci95']):<26} "
-                   f"{num(r['mtp_tokens_per_second']):>10} {num(r['vanilla_tokens_per_second']):>14}  "
-                   f"{times(r['speedup']) + ' ' + ci_text(r['speedup_ci95']):<24} "
-                   f"{pct(r['identical_output_fraction'])}")
-    tuned = ((res.tuned or {}).get("by_mode") or {}).get(mode)
+        name = f"{r.k}" + (" (shipped)" if r.k == res.draft_n_max else "")
+        out.append(f"{name:<12} {pct(r.acceptance, 2) + ' ' + _ci_pct(r.acceptance_ci95):<26} "
+                   f"{num(r.mtp_tokens_per_second):>10} {num(r.vanilla_tokens_per_second):>14}  "
+                   f"{times(r.speedup) + ' ' + ci_text(r.speedup_ci95):<24} "
+                   f"{pct(r.identical_output_fraction)}")
+    tuned = res.tuned.by_mode.get(mode) if res.tuned is not None else None
     if tuned:
         out += _recommendation_lines(tuned)
     return out
 
 
-def _recommendation_lines(tuned: dict[str, Any]) -> list[str]:
+def _recommendation_lines(tuned: SweepRecommendation) -> list[str]:
     out = []
-    if tuned["mtp_beats_vanilla"]:
-        near = tuned["within_noise_of"]
-        out.append(f"recommended k = {tuned['recommended_k']} ("
-                   + ("clearly best: its speedup CI lies above every other window's" if tuned["clear"]
+    if tuned.mtp_beats_vanilla:
+        near = tuned.within_noise_of
+        out.append(f"recommended k = {tuned.recommended_k} ("
+                   + ("clearly best: its speedup CI lies above every other window's" if tuned.clear
                       else f"best point estimate; within noise of k = {', '.join(map(str, near))}"
                       if near else "best point estimate") + ")")
     else:
         out.append(f"recommended: MTP off — no window's speedup CI lower bound exceeds 1.0 "
-                   f"(best k = {tuned['best_k']} at {times(tuned['best_speedup'])} {ci_text(tuned['best_speedup_ci95'])})")
-    sc = format_step_cost(tuned.get("step_cost"))
+                   f"(best k = {tuned.best_k} at {times(tuned.best_speedup)} {ci_text(tuned.best_speedup_ci95)})")
+    sc = format_step_cost(tuned.step_cost)
     if sc:
         out.append(sc)
     out += ["", f"{'profile':<13} {'k':<4} {'acceptance':>10} {'speedup':>9}  {'flags':<44} use"]
-    for p in tuned["profiles"]:
-        mark = "" if p["recommended"] else " (not advised on this hardware)"
-        out.append(f"{p['profile']:<13} {str(p['k'] or '—'):<4} {pct(p['acceptance']):>10} "
-                   f"{times(p['speedup'], 2):>9}  {p['flags']:<44} {p['use']}{mark}")
+    for p in tuned.profiles:
+        mark = "" if p.recommended else " (not advised on this hardware)"
+        out.append(f"{p.profile:<13} {str(p.k or '—'):<4} {pct(p.acceptance):>10} "
+                   f"{times(p.speedup, 2):>9}  {p.flags:<44} {p.use}{mark}")
     return out

@@ -11,7 +11,7 @@ decode throughput / vanilla decode throughput; 95% percentile-bootstrap CIs resa
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,9 +19,11 @@ import numpy as np
 from ..errors import VerifyError
 from ..fmt import finite_or_none as _num
 from ..measure import stats
+from .records import first_difference
 
-__all__ = ["Record", "summarize", "recommend", "step_cost", "format_step_cost", "BALANCED_TOLERANCE",
-           "MAX_LISTED_MISMATCHES"]
+__all__ = ["Record", "PairStats", "OutputMismatch", "Comparison", "ServingProfile", "StepCost", "StepCostPoint",
+           "SweepRecommendation", "SweepAdvice", "summarize", "recommend", "step_cost", "format_step_cost",
+           "BALANCED_TOLERANCE", "MAX_LISTED_MISMATCHES"]
 
 BALANCED_TOLERANCE = 0.05
 MAX_LISTED_MISMATCHES = 20
@@ -72,8 +74,96 @@ def _pairs(records: Sequence[Record]) -> list[tuple[Record, Record]]:
     return out
 
 
-def _row(pairs: Sequence[tuple[Record, Record]], boot: dict[str, Any]) -> dict[str, Any]:
-    """Acceptance and speedup with bootstrap CIs over prompts (seeds pooled per prompt)."""
+@dataclass(frozen=True)
+class PairStats:
+    """Acceptance and speedup of a set of (vanilla, MTP) pairs, with 95% bootstrap CIs over prompts."""
+
+    acceptance: float | None
+    acceptance_ci95: list[float | None]
+    draft_n: int
+    draft_n_accepted: int
+    mtp_tokens_per_second: float | None
+    vanilla_tokens_per_second: float | None
+    speedup: float | None
+    speedup_ci95: list[float | None]
+    n_prompts: int
+    n_pairs: int
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """The MTP arm's decode throughput (an alias kept in the JSON)."""
+        return self.mtp_tokens_per_second
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"acceptance": self.acceptance, "acceptance_ci95": list(self.acceptance_ci95),
+                "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
+                "mtp_tokens_per_second": self.mtp_tokens_per_second, "tokens_per_second": self.tokens_per_second,
+                "vanilla_tokens_per_second": self.vanilla_tokens_per_second, "speedup": self.speedup,
+                "speedup_ci95": list(self.speedup_ci95), "n_prompts": self.n_prompts, "n_pairs": self.n_pairs}
+
+
+@dataclass(frozen=True)
+class OutputMismatch:
+    """An MTP reply that differs from the vanilla reply to the same request: where, and the text around it."""
+
+    prompt_id: str
+    seed: int
+    mode: str
+    endpoint: str
+    k: int
+    first_difference_at: int
+    vanilla: str
+    mtp: str
+    vanilla_tokens: int
+    mtp_tokens: int
+
+    @classmethod
+    def of(cls, v: Record, m: Record) -> "OutputMismatch":
+        i, a, b = first_difference(v.text, m.text)
+        return cls(m.prompt_id, m.seed, m.mode, m.endpoint, m.k, i, a, b, v.predicted_n, m.predicted_n)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Comparison(PairStats):
+    """The report of ONE comparison (window ``k``, ``endpoint``, ``mode``): its :class:`PairStats`,
+    the same per category and per seed, draft statistics from ``/metrics`` (None when a request's
+    deltas were not usable), per-position acceptance, and identical output."""
+
+    k: int
+    endpoint: str
+    mode: str
+    per_category: dict[str, PairStats] = field(default_factory=dict)
+    per_seed: dict[str, PairStats] = field(default_factory=dict)
+    requests_without_drafts: int = 0
+    n_drafts: int | None = None
+    mean_accepted_per_draft: float | None = None
+    tokens_per_step: float | None = None
+    per_position: list[float | None] | None = None
+    identical_output_fraction: float | None = None
+    identical: int = 0  # pairs whose replies are identical
+    mismatch_count: int = 0
+    mismatches: list[OutputMismatch] = field(default_factory=list)  # the first MAX_LISTED_MISMATCHES
+
+    @property
+    def identical_outputs(self) -> dict[str, int]:
+        return {"identical": self.identical, "pairs": self.n_pairs}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "endpoint": self.endpoint, "mode": self.mode, **PairStats.to_dict(self),
+                "per_category": {c: r.to_dict() for c, r in self.per_category.items()},
+                "per_seed": {s: r.to_dict() for s, r in self.per_seed.items()},
+                "requests_without_drafts": self.requests_without_drafts, "n_drafts": self.n_drafts,
+                "mean_accepted_per_draft": self.mean_accepted_per_draft, "tokens_per_step": self.tokens_per_step,
+                "per_position": self.per_position, "identical_output_fraction": self.identical_output_fraction,
+                "identical_outputs": self.identical_outputs, "mismatch_count": self.mismatch_count,
+                "mismatches": [m.to_dict() for m in self.mismatches]}
+
+
+def _units(pairs: Sequence[tuple[Record, Record]]) -> dict[str, list[float]]:
+    """Per prompt (seeds pooled): [accepted, drafted, MTP tokens, MTP ms, vanilla tokens, vanilla ms]."""
     units: dict[str, list[float]] = {}
     for v, m in pairs:
         u = units.setdefault(m.prompt_id, [0.0] * 6)
@@ -83,38 +173,46 @@ def _row(pairs: Sequence[tuple[Record, Record]], boot: dict[str, Any]) -> dict[s
         u[3] += m.predicted_ms
         u[4] += v.predicted_n
         u[5] += v.predicted_ms
+    return units
+
+
+def _row(pairs: Sequence[tuple[Record, Record]], boot: dict[str, Any]) -> PairStats:
+    """Acceptance and speedup with bootstrap CIs over prompts (seeds pooled per prompt)."""
+    units = _units(pairs)
     if not units:
-        return {"n_prompts": 0, "n_pairs": 0}
+        raise VerifyError("no vanilla/MTP request pairs to summarize")
     x = np.array(list(units.values()))
     acc = stats.ratio_of_sums(x[:, 0], x[:, 1], **boot)
     sp = stats.throughput_ratio(x[:, 2], x[:, 3], x[:, 4], x[:, 5], **boot)
     tot = x.sum(axis=0)
-    return {
-        "acceptance": _num(acc.value),
-        "acceptance_ci95": [_num(acc.lo), _num(acc.hi)],
-        "draft_n": int(tot[1]),
-        "draft_n_accepted": int(tot[0]),
-        "mtp_tokens_per_second": _num(tot[2] / tot[3] * 1000) if tot[3] > 0 else None,
-        "tokens_per_second": _num(tot[2] / tot[3] * 1000) if tot[3] > 0 else None,  # alias: the MTP arm's
-        "vanilla_tokens_per_second": _num(tot[4] / tot[5] * 1000) if tot[5] > 0 else None,
-        "speedup": _num(sp.value),
-        "speedup_ci95": [_num(sp.lo), _num(sp.hi)],
-        "n_prompts": len(units),
-        "n_pairs": len(pairs),
-    }
+    return PairStats(
+        acceptance=_num(acc.value), acceptance_ci95=[_num(acc.lo), _num(acc.hi)],
+        draft_n=int(tot[1]), draft_n_accepted=int(tot[0]),
+        mtp_tokens_per_second=_num(tot[2] / tot[3] * 1000) if tot[3] > 0 else None,
+        vanilla_tokens_per_second=_num(tot[4] / tot[5] * 1000) if tot[5] > 0 else None,
+        speedup=_num(sp.value), speedup_ci95=[_num(sp.lo), _num(sp.hi)], n_prompts=len(units), n_pairs=len(pairs))
 
 
-def _mismatch(v: Record, m: Record) -> dict[str, Any]:
-    a, b = v.text, m.text
-    i = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
-    lo = max(0, i - 30)
-    return {"prompt_id": m.prompt_id, "seed": m.seed, "mode": m.mode, "endpoint": m.endpoint, "k": m.k,
-            "first_difference_at": i, "vanilla": a[lo:i + 50], "mtp": b[lo:i + 50],
-            "vanilla_tokens": v.predicted_n, "mtp_tokens": m.predicted_n}
+def _draft_stats(mtp: Sequence[Record], accepted: int) -> dict[str, Any]:
+    """Draft rounds, mean accepted per round, tokens per step and per-position acceptance (from the
+    /metrics deltas; all None unless every request has them)."""
+    if not all(m.n_drafts is not None for m in mtp):
+        return {}
+    n_drafts = sum(m.n_drafts or 0 for m in mtp)
+    out: dict[str, Any] = {"n_drafts": n_drafts,
+                           "mean_accepted_per_draft": _num(accepted / n_drafts) if n_drafts else None,
+                           "tokens_per_step": _num(1 + accepted / n_drafts) if n_drafts else None}
+    if all(m.accepted_per_pos is not None for m in mtp) and n_drafts:
+        width = max(len(m.accepted_per_pos or []) for m in mtp)
+        acc = np.zeros(width)
+        for m in mtp:
+            acc[: len(m.accepted_per_pos or [])] += np.array(m.accepted_per_pos or [], dtype=float)
+        out["per_position"] = [_num(a / n_drafts) for a in acc]
+    return out
 
 
 def summarize(records: Sequence[Record], categories: Sequence[str] | None = None,
-              resamples: int = stats.DEFAULT_RESAMPLES, boot_seed: int = stats.DEFAULT_SEED) -> dict[str, Any]:
+              resamples: int = stats.DEFAULT_RESAMPLES, boot_seed: int = stats.DEFAULT_SEED) -> Comparison:
     """The report of ONE comparison (one k, endpoint and mode): overall, per category, per seed,
     draft statistics, per-position acceptance, identical output."""
     boot = {"resamples": resamples, "seed": boot_seed}
@@ -122,130 +220,180 @@ def summarize(records: Sequence[Record], categories: Sequence[str] | None = None
     if not pairs:
         raise VerifyError("no vanilla/MTP request pairs to summarize")
     m0 = pairs[0][1]
-    out: dict[str, Any] = {"k": m0.k, "endpoint": m0.endpoint, "mode": m0.mode}
-    out.update(_row(pairs, boot))
+    overall = _row(pairs, boot)
     cats = list(categories) if categories else sorted({m.category for _, m in pairs})
-    out["per_category"] = {c: _row([p for p in pairs if p[1].category == c], boot)
-                           for c in cats if any(p[1].category == c for p in pairs)}
-    seeds = sorted({m.seed for _, m in pairs})
-    out["per_seed"] = {str(s): _row([p for p in pairs if p[1].seed == s], boot) for s in seeds}
+    per_category = {c: _row([p for p in pairs if p[1].category == c], boot)
+                    for c in cats if any(p[1].category == c for p in pairs)}
+    per_seed = {str(s): _row([p for p in pairs if p[1].seed == s], boot) for s in sorted({m.seed for _, m in pairs})}
     mtp = [m for _, m in pairs]
-    out["requests_without_drafts"] = sum(1 for m in mtp if not m.draft_n)
-    # draft rounds and per-position acceptance (from /metrics deltas)
-    if all(m.n_drafts is not None for m in mtp):
-        n_drafts = sum(m.n_drafts or 0 for m in mtp)
-        out["n_drafts"] = n_drafts
-        out["mean_accepted_per_draft"] = _num(out["draft_n_accepted"] / n_drafts) if n_drafts else None
-        out["tokens_per_step"] = _num(1 + out["draft_n_accepted"] / n_drafts) if n_drafts else None
-        if all(m.accepted_per_pos is not None for m in mtp) and n_drafts:
-            width = max(len(m.accepted_per_pos or []) for m in mtp)
-            acc = np.zeros(width)
-            for m in mtp:
-                acc[: len(m.accepted_per_pos or [])] += np.array(m.accepted_per_pos or [], dtype=float)
-            out["per_position"] = [_num(a / n_drafts) for a in acc]
-        else:
-            out["per_position"] = None
-    else:
-        out["n_drafts"] = out["mean_accepted_per_draft"] = out["tokens_per_step"] = out["per_position"] = None
     same = [v.text == m.text for v, m in pairs]
-    out["identical_output_fraction"] = _num(sum(same) / len(same))
-    out["identical_outputs"] = {"identical": int(sum(same)), "pairs": len(same)}
-    mism = [_mismatch(v, m) for (v, m), s in zip(pairs, same) if not s]
-    out["mismatch_count"] = len(mism)
-    out["mismatches"] = mism[:MAX_LISTED_MISMATCHES]
-    return out
+    mism = [OutputMismatch.of(v, m) for (v, m), s in zip(pairs, same) if not s]
+    return Comparison(
+        **dataclasses.asdict(overall), k=m0.k, endpoint=m0.endpoint, mode=m0.mode, per_category=per_category,
+        per_seed=per_seed, requests_without_drafts=sum(1 for m in mtp if not m.draft_n),
+        **_draft_stats(mtp, overall.draft_n_accepted), identical_output_fraction=_num(sum(same) / len(same)),
+        identical=int(sum(same)), mismatch_count=len(mism), mismatches=mism[:MAX_LISTED_MISMATCHES])
 
 
-def recommend(rows: Sequence[dict[str, Any]], min_identical: float = 1.0,
-              tolerance: float = BALANCED_TOLERANCE) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ServingProfile:
+    """One serving profile of a sweep's recommendation (low latency, balanced, MTP off)."""
+
+    profile: str
+    k: int | None
+    recommended: bool
+    use: str
+    acceptance: float | None
+    speedup: float | None
+    speedup_ci95: list[float | None] | None
+    flags: str
+
+    @classmethod
+    def of(cls, name: str, r: Comparison | None, use: str, recommended: bool) -> "ServingProfile":
+        """The profile that runs window ``r.k`` (None: MTP off)."""
+        if r is None:
+            return cls(name, None, recommended, use, None, 1.0, None, "(no --spec-type)")
+        return cls(name, r.k, recommended, use, r.acceptance, r.speedup, r.speedup_ci95,
+                   f"--spec-type draft-mtp --spec-draft-n-max {r.k}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class StepCostPoint:
+    k: int
+    ms_per_step: float | None
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """ms per verification step fitted as ``fixed_ms + per_position_ms * k`` (see :func:`step_cost`)."""
+
+    fixed_ms: float | None
+    per_position_ms: float | None
+    vanilla_ms_per_token: float | None
+    per_position_in_vanilla_tokens: float | None
+    points: list[StepCostPoint]
+    model: str = "ms per verification step = fixed_ms + per_position_ms * k (least squares over the windows)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class SweepRecommendation:
+    """What a draft-window sweep recommends for one mode (see :func:`recommend`); ``step_cost`` is
+    :func:`step_cost` of the same rows once verify adds it."""
+
+    recommended_k: int | None
+    best_k: int
+    best_speedup: float | None
+    best_speedup_ci95: list[float | None] | None
+    clear: bool
+    within_noise_of: list[int]
+    mtp_beats_vanilla: bool
+    balanced_k: int
+    rule: str
+    profiles: list[ServingProfile]
+    notes: list[str]
+    step_cost: StepCost | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class SweepAdvice:
+    """verify's ``tuned`` section after a sweep: the recommendation of every mode, the first mode's
+    on top with the llama-server command line to paste."""
+
+    mode: str
+    command: str
+    by_mode: dict[str, SweepRecommendation]
+
+    @property
+    def top(self) -> SweepRecommendation:
+        return self.by_mode[self.mode]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.top.to_dict(), "command": self.command, "mode": self.mode,
+                "by_mode": {m: r.to_dict() for m, r in self.by_mode.items()}}
+
+
+def _ci(r: Comparison) -> list[float | None]:
+    return list(r.speedup_ci95 or [None, None])
+
+
+def recommend(rows: Sequence[Comparison], min_identical: float = 1.0,
+              tolerance: float = BALANCED_TOLERANCE) -> SweepRecommendation:
     """Recommended draft window and profiles from a sweep's rows (one mode, chat arm).
 
     Each row needs ``k``, ``speedup``, ``speedup_ci95``, ``acceptance`` and
     ``identical_output_fraction``. See the module docstring for the rules."""
     if not rows:
         raise ValueError("no sweep rows")
-    eligible = [r for r in rows if (r.get("identical_output_fraction") or 0) >= min_identical]
+    eligible = [r for r in rows if (r.identical_output_fraction or 0) >= min_identical]
     notes = []
     if not eligible:
         eligible = list(rows)
         notes.append("no window gave identical output in every pair; ranking all windows anyway")
-    ranked = sorted(eligible, key=lambda r: (-(r.get("speedup") or 0.0), r["k"]))
+    ranked = sorted(eligible, key=lambda r: (-(r.speedup or 0.0), r.k))
     best = ranked[0]
     others = [r for r in eligible if r is not best]
-    lo = (best.get("speedup_ci95") or [None, None])[0]
-    clear = bool(others) and lo is not None and all(
-        (r.get("speedup_ci95") or [None, None])[1] is not None and lo > r["speedup_ci95"][1] for r in others)
+    lo = _ci(best)[0]
+    clear = bool(others) and lo is not None and all(_ci(r)[1] is not None and lo > _ci(r)[1] for r in others)
     beats_vanilla = lo is not None and lo > 1.0
-    within = [r for r in eligible if (r.get("speedup") or 0) >= (1 - tolerance) * (best.get("speedup") or 0)]
-    balanced = min(within, key=lambda r: r["k"])
-
-    def prof(name: str, r: dict | None, use: str, recommended: bool) -> dict[str, Any]:
-        d: dict[str, Any] = {"profile": name, "k": r["k"] if r else None, "recommended": recommended, "use": use}
-        if r:
-            d.update(acceptance=r.get("acceptance"), speedup=r.get("speedup"), speedup_ci95=r.get("speedup_ci95"),
-                     flags=f"--spec-type draft-mtp --spec-draft-n-max {r['k']}")
-        else:
-            d.update(acceptance=None, speedup=1.0, speedup_ci95=None, flags="(no --spec-type)")
-        return d
-
-    near = [r["k"] for r in others if (r.get("speedup_ci95") or [None, None])[1] is not None and lo is not None
-            and r["speedup_ci95"][1] >= lo]
+    within = [r for r in eligible if (r.speedup or 0) >= (1 - tolerance) * (best.speedup or 0)]
+    balanced = min(within, key=lambda r: r.k)
+    near = [r.k for r in others if _ci(r)[1] is not None and lo is not None and _ci(r)[1] >= lo]
     profiles = [
-        prof("low latency", best, "batch size 1: single-user chat, coding agents (the highest measured speedup)",
-             beats_vanilla),
-        prof("balanced", balanced, f"a few concurrent requests: the smallest window within {tolerance:.0%} of the "
-             "best speedup, so fewer rejected draft tokens are verified per step", beats_vanilla),
-        prof("MTP off", None,
-             "no window beats vanilla here (every speedup CI lower bound <= 1.0): run without speculation"
-             if not beats_vanilla else
-             "saturated servers where verification cost dominates (not measured: verify runs batch size 1)",
-             not beats_vanilla),
+        ServingProfile.of("low latency", best,
+                          "batch size 1: single-user chat, coding agents (the highest measured speedup)", beats_vanilla),
+        ServingProfile.of("balanced", balanced, f"a few concurrent requests: the smallest window within "
+                          f"{tolerance:.0%} of the best speedup, so fewer rejected draft tokens are verified per step",
+                          beats_vanilla),
+        ServingProfile.of("MTP off", None,
+                          "no window beats vanilla here (every speedup CI lower bound <= 1.0): run without speculation"
+                          if not beats_vanilla else
+                          "saturated servers where verification cost dominates (not measured: verify runs batch size 1)",
+                          not beats_vanilla),
     ]
-    return {
-        "recommended_k": best["k"] if beats_vanilla else None,
-        "best_k": best["k"],
-        "best_speedup": best.get("speedup"),
-        "best_speedup_ci95": best.get("speedup_ci95"),
-        "clear": clear,
-        "within_noise_of": near,
-        "mtp_beats_vanilla": beats_vanilla,
-        "balanced_k": balanced["k"],
-        "rule": ("best k = highest speedup point estimate among windows with identical output (ties: smaller k); "
-                 "'clear' when its CI lower bound exceeds every other window's CI upper bound; balanced = smallest k "
-                 f"within {tolerance:.0%} of the best speedup; MTP off when no window's speedup CI lower bound > 1.0"),
-        "profiles": profiles,
-        "notes": notes,
-    }
+    return SweepRecommendation(
+        recommended_k=best.k if beats_vanilla else None, best_k=best.k, best_speedup=best.speedup,
+        best_speedup_ci95=best.speedup_ci95, clear=clear, within_noise_of=near, mtp_beats_vanilla=beats_vanilla,
+        balanced_k=balanced.k,
+        rule=("best k = highest speedup point estimate among windows with identical output (ties: smaller k); "
+              "'clear' when its CI lower bound exceeds every other window's CI upper bound; balanced = smallest k "
+              f"within {tolerance:.0%} of the best speedup; MTP off when no window's speedup CI lower bound > 1.0"),
+        profiles=profiles, notes=notes)
 
 
-def step_cost(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def step_cost(rows: Sequence[Comparison]) -> StepCost | None:
     """What a speculative step costs on this machine, from a sweep's rows (one mode): ms per
     verification step (tokens per step / MTP tok/s) fitted by least squares as ``fixed_ms +
     per_position_ms * k``, beside vanilla's ms per token. ``per_position_ms`` is what one more draft
     position costs (its draft pass plus one more token to verify): the figure a faster drafter or
     runtime has to cut. None unless at least two windows drafted."""
-    pts = [(int(r["k"]), 1000.0 * r["tokens_per_step"] / r["mtp_tokens_per_second"]) for r in rows
-           if r.get("tokens_per_step") and r.get("mtp_tokens_per_second")]
+    pts = [(int(r.k), 1000.0 * r.tokens_per_step / r.mtp_tokens_per_second) for r in rows
+           if r.tokens_per_step and r.mtp_tokens_per_second]
     if len({k for k, _ in pts}) < 2:
         return None
     per_position, fixed = np.polyfit([k for k, _ in pts], [m for _, m in pts], 1)
-    van = [1000.0 / r["vanilla_tokens_per_second"] for r in rows if r.get("vanilla_tokens_per_second")]
+    van = [1000.0 / r.vanilla_tokens_per_second for r in rows if r.vanilla_tokens_per_second]
     van_ms = float(np.mean(van)) if van else None
-    return {
-        "fixed_ms": _num(fixed), "per_position_ms": _num(per_position), "vanilla_ms_per_token": _num(van_ms),
-        "per_position_in_vanilla_tokens": _num(per_position / van_ms) if van_ms else None,
-        "points": [{"k": k, "ms_per_step": _num(m)} for k, m in pts],
-        "model": "ms per verification step = fixed_ms + per_position_ms * k (least squares over the windows)",
-    }
+    return StepCost(fixed_ms=_num(fixed), per_position_ms=_num(per_position), vanilla_ms_per_token=_num(van_ms),
+                    per_position_in_vanilla_tokens=_num(per_position / van_ms) if van_ms else None,
+                    points=[StepCostPoint(k, _num(m)) for k, m in pts])
 
 
-def format_step_cost(sc: dict[str, Any] | None) -> str | None:
-    if not sc or sc.get("fixed_ms") is None or sc.get("per_position_ms") is None:
+def format_step_cost(sc: StepCost | None) -> str | None:
+    if not sc or sc.fixed_ms is None or sc.per_position_ms is None:
         return None
-    steps = ", ".join("k=%d %.2f ms" % (p["k"], p["ms_per_step"]) for p in sc["points"])
-    line = (f"step cost: {sc['fixed_ms']:.2f} ms + {sc['per_position_ms']:.2f} ms per draft position "
+    steps = ", ".join("k=%d %.2f ms" % (p.k, p.ms_per_step) for p in sc.points)
+    line = (f"step cost: {sc.fixed_ms:.2f} ms + {sc.per_position_ms:.2f} ms per draft position "
             f"({steps} per verification step)")
-    if sc.get("vanilla_ms_per_token"):
-        line += (f"; a vanilla token {sc['vanilla_ms_per_token']:.2f} ms, so a draft position costs "
-                 f"{sc['per_position_in_vanilla_tokens']:.2f} of one")
+    if sc.vanilla_ms_per_token:
+        line += (f"; a vanilla token {sc.vanilla_ms_per_token:.2f} ms, so a draft position costs "
+                 f"{sc.per_position_in_vanilla_tokens:.2f} of one")
     return line

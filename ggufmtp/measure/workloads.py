@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 from ..errors import ProfileError
 from ..fmt import num, pct, rel_change, signed_pct
-from ..measure.profiles_stream import RequestRecord
+from ..measure.profiles_stream import RequestRecord, ServingMetrics
 
-__all__ = ["DEFAULT_NOISE", "Workload", "WORKLOADS", "get_workload", "ProfileSpec", "ProfileResult", "MtpHelps",
+__all__ = ["DEFAULT_NOISE", "Workload", "WORKLOADS", "get_workload", "ProfileSpec", "ArmSettings", "ProfileResult", "MtpHelps",
            "DecisionRow", "decision_table", "format_profiles", "format_decision_table"]
 
 DEFAULT_NOISE = 0.02
@@ -93,6 +93,23 @@ class ProfileSpec:
                 "tokens_per_step": self.tokens_per_step, "per_position": self.per_position}
 
 
+@dataclass(frozen=True)
+class ArmSettings:
+    """How one arm of one workload ran (the ``settings`` object of its JSON)."""
+
+    mode: str
+    seed: int
+    prompt_tokens_target: int
+    prompt_tokens_built: list[int | None]
+    ignore_eos: bool
+    temperature: float
+    cache_prompt: bool
+    warmup_requests: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class ProfileResult:
     """One arm ("vanilla" or "mtp") of one workload: its serving metrics (:func:`aggregate`'s
@@ -100,16 +117,16 @@ class ProfileResult:
 
     workload: Workload
     arm: str  # "vanilla" | "mtp"
-    metrics: dict[str, Any]
+    metrics: ServingMetrics
     requests: list[RequestRecord]
     command: str
-    settings: dict[str, Any]
+    settings: ArmSettings
     spec: ProfileSpec | None = None  # /metrics deltas (MTP arm)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self, requests: bool = False) -> dict[str, Any]:
-        d = {"workload": dataclasses.asdict(self.workload), "arm": self.arm, "metrics": self.metrics,
-             "command": self.command, "settings": self.settings, "spec": self.spec.to_dict() if self.spec else None,
+        d = {"workload": dataclasses.asdict(self.workload), "arm": self.arm, "metrics": self.metrics.to_dict(),
+             "command": self.command, "settings": self.settings.to_dict(), "spec": self.spec.to_dict() if self.spec else None,
              "notes": list(self.notes)}
         if requests:
             d["requests"] = [r.to_dict() for r in self.requests]
@@ -175,10 +192,10 @@ def decision_table(results: Sequence[ProfileResult], noise: float = DEFAULT_NOIS
 
 def _decision_row(van: ProfileResult, mtp: ProfileResult, noise: float) -> DecisionRow:
     v, m, w = van.metrics, mtp.metrics, mtp.workload
-    d = {"throughput": rel_change(m["output_tokens_per_second"], v["output_tokens_per_second"])}
+    d = {"throughput": rel_change(m.output_tokens_per_second, v.output_tokens_per_second)}
     for met in ("ttft_ms", "tpot_ms", "itl_ms"):
         for stat in ("mean", "p99"):
-            d[f"{met[:-3]}_{stat}"] = rel_change(m[met][stat], v[met][stat])
+            d[f"{met[:-3]}_{stat}"] = rel_change(m.value(met, stat), v.value(met, stat))
     tp, tpot = d["throughput"], d["tpot_mean"]
     helps = tp is not None and tp > noise
     slower_streams = helps and tpot is not None and tpot > noise
@@ -199,8 +216,8 @@ def _decision_row(van: ProfileResult, mtp: ProfileResult, noise: float) -> Decis
     return DecisionRow(
         workload=w.name, title=w.title, shape=w.shape, input_tokens=w.input_tokens, output_tokens=w.output_tokens,
         concurrency=w.concurrency, num_requests=w.num_requests,
-        vanilla_tokens_per_second=v["output_tokens_per_second"], mtp_tokens_per_second=m["output_tokens_per_second"],
-        acceptance=m["acceptance"], deltas=d,
+        vanilla_tokens_per_second=v.output_tokens_per_second, mtp_tokens_per_second=m.output_tokens_per_second,
+        acceptance=m.acceptance, deltas=d,
         mtp_helps=MtpHelps.MIXED if slower_streams else MtpHelps.YES if helps else MtpHelps.NO,
         within_noise=within, reasoning=reasoning, identical_output_fraction=(sum(same) / len(same)) if same else None)
 
@@ -218,8 +235,7 @@ _METRIC_ROWS = ([("output tok/s", "output_tokens_per_second", None), ("request/s
 def _metric(res: ProfileResult | None, key: str, stat: str | None) -> float | None:
     if res is None:
         return None
-    x = res.metrics[key]
-    return x[stat] if stat else x
+    return res.metrics.value(key, stat)
 
 
 def format_profiles(results: Sequence[ProfileResult], table: Sequence[DecisionRow] | None = None,
@@ -237,7 +253,7 @@ def format_profiles(results: Sequence[ProfileResult], table: Sequence[DecisionRo
             L.append(f"  {lab:<22} {num(a):>12} {num(b):>12} {signed_pct(rel_change(b, a)):>9}")
         if m is not None:
             tps = m.spec.tokens_per_step if m.spec else None
-            L.append(f"  {'acceptance':<22} {'':>12} {pct(m.metrics.get('acceptance'), space=False):>12}"
+            L.append(f"  {'acceptance':<22} {'':>12} {pct(m.metrics.acceptance, space=False):>12}"
                      + (f"   ({tps:.2f} tokens per step)" if tps else ""))
         for res in arms.values():
             L += [f"  note ({res.arm}): {n}" for n in res.notes]

@@ -1,9 +1,13 @@
 """``ggufmtp audit``: check an artifact against its receipt, or against itself.
 
-With a receipt: the schema, the receipt's own integrity digest, that the receipt names these
-files, every file's size and sha256, every tensor's type, the tensor table digest, the MTP block
-and the recorded result figures. Without one: what the file alone can show (it reads as a GGUF,
-its MTP block, its ``quantize.imatrix.*`` metadata).
+With a receipt: first the signatures (with a public key: the receipt's DSSE signature and each
+artifact file's model-signing signature must verify; without one an unsigned receipt is reported
+as "unsigned: checksum only, detects accidental edits, not forgery"), then everything is re-read
+and re-hashed: the schema, the receipt's own integrity digest, that the receipt names these files,
+every file's size and sha256, that the verification is of these bytes, every tensor's type, the
+tensor table digest, the MTP block, the recorded result figures and the imatrix the file's
+``quantize.imatrix.*`` metadata names. Without a receipt: what the file alone can show (it reads
+as a GGUF, its MTP block, its ``quantize.imatrix.*`` metadata).
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..errors import GGUFReadError, GgufmtpError
+from ..errors import AuditError, GGUFReadError, GgufmtpError
 from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, check_mtp, split_shards
-from ..provenance.receipt import default_receipt_path, integrity_digest, load_receipt, schema_errors, table_digest
+from ..provenance.receipt import (ReceiptFile, default_receipt_path, integrity_digest, read_receipt, schema_errors,
+                                  table_digest, verification_problem)
+from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
 
 
 @dataclasses.dataclass
@@ -27,9 +33,14 @@ class Check:
 
 @dataclasses.dataclass
 class AuditReport:
+    """The checks of one audit. ``signed``: whether the receipt is a DSSE envelope (None: no
+    receipt read); ``signatures_checked``: whether a public key checked the signatures."""
+
     artifact: str
     receipt: str | None
     checks: list[Check]
+    signed: bool | None = None
+    signatures_checked: bool = False
 
     @property
     def ok(self) -> bool:
@@ -39,17 +50,33 @@ class AuditReport:
     def failures(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
 
+    @property
+    def trust(self) -> str | None:
+        """What the receipt's integrity rests on, in words (None without a receipt)."""
+        if self.signed is None:
+            return None
+        if not self.signed:
+            return UNSIGNED_NOTE
+        return "signed: signatures verified" if self.signatures_checked else "signed: signatures not checked"
+
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "artifact": self.artifact, "receipt": self.receipt,
+                "signed": self.signed, "signatures_checked": self.signatures_checked, "trust": self.trust,
                 "checks": [dataclasses.asdict(c) for c in self.checks]}
 
 
-def audit(artifact: str | Path, receipt: str | Path | None = None, progress: bool = False) -> AuditReport:
+def audit(artifact: str | Path, receipt: str | Path | None = None, progress: bool = False,
+          public_key: str | Path | None = None, signature: str | Path | None = None) -> AuditReport:
     """Audit ``artifact`` (any shard of a split model). ``receipt`` defaults to
-    ``ARTIFACT.receipt.json`` when that file exists."""
+    ``ARTIFACT.receipt.json`` when that file exists. ``public_key``: also require and check the
+    receipt's DSSE signature and the artifact's model-signing signature (``signature``, default
+    ``ARTIFACT.sig``; for a split model each shard's)."""
     artifact = Path(artifact)
     if receipt is None and default_receipt_path(artifact).exists():
         receipt = default_receipt_path(artifact)
+    if public_key is not None and receipt is None:
+        raise AuditError(f"{artifact}: no receipt to check signatures against (--receipt, or "
+                         f"{default_receipt_path(artifact).name} beside it)")
     checks: list[Check] = []
     try:
         shards = split_shards(artifact) if artifact.exists() else [artifact]
@@ -63,11 +90,20 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, progress: boo
             checks.append(Check("readable GGUF", True, f"{len(model.tensors)} tensors in {len(shards)} file(s)"))
         except GgufmtpError as e:
             checks.append(Check("readable GGUF", False, str(e)))
+    report = AuditReport(str(artifact), str(receipt) if receipt else None, checks,
+                         signatures_checked=public_key is not None)
     if receipt is not None:
-        checks += _against_receipt(artifact, shards, model, Path(receipt), progress)
+        try:
+            rf = read_receipt(receipt)
+        except GgufmtpError as e:
+            checks.append(Check("receipt readable", False, str(e)))
+            return report
+        report.signed = rf.signed
+        checks += _signature_checks(artifact, rf, public_key, signature)
+        checks += _against_receipt(artifact, shards, model, rf.statement, progress)
     elif model is not None:
         checks += _standalone(model)
-    return AuditReport(str(artifact), str(receipt) if receipt else None, checks)
+    return report
 
 
 def _standalone(model: GGUFModel) -> list[Check]:
@@ -87,13 +123,46 @@ def _standalone(model: GGUFModel) -> list[Check]:
     return out
 
 
-def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel | None, receipt: Path,
+def _signature_checks(artifact: Path, rf: ReceiptFile, public_key: str | Path | None,
+                      signature: str | Path | None) -> list[Check]:
+    """The receipt's DSSE signature and each artifact file's model-signing signature. Without a
+    public key nothing can be checked: an unsigned receipt is reported for what it is."""
+    if public_key is None:
+        detail = "DSSE envelope; not checked (give --public-key)" if rf.signed else UNSIGNED_NOTE
+        checks = [Check("receipt signature", True, detail)]
+        sig = Path(signature) if signature else signature_path(artifact)
+        if sig.is_file():
+            checks.append(Check("artifact signature", True, f"{sig.name} present; not checked (give --public-key)"))
+        return checks
+    if rf.signed:
+        try:
+            verify_envelope(rf.envelope, public_key, rf.path)
+            checks = [Check("receipt signature", True, f"DSSE signature verifies with {public_key}")]
+        except AuditError as e:
+            checks = [Check("receipt signature", False, str(e))]
+    else:
+        checks = [Check("receipt signature", False, f"{UNSIGNED_NOTE}; a public key was given, so a signed "
+                                                    f"receipt is required")]
+    files = [artifact] if signature else [artifact.parent / s["name"] for s in rf.statement["subject"]
+                                          if _plain_name(s["name"])]
+    for f in files:
+        try:
+            verify_artifact(f, public_key, signature)
+            checks.append(Check(f"artifact signature {f.name}", True,
+                                f"{(Path(signature) if signature else signature_path(f)).name} verifies (model-signing)"))
+        except AuditError as e:
+            checks.append(Check(f"artifact signature {f.name}", False, str(e)))
+    return checks
+
+
+def _plain_name(name: str) -> bool:
+    """A subject name is a file name beside the receipt's artifact, never a path elsewhere."""
+    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
+
+
+def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel | None, st: dict[str, Any],
                      progress: bool) -> list[Check]:
-    try:
-        st = load_receipt(receipt)
-    except GgufmtpError as e:
-        return [Check("receipt readable", False, str(e))]
-    checks = _statement_checks(st) + _file_checks(artifact, shards, st, progress)
+    checks = _statement_checks(st) + _file_checks(artifact, shards, st, progress) + _verification_check(st)
     if model is not None:
         checks += _model_checks(model, st)
     return checks
@@ -106,7 +175,7 @@ def _statement_checks(st: dict[str, Any]) -> list[Check]:
     actual = integrity_digest(st)
     return [Check("receipt schema", not errs, "; ".join(errs[:3]) or "valid"),
             Check("receipt integrity", recorded == actual,
-                  "unchanged since written" if recorded == actual else
+                  "digest matches the statement" if recorded == actual else
                   f"receipt was edited after it was written (digest {str(recorded)[:12]}... != {actual[:12]}...)")]
 
 
@@ -118,22 +187,41 @@ def _file_checks(artifact: Path, shards: list[Path] | None, st: dict[str, Any], 
     checks = [Check("receipt names this artifact", not foreign,
                     f"receipt covers {', '.join(subjects) or 'nothing'}; not {', '.join(foreign)}" if foreign
                     else ", ".join(names))]
-    missing = [n for n in subjects if not (artifact.parent / n).exists()]
+    bad_names = [n for n in subjects if not _plain_name(n)]
+    if bad_names:
+        checks.append(Check("subject names", False, f"not file names: {', '.join(bad_names)[:200]}"))
+    missing = [n for n in subjects if _plain_name(n) and not (artifact.parent / n).is_file()]
     if missing:
         checks.append(Check("all shards present", False, f"missing {', '.join(missing)}"))
     for name, subj in subjects.items():
         p = artifact.parent / name
-        if not p.exists():
+        if name in missing or name in bad_names:
             continue
-        want = subj.get("digest", {}).get("sha256")
-        size = subj.get("annotations", {}).get("size")
+        checks.append(_digest_check(p, subj, progress))
+    return checks
+
+
+def _digest_check(p: Path, subj: dict[str, Any], progress: bool) -> Check:
+    want = subj.get("digest", {}).get("sha256")
+    size = subj.get("annotations", {}).get("size")
+    try:
         got_size = p.stat().st_size
         if size is not None and size != got_size:
-            checks.append(Check(f"sha256 {name}", False, f"size: receipt {size}, file {got_size}"))
-            continue
+            return Check(f"sha256 {p.name}", False, f"size: receipt {size}, file {got_size}")
         got = sha256_file(p, progress=progress)
-        checks.append(Check(f"sha256 {name}", got == want, got if got == want else f"receipt {want}, file {got}"))
-    return checks
+    except OSError as e:
+        return Check(f"sha256 {p.name}", False, f"cannot read {p} ({e.strerror or type(e).__name__})")
+    return Check(f"sha256 {p.name}", got == want, got if got == want else f"receipt {want}, file {got}")
+
+
+def _verification_check(st: dict[str, Any]) -> list[Check]:
+    """A verification in the receipt must be of the artifact's bytes (the served file's sha256)."""
+    v = st["predicate"].get("verification")
+    if not v:
+        return []
+    problem = verification_problem(st, v)
+    return [Check("verification of these bytes", problem is None,
+                  problem or f"served file sha256 {v['model']['sha256']} is the artifact's")]
 
 
 def _model_checks(model: GGUFModel, st: dict[str, Any]) -> list[Check]:
@@ -158,17 +246,44 @@ def _model_checks(model: GGUFModel, st: dict[str, Any]) -> list[Check]:
                "size_bytes": model.size_bytes, "bpw": round(model.bpw, 4)}
     bad = [f"{k}: receipt {res.get(k)}, file {v}" for k, v in figures.items() if res.get(k) != v]
     checks.append(Check("result figures", not bad, "; ".join(bad) or "file_type, layers, size, bpw match"))
-    im = st.get("predicate", {}).get("imatrix")
-    md_entries = model.metadata.get("quantize.imatrix.entries_count")
-    if im:
-        ok = md_entries == im.get("entries")
-        checks.append(Check("imatrix metadata", ok, f"file entries_count {md_entries}, receipt entries {im.get('entries')}"))
+    checks.append(imatrix_check(model.metadata, st.get("predicate", {}).get("imatrix")))
     return checks
+
+
+# llama.cpp stores a string key override in a 128-byte buffer: longer values are cut to 127 bytes.
+_KV_STRING_MAX = 127
+
+
+def imatrix_check(md: dict[str, Any], im: dict[str, Any] | None) -> Check:
+    """The file's ``quantize.imatrix.*`` metadata (written by llama.cpp from the imatrix it was
+    given) against the receipt's imatrix section: both absent, or both present and agreeing."""
+    keys = sorted(k for k in md if k.startswith("quantize.imatrix."))
+    said = ", ".join(f"{k.split('.')[-1]}={str(md[k])[:80]}" for k in keys)
+    if not im:
+        return Check("imatrix metadata", not keys, f"the receipt says no imatrix, but the file's metadata says one "
+                                                   f"was used ({said})" if keys else "none in the file or the receipt")
+    if not keys:
+        return Check("imatrix metadata", False, f"the receipt names imatrix {im.get('file')}, but the file has no "
+                                                f"quantize.imatrix.* metadata")
+    diffs = []
+    if md.get("quantize.imatrix.entries_count") != im.get("entries"):
+        diffs.append(f"entries_count: file {md.get('quantize.imatrix.entries_count')}, receipt {im.get('entries')}")
+    if "quantize.imatrix.chunks_count" in md and md["quantize.imatrix.chunks_count"] != im.get("chunk_count"):
+        diffs.append(f"chunks_count: file {md['quantize.imatrix.chunks_count']}, receipt {im.get('chunk_count')}")
+    datasets = im.get("datasets") or []
+    dataset = md.get("quantize.imatrix.dataset")
+    if isinstance(dataset, str) and len(dataset.encode()) < _KV_STRING_MAX and dataset not in datasets:
+        diffs.append(f"dataset: file {dataset[:80]!r}, receipt {datasets[:3]}")
+    file = md.get("quantize.imatrix.file")
+    if isinstance(file, str) and len(file.encode()) < _KV_STRING_MAX and Path(file).name != im.get("file"):
+        diffs.append(f"file: file's metadata {Path(file).name!r}, receipt {im.get('file')!r}")
+    return Check("imatrix metadata", not diffs, "; ".join(diffs) or f"file's metadata agrees with the receipt ({said})")
 
 
 def format_audit(r: AuditReport) -> str:
     lines = [f"audit {r.artifact}" + (f" against {r.receipt}" if r.receipt else " (no receipt: file-only checks)")]
     for c in r.checks:
         lines.append(f"  {'✓' if c.ok else '✗'} {c.name}: {c.detail}")
-    lines.append("PASS" if r.ok else f"FAIL ({len(r.failures)} check(s) failed)")
+    verdict = "PASS" if r.ok else f"FAIL ({len(r.failures)} check(s) failed)"
+    lines.append(verdict + (f" ({r.trust})" if r.trust else ""))
     return "\n".join(lines)

@@ -12,10 +12,14 @@ from typing import Any
 
 from ..fmt import ci_phrase, pct, times
 from ..gguf.fsutil import atomic_write_text
-from ..provenance.receipt import load_receipt
+from ..provenance.receipt import load_receipt, verification_problem
 from ..runtime.hardware import format_bandwidth
 
 TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
+
+# The heading of the section a card carries when its artifact has no passing verification bound to
+# it; ``upload --allow-unverified`` requires it in the card it publishes.
+UNVERIFIED_HEADING = "## Not verified"
 
 
 # The card's number styles: fmt.py's formatters, "-" for a missing cell, "×" for ratios.
@@ -33,6 +37,30 @@ def _hardware(v: dict[str, Any]) -> str:
     if gpu and hw.get("offloaded", True):
         return str(gpu)
     return f"CPU ({hw.get('cpu') or hw.get('cpu_model') or 'unknown'}, {hw.get('cores', '?')} cores)"
+
+
+def unverified_reason(statement: dict[str, Any], artifact_sha256: str | None = None) -> str | None:
+    """Why the receipt ``statement`` holds no passing verification of the artifact with
+    ``artifact_sha256`` (default: its first subject's); None when it does: verdict ``pass``, of the
+    bytes llama-server served, which are the artifact's (``verification.model.sha256``)."""
+    v = statement["predicate"].get("verification")
+    if not v:
+        return "the receipt holds no runtime verification of it"
+    if v.get("verdict") != "pass":
+        reasons = "; ".join(str(r) for r in v.get("reasons") or [])
+        return f"its verification failed (verdict {v.get('verdict')}{': ' + reasons if reasons else ''})"
+    first = statement["subject"][0]["digest"]["sha256"]
+    if artifact_sha256 is not None and artifact_sha256.lower() != str(first).lower():
+        return f"its receipt's verification is of {statement['subject'][0]['name']} (sha256 {first})"
+    return verification_problem(statement, v)
+
+
+def _unverified_notice(problem: str | None) -> list[str]:
+    if problem is None:
+        return []
+    return [f"{UNVERIFIED_HEADING}\n", f"This artifact has no passing runtime verification: {problem}. "
+            "It was not checked in llama-server to the recipe's standard; any figures below are not a "
+            "verified claim.\n"]
 
 
 def card_text(statement: dict[str, Any], artifact_name: str | None = None, quantized_by: str = "ggufmtp",
@@ -55,6 +83,7 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
     lines = [title, f"MTP runtime GGUF: the multi-token-prediction (NextN) head `blk.{res['mtp_block']}` is kept "
              f"({res['mtp_status']}) so `llama-server --spec-type draft-mtp` can draft with it. "
              f"Recipe `{rec['name']}` ({rec['ftype']}), {res['bpw']} bits per weight, {res['size_bytes']:,} bytes.\n"]
+    lines += _unverified_notice(unverified_reason(statement))
     if v:
         lines += _claim(v) + _tables(v)
     lines += _how_to_run(name, v) + _caveats(p) + _provenance(p, subj, name)

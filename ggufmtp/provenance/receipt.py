@@ -10,16 +10,24 @@ Layout::
 
 ``predicate.integrity.sha256`` is the digest of the canonical JSON of the whole statement with
 that field emptied: an edit to any field that does not recompute it is caught by ``audit``.
-(It detects edits, not forgery: sign the statement, e.g. with a DSSE envelope, for that.)
+It detects accidental edits, not forgery (anyone can recompute it): with a signing key the file is
+a DSSE envelope around the statement instead (:mod:`ggufmtp.provenance.signing`), which is.
 The predicate's JSON Schema ships as ``ggufmtp/data/receipt.schema.json``.
+
+Every claim is bound to bytes: the subject digests are the artifact's, the imatrix digest is the
+one the plan read (quantize used those bytes), and a verification is accepted only when the
+sha256 of the file llama-server served equals the artifact's digest.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 import hashlib
 import json
-import os
 import platform
+import stat
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +38,8 @@ from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
 from ..errors import AuditError
 from ..gguf.fsutil import atomic_write_json
 from ..gguf.hashing import sha256_file
+from .signing import (UNSIGNED_NOTE, envelope_statement, is_envelope, load_private_key, read_json_file,
+                      resolve_signing_key, sign_statement, verify_envelope)
 
 if TYPE_CHECKING:  # annotations only: quantize pulls in libllama
     from ..quant.quantize import QuantizeResult
@@ -76,24 +86,25 @@ def _dist_version(name: str) -> str | None:
 
 
 def toolchain(server: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Versions and build facts of everything that touched the artifact."""
-    from ..runtime import build as runtime
+    """Versions and build facts of everything that touched the artifact. The llama.cpp commit is
+    the one of the libllama this process loaded (its runtime record, else the ``LLAMA_COMMIT`` of
+    its build); ``pinned_commit`` appears when that is not the commit ggufmtp pins."""
+    from ..runtime.build import cpu_flags
+    from ..runtime.libllama import loaded_libllama  # loads libllama: quantize already has
 
-    info = runtime.installed_runtime()
-    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")
+    lib = loaded_libllama()
     quantizer = {
         "library": "libllama via llama-cpp-python",
-        "llama_cpp_commit": info.commit if info else LLAMA_CPP_COMMIT,
-        "lib_path": lib_dir,
-        "variant": info.variant if info else None,
-        "build_flags": info.build_flags if info else [],
+        "llama_cpp_commit": lib.commit or "unknown",
+        "lib_path": str(lib.path.parent) if lib.path else None,
+        "variant": lib.variant,
+        "build_flags": list(lib.build_flags),
     }
-    flags = sorted(runtime.cpu_flags() & {"avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16",
-                                          "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"})
-    compiler = None
-    if info is not None:
-        rec = json.loads((info.bin_dir.parent / runtime.RUNTIME_JSON).read_text())
-        compiler = rec.get("compiler")
+    if lib.commit != LLAMA_CPP_COMMIT:
+        quantizer["pinned_commit"] = LLAMA_CPP_COMMIT
+    flags = sorted(cpu_flags() & {"avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16",
+                                  "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"})
+    compiler = lib.compiler
     return {
         "ggufmtp": __version__,
         "python": sys.version.split()[0],
@@ -131,15 +142,34 @@ def base_model_section(model_path: Path, model_arg: str | None = None,
     return {"source": source, "files": files}
 
 
-def imatrix_section(imatrix: str | Path | None, missing: list[str]) -> dict[str, Any] | None:
+def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str | None = None
+                    ) -> dict[str, Any] | None:
+    """The receipt's imatrix section. ``sha256``: the digest the plan read (quantize used those
+    bytes); a file that no longer has it is refused, naming the file and both digests."""
     if not imatrix:
         return None
     from ..imatrix.format import read_imatrix
 
+    try:
+        now = sha256_file(imatrix)
+    except OSError as e:
+        raise AuditError(f"{imatrix}: cannot read the imatrix ({e.strerror or type(e).__name__})") from None
+    if sha256 and now != sha256:
+        raise AuditError(f"{imatrix}: the imatrix changed after the plan read it (sha256 {sha256} when planned, "
+                         f"{now} now); the artifact was made from the planned bytes: re-run quantize")
     im = read_imatrix(imatrix)
-    return {"file": Path(imatrix).name, "sha256": sha256_file(imatrix), "format": im.format,
+    return {"file": Path(imatrix).name, "sha256": now, "format": im.format,
             "datasets": list(im.datasets), "chunk_count": im.chunk_count, "entries": len(im.entries),
             "missing": missing}
+
+
+def _planned_imatrix(plan: Any, imatrix: str | Path | None) -> dict[str, Any] | None:
+    """The imatrix section of a quantize result: the plan's imatrix (the one quantize used) at the
+    digest the plan read. An ``imatrix`` the plan did not use is refused."""
+    if imatrix and not plan.imatrix:
+        raise AuditError(f"{imatrix}: the plan used no imatrix, so the artifact was not made with it")
+    chosen = imatrix or plan.imatrix
+    return imatrix_section(chosen, plan.imatrix_missing, plan.imatrix_sha256) if chosen else None
 
 
 def build_statement(outputs: list[Path], predicate: dict[str, Any], output_sha256: dict[str, str] | None = None
@@ -159,72 +189,117 @@ def default_receipt_path(artifact: Path) -> Path:
 
 def write_receipt(result: QuantizeResult, receipt_path: str | Path | None = None,
                   imatrix: str | Path | None = None, model_arg: str | None = None,
-                  manifest: dict[str, Any] | None = None) -> Path:
+                  manifest: dict[str, Any] | None = None, signing_key: str | Path | None = None) -> Path:
     """Write the receipt of a :func:`~ggufmtp.quant.quantize.quantize` result (default
-    ``OUT.gguf.receipt.json``); ``imatrix`` defaults to the one the plan used. Returns its path."""
-    return receipt_for_quantize(result, model_arg=model_arg, imatrix=imatrix or result.plan.imatrix,
-                                receipt_path=receipt_path, manifest=manifest)
+    ``OUT.gguf.receipt.json``); ``imatrix`` defaults to the one the plan used. With ``signing_key``
+    the receipt is a signed DSSE envelope (sign the artifact with
+    :func:`~ggufmtp.provenance.signing.sign_artifact`). Returns its path."""
+    return receipt_for_quantize(result, model_arg=model_arg, imatrix=imatrix, receipt_path=receipt_path,
+                                manifest=manifest, signing_key=signing_key)
 
 
 def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imatrix: str | Path | None = None,
                          receipt_path: str | Path | None = None, manifest: dict[str, Any] | None = None,
-                         verification: dict[str, Any] | None = None) -> Path:
-    """Write the receipt of a :class:`~ggufmtp.quant.quantize.QuantizeResult`; returns its path."""
-    from ..gguf.model import GGUFModel, check_mtp
+                         verification: dict[str, Any] | None = None, signing_key: str | Path | None = None) -> Path:
+    """Write the receipt of a :class:`~ggufmtp.quant.quantize.QuantizeResult`; returns its path.
+    Its imatrix is the plan's, at the digest the plan read; ``verification`` must be of these bytes;
+    ``signing_key``: write a DSSE envelope signed with it."""
+    from ..gguf.model import GGUFModel
 
     out = Path(res.output)
     gm = GGUFModel(out)
-    mtp = check_mtp(gm)
-    types = gm.type_table()
     plan = res.plan
-    rec = plan.recipe_obj
     predicate = {
         "base_model": base_model_section(Path(plan.model), model_arg, manifest),
-        "imatrix": imatrix_section(imatrix, plan.imatrix_missing) if imatrix else None,
-        "recipe": {
-            "name": plan.recipe,
-            "file": Path(rec.path).name if rec and rec.path else None,
-            "sha256": rec.sha256 if rec else None,
-            "ftype": plan.ftype,
-            "output_type": rec.output_type if rec else None,
-            "token_embedding_type": rec.token_embedding_type if rec else None,
-            "rules": [{"pattern": r.pattern, "type": r.type, "source": r.source} for r in plan.rules],
-            "llama_quantize_command": plan.llama_quantize_command(out.name),
-        },
-        "result": {
-            "tensor_types": types,
-            "tensor_types_sha256": table_digest(types),
-            "mtp_block": mtp.block,
-            "mtp_status": mtp.status,
-            "nextn_predict_layers": gm.nextn_predict_layers,
-            "file_type": gm.file_type,
-            "size_bytes": gm.size_bytes,
-            "n_params": gm.n_params,
-            "bpw": round(gm.bpw, 4),
-        },
+        "imatrix": _planned_imatrix(plan, imatrix),
+        "recipe": _recipe_section(plan, out.name),
+        "result": _result_section(gm),
         "toolchain": toolchain(),
         "started_at": res.started_at,
         "finished_at": res.finished_at,
-        "verification": verification,
+        "verification": None,
     }
-    statement = seal(build_statement([out], predicate))
-    validate_statement(statement)
+    statement = build_statement([out], predicate)
+    if verification is not None:
+        _refuse_unbound(statement, verification, out)
+        predicate["verification"] = verification
     path = Path(receipt_path) if receipt_path else default_receipt_path(out)
-    atomic_write_json(path, statement)
+    write_statement(path, seal(statement), signing_key)
     return path
 
 
-def load_receipt(path: str | Path) -> dict[str, Any]:
+def _recipe_section(plan: Any, out_name: str) -> dict[str, Any]:
+    rec = plan.recipe_obj
+    return {
+        "name": plan.recipe,
+        "file": Path(rec.path).name if rec and rec.path else None,
+        "sha256": rec.sha256 if rec else None,
+        "ftype": plan.ftype,
+        "output_type": rec.output_type if rec else None,
+        "token_embedding_type": rec.token_embedding_type if rec else None,
+        "rules": [{"pattern": r.pattern, "type": r.type, "source": r.source} for r in plan.rules],
+        "llama_quantize_command": plan.llama_quantize_command(out_name),
+    }
+
+
+def _result_section(gm: Any) -> dict[str, Any]:
+    from ..gguf.model import check_mtp
+
+    mtp = check_mtp(gm)
+    types = gm.type_table()
+    return {
+        "tensor_types": types,
+        "tensor_types_sha256": table_digest(types),
+        "mtp_block": mtp.block,
+        "mtp_status": mtp.status,
+        "nextn_predict_layers": gm.nextn_predict_layers,
+        "file_type": gm.file_type,
+        "size_bytes": gm.size_bytes,
+        "n_params": gm.n_params,
+        "bpw": round(gm.bpw, 4),
+    }
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass(frozen=True)
+class ReceiptFile:
+    """A receipt file as read: its in-toto statement, and whether it came in a signed DSSE envelope
+    (``envelope``; the signature is checked by :func:`~ggufmtp.provenance.signing.verify_receipt`)."""
+
+    path: Path
+    statement: dict[str, Any]
+    signed: bool
+    envelope: dict[str, Any] | None = None
+
+    @property
+    def trust(self) -> str:
+        """What the file alone proves: a DSSE signature, or only a checksum."""
+        return "signed: DSSE envelope" if self.signed else UNSIGNED_NOTE
+
+
+def read_receipt(path: str | Path) -> ReceiptFile:
+    """Read a receipt, plain statement or DSSE envelope. One clear AuditError (naming the file) for
+    anything that is not a receipt: unreadable, not JSON, nested absurdly deep, not an in-toto
+    Statement v1, or a statement of the wrong shape (the types and keys the schema requires)."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise AuditError(f"{p}: no such receipt") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AuditError(f"{p}: not a JSON receipt ({e})") from None
+    data = read_json_file(p, "receipt")
+    envelope = None
+    if is_envelope(data):
+        envelope, data = data, envelope_statement(data, p)
     if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE:
-        raise AuditError(f"{p}: not an in-toto Statement v1 (_type is {data.get('_type') if isinstance(data, dict) else None!r})")
-    return data
+        got = str(data.get("_type"))[:80] if isinstance(data, dict) else type(data).__name__
+        raise AuditError(f"{p}: not an in-toto Statement v1 (_type is {got!r})")
+    errs = shape_errors(data)
+    if errs:
+        raise AuditError(f"{p}: not a ggufmtp receipt (wrong shape: {'; '.join(errs[:3])})")
+    return ReceiptFile(p, data, envelope is not None, envelope)
+
+
+def load_receipt(path: str | Path) -> dict[str, Any]:
+    """The statement of the receipt at ``path`` (plain or in a DSSE envelope; see :func:`read_receipt`)."""
+    return read_receipt(path).statement
 
 
 def schema() -> dict[str, Any]:
@@ -232,11 +307,42 @@ def schema() -> dict[str, Any]:
 
 
 def schema_errors(statement: dict[str, Any]) -> list[str]:
+    return _errors(schema(), statement)
+
+
+def _errors(sch: dict[str, Any], statement: Any) -> list[str]:
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema())
-    return [f"{'/'.join(str(x) for x in e.absolute_path) or '<root>'}: {e.message}"
-            for e in sorted(validator.iter_errors(statement), key=lambda e: list(e.absolute_path))]
+    validator = jsonschema.Draft202012Validator(sch)
+    return [f"{'/'.join(str(x) for x in e.absolute_path) or '<root>'}: {e.message[:200]}"
+            for e in sorted(validator.iter_errors(statement), key=lambda e: [str(x) for x in e.absolute_path])]
+
+
+# Value constraints, as opposed to the types and required keys the code relies on when reading.
+_VALUE_KEYWORDS = {"pattern", "enum", "const", "minimum", "maximum", "minLength", "maxLength", "minItems",
+                   "maxItems", "minProperties"}
+
+
+def _types_only(node: Any, naming: bool = False) -> Any:
+    """The schema with its value constraints dropped (``naming``: ``node`` maps names to schemas)."""
+    if isinstance(node, list):
+        return [_types_only(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: _types_only(v, naming=k in ("properties", "$defs")) for k, v in node.items()
+            if naming or k not in _VALUE_KEYWORDS}
+
+
+@functools.lru_cache(maxsize=1)
+def _shape_schema() -> dict[str, Any]:
+    return _types_only(schema())
+
+
+def shape_errors(statement: Any) -> list[str]:
+    """Where ``statement`` has another shape than a receipt (wrong types, missing required keys):
+    what every reader relies on. Value errors (a bad digest, an unknown verdict) are
+    :func:`schema_errors`' and are reported by ``audit``."""
+    return _errors(copy.deepcopy(_shape_schema()), statement)
 
 
 def validate_statement(statement: dict[str, Any]) -> None:
@@ -245,15 +351,80 @@ def validate_statement(statement: dict[str, Any]) -> None:
         raise AuditError("receipt does not match its schema: " + "; ".join(errs[:5]))
 
 
+# ----------------------------------------------------------------------------- writing
+
+
+def write_statement(path: str | Path, statement: dict[str, Any], signing_key: str | Path | None = None) -> Path:
+    """Validate ``statement`` and write it atomically to ``path``: plain JSON, or with ``signing_key``
+    a DSSE envelope signed with it. AuditError naming the file when it cannot be written."""
+    path = Path(path)
+    validate_statement(statement)
+    data = sign_statement(statement, signing_key) if signing_key else statement
+    try:
+        if path.is_dir():
+            raise AuditError(f"{path}: is a directory; give the receipt a file path")
+        if path.exists() and not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+            raise AuditError(f"{path}: the receipt is read-only; not replacing it")
+        atomic_write_json(path, data)
+    except OSError as e:
+        raise AuditError(f"{path}: cannot write the receipt ({e.strerror or type(e).__name__})") from None
+    return path
+
+
+def verification_problem(statement: dict[str, Any], verification: dict[str, Any]) -> str | None:
+    """Why ``verification`` is not bound to the receipt's artifact (None when it is): the sha256 of
+    the file llama-server served (``verification.model.sha256``) must equal the digest of the
+    receipt's artifact (its first subject: the file a server is given)."""
+    subject = statement["subject"][0]
+    want = subject["digest"]["sha256"]
+    model = verification.get("model") if isinstance(verification, dict) else None
+    served = model.get("sha256") if isinstance(model, dict) else None
+    if not served:
+        return (f"the verification does not name the sha256 of the file it served (verification.model.sha256), "
+                f"so it cannot be bound to {subject['name']} (sha256 {want})")
+    if str(served).lower() != str(want).lower():
+        return (f"the verification is of another file: the served file has sha256 {served}, "
+                f"the receipt's artifact {subject['name']} has sha256 {want}")
+    return None
+
+
+def _refuse_unbound(statement: dict[str, Any], verification: dict[str, Any], where: str | Path) -> None:
+    problem = verification_problem(statement, verification)
+    if problem:
+        raise AuditError(f"{where}: refusing the verification: {problem}")
+
+
+def _intact(rf: ReceiptFile, signing_key: str | Path | None) -> None:
+    """Before rewriting a receipt: its checksum holds, and a signed one verifies with the key about
+    to re-sign it (re-sealing or re-signing must never launder an edit)."""
+    recorded = (rf.statement["predicate"].get("integrity") or {}).get("sha256")
+    if recorded != integrity_digest(rf.statement):
+        raise AuditError(f"{rf.path}: the receipt was edited after it was written (its integrity digest does not "
+                         f"match); refusing to re-seal it")
+    if rf.signed and signing_key:
+        verify_envelope(rf.envelope, load_private_key(signing_key).public_key(), rf.path)
+
+
 # Sections that tune, curve and profiles add to a verification; a new verify run keeps them.
 ADDED_VERIFICATION_SECTIONS = ("tuned", "profiles", "acceptance_curve")
 
 
-def set_verification(path: str | Path, verification: dict[str, Any], keep_added: bool = False) -> dict[str, Any]:
+def set_verification(path: str | Path, verification: dict[str, Any], keep_added: bool = False,
+                     signing_key: str | Path | None = None) -> dict[str, Any]:
     """Fill the receipt's ``verification`` slot (re-sealing it) and write it back atomically.
-    ``keep_added``: carry over what tune, curve and profiles stored in the old section (a
-    ``tuned`` of this verification, from a sweep, wins; an older sweep's is not carried)."""
-    st = load_receipt(path)
+
+    Refused (AuditError naming both digests) unless ``verification.model.sha256`` equals the
+    artifact's digest. ``keep_added``: carry over what tune, curve and profiles stored in the old
+    section (a ``tuned`` of this verification, from a sweep, wins; an older sweep's is not carried).
+    A signed receipt stays signed: ``signing_key`` (else ``$GGUFMTP_SIGNING_KEY``) re-signs it."""
+    rf = read_receipt(path)
+    st = rf.statement
+    _refuse_unbound(st, verification, path)
+    key = signing_key or (resolve_signing_key(None) if rf.signed else None)
+    if rf.signed and not key:
+        raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
+                         f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
+    _intact(rf, key)
     old = st["predicate"].get("verification") or {}
     if keep_added:
         kept = {k: old[k] for k in ADDED_VERIFICATION_SECTIONS if old.get(k) and not verification.get(k)}
@@ -263,13 +434,39 @@ def set_verification(path: str | Path, verification: dict[str, Any], keep_added:
     st["predicate"]["verification"] = verification
     if verification.get("server"):
         st["predicate"]["toolchain"]["server"] = verification["server"]
-    seal(st)
-    validate_statement(st)
-    atomic_write_json(Path(path), st)
+    write_statement(path, seal(st), key)
     return st
 
 
-def format_receipt(st: dict[str, Any]) -> str:
+def sign_receipt(path: str | Path, signing_key: str | Path, artifact: str | Path | None = None) -> list[Path]:
+    """Sign an existing receipt (rewritten as a DSSE envelope) and its artifact files (``X.sig``
+    beside each; ``artifact``: the first subject's file, default beside the receipt). Only an
+    intact receipt of these exact bytes is signed: its checksum must hold, and every subject file's
+    sha256 must be the recorded one (a signature must never launder an edit). Returns the
+    signatures written."""
+    from .signing import sign_artifact
+
+    rf = read_receipt(path)
+    _intact(rf, signing_key)
+    validate_statement(rf.statement)
+    folder = Path(artifact).parent if artifact else rf.path.parent
+    files = []
+    for i, subj in enumerate(rf.statement["subject"]):
+        f = Path(artifact) if artifact and i == 0 else folder / Path(subj["name"]).name
+        try:
+            got = sha256_file(f)
+        except OSError as e:
+            raise AuditError(f"{f}: cannot read the artifact the receipt describes ({e.strerror or e})") from None
+        if got != subj["digest"]["sha256"]:
+            raise AuditError(f"{f}: sha256 {got} is not the receipt's {subj['digest']['sha256']}; not signing")
+        files.append(f)
+    signatures = [sign_artifact(f, signing_key) for f in files]
+    write_statement(rf.path, rf.statement, signing_key)
+    return signatures
+
+
+def format_receipt(st: dict[str, Any], signed: bool | None = None) -> str:
+    """The receipt for people; ``signed`` (when known) adds what the file's signature proves."""
     p = st.get("predicate", {})
     lines = [f"receipt ({st.get('predicateType')})"]
     for s in st.get("subject", []):
@@ -306,22 +503,20 @@ def format_receipt(st: dict[str, Any]) -> str:
                      f"speedup {v.get('speedup')} CI95 {v.get('speedup_ci95')}, verdict {v.get('verdict')}")
     else:
         lines.append("  verified  not yet")
+    if signed is not None:
+        lines.append("  signature " + ("DSSE envelope (check it: ggufmtp audit ARTIFACT --public-key PUB.pem)"
+                                       if signed else UNSIGNED_NOTE))
     return "\n".join(lines)
 
 
 def read_statement(path: str | Path) -> dict[str, Any] | None:
-    """The statement in a receipt file, plain JSON or wrapped in a DSSE envelope (``payloadType`` +
-    base64 ``payload``); None when the file is unreadable or holds no JSON object. Unlike
-    ``load_receipt`` it neither raises nor checks ``_type``: for callers that only glean facts."""
-    import base64  # stdlib; kept local so this reader stays one self-contained addition
-
+    """The statement in a receipt file, plain JSON or wrapped in a DSSE envelope; None when the file
+    is unreadable or holds no JSON object. Unlike ``load_receipt`` it neither raises nor checks the
+    statement: for callers that only glean facts."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json_file(path, "receipt")
+        if is_envelope(data):
+            data = envelope_statement(data, path)
+    except AuditError:
         return None
-    if isinstance(data, dict) and isinstance(data.get("payload"), str) and "payloadType" in data:
-        try:
-            data = json.loads(base64.b64decode(data["payload"]))
-        except ValueError:
-            return None
     return data if isinstance(data, dict) else None

@@ -20,10 +20,13 @@ import gguf
 
 from ..errors import PlanError
 from ..fmt import human_bytes
+from ..gguf.fsutil import not_a_regular_file
+from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, check_mtp
 from ..imatrix import check as imx_check, entries as imx_entries, format as imx
-from ..runtime.libllama import KVOverride, QuantizeParams, run_quantize
+from ..runtime.libllama import KVOverride, QuantizeParams
 from .recipe import Recipe, Rule, ftype_names, ggml_type_names
+from .worker import run_quantize_interruptible
 
 # llama_ftype_get_default_type (src/llama-quant.cpp)
 FTYPE_DEFAULT_TYPE = {
@@ -107,6 +110,7 @@ class Plan:
     warnings: list[str]
     imatrix: str | None = None
     imatrix_missing: list[str] = dataclasses.field(default_factory=list)
+    imatrix_sha256: str | None = None  # the bytes the plan read: quantize uses them, the receipt names them
     params: QuantizeParams | None = dataclasses.field(default=None, repr=False)
     recipe_obj: Recipe | None = dataclasses.field(default=None, repr=False)
 
@@ -216,6 +220,7 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
         found.errors += _mtp_errors(model, rec, mtp)
     rules = rec.resolved_rules(block)
     _check_recipe(rec, rules, found)
+    imatrix_sha256 = sha256_file(imatrix) if imatrix and not_a_regular_file(imatrix) is None else None
     im = _read_imatrix(imatrix, rec, gm, found)
     params = quantize_params(rec, rules, im, str(imatrix) if imatrix else None, threads, dry_run=True)
     tensors, fallbacks, _log = _dry_run(gm, params)
@@ -229,6 +234,7 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
     return Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=block, mtp_status=mtp.status,
                 rules=rules, tensors=tensors, n_params=gm.n_params, errors=found.errors, warnings=found.warnings,
                 imatrix=str(imatrix) if imatrix else None, imatrix_missing=missing_stats,
+                imatrix_sha256=imatrix_sha256,
                 params=dataclasses.replace(params, dry_run=False), recipe_obj=rec)
 
 
@@ -300,7 +306,11 @@ def _check_imatrix_coverage(missing_stats: list[str], rec: Recipe, im: imx_entri
 
 
 def _dry_run(gm: GGUFModel, params: QuantizeParams) -> tuple[list[PlannedTensor], dict[str, str], list[str]]:
-    rc, log = run_quantize(str(gm.shards[0]), "/dev/null", params)
+    # in a worker thread: Ctrl-C inside libllama's log callback would be swallowed (exit 130, not 0)
+    run = run_quantize_interruptible(str(gm.shards[0]), "/dev/null", params)
+    if run.exc is not None:
+        raise PlanError(f"{gm.path}: llama.cpp dry run failed: {run.exc}")
+    rc, log = run.rc, run.log
     if rc != 0:
         tail = "\n".join(line for line in log[-12:] if line.strip())
         raise PlanError(f"{gm.path}: llama.cpp dry run failed:\n{tail}")

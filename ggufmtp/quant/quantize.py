@@ -1,25 +1,29 @@
 """``ggufmtp quantize``: plan, quantize in-process with libllama, audit, then rename into place.
 
-The output is written to a hidden temporary file beside ``OUT`` and renamed only after the
-audit passes: Ctrl-C, a libllama failure or an audit mismatch leave no ``OUT`` behind.
+The output is written into a hidden partial folder beside ``OUT`` and renamed only after the
+audit (and the caller's receipt) passed: Ctrl-C, a libllama failure, an audit mismatch or a
+kill -9 leave no ``OUT`` behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import os
 import re
-import threading
+import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import PlanError, QuantizeError
+from ..gguf.fsutil import fsync_dir, fsync_path
+from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, check_mtp
-from ..runtime.libllama import QuantizeParams, llama_cpp_module, run_quantize
 from .plan import Plan, make_plan
 from .recipe import Recipe
+from .worker import WorkerRun, run_quantize_interruptible
 
 _TENSOR_START = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-")
 
@@ -121,9 +125,15 @@ def audit_against_plan(path: Path, plan: Plan, source: GGUFModel) -> list[AuditC
 
 
 def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, imatrix: str | Path | None = None,
-             threads: int = 0, progress: bool = True, plan: Plan | None = None,
-             mtp_optional: bool = False) -> QuantizeResult:
+             threads: int = 0, progress: bool = True, plan: Plan | None = None, mtp_optional: bool = False,
+             before_publish: Callable[[QuantizeResult], Any] | None = None) -> QuantizeResult:
     """Quantize ``model`` with ``recipe`` into ``out`` (atomically), then audit the result.
+
+    The file is made in a hidden partial folder beside ``out`` (``.OUT.partial-<pid>/OUT``), fsynced,
+    audited, handed to ``before_publish`` (the result's ``output`` is then the staged file, under
+    its final name: write the receipt there, with an explicit receipt path) and only then renamed
+    into place: an artifact never appears before its receipt, and an interrupt, a failure or a
+    ``kill -9`` at any point leaves no ``out`` (the next run removes partials of dead processes).
 
     Raises :class:`PlanError` if pre-flight checks fail (before any work), :class:`QuantizeError`
     if libllama fails or the result differs from the plan."""
@@ -132,34 +142,106 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
     if plan is None:
         plan = make_plan(model, recipe, imatrix, threads, mtp_optional=mtp_optional)
     _refuse_before_work(model, out, plan)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _refuse_changed_imatrix(plan)
+    _make_folder(out.parent, out)
+    remove_stale_partials(out)
     source = GGUFModel(model)
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    work = out.with_name(f".{out.name}{PARTIAL_MARK}{os.getpid()}")
+    staged = work / out.name
     params = dataclasses.replace(plan.params, nthread=threads, dry_run=False)
     bar = _Progress(source, progress)
     started, t0 = _now(), time.perf_counter()
     ok = False
     try:
-        run = _quantize_in_worker(str(source.shards[0]), str(tmp), params, bar)
-        if run.exc is not None:
-            raise QuantizeError(f"{model}: quantization failed: {run.exc}")
-        if run.rc != 0:
-            tail = [line for line in run.log if line.strip()][-12:]
-            raise QuantizeError(f"{model}: llama_model_quantize failed (status {run.rc}):\n  " + "\n  ".join(tail))
-        checks = audit_against_plan(tmp, plan, source)
+        _make_folder(work, out)
+        run = run_quantize_interruptible(str(source.shards[0]), str(staged), params, bar.on_line)
+        _raise_for_run(run, model, out)
+        fsync_path(staged)  # libllama closes the file without fsync: durable before the rename
+        checks = audit_against_plan(staged, plan, source)
         bad = [c for c in checks if not c.ok]
         if bad:
             raise QuantizeError(f"{out}: audit after quantization failed: "
                                 + "; ".join(f"{c.name}: {c.detail}" for c in bad))
-        os.replace(tmp, out)
+        result = QuantizeResult(output=staged, plan=plan, checks=checks, seconds=time.perf_counter() - t0,
+                                size_bytes=staged.stat().st_size, started_at=started, finished_at=_now(),
+                                log_tail=run.log[-20:])
+        if before_publish is not None:
+            before_publish(result)
+        os.replace(staged, out)
+        fsync_dir(out.parent)
         ok = True
     finally:
         bar.close(ok)
-        if not ok:
-            tmp.unlink(missing_ok=True)
-    return QuantizeResult(output=out, plan=plan, checks=checks, seconds=time.perf_counter() - t0,
-                          size_bytes=out.stat().st_size, started_at=started, finished_at=_now(),
-                          log_tail=run.log[-20:])
+        _remove_partial(work)
+    return dataclasses.replace(result, output=out)
+
+
+PARTIAL_MARK = ".partial-"
+
+
+def _make_folder(folder: Path, out: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QuantizeError(f"{out}: cannot create folder {folder} ({e.strerror or e})") from None
+
+
+def _remove_partial(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_partials(out: str | Path) -> list[Path]:
+    """Remove ``.OUT.partial-<pid>`` files and folders beside ``out`` whose process is gone
+    (left by a kill -9 or a crash); returns what was removed. Called before this process makes its own."""
+    out = Path(out)
+    prefix = f".{out.name}{PARTIAL_MARK}"
+    removed: list[Path] = []
+    with contextlib.suppress(OSError):
+        for p in out.parent.iterdir():
+            pid = p.name[len(prefix):]
+            # our own pid: a leftover of an earlier process that had it (ours is made after this)
+            if p.name.startswith(prefix) and pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
+                _remove_partial(p)
+                removed.append(p)
+    return removed
+
+
+def _raise_for_run(run: WorkerRun, model: Path, out: Path) -> None:
+    """libllama's failure as a QuantizeError that blames the right file: a write error (disk full,
+    output folder gone) names the output, anything else the model."""
+    if run.exc is not None:
+        raise QuantizeError(f"{model}: quantization failed: {run.exc}")
+    if run.rc == 0:
+        return
+    tail = [line for line in run.log if line.strip()][-12:]
+    if any("iostream error" in line or "basic_ios" in line for line in tail):
+        raise QuantizeError(f"{out}: cannot write the output: {_write_failure(out.parent)}")
+    raise QuantizeError(f"{model}: llama_model_quantize failed (status {run.rc}):\n  " + "\n  ".join(tail))
+
+
+def _write_failure(folder: Path) -> str:
+    try:
+        st = os.statvfs(folder)
+    except OSError as e:
+        return f"write error ({e.strerror or e})"
+    free = st.f_bavail * st.f_frsize
+    if free < 1 << 20:
+        return f"no space left on device ({free} bytes free in {folder})"
+    return f"write error (llama.cpp reported an iostream error; {free} bytes free in {folder})"
 
 
 def _refuse_before_work(model: Path, out: Path, plan: Plan) -> None:
@@ -171,29 +253,14 @@ def _refuse_before_work(model: Path, out: Path, plan: Plan) -> None:
         raise QuantizeError(f"{out}: output would overwrite the input")
 
 
-@dataclasses.dataclass
-class _WorkerRun:
-    """What the quantization thread hands back: libllama's status and log, or what it raised."""
-
-    rc: int | None = None
-    log: list[str] = dataclasses.field(default_factory=list)
-    exc: BaseException | None = None
-
-
-def _quantize_in_worker(src: str, dst: str, params: QuantizeParams, bar: _Progress) -> _WorkerRun:
-    """``llama_model_quantize`` in a worker thread: the C call cannot be interrupted, and waiting for
-    it here in short joins keeps Ctrl-C responsive."""
-    run = _WorkerRun()
-
-    def work() -> None:
-        try:
-            run.rc, run.log = run_quantize(src, dst, params, bar.on_line)
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            run.exc = e
-
-    llama_cpp_module().llama_backend_init()
-    worker = threading.Thread(target=work, name="ggufmtp-quantize", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.2)
-    return run
+def _refuse_changed_imatrix(plan: Plan) -> None:
+    """The imatrix must still be the bytes the plan read: the receipt names that digest."""
+    if not plan.imatrix or not plan.imatrix_sha256:
+        return
+    try:
+        now = sha256_file(plan.imatrix)
+    except OSError as e:
+        raise QuantizeError(f"{plan.imatrix}: cannot read the imatrix ({e.strerror or e})") from None
+    if now != plan.imatrix_sha256:
+        raise QuantizeError(f"{plan.imatrix}: the imatrix changed after the plan read it (sha256 "
+                            f"{plan.imatrix_sha256} when planned, {now} now); plan again")

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RecipeError
+from ..gguf.fsutil import not_a_regular_file
 
 MTP_PLACEHOLDER = "{mtp}"
 
@@ -149,12 +150,20 @@ class Recipe:
     def load(cls, name_or_path: str | Path) -> "Recipe":
         """Load a recipe file, or a shipped recipe by name (``hifi-q4_k_m-mtp``)."""
         path = resolve_recipe_path(name_or_path)
+        problem = not_a_regular_file(path)
+        if problem is not None:  # open() of a FIFO would wait for a writer
+            raise RecipeError(f"{path}: {problem}")
         data = path.read_bytes()
         try:
             doc = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise RecipeError(f"{path}: not valid TOML ({e})") from None
-        recipe = cls.from_dict(doc, where=str(path))
+        try:
+            recipe = cls.from_dict(doc, where=str(path))
+        except (TypeError, ValueError, AttributeError) as e:  # a table where a list belongs, text for a number
+            if isinstance(e, RecipeError):
+                raise
+            raise RecipeError(f"{path}: malformed recipe ({e})") from None
         return dataclasses.replace(recipe, path=str(path), sha256=hashlib.sha256(data).hexdigest())
 
     @classmethod

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import json
 import threading
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
-from ..runtime.build import configure_libllama
+from ..runtime.build import RUNTIME_JSON, configure_libllama
 
 _LOG_LOCK = threading.Lock()
 
@@ -27,6 +29,62 @@ def llama_cpp_module():
     import llama_cpp  # noqa: WPS433
 
     return llama_cpp
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedLibllama:
+    """The libllama this process loaded, and the llama.cpp commit it was built from.
+
+    libllama exports no commit of its own; ``commit_source`` says where it was read: the runtime
+    record beside a ggufmtp-built library, or ``LLAMA_COMMIT`` of the ``libllama-common`` built with
+    it (the string ``llama-server --version`` prints); None when neither is there."""
+
+    path: Path | None
+    commit: str | None
+    commit_source: str | None
+    variant: str | None = None
+    build_flags: tuple[str, ...] = ()
+    compiler: str | None = None
+
+
+def loaded_libllama() -> LoadedLibllama:
+    """Which libllama llama-cpp-python loaded here (loading it if needed), with its build facts."""
+    lc = llama_cpp_module()
+    name = getattr(getattr(getattr(lc, "llama_cpp", None), "_lib", None), "_name", None)
+    path = Path(name) if name else None
+    record = _runtime_record(path)
+    commit, source = record.get("commit"), "runtime record"
+    if not isinstance(commit, str) or not commit:
+        commit, source = _common_commit(path), "LLAMA_COMMIT of libllama-common"
+    flags = record.get("build_flags")
+    return LoadedLibllama(path=path, commit=commit, commit_source=source if commit else None,
+                          variant=record.get("variant"), compiler=record.get("compiler"),
+                          build_flags=tuple(str(f) for f in flags) if isinstance(flags, list) else ())
+
+
+def _runtime_record(lib: Path | None) -> dict:
+    """``runtime.json`` of the ggufmtp runtime whose ``bin/`` holds ``lib`` ({} if none)."""
+    if lib is None or lib.parent.name != "bin":
+        return {}
+    try:
+        data = json.loads((lib.parent.parent / RUNTIME_JSON).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _common_commit(lib: Path | None) -> str | None:
+    """``LLAMA_COMMIT`` exported by the ``libllama-common`` built beside ``lib``."""
+    if lib is None:
+        return None
+    for cand in sorted(lib.parent.glob("libllama-common.so*")) + sorted(lib.parent.glob("libcommon.so*")):
+        try:
+            value = ctypes.c_char_p.in_dll(ctypes.CDLL(str(cand)), "LLAMA_COMMIT").value
+        except (OSError, ValueError):
+            continue
+        if value:
+            return value.decode("utf-8", errors="replace")
+    return None
 
 
 @dataclasses.dataclass

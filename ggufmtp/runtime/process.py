@@ -1,5 +1,6 @@
 """Process-level helpers of :mod:`ggufmtp.runtime.server`: who owns a listening port, whether a
-port is free, an exit status in words, and the Linux parent-death signal for child processes."""
+port is free, an exit status in words, the Linux parent-death signal for child processes, and
+whether a starting process still makes progress."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import errno
 import os
 import signal
 import socket
+import time
+from pathlib import Path
 
-__all__ = ["HOST", "owns_listening_port", "port_in_use", "describe_exit", "die_with_parent"]
+__all__ = ["HOST", "StartupWatch", "owns_listening_port", "port_in_use", "describe_exit", "die_with_parent",
+           "stall_timeout_default"]
 
 HOST = "127.0.0.1"
 
@@ -65,3 +69,45 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+
+
+STALL_ENV = "GGUFMTP_SERVER_STALL_TIMEOUT"
+
+
+def stall_timeout_default() -> float | None:
+    """Seconds without progress after which a starting llama-server counts as hung:
+    ``$GGUFMTP_SERVER_STALL_TIMEOUT`` (0 = never), else 120 (a big model's load prints a dot per
+    percent, far more often)."""
+    try:
+        value = float(os.environ.get(STALL_ENV, "120"))
+    except ValueError:
+        value = 120.0
+    return value if value > 0 else None
+
+
+class StartupWatch:
+    """Whether a starting process makes progress: its log grows, or it listens on its port.
+
+    A process that is alive, prints nothing new and does not listen for ``limit`` seconds is
+    stalled; one that listens (answering 503 while it loads) is left to the startup timeout."""
+
+    def __init__(self, log_path: str | os.PathLike | None, limit: float | None):
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.limit = limit
+        self._size = -1
+        self._since = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the log last grew."""
+        try:
+            size = self.log_path.stat().st_size if self.log_path is not None else -1
+        except OSError:
+            size = -1
+        now = time.monotonic()
+        if size != self._size:
+            self._size, self._since = size, now
+        return now - self._since
+
+    def stalled(self, listening: bool) -> bool:
+        idle = self.idle_for()
+        return bool(self.limit) and not listening and idle > self.limit

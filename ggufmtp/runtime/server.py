@@ -37,7 +37,8 @@ from typing import Any, Iterable, Sequence
 from ..errors import RuntimeMissingError, ServerError
 from ..gguf.reader import read_header
 from ..runtime import build as runtime
-from .process import HOST, describe_exit, die_with_parent, owns_listening_port, port_in_use
+from .process import (HOST, StartupWatch, describe_exit, die_with_parent, owns_listening_port, port_in_use,
+                      stall_timeout_default)
 from .replies import Reply, SpecCounters, parse_prometheus, require_drafting
 
 __all__ = ["ServerConfig", "LlamaServer", "build_command", "display_command", "flags_without", "pick_flags",
@@ -69,6 +70,8 @@ class ServerConfig:
     port: int | None = None  # None = a free port
     log_path: str | os.PathLike | None = None  # None = a fresh temp file
     startup_timeout: float = 180.0
+    # a starting server whose log stops growing while it does not listen is hung (see StartupWatch)
+    stall_timeout: float | None = field(default_factory=stall_timeout_default)
     request_timeout: float = 600.0
     check_mtp: bool = True  # refuse draft_mtp on a GGUF without an MTP block (llama-server would not draft)
     env: dict[str, str] | None = None
@@ -142,6 +145,7 @@ def display_command(config: ServerConfig, binary: str | os.PathLike | None = Non
 
 # ----------------------------------------------------------------------------- helpers
 
+HELP_TIMEOUT_S = 10.0  # `llama-server --help` answers in well under a second
 _help_cache: dict[tuple[str, int, int], frozenset[str]] = {}
 _help_lock = threading.Lock()
 _FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
@@ -155,9 +159,12 @@ def binary_flags(binary: Path) -> frozenset[str]:
         if key in _help_cache:
             return _help_cache[key]
     try:
-        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        raise ServerError(f"{binary}: `--help` did not finish within {HELP_TIMEOUT_S:.0f}s (a hung or wrong "
+                          f"binary? point --llama-cpp-bin at a working llama-server)") from None
+    except OSError as e:
         raise ServerError(f"{binary}: could not run `--help`: {e}") from e
     text = (proc.stdout or "") + (proc.stderr or "")
     flags = frozenset(_FLAG_RE.findall(text))
@@ -362,6 +369,7 @@ class LlamaServer:
         deadline = time.monotonic() + timeout
         last = "no answer yet"
         owned = False
+        watch = StartupWatch(self.log_path, self.config.stall_timeout)
         while True:
             assert self.proc is not None and self.port is not None
             rc = self.proc.poll()
@@ -382,6 +390,11 @@ class LlamaServer:
                 last = f"HTTP {status} {body[:200].decode(errors='replace').strip()}"
             except (OSError, http.client.HTTPException) as e:
                 last = f"{type(e).__name__}: {e}"
+            if watch.stalled(listening=owned):
+                raise ServerError(
+                    f"llama-server made no progress for {watch.limit:.0f}s (no new log output, not listening "
+                    f"on {HOST}:{self.port}): it looks hung; log {self.log_path}:\n{self.log_tail()}\n"
+                    f"(a slow disk? raise $GGUFMTP_SERVER_STALL_TIMEOUT, seconds, 0 = never)")
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"llama-server did not become healthy within {timeout:.0f}s (last /health: {last}); "

@@ -1,0 +1,140 @@
+"""The nouns every measuring command reports (verify, tune, curve, profiles): the measured model
+(:class:`ModelInfo`), the llama-server that served it (:class:`ServerInfo`), the bootstrap that gave
+the confidence intervals (:class:`BootstrapInfo`) and the served file's identity
+(:class:`ServedFile`: its sha256, checked unchanged after the run).
+
+Each command's JSON kept the keys it always had, so a record's :meth:`~Keyed.to_dict` takes the
+keys to write, in their order (by default every field, in field order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import VerifyError
+from ..gguf.hashing import sha256_file
+
+__all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "first_difference"]
+
+
+class Keyed:
+    """A dataclass whose JSON form is a chosen subset of its fields in a chosen order."""
+
+    def to_dict(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
+        """The fields named by ``keys`` (default: all, in field order), values as plain JSON data."""
+        d = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return d if keys is None else {k: d[k] for k in keys}
+
+
+@dataclass(frozen=True)
+class ModelInfo(Keyed):
+    """The measured GGUF. ``sha256``: the digest of the bytes llama-server served (verify)."""
+
+    path: str
+    size_bytes: int | None = None
+    architecture: str | None = None
+    mtp_block: int | None = None
+    file_type: Any = None
+    sha256: str | None = None
+
+
+# The keys of ``model`` in each command's JSON.
+TUNE_MODEL_KEYS = ("path", "size_bytes", "architecture", "mtp_block")
+CURVE_MODEL_KEYS = ("path", "architecture", "mtp_block")
+PROFILES_MODEL_KEYS = ("path", "size_bytes")
+
+
+@dataclass(frozen=True)
+class ArmFlags:
+    """The flags each arm's llama-server ran with (model and address left out): vanilla's, and the
+    MTP arm's per draft window (``str(k)``)."""
+
+    vanilla: list[str]
+    mtp: dict[str, list[str]]
+
+
+@dataclass(frozen=True)
+class ServerInfo(Keyed):
+    """The llama-server a measurement ran: its build and binary; for verify also the version, the
+    flags of both arms (model and address left out; the MTP arm's per draft window) and the chat
+    template's thinking modes; for tune the command lines as run."""
+
+    build_info: str | None
+    binary: str
+    commit: str | None = None
+    version: str | None = None
+    variant: str | None = None
+    flags: ArmFlags | None = None
+    mtp_build_info: str | None = None
+    chat_template_sha256: str | None = None
+    thinking_modes: list[str] | None = None
+    log: str | None = None
+    vanilla: str | None = None  # tune: the vanilla server's command line as run
+    measured_commands: dict[str, str] | None = None  # tune: the final configurations' command lines
+
+
+VERIFY_SERVER_KEYS = ("build_info", "binary", "commit", "version", "variant", "flags", "mtp_build_info",
+                      "chat_template_sha256", "thinking_modes", "log")
+TUNE_SERVER_KEYS = ("binary", "build_info", "vanilla", "measured_commands")
+CURVE_SERVER_KEYS = ("binary", "build_info")
+
+
+@dataclass(frozen=True)
+class BootstrapInfo(Keyed):
+    """How the 95% confidence intervals were computed."""
+
+    unit: str
+    resamples: int
+    level: float = 0.95
+    method: str = "percentile"
+    rng: str | None = None
+    acceptance: str | None = None
+    speedup: str | None = None
+
+
+VERIFY_BOOTSTRAP_KEYS = ("unit", "method", "level", "resamples", "rng", "acceptance", "speedup")
+TUNE_BOOTSTRAP_KEYS = ("unit", "resamples", "level", "method")
+
+
+@dataclass(frozen=True)
+class ServedFile:
+    """A model file's identity as llama-server is about to serve it: the sha256 of its bytes, and
+    the size and mtime that show it unchanged afterwards."""
+
+    path: Path
+    sha256: str
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: str | os.PathLike) -> "ServedFile":
+        """Hash ``path``; VerifyError when it changes while being hashed."""
+        p = Path(path)
+        before = p.stat()
+        digest = sha256_file(p)
+        out = cls(p, digest, before.st_size, before.st_mtime_ns)
+        out.check_unchanged("while it was hashed")
+        return out
+
+    def check_unchanged(self, when: str = "during the run") -> None:
+        """VerifyError naming the file when its size or mtime differ from when it was hashed."""
+        try:
+            st = self.path.stat()
+        except OSError as e:
+            raise VerifyError(f"model {self.path}: gone {when} ({e.strerror or e}); the measured bytes "
+                              "cannot be named") from e
+        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
+            raise VerifyError(f"model {self.path}: changed {when} (size {self.size} -> {st.st_size} bytes, "
+                              f"mtime_ns {self.mtime_ns} -> {st.st_mtime_ns}); the measured bytes are not the "
+                              f"ones hashed (sha256 {self.sha256}): verify again on a file nothing writes to")
+
+
+def first_difference(a: str, b: str) -> tuple[int, str, str]:
+    """Where two replies first differ, with 30 characters before it to 50 after, of each."""
+    i = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+    lo = max(0, i - 30)
+    return i, a[lo:i + 50], b[lo:i + 50]
