@@ -103,3 +103,27 @@ def test_card_states_when_the_artifact_has_no_passing_verification_of_its_bytes(
         assert UNVERIFIED_HEADING in body and reason in body, reason
         assert body.index(UNVERIFIED_HEADING) < body.index("## How to run")
         assert "One-line claim" not in body or body.index(UNVERIFIED_HEADING) < body.index("One-line claim")
+
+
+def test_card_puts_the_fair_speedup_first_and_unknowns_as_n_a():
+    st = statement()
+    v = st["predicate"]["verification"]
+    v.update(speedup=1.41, speedup_ci95=[1.38, 1.44], speedup_vs_default_vanilla=1.62,
+             speedup_vs_default_vanilla_ci95=[1.58, 1.66],
+             default_vanilla={"tokens_per_second": 210.7, "server_args": ["--ctx-size", "4096"], "label": "defaults"})
+    v["vanilla"]["server_args"] = ["--ctx-size", "4096", "-bs"]
+    v["mtp"]["server_args"] = ["--ctx-size", "4096", "-bs", "--spec-type", "draft-mtp"]
+    v["mtp"]["mean_acceptance_length"] = 3.9
+    v["mtp"]["acceptance_by_position"] = [0.9, 0.8, 0.7, 0.5]
+    v["mtp"]["tokens_per_second"] = None
+    _, body = card_text(st)
+    claim = body.split("## One-line claim", 1)[1].split("##", 1)[0]
+    assert claim.index("1.41×") < claim.index("1.62×") and "same non-speculative settings" in claim
+    assert "against vanilla with llama-server's defaults" in claim and "mean acceptance length 3.90" in claim
+    assert "| vs default vanilla |" in body and "Arms: vanilla `--ctx-size 4096 -bs`" in body
+    assert "| overall |" in body and "| n/a |" in body and "| 0.0 |" not in body
+    assert "acceptance by position (accepted at i / steps): 1: 90.0%" in body
+    # without a default vanilla arm the label is absent
+    st2 = statement()
+    _, body2 = card_text(st2)
+    assert "llama-server's defaults" not in body2.split("## How to run")[0]

@@ -224,7 +224,19 @@ def test_candidate_space_dimensions():
     assert _mtp_server_config({"model": "m.gguf", "extra_args": []}, 3, None, g).env == g.env()
     pc = profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=g.to_dict(), extra_args=["-bs"])
     assert pc.env == g.env() and pc.extra_args.count("-bs") == 1
-    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=g.to_dict()).env is None
+    # fair baseline: the vanilla arm gets the configuration's non-speculative settings too (-bs, graph
+    # optimisation), never its speculative ones
+    van = profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=g.to_dict())
+    assert van.env == g.env() and van.extra_args == ["-bs"] and not van.draft_mtp
+    assert TuneConfig(3, backend_sampling=True, draft_backend_sampling=False).vanilla_fields({"model": "m"})["extra_args"] == ["-bs"]
+    # tune: each candidate's vanilla arm has its non-speculative settings and slots
+    from ggufmtp.measure.tune_bench import ServerEvaluator
+
+    ev = ServerEvaluator({"model": "m.gguf", "threads": 8, "extra_args": []}, None, None, 1024, None)
+    vc = ev.vanilla_config(TuneConfig(3, backend_sampling=True, draft_backend_sampling=False, parallel=2, threads=1))
+    assert (vc.extra_args, vc.threads, vc.parallel, vc.ctx_size, vc.draft_mtp) == (["-bs"], 1, 2, 2048, False)
+    mc = ev.server_config(TuneConfig(3, backend_sampling=True, draft_backend_sampling=False, parallel=2, threads=1))
+    assert mc.extra_args == ["-bs", "--no-spec-draft-backend-sampling"] and mc.threads == 1 and mc.draft_n_max == 3
     # a configuration's thread count is the MTP server's, over the run's; None leaves the run's
     t1 = TuneConfig(4, backend_sampling=True, threads=1)
     assert t1.key.endswith(" t=1") and TuneConfig.from_dict(t1.to_dict()) == t1
@@ -233,7 +245,7 @@ def test_candidate_space_dimensions():
     assert (kw["draft_mtp"], kw["draft_n_max"]) == (True, 4)
     assert TuneConfig(4).server_fields({"model": "m.gguf", "threads": 8})["threads"] == 8
     assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=t1, threads=8).threads == 1
-    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=t1, threads=8).threads == 8
+    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=t1, threads=8).threads == 1
     with pytest.raises(TuneError, match="threads 0"):
         TuneConfig(3, threads=0)
     with pytest.raises(TuneError, match="threads 'x': must be an integer"):

@@ -27,6 +27,7 @@ from ggufmtp.measure.suite import SUITES_DIR, SuiteError, load_suite, modes_for_
 from ggufmtp.synth.chain import simulate_acceptance
 from ggufmtp.synth.spec import SynthSpec, expected_acceptance
 from ggufmtp.measure.verify import Thresholds, evaluate_verdict, recommend, verify
+from ggufmtp.measure.options import TuneConfig
 from ggufmtp.measure.verify_summary import Comparison
 
 K = 4
@@ -536,10 +537,17 @@ def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_mo
     i = flags.index("--spec-draft-p-min")
     assert float(flags[i + 1]) == 0.5 and flags[flags.index("--spec-draft-n-min") + 1] == "1"
     assert "--spec-draft-p-min" not in d["server"]["flags"]["vanilla"]
-    # the configuration's thread count applies to the MTP arm only; vanilla keeps the run's --threads
+    # fair baseline: the configuration's thread count is not speculative, so both arms run with it; a
+    # third, default vanilla arm keeps the run's --threads and gives speedup_vs_default_vanilla
     assert flags[flags.index("--threads") + 1] == "1"
     van = d["server"]["flags"]["vanilla"]
-    assert van[van.index("--threads") + 1] == "2"
+    assert van[van.index("--threads") + 1] == "1" and d["vanilla"]["server_args"] == van
+    assert d["mtp"]["server_args"] == flags
+    default = d["default_vanilla"]["server_args"]
+    assert default[default.index("--threads") + 1] == "2" and "--spec-type" not in default
+    assert d["speedup_vs_default_vanilla"] > 0 and len(d["speedup_vs_default_vanilla_ci95"]) == 2
+    assert d["speedup_vs_default_vanilla"] == pytest.approx(
+        d["mtp"]["tokens_per_second"] / d["default_vanilla"]["tokens_per_second"])
     assert d["identical_output_fraction"] == 1.0
     # p-min 0.5 stops drafts early on this head (30% wrong successors): fewer than 2 drafted per round
     assert d["mtp"]["draft_n"] < 2 * d["mtp"]["n_drafts"]
@@ -556,6 +564,11 @@ def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_mo
                    "--threads", 2)
     assert text.exit_code == 0, text.output
     assert "MTP arm flags (tuned): --spec-draft-n-max 2 --spec-draft-n-min 1 --spec-draft-p-min 0.5 --threads 1" in text.output
+    # the fair figure is the overall row; the default-vanilla figure is labelled as such, below it
+    lines = text.output.splitlines()
+    overall = next(i for i, ln in enumerate(lines) if ln.startswith("overall"))
+    assert lines[overall + 1].startswith("vs default vanilla") and "llama-server's defaults" in lines[overall + 1]
+    assert "default vanilla arm (for speedup_vs_default_vanilla only):" in text.output
     assert "bandwidth: active weights" in text.output and "peak bandwidth unknown" in text.output  # CPU, no peak
     assert not _llama_children()
 
@@ -599,3 +612,173 @@ def test_thresholds_merge_and_abba_order():
     pairs += list(paired("c", lambda x: calls.append(("v", x)), lambda x: calls.append(("m", x)), order))
     assert calls == [("v", "a"), ("m", "a"), ("m", "b"), ("v", "b"), ("v", "c"), ("m", "c")]
     assert [p.vanilla_first for p in pairs] == [True, False, True] and order.index == 3
+
+
+# ----------------------------------------------------------------------------- tests that would catch a wrong verify
+
+
+def test_a_forced_mismatch_fails_the_verdict_and_exits_1(llama_server_bin, knob_models):
+    """Synthetic acceptance of every draft (--spec-synth-len k+1, speculative: the MTP arm's own) lets
+    the f=0.3 head's wrong tokens through: the replies differ from vanilla, so the verdict fails
+    (no threshold set at all), the CLI exits 1, and both counts of identity agree."""
+    r = run_cli("verify", knob_models[0.3], "--mtp-server-arg", f"--spec-synth-len {K + 1}", "--seeds", "42,7",
+                "--limit", 3, "--max-tokens", 32, "--threads", 2, "--json")
+    assert r.exit_code == 1, r.output
+    d = json.loads(r.output.split("\nFAIL ")[0])
+    assert d["verdict"] == "fail" and any(x.startswith("identical output") and "first: prompt" in x
+                                          for x in d["reasons"]), d["reasons"]
+    assert "--spec-synth-len" in d["mtp"]["server_args"] and "--spec-synth-len" not in d["vanilla"]["server_args"]
+    assert not any("not speculative" in n for n in d["notes"])  # a speculative flag: the arms stay fair
+    pairs = d["identical_outputs"]["pairs"]
+    assert pairs == 3 * 2 and d["mismatch_count"] > 0
+    assert d["identical_output_fraction"] == pytest.approx(1 - d["mismatch_count"] / pairs)
+    assert d["identical_outputs"]["identical"] == pairs - d["mismatch_count"]
+    # seeds do not change greedy text: a prompt's replies differ under every seed or under none
+    ip = d["identical_prompts"]
+    assert ip["prompts"] == 3 and d["identical_prompts_fraction"] == ip["identical"] / 3 < 1
+    assert d["mismatch_count"] == 2 * (3 - ip["identical"])
+    assert "speedup_vs_default_vanilla" not in d  # no non-speculative setting: no default arm
+    assert not _llama_children()
+
+
+def test_fair_baseline_gives_every_non_speculative_setting_to_both_arms(llama_server_bin, knob_models, tmp_path):
+    """--server-arg reaches both arms; a tuned configuration's -bs reaches the vanilla arm too; a
+    default vanilla arm (neither) then gives speedup_vs_default_vanilla beside the fair speedup."""
+    from ggufmtp.measure.tune import TuneConfig
+
+    cfg = TuneConfig(draft_n_max=3, backend_sampling=True)
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps({"kind": "ggufmtp tune", "recommended_config": cfg.to_dict()}))
+    r = run_cli("verify", knob_models[0.0], "--tuned-from", t, "--server-arg", "-ub 256", "--seeds", "42",
+                "--limit", 2, "--max-tokens", 24, "--threads", 2, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    van, mtp, default = d["vanilla"]["server_args"], d["mtp"]["server_args"], d["default_vanilla"]["server_args"]
+    for arm in (van, mtp):
+        assert "-bs" in arm and arm[arm.index("-ub") + 1] == "256"
+    assert "-bs" not in default and "-ub" not in default and "--spec-type" not in van + default
+    assert d["settings"]["server_args"] == {"both": ["-ub", "256"], "mtp": [], "vanilla": []}
+    assert d["speedup"] == pytest.approx(d["mtp"]["tokens_per_second"] / d["vanilla"]["tokens_per_second"])
+    assert d["speedup_vs_default_vanilla"] == pytest.approx(
+        d["mtp"]["tokens_per_second"] / d["default_vanilla"]["tokens_per_second"])
+    assert any("llama-server's defaults" in n for n in d["notes"]) and "default" in d["default_vanilla"]["label"]
+    assert list(d).index("speedup") < list(d).index("speedup_vs_default_vanilla")  # the fair figure first
+    # a speculative flag for the vanilla arm, or a non-speculative one for the MTP arm only
+    bad = run_cli("verify", knob_models[0.0], "--server-arg", "--spec-draft-p-min 0.5", "--limit", 1)
+    assert bad.exit_code == 1 and "would make the vanilla arm speculate too" in bad.output
+    from ggufmtp.measure.options import ArmArgs
+
+    assert any("not speculative" in n for n in ArmArgs.of(mtp=["-bs"]).notes())
+    assert not ArmArgs.of(mtp=["--spec-draft-p-min", "0.5"]).notes() and not ArmArgs().differs_from_default
+    assert not _llama_children()
+
+
+def test_no_default_arm_without_non_speculative_settings(knob_results):
+    for r in knob_results.values():
+        d = r.to_dict()
+        assert "speedup_vs_default_vanilla" not in d and "default_vanilla" not in d
+        assert "speedup_vs_default_vanilla" not in d["modes"][d["mode"]]
+        assert not any(x.arm == "vanilla-default" for x in r.records)
+        assert d["vanilla"]["server_args"] == d["server"]["flags"]["vanilla"]
+        # acceptance as the field reports it: 1 + accepted / steps, accepted at i / steps
+        m = d["mtp"]
+        assert m["mean_acceptance_length"] == pytest.approx(1 + m["draft_n_accepted"] / m["n_drafts"])
+        assert m["acceptance_by_position"] == m["per_position"] and m["tokens_per_step"] == m["mean_acceptance_length"]
+        assert m["mean_acceptance_length"] == pytest.approx(1 + sum(m["acceptance_by_position"]))
+        assert "mean acceptance length" in r.table() and "acceptance by position" in r.table()
+
+
+def test_bootstrap_units_are_the_prompts_and_the_ci_is_recomputable(knob_results):
+    """The unit count is the number of prompts (seeds pooled), and the CIs equal a percentile
+    bootstrap computed here, independently, from the recorded requests."""
+    res = knob_results[0.3]  # 6 prompts x 2 seeds
+    c = res.main
+    assert c.n_prompts == FAST["limit"] and c.n_pairs == 2 * FAST["limit"]
+    assert all(r.n_prompts == FAST["limit"] for r in c.per_seed.values())
+    assert res.settings.bootstrap.unit.startswith("prompt")
+    units: dict[str, np.ndarray] = {}
+    for r in res.records:
+        row = np.zeros(6)
+        if r.arm == "mtp":
+            row[:4] = [r.draft_n_accepted or 0, r.draft_n or 0, r.predicted_n, r.predicted_ms]
+        else:
+            row[4:] = [r.predicted_n, r.predicted_ms]
+        units[r.prompt_id] = units.get(r.prompt_id, 0) + row
+    x = np.array(list(units.values()))
+    assert x.shape[0] == FAST["limit"]
+    idx = np.random.Generator(np.random.PCG64(stats.DEFAULT_SEED)).integers(0, len(x), (stats.DEFAULT_RESAMPLES, len(x)))
+    s = x[idx].sum(axis=1)
+    acc = np.quantile(s[:, 0] / s[:, 1], [0.025, 0.975])
+    sp = np.quantile((s[:, 2] / s[:, 3]) / (s[:, 4] / s[:, 5]), [0.025, 0.975])
+    assert c.acceptance_ci95 == pytest.approx(list(acc)) and c.speedup_ci95 == pytest.approx(list(sp))
+
+
+def test_ci_of_a_large_constructed_set_matches_the_normal_approximation():
+    """n = 4000 prompts: the percentile bootstrap of a ratio of sums agrees with the delta-method
+    normal interval R +- 1.96 SE, SE^2 = sum((a - R d)^2) / (sum d)^2."""
+    rng = np.random.default_rng(7)
+    d = rng.integers(20, 200, 4000).astype(float)
+    a = rng.binomial(d.astype(int), rng.beta(6, 4, 4000)).astype(float)
+    e = stats.ratio_of_sums(a, d)
+    R = a.sum() / d.sum()
+    se = np.sqrt(((a - R * d) ** 2).sum()) / d.sum()
+    assert e.value == pytest.approx(R)
+    assert e.lo == pytest.approx(R - 1.96 * se, abs=0.1 * 1.96 * se)
+    assert e.hi == pytest.approx(R + 1.96 * se, abs=0.1 * 1.96 * se)
+
+
+def test_tune_cis_cluster_by_prompt():
+    """At concurrency > 1 a unit is a batch of prompts and the batches wrap around the suite: units
+    that share a prompt are ONE resampling unit (a prompt is not two observations)."""
+    from ggufmtp.measure.tune_rank import config_row, prompt_clusters
+    from ggufmtp.measure.tune_search import SearchState, UnitResult
+
+    def unit(u, prompts, tokens):
+        return UnitResult(unit=u, mtp_tokens=tokens, mtp_ms=100.0, van_tokens=50.0, van_ms=100.0, draft_n=10,
+                          draft_n_accepted=u + 2, requests=4, prompt_ids=prompts)
+
+    # batches of 2 prompts; the third wraps around the suite to p0 again
+    rs = [unit(0, ("p0", "p1"), 80.0), unit(1, ("p2", "p3"), 90.0), unit(2, ("p4", "p0"), 70.0),
+          unit(3, ("p5", "p6"), 75.0)]
+    x = prompt_clusters(rs)
+    assert x.shape[0] == 3  # {0, 2} share p0; 1 and 3 alone
+    st = SearchState(TuneConfig(3), results=rs)
+    row = config_row(st, resamples=500)
+    assert row.ci_units == 3 and row.to_dict()["ci_units"] == 3
+    want = stats.throughput_ratio(x[:, 0], x[:, 1], x[:, 2], x[:, 3], resamples=500)
+    assert row.speedup_ci95 == pytest.approx([want.lo, want.hi])
+    # concurrency 1 (one prompt per unit, no repeats): every unit its own cluster
+    assert prompt_clusters([unit(i, (f"p{i}",), 80.0) for i in range(4)]).shape[0] == 4
+
+
+def test_a_mismatch_in_any_comparison_fails_and_is_never_recommended():
+    ok = _m()
+    bad = dataclasses.replace(_cmp(2, endpoint="raw", speedup=2.0, speedup_ci95=[1.9, 2.1], acceptance=0.9,
+                                   identical_output_fraction=5 / 6, mismatch_count=1),
+                              identical=5, n_pairs=6)
+    v, reasons, _ = evaluate_verdict({"default": ok}, Thresholds(), offloaded=False, others=[ok, bad])
+    assert v == "fail" and len(reasons) == 1 and reasons[0].startswith("identical output [k=2, raw /completion]: 5/6")
+    # the sweep: the fastest window has one mismatch -> the next one is recommended, never it
+    rows = [dataclasses.replace(bad, endpoint="chat"), _cmp(4, speedup=1.5, speedup_ci95=[1.4, 1.6], acceptance=0.7,
+                                                             identical_output_fraction=1.0)]
+    t = recommend(rows, min_identical=0.5)
+    assert t.recommended_k == 4 and t.best_k == 4
+    t = recommend(rows[:1])
+    assert t.recommended_k is None and not t.mtp_beats_vanilla and "none is recommended" in t.notes[0]
+
+
+def test_tuned_configuration_splits_into_shared_and_speculative_flags():
+    from ggufmtp.measure.options import ArmArgs, TuneConfig, is_speculative
+
+    cfg = TuneConfig(4, backend_sampling=True, draft_backend_sampling=False, cuda_graph_opt=True, threads=3)
+    assert cfg.shared_args() == ["-bs"] and cfg.speculative_args() == ["--no-spec-draft-backend-sampling"]
+    arms = ArmArgs.of(["-fa", "on"], ["--spec-draft-p-min", "0.5"], [], cfg)
+    base = {"model": "m.gguf", "threads": 8, "extra_args": ["--chat-template-file", "x"]}
+    van, mtp, default = arms.vanilla_fields(base), arms.mtp_fields(base, 4), arms.default_fields(base)
+    assert van["extra_args"] == ["--chat-template-file", "x", "-fa", "on", "-bs"] and van["threads"] == 3
+    assert van["env"] == {"GGML_CUDA_GRAPH_OPT": "1"} and "draft_mtp" not in van
+    assert mtp["extra_args"] == ["--chat-template-file", "x", "-fa", "on", "-bs", "--no-spec-draft-backend-sampling",
+                                 "--spec-draft-p-min", "0.5"] and mtp["threads"] == 3 and mtp["draft_mtp"]
+    assert default == base and arms.differs_from_default
+    assert all(is_speculative(f) for f in ("--spec-synth-len", "-md", "--threads-draft", "--draft-p-min", "-ngld"))
+    assert not any(is_speculative(f) for f in ("-bs", "--threads", "-fa", "-ctk", "--cache-type-k", "-ub"))

@@ -6,7 +6,10 @@
 #   bash benchmarks/gpu/run_h200.sh synth     # Qwen3.6-35B-A3B-shaped BF16 (40 layers + blk.40) in /dev/shm
 #   bash benchmarks/gpu/run_h200.sh quantize  # ggufmtp quantize (Hi-Fi), timed; QUANT_CLI=1: also llama-quantize
 #   bash benchmarks/gpu/run_h200.sh tune      # ggufmtp tune: server settings by successive halving
-#   bash benchmarks/gpu/run_h200.sh verify-tuned  # ggufmtp verify --tuned-from tune.json: tuned MTP vs default vanilla
+#   bash benchmarks/gpu/run_h200.sh verify-tuned  # ggufmtp verify --tuned-from tune.json: tuned MTP vs the equally
+#                                             # configured vanilla (fair) and vs a default vanilla (third arm)
+#   bash benchmarks/gpu/run_h200.sh fair      # k=4, -bs on both arms: fair speedup and vs default vanilla (issue #17)
+#   bash benchmarks/gpu/run_h200.sh matrix    # KV cache f16/q8_0/q4_0 x depth 0/8192/32768, both arms alike (#17)
 #   bash benchmarks/gpu/run_h200.sh configs   # the same for each file in $CONFIGS (default benchmarks/gpu/configs/*.json)
 #                                             # LIMIT=24 SEEDS=42 CONFIGS="benchmarks/gpu/screen/*.json": a quick screen
 #   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP (tuned) vs vanilla, both with $PROFILE_ARGS
@@ -52,7 +55,8 @@ env_setup() {
   export PYTHONUNBUFFERED=1
 }
 
-# verify: the MTP arm with the configuration in $1, vanilla with defaults -> verify-$2.*
+# verify: the MTP arm with the configuration in $1; the vanilla arm gets its non-speculative settings
+# (-bs, threads) and a third, default vanilla arm is measured in the same rotation -> verify-$2.*
 # (the full suite unless $LIMIT; seeds $SEEDS)
 verify_tuned() {
   python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$1" ${LIMIT:+--limit "$LIMIT"} \
@@ -84,7 +88,7 @@ case "$STAGE" in
     cp -r "$tmp/$d/llama_cpp" "$CARRY/pylib/"
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-      -d "$CARRY/wheels" gguf==0.19.0 jsonschema referencing jsonschema-specifications rpds-py
+      -d "$CARRY/wheels" gguf==0.19.0 jsonschema referencing jsonschema-specifications rpds-py diskcache
     rm -rf "$tmp"; du -sh "$CARRY" ;;
   build)
     env_setup
@@ -129,6 +133,25 @@ case "$STAGE" in
       --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp --json \
       --out "$RES/verify.json" > "$RES/verify.txt" 2> "$RES/verify.log" || true
     tail -8 "$RES/verify.txt" ;;
+  fair)
+    # the issue's measurement, fair: 20 prompts x 2 seeds x 256 tokens, k=4, GPU sampling on both
+    # arms (-bs), the drafter's backend sampling on (llama-server's default, named to be explicit);
+    # verify adds the default-configured vanilla arm in the same rotation
+    env_setup
+    python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --draft-n-max 4 --server-arg=-bs \
+      --mtp-server-arg=--spec-draft-backend-sampling --limit "${LIMIT:-20}" --seeds "${SEEDS:-42,1337}" \
+      --max-tokens "${MAXTOK:-256}" --out "$RES/verify-fair.json" > "$RES/verify-fair.txt" 2> "$RES/verify-fair.log" || true
+    tail -30 "$RES/verify-fair.txt" ;;
+  matrix)
+    # KV cache type x context depth; both arms configured alike (llama-server defaults plus the
+    # cache types and the flash attention a quantized V cache needs), so no third arm: each cell's
+    # speedup is the fair one. 32768 deep needs 32768 + 269 (longest prompt) + 128 tokens of context.
+    env_setup
+    python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 -c 34816 --draft-n-max 4 \
+      --limit "${MLIMIT:-8}" --seeds "${MSEEDS:-42}" --max-tokens "${MMAXTOK:-128}" \
+      --matrix "${MATRIX:-kv=f16,q8_0,q4_0 depth=0,8192,32768}" \
+      --out "$RES/matrix.json" > "$RES/matrix.txt" 2> "$RES/matrix.log" || true
+    tail -30 "$RES/matrix.txt" ;;
   tune)
     env_setup
     python3 -m ggufmtp tune "$WORK/hifi.gguf" --gpu-layers 999 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${BUDGET:-240}" \

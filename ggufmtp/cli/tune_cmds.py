@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .app import _float_list, _int_list, _ngl, bin_option, handle_errors, json_option, main, resolve_model_arg
-from .measure_common import _run_tune, _save_and_show
+from .measure_common import _run_tune, _save_and_show, arm_args_options
 
 
 @main.command("tune")
@@ -27,20 +27,26 @@ from .measure_common import _run_tune, _save_and_show
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Store the result as verification.tuned in this receipt (verify's results are kept).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the full JSON here.")
+@arm_args_options
 @bin_option
 @json_option
 @handle_errors
 def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int, limit: int | None,
              gpu_layers: str | None, threads: int | None, ctx_per_slot: int, final_on_suite: bool,
-             receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+             receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+             server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
+             vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Search MTP server settings for MODEL on this hardware (successive halving).
 
     Searches --spec-draft-n-max 1-8, --spec-draft-n-min, --spec-draft-p-min, backend sampling of the
     target (-bs) and drafter (GPU only), GGML_CUDA_GRAPH_OPT=1 (CUDA only) and --parallel slots
     (concurrency > 1); keeps only settings whose output equals vanilla, ranks them by speedup with
-    95% CIs, recommends one and prints the exact llama-server command line. MODEL may be builtin:NAME."""
+    95% CIs, recommends one and prints the exact llama-server command line. Each configuration is
+    compared with a vanilla server given its non-speculative settings (fair baseline). MODEL may be
+    builtin:NAME."""
     _run_tune(model, concurrency, budget, seeds, suite, max_tokens, limit, gpu_layers, threads, ctx_per_slot,
-              receipt_path, out_path, llama_cpp_bin, as_json, final_on_suite)
+              receipt_path, out_path, llama_cpp_bin, as_json, final_on_suite,
+              (server_args, mtp_server_args, vanilla_server_args))
 
 
 @main.command("curve")
@@ -62,12 +68,15 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Store the curve as verification.acceptance_curve in this receipt.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
+@arm_args_options
 @bin_option
 @json_option
 @handle_errors
 def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_max: int, seeds: str, suite: str,
               limit: int, max_tokens: int, no_real: bool, gpu_layers: str | None, threads: int | None,
-              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+              server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
+              vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Speedup versus acceptance on this hardware, with llama-server's synthetic acceptance
     (--spec-synth-len / --spec-synth-rates; benchmarking only): what a head of any acceptance would gain
     here, separated from the head's quality. MODEL needs an MTP block (its drafter's cost is measured)."""
@@ -77,7 +86,8 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
                            synth_len=_float_list(synth_len, "--synth-len"), flag=flag, seeds=_int_list(seeds, "--seeds"),
                            suite=suite, limit=limit, max_tokens=max_tokens, gpu_layers=_ngl(gpu_layers),
                            threads=threads, llama_cpp_bin=llama_cpp_bin, include_real=not no_real,
-                           progress=not as_json)
+                           progress=not as_json, server_args=server_args, mtp_server_args=mtp_server_args,
+                           vanilla_server_args=vanilla_server_args)
     _save_and_show(res, model, "acceptance_curve", receipt_path, out_path, as_json, res.to_dict(), res.table())
 
 
@@ -93,8 +103,6 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
               help="Take the MTP arm's flags from this receipt's verification.tuned (or a tune --out JSON).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per arm (alternated, requests pooled).")
-@click.option("--server-arg", "server_args", multiple=True,
-              help="Extra llama-server flag for both arms (repeatable), e.g. --server-arg=-bs.")
 @click.option("--noise", type=click.FloatRange(0, 1), default=0.02, show_default=True,
               help="Throughput band within which MTP is not counted as helping.")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
@@ -103,13 +111,16 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
               help="Store the profiles as verification.profiles in this receipt.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the full JSON (with every request) here.")
+@arm_args_options
 @bin_option
 @json_option
 @handle_errors
 def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | None, draft_n_max: int,
-                 tuned_from: str | None, repeats: int, server_args: tuple[str, ...], noise: float,
+                 tuned_from: str | None, repeats: int, noise: float,
                  gpu_layers: str | None, threads: int | None,
-                 receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool) -> None:
+                 receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+                 server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
+                 vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Serving profiles A-D (the vLLM write-up's workloads), MTP against vanilla: output tok/s, TTFT,
     TPOT, ITL (mean, median, P99), acceptance, and a decision table per workload."""
     from ..measure.profiles import run_profiles
@@ -119,5 +130,6 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
     res = run_profiles(resolve_model_arg(model), workloads=[w for w in workloads.split(",") if w.strip()],
                        scale=scale, num_requests=num_requests, draft_n_max=draft_n_max, tuned=tuned,
                        gpu_layers=_ngl(gpu_layers), threads=threads, llama_cpp_bin=llama_cpp_bin, repeats=repeats,
-                       noise=noise, extra_args=list(server_args), progress=not as_json)
+                       noise=noise, extra_args=list(server_args), progress=not as_json,
+                       mtp_server_args=mtp_server_args, vanilla_server_args=vanilla_server_args)
     _save_and_show(res, model, "profiles", receipt_path, out_path, as_json, res.to_dict(requests=True), res.text())

@@ -9,7 +9,8 @@ import click
 
 from .app import (_int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main,
                   resolve_model_arg)
-from .measure_common import _run_tune
+from .matrix_cmd import kv_depth_options, run_matrix
+from .measure_common import _run_tune, arm_args_options
 from .provenance_cmds import signing_key_option
 
 
@@ -29,7 +30,8 @@ from .provenance_cmds import signing_key_option
 @click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None, help="Minimum acceptance (0-1).")
 @click.option("--min-speedup", type=click.FloatRange(min=0), default=None, help="Minimum decode speedup.")
 @click.option("--min-identical", type=click.FloatRange(0, 1), default=1.0, show_default=True,
-              help="Minimum fraction of MTP replies identical to vanilla.")
+              help="Minimum fraction of MTP replies identical to vanilla, in every comparison (chat, --raw, each "
+                   "sweep window); the default 1 fails the verdict on any differing reply.")
 @click.option("--enforce-speedup", is_flag=True, help="Check the speedup threshold on CPU runs too.")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for both servers (e.g. 999).")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
@@ -45,6 +47,8 @@ from .provenance_cmds import signing_key_option
               help="Write the results into this receipt's verification section.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the full JSON (with every request) here, atomically.")
+@arm_args_options
+@kv_depth_options
 @signing_key_option
 @bin_option
 @json_option
@@ -61,19 +65,27 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                threads: int | None, ctx_size: int, parallel: int, tuned_from: str | None,
                peak_bandwidth_gbs: float | None, receipt_path: str | None, out_path: str | None,
                llama_cpp_bin: str | None, as_json: bool, tune: bool = False, budget: int = 240,
-               concurrency: int = 1, signing_key: str | None = None) -> None:
+               concurrency: int = 1, signing_key: str | None = None, server_args: tuple[str, ...] = (),
+               mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = (),
+               cache_type_k: str | None = None, cache_type_v: str | None = None, context_fill: int = 0,
+               matrix: str | None = None) -> None:
     """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
 
     Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
     seed), per-position acceptance, and whether MTP output equals vanilla output at temperature 0.
     Exits 1 when the verdict fails. The speedup threshold applies only with GPU offload (or
     --enforce-speedup). With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
-    fraction of the memory-bandwidth limit each arm reached. MODEL may be builtin:NAME."""
+    fraction of the memory-bandwidth limit each arm reached. Fair baseline: every non-speculative
+    setting (--server-arg, a tuned -bs/threads) goes to the vanilla arm too; when that differs from
+    llama-server's defaults a default vanilla arm also runs and speedup_vs_default_vanilla is reported
+    beside the fair speedup. Any MTP reply that differs from vanilla fails the verdict. MODEL may be
+    builtin:NAME."""
     if tune:
         default = click.core.ParameterSource.DEFAULT
         tune_seeds = "42" if click.get_current_context().get_parameter_source("seeds") == default else seeds
         return _run_tune(model, concurrency, budget, tune_seeds, suite, max_tokens, limit, gpu_layers, threads,
-                         ctx_size, receipt_path, out_path, llama_cpp_bin, as_json)
+                         ctx_size, receipt_path, out_path, llama_cpp_bin, as_json,
+                         arm_args=(server_args, mtp_server_args, vanilla_server_args))
     from ..measure.tune import load_tuned_config
     from ..measure.verify import Thresholds, verify
 
@@ -91,11 +103,16 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     from ..provenance.signing import resolve_signing_key
 
     key = resolve_signing_key(signing_key) if receipt_path else None  # a bad key fails before the run
-    res = verify(resolve_model_arg(model), draft_n_max=draft_n_max, draft_n_min=draft_n_min,
-                 seeds=seed_list, suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size,
-                 threads=threads, gpu_layers=ngl, parallel=parallel, llama_cpp_bin=llama_cpp_bin,
-                 progress=not as_json, thresholds=th, limit=limit, sweep=sweep_list,
-                 tuned=load_tuned_config(tuned_from) if tuned_from else None, peak_bandwidth_gbs=peak_bandwidth_gbs)
+    kw = dict(draft_n_max=draft_n_max, draft_n_min=draft_n_min,
+              seeds=seed_list, suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size,
+              threads=threads, gpu_layers=ngl, parallel=parallel, llama_cpp_bin=llama_cpp_bin,
+              progress=not as_json, thresholds=th, limit=limit, sweep=sweep_list,
+              tuned=load_tuned_config(tuned_from) if tuned_from else None, peak_bandwidth_gbs=peak_bandwidth_gbs,
+              server_args=server_args, mtp_server_args=mtp_server_args, vanilla_server_args=vanilla_server_args)
+    kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)
+    if matrix:
+        return run_matrix(resolve_model_arg(model), matrix, kw, kv_depth, out_path, receipt_path, as_json, key)
+    res = verify(resolve_model_arg(model), **kw, **kv_depth)
     _write_and_show(res, out_path, receipt_path, as_json, key)
     if not res.ok:
         sys.exit(1)

@@ -8,7 +8,10 @@ arms. That alternation lives here, once:
 
 - :class:`ABBA` is the pair counter. One instance is shared by every loop of one run (verify keeps
   counting across draft windows, tune across candidate configurations), so the alternation never
-  restarts in the middle of a run.
+  restarts in the middle of a run. With more than two arms (verify's third, default-configured
+  vanilla arm) the same rule rotates them: round ``i`` runs the arms in their order when ``i`` is
+  even and in reverse when odd (V M D, D M V, ...), so each arm's mean position is the same and a
+  linear drift still cancels; with two arms that is exactly V M, M V.
 - :func:`paired` is the loop: for each item it calls ``vanilla(item)`` and ``mtp(item)`` in the
   pair's order and yields a :class:`Pair` (the item, both results, the pair index and which arm ran
   first). It is a generator: a caller may stop early (tune stops a configuration at its first
@@ -35,16 +38,18 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 from ..runtime.replies import Reply
 from ..runtime.server import LlamaServer
 from .suite import Prompt, mode_request_fields
 
-__all__ = ["ABBA", "Pair", "paired", "send", "warm_up", "send_concurrently", "WARMUP_TOKENS", "VANILLA", "MTP"]
+__all__ = ["ABBA", "Pair", "paired", "send", "warm_up", "send_concurrently", "WARMUP_TOKENS", "VANILLA", "MTP",
+           "DEFAULT_VANILLA"]
 
 VANILLA = "vanilla"
 MTP = "mtp"
+DEFAULT_VANILLA = "vanilla-default"  # verify's third arm: vanilla with llama-server's defaults
 WARMUP_TOKENS = 24  # tokens of the unrecorded warm-up reply each server answers first
 
 T = TypeVar("T")
@@ -67,15 +72,24 @@ class ABBA:
         """The arms of the next pair in their order (``("vanilla", "mtp")`` or the reverse)."""
         return (VANILLA, MTP) if self.vanilla_first else (MTP, VANILLA)
 
+    def sequence(self, n: int) -> list[int]:
+        """The order in which the next round runs ``n`` arms (their indices): forward in even
+        rounds, reversed in odd ones."""
+        forward = list(range(n))
+        return forward if self.vanilla_first else forward[::-1]
+
+    def run_all(self, arms: Sequence[Callable[[], Any]]) -> list[Any]:
+        """Run one round of every arm in this round's order and advance the counter; the results
+        in the arms' order."""
+        out: list[Any] = [None] * len(arms)
+        for i in self.sequence(len(arms)):
+            out[i] = arms[i]()
+        self.index += 1
+        return out
+
     def run(self, vanilla: Callable[[], V], mtp: Callable[[], M]) -> tuple[V, M]:
         """Run one pair in this pair's order and advance the counter; (vanilla result, MTP result)."""
-        if self.vanilla_first:
-            v = vanilla()
-            m = mtp()
-        else:
-            m = mtp()
-            v = vanilla()
-        self.index += 1
+        v, m = self.run_all([vanilla, mtp])
         return v, m
 
 
@@ -92,13 +106,15 @@ class Pair(Generic[T, V, M]):
 
 
 def paired(items: Iterable[T], vanilla: Callable[[T], V], mtp: Callable[[T], M],
-           order: ABBA | None = None) -> Iterator[Pair[T, V, M]]:
+           order: ABBA | None = None, *others: Callable[[T], Any]) -> Iterator[Pair[T, V, M]]:
     """For each item, ``vanilla(item)`` and ``mtp(item)`` in ABBA order (``order``: the run's
-    counter, shared across loops; a fresh one starting with vanilla if None)."""
+    counter, shared across loops; a fresh one starting with vanilla if None). ``others``: further
+    arms rotated with them (after MTP in the forward order); their results are not in the Pair."""
     order = order if order is not None else ABBA()
     for item in items:
         index, first = order.index, order.vanilla_first
-        v, m = order.run(lambda: vanilla(item), lambda: mtp(item))
+        v, m, *_ = order.run_all([lambda: vanilla(item), lambda: mtp(item)]
+                                 + [lambda f=f: f(item) for f in others])
         yield Pair(item, v, m, index, first)
 
 

@@ -34,6 +34,7 @@ from ..errors import ServerError, TuneError
 from ..fmt import ci_text, finite_or_none as _num, num, pct, times
 from ..measure import stats
 from ..measure.arms import ABBA, WARMUP_TOKENS
+from ..measure.options import ArmArgs
 from ..measure.records import CURVE_MODEL_KEYS, CURVE_SERVER_KEYS, ModelInfo, ServerInfo
 from ..measure.suite import DEFAULT_SUITE, Prompt, Suite, modes_for_template
 from ..measure.tune_bench import DEFAULT_CTX_PER_SLOT, DEFAULT_MAX_TOKENS, Bench, check_seeds, prepare
@@ -96,6 +97,7 @@ class CurvePoint(PairStats):
              "acceptance": self.acceptance, "acceptance_ci95": list(self.acceptance_ci95), "draft_n": self.draft_n,
              "draft_n_accepted": self.draft_n_accepted, "n_drafts": self.n_drafts,
              "tokens_per_step": self.tokens_per_step, "per_position": self.per_position,
+             "mean_acceptance_length": self.tokens_per_step, "acceptance_by_position": self.per_position,
              "mtp_tokens_per_second": self.mtp_tokens_per_second,
              "vanilla_tokens_per_second": self.vanilla_tokens_per_second, "speedup": self.speedup,
              "speedup_ci95": list(self.speedup_ci95), "n_prompts": self.n_prompts, "n_pairs": self.n_pairs,
@@ -231,6 +233,9 @@ def acceptance_curve(
     progress: bool = True,
     bootstrap_resamples: int = stats.DEFAULT_RESAMPLES,
     extra_args: Sequence[str] = (),
+    server_args: Sequence[str] = (),
+    mtp_server_args: Sequence[str] = (),
+    vanilla_server_args: Sequence[str] = (),
 ) -> CurveResult:
     """Speedup versus synthetic acceptance of ``model`` (a GGUF path) on this hardware (see the
     module docstring).
@@ -240,7 +245,10 @@ def acceptance_curve(
     token, in [1, k+1]). ``flag``: "synth-len" (default) or "synth-rates" (the same geometric rates
     passed explicitly). ``include_real``: also measure the real head at the same k (identical output
     checked). Each point: one MTP server; vanilla stays up; requests ABBA-interleaved, batch size 1.
+    ``server_args`` go to both arms (fair baseline), ``mtp_server_args`` / ``vanilla_server_args``
+    to one (see :class:`~ggufmtp.measure.options.ArmArgs`).
     """
+    arms = ArmArgs.of(server_args, mtp_server_args, vanilla_server_args)
     t0 = time.monotonic()
     k = int(draft_n_max)
     if k < 1:
@@ -260,10 +268,11 @@ def acceptance_curve(
                 ctx_size=ctx_size, parallel=1, extra_args=list(extra_args))
     notes = ["synthetic acceptance: draft tokens are accepted at random (RNG seeded by the request seed), so the "
              "output is not the model's and is not compared with vanilla; the drafting and verification cost is real"]
+    notes += arms.notes()
     if not hw.offloaded:
         notes.append("CPU run: a small model is compute-bound on CPU; the curve describes this machine only")
     measured, mode, build_info = _measure_curve(base, specs, k, setup.suite.prompts, seeds, max_tokens, progress,
-                                                bootstrap_resamples)
+                                                bootstrap_resamples, arms)
     points = [p for p in measured if not p.real]
     real = next((p for p in measured if p.real), None)
     if real is not None and real.identical_output_fraction not in (None, 1.0):
@@ -308,11 +317,11 @@ def _point_specs(targets: Sequence[float], k: int, flag: str) -> list[_PointSpec
 
 def _measure_curve(base: dict[str, Any], specs: Sequence[_PointSpec], k: int, prompts: Sequence[Prompt],
                    seeds: list[int], max_tokens: int, progress: bool,
-                   resamples: int) -> tuple[list[CurvePoint], str, str | None]:
+                   resamples: int, arms: ArmArgs) -> tuple[list[CurvePoint], str, str | None]:
     """Every point against one resident vanilla server; (points in ``specs`` order, mode, build info)."""
     with contextlib.ExitStack() as stack:
         try:
-            van = stack.enter_context(LlamaServer(ServerConfig(**base)))
+            van = stack.enter_context(LlamaServer(ServerConfig(**arms.vanilla_fields(base))))
             props = van.props()
         except ServerError as e:
             raise TuneError(f"vanilla server: {e}") from e
@@ -322,14 +331,14 @@ def _measure_curve(base: dict[str, Any], specs: Sequence[_PointSpec], k: int, pr
         bar = stack.enter_context(tqdm(total=len(specs) * len(prompts) * len(seeds) * 2, desc="curve", unit="req",
                                        file=sys.stderr, disable=None if progress else True, leave=False,
                                        dynamic_ncols=True))
-        arms = _Arms(van, bench, list(prompts), seeds, ABBA(), bar)
-        points = [_measure_point(arms, base, spec, k, resamples) for spec in specs]
+        pair = _Arms(van, bench, list(prompts), seeds, ABBA(), bar)
+        points = [_measure_point(pair, arms.mtp_fields(base, k), spec, k, resamples) for spec in specs]
         return points, mode, props.get("build_info")
 
 
 def _measure_point(arms: _Arms, base: dict[str, Any], spec: _PointSpec, k: int, resamples: int) -> CurvePoint:
     """One point: its MTP server, warmed up, every (prompt, seed) pair against vanilla."""
-    cfg = ServerConfig(**{**base, "extra_args": list(base["extra_args"]) + spec.args}, draft_mtp=True, draft_n_max=k)
+    cfg = ServerConfig(**{**base, "extra_args": list(base["extra_args"]) + spec.args})
     try:
         mtp = LlamaServer(cfg).start()
     except ServerError as e:

@@ -1,6 +1,16 @@
-"""Server options of an MTP arm: :class:`TuneConfig`, one llama-server configuration with
+"""Server options of the compared arms: :class:`TuneConfig`, one llama-server configuration with
 ``--spec-type draft-mtp`` (window, draft limits, backend sampling, slots, CUDA graph optimisation,
-threads), as ``tune`` searches it and ``verify --tune`` / ``profiles --tuned`` apply it.
+threads), as ``tune`` searches it and ``verify --tune`` / ``profiles --tuned`` apply it; and
+:class:`ArmArgs`, which splits every server setting of a comparison by the arm that gets it.
+
+Fair baseline: a speedup is only the gain of speculation when both arms differ in speculation
+alone. So every NON-speculative setting (threads, ``-bs`` backend sampling, batch sizes, flash
+attention, KV cache types, context size, GPU layers, ``GGML_CUDA_GRAPH_OPT``, any ``--server-arg``)
+goes to the vanilla arm too; only the speculative ones (``--spec-*`` and the draft model's flags:
+:func:`is_speculative`) are the MTP arm's own. The *default* vanilla arm
+(:meth:`ArmArgs.default_fields`) is the run's base settings without any of the tuning settings
+(``--server-arg``, ``--vanilla-server-arg``, a tuned configuration's ``-bs``/threads/graph
+optimisation): what a speedup "against llama-server's defaults" divides by.
 
 A leaf of :mod:`ggufmtp.measure`: it imports neither tune, verify nor profiles, so each of them can
 import it."""
@@ -8,14 +18,39 @@ import it."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import shlex
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import TuneError
 
-__all__ = ["CUDA_GRAPH_OPT_ENV", "TuneConfig"]
+__all__ = ["CUDA_GRAPH_OPT_ENV", "TuneConfig", "ArmArgs", "is_speculative", "flag_names", "split_args"]
 
 CUDA_GRAPH_OPT_ENV = "GGML_CUDA_GRAPH_OPT"  # read by ggml-cuda at 0c1e570; off unless set to 1
+
+# The short aliases of llama-server's "speculative params" (``--help`` at 0c1e570); every long
+# spelling there starts with --spec- or names the draft model (``--*-draft``, ``--draft-*``).
+_SPECULATIVE_SHORT = frozenset({"-hfd", "-hfrd", "-td", "-tbd", "-Cd", "-Crd", "-Cbd", "-otd", "-cmoed", "-ncmoed",
+                                "-devd", "-ngld", "-md", "-ctkd", "-ctvd"})
+
+
+def is_speculative(flag: str) -> bool:
+    """Whether a llama-server flag configures speculation (the MTP arm's own) rather than the
+    server as a whole (both arms)."""
+    name = flag.split("=", 1)[0]
+    return (name.startswith(("--spec-", "--no-spec-")) or name in _SPECULATIVE_SHORT
+            or name.startswith("--draft") or name.endswith("-draft"))
+
+
+def flag_names(args: Iterable[str]) -> list[str]:
+    """The flags among ``args`` (values and negative numbers left out)."""
+    return [a.split("=", 1)[0] for a in args if a.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", a)]
+
+
+def split_args(values: Iterable[str]) -> list[str]:
+    """Command-line values as arguments: each shell-split (``"-b 256"`` -> ``["-b", "256"]``)."""
+    return [a for v in values for a in shlex.split(str(v))]
 
 
 @dataclass(frozen=True)
@@ -67,13 +102,22 @@ class TuneConfig:
 
     def extra_args(self) -> list[str]:
         """Flags beyond those :class:`ggufmtp.runtime.server.ServerConfig` writes itself."""
-        out: list[str] = []
-        if self.backend_sampling:
-            out.append("-bs")
-        if self.draft_backend_sampling is not None:
-            out.append("--spec-draft-backend-sampling" if self.draft_backend_sampling
-                       else "--no-spec-draft-backend-sampling")
-        return out
+        return self.shared_args() + self.speculative_args()
+
+    def shared_args(self) -> list[str]:
+        """This configuration's non-speculative flags: both arms get them (a fair baseline)."""
+        return ["-bs"] if self.backend_sampling else []
+
+    def speculative_args(self) -> list[str]:
+        """This configuration's speculative flags beyond the window: the MTP arm's own."""
+        if self.draft_backend_sampling is None:
+            return []
+        return ["--spec-draft-backend-sampling" if self.draft_backend_sampling else "--no-spec-draft-backend-sampling"]
+
+    @property
+    def tunes_the_server(self) -> bool:
+        """Whether it sets anything non-speculative (then the fair vanilla is not llama-server's default)."""
+        return bool(self.backend_sampling or self.cuda_graph_opt or self.threads is not None)
 
     def env(self) -> dict[str, str]:
         """Environment variables the server needs for this configuration."""
@@ -83,14 +127,23 @@ class TuneConfig:
         """``base`` (:class:`ServerConfig` fields shared with the vanilla arm) turned into the MTP
         server's: draft-mtp with this window, this configuration's flags appended (once: ``-bs`` may
         already be in ``base``), its environment added and its thread count in force."""
+        kw = self._with(base, self.extra_args())
+        kw.update(draft_mtp=True, draft_n_max=self.draft_n_max, draft_n_min=self.draft_n_min,
+                  draft_p_min=self.draft_p_min)
+        return kw
+
+    def vanilla_fields(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """``base`` turned into the vanilla server's that matches this configuration: its
+        non-speculative flags, environment and thread count, no speculation (the fair baseline)."""
+        return self._with(base, self.shared_args())
+
+    def _with(self, base: Mapping[str, Any], args: Sequence[str]) -> dict[str, Any]:
         kw = dict(base)
         shared = list(base.get("extra_args") or [])
-        kw["extra_args"] = shared + [a for a in self.extra_args() if a not in shared]
+        kw["extra_args"] = shared + [a for a in args if a not in shared]
         kw["env"] = {**(base.get("env") or {}), **self.env()} or None
         if self.threads is not None:
             kw["threads"] = self.threads
-        kw.update(draft_mtp=True, draft_n_max=self.draft_n_max, draft_n_min=self.draft_n_min,
-                  draft_p_min=self.draft_p_min)
         return kw
 
     def complexity(self) -> tuple:
@@ -123,3 +176,78 @@ class TuneConfig:
             except (TypeError, ValueError) as e:
                 raise TuneError(f"tuned configuration {value!r}: {e}") from e
         raise TuneError(f"tuned: expected a TuneConfig or its dict, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class ArmArgs:
+    """The server settings of one comparison by the arm that gets them: ``both`` (``--server-arg``:
+    non-speculative, every arm but the default one), ``mtp`` (``--mtp-server-arg``: the MTP arm
+    only) and ``vanilla`` (``--vanilla-server-arg``: the vanilla arm only), and the ``tuned``
+    configuration, whose non-speculative part goes to both arms. See the module docstring."""
+
+    both: tuple[str, ...] = ()
+    mtp: tuple[str, ...] = ()
+    vanilla: tuple[str, ...] = ()
+    tuned: TuneConfig | None = None
+
+    @classmethod
+    def of(cls, both: Iterable[str] = (), mtp: Iterable[str] = (), vanilla: Iterable[str] = (),
+           tuned: TuneConfig | None = None) -> "ArmArgs":
+        """Checked: a speculative flag for the vanilla arm (in ``both`` or ``vanilla``) is a
+        TuneError, since that arm would then speculate too."""
+        out = cls(tuple(map(str, both)), tuple(map(str, mtp)), tuple(map(str, vanilla)), tuned)
+        for where, args in (("--server-arg", out.both), ("--vanilla-server-arg", out.vanilla)):
+            spec = [f for f in flag_names(args) if is_speculative(f)]
+            if spec:
+                raise TuneError(f"{where} {' '.join(spec)}: a speculative flag would make the vanilla arm speculate "
+                                "too; give it with --mtp-server-arg")
+        return out
+
+    @property
+    def differs_from_default(self) -> bool:
+        """Whether the vanilla arm is configured beyond the run's base settings (then a default
+        vanilla arm is measured as well)."""
+        return bool(self.both or self.vanilla or (self.tuned is not None and self.tuned.tunes_the_server))
+
+    def notes(self) -> list[str]:
+        """What a reader must know: non-speculative flags given to one arm only make the two
+        configurations differ beyond speculation (reported, not corrected)."""
+        out = []
+        mtp_only = [f for f in flag_names(self.mtp) if not is_speculative(f)]
+        if mtp_only:
+            out.append(f"--mtp-server-arg {' '.join(mtp_only)} is not speculative but was given to the MTP arm only: "
+                       "the arms differ beyond speculation, so the speedup is not MTP's alone")
+        if flag_names(self.vanilla):
+            out.append(f"--vanilla-server-arg {' '.join(self.vanilla)}: given to the vanilla arm only; the arms differ "
+                       "beyond speculation")
+        return out
+
+    def default_fields(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """The default vanilla server: the run's base settings alone."""
+        return dict(base)
+
+    def vanilla_fields(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """The vanilla server: base, ``both``, the tuned configuration's non-speculative part, ``vanilla``."""
+        kw = self._append(base, self.both)
+        if self.tuned is not None:
+            kw = self.tuned.vanilla_fields(kw)
+        return self._append(kw, self.vanilla)
+
+    def mtp_fields(self, base: Mapping[str, Any], k: int, draft_n_min: int | None = None) -> dict[str, Any]:
+        """The MTP server at window ``k``: base, ``both``, the tuned configuration (or ``k`` and
+        ``draft_n_min``), ``mtp``."""
+        kw = self._append(base, self.both)
+        if self.tuned is not None:
+            kw = self.tuned.server_fields(kw)
+        else:
+            kw.update(draft_mtp=True, draft_n_max=k, draft_n_min=draft_n_min)
+        return self._append(kw, self.mtp)
+
+    @staticmethod
+    def _append(base: Mapping[str, Any], args: Sequence[str]) -> dict[str, Any]:
+        kw = dict(base)
+        kw["extra_args"] = list(base.get("extra_args") or []) + list(args)
+        return kw
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"both": list(self.both), "mtp": list(self.mtp), "vanilla": list(self.vanilla)}

@@ -59,7 +59,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ProfileError, ServerError
 from ..measure.arms import ABBA, MTP, VANILLA
-from ..measure.options import TuneConfig
+from ..errors import TuneError
+from ..measure.options import ArmArgs, TuneConfig
 from ..measure.profiles_stream import RequestRecord, aggregate, run_clients
 from ..measure.suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
 from ..measure.records import PROFILES_MODEL_KEYS, ModelInfo
@@ -145,17 +146,23 @@ def build_prompts(srv: LlamaServer, n: int, input_tokens: int, seed: int = 0) ->
 def profile_server_config(model: Path, w: Workload, mtp: bool, *, draft_n_max: int | None = 3, tuned: Any = None,
                           gpu_layers: int | str | None = None, threads: int | None = None,
                           llama_cpp_bin: str | os.PathLike | None = None, extra_args: Sequence[str] = (),
-                          ctx_size: int | None = None) -> ServerConfig:
+                          ctx_size: int | None = None, mtp_server_args: Sequence[str] = (),
+                          vanilla_server_args: Sequence[str] = ()) -> ServerConfig:
+    """One arm's server for workload ``w``. Fair baseline: ``extra_args`` (``--server-arg``) and a
+    tuned configuration's non-speculative part (``-bs``, threads, graph optimisation) go to both
+    arms; ``mtp_server_args`` / ``vanilla_server_args`` to one (see :class:`ArmArgs`)."""
     per_slot = w.input_tokens + w.output_tokens + CTX_MARGIN
     ctx = ctx_size or int(math.ceil(per_slot * w.concurrency / 256) * 256)
     base = dict(model=model, ctx_size=ctx, threads=threads, gpu_layers=gpu_layers, parallel=w.concurrency,
-                llama_cpp_bin=llama_cpp_bin, metrics=True)
-    base["extra_args"] = list(extra_args)
+                llama_cpp_bin=llama_cpp_bin, metrics=True, extra_args=[])
+    try:
+        arms = ArmArgs.of(extra_args, mtp_server_args, vanilla_server_args,
+                          TuneConfig.coerce(tuned) if tuned is not None else None)
+    except TuneError as e:
+        raise ProfileError(str(e)) from e
     if not mtp:
-        return ServerConfig(**base)
-    if tuned is None:
-        return ServerConfig(**base, draft_mtp=True, draft_n_max=draft_n_max)
-    return ServerConfig(**TuneConfig.coerce(tuned).server_fields(base))
+        return ServerConfig(**arms.vanilla_fields(base))
+    return ServerConfig(**arms.mtp_fields(base, draft_n_max))
 
 
 def _bodies(prompts: Sequence[dict[str, Any]], max_tokens: int, mode: str, seed: int) -> list[dict[str, Any]]:
@@ -330,6 +337,8 @@ def run_profiles(
     noise: float = DEFAULT_NOISE,
     extra_args: Sequence[str] = (),
     progress: bool = True,
+    mtp_server_args: Sequence[str] = (),
+    vanilla_server_args: Sequence[str] = (),
 ) -> ProfilesResult:
     """Both arms of every workload, then :func:`decision_table`. Per workload both servers are up (only
     one is busy at a time); prompts are built once on the vanilla server; with ``repeats`` > 1 the arms
@@ -347,11 +356,12 @@ def run_profiles(
         raise ProfileError("no workloads")
     log = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
     kw = dict(draft_n_max=draft_n_max, tuned=tuned, gpu_layers=gpu_layers, threads=threads,
-              llama_cpp_bin=llama_cpp_bin, extra_args=extra_args)
+              llama_cpp_bin=llama_cpp_bin, extra_args=extra_args, mtp_server_args=mtp_server_args,
+              vanilla_server_args=vanilla_server_args)
     results = [res for w in ws for res in _both_arms(path, w, kw, seed, repeats, log)]
     table = decision_table(results, noise)
     hw = probe_hardware(find_binary("llama-server", llama_cpp_bin), gpu_layers)
-    notes = []
+    notes = ArmArgs(tuple(extra_args), tuple(mtp_server_args), tuple(vanilla_server_args)).notes()
     if not hw.offloaded:
         notes.append("CPU run: a small model is compute-bound on CPU; these numbers describe this machine only")
     if scale != 1.0:

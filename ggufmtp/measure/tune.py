@@ -31,7 +31,7 @@ from ..errors import FatalTuneError, ServerError, TuneError
 from ..fmt import ci_text, pct, times
 from ..gguf.hashing import sha256_file
 from ..measure import stats
-from ..measure.options import TuneConfig
+from ..measure.options import ArmArgs, TuneConfig
 from ..measure.records import (TUNE_BOOTSTRAP_KEYS, TUNE_MODEL_KEYS, TUNE_SERVER_KEYS, BootstrapInfo, ModelInfo,
                                ServerInfo)
 from ..measure.suite import DEFAULT_SUITE, Suite, modes_for_template
@@ -132,6 +132,7 @@ class TuneResult:
     server: ServerInfo
     notes: list[str]
     seconds: float = 0.0
+    vanilla_commands: dict[str, str] = dataclasses.field(default_factory=dict)  # final config -> its fair vanilla
 
     @property
     def final_rows(self) -> list[ConfigRow]:
@@ -145,6 +146,7 @@ class TuneResult:
             "command": self.command,
             "mtp_command": self.mtp_command,
             "vanilla_command": self.vanilla_command,
+            "vanilla_commands": dict(self.vanilla_commands),
             **{k: rec.get(k) for k in ("recommended", "recommended_config", "best", "best_config", "speedup",
                                        "speedup_ci95", "acceptance", "mtp_beats_vanilla", "clear",
                                        "within_noise_of", "why", "rule")},
@@ -263,6 +265,9 @@ def tune(
     extra_args: Sequence[str] = (),
     bootstrap_resamples: int = stats.DEFAULT_RESAMPLES,
     log: Callable[[str], None] | None = None,
+    server_args: Sequence[str] = (),
+    mtp_server_args: Sequence[str] = (),
+    vanilla_server_args: Sequence[str] = (),
 ) -> TuneResult:
     """Search MTP server settings for ``model`` (a GGUF path) at ``concurrency``.
 
@@ -272,20 +277,17 @@ def tune(
     costs at most half the budget (else a note says so), so the recommendation rests on the
     prompts verify uses.
     ``mode``: thinking mode for templates with a thinking switch (default: the first, "thinking").
+    Fair baseline: each configuration's vanilla arm has its non-speculative settings (see
+    :class:`~ggufmtp.measure.options.ArmArgs` for ``server_args`` and the one-arm flags).
     """
     t0 = time.monotonic()
     seeds = _check_args(concurrency, seeds, max_tokens)
+    arms = ArmArgs.of(server_args, mtp_server_args, vanilla_server_args)
     setup = prepare(model, suite, limit, llama_cpp_bin)
     hw = probe_hardware(setup.binary, gpu_layers)
-    if candidates is None:
-        ordered, space = _builtin_order(concurrency, hw, setup.flags, n_max_values, n_min_values, p_min_values,
-                                        order_seed)
-    else:
-        ordered = list(dict.fromkeys(candidates))
-        if not ordered:
-            raise TuneError("candidates: empty")
-        space = SearchSpace(n_candidates=len(ordered), notes=["custom candidate list"], custom=True)
-    notes = _setup_notes(space, gpu_layers, hw, concurrency, len(setup.suite.prompts))
+    ordered, space = _candidates(candidates, concurrency, hw, setup.flags, n_max_values, n_min_values,
+                                 p_min_values, order_seed)
+    notes = _setup_notes(space, gpu_layers, hw, concurrency, len(setup.suite.prompts)) + arms.notes()
     n_prompts = len(setup.suite.prompts)
     unit_cost = len(seeds) * concurrency
     final_units = final_rung_units(final_on_suite, len(ordered), budget, units0, eta, final_size, n_prompts,
@@ -293,10 +295,10 @@ def tune(
     sched = _Schedule(budget, units0, eta, final_size, n_prompts, unit_cost, final_units)
     base = dict(model=setup.path, threads=threads, gpu_layers=gpu_layers, llama_cpp_bin=llama_cpp_bin, metrics=True,
                 extra_args=list(extra_args))
-    van_cfg = ServerConfig(**base, parallel=concurrency, ctx_size=ctx_per_slot * concurrency)
+    van_cfg = ServerConfig(**arms.vanilla_fields({**base, "parallel": concurrency, "ctx_size": ctx_per_slot * concurrency}))
     log = log or ((lambda m: print(m, file=sys.stderr)) if progress else None)
     run = _serve_and_search(setup, base, van_cfg, ordered, sched, seeds, mode, max_tokens, concurrency,
-                            ctx_per_slot, progress, log, notes)
+                            ctx_per_slot, progress, log, notes, arms)
     rows = rank_configs(run.sh, bootstrap_resamples)
     rec = recommend_config(rows)
     if all(r.status == ConfigStatus.DROPPED for r in rows):
@@ -315,7 +317,40 @@ def tune(
         vanilla_command=vanilla_command,
         settings=_settings_record(setup, seeds, max_tokens, run.mode, ctx_per_slot, threads, gpu_layers,
                                   concurrency, bootstrap_resamples),
-        hardware=hw, server=_server_record(setup, run, rows), notes=notes, seconds=time.monotonic() - t0)
+        hardware=hw, server=_server_record(setup, run, rows), notes=notes, seconds=time.monotonic() - t0,
+        vanilla_commands=_vanilla_commands(run, rows))
+
+
+def _candidates(candidates: Sequence[TuneConfig] | None, concurrency: int, hw: HardwareInfo, flags: frozenset[str],
+                n_max_values: Sequence[int], n_min_values: Sequence[int], p_min_values: Sequence[float],
+                order_seed: int) -> tuple[list[TuneConfig], SearchSpace]:
+    """The candidates in search order and the space's description: the given list, else the built-in space."""
+    if candidates is None:
+        return _builtin_order(concurrency, hw, flags, n_max_values, n_min_values, p_min_values, order_seed)
+    ordered = list(dict.fromkeys(candidates))
+    if not ordered:
+        raise TuneError("candidates: empty")
+    return ordered, SearchSpace(n_candidates=len(ordered), notes=["custom candidate list"], custom=True)
+
+
+def _vanilla_commands(run: _Search, rows: Sequence[ConfigRow]) -> dict[str, str]:
+    """Each final configuration's fair vanilla command line (display form)."""
+    known = run.evaluator.vanilla_commands
+    return {r.key: _display(known[r.key]) for r in rows if r.status == ConfigStatus.FINAL and r.key in known}
+
+
+def _display(command: str) -> str:
+    """A command line as run, in the display form: ``llama-server`` for the binary, no host/port."""
+    argv = shlex.split(command)
+    out, skip = ["llama-server"], False
+    for a in argv[1:]:
+        if skip:
+            skip = False
+        elif a in ("--host", "--port"):
+            skip = True
+        else:
+            out.append(a)
+    return shlex.join(out)
 
 
 def _server_record(setup: TuneSetup, run: _Search, rows: Sequence[ConfigRow]) -> ServerInfo:
@@ -361,7 +396,7 @@ def _setup_notes(space: SearchSpace, gpu_layers: int | str | None, hw: HardwareI
 def _serve_and_search(setup: TuneSetup, base: dict[str, Any], van_cfg: ServerConfig, ordered: Sequence[TuneConfig],
                       sched: _Schedule, seeds: list[int], mode: str | None, max_tokens: int, concurrency: int,
                       ctx_per_slot: int, progress: bool, log: Callable[[str], None] | None,
-                      notes: list[str]) -> _Search:
+                      notes: list[str], arms: ArmArgs | None = None) -> _Search:
     """Start the resident vanilla server, warm it up and run the successive halving against it."""
     total = schedule_cost(sched.fit(len(ordered))[2], sched.unit_cost)
     with contextlib.ExitStack() as stack:
@@ -376,7 +411,8 @@ def _serve_and_search(setup: TuneSetup, base: dict[str, Any], van_cfg: ServerCon
         bench.one(van, setup.suite.prompts[0], 0, WARMUP_TOKENS)  # warm-up
         bar = stack.enter_context(tqdm(total=total, desc="tune", unit="req", file=sys.stderr,
                                        disable=None if progress else True, leave=False, dynamic_ncols=True))
-        ev = ServerEvaluator(base, van, bench, ctx_per_slot, setup.suite.prompts[0], bar)
+        ev = ServerEvaluator(base, van, bench, ctx_per_slot, setup.suite.prompts[0], bar, arms)
+        stack.callback(ev.close)
         sh = successive_halving(ordered, ev, sched.budget, sched.units0, sched.eta, sched.final_size,
                                 sched.max_units, sched.unit_cost, log=log, final_units=sched.final_units)
         return _Search(sh, ev, shlex.join(van.command), props.get("build_info"), use_mode)
@@ -439,8 +475,10 @@ def _settings_record(setup: TuneSetup, seeds: list[int], max_tokens: int, mode: 
         speedup=("decode throughput: (sum MTP tokens / sum MTP predicted_ms) / (same for vanilla)"
                  if concurrency == 1 else
                  "aggregate output tok/s: (sum MTP tokens / sum MTP batch wall time) / (same for vanilla)"),
-        interleave="vanilla resident; per unit ABBA order vanilla/MTP",
-        bootstrap=BootstrapInfo(unit="unit (prompt or batch; seeds pooled)", resamples=bootstrap_resamples))
+        interleave="vanilla resident (another vanilla server for a configuration whose non-speculative settings "
+                   "differ: fair baseline); per unit ABBA order vanilla/MTP",
+        bootstrap=BootstrapInfo(unit="prompt (seeds pooled; units sharing a prompt, e.g. batches at concurrency > 1, "
+                                     "pooled into one)", resamples=bootstrap_resamples))
 
 
 # ----------------------------------------------------------------------------- receipt

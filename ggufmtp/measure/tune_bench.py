@@ -3,6 +3,10 @@ llama-server binary), and the requests sent to the vanilla and MTP servers.
 
 Measurement: the vanilla server (``-np`` = concurrency) stays up for the whole search; one MTP
 server at a time is started per (configuration, rung), warmed up (its warm-up reply must draft),
+and paired with a vanilla server of the same non-speculative settings (fair baseline: a
+configuration's ``-bs``, threads, graph optimisation and slots are the vanilla arm's too; the
+resident one when they match the run's, else one more vanilla server, kept while consecutive
+configurations share those settings),
 then every unit is sent to both in ABBA order (unit 0 vanilla first, unit 1 MTP first, ...), as
 :mod:`ggufmtp.measure.verify` does, at temperature 0 with ``cache_prompt: false``. Speedup of a unit
 set = (sum MTP tokens / sum MTP time) / (sum vanilla tokens / sum vanilla time): time = the decode
@@ -13,6 +17,7 @@ benchmark).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import time
@@ -23,12 +28,12 @@ from typing import Any, NamedTuple, Sequence
 from ..errors import FatalTuneError, GgufmtpError, TuneError
 from ..gguf.model import inspect_model
 from ..measure.arms import ABBA, WARMUP_TOKENS, send, send_concurrently
-from ..measure.options import TuneConfig
+from ..measure.options import ArmArgs, TuneConfig
 from ..measure.suite import Prompt, Suite, load_suite
 from ..measure.tune_search import Mismatch, UnitResult
 from ..runtime import build as runtime
 from ..runtime.replies import Reply
-from ..runtime.server import LlamaServer, ServerConfig, binary_flags
+from ..runtime.server import LlamaServer, ServerConfig, binary_flags, build_command, flags_without
 
 __all__ = ["WARMUP_TOKENS", "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT", "TuneSetup", "prepare", "check_seeds", "Bench", "ServerEvaluator"]
 
@@ -119,29 +124,64 @@ class ServerEvaluator:
     (config, rung)."""
 
     def __init__(self, base: dict[str, Any], van: LlamaServer, bench: Bench, ctx_per_slot: int,
-                 warm_prompt: Prompt, bar=None):
+                 warm_prompt: Prompt, bar=None, arms: ArmArgs | None = None):
         self.base, self.van, self.bench = base, van, bench
         self.ctx_per_slot = ctx_per_slot
         self.warm_prompt = warm_prompt
         self.bar = bar
+        self.arms = arms if arms is not None else ArmArgs()
         self.order = ABBA()  # one alternation across every configuration of the search
         self.commands: dict[str, str] = {}
+        self.vanilla_commands: dict[str, str] = {}  # config key -> the vanilla command it was paired with
         self.logs: dict[str, str] = {}
         self.server_starts = 0
+        self._other: tuple[tuple, LlamaServer] | None = None  # a vanilla server of other settings than ``van``'s
 
-    def _vanilla(self, unit: int) -> tuple[list[tuple[Prompt, int, Reply]], float]:
+    def _vanilla(self, srv: LlamaServer, unit: int) -> tuple[list[tuple[Prompt, int, Reply]], float]:
         try:
-            return self.bench.run(self.van, unit)
+            return self.bench.run(srv, unit)
         except GgufmtpError as e:
             raise FatalTuneError(f"vanilla server: {e}") from e
 
+    def _fields(self, cfg: TuneConfig) -> tuple[ArmArgs, dict[str, Any]]:
+        base = {**self.base, "parallel": cfg.parallel, "ctx_size": self.ctx_per_slot * cfg.parallel}
+        return dataclasses.replace(self.arms, tuned=cfg), base
+
     def server_config(self, cfg: TuneConfig) -> ServerConfig:
         """The MTP server of ``cfg``: the shared settings, its slots and their context."""
-        return ServerConfig(**cfg.server_fields({**self.base, "parallel": cfg.parallel,
-                                                 "ctx_size": self.ctx_per_slot * cfg.parallel}))
+        arms, base = self._fields(cfg)
+        return ServerConfig(**arms.mtp_fields(base, cfg.draft_n_max))
+
+    def vanilla_config(self, cfg: TuneConfig) -> ServerConfig:
+        """The vanilla server ``cfg`` is compared with: the same non-speculative settings and slots."""
+        arms, base = self._fields(cfg)
+        return ServerConfig(**arms.vanilla_fields(base))
+
+    def vanilla_for(self, cfg: TuneConfig) -> LlamaServer:
+        """The vanilla server of ``cfg``'s settings: the resident one when they match, else the other
+        one (started and warmed up when its settings change; the previous other one is stopped)."""
+        want = self.vanilla_config(cfg)
+        key = _settings_key(want)
+        if key == _settings_key(self.van.config):
+            return self.van
+        if self._other is None or self._other[0] != key:
+            self.close()
+            self.server_starts += 1
+            srv = LlamaServer(want).start()
+            self._other = (key, srv)
+            self.bench.one(srv, self.warm_prompt, 0, WARMUP_TOKENS)
+        return self._other[1]
+
+    def close(self) -> None:
+        """Stop the other vanilla server, if any (the resident one is the caller's)."""
+        if self._other is not None:
+            self._other[1].stop()
+            self._other = None
 
     def __call__(self, cfg: TuneConfig, units: Sequence[int]) -> list[UnitResult]:
         out: list[UnitResult] = []
+        van = self.vanilla_for(cfg)
+        self.vanilla_commands[cfg.key] = shlex.join(van.command)
         self.server_starts += 1
         with LlamaServer(self.server_config(cfg)) as mtp:
             self.commands[cfg.key] = shlex.join(mtp.command)
@@ -150,14 +190,14 @@ class ServerEvaluator:
                 raise TuneError(f"{cfg.key}: speculation did not run (the warm-up reply has no timings.draft_n); "
                                 f"log {mtp.log_path}")
             for u in units:
-                out.append(self._pair(mtp, u))
+                out.append(self._pair(van, mtp, u))
                 if not out[-1].identical:
                     break
         return out
 
-    def _pair(self, mtp: LlamaServer, u: int) -> UnitResult:
+    def _pair(self, vsrv: LlamaServer, mtp: LlamaServer, u: int) -> UnitResult:
         """Unit ``u`` on vanilla and on ``mtp``, in ABBA order."""
-        (van, van_ms), (mt, mt_ms) = self.order.run(lambda: self._vanilla(u), lambda: self.bench.run(mtp, u))
+        (van, van_ms), (mt, mt_ms) = self.order.run(lambda: self._vanilla(vsrv, u), lambda: self.bench.run(mtp, u))
         if self.bar is not None:
             self.bar.update(len(mt))
         mism = next((Mismatch.of(a.text, b.text, p.id, s) for (p, s, a), (_, _, b) in zip(van, mt)
@@ -170,4 +210,10 @@ class ServerEvaluator:
             unit=u, mtp_tokens=sum(r.predicted_n for _, _, r in mt), mtp_ms=m_ms,
             van_tokens=sum(r.predicted_n for _, _, r in van), van_ms=v_ms, identical=mism is None,
             draft_n=sum(r.draft_n or 0 for _, _, r in mt),
-            draft_n_accepted=sum(r.draft_n_accepted or 0 for _, _, r in mt), requests=len(mt), mismatch=mism)
+            draft_n_accepted=sum(r.draft_n_accepted or 0 for _, _, r in mt), requests=len(mt), mismatch=mism,
+            prompt_ids=tuple(dict.fromkeys(p.id for p, _, _ in mt)))
+
+
+def _settings_key(cfg: ServerConfig) -> tuple:
+    """What makes two vanilla servers interchangeable: their flags (model and address aside) and environment."""
+    return tuple(flags_without(build_command(cfg, "llama-server", 0))), tuple(sorted((cfg.env or {}).items()))

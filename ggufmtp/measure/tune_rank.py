@@ -4,7 +4,10 @@
 Recommendation rule
 -------------------
 Final ranking: every configuration of the final rung, with 95% percentile-bootstrap CIs of the
-speedup and acceptance over units (:mod:`ggufmtp.measure.stats`, 2000 resamples, seed 0). The best is
+speedup and acceptance over units (:mod:`ggufmtp.measure.stats`, 2000 resamples, seed 0), clustered
+by prompt: units that share a suite prompt (at concurrency > 1 a unit is a batch of several prompts,
+and batches wrap around the suite) are pooled into one resampling unit, so a prompt is never
+counted as two independent observations (``ci_units`` says how many there were). The best is
 the highest speedup point estimate among them (ties: the simpler configuration -- smaller k, then
 n_min 0, p_min 0, backend sampling off, more slots). It is *recommended* when its speedup CI lower
 bound exceeds 1.0; it is *clear* when that lower bound also exceeds the CI upper bound of every
@@ -22,9 +25,9 @@ import numpy as np
 from ..fmt import ci_text, finite_or_none as _num, times
 from ..measure import stats
 from ..measure.options import TuneConfig
-from ..measure.tune_search import ConfigStatus, Mismatch, SearchState, SHResult, rank_value
+from ..measure.tune_search import ConfigStatus, Mismatch, SearchState, SHResult, UnitResult, rank_value
 
-__all__ = ["RULE", "ConfigRow", "Recommendation", "config_row", "rank_configs", "recommend_config"]
+__all__ = ["RULE", "ConfigRow", "Recommendation", "config_row", "rank_configs", "recommend_config", "prompt_clusters"]
 
 RULE = ("best = highest speedup point estimate among the final rung's configurations, all with output identical "
         "to vanilla (ties: the simpler: smaller k, n-min 0, p-min 0, backend sampling off, more slots); recommended "
@@ -56,6 +59,7 @@ class ConfigRow:
     vanilla_tokens_per_second: float | None = None
     identical: bool | None = None
     mismatch: Mismatch | None = None  # the first non-identical reply
+    ci_units: int | None = None  # the bootstrap's resampling units (prompt clusters); None when not measured
 
     @property
     def key(self) -> str:
@@ -71,7 +75,8 @@ class ConfigRow:
         if self.draft_n is not None:
             d.update(draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted)
         d.update(mtp_tokens_per_second=self.mtp_tokens_per_second,
-                 vanilla_tokens_per_second=self.vanilla_tokens_per_second, identical=self.identical)
+                 vanilla_tokens_per_second=self.vanilla_tokens_per_second, identical=self.identical,
+                 ci_units=self.ci_units)
         if self.mismatch is not None:
             d["mismatch"] = self.mismatch.to_dict()
         return d
@@ -121,7 +126,7 @@ def config_row(st: SearchState, resamples: int = stats.DEFAULT_RESAMPLES,
                     units=len(rs), evaluations=sum(max(1, r.requests) for r in rs))
     if not rs:
         return row
-    x = np.array([[r.mtp_tokens, r.mtp_ms, r.van_tokens, r.van_ms, r.draft_n_accepted, r.draft_n] for r in rs], float)
+    x = prompt_clusters(rs)
     sp = stats.throughput_ratio(x[:, 0], x[:, 1], x[:, 2], x[:, 3], resamples=resamples, seed=seed)
     acc = stats.ratio_of_sums(x[:, 4], x[:, 5], resamples=resamples, seed=seed)
     tot = x.sum(axis=0)
@@ -133,7 +138,32 @@ def config_row(st: SearchState, resamples: int = stats.DEFAULT_RESAMPLES,
     row.vanilla_tokens_per_second = _num(tot[2] / tot[3] * 1000) if tot[3] > 0 else None
     row.identical = all(r.identical for r in rs)
     row.mismatch = next((r.mismatch for r in rs if r.mismatch), None)
+    row.ci_units = int(x.shape[0])
     return row
+
+
+def prompt_clusters(results: Sequence[UnitResult]) -> np.ndarray:
+    """One row per cluster of units that share a prompt (connected through their ``prompt_ids``;
+    a unit without prompt ids is its own cluster): the summed [MTP tokens, MTP ms, vanilla tokens,
+    vanilla ms, accepted, drafted] -- the bootstrap's resampling units."""
+    parent = list(range(len(results)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, r in enumerate(results):
+        for p in r.prompt_ids:
+            j = first.setdefault(p, i)
+            parent[root(i)] = root(j)
+    sums: dict[int, np.ndarray] = {}
+    for i, r in enumerate(results):
+        row = np.array([r.mtp_tokens, r.mtp_ms, r.van_tokens, r.van_ms, r.draft_n_accepted, r.draft_n], float)
+        sums[root(i)] = sums.get(root(i), 0) + row
+    return np.array(list(sums.values()))
 
 
 _STATUS_ORDER = {ConfigStatus.FINAL: 0, ConfigStatus.ELIMINATED: 1, ConfigStatus.DROPPED: 2, ConfigStatus.ACTIVE: 1}

@@ -240,6 +240,7 @@ class UnitResult:
     draft_n_accepted: int = 0
     requests: int = 1  # evaluations (MTP requests) this unit cost
     mismatch: Mismatch | None = None
+    prompt_ids: tuple[str, ...] = ()  # the suite prompts of the unit (several at concurrency > 1)
 
 
 Evaluator = Callable[[TuneConfig, Sequence[int]], list[UnitResult]]

@@ -2,7 +2,9 @@
 policy that turns each thinking mode's numbers into a verdict (:func:`evaluate_verdict`).
 
 Policy (see :mod:`ggufmtp.measure.verify`): acceptance >= ``min_acceptance`` whenever a threshold
-is set; outputs identical to vanilla in at least ``min_identical`` of the pairs; speedup >=
+is set; outputs identical to vanilla in at least ``min_identical`` of the pairs of EVERY comparison
+verify made (each mode's chat arm, ``--raw``, every sweep window; default 1.0: any differing reply
+fails, and the reason names the comparison and the first differing prompt); speedup >=
 ``min_speedup`` only when the model was offloaded to a GPU (or ``enforce_speedup``), since a small
 model on CPU is compute-bound and MTP is expected to be slower there.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..fmt import pct, times
 from .verify_summary import Comparison
@@ -77,20 +79,48 @@ class Thresholds:
         return dataclasses.asdict(self)
 
 
-def evaluate_verdict(per_mode: Mapping[str, Comparison], thresholds: Thresholds, offloaded: bool
-                     ) -> tuple[Verdict, list[str], list[str]]:
-    """``(verdict, reasons, notes)`` from each mode's main numbers.
+def evaluate_verdict(per_mode: Mapping[str, Comparison], thresholds: Thresholds, offloaded: bool,
+                     others: Sequence[Comparison] = ()) -> tuple[Verdict, list[str], list[str]]:
+    """``(verdict, reasons, notes)`` from each mode's main numbers and every other comparison's
+    identity.
 
     ``per_mode[mode]`` is the :class:`~ggufmtp.measure.verify_summary.Comparison` of the chat arm at
-    k = draft_n_max (its ``acceptance``, ``speedup`` and ``identical_output_fraction`` are judged). ``reasons`` are the failures
-    (verdict FAIL iff non-empty); ``notes`` explain what was not checked and why.
+    k = draft_n_max (its ``acceptance``, ``speedup`` and ``identical_output_fraction`` are judged);
+    ``others``: every other comparison of the run (``--raw``, other sweep windows), whose replies
+    must equal vanilla's too. ``reasons`` are the failures (verdict FAIL iff non-empty); ``notes``
+    explain what was not checked and why.
     """
     t = thresholds
     speed_applies = offloaded or t.enforce_speedup
     reasons: list[str] = []
     for mode, m in per_mode.items():
         reasons += _mode_failures("" if len(per_mode) == 1 else f" [{mode}]", m, t, speed_applies)
-    return (Verdict.FAIL if reasons else Verdict.PASS), reasons, _unchecked_notes(t, speed_applies, offloaded)
+    for c in others:
+        if not any(c is m for m in per_mode.values()):
+            reasons += _identity_failure(f" [{_where(c)}]", c, t)
+    notes = _unchecked_notes(t, speed_applies, offloaded)
+    if t.min_identical < 1.0:
+        notes.append(f"identical output required in only {pct(t.min_identical)} of the pairs (--min-identical): "
+                     "replies that differ from vanilla are tolerated up to that share")
+    return (Verdict.FAIL if reasons else Verdict.PASS), reasons, notes
+
+
+def _where(c: Comparison) -> str:
+    """A comparison's name in a reason: ``k=2, raw /completion, thinking``."""
+    return ", ".join([f"k={c.k}"] + (["raw /completion"] if c.endpoint == "raw" else [])
+                     + ([c.mode] if c.mode != "default" else []))
+
+
+def _identity_failure(tag: str, m: Comparison, t: Thresholds) -> list[str]:
+    """The reason a comparison fails the identity requirement (none when it meets it)."""
+    ident = m.identical_output_fraction
+    if ident is not None and ident >= t.min_identical:
+        return []
+    first = m.mismatches[0] if m.mismatches else None
+    where = (f"; first: prompt {first.prompt_id!r} seed {first.seed} differs at character {first.first_difference_at}"
+             if first else "")
+    return [f"identical output{tag}: {m.identical}/{m.n_pairs} MTP replies ({pct(ident)}) equal the vanilla replies "
+            f"(required {pct(t.min_identical)}); speculative decoding at temperature 0 must be lossless{where}"]
 
 
 def _mode_failures(tag: str, m: Comparison, t: Thresholds, speed_applies: bool) -> list[str]:
@@ -98,10 +128,7 @@ def _mode_failures(tag: str, m: Comparison, t: Thresholds, speed_applies: bool) 
     acc = m.acceptance
     if t.min_acceptance is not None and (acc is None or acc < t.min_acceptance):
         out.append(f"acceptance{tag} {pct(acc)} is below the minimum {pct(t.min_acceptance)}")
-    ident = m.identical_output_fraction
-    if ident is None or ident < t.min_identical:
-        out.append(f"identical output{tag}: {pct(ident)} of MTP replies equal the vanilla replies "
-                   f"(required {pct(t.min_identical)}); speculative decoding at temperature 0 must be lossless")
+    out += _identity_failure(tag, m, t)
     sp = m.speedup
     if t.min_speedup is not None and speed_applies and (sp is None or sp < t.min_speedup):
         out.append(f"speedup{tag} {times(sp)} is below the minimum {times(t.min_speedup)}")

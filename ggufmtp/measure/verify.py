@@ -3,7 +3,13 @@
 Method
 ------
 Two real llama-servers on the same model stay up side by side: *vanilla* (no speculation) and
-*MTP* (``--spec-type draft-mtp --spec-draft-n-max k``, ``--metrics``). Every prompt of the suite,
+*MTP* (``--spec-type draft-mtp --spec-draft-n-max k``, ``--metrics``). Fair baseline: every
+non-speculative setting of the MTP arm (``--server-arg``, a tuned configuration's ``-bs``, threads
+and CUDA graph optimisation, KV cache types, context size, GPU layers) is the vanilla arm's too
+(:class:`ggufmtp.measure.options.ArmArgs`), so ``speedup`` is what speculation alone buys. When that
+makes the vanilla arm differ from the run's base settings, a third, *default* vanilla arm (the base
+settings alone: llama-server's defaults for everything else) runs in the same rotation and
+``speedup_vs_default_vanilla`` reports MTP against it. Every prompt of the suite,
 under every seed (and every thinking mode, see below), goes to both, one request at a time (batch
 size 1, never concurrently: on a small machine two busy servers would slow each other down), in
 ABBA order: pair 0 is vanilla then MTP, pair 1 MTP then vanilla, and so on, so slow drift (thermal,
@@ -31,7 +37,10 @@ checked unchanged after the run (else :class:`VerifyError`), so ``model.sha256``
 llama-server served; a receipt refuses a verification whose digest is not its subject's.
 
 Correctness: at temperature 0 speculative decoding is lossless, so every MTP reply must equal the
-vanilla reply to the same request; ``identical_output_fraction`` and the list of mismatches report it.
+vanilla reply to the same request, in every comparison verify makes (chat, ``--raw``, every sweep
+window, every mode); ``mismatch_count`` and ``identical_output_fraction`` count the same pairs (all
+of them), and ``identical_prompts_fraction`` the prompts whose every reply matched (the seeds do not
+change greedy text, so prompts are the independent unit).
 
 Thinking: when the chat template reads ``enable_thinking`` (Qwen3.x, GLM-4.5), the suite runs
 twice, with ``chat_template_kwargs.enable_thinking`` true and false; the two modes are reported
@@ -43,7 +52,8 @@ Verdict policy
   not a verdict.
 - Acceptance (point estimate, chat arm, k = ``draft_n_max``, every mode) >= ``min_acceptance``
   always applies when a threshold is set (recipe ``[verify]`` or ``--min-acceptance``).
-- Outputs identical to vanilla in at least ``min_identical`` of the pairs (default 1.0: all).
+- Outputs identical to vanilla in at least ``min_identical`` of the pairs of EVERY comparison
+  (default 1.0: one differing reply anywhere fails the verdict, naming where).
 - Speedup (point estimate) >= ``min_speedup`` applies only when the model is offloaded to a GPU
   (``gpu_layers`` > 0 and llama-server lists a GPU device): a small model on CPU is compute-bound,
   not memory-bound, and MTP is slower there, so on CPU the speedup is reported with a note.
@@ -53,7 +63,7 @@ Sweep
 -----
 ``sweep=[2, 3, 4, 6, 8]`` repeats the MTP arm for each window k (``draft_n_max`` is always
 included; each k is paired with fresh vanilla requests interleaved with it). The recommended k is
-the one with the highest speedup point estimate among the windows with identical output (ties: the
+the one with the highest speedup point estimate among the windows without a mismatch (ties: the
 smaller k); it is called *clear* when its CI lower bound is above every other window's CI upper
 bound. Profiles (after the SGLang tuning guide's low latency / balanced / off): low latency = the
 recommended k; balanced = the smallest k whose speedup is within 5% of the best (fewer rejected
@@ -78,15 +88,17 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from tqdm import tqdm
 
-from ..errors import GgufmtpError, ServerError, VerifyError
+from ..errors import GgufmtpError, ServerError, TuneError, VerifyError
 from ..gguf.model import inspect_model
 from ..measure import stats
+from ..fmt import times
 from ..runtime.build import binary_is_ggufmtp_build, binary_version
 from ..runtime.hardware import (PEAK_BANDWIDTH_ENV, HardwareInfo, bandwidth_report, gpu_layers_requested,
                                 peak_bandwidth, probe_hardware)
 from ..runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
-from .arms import ABBA, MTP, VANILLA, paired, send, warm_up
-from .options import TuneConfig
+from .arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_up
+from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
+from .options import ArmArgs, TuneConfig
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, modes_for_template
 from .verdict import Thresholds, Verdict, evaluate_verdict
 from .records import ArmFlags, ModelInfo, ServedFile, ServerInfo
@@ -123,12 +135,14 @@ class _Runner:
         self._seq = 0  # position in the overall request sequence
         self._counters = None  # the MTP server's speculative counters after its last request
 
-    def run_k(self, k: int, van: LlamaServer, mtp: LlamaServer) -> None:
-        """Every (seed, mode, prompt, endpoint) of the suite on both servers, MTP window ``k``."""
+    def run_k(self, k: int, van: LlamaServer, mtp: LlamaServer, default: LlamaServer | None = None) -> None:
+        """Every (seed, mode, prompt, endpoint) of the suite on both servers (and the default vanilla
+        server, when there is one, in the same rotation), MTP window ``k``."""
         counters = mtp.spec_counters()
         self._counters = counters if counters.available else None
+        others = [lambda it: self.one(DEFAULT_VANILLA, default, k, *it)] if default is not None else []
         for _ in paired(self._items(k), lambda it: self.one(VANILLA, van, k, *it),
-                        lambda it: self.one(MTP, mtp, k, *it), self.abba):
+                        lambda it: self.one(MTP, mtp, k, *it), self.abba, *others):
             pass
 
     def _items(self, k: int) -> Iterator[tuple[Prompt, str, str, int]]:
@@ -213,6 +227,8 @@ class _Plan:
     ks: list[int]
     suite: Suite
     endpoints: list[str]
+    arms: ArmArgs
+    kv: KvDepth | None = None  # KV-cache types and context depth (kvdepth)
 
 
 def _coerce_tuned(tuned: Any) -> TuneConfig | None:
@@ -246,9 +262,15 @@ def _check_seeds(seeds: Sequence[int], max_tokens: int) -> list[int]:
 
 def _plan(thresholds: Any, tuned: Any, draft_n_max: int | None, draft_n_min: int | None, sweep: Iterable[int] | None,
           seeds: Sequence[int], max_tokens: int, min_identical: float | None, enforce_speedup: bool,
-          peak_bandwidth_gbs: float | None, suite: str | os.PathLike | Suite, limit: int | None, raw: bool) -> _Plan:
+          peak_bandwidth_gbs: float | None, suite: str | os.PathLike | Suite, limit: int | None, raw: bool,
+          server_args: Sequence[str] = (), mtp_server_args: Sequence[str] = (),
+          vanilla_server_args: Sequence[str] = ()) -> _Plan:
     """Every option checked (VerifyError on the first bad one) before anything starts."""
     cfg = _coerce_tuned(tuned)
+    try:
+        arms = ArmArgs.of(server_args, mtp_server_args, vanilla_server_args, cfg)
+    except TuneError as e:
+        raise VerifyError(str(e)) from e
     draft_n_max, draft_n_min = _tuned_window(cfg, sweep, draft_n_max, draft_n_min)
     if peak_bandwidth_gbs is not None or os.environ.get(PEAK_BANDWIDTH_ENV):
         try:
@@ -267,7 +289,8 @@ def _plan(thresholds: Any, tuned: Any, draft_n_max: int | None, draft_n_min: int
     if draft_n_min is not None and draft_n_min > ks[0]:
         raise VerifyError(f"draft_n_min {draft_n_min} exceeds the smallest draft window {ks[0]}")
     st = suite if isinstance(suite, Suite) else load_suite(suite)  # a bad suite fails before anything starts
-    return _Plan(th, cfg, draft_n_max, draft_n_min, seed_list, ks, st.limit(limit), ["chat", "raw"] if raw else ["chat"])
+    return _Plan(th, cfg, draft_n_max, draft_n_min, seed_list, ks, st.limit(limit), ["chat", "raw"] if raw else ["chat"],
+                 arms)
 
 
 def _check_model(path: Path) -> Any:
@@ -284,10 +307,10 @@ def _check_model(path: Path) -> Any:
     return rep
 
 
-def _mtp_server_config(base: dict[str, Any], k: int, draft_n_min: int | None, cfg: TuneConfig | None) -> ServerConfig:
-    if cfg is None:
-        return ServerConfig(**base, draft_mtp=True, draft_n_max=k, draft_n_min=draft_n_min)
-    return ServerConfig(**cfg.server_fields(base))
+def _mtp_server_config(base: dict[str, Any], k: int, draft_n_min: int | None, cfg: TuneConfig | None,
+                       arms: ArmArgs | None = None) -> ServerConfig:
+    arms = arms if arms is not None else ArmArgs(tuned=cfg)
+    return ServerConfig(**arms.mtp_fields(base, k, draft_n_min))
 
 
 _TUNED_FLAGS = ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min", "--threads")
@@ -316,38 +339,60 @@ class _Servers:
     mtp_flags: dict[str, list[str]] = field(default_factory=dict)
     mtp_build: str | None = None
     vanilla_flags: list[str] = field(default_factory=list)
+    default_flags: list[str] | None = None  # the default vanilla arm's, when there is one
+    env: dict[str, dict[str, str]] = field(default_factory=dict)  # arm -> environment it ran with
     binary: Path | None = None
     log: str = ""
+    fill: ContextFill | None = None  # the neutral prefix of a context depth
+
+
+def _vanilla_servers(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any],
+                     out: _Servers) -> tuple[LlamaServer, LlamaServer | None]:
+    """The resident vanilla server (and the default one when the configurations differ), up."""
+    van = stack.enter_context(LlamaServer(ServerConfig(**plan.arms.vanilla_fields(base))))
+    try:
+        out.props = van.props()
+    except ServerError as e:
+        raise VerifyError(f"vanilla server: GET /props failed: {e}") from e
+    default = None
+    if plan.arms.differs_from_default:
+        default = stack.enter_context(LlamaServer(ServerConfig(**plan.arms.default_fields(base))))
+        out.default_flags = flags_without(default.command)
+    out.vanilla_flags, out.binary, out.log = flags_without(van.command), van.binary, str(van.log_path)
+    out.env[VANILLA] = dict(van.config.env or {})
+    return van, default
 
 
 def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
          on_record: Callable[[Record], None] | None) -> tuple[_Runner, _Servers]:
-    """Both servers up (vanilla for the whole run, MTP per window), the suite through both."""
+    """The servers up (vanilla, and default vanilla, for the whole run; MTP per window), the suite
+    through every arm."""
     out = _Servers()
     with contextlib.ExitStack() as stack:
-        van = stack.enter_context(LlamaServer(ServerConfig(**base)))
-        try:
-            out.props = van.props()
-        except ServerError as e:
-            raise VerifyError(f"vanilla server: GET /props failed: {e}") from e
+        van, default = _vanilla_servers(stack, plan, base, out)
         out.modes = modes = modes_for_template(out.props.get("chat_template"))
-        total = len(plan.ks) * len(plan.seeds) * len(modes) * len(plan.suite.prompts) * len(plan.endpoints) * 2
+        suite, out.fill = fill_context(plan.suite, van, plan.kv.depth if plan.kv else 0)
+        plan = dataclasses.replace(plan, suite=suite)
+        total = (len(plan.ks) * len(plan.seeds) * len(modes) * len(plan.suite.prompts) * len(plan.endpoints)
+                 * (3 if default is not None else 2))
         bar = stack.enter_context(tqdm(total=total, desc="verify", unit="req", file=sys.stderr,
                                        disable=None if progress else True, leave=False, dynamic_ncols=True))
         for mode in modes:
             _warm_up(van, plan.suite.prompts[0], mode, "vanilla", None)
+            if default is not None:
+                _warm_up(default, plan.suite.prompts[0], mode, "default vanilla", None)
         runner = _Runner(plan.suite, plan.seeds, modes, plan.endpoints, max_tokens, bar, on_record)
         for k in plan.ks:
-            with LlamaServer(_mtp_server_config(base, k, plan.draft_n_min, plan.tuned)) as mtp:
+            with LlamaServer(_mtp_server_config(base, k, plan.draft_n_min, plan.tuned, plan.arms)) as mtp:
                 out.mtp_flags[str(k)] = flags_without(mtp.command)
+                out.env[MTP] = dict(mtp.config.env or {})
                 try:
                     out.mtp_build = mtp.build_info
                 except ServerError as e:
                     raise VerifyError(f"MTP server (k={k}): GET /props failed: {e}") from e
                 for mode in modes:
                     _check_drafting(mtp, _warm_up(mtp, plan.suite.prompts[0], mode, "MTP", k), k)
-                runner.run_k(k, van, mtp)
-        out.vanilla_flags, out.binary, out.log = flags_without(van.command), van.binary, str(van.log_path)
+                runner.run_k(k, van, mtp, default)
     return runner, out
 
 
@@ -378,7 +423,8 @@ def _server_info(srv: _Servers) -> ServerInfo:
 
 
 def _settings(plan: _Plan, draft_n_max: Any, max_tokens: int, base: dict[str, Any], limit: int | None,
-              raw: bool, modes: list[str], runner: _Runner, resamples: int, boot_seed: int) -> VerifySettings:
+              raw: bool, modes: list[str], runner: _Runner, resamples: int, boot_seed: int,
+              fill: ContextFill | None = None) -> VerifySettings:
     cfg = plan.tuned
     return VerifySettings(
         draft_n_max=draft_n_max, draft_n_min=plan.draft_n_min, sweep=plan.ks if len(plan.ks) > 1 else None,
@@ -386,16 +432,24 @@ def _settings(plan: _Plan, draft_n_max: Any, max_tokens: int, base: dict[str, An
         gpu_layers=base["gpu_layers"], parallel=base["parallel"], limit=limit, n_prompts=len(plan.suite.prompts),
         endpoints=["/v1/chat/completions"] + (["/completion"] if raw else []), modes=modes,
         cache_prompt=False, batch_size=1,
-        interleave="both servers resident; requests alternate vanilla/MTP per prompt in ABBA order",
+        interleave="both servers resident; requests alternate vanilla/MTP per prompt in ABBA order"
+                   + ("; the default vanilla arm rotates with them (V M D, D M V, ...)"
+                      if plan.arms.differs_from_default else ""),
         bootstrap=VerifySettings.bootstrap_of(resamples, boot_seed), metrics_mismatches=runner.metrics_mismatches,
         mtp_config=cfg, mtp_flags=_mtp_only_flags(cfg),
-        mtp_env=cfg.env() if cfg is not None else None)
+        mtp_env=cfg.env() if cfg is not None else None, server_args=plan.arms.to_dict(),
+        cache_type_k=plan.kv.cache_type_k if plan.kv else None, cache_type_v=plan.kv.cache_type_v if plan.kv else None,
+        context_fill=fill)
 
 
 def _notes(runner: _Runner, comparisons: Sequence[Comparison], gpu_layers: int | str | None,
-           hw: HardwareInfo, binary: Path | None) -> list[str]:
-    """What the reader of a verdict should know beyond the thresholds."""
-    notes = []
+           hw: HardwareInfo, binary: Path | None, arms: ArmArgs, c0: Comparison) -> list[str]:
+    """What the reader of a verdict should know beyond the thresholds (``c0``: the main comparison)."""
+    notes = arms.notes()
+    if c0.has_default_vanilla:
+        notes.append(f"speedup {times(c0.speedup)} is against vanilla with the same non-speculative settings "
+                     f"(fair); against vanilla with llama-server's defaults it is {times(c0.speedup_vs_default_vanilla)} "
+                     "(speedup_vs_default_vanilla: that figure includes what the settings give plain decoding too)")
     if runner.metrics_mismatches:
         notes.append(f"{runner.metrics_mismatches} MTP request(s) whose /metrics deltas disagreed with their "
                      "timings: per-position acceptance left out for them")
@@ -437,8 +491,19 @@ def _judge(res: VerifyResult, notes: list[str]) -> None:
     """Set the verdict, its reasons and notes (``notes`` after the policy's own)."""
     per_mode = {mode: res.comparison(mode=mode) for mode in res.modes}
     assert all(c is not None for c in per_mode.values())
-    verdict, reasons, policy_notes = evaluate_verdict(per_mode, res.thresholds, res.hardware.offloaded)  # type: ignore[arg-type]
+    verdict, reasons, policy_notes = evaluate_verdict(per_mode, res.thresholds, res.hardware.offloaded,  # type: ignore[arg-type]
+                                                      res.comparisons)
     res.verdict, res.reasons, res.notes = verdict, reasons, policy_notes + notes
+
+
+def _with_kv_depth(plan: _Plan, base: dict[str, Any], cache_type_k: str | None, cache_type_v: str | None,
+                   depth: int, max_tokens: int) -> tuple[_Plan, dict[str, Any]]:
+    """The KV-cache types and context depth checked before any server starts
+    (:func:`~ggufmtp.measure.kvdepth.check_kv_depth`), in the plan and in every arm's base settings."""
+    a = plan.arms
+    kv = check_kv_depth(cache_type_k, cache_type_v, depth, base["model"], base["ctx_size"], base["parallel"], max_tokens,
+                        plan.suite, base["llama_cpp_bin"], [*base["extra_args"], *a.both, *a.mtp, *a.vanilla])
+    return dataclasses.replace(plan, kv=kv), {**base, **kv.server_fields(base["extra_args"])}
 
 
 def verify(
@@ -466,6 +531,10 @@ def verify(
     on_record: Callable[[Record], None] | None = None,
     tuned: Any = None,
     peak_bandwidth_gbs: float | None = None,
+    server_args: Sequence[str] = (),
+    mtp_server_args: Sequence[str] = (),
+    vanilla_server_args: Sequence[str] = (),
+    cache_type_k: str | None = None, cache_type_v: str | None = None, context_fill: int = 0,
 ) -> VerifyResult:
     """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) and judge the result (see the
     module docstring).
@@ -474,21 +543,24 @@ def verify(
     ``draft_n_max`` defaults to the thresholds' (a recipe's) ``draft_n_max``, else 4.
     ``sweep``: windows to measure besides ``draft_n_max``. ``on_record`` is called after each request.
     ``tuned``: a :class:`ggufmtp.measure.options.TuneConfig` (or its dict, e.g. ``tune``'s
-    recommendation): the MTP arm runs with its flags (window, n-min, p-min, backend sampling) against
-    a vanilla arm with llama-server's defaults, which is how a tuned configuration's speedup is
-    confirmed on the full suite. ``peak_bandwidth_gbs``: the memory's peak in GB/s for the bandwidth
+    recommendation) for the MTP arm, its non-speculative part for the vanilla arm too. ``server_args``,
+    ``mtp_server_args``, ``vanilla_server_args``: see :class:`~ggufmtp.measure.options.ArmArgs`;
+    ``extra_args``: base flags of every arm, the default vanilla one included. ``peak_bandwidth_gbs``: the memory's peak in GB/s for the bandwidth
     fraction (default: a table of GPUs; see :mod:`ggufmtp.runtime.hardware`).
+    ``cache_type_k``/``cache_type_v`` (both arms), ``context_fill``: see :mod:`~ggufmtp.measure.kvdepth`.
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
     """
     t0 = time.monotonic()
     plan = _plan(thresholds, tuned, draft_n_max, draft_n_min, sweep, seeds, max_tokens, min_identical,
-                 enforce_speedup, peak_bandwidth_gbs, suite, limit, raw)
+                 enforce_speedup, peak_bandwidth_gbs, suite, limit, raw, server_args, mtp_server_args,
+                 vanilla_server_args)
     path = Path(model)
     rep = _check_model(path)
-    served = ServedFile.of(path)  # the bytes llama-server is about to serve
     base = dict(model=path, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, parallel=parallel,
                 llama_cpp_bin=llama_cpp_bin, metrics=True, extra_args=list(extra_args))
+    plan, base = _with_kv_depth(plan, base, cache_type_k, cache_type_v, context_fill, max_tokens)
+    served = ServedFile.of(path)  # the bytes llama-server is about to serve
     runner, srv = _run(plan, base, max_tokens, progress, on_record)
     served.check_unchanged()
     comparisons = _summaries(runner.records, plan, srv.modes, bootstrap_resamples, bootstrap_seed)
@@ -497,11 +569,12 @@ def verify(
         model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256),
         suite=plan.suite.info(),
         settings=_settings(plan, plan.draft_n_max, max_tokens, base, limit, raw, srv.modes, runner,
-                           bootstrap_resamples, bootstrap_seed),
+                           bootstrap_resamples, bootstrap_seed, srv.fill),
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
+        arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
         records=runner.records)
-    notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary)
+    notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary, plan.arms, res.main)
     if len(plan.ks) > 1:
         res.tuned = _sweep_recommendation(res, path, gpu_layers, ctx_size)
     c0 = res.main

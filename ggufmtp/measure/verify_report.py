@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from ..fmt import ci_text, num, pct, times
 from ..runtime.hardware import HardwareInfo, format_bandwidth
+from .kvdepth import ContextFill, kv_depth_text
 from .options import TuneConfig
 from .records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
 from .suite import SuiteInfo
@@ -51,6 +52,10 @@ class VerifySettings:
     mtp_config: TuneConfig | None
     mtp_flags: list[str]
     mtp_env: dict[str, str] | None
+    cache_type_k: str | None = None  # both arms' KV-cache types (None: llama-server's default, f16)
+    cache_type_v: str | None = None
+    context_fill: ContextFill | None = None  # the neutral prefix every request sat behind
+    server_args: dict[str, list[str]] | None = None  # ArmArgs.to_dict(): --server-arg / --mtp- / --vanilla-
 
     @staticmethod
     def bootstrap_of(resamples: int, seed: int) -> BootstrapInfo:
@@ -62,7 +67,8 @@ class VerifySettings:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d.update(bootstrap=self.bootstrap.to_dict(VERIFY_BOOTSTRAP_KEYS),
-                 mtp_config=self.mtp_config.to_dict() if self.mtp_config is not None else None)
+                 mtp_config=self.mtp_config.to_dict() if self.mtp_config is not None else None,
+                 context_fill=self.context_fill.to_dict() if self.context_fill is not None else None)
         return copy.deepcopy(d)
 
 
@@ -88,6 +94,8 @@ class VerifyResult:
     tuned: SweepAdvice | None = None
     seconds: float = 0.0
     bandwidth: dict[str, Any] | None = None
+    arm_env: dict[str, dict[str, str]] = field(default_factory=dict)  # arm -> the environment it ran with
+    default_vanilla_args: list[str] | None = None  # the default vanilla arm's flags, when it ran
 
     @property
     def ok(self) -> bool:
@@ -123,9 +131,7 @@ class VerifyResult:
         d: dict[str, Any] = {
             "verdict": self.verdict.value, "reasons": list(self.reasons), "notes": list(self.notes),
             "model": self.model.to_dict(), "mode": self.modes[0],
-            **_mode_numbers(c),
-            "identical_outputs": c.identical_outputs,
-            "mismatch_count": sum(x.mismatch_count for x in self.comparisons),
+            **_mode_numbers(c), **self._identity_numbers(), **self._default_vanilla(c),
             "mismatches": [m.to_dict() for x in self.comparisons for m in x.mismatches][:MAX_LISTED_MISMATCHES],
             "per_category": _rows(c.per_category), "per_seed": _rows(c.per_seed),
             "modes": {m: self._mode_dict(m) for m in self.modes},
@@ -138,21 +144,57 @@ class VerifyResult:
             "thresholds": self.thresholds.to_dict(),
             "seconds": round(self.seconds, 2),
         }
+        self._add_server_args(d)
         if requests:
             d["requests"] = [r.to_dict() for r in self.records]
         return d
 
+    def _add_server_args(self, d: dict[str, Any]) -> None:
+        """Each arm's exact llama-server arguments (model and address left out) and environment."""
+        flags = self.server.flags
+        if flags is None:
+            return
+        d["mtp"]["server_args"] = list(flags.mtp.get(str(self.draft_n_max)) or [])
+        d["mtp"]["server_env"] = dict(self.arm_env.get("mtp") or {})
+        d["vanilla"]["server_args"] = list(flags.vanilla)
+        d["vanilla"]["server_env"] = dict(self.arm_env.get("vanilla") or {})
+
+    def _identity_numbers(self) -> dict[str, Any]:
+        """Identical output over EVERY comparison of the run (each mode, ``--raw``, every sweep
+        window): the pairs (requests), and the distinct prompts all of whose replies matched."""
+        pairs = sum(x.n_pairs for x in self.comparisons)
+        same = sum(x.identical for x in self.comparisons)
+        ok_prompts, n_prompts = _prompt_identity(self.records) if self.records else (
+            self.main.identical_prompts, self.main.n_prompts)
+        return {"identical_output_fraction": same / pairs if pairs else None,
+                "identical_outputs": {"identical": same, "pairs": pairs},
+                "mismatch_count": pairs - same,
+                "identical_prompts": {"identical": ok_prompts, "prompts": n_prompts},
+                "identical_prompts_fraction": ok_prompts / n_prompts if n_prompts else None}
+
+    def _default_vanilla(self, c: Comparison) -> dict[str, Any]:
+        """The default vanilla arm's figures (absent when it did not run)."""
+        if not c.has_default_vanilla:
+            return {}
+        return {**c.default_vanilla_dict(),
+                "default_vanilla": {"tokens_per_second": c.default_vanilla_tokens_per_second,
+                                    "server_args": list(self.default_vanilla_args or []),
+                                    "label": DEFAULT_VANILLA_LABEL}}
+
     def _sweep_dicts(self) -> list[dict[str, Any]]:
         return [{**PairStats.to_dict(r), "k": r.k, "mode": r.mode, "identical_output_fraction": r.identical_output_fraction,
                  "mean_accepted_per_draft": r.mean_accepted_per_draft, "n_drafts": r.n_drafts,
-                 "tokens_per_step": r.tokens_per_step, "per_position": r.per_position}
+                 "tokens_per_step": r.tokens_per_step, "per_position": r.per_position,
+                 "mean_acceptance_length": r.mean_acceptance_length, "acceptance_by_position": r.acceptance_by_position,
+                 "mismatch_count": r.mismatch_count, **r.default_vanilla_dict()}
                 for m in self.modes for r in self.sweep_rows(m)]
 
     def _mode_dict(self, mode: str, endpoint: str = "chat") -> dict[str, Any] | None:
         c = self.comparison(mode=mode, endpoint=endpoint)
         if c is None:
             return None
-        return {**_mode_numbers(c), "per_category": _rows(c.per_category), "per_seed": _rows(c.per_seed)}
+        return {**_mode_numbers(c), **c.default_vanilla_dict(), "identical_prompts_fraction": c.identical_prompts_fraction,
+                "per_category": _rows(c.per_category), "per_seed": _rows(c.per_seed)}
 
     def to_receipt(self) -> dict[str, Any]:
         """The receipt's ``predicate.verification`` section (schema ``$defs.verification``)."""
@@ -164,6 +206,21 @@ class VerifyResult:
         return format_result(self)
 
 
+DEFAULT_VANILLA_LABEL = ("vanilla with llama-server's defaults (the run's context size, GPU layers, threads and slots; "
+                         "no --server-arg, no tuned -bs/threads/graph optimisation)")
+
+
+def _prompt_identity(records: Sequence[Record]) -> tuple[int, int]:
+    """(prompts all of whose MTP replies equal vanilla's in every comparison, prompts)."""
+    van = {(r.k, r.endpoint, r.mode, r.prompt_id, r.seed): r.text for r in records if r.arm == "vanilla"}
+    ok: dict[str, bool] = {}
+    for r in records:
+        key = (r.k, r.endpoint, r.mode, r.prompt_id, r.seed)
+        if r.arm == "mtp" and key in van:
+            ok[r.prompt_id] = ok.get(r.prompt_id, True) and van[key] == r.text
+    return sum(ok.values()), len(ok)
+
+
 def _arm(c: Comparison) -> dict[str, Any]:
     """The MTP arm's numbers of a comparison."""
     return {
@@ -173,11 +230,13 @@ def _arm(c: Comparison) -> dict[str, Any]:
         "n_drafts": c.n_drafts, "mean_accepted_per_draft": c.mean_accepted_per_draft,
         "tokens_per_step": c.tokens_per_step, "per_position": c.per_position,
         "requests_without_drafts": c.requests_without_drafts,
+        "mean_acceptance_length": c.mean_acceptance_length, "acceptance_by_position": c.acceptance_by_position,
     }
 
 
 def _mode_numbers(c: Comparison) -> dict[str, Any]:
-    """The headline numbers of a comparison: both arms, speedup, identical output."""
+    """The headline numbers of a comparison: both arms, speedup (against the equally configured
+    vanilla arm), identical output."""
     return {"mtp": _arm(c), "vanilla": {"tokens_per_second": c.vanilla_tokens_per_second},
             "speedup": c.speedup, "speedup_ci95": list(c.speedup_ci95),
             "identical_output_fraction": c.identical_output_fraction}
@@ -219,7 +278,7 @@ def _header_lines(res: VerifyResult) -> list[str]:
     if st.mtp_config:
         env = " ".join(f"{k}={v}" for k, v in sorted((st.mtp_env or {}).items()))
         out.append(f"MTP arm flags (tuned): {' '.join(st.mtp_flags)}" + (f" (environment {env})" if env else "")
-                   + "; vanilla arm: llama-server defaults")
+                   + "; the vanilla arm runs with their non-speculative part too (fair baseline)")
     out.append(f"suite {s.name} ({s.n_prompts} prompts: "
                + ", ".join(f"{k} {v}" for k, v in s.categories.items())
                + f"; sha256 {s.sha256[:16]}…)  seeds {', '.join(map(str, st.seeds))}  "
@@ -228,7 +287,32 @@ def _header_lines(res: VerifyResult) -> list[str]:
            else f"no GPU offload (gpu_layers {hw.gpu_layers}" + (f"; GPU present: {hw.gpu}" if hw.gpu else "") + ")")
     out.append(f"server {srv.build_info} (commit {srv.commit}) {srv.binary}")
     out.append(f"hardware {hw.cpu}, {hw.cpu_cores} cores; {gpu}")
+    kv = kv_depth_text(st.cache_type_k, st.cache_type_v, st.context_fill)
+    return out + ([kv] if kv else []) + _arm_lines(res)
+
+
+def _arm_lines(res: VerifyResult) -> list[str]:
+    """Each arm's exact llama-server arguments, and what the default vanilla arm is."""
+    flags = res.server.flags
+    if flags is None:
+        return []
+    env = {a: " ".join(f"{k}={v}" for k, v in sorted(e.items())) for a, e in res.arm_env.items()}
+    out = [f"vanilla arm: {' '.join(flags.vanilla)}" + (f" (environment {env['vanilla']})" if env.get("vanilla") else ""),
+           f"MTP arm:     {' '.join(flags.mtp.get(str(res.draft_n_max)) or [])}"
+           + (f" (environment {env['mtp']})" if env.get("mtp") else "")]
+    if res.default_vanilla_args is not None:
+        out.append(f"default vanilla arm (for speedup_vs_default_vanilla only): {' '.join(res.default_vanilla_args)}")
     return out
+
+
+def _default_line(c: Comparison) -> list[str]:
+    """The speedup against the default vanilla arm, labelled (nothing when it did not run)."""
+    if not c.has_default_vanilla:
+        return []
+    return [f"{'vs default vanilla':<18} {'':<26} {num(c.mtp_tokens_per_second):>10} "
+            f"{num(c.default_vanilla_tokens_per_second):>14}  {times(c.speedup_vs_default_vanilla)} "
+            f"{ci_text(c.speedup_vs_default_vanilla_ci95)}  (vanilla with llama-server's defaults; the fair figure is "
+            "the overall row)"]
 
 
 def _row_line(name: str, r: PairStats) -> str:
@@ -246,6 +330,7 @@ def _mode_lines(res: VerifyResult, mode: str) -> list[str]:
                    "reported separately, never averaged)")
     out.append(f"{'arm':<18} {'acceptance (95% CI)':<26} {'mtp tok/s':>10} {'vanilla tok/s':>14}  {'speedup (95% CI)'}")
     out.append(_row_line("overall", c))
+    out += _default_line(c)
     out += [_row_line(cat, r) for cat, r in c.per_category.items()]
     raw = res.comparison(mode=mode, endpoint="raw")
     if raw is not None:
@@ -262,14 +347,18 @@ def _mode_lines(res: VerifyResult, mode: str) -> list[str]:
 def _draft_lines(c: Comparison, raw: Comparison | None) -> list[str]:
     out = []
     if c.n_drafts:
-        pp = c.per_position
-        out.append(f"drafts: {c.draft_n_accepted}/{c.draft_n} tokens accepted in {c.n_drafts} draft rounds; "
-                   f"mean accepted length per draft {c.mean_accepted_per_draft:.2f} of {c.k} "
-                   f"({c.tokens_per_step:.2f} tokens per verification step)"
-                   + ("; acceptance by position " + " · ".join(f"{i + 1}: {pct(p)}" for i, p in enumerate(pp))
-                      if pp else ""))
+        pp = c.acceptance_by_position
+        out.append(f"drafts: {c.draft_n_accepted}/{c.draft_n} tokens accepted in {c.n_drafts} draft rounds "
+                   f"(verification steps); mean acceptance length {num(c.mean_acceptance_length)} "
+                   f"(1 + accepted / steps, as llama.cpp and vLLM report it; {num(c.mean_accepted_per_draft)} of "
+                   f"{c.k} drafted accepted per step)"
+                   + ("; acceptance by position (accepted at i / steps) "
+                      + " · ".join(f"{i + 1}: {pct(p)}" for i, p in enumerate(pp)) if pp else ""))
+    else:
+        out.append("drafts: mean acceptance length n/a (no /metrics draft counts)")
     first = c.mismatches[0] if c.mismatch_count else None
-    out.append(f"identical output vs vanilla: {c.identical}/{c.n_pairs} ({pct(c.identical_output_fraction)})"
+    out.append(f"identical output vs vanilla: {c.identical}/{c.n_pairs} requests ({pct(c.identical_output_fraction)}), "
+               f"{c.identical_prompts}/{c.n_prompts} prompts ({pct(c.identical_prompts_fraction)})"
                + (f"; {c.mismatch_count} mismatches, first: {first.prompt_id} seed "
                   f"{first.seed} at char {first.first_difference_at}" if first else ""))
     if raw is not None and raw.mismatch_count:

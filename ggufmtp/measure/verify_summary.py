@@ -6,6 +6,11 @@ per draft position, identical output), and what a draft-window sweep recommends
 Statistics (:mod:`ggufmtp.measure.stats`): acceptance = sum(accepted) / sum(drafted); speedup = MTP
 decode throughput / vanilla decode throughput; 95% percentile-bootstrap CIs resampling *prompts*
 (a prompt's seeds pooled, arms paired).
+
+Draft statistics as llama.cpp (#24536) and vLLM report them, from ``/metrics``: *mean acceptance
+length* = 1 + accepted / verification steps (the tokens one target pass yields; also kept as
+``tokens_per_step``) and *acceptance by position* = accepted at draft position i / verification
+steps (a survival curve: non-increasing in i; also kept as ``per_position``).
 """
 
 from __future__ import annotations
@@ -64,9 +69,10 @@ class Record:
 
 
 
-def _pairs(records: Sequence[Record]) -> list[tuple[Record, Record]]:
-    """(vanilla, mtp) pairs of one comparison, keyed by (prompt, seed)."""
-    van = {(r.prompt_id, r.seed): r for r in records if r.arm == "vanilla"}
+def _pairs(records: Sequence[Record], baseline: str = "vanilla") -> list[tuple[Record, Record]]:
+    """(vanilla, mtp) pairs of one comparison, keyed by (prompt, seed); ``baseline``: the arm the
+    MTP requests are paired with ("vanilla", or "vanilla-default" for the default vanilla arm)."""
+    van = {(r.prompt_id, r.seed): r for r in records if r.arm == baseline}
     out = []
     for r in records:
         if r.arm == "mtp" and (r.prompt_id, r.seed) in van:
@@ -146,10 +152,26 @@ class Comparison(PairStats):
     identical: int = 0  # pairs whose replies are identical
     mismatch_count: int = 0
     mismatches: list[OutputMismatch] = field(default_factory=list)  # the first MAX_LISTED_MISMATCHES
+    identical_prompts: int = 0  # prompts whose replies (every seed) are all identical
+    identical_prompts_fraction: float | None = None
+    mean_acceptance_length: float | None = None  # 1 + accepted / verification steps (= tokens_per_step)
+    acceptance_by_position: list[float | None] | None = None  # accepted at i / verification steps (= per_position)
+    has_default_vanilla: bool = False  # a default-configured vanilla arm ran (then the three below are set)
+    default_vanilla_tokens_per_second: float | None = None
+    speedup_vs_default_vanilla: float | None = None
+    speedup_vs_default_vanilla_ci95: list[float | None] = field(default_factory=lambda: [None, None])
 
     @property
     def identical_outputs(self) -> dict[str, int]:
         return {"identical": self.identical, "pairs": self.n_pairs}
+
+    def default_vanilla_dict(self) -> dict[str, Any]:
+        """The default vanilla arm's keys (empty when that arm did not run: the keys are absent)."""
+        if not self.has_default_vanilla:
+            return {}
+        return {"speedup_vs_default_vanilla": self.speedup_vs_default_vanilla,
+                "speedup_vs_default_vanilla_ci95": list(self.speedup_vs_default_vanilla_ci95),
+                "default_vanilla_tokens_per_second": self.default_vanilla_tokens_per_second}
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "endpoint": self.endpoint, "mode": self.mode, **PairStats.to_dict(self),
@@ -159,7 +181,10 @@ class Comparison(PairStats):
                 "mean_accepted_per_draft": self.mean_accepted_per_draft, "tokens_per_step": self.tokens_per_step,
                 "per_position": self.per_position, "identical_output_fraction": self.identical_output_fraction,
                 "identical_outputs": self.identical_outputs, "mismatch_count": self.mismatch_count,
-                "mismatches": [m.to_dict() for m in self.mismatches]}
+                "mismatches": [m.to_dict() for m in self.mismatches], "identical_prompts": self.identical_prompts,
+                "identical_prompts_fraction": self.identical_prompts_fraction,
+                "mean_acceptance_length": self.mean_acceptance_length,
+                "acceptance_by_position": self.acceptance_by_position, **self.default_vanilla_dict()}
 
 
 def _units(pairs: Sequence[tuple[Record, Record]]) -> dict[str, list[float]]:
@@ -202,13 +227,38 @@ def _draft_stats(mtp: Sequence[Record], accepted: int) -> dict[str, Any]:
     out: dict[str, Any] = {"n_drafts": n_drafts,
                            "mean_accepted_per_draft": _num(accepted / n_drafts) if n_drafts else None,
                            "tokens_per_step": _num(1 + accepted / n_drafts) if n_drafts else None}
+    out["mean_acceptance_length"] = out["tokens_per_step"]
     if all(m.accepted_per_pos is not None for m in mtp) and n_drafts:
         width = max(len(m.accepted_per_pos or []) for m in mtp)
         acc = np.zeros(width)
         for m in mtp:
             acc[: len(m.accepted_per_pos or [])] += np.array(m.accepted_per_pos or [], dtype=float)
-        out["per_position"] = [_num(a / n_drafts) for a in acc]
+        out["per_position"] = out["acceptance_by_position"] = [_num(a / n_drafts) for a in acc]
     return out
+
+
+def _identity(pairs: Sequence[tuple[Record, Record]]) -> dict[str, Any]:
+    """Identical output over the pairs (requests) and over the distinct prompts (a prompt counts
+    as identical when the replies under every seed are)."""
+    same = [v.text == m.text for v, m in pairs]
+    mism = [OutputMismatch.of(v, m) for (v, m), s in zip(pairs, same) if not s]
+    by_prompt: dict[str, bool] = {}
+    for (_, m), s in zip(pairs, same):
+        by_prompt[m.prompt_id] = by_prompt.get(m.prompt_id, True) and s
+    return dict(identical_output_fraction=_num(sum(same) / len(same)), identical=int(sum(same)),
+                mismatch_count=len(mism), mismatches=mism[:MAX_LISTED_MISMATCHES],
+                identical_prompts=sum(by_prompt.values()),
+                identical_prompts_fraction=_num(sum(by_prompt.values()) / len(by_prompt)))
+
+
+def _against_default(records: Sequence[Record], boot: dict[str, Any]) -> dict[str, Any]:
+    """MTP against the default vanilla arm (nothing when that arm did not run)."""
+    pairs = _pairs(records, "vanilla-default")
+    if not pairs:
+        return {}
+    row = _row(pairs, boot)
+    return dict(has_default_vanilla=True, default_vanilla_tokens_per_second=row.vanilla_tokens_per_second,
+                speedup_vs_default_vanilla=row.speedup, speedup_vs_default_vanilla_ci95=list(row.speedup_ci95))
 
 
 def summarize(records: Sequence[Record], categories: Sequence[str] | None = None,
@@ -226,13 +276,10 @@ def summarize(records: Sequence[Record], categories: Sequence[str] | None = None
                     for c in cats if any(p[1].category == c for p in pairs)}
     per_seed = {str(s): _row([p for p in pairs if p[1].seed == s], boot) for s in sorted({m.seed for _, m in pairs})}
     mtp = [m for _, m in pairs]
-    same = [v.text == m.text for v, m in pairs]
-    mism = [OutputMismatch.of(v, m) for (v, m), s in zip(pairs, same) if not s]
     return Comparison(
         **dataclasses.asdict(overall), k=m0.k, endpoint=m0.endpoint, mode=m0.mode, per_category=per_category,
         per_seed=per_seed, requests_without_drafts=sum(1 for m in mtp if not m.draft_n),
-        **_draft_stats(mtp, overall.draft_n_accepted), identical_output_fraction=_num(sum(same) / len(same)),
-        identical=int(sum(same)), mismatch_count=len(mism), mismatches=mism[:MAX_LISTED_MISMATCHES])
+        **_draft_stats(mtp, overall.draft_n_accepted), **_identity(pairs), **_against_default(records, boot))
 
 
 @dataclass(frozen=True)
@@ -321,6 +368,11 @@ class SweepAdvice:
                 "by_mode": {m: r.to_dict() for m, r in self.by_mode.items()}}
 
 
+def _lossless(r: Comparison) -> bool:
+    """Whether every MTP reply of the row equals vanilla's."""
+    return r.identical_output_fraction == 1.0 and not r.mismatch_count
+
+
 def _ci(r: Comparison) -> list[float | None]:
     return list(r.speedup_ci95 or [None, None])
 
@@ -329,21 +381,23 @@ def recommend(rows: Sequence[Comparison], min_identical: float = 1.0,
               tolerance: float = BALANCED_TOLERANCE) -> SweepRecommendation:
     """Recommended draft window and profiles from a sweep's rows (one mode, chat arm).
 
-    Each row needs ``k``, ``speedup``, ``speedup_ci95``, ``acceptance`` and
-    ``identical_output_fraction``. See the module docstring for the rules."""
+    Each row needs ``k``, ``speedup``, ``speedup_ci95``, ``acceptance``, ``identical_output_fraction``
+    and ``mismatch_count``. Only windows without a single mismatch are eligible, whatever
+    ``min_identical`` allows the verdict (a window that changes the output is never recommended);
+    when none is, MTP off is advised. See the module docstring for the rules."""
     if not rows:
         raise ValueError("no sweep rows")
-    eligible = [r for r in rows if (r.identical_output_fraction or 0) >= min_identical]
+    eligible = [r for r in rows if _lossless(r)]
     notes = []
     if not eligible:
         eligible = list(rows)
-        notes.append("no window gave identical output in every pair; ranking all windows anyway")
+        notes.append("every window gave replies that differ from vanilla: none is recommended (MTP off)")
     ranked = sorted(eligible, key=lambda r: (-(r.speedup or 0.0), r.k))
     best = ranked[0]
     others = [r for r in eligible if r is not best]
     lo = _ci(best)[0]
     clear = bool(others) and lo is not None and all(_ci(r)[1] is not None and lo > _ci(r)[1] for r in others)
-    beats_vanilla = lo is not None and lo > 1.0
+    beats_vanilla = lo is not None and lo > 1.0 and _lossless(best)
     within = [r for r in eligible if (r.speedup or 0) >= (1 - tolerance) * (best.speedup or 0)]
     balanced = min(within, key=lambda r: r.k)
     near = [r.k for r in others if _ci(r)[1] is not None and lo is not None and _ci(r)[1] >= lo]
@@ -363,7 +417,7 @@ def recommend(rows: Sequence[Comparison], min_identical: float = 1.0,
         recommended_k=best.k if beats_vanilla else None, best_k=best.k, best_speedup=best.speedup,
         best_speedup_ci95=best.speedup_ci95, clear=clear, within_noise_of=near, mtp_beats_vanilla=beats_vanilla,
         balanced_k=balanced.k,
-        rule=("best k = highest speedup point estimate among windows with identical output (ties: smaller k); "
+        rule=("best k = highest speedup point estimate among windows without a mismatch (ties: smaller k); "
               "'clear' when its CI lower bound exceeds every other window's CI upper bound; balanced = smallest k "
               f"within {tolerance:.0%} of the best speedup; MTP off when no window's speedup CI lower bound > 1.0"),
         profiles=profiles, notes=notes)

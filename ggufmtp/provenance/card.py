@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from ..fmt import ci_phrase, pct, times
+from ..fmt import ci_phrase, num, pct, times
 from ..gguf.fsutil import atomic_write_text
 from ..provenance.receipt import load_receipt, verification_problem
 from ..runtime.hardware import format_bandwidth
@@ -22,9 +22,10 @@ TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
 UNVERIFIED_HEADING = "## Not verified"
 
 
-# The card's number styles: fmt.py's formatters, "-" for a missing cell, "×" for ratios.
-_pct = functools.partial(pct, space=False, missing="-")
-_x = functools.partial(times, nd=2, missing="-")
+# The card's number styles: fmt.py's formatters, "n/a" for an unknown number (never 0), "×" for ratios.
+_pct = functools.partial(pct, space=False)
+_x = functools.partial(times, nd=2)
+_tps = functools.partial(num, nd=1)
 _ci_pct = functools.partial(ci_phrase, scale=100, digits=1, unit="%")
 _ci_x = functools.partial(ci_phrase, digits=2, unit="×")
 
@@ -91,17 +92,30 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
 
 
 def _claim(v: dict[str, Any]) -> list[str]:
-    """The verification in one sentence: acceptance, speedup, where and how it was measured."""
+    """The verification in one sentence: acceptance, the fair speedup first (against vanilla with
+    the same non-speculative settings), where and how it was measured."""
     m, suite, settings = v["mtp"], v.get("suite", {}), v.get("settings", {})
+    length = m.get("mean_acceptance_length")
     return ["## One-line claim\n",
             f"Runtime-verified in llama-server: **{_pct(m['acceptance'])}** draft acceptance"
-            f"{_ci_pct(m.get('acceptance_ci95'))} and **{_x(v.get('speedup'))}** decode speedup"
-            f"{_ci_x(v.get('speedup_ci95'))} on {suite.get('n_prompts', 'the')} prompts of "
+            f"{_ci_pct(m.get('acceptance_ci95'))}"
+            + (f" (mean acceptance length {num(length)} tokens per verification step)" if length is not None else "")
+            + f" and **{_x(v.get('speedup'))}** decode speedup"
+            f"{_ci_x(v.get('speedup_ci95'))} against vanilla llama-server with the same non-speculative settings"
+            + _default_phrase(v) + f" on {suite.get('n_prompts', 'the')} prompts of "
             f"suite `{suite.get('name')}`, {_hardware(v)}, "
             f"k={settings.get('draft_n_max')}, seeds "
             f"{', '.join(str(s) for s in settings.get('seeds', []))}. "
             f"Output identical to vanilla decoding for {_pct(v.get('identical_output_fraction'))} of requests. "
             f"Verdict: **{v.get('verdict')}**.\n"]
+
+
+def _default_phrase(v: dict[str, Any]) -> str:
+    """The speedup against llama-server's defaults, labelled so (empty when not measured)."""
+    if "speedup_vs_default_vanilla" not in v:
+        return ""
+    return (f" ({_x(v.get('speedup_vs_default_vanilla'))}{_ci_x(v.get('speedup_vs_default_vanilla_ci95'))} "
+            "against vanilla with llama-server's defaults, which also counts what those settings give plain decoding)")
 
 
 def _how_to_run(name: str, v: dict[str, Any] | None) -> list[str]:
@@ -180,15 +194,17 @@ def _tables(v: dict[str, Any]) -> list[str]:
     if cats:
         out += ["## Measured\n", "| arm | acceptance | tok/s | speedup vs vanilla |", "|---|---|---|---|",
                 f"| overall | {_pct(v['mtp']['acceptance'])}{_ci_pct(v['mtp'].get('acceptance_ci95'))} | "
-                f"{v['mtp'].get('tokens_per_second', 0):.1f} | {_x(v.get('speedup'))}{_ci_x(v.get('speedup_ci95'))} |"]
+                f"{_tps(v['mtp'].get('tokens_per_second'))} | {_x(v.get('speedup'))}{_ci_x(v.get('speedup_ci95'))} |"]
+        if "speedup_vs_default_vanilla" in v:
+            out.append(f"| vs default vanilla | | {_tps(v['mtp'].get('tokens_per_second'))} | "
+                       f"{_x(v.get('speedup_vs_default_vanilla'))}{_ci_x(v.get('speedup_vs_default_vanilla_ci95'))} "
+                       "(llama-server's defaults) |")
         for cat, c in cats.items():
             out.append(f"| {cat} | {_pct(c.get('acceptance'))}{_ci_pct(c.get('acceptance_ci95'))} | "
-                       f"{(c.get('tokens_per_second') or 0):.1f} | {_x(c.get('speedup'))} |")
-        out.append(f"\nVanilla decode: {v['vanilla']['tokens_per_second']:.1f} tok/s.\n")
-        flags = (v.get("settings") or {}).get("mtp_flags")
-        if flags:
-            out.append(f"MTP arm run with the tuned flags `{_verified_mtp_env(v)}{' '.join(flags)}`; vanilla with "
-                       "llama-server's defaults.\n")
+                       f"{_tps(c.get('tokens_per_second'))} | {_x(c.get('speedup'))} |")
+        out.append(f"\nVanilla decode: {_tps(v['vanilla'].get('tokens_per_second'))} tok/s with the same "
+                   "non-speculative settings as the MTP arm.\n")
+        out += _arm_settings(v) + _draft_line(v["mtp"])
         bw = format_bandwidth(v.get("bandwidth"))
         if bw:
             out.append(bw[0].upper() + bw[1:] + ".\n")
@@ -201,13 +217,38 @@ def _tables(v: dict[str, Any]) -> list[str]:
         out += ["## Draft window\n", "| k | acceptance | tok/s | speedup |", "|---|---|---|---|"]
         for row in sweep:
             out.append(f"| {row.get('k')} | {_pct(row.get('acceptance'))}{_ci_pct(row.get('acceptance_ci95'))} | "
-                       f"{(row.get('tokens_per_second') or 0):.1f} | {_x(row.get('speedup'))}{_ci_x(row.get('speedup_ci95'))} |")
+                       f"{_tps(row.get('tokens_per_second'))} | {_x(row.get('speedup'))}{_ci_x(row.get('speedup_ci95'))} |")
         out.append("")
     tuned = v.get("tuned")
     if tuned and tuned.get("command"):
         out += ["## Recommended server settings\n", f"```sh\n{tuned['command']}\n```\n"]
-    out += _curve(v.get("acceptance_curve")) + _profiles(v.get("profiles"))
+    out += _curve(v.get("acceptance_curve")) + _profiles(v.get("profiles")) + _matrix(v.get("matrix"))
     return out
+
+
+def _arm_settings(v: dict[str, Any]) -> list[str]:
+    """The arms' exact llama-server arguments (what the speedup compares)."""
+    flags = (v.get("settings") or {}).get("mtp_flags")
+    van = (v.get("vanilla") or {}).get("server_args")
+    out = []
+    if flags:
+        out.append(f"MTP arm run with the tuned flags `{_verified_mtp_env(v)}{' '.join(flags)}`; the vanilla arm with "
+                   "their non-speculative part too.\n")
+    if van is not None:
+        out.append(f"Arms: vanilla `{' '.join(van)}`; MTP `{' '.join((v.get('mtp') or {}).get('server_args') or [])}`"
+                   + (f"; default vanilla `{' '.join(v['default_vanilla'].get('server_args') or [])}`"
+                      if v.get("default_vanilla") else "") + ".\n")
+    return out
+
+
+def _draft_line(m: dict[str, Any]) -> list[str]:
+    """Mean acceptance length and acceptance by position, as llama.cpp and vLLM report them."""
+    length, by_pos = m.get("mean_acceptance_length", m.get("tokens_per_step")), m.get("acceptance_by_position")
+    if length is None and not by_pos:
+        return []
+    return [f"Mean acceptance length (1 + accepted / verification steps): {num(length)}"
+            + ("; acceptance by position (accepted at i / steps): "
+               + " · ".join(f"{i + 1}: {_pct(p)}" for i, p in enumerate(by_pos)) if by_pos else "") + ".\n"]
 
 
 def _curve(c: dict[str, Any] | None) -> list[str]:
@@ -216,10 +257,10 @@ def _curve(c: dict[str, Any] | None) -> list[str]:
         return []
     out = [f"## Speedup versus acceptance on this hardware (k={c.get('draft_n_max')})\n",
            "Synthetic acceptance (`--spec-synth-len`): what a head of any quality would gain here.\n",
-           "| acceptance | tokens/step | speedup |", "|---|---|---|"]
+           "| acceptance | mean acceptance length | speedup |", "|---|---|---|"]
     for p in points:
         out.append(f"| {_pct(p.get('acceptance'))}{_ci_pct(p.get('acceptance_ci95'))} | "
-                   f"{(p.get('tokens_per_step') or 0):.2f} | {_x(p.get('speedup'))}{_ci_x(p.get('speedup_ci95'))} |")
+                   f"{num(p.get('tokens_per_step'))} | {_x(p.get('speedup'))}{_ci_x(p.get('speedup_ci95'))} |")
     if c.get("breakeven_acceptance") is not None:
         out.append(f"\nBreak-even acceptance: {_pct(c['breakeven_acceptance'])}.\n")
     return out + [""]
@@ -233,8 +274,26 @@ def _profiles(pr: dict[str, Any] | None) -> list[str]:
            "|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r.get('workload')} {r.get('title', '')} | {r.get('shape', '')} | "
-                   f"{(r.get('vanilla_tokens_per_second') or 0):.1f} | {(r.get('mtp_tokens_per_second') or 0):.1f} | "
+                   f"{_tps(r.get('vanilla_tokens_per_second'))} | {_tps(r.get('mtp_tokens_per_second'))} | "
                    f"{r.get('mtp_helps')} | {r.get('reasoning', '')} |")
+    return out + [""]
+
+
+def _matrix(mx: dict[str, Any] | None) -> list[str]:
+    """``verify --matrix``: acceptance and fair speedup per KV-cache type and context depth."""
+    cells = (mx or {}).get("cells") or []
+    if not cells:
+        return []
+    out = ["## KV cache and context depth\n",
+           "Speedup against vanilla with the same KV-cache type, depth and server settings; decode speed at depth.\n",
+           "| KV cache | depth | acceptance | mean acceptance length | speedup | identical output | verdict |",
+           "|---|---|---|---|---|---|---|"]
+    for c in cells:
+        length = c.get("mean_acceptance_length")
+        out.append(f"| {c.get('kv_type') or 'default'} | {c.get('depth')} | {_pct(c.get('acceptance'))}"
+                   f"{_ci_pct(c.get('acceptance_ci95'))} | {'-' if length is None else f'{length:.2f}'} | "
+                   f"{_x(c.get('speedup'))}{_ci_x(c.get('speedup_ci95'))} | "
+                   f"{_pct(c.get('identical_output_fraction'))} | {c.get('verdict')} |")
     return out + [""]
 
 

@@ -405,8 +405,8 @@ def _intact(rf: ReceiptFile, signing_key: str | Path | None) -> None:
         verify_envelope(rf.envelope, load_private_key(signing_key).public_key(), rf.path)
 
 
-# Sections that tune, curve and profiles add to a verification; a new verify run keeps them.
-ADDED_VERIFICATION_SECTIONS = ("tuned", "profiles", "acceptance_curve")
+# Sections that tune, curve, profiles and verify --matrix add to a verification; a new verify run keeps them.
+ADDED_VERIFICATION_SECTIONS = ("tuned", "profiles", "acceptance_curve", "matrix")
 
 
 def set_verification(path: str | Path, verification: dict[str, Any], keep_added: bool = False,

@@ -42,7 +42,7 @@ from .process import (HOST, StartupWatch, describe_exit, die_with_parent, owns_l
 from .replies import Reply, SpecCounters, parse_prometheus, require_drafting
 
 __all__ = ["ServerConfig", "LlamaServer", "build_command", "display_command", "flags_without", "pick_flags",
-           "parse_prometheus", "gguf_has_mtp", "require_drafting", "binary_flags", "Reply", "SpecCounters"]
+           "parse_prometheus", "gguf_has_mtp", "require_drafting", "binary_flags", "binary_help", "Reply", "SpecCounters"]
 
 LOG_TAIL_LINES = 20
 
@@ -146,13 +146,19 @@ def display_command(config: ServerConfig, binary: str | os.PathLike | None = Non
 # ----------------------------------------------------------------------------- helpers
 
 HELP_TIMEOUT_S = 10.0  # `llama-server --help` answers in well under a second
-_help_cache: dict[tuple[str, int, int], frozenset[str]] = {}
+_help_cache: dict[tuple[str, int, int], str] = {}
 _help_lock = threading.Lock()
 _FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
 
 def binary_flags(binary: Path) -> frozenset[str]:
     """Every flag spelled in ``binary --help`` (cached per binary path and mtime)."""
+    return frozenset(_FLAG_RE.findall(binary_help(binary)))
+
+
+def binary_help(binary: Path) -> str:
+    """The text ``binary --help`` prints (cached per binary path, mtime and size); ServerError when
+    it does not run or lists no ``--port`` (not a llama-server)."""
     st = binary.stat()
     key = (str(binary.resolve()), st.st_mtime_ns, st.st_size)
     with _help_lock:
@@ -167,12 +173,11 @@ def binary_flags(binary: Path) -> frozenset[str]:
     except OSError as e:
         raise ServerError(f"{binary}: could not run `--help`: {e}") from e
     text = (proc.stdout or "") + (proc.stderr or "")
-    flags = frozenset(_FLAG_RE.findall(text))
-    if "--port" not in flags:
+    if "--port" not in _FLAG_RE.findall(text):
         raise ServerError(f"{binary}: `--help` lists no --port; is this llama-server? Output: {text.strip()[:300]}")
     with _help_lock:
-        _help_cache[key] = flags
-    return flags
+        _help_cache[key] = text
+    return text
 
 
 def gguf_has_mtp(path: str | os.PathLike) -> bool | None:

@@ -1,0 +1,96 @@
+"""``ggufmtp verify`` options for KV-cache types and context depth (``--cache-type-k``,
+``--cache-type-v``, ``--context-fill``) and ``verify --matrix``: one verification per cell of KV
+type x depth, one table (see :mod:`ggufmtp.measure.matrix`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from ..errors import VerifyError
+from ..fmt import pct, times
+from .app import emit_json
+
+
+def kv_depth_options(f: Callable) -> Callable:
+    """``--cache-type-k/-ctk``, ``--cache-type-v/-ctv`` (both arms), ``--context-fill N`` and ``--matrix SPEC``."""
+    f = click.option("--matrix", "matrix", default=None, metavar="SPEC",
+                     help='Verify once per cell of KV-cache type x context depth and print one table, e.g. '
+                          '--matrix "kv=f16,q8_0,q4_0 depth=0,8192" (same suite, seeds and settings in every '
+                          'cell; --receipt stores it as verification.matrix of an existing verification).')(f)
+    f = click.option("--context-fill", "context_fill", type=click.IntRange(min=0), default=0, show_default=True,
+                     metavar="N", help="Put every request N tokens deep behind a neutral prefix (both arms; "
+                     "cache_prompt stays false, so decode is measured at depth N).")(f)
+    f = click.option("--cache-type-v", "-ctv", "cache_type_v", default=None, metavar="TYPE",
+                     help="llama-server --cache-type-v for both arms (f16, q8_0, q4_0, ...; a quantized V cache "
+                          "runs with --flash-attn on).")(f)
+    return click.option("--cache-type-k", "-ctk", "cache_type_k", default=None, metavar="TYPE",
+                        help="llama-server --cache-type-k for both arms (f16, q8_0, q4_0, ...).")(f)
+
+
+def _receipt_verification(path: str) -> dict[str, Any]:
+    """The receipt's verification section; VerifyError when it has none yet (checked before the run)."""
+    from ..provenance.receipt import load_receipt
+
+    v = (load_receipt(path).get("predicate") or {}).get("verification")
+    if not v:
+        raise VerifyError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
+                          f"--receipt {path}` first (--matrix adds verification.matrix to it)")
+    return v
+
+
+def _store(path: str, section: dict[str, Any], signing_key: Any) -> None:
+    """``section`` as the receipt's ``verification.matrix``, when both measured the same bytes."""
+    from ..provenance.receipt import set_verification
+
+    v = _receipt_verification(path)
+    want, got = (v.get("model") or {}).get("sha256"), section["model"]["sha256"]
+    if want and got != want:
+        raise VerifyError(f"{path}: its verification is of the model with sha256 {want}, the matrix measured "
+                          f"{got}; not stored")
+    set_verification(path, {**v, "matrix": section}, signing_key=signing_key)
+
+
+def _progress(total: int) -> Callable:
+    seen = [0]
+
+    def on_cell(cell) -> None:
+        seen[0] += 1
+        click.echo(f"cell {seen[0]}/{total} {cell.label}: acceptance {pct(cell.acceptance)}, speedup "
+                   f"{times(cell.speedup)} ({cell.verdict.value})", err=True)
+    return on_cell
+
+
+def run_matrix(model: Path, spec_text: str, verify_kwargs: dict[str, Any], single: dict[str, Any],
+               out_path: str | None, receipt_path: str | None, as_json: bool, signing_key: Any = None) -> None:
+    """``verify --matrix``: every cell, then --out (every cell's full JSON), --receipt
+    (``verification.matrix``), the JSON or the table; exit 1 unless every cell passes. ``single``:
+    the one-run KV/depth options, which the matrix's cells replace (an error when set)."""
+    from ..measure.matrix import parse_matrix, verify_matrix
+
+    spec = parse_matrix(spec_text)
+    given = [f"--{k.replace('_', '-')}" for k, v in single.items() if v]
+    if given:
+        raise VerifyError(f"{', '.join(given)} and --matrix: the matrix's cells set the KV types and depth "
+                          f"(give them in the spec: kv=..., depth=...)")
+    if receipt_path:
+        _receipt_verification(receipt_path)  # fails now, not after the run
+    res = verify_matrix(model, spec.kv_types, spec.depths, on_cell=None if as_json else _progress(len(spec.cells)),
+                        **verify_kwargs)
+    if out_path:
+        from ..gguf.fsutil import atomic_write_json
+
+        atomic_write_json(Path(out_path), res.to_dict(full=True))
+    if receipt_path:
+        _store(receipt_path, res.to_receipt(), signing_key)
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(res.table())
+        if receipt_path:
+            click.echo(f"receipt {receipt_path}: verification.matrix written (matrix verdict {res.verdict})")
+    if not res.ok:
+        sys.exit(1)
