@@ -202,3 +202,24 @@ def test_cli_single_run_with_cache_types_and_depth(llama_server_bin, tiny_mtp_mo
     s = d["settings"]
     assert (s["cache_type_k"], s["cache_type_v"], s["context_fill"]["depth"]) == ("q8_0", "q4_0", 64)
     assert abs(s["context_fill"]["tokens"] - 64) <= 2 and d["verdict"] == "pass"
+
+
+def test_matrix_out_keeps_the_finished_cells_of_a_stopped_run(tmp_path):
+    """--out holds every finished cell after each one (``"partial": true``), so a long GPU run that is
+    stopped (a machine taken back) still leaves its cells; the final write replaces it."""
+    import enum
+    import types
+
+    from ggufmtp.cli.matrix_cmd import _progress
+
+    class V(enum.Enum):
+        PASS = "pass"
+
+    out = tmp_path / "m.json"
+    on_cell = _progress(3, str(out), quiet=True)
+    for i in range(2):
+        on_cell(types.SimpleNamespace(label=f"c{i}", acceptance=0.5, speedup=1.1, verdict=V.PASS,
+                                      to_dict=lambda i=i: {"depth": i}))
+        data = json.loads(out.read_text())
+        assert data["partial"] is True and data["cells_total"] == 3
+        assert [c["depth"] for c in data["cells"]] == list(range(i + 1))

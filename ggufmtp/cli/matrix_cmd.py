@@ -54,13 +54,20 @@ def _store(path: str, section: dict[str, Any], signing_key: Any) -> None:
     set_verification(path, {**v, "matrix": section}, signing_key=signing_key)
 
 
-def _progress(total: int) -> Callable:
-    seen = [0]
+def _progress(total: int, out_path: str | None, quiet: bool) -> Callable:
+    """After each cell: a progress line (unless ``quiet``) and, with --out, the cells so far written
+    there (``"partial": true``), so a long run that is stopped still leaves every finished cell."""
+    done: list[dict[str, Any]] = []
 
     def on_cell(cell) -> None:
-        seen[0] += 1
-        click.echo(f"cell {seen[0]}/{total} {cell.label}: acceptance {pct(cell.acceptance)}, speedup "
-                   f"{times(cell.speedup)} ({cell.verdict.value})", err=True)
+        done.append(cell.to_dict())
+        if out_path:
+            from ..gguf.fsutil import atomic_write_json
+
+            atomic_write_json(Path(out_path), {"partial": True, "cells_total": total, "cells": done})
+        if not quiet:
+            click.echo(f"cell {len(done)}/{total} {cell.label}: acceptance {pct(cell.acceptance)}, speedup "
+                       f"{times(cell.speedup)} ({cell.verdict.value})", err=True)
     return on_cell
 
 
@@ -78,7 +85,7 @@ def run_matrix(model: Path, spec_text: str, verify_kwargs: dict[str, Any], singl
                           f"(give them in the spec: kv=..., depth=...)")
     if receipt_path:
         _receipt_verification(receipt_path)  # fails now, not after the run
-    res = verify_matrix(model, spec.kv_types, spec.depths, on_cell=None if as_json else _progress(len(spec.cells)),
+    res = verify_matrix(model, spec.kv_types, spec.depths, on_cell=_progress(len(spec.cells), out_path, as_json),
                         **verify_kwargs)
     if out_path:
         from ..gguf.fsutil import atomic_write_json
