@@ -42,6 +42,12 @@ def verify(
     on_record: Callable[[_verify_mod.Record], None] | None = None,
     tuned: Any = None,
     peak_bandwidth_gbs: float | None = None,
+    server_args: Sequence[str] = (),
+    mtp_server_args: Sequence[str] = (),
+    vanilla_server_args: Sequence[str] = (),
+    cache_type_k: str | None = None,
+    cache_type_v: str | None = None,
+    context_fill: int = 0,
     *,
     receipt: str | os.PathLike | None = None,
 ) -> _verify_mod.VerifyResult:
