@@ -210,6 +210,7 @@ def test_verify_cli_refuses_another_models_receipt(art, synth_model, llama_serve
                   "--llama-cpp-bin", llama_server_bin.parent)
     assert res.exit_code == 1, res.output
     assert sha256_file(b) in res.output and art["sha"] in res.output
+    assert "before any server starts" in res.output  # refused up front, not after a wasted run
     assert rc.read_bytes() == before
 
 

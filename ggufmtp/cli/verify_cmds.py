@@ -103,6 +103,10 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     from ..provenance.signing import resolve_signing_key
 
     key = resolve_signing_key(signing_key) if receipt_path else None  # a bad key fails before the run
+    if receipt_path:
+        from ..provenance.receipt import refuse_other_file
+
+        refuse_other_file(receipt_path, resolve_model_arg(model))  # another file's receipt fails before the run
     kw = dict(draft_n_max=draft_n_max, draft_n_min=draft_n_min,
               seeds=seed_list, suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size,
               threads=threads, gpu_layers=ngl, parallel=parallel, llama_cpp_bin=llama_cpp_bin,

@@ -388,6 +388,22 @@ def verification_problem(statement: dict[str, Any], verification: dict[str, Any]
     return None
 
 
+def refuse_other_file(receipt: str | Path, model: str | Path) -> None:
+    """Before a verification runs: refuse a model whose size differs from the receipt's artifact, so a
+    mismatched ``verify B --receipt A`` costs no server run. Sizes can only prove a mismatch; an equal
+    size is settled by the sha256 binding when the results are written (:func:`set_verification`)."""
+    subject = read_receipt(receipt).statement["subject"][0]
+    size = (subject.get("annotations") or {}).get("size")
+    try:
+        actual = Path(model).stat().st_size
+    except OSError as e:
+        raise AuditError(f"{model}: cannot read the model: {e.strerror or e}") from None
+    if size is not None and actual != size:
+        raise AuditError(f"{receipt}: refusing the verification before any server starts: it is of another file: "
+                         f"{model} has sha256 {sha256_file(model)} ({actual:,} bytes), the receipt's artifact "
+                         f"{subject['name']} has sha256 {subject['digest']['sha256']} ({size:,} bytes)")
+
+
 def _refuse_unbound(statement: dict[str, Any], verification: dict[str, Any], where: str | Path) -> None:
     problem = verification_problem(statement, verification)
     if problem:
