@@ -7,7 +7,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e570"
 GGUF_VERSION = "0.19.0"
 
-RUNTIME_BINARIES = ("llama-server", "llama-quantize", "llama-imatrix")
+RUNTIME_BINARIES = ("llama-server", "llama-quantize", "llama-imatrix", "llama-perplexity")
 
 # Architectures whose llama.cpp graph has an MTP (NextN) draft path.
 MTP_ARCHITECTURES = frozenset(

@@ -11,7 +11,7 @@ from .app import bin_option, emit_json, handle_errors, json_option, main
 
 @main.group()
 def runtime() -> None:
-    """The llama.cpp runtime (llama-server, llama-quantize, llama-imatrix, libllama)."""
+    """The llama.cpp runtime (llama-server, llama-quantize, llama-imatrix, llama-perplexity, libllama)."""
 
 
 @runtime.command("build")

@@ -1,7 +1,7 @@
 """The llama.cpp runtime: build it from the pinned sdist, find its binaries and its libllama.
 
 One CMake build of the llama.cpp tree vendored in the llama-cpp-python sdist yields
-``llama-server``, ``llama-quantize``, ``llama-imatrix`` *and* the shared ``libllama`` that the
+``llama-server``, ``llama-quantize``, ``llama-imatrix``, ``llama-perplexity`` *and* the shared ``libllama`` that the
 Python binding loads (through ``LLAMA_CPP_LIB_PATH``), so the binaries, the in-process quantizer
 and every receipt share one llama.cpp commit.
 
