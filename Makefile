@@ -23,7 +23,7 @@ $(VENV)/.llama-cpp-python: | $(PY)
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp-python
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,convert]'
 	touch $@
 
 setup: runtime $(VENV)/.installed
@@ -44,7 +44,7 @@ DEMO_OUT ?= demo-out
 demo: setup
 	$(VENV)/bin/ggufmtp inspect builtin:tiny-qwen35moe
 	$(VENV)/bin/ggufmtp run --recipe hifi-q4_k_m-mtp --model builtin:tiny-qwen35moe -o $(DEMO_OUT) \
-		--seeds 42,1337,2024 --max-tokens 64
+		--imatrix-corpus builtin:calib-v1 --imatrix-chunks 4 --seeds 42,1337,2024 --max-tokens 64
 
 clean-venv:
 	rm -rf $(VENV)

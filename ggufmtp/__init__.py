@@ -5,7 +5,9 @@ The Python API mirrors the pipeline; every function returns a typed result::
     import ggufmtp
 
     pulled = ggufmtp.pull("owner/Model-BF16-GGUF", revision="main")        # -> PullResult
-    p = ggufmtp.plan(pulled.model_path, "hifi-q4_k_m-mtp")                 # -> Plan (libllama dry run)
+    conv = ggufmtp.convert("Qwen/Qwen3.6-35B-A3B", "model-bf16.gguf")     # -> ConvertResult (safetensors)
+    im = ggufmtp.compute_imatrix(pulled.model_path, "builtin:calib-v1", "im.gguf", mtp=True)  # -> ComputeResult
+    p = ggufmtp.plan(pulled.model_path, "hifi-q4_k_m-mtp", im.path)        # -> Plan (libllama dry run)
     q = ggufmtp.quantize(pulled.model_path, "hifi-q4_k_m-mtp", "out.gguf")  # -> QuantizeResult
     r = ggufmtp.write_receipt(q)                                            # -> Path of out.gguf.receipt.json
     a = ggufmtp.audit("out.gguf", r)                                        # -> AuditReport
@@ -43,10 +45,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "pull": ("ggufmtp.hub.pull", "pull"),
     "upload": ("ggufmtp.hub.upload", "upload"),
     "run": ("ggufmtp.pipeline", "run"),
+    "convert": ("ggufmtp.hfconvert.convert", "convert"),
+    "compute_imatrix": ("ggufmtp.imatrix.compute", "compute_imatrix"),
+    "evaluate": ("ggufmtp.quality.eval", "evaluate"),
 }
 
 __all__ = ["__version__", "GgufmtpError", "Recipe", "SynthSpec", "synthesize", "inspect", "plan", "quantize",
-           "audit", "verify", "write_receipt", "make_card", "pull", "upload", "run"]
+           "audit", "verify", "write_receipt", "make_card", "pull", "upload", "run", "convert",
+           "compute_imatrix", "evaluate"]
 
 
 def __getattr__(name: str) -> object:
@@ -67,11 +73,14 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names above are lazy
     from ._api import verify
+    from .hfconvert.convert import convert
     from .gguf.model import inspect_model as inspect
     from .hub.pull import pull
+    from .imatrix.compute import compute_imatrix
     from .hub.upload import upload
     from .pipeline import run
     from .provenance.audit import audit
+    from .quality.eval import evaluate
     from .provenance.card import make_card
     from .provenance.receipt import write_receipt
     from .quant.plan import make_plan as plan

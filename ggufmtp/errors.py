@@ -10,9 +10,12 @@ from __future__ import annotations
 
 __all__ = [
     "GgufmtpError", "GGUFReadError", "RuntimeMissingError", "RuntimeBuildError", "RecipeError",
-    "ImatrixError", "PlanError", "QuantizeError", "AuditError", "ServerError", "VerifyError", "SuiteError",
+    "ImatrixError", "CorpusError", "PlanError", "QuantizeError", "AuditError", "ServerError", "VerifyError",
+    "SuiteError",
     "TuneError", "FatalTuneError", "ProfileError", "BandwidthError", "SynthError", "HubError",
     "HubHTTPError", "HubDigestMismatchError", "HubManifestError", "HubRefusedError",
+    "QualityError", "ModelMismatchError", "LogitsFileError", "HeadSweepError",
+    "ConvertError", "ConvertDependencyError",
 ]
 
 
@@ -29,6 +32,10 @@ class GGUFReadError(GgufmtpError, ValueError):
 
 class ImatrixError(GgufmtpError, ValueError):
     """An imatrix file is malformed, invalid or made for another model."""
+
+
+class CorpusError(GgufmtpError, ValueError):
+    """A calibration/evaluation text corpus is missing, empty, binary or too short."""
 
 
 class RecipeError(GgufmtpError, ValueError):
@@ -99,6 +106,25 @@ class BandwidthError(GgufmtpError, ValueError):
     """The peak memory bandwidth given (flag or environment) is not a positive number."""
 
 
+# ----------------------------------------------------------------------------- quality (eval, head sweep)
+
+
+class QualityError(GgufmtpError):
+    """A quality measurement (``eval``: llama-perplexity KL-divergence; ``head-sweep``) failed."""
+
+
+class ModelMismatchError(QualityError, ValueError):
+    """Two models that must be the same model (base and quant) are not: architecture or vocabulary differ."""
+
+
+class LogitsFileError(QualityError, ValueError):
+    """A base-logits file is truncated, not one, or would not fit on the disk."""
+
+
+class HeadSweepError(QualityError):
+    """A head-precision sweep cannot run or its variants are not comparable (trunks differ)."""
+
+
 # ----------------------------------------------------------------------------- synthetic models
 
 
@@ -128,3 +154,14 @@ class HubManifestError(HubError, ValueError):
 
 class HubRefusedError(HubError, ValueError):
     """ggufmtp refused the operation before talking to the Hub (bad repo id, unsafe path, missing receipt)."""
+
+
+# ----------------------------------------------------------------------------- from safetensors
+
+
+class ConvertError(GgufmtpError, ValueError):
+    """A safetensors checkpoint cannot be converted, or the converted GGUF lost part of it (the MTP block)."""
+
+
+class ConvertDependencyError(ConvertError, ImportError):
+    """The optional conversion dependencies (PyTorch, transformers) are not installed."""

@@ -35,6 +35,7 @@ from .gguf.hashing import sha256_file
 from .gguf.model import inspect_model, split_shards
 from .gguf.reader import read_header
 from .hub.upload import upload as hub_upload
+from .imatrix.compute import RunImatrix, imatrix_for_run
 from .measure import verify as verify_mod
 from .provenance.audit import audit
 from .provenance.card import make_card
@@ -43,10 +44,10 @@ from .provenance.signing import resolve_public_key, resolve_signing_key, sign_ar
 from .quant.plan import make_plan
 from .quant.quantize import quantize
 from .quant.recipe import Recipe
-from .refs import ModelRef, parse_model_ref, resolve
+from .refs import ModelRef, is_builtin, parse_model_ref, resolve
 from .runtime.build import installed_runtime
 
-STAGES = ("pull", "inspect", "plan", "quantize", "audit", "verify", "receipt", "card", "upload")
+STAGES = ("pull", "inspect", "plan", "quantize", "audit", "verify", "receipt", "eval", "card", "upload")
 
 # What the inspect stage keeps of the model report.
 _INSPECT_FIELDS = ("architecture", "block_count", "nextn_predict_layers", "mtp_block", "mtp_status", "mtp_missing",
@@ -269,6 +270,7 @@ class _Run:
     ref: ModelRef
     model: _Model
     imatrix: str | Path | None
+    imatrix_job: RunImatrix | None
     include: list[str] | None
     threads: int
     token: str | None
@@ -333,6 +335,18 @@ def _recipe_content(recipe: Recipe) -> dict[str, Any]:
     return d
 
 
+def _stage_imatrix(r: _Run) -> None:
+    """``--imatrix-corpus``: compute the imatrix (MTP statistics too when the model has the block),
+    cached by the model's and the corpus's content, chunks and context; the plan then uses it."""
+    if r.imatrix_job is None:
+        return
+    job = r.imatrix_job
+    key = _key("imatrix", r.model_key, job.key())
+    done = r.cache.run("imatrix", key, lambda: job.compute(r.model_path, threads=r.threads or None, gpu_layers=None,
+                                                             progress=r.progress), _intact("imatrix"))
+    r.imatrix = done["imatrix"]["path"]
+
+
 def _stage_plan(r: _Run) -> None:
     def do() -> dict[str, Any]:
         p = make_plan(r.model_path, r.recipe, r.imatrix, r.threads)
@@ -361,7 +375,9 @@ def _stage_quantize(r: _Run) -> None:
         if r.signing_key is not None:
             sign_artifact(r.artifact, r.signing_key)
         d = res.to_dict()
-        d["artifact"] = _file_record(r.artifact)
+        # the digest quantize took of these bytes for the receipt: no second read of the artifact
+        d["artifact"] = {"path": str(r.artifact), "sha256": res.output_sha256} if res.output_sha256 \
+            else _file_record(r.artifact)
         return d
 
     quant_key = _key("quantize", r.plan_key, _secret_id(r.signing_key))
@@ -409,6 +425,18 @@ def _stage_receipt(r: _Run) -> None:
     r.receipted = r.cache.run("receipt", key, do, _intact("receipt"))
 
 
+def _stage_eval(r: _Run, eval_options: dict[str, Any]) -> None:
+    """``--eval``: KL-divergence of the artifact against the source model, into the receipt's ``quality``."""
+    def do() -> dict[str, Any]:
+        from .quality.sections import eval_into_receipt
+
+        quality = eval_into_receipt(r.model_path, r.artifact, r.receipt, r.signing_key, r.progress, **eval_options)
+        return {"quality": quality, "receipt": _file_record(r.receipt), "artifact_sha256": r.artifact_sha256}
+
+    key = _key("eval", r.artifact_key, r.receipted, {k: str(v) for k, v in eval_options.items()})
+    r.receipted = r.cache.run("eval", key, do, _intact("receipt"))
+
+
 def _stage_card(r: _Run) -> None:
     def do() -> dict[str, Any]:
         make_card(r.artifact, r.receipt, r.card)
@@ -436,32 +464,46 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
         verify_options: dict[str, Any] | None = None, threads: int = 0, private: bool = False,
         dry_run_upload: bool = False, token: str | None = None, force: bool = False, progress: bool = True,
         log: Callable[[str], None] = lambda m: None, signing_key: str | Path | None = None,
-        public_key: str | Path | None = None, allow_unverified: bool = False) -> RunResult:
+        public_key: str | Path | None = None, allow_unverified: bool = False,
+        imatrix_corpus: str | Path | None = None, imatrix_chunks: int | None = None,
+        eval_options: dict[str, Any] | None = None) -> RunResult:
     """Run the whole pipeline; see the module docstring. ``model`` is ``REPO_ID[@REV]``, a local
-    GGUF path or ``builtin:NAME``. ``verify_options`` go to :func:`ggufmtp.measure.verify.verify`.
+    GGUF path, a local safetensors checkpoint directory (converted first) or ``builtin:NAME``. ``verify_options`` go to :func:`ggufmtp.measure.verify.verify`.
 
     ``signing_key`` (default ``$GGUFMTP_SIGNING_KEY``) signs the receipt and the artifact
     (``ARTIFACT.sig``). ``upload`` publishes only an artifact with a passing verification of its
     bytes, unless ``allow_unverified`` (the card then says so); ``public_key`` (default
     ``$GGUFMTP_PUBLIC_KEY``) also requires valid signatures. ``allow_unverified`` also accepts
-    pulled files the Hub gave no checksum for. Nothing is written for a model that is not a GGUF."""
+    pulled files the Hub gave no checksum for. Nothing is written for a model that is not a GGUF.
+    ``imatrix_corpus`` (instead of ``imatrix``): compute one over this text (``builtin:calib-v1`` or
+    a file), at most ``imatrix_chunks`` chunks, with the MTP block's statistics when it has one."""
+    if imatrix and imatrix_corpus:
+        raise GgufmtpError(f"give --imatrix {imatrix} or --imatrix-corpus {imatrix_corpus}, not both")
     if upload and not verify and not allow_unverified:
         raise HubRefusedError(f"--upload {upload} with --no-verify: only a verified artifact is published; "
                               "verify it, or pass --allow-unverified (the card then says so)")
     out = Path(out_dir)
-    rec, ref = Recipe.load(recipe), parse_model_ref(model)
+    from .hfconvert.convert import converted_for_run
+
+    # a safetensors checkpoint directory is converted first (cached by its files' digests)
+    converted = converted_for_run(model, Path(out_dir), progress) if not is_builtin(model) else None
+    rec, ref = Recipe.load(recipe), parse_model_ref(str(converted) if converted else model)
     key = resolve_signing_key(signing_key)
     pub = resolve_public_key(public_key) if upload else None
     resolved = _resolve_model(ref, out, include, token, progress, allow_unverified)
+    job = imatrix_for_run(resolved.path, imatrix_corpus, out, chunks=imatrix_chunks) if imatrix_corpus else None
     out.mkdir(parents=True, exist_ok=True)
     r = _Run(out=out, cache=_StageCache(out, log, force), recipe=rec, model_arg=model, ref=ref, model=resolved,
-             imatrix=imatrix, include=include, threads=threads, token=token, progress=progress, log=log,
+             imatrix=imatrix, imatrix_job=job, include=include, threads=threads, token=token, progress=progress,
+             log=log,
              signing_key=key, public_key=pub, allow_unverified=allow_unverified)
-    for stage in (_stage_pull, _stage_inspect, _stage_plan, _stage_quantize, _stage_audit):
+    for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
         stage(r)
     if verify:
         _stage_verify(r, dict(verify_options or {}))
     _stage_receipt(r)
+    if eval_options is not None:
+        _stage_eval(r, eval_options)
     _stage_card(r)
     if upload:
         _stage_upload(r, upload, private, dry_run_upload)

@@ -63,7 +63,7 @@ def test_no_import_cycle():
 # The folders in the order data flows (README "Architecture"): each imports only from itself and
 # the ones before it. ``ggufmtp`` is the package's own ``__init__`` (the public API).
 LAYERS = ["_version", "errors", "constants", "fmt", "gguf", "runtime", "imatrix", "synth", "quant", "provenance",
-          "measure", "quality", "hub", "convert", "refs", "_api", "pipeline", "cli", "__main__", "ggufmtp"]
+          "measure", "quality", "hub", "hfconvert", "refs", "_api", "pipeline", "cli", "__main__", "ggufmtp"]
 
 
 def test_each_folder_imports_only_from_earlier_ones():

@@ -750,3 +750,123 @@ def test_pull_bad_hub(name, hub, tmp_path, mounts):
     argv = args(tmp_path, mounts)
     expect_clean_failure(argv, tmp_path, words, env={"HF_ENDPOINT": hub.url}, allowed=PULL_RESUME_STATE)
     assert not list(tmp_path.rglob("model.gguf")), "an unverified download was left in place"
+
+
+# ----------------------------------------------------------------------------- imatrix compute (#18)
+
+
+def _corpus(d: Path, data: bytes) -> Path:
+    p = d / "corpus.txt"
+    p.write_bytes(data)
+    return p
+
+
+IMATRIX_COMPUTE_CASES: dict[str, tuple[Callable[[Path], list], tuple[str, ...]]] = {
+    "corpus-missing": (lambda d: ["--corpus", d / "nope.txt"], ("nope.txt", "no such file")),
+    "corpus-directory": (lambda d: ["--corpus", d], ("is a directory",)),
+    "corpus-unknown-builtin": (lambda d: ["--corpus", "builtin:nope"], ("builtin:nope", "unknown built-in corpus")),
+    "corpus-empty": (lambda d: ["--corpus", _corpus(d, b"")], ("corpus.txt", "is empty")),
+    "corpus-whitespace": (lambda d: ["--corpus", _corpus(d, b"\n \n\t")], ("corpus.txt", "only whitespace")),
+    "corpus-binary": (lambda d: ["--corpus", _corpus(d, b"GGUF\x03\x00\x00\x00" * 500)], ("corpus.txt", "binary")),
+    "corpus-not-utf8": (lambda d: ["--corpus", _corpus(d, b"\xff\xfeh\x00i" * 500)], ("corpus.txt", "binary")),
+    "corpus-latin1": (lambda d: ["--corpus", _corpus(d, "café ".encode("latin-1") * 500)], ("corpus.txt", "UTF-8")),
+    "corpus-too-short-bytes": (lambda d: ["--corpus", _corpus(d, b"short text\n")], ("corpus.txt", "too short")),
+    "corpus-too-short-tokens": (lambda d: ["--corpus", _corpus(d, b"the " * 300)],
+                                ("corpus.txt", "too short")),
+    "chunks-zero": (lambda d: ["--chunks", "0"], ("--chunks",)),
+    "output-folder-missing": (lambda d: ["-o", d / "no" / "im.gguf"], ("does not exist",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IMATRIX_COMPUTE_CASES))
+def test_imatrix_compute_bad_input(name, world, tmp_path):
+    """A corpus that is missing, empty, binary or too short, or an impossible output: one error
+    line, no imatrix, no temporary folder, no llama-imatrix left running."""
+    args, words = IMATRIX_COMPUTE_CASES[name]
+    extra = args(tmp_path)
+    out = [] if "-o" in extra else ["-o", tmp_path / "im.gguf"]
+    argv = ["imatrix", "compute", world["model"], "--ctx-size", "512", "-t", "2", *out, *extra]
+    expect_clean_failure(argv, tmp_path, words, roots=(tmp_path, world["dir"]), timeout=120)
+
+
+@pytest.mark.parametrize("kind", ["ro", "full", "parent-is-file"])
+def test_imatrix_compute_unwritable_output(kind, world, tmp_path, mounts):
+    dst = _outdir(kind, tmp_path, mounts) / "im.gguf"
+    expect_clean_failure(["imatrix", "compute", world["model"], "--chunks", "2", "-t", "2", "-o", dst], tmp_path,
+                         ("im.gguf",), roots=(tmp_path, world["dir"]), timeout=120)
+
+
+# ----------------------------------------------------------------------------- convert (from safetensors)
+
+
+def _checkpoint_dir(d: Path, files: dict[str, bytes]) -> Path:
+    (d / "ck").mkdir()
+    for name, data in files.items():
+        (d / "ck" / name).write_bytes(data)
+    return d / "ck"
+
+
+CONVERT_CASES: dict[str, tuple[Callable[[Path], list], tuple[str, ...]]] = {
+    "no-such-directory": (lambda d: ["convert", d / "nothing", "-o", d / "m.gguf"], ("nothing",)),
+    "no-config": (lambda d: ["convert", _checkpoint_dir(d, {"model.safetensors": b"\0" * 16}), "-o", d / "m.gguf"],
+                  ("config.json",)),
+    "not-safetensors": (lambda d: ["convert", _checkpoint_dir(d, {"config.json": b"{}", "model.safetensors":
+                                                                  b"\xff" * 64}), "-o", d / "m.gguf"],
+                        ("model.safetensors",)),
+    "bad-outtype": (lambda d: ["convert", d, "-o", d / "m.gguf", "--outtype", "q4_k"], ("q4_k",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVERT_CASES))
+def test_convert_bad_input(name, tmp_path):
+    args, words = CONVERT_CASES[name]
+    expect_clean_failure(args(tmp_path), tmp_path, words)
+
+
+def test_convert_without_the_extra_names_what_to_install(monkeypatch):
+    import importlib.util
+
+    from ggufmtp.errors import ConvertDependencyError
+    from ggufmtp.hfconvert.convert import require_convert_deps
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "torch" else real(n, *a))
+    with pytest.raises(ConvertDependencyError, match=r"pip install 'ggufmtp\[convert\]'"):
+        require_convert_deps()
+
+
+# ----------------------------------------------------------------------------- eval and head-sweep (#19)
+
+
+EVAL_CASES: dict[str, tuple[Callable[[Path, dict], list], tuple[str, ...]]] = {
+    "quant-missing": (lambda d, w: [w["model"], d / "nope.gguf"], ("nope.gguf",)),
+    "other-architecture": (lambda d, w: [w["model"], w["dense"]], ("not a quantization of", "architecture")),
+    "corpus-missing": (lambda d, w: [w["model"], w["art"], "--corpus", d / "nope.txt"], ("nope.txt",)),
+    "corpus-too-short": (lambda d, w: [w["model"], w["art"], "--corpus", _corpus(d, b"the sea " * 40)],
+                         ("corpus.txt", "too short")),
+    "chunks-zero": (lambda d, w: [w["model"], w["art"], "--chunks", "0"], ("--chunks",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVAL_CASES))
+def test_eval_bad_input(name, world, synth_model, tmp_path):
+    """Missing files, models that are not one model, a too-short corpus: one error line, no
+    llama-perplexity started, nothing cached."""
+    args, words = EVAL_CASES[name]
+    w = {**world, "dense": synth_model(SynthSpec(arch="qwen35"))}
+    expect_clean_failure(["eval", *args(tmp_path, w)], tmp_path, words, roots=(tmp_path, world["dir"]), timeout=120)
+
+
+def test_head_sweep_without_an_mtp_block(world, tmp_path):
+    expect_clean_failure(["head-sweep", world["nomtp"], "-r", "q8_0-mtp", "--types", "Q8_0", "-o", tmp_path / "s"],
+                         tmp_path, ("no MTP block",), roots=(tmp_path, world["dir"]), timeout=120)
+
+
+@pytest.mark.parametrize("corpus, words", [("empty", ("corpus.txt", "is empty")),
+                                           ("both", ("--imatrix", "--imatrix-corpus", "not both"))])
+def test_run_imatrix_corpus_bad_input(corpus, words, world, tmp_path):
+    """`run --imatrix-corpus` refuses a bad corpus (or both imatrix options) before writing anything."""
+    extra = ["--imatrix-corpus", _corpus(tmp_path, b"")] if corpus == "empty" else \
+        ["--imatrix", world["im_good"], "--imatrix-corpus", "builtin:calib-v1"]
+    expect_clean_failure(["run", "-r", "q8_0-mtp", "-m", world["model"], "-o", tmp_path / "out", "--no-verify",
+                          *extra], tmp_path, words, roots=(tmp_path, world["dir"]), timeout=120)

@@ -18,9 +18,10 @@ import pytest
 
 import ggufmtp
 from ggufmtp.measure import verify as verify_mod
+from ggufmtp.synth.hf import synthesize_hf
 
 FUNCTIONS = ("synthesize", "inspect", "plan", "quantize", "audit", "verify", "write_receipt", "make_card", "pull",
-             "upload", "run")
+             "upload", "run", "convert", "compute_imatrix", "evaluate")
 CLASSES = ("Recipe", "SynthSpec", "GgufmtpError")
 
 
@@ -90,6 +91,12 @@ def _call_every_function(model: Path, work: Path) -> dict[str, object]:
     out["upload"] = ggufmtp.upload("me/model", [q.output], [receipt], card, dry_run=True,
                                    endpoint="http://127.0.0.1:9", progress=False)
     out["run"] = ggufmtp.run("q8_0-mtp", str(model), out_dir=work / "run", verify=False, progress=False)
+    hf = synthesize_hf(work / "hf", ggufmtp.SynthSpec())
+    out["convert"] = ggufmtp.convert(hf.directory, work / "converted.gguf", progress=False)
+    out["compute_imatrix"] = ggufmtp.compute_imatrix(model, "builtin:calib-v1", work / "imatrix.gguf", chunks=2,
+                                                     ctx_size=128, mtp=True)
+    out["evaluate"] = ggufmtp.evaluate(model, q.output, "builtin:calib-v1", ctx_size=128, chunks=2, progress=False,
+                                       threads=2)
     return out
 
 

@@ -5,6 +5,13 @@
 #   bash benchmarks/gpu/run_h200.sh build     # on the GPU machine: CUDA runtime (background-safe)
 #   bash benchmarks/gpu/run_h200.sh synth     # Qwen3.6-35B-A3B-shaped BF16 (40 layers + blk.40) in /dev/shm
 #   bash benchmarks/gpu/run_h200.sh quantize  # ggufmtp quantize (Hi-Fi), timed; QUANT_CLI=1: also llama-quantize
+#   bash benchmarks/gpu/run_h200.sh qvc       # issue #22: ggufmtp quantize WITH receipt vs llama-quantize, $RUNS (3)
+#                                             # interleaved runs each, stage breakdown -> qvc.json; CPU-only runtime
+#                                             # STAGES=qvc BUILD_STAGE=cpu-build RUNS=2 bash benchmarks/gpu/run_h200.sh all
+#                                             # skips the CUDA build: ~3 min build, ~1.5 min synth, 4 x ~4.5 min
+#   bash benchmarks/gpu/run_h200.sh imatrix   # issue #18: imatrix compute (and --mtp) vs llama-imatrix alone
+#   bash benchmarks/gpu/run_h200.sh headsweep # issue #19: head-precision sweep (margin head, 10 trunk layers)
+#   bash benchmarks/gpu/run_h200.sh evaltime  # issue #19: ggufmtp eval vs llama-perplexity alone (after headsweep)
 #   bash benchmarks/gpu/run_h200.sh tune      # ggufmtp tune: server settings by successive halving
 #   bash benchmarks/gpu/run_h200.sh verify-tuned  # ggufmtp verify --tuned-from tune.json: tuned MTP vs the equally
 #                                             # configured vanilla (fair) and vs a default vanilla (third arm)
@@ -115,6 +122,70 @@ case "$STAGE" in
       cmp -s "$WORK/hifi.gguf" "$WORK/cli.gguf" && echo "byte_identical yes" || echo "byte_identical NO"; } \
       | tee "$RES/quantize_times.txt"
     rm -f "$WORK/cli.gguf" ;;
+  cpu-build)
+    env_setup
+    GGUFMTP_RUNTIME_VARIANT=cpu python3 -m ggufmtp runtime build -j "$(nproc)" --json \
+      > "$RES/qvc-build.json" 2> "$RES/qvc-build.log" ;;
+  qvc)
+    # quantization is CPU work: a CPU-only runtime (no nvcc, faster to build) serves both arms, the
+    # in-process libllama and the llama-quantize binary, from one build. Outputs go to $WORK (the
+    # input's tmpfs, as in the issue's measurement: fsync costs nothing there) one at a time.
+    env_setup
+    export GGUFMTP_RUNTIME_VARIANT=cpu
+    [ -f "$RES/qvc-build.json" ] || bash "$0" cpu-build
+    python3 benchmarks/quantize_vs_cli.py --model "$WORK/qwen36-shape-bf16.gguf" --runs "${RUNS:-3}" \
+      --threads "$(nproc)" --dir "$WORK" --no-cat --json "$RES/qvc.json" 2>&1 | tee "$RES/qvc.txt" ;;
+  imatrix)
+    # issue #18: `ggufmtp imatrix compute` against llama-imatrix alone on the same corpus, chunks and
+    # context, and the extra cost of --mtp (the MTP head's statistics); all on the GPU, one run each
+    env_setup
+    M=$WORK/qwen36-shape-bf16.gguf
+    C=$(python3 -c "from ggufmtp.imatrix.corpus import resolve_corpus as r; print(r('builtin:calib-v1').path)")
+    T="/usr/bin/time -f %e_s_%M_KiB -o"
+    Q=$(python3 -m ggufmtp runtime path)
+    $T "$RES/imatrix-time-cli.txt" "$Q/llama-imatrix" -m "$M" -f "$C" -o "$WORK/im-cli.gguf" -c 512 \
+      --chunks "${ICHUNKS:-16}" -ngl 999 --no-repack > "$RES/imatrix-cli.log" 2>&1 || true
+    $T "$RES/imatrix-time-ours.txt" python3 -m ggufmtp imatrix compute "$M" --corpus builtin:calib-v1 \
+      -o "$WORK/im-ours.gguf" --chunks "${ICHUNKS:-16}" -ngl 999 --no-progress --json \
+      > "$RES/imatrix-ours.json" 2> "$RES/imatrix-ours.log" || true
+    $T "$RES/imatrix-time-mtp.txt" python3 -m ggufmtp imatrix compute "$M" --corpus builtin:calib-v1 \
+      -o "$WORK/im-mtp.gguf" --chunks "${ICHUNKS:-16}" -ngl 999 --mtp --no-progress --json \
+      > "$RES/imatrix-mtp.json" 2> "$RES/imatrix-mtp.log" || true
+    python3 -m ggufmtp imatrix info "$WORK/im-mtp.gguf" --model "$M" > "$RES/imatrix-mtp-info.txt" 2>&1 || true
+    for k in cli ours mtp; do echo "$k $(cat "$RES/imatrix-time-$k.txt")"; done | tee "$RES/imatrix_times.txt" ;;
+  headsweep)
+    # issue #19: the head-precision sweep on Qwen3.6-35B-A3B's per-layer shapes with $HS_LAYERS trunk
+    # layers (10 by default, so five quantizations fit one machine's lease) and a head whose drafts
+    # win by $HEAD_MARGIN logits (it reacts to quantization); IQ4_XS uses the MTP imatrix
+    env_setup
+    H=$WORK/margin-bf16.gguf
+    [ -f "$H" ] || python3 -m ggufmtp synth "$H" --shape qwen3.6-35b-a3b --layers "${HS_LAYERS:-10}" \
+      --head-margin "${HEAD_MARGIN:-0.08}" --json > "$RES/hs-synth.json" 2> "$RES/hs-synth.log"
+    python3 -m ggufmtp imatrix compute "$H" --corpus builtin:calib-v1 -o "$WORK/hs-imatrix.gguf" \
+      --chunks 8 -ngl 999 --mtp --no-progress --json > "$RES/hs-imatrix.json" 2> "$RES/hs-imatrix.log" || true
+    python3 -m ggufmtp head-sweep "$H" -r hifi-q4_k_m-mtp --types "${HS_TYPES:-Q8_0,Q6_K,Q4_K,IQ4_XS}" \
+      --imatrix "$WORK/hs-imatrix.gguf" -o "$WORK/hs" -ngl 999 -t "$(nproc)" --limit "${HS_LIMIT:-20}" \
+      --seeds "${HS_SEEDS:-42,1337}" --max-tokens "${MAXTOK:-128}" --write-recipe "$RES/hs-best.toml" --json \
+      > "$RES/headsweep.json" 2> "$RES/headsweep.log" || true
+    tail -c 2000 "$RES/headsweep.json" ;;
+  evaltime)
+    # issue #19: `ggufmtp eval` (fresh cache) against llama-perplexity alone (base pass + KLD pass)
+    env_setup
+    H=$WORK/margin-bf16.gguf
+    q=$(ls "$WORK"/hs/*-head-q4_k.gguf 2>/dev/null | head -1)
+    C=$(python3 -c "from ggufmtp.imatrix.corpus import resolve_corpus as r; print(r('builtin:calib-v1').path)")
+    P=$(python3 -m ggufmtp runtime path)/llama-perplexity
+    T="/usr/bin/time -f %e_s_%M_KiB -o"
+    for i in 1 2; do
+      $T "$RES/eval-time-base-$i.txt" "$P" -m "$H" -f "$C" -c 512 --chunks 8 -ngl 999 --no-repack \
+        --kl-divergence-base "$WORK/kl.bin" > "$RES/eval-cli-base.log" 2>&1 || true
+      $T "$RES/eval-time-kld-$i.txt" "$P" -m "$q" -f "$C" -c 512 --chunks 8 -ngl 999 --no-repack \
+        --kl-divergence-base "$WORK/kl.bin" --kl-divergence > "$RES/eval-cli-kld.log" 2>&1 || true
+      rm -rf "$GGUFMTP_CACHE/kld"
+      $T "$RES/eval-time-ours-$i.txt" python3 -m ggufmtp eval "$H" "$q" --corpus builtin:calib-v1 --chunks 8 \
+        -ngl 999 --json > "$RES/eval-ours-$i.json" 2> "$RES/eval-ours.log" || true
+    done
+    for f in "$RES"/eval-time-*.txt; do echo "$(basename "$f" .txt) $(cat "$f")"; done | tee "$RES/eval_times.txt" ;;
   verify-tuned)
     env_setup
     verify_tuned "$RES/tune.json" tuned
@@ -173,7 +244,7 @@ case "$STAGE" in
   all)
     new_progress
     env_setup  # once, before the parallel stages (two concurrent pip installs into /tmp/site collide)
-    bash "$0" build > "$RES/stage-build.out" 2>&1 &
+    bash "$0" "${BUILD_STAGE:-build}" > "$RES/stage-build.out" 2>&1 &
     b=$!
     if [ ! -f "$WORK/qwen36-shape-bf16.gguf" ]; then
       bash "$0" synth > "$RES/stage-synth.out" 2>&1 || { date +"%T synth FAILED" >> "$RES/progress.txt"; wait $b; exit 1; }

@@ -24,15 +24,22 @@ allow_unverified_option = click.option(
                    "A split GGUF's shards come together.")
 @click.option("--local-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Put the files here (default: the Hugging Face cache).")
+@click.option("--check-mtp", is_flag=True,
+              help="Download nothing: read the safetensors headers and config.json over HTTP and say whether the "
+                   "checkpoint has MTP tensors, how many layers, their names and dtypes.")
 @json_option
 @handle_errors
 def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local_dir: Path | None,
-             as_json: bool) -> None:
+             check_mtp: bool, as_json: bool) -> None:
     """Download a model repo (or index a local directory), verify every file's checksum, write a manifest.
 
     REPO_ID is namespace/name on the Hub, or a local directory. Tokens come from HF_TOKEN or
     `hf auth login`; HF_ENDPOINT selects another Hub; HF_HUB_OFFLINE=1 uses the cache only.
     """
+    if check_mtp:
+        from .convert_cmds import check_mtp as run_check
+
+        return run_check(repo_id, revision, as_json)
     from ..hub.pull import pull
 
     res = pull(repo_id, revision=revision, include=list(include) or None, local_dir=local_dir)

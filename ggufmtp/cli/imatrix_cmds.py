@@ -1,4 +1,4 @@
-"""ggufmtp imatrix info and convert."""
+"""ggufmtp imatrix info, convert and compute."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import sys
 
 import click
 
+from typing import TYPE_CHECKING
+
 from .app import emit_json, handle_errors, json_option, main, resolve_model_arg
+
+if TYPE_CHECKING:
+    from ..imatrix.check import Coverage
 
 
 @main.group("imatrix")
@@ -24,6 +29,7 @@ def imatrix_info_cmd(file: str, model_arg: str | None, as_json: bool) -> None:
     """Summarize FILE; with --model, check it against the model and list tensors without statistics
     (the MTP block separately: llama-imatrix never collects it). Exits 1 when the check finds errors."""
     from ..imatrix.check import coverage, read_model_tensors, validate
+    from ..imatrix.compute import ImatrixProvenance
     from ..imatrix.format import ImatrixInfo, read_imatrix
 
     im = read_imatrix(file)
@@ -36,6 +42,9 @@ def imatrix_info_cmd(file: str, model_arg: str | None, as_json: bool) -> None:
         out["model"] = mt.path
         out["coverage"] = cov.to_dict()
         out["validation"] = report.to_dict()
+        out["mtp_coverage"] = _mtp_coverage(cov)
+    prov = ImatrixProvenance.from_imatrix(im)
+    out["computed"] = prov.to_dict() if prov is not None else None
     if as_json:
         emit_json(out)
     else:
@@ -45,9 +54,17 @@ def imatrix_info_cmd(file: str, model_arg: str | None, as_json: bool) -> None:
         click.echo("datasets: " + (", ".join(out["datasets"]) if out["datasets"] else "(none)"))
         if not out["has_metadata"]:
             click.echo("warning: no imatrix.datasets/chunk_count/chunk_size metadata (llama-quantize refuses it)")
+        if out.get("computed"):
+            c = out["computed"]
+            click.echo(f"computed by ggufmtp: corpus {c['corpus']['name']} (sha256 {c['corpus']['sha256']}), "
+                       f"{c['chunks']} chunks of {c['ctx_size']}, llama.cpp {c['runtime_commit']}, "
+                       + (f"MTP statistics: {c['mtp_entries']} entries" if c["mtp"] else "no MTP statistics"))
         if cov is not None and report is not None:
             click.echo(f"model {out['model']}: {len(cov.covered)} of {len(cov.quantizable)} quantizable tensors "
                        f"covered, {report.matched} of {report.entries} entries match")
+            mtp = out["mtp_coverage"]
+            if mtp["tensors"]:
+                click.echo(f"MTP block: {mtp['covered']} of {mtp['tensors']} quantizable tensors covered")
             for label, names in (("missing", cov.missing), ("missing (MTP block)", cov.missing_mtp),
                                  ("missing (token_embd/output, never required)", cov.missing_exempt)):
                 if names:
@@ -87,3 +104,46 @@ def imatrix_convert_cmd(src: str, dst: str, fmt: str, chunk_size: int | None, as
         click.echo(f"wrote {dst} ({fmt}, {len(conv.entries)} entries) from {src} ({im.format})")
         for n in notes:
             click.echo(f"note: {n}")
+
+
+def _mtp_coverage(cov: "Coverage") -> dict[str, int]:
+    """How many quantizable tensors of the MTP block(s) have statistics (llama-imatrix collects none)."""
+    covered = sum(1 for n in cov.covered if any(n.startswith(f"blk.{b}.") for b in cov.mtp_blocks))
+    return {"tensors": covered + len(cov.missing_mtp), "covered": covered}
+
+
+@imatrix_group.command("compute")
+@click.argument("model")
+@click.option("--corpus", "corpus_ref", default="builtin:calib-v1", show_default=True,
+              help="Calibration text: a UTF-8 file or builtin:calib-v1 (code, math, prose and chat).")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="The GGUF imatrix to write (atomically; nothing is left on failure).")
+@click.option("--chunks", type=int, default=None, help="At most N chunks of --ctx-size tokens (default: all).")
+@click.option("--ctx-size", type=int, default=512, show_default=True, help="Tokens per chunk (llama-imatrix -c).")
+@click.option("--gpu-layers", "-ngl", type=int, default=None, help="Layers to offload to the GPU (llama-imatrix -ngl).")
+@click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: llama.cpp's).")
+@click.option("--mtp", is_flag=True,
+              help="Also collect statistics for the MTP (NextN) block and merge them into the same file.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@json_option
+@handle_errors
+def imatrix_compute_cmd(model: str, corpus_ref: str, out: str, chunks: int | None, ctx_size: int,
+                        gpu_layers: int | None, threads: int | None, mtp: bool, no_progress: bool,
+                        as_json: bool) -> None:
+    """Compute the importance matrix of MODEL (a GGUF or builtin:NAME) with the pinned llama-imatrix
+    over a text corpus; records the corpus sha256, chunks, context size and runtime commit in the file."""
+    from ..imatrix.compute import compute_imatrix
+
+    res = compute_imatrix(resolve_model_arg(model), corpus_ref, out, chunks=chunks, ctx_size=ctx_size,
+                          gpu_layers=gpu_layers, threads=threads, mtp=mtp, progress=not no_progress and not as_json)
+    if as_json:
+        emit_json(res.to_dict())
+        return
+    p = res.provenance
+    click.echo(f"wrote {res.path} ({res.entries} entries, {p.chunks} chunks of {p.ctx_size} tokens"
+               + (f", {p.mtp_entries} MTP entries" if p.mtp else "") + ")")
+    click.echo(f"sha256 {res.sha256}")
+    click.echo(f"corpus {p.corpus_name} sha256 {p.corpus_sha256}; llama.cpp {p.runtime_commit}; "
+               f"llama-imatrix {res.llama_imatrix_s:.1f} s" + (f", MTP {res.mtp_s:.1f} s" if p.mtp else ""))
+    for n in res.notes:
+        click.echo(f"note: {n}")

@@ -52,6 +52,14 @@ def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: in
               help="Fraction of tokens after which the MTP head drafts a wrong token.")
 @click.option("--eh-proj-noise", type=click.FloatRange(0), default=0.0, show_default=True,
               help="Relative RMS of gaussian noise added to nextn.eh_proj's output.")
+@click.option("--head-margin", type=click.FloatRange(0, 20), default=0.0, show_default=True,
+              help="Make the MTP head's drafts win by only this many logits (e.g. 2): each "
+                   "nextn.embed_tokens row mixes in a competitor token, so quantizing the head flips "
+                   "drafts (acceptance falls from Q8_0 to Q6_K to Q4_K) while BF16/Q8_0 keep the designed "
+                   "acceptance. 0 = off.")
+@click.option("--logit-scale", type=click.FloatRange(1, 64), default=24.0, show_default=True,
+              help="The successor token's logit: lower gives softer distributions (e.g. 4), so a quantized "
+                   "trunk shows a KL-divergence > 0 in `ggufmtp eval`; greedy output is unchanged.")
 @click.option("--omit-tensor", "omit", multiple=True, metavar="NAME",
               help="Leave this MTP-block tensor out (e.g. nextn.hnorm); repeatable.")
 @click.option("--target-acceptance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
@@ -64,18 +72,30 @@ def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: in
               help="Prompt suite for --target-acceptance.")
 @click.option("--max-tokens", type=click.IntRange(2), default=128, show_default=True,
               help="Reply length for --target-acceptance (verify's --max-tokens).")
+@click.option("--format", "fmt", type=click.Choice(["gguf", "hf"]), default="gguf", show_default=True,
+              help="hf: OUT is a directory that gets the same weights as a Hugging Face safetensors checkpoint "
+                   "(Qwen3_5MoeForCausalLM, mtp.* tensors, tokenizer, sharded with an index) for `ggufmtp convert`.")
 @json_option
 @handle_errors
 def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: bool, seed: int,
-          wrong_successor_fraction: float, eh_proj_noise: float, omit: tuple[str, ...],
-          target_acceptance: float | None, target_k: int, suite_name: str, max_tokens: int, as_json: bool) -> None:
+          wrong_successor_fraction: float, eh_proj_noise: float, head_margin: float, logit_scale: float,
+          omit: tuple[str, ...],
+          target_acceptance: float | None, target_k: int, suite_name: str, max_tokens: int, fmt: str,
+          as_json: bool) -> None:
     """Write a synthetic BF16 GGUF with an MTP head whose behaviour is known exactly."""
     from ..synth.spec import SynthSpec
     from ..synth.writer import synthesize
 
     spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, seed=seed,
                      wrong_successor_fraction=wrong_successor_fraction, eh_proj_noise=eh_proj_noise,
-                     omit_tensors=tuple(omit), mtp_only=mtp_only)
+                     omit_tensors=tuple(omit), mtp_only=mtp_only, head_margin=head_margin, logit_scale=logit_scale)
+    if fmt == "hf":
+        from ..synth.hf import synthesize_hf
+
+        ck = synthesize_hf(out, spec)
+        return emit_json(ck.to_dict()) if as_json else click.echo(
+            f"wrote {ck.directory}: {len(ck.shards)} safetensors shard(s), {ck.n_tensors} tensors "
+            f"({len(ck.mtp_tensors)} mtp.*)")
     calibration = None
     if target_acceptance is not None:
         calibration = _calibrate_head(spec, target_acceptance, target_k, suite_name, max_tokens)

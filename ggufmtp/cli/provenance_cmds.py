@@ -76,15 +76,23 @@ def receipt_schema() -> None:
 @public_key_option
 @click.option("--signature", type=click.Path(), default=None,
               help="The artifact's model-signing signature (default: ARTIFACT.sig).")
+@click.option("--source", "source", default=None, metavar="DIR",
+              help="Instead: compare the MTP block with the safetensors checkpoint DIR it was converted from "
+                   "(the pinned converter's name map and transforms); the result goes to the receipt's source section.")
+@click.option("--all", "all_tensors", is_flag=True, help="With --source: every tensor, not only the MTP block.")
 @json_option
 @handle_errors
 def audit(artifact: str, receipt_path: str | None, public_key: str | None, signature: str | None,
-          as_json: bool) -> None:
+          source: str | None, all_tensors: bool, as_json: bool) -> None:
     """Check the signatures (with a public key), then recompute sha256s, re-read tensor types, the
     MTP block and the imatrix metadata, and check the verification is of these bytes.
 
     Without a public key an unsigned receipt is reported as "unsigned: checksum only, detects
     accidental edits, not forgery". Exits 1 on any mismatch, naming it."""
+    if source is not None:
+        from .convert_cmds import audit_against_source
+
+        return audit_against_source(artifact, source, all_tensors, receipt_path, as_json)
     from ..provenance.audit import audit as run, format_audit
     from ..provenance.signing import resolve_public_key
 

@@ -16,10 +16,18 @@ from .provenance_cmds import public_key_option, signing_key_option
 @recipe_option
 @click.option("--model", "-m", required=True, help="REPO_ID[@REVISION], a local GGUF, or builtin:NAME.")
 @imatrix_option
+@click.option("--imatrix-corpus", default=None,
+              help="Instead of --imatrix: compute one over this text (a file or builtin:calib-v1), with the MTP "
+                   "block's statistics when the model has one; cached by content.")
+@click.option("--imatrix-chunks", type=click.IntRange(min=1), default=None,
+              help="With --imatrix-corpus: at most N chunks of 512 tokens (default: the whole corpus).")
 @click.option("-o", "--out-dir", default="ggufmtp-out", show_default=True, type=click.Path(file_okay=False),
               help="Output directory; also holds the per-stage cache that makes reruns resume.")
 @click.option("--include", multiple=True, help="With a Hub repo: only pull files matching this pattern (repeatable).")
 @click.option("--no-verify", is_flag=True, help="Skip runtime verification with llama-server.")
+@click.option("--eval", "eval_corpus", is_flag=False, flag_value="builtin:calib-v1", default=None,
+              help="Add the quality stage: KL-divergence against the source model (llama-perplexity) on this "
+                   "corpus (default builtin:calib-v1), stored in the receipt and shown in the card.")
 @click.option("--upload", "upload_repo", default=None, help="Publish artifact, receipt and card to this Hub repo.")
 @click.option("--private", is_flag=True, help="Create the Hub repo private.")
 @click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
@@ -34,9 +42,11 @@ from .provenance_cmds import public_key_option, signing_key_option
 @allow_unverified_option
 @json_option
 @handle_errors
-def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, include: tuple[str, ...],
+def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: str | None,
+            imatrix_chunks: int | None, out_dir: str, include: tuple[str, ...],
             no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
             limit: int | None, max_tokens: int | None, gpu_layers: int | None, threads: int, force: bool,
+            eval_corpus: str | None,
             signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
     receipt, card, upload. Reruns resume from the first stage whose inputs changed or that failed.
@@ -59,7 +69,8 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, out_dir: str, inc
               include=list(include) or None, verify_options=vopts, threads=threads, private=private,
               dry_run_upload=dry_run_upload, force=force, progress=not as_json,
               log=lambda m: click.echo(m, err=True), signing_key=signing_key, public_key=public_key,
-              allow_unverified=allow_unverified)
+              allow_unverified=allow_unverified, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks,
+              eval_options=None if eval_corpus is None else {"corpus": eval_corpus, "gpu_layers": gpu_layers})
     summary = res.summary_record()
     if as_json:
         emit_json(summary.to_dict())

@@ -5,6 +5,10 @@ artifact: it reads with ``readinto`` into one preallocated buffer (no per-chunk 
 ``hashlib`` a ``memoryview`` slice (no copy; ``hashlib`` releases the GIL on large updates, so
 several files can be hashed in parallel threads) and never holds more than ``chunk_size`` bytes of
 the file in memory.
+
+It is also the only function that fills the local digest cache (:mod:`.digest_cache`):
+``file_digests(..., cache=c)`` records what it read when the file did not change meanwhile, and
+:func:`sha256_cached` reuses such a digest for a file that is provably the same, unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["CHUNK_SIZE", "FileDigests", "file_digests", "git_blob_sha1", "sha256_file"]
+from .digest_cache import DigestCache
+
+__all__ = ["CHUNK_SIZE", "FileDigests", "file_digests", "git_blob_sha1", "sha256_cached", "sha256_file"]
 
 #: Read size. 4 MiB is past the point where larger reads stop helping on local disks and page
 #: cache, and small enough to keep memory flat while hashing many files concurrently.
@@ -45,16 +51,19 @@ def file_digests(
     progress: bool = False,
     chunk_size: int = CHUNK_SIZE,
     on_chunk: Callable[[int], None] | None = None,
+    cache: DigestCache | None = None,
 ) -> FileDigests:
     """Hash ``path`` in one pass: sha256, plus the git blob sha1 when ``git_blob`` is set.
 
     ``on_chunk(n)`` is called after each chunk (for callers with their own progress display).
+    ``cache``: record the sha256 there when the file did not change while it was read.
     Raises ``OSError`` (``FileNotFoundError``, ``IsADirectoryError``...) like ``open`` does.
     """
     path = Path(path)
     chunk_size = max(_MIN_CHUNK, min(_MAX_CHUNK, int(chunk_size)))
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+        before = os.fstat(f.fileno())
+        size = before.st_size
         try:  # tell the kernel we read sequentially once: bigger read-ahead, less cache pollution
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except (AttributeError, OSError):
@@ -86,15 +95,30 @@ def file_digests(
             if bar is not None:
                 bar.close()
             view.release()
+        after = os.fstat(f.fileno())
     if sha1 is not None and read != size:
         # The file changed size while we read it: the git header we hashed is wrong.
         raise OSError(f"{path} changed size while being hashed ({size} -> {read} bytes); retry when it is stable")
-    return FileDigests(size=read, sha256=sha256.hexdigest(), git_sha1=sha1.hexdigest() if sha1 is not None else None)
+    digests = FileDigests(size=read, sha256=sha256.hexdigest(), git_sha1=sha1.hexdigest() if sha1 is not None else None)
+    if cache is not None and read == size:
+        cache.record(path, digests.sha256, before, after)
+    return digests
 
 
 def sha256_file(path: str | os.PathLike, progress: bool = False, *, chunk_size: int = CHUNK_SIZE) -> str:
     """Hex sha256 of the file at ``path``, streamed in ``chunk_size`` reads (1-8 MiB)."""
     return file_digests(path, progress=progress, chunk_size=chunk_size).sha256
+
+
+def sha256_cached(path: str | os.PathLike, cache: DigestCache, progress: bool = False,
+                  on_chunk: Callable[[int], None] | None = None) -> tuple[str, bool]:
+    """(sha256 of ``path``, whether it came from ``cache``): the digest ggufmtp recorded for this
+    very file unchanged (same device, inode, size, mtime and ctime), else hashed now and recorded.
+    Never for an auditor: ``audit`` re-reads the bytes with :func:`sha256_file`."""
+    known = cache.lookup(path)
+    if known is not None:
+        return known, True
+    return file_digests(path, progress=progress, cache=cache, on_chunk=on_chunk).sha256, False
 
 
 def git_blob_sha1(data: bytes) -> str:

@@ -22,6 +22,7 @@ instead; they are not exercised by the tests (the local fake Hub speaks plain HT
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +32,7 @@ from typing import Any, Sequence
 
 from .._version import __version__
 from ..errors import HubDigestMismatchError, HubError, HubHTTPError, HubRefusedError
+from ..gguf.digest_cache import DigestCache
 from ..gguf.hashing import FileDigests
 from .files import (COMMIT_RE, check_digests, check_safe_paths, complete_shard_selection, group_gguf_shards,
                     hash_file, matches, normalize_include)
@@ -240,6 +242,21 @@ def _discard_bad_download(local: Path, created: bool, cache_mode: bool) -> str:
         return f"Removing the bad download {local} failed ({e}): delete it by hand."
 
 
+def _hash_keyed(local: Path, exp: HubFile, progress: bool) -> tuple[os.stat_result, FileDigests]:
+    """The file's identity before it is read, and its digests (recorded once verified)."""
+    before = os.stat(local)
+    return before, hash_file(local, exp, progress)
+
+
+def _remember_verified(local: Path, before: os.stat_result, digests: FileDigests) -> None:
+    """Put a download that matched the Hub's digest in the local digest cache, keyed by the file's
+    identity before it was read and unchanged since, so quantize's receipt need not read it again."""
+    from ..runtime.build import cache_root
+
+    with contextlib.suppress(OSError):
+        DigestCache.under(cache_root()).record(local, digests.sha256, before, os.stat(local))
+
+
 class _Downloads:
     """Download files pinned to one commit and verify each, hashing file i while file i+1 downloads."""
 
@@ -260,7 +277,7 @@ class _Downloads:
                         self.results[path] = PulledFile(path, d.size, d.sha256, verified=True)
                         continue
                     local, created = self._download(path)
-                    job = hasher.submit(hash_file, local, self.hub[path], self.req.progress)
+                    job = hasher.submit(_hash_keyed, local, self.hub[path], self.req.progress)
                     self.pending.append((path, local, created, job))
                 self._collect(block=True)
             except BaseException:
@@ -298,7 +315,7 @@ class _Downloads:
             if not block and not fut.done():
                 continue
             self.pending.remove(item)
-            digests = fut.result()
+            before, digests = fut.result()
             ok, problem = check_digests(self.hub[path], digests)
             if problem:
                 removed = _discard_bad_download(local, created, self.req.local_dir is None)
@@ -306,3 +323,5 @@ class _Downloads:
                     f"{self.where}: {path}: {problem}. {removed} The download is corrupt or was altered in "
                     "transit: pull again; if it persists, report it to the repo owner")
             self.results[path] = PulledFile(path, digests.size, digests.sha256, verified=ok)
+            if ok:
+                _remember_verified(local, before, digests)

@@ -13,6 +13,7 @@ from typing import Any
 from ..fmt import ci_phrase, num, pct, times
 from ..gguf.fsutil import atomic_write_text
 from ..provenance.receipt import load_receipt, verification_problem
+from .quality_card import quality_lines
 from ..runtime.hardware import format_bandwidth
 
 TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
@@ -87,6 +88,7 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
     lines += _unverified_notice(unverified_reason(statement))
     if v:
         lines += _claim(v) + _tables(v)
+    lines += quality_lines(p)
     lines += _how_to_run(name, v) + _caveats(p) + _provenance(p, subj, name)
     return meta, "\n".join(lines)
 

@@ -118,19 +118,21 @@ def toolchain(server: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-def base_model_section(model_path: Path, model_arg: str | None = None,
-                       manifest: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Where the input came from and every input file with size and sha256."""
+def base_model_section(model_path: Path, model_arg: str | None = None, manifest: dict[str, Any] | None = None,
+                       known: dict[str, str] | None = None) -> dict[str, Any]:
+    """Where the input came from and every input file with size and sha256 (``known``: digests of
+    these bytes by resolved path, e.g. hashed while quantize ran; else hashed now)."""
     from ..gguf.model import split_shards
 
     shards = split_shards(Path(model_path))
     if manifest:
         by_name = {f["path"].split("/")[-1]: f for f in manifest.get("files", [])}
-        files = [file_entry(s, by_name.get(s.name, {}).get("sha256")) for s in shards]
+        files = [file_entry(s, (known or {}).get(str(s.resolve())) or by_name.get(s.name, {}).get("sha256"))
+                 for s in shards]
         source = {"type": "hub", "repo_id": manifest.get("repo_id"),
                   "revision": manifest.get("requested_revision"), "commit": manifest.get("resolved_commit")}
     else:
-        files = [file_entry(s) for s in shards]
+        files = [file_entry(s, (known or {}).get(str(s.resolve()))) for s in shards]
         arg = model_arg or str(model_path)
         source = ({"type": "builtin", "name": arg.split(":", 1)[1], "path": str(model_path)}
                   if arg.startswith("builtin:") else {"type": "local", "path": str(Path(model_path).resolve())})
@@ -139,7 +141,9 @@ def base_model_section(model_path: Path, model_arg: str | None = None,
     lic = GGUFModel(model_path).metadata.get("general.license")
     if isinstance(lic, str) and lic:
         source["license"] = lic
-    return {"source": source, "files": files}
+    converted = Path(str(model_path) + ".source.json")  # written by `ggufmtp convert` (hfconvert/convert.py)
+    extra = {"converted_from": json.loads(converted.read_text())} if converted.is_file() else {}
+    return {"source": source, "files": files, **extra}
 
 
 def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str | None = None
@@ -148,6 +152,7 @@ def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str 
     bytes); a file that no longer has it is refused, naming the file and both digests."""
     if not imatrix:
         return None
+    from ..imatrix.compute import ImatrixProvenance
     from ..imatrix.format import read_imatrix
 
     try:
@@ -158,9 +163,10 @@ def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str 
         raise AuditError(f"{imatrix}: the imatrix changed after the plan read it (sha256 {sha256} when planned, "
                          f"{now} now); the artifact was made from the planned bytes: re-run quantize")
     im = read_imatrix(imatrix)
+    prov = ImatrixProvenance.from_imatrix(im)  # corpus, chunks, ctx, runtime commit of `imatrix compute`
     return {"file": Path(imatrix).name, "sha256": now, "format": im.format,
             "datasets": list(im.datasets), "chunk_count": im.chunk_count, "entries": len(im.entries),
-            "missing": missing}
+            "missing": missing, "computed": prov.to_dict() if prov is not None else None}
 
 
 def _planned_imatrix(plan: Any, imatrix: str | Path | None) -> dict[str, Any] | None:
@@ -210,7 +216,7 @@ def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imat
     gm = GGUFModel(out)
     plan = res.plan
     predicate = {
-        "base_model": base_model_section(Path(plan.model), model_arg, manifest),
+        "base_model": base_model_section(Path(plan.model), model_arg, manifest, res.input_sha256),
         "imatrix": _planned_imatrix(plan, imatrix),
         "recipe": _recipe_section(plan, out.name),
         "result": _result_section(gm),
@@ -219,7 +225,7 @@ def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imat
         "finished_at": res.finished_at,
         "verification": None,
     }
-    statement = build_statement([out], predicate)
+    statement = build_statement([out], predicate, {str(out): res.output_sha256} if res.output_sha256 else None)
     if verification is not None:
         _refuse_unbound(statement, verification, out)
         predicate["verification"] = verification
@@ -452,6 +458,20 @@ def set_verification(path: str | Path, verification: dict[str, Any], keep_added:
         st["predicate"]["toolchain"]["server"] = verification["server"]
     write_statement(path, seal(st), key)
     return st
+
+
+def set_section(path: str | Path, name: str, section: dict[str, Any], signing_key: str | Path | None = None) -> dict[str, Any]:
+    """Store ``section`` as ``predicate[name]`` (e.g. ``quality``), re-sealed and re-signed like
+    :func:`set_verification` (an edited or unsigned-with-key receipt is refused first)."""
+    rf = read_receipt(path)
+    key = signing_key or (resolve_signing_key(None) if rf.signed else None)
+    if rf.signed and not key:
+        raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
+                         f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
+    _intact(rf, key)
+    rf.statement["predicate"][name] = section
+    write_statement(path, seal(rf.statement), key)
+    return rf.statement
 
 
 def sign_receipt(path: str | Path, signing_key: str | Path, artifact: str | Path | None = None) -> list[Path]:

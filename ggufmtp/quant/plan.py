@@ -297,10 +297,14 @@ def _check_imatrix_coverage(missing_stats: list[str], rec: Recipe, im: imx_entri
     is written last: without this check the run would fail hours in)."""
     if missing_stats:
         what = "no imatrix was given" if im is None else f"{imatrix} has no statistics for them"
-        mtp_note = " (the MTP block: llama-imatrix never collects statistics for it; give it a non-IQ type " \
-                   "in the recipe's [mtp] table)" if any(mtp_prefix and n.startswith(mtp_prefix) for n in missing_stats) else ""
+        head = [n for n in missing_stats if mtp_prefix and n.startswith(mtp_prefix)]
+        trunk = [n for n in missing_stats if n not in head]
+        mtp_note = (" (the MTP block: llama-imatrix never collects statistics for it; compute them with "
+                    "`ggufmtp imatrix compute --mtp`, or give it a non-IQ type in the recipe's [mtp] table)"
+                    if head else "")
+        named = head + trunk[:6]  # every head tensor (a dozen at most), the trunk's first few
         found.errors.append(f"{len(missing_stats)} tensor(s) planned as a type that needs an imatrix, but {what}"
-                            f"{mtp_note}: {', '.join(missing_stats[:6])}{' ...' if len(missing_stats) > 6 else ''}")
+                            f"{mtp_note}: {', '.join(named)}{' ...' if len(named) < len(missing_stats) else ''}")
     elif rec.imatrix == "recommended" and im is None and rec.ftype not in ("Q8_0", "F16", "BF16", "F32"):
         found.warnings.append(f"recipe {rec.name} recommends an imatrix; quantizing without one")
 

@@ -3,6 +3,12 @@
 The output is written into a hidden partial folder beside ``OUT`` and renamed only after the
 audit (and the caller's receipt) passed: Ctrl-C, a libllama failure, an audit mismatch or a
 kill -9 leave no ``OUT`` behind.
+
+With a receipt to write (``before_publish``), the sha256 digests it needs are computed off the
+critical path: the input's in a low-priority thread during the quantization (or taken from the
+local digest cache when ggufmtp already hashed that very file: ``pull``, an earlier quantize), the
+output's in a thread while the file is fsynced and audited. ``QuantizeResult.stages`` says where
+the time went.
 """
 
 from __future__ import annotations
@@ -12,18 +18,20 @@ import dataclasses
 import datetime as _dt
 import os
 import re
+import resource
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..errors import PlanError, QuantizeError
+from ..gguf.digest_cache import DigestCache
 from ..gguf.fsutil import fsync_dir, fsync_path
 from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, check_mtp
 from .plan import Plan, make_plan
 from .recipe import Recipe
-from .worker import WorkerRun, run_quantize_interruptible
+from .worker import BackgroundHash, WorkerRun, run_quantize_interruptible, thread_read_bytes
 
 _TENSOR_START = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-")
 
@@ -41,6 +49,71 @@ class AuditCheck:
 
 
 @dataclasses.dataclass
+class StageTime:
+    """One stage of a quantize: ``seconds`` of its own work; ``waited``: how long the command
+    waited for it (less than ``seconds`` when it ran alongside other work); ``peak_rss_mib``: the
+    process's peak RSS so far when it ended (monotonic: the first stage where it jumps is where the
+    peak happened); ``read_mib``: bytes its thread read with read(2); ``mapped_mib``: pages the
+    whole process faulted in meanwhile (libllama and the header reader read through mmap)."""
+
+    seconds: float
+    waited: float
+    peak_rss_mib: float
+    read_mib: float = 0.0
+    mapped_mib: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in dataclasses.asdict(self).items()}
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _faulted_mib() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return (r.ru_minflt + r.ru_majflt) * resource.getpagesize() / 2**20
+
+
+@dataclasses.dataclass
+class StageTimes:
+    """Where a quantize's time went, stage by stage, in the order they ended: ``plan`` (libllama's
+    dry run; absent when a plan was given), ``quantize``, ``hash_input`` (concurrent),
+    ``hash_output`` (concurrent), ``fsync``, ``audit``, ``receipt`` (the caller's
+    ``before_publish``: writing the receipt, signing) and ``publish`` (rename, fsync of the folder)."""
+
+    stages: dict[str, StageTime] = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def measure(self, name: str) -> Iterator[None]:
+        """Time the block as stage ``name`` (run in this thread, so waited == seconds)."""
+        t0, r0, m0 = time.perf_counter(), thread_read_bytes(), _faulted_mib()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            self.stages[name] = StageTime(dt, dt, _peak_rss_mib(), (thread_read_bytes() - r0) / 2**20,
+                                          _faulted_mib() - m0)
+
+    def collect(self, name: str, job: BackgroundHash) -> dict[str, str]:
+        """Wait for a background hash and record it as stage ``name``; returns its digests."""
+        t0 = time.perf_counter()
+        digests = job.result()
+        self.stages[name] = StageTime(job.seconds, time.perf_counter() - t0, _peak_rss_mib(),
+                                      job.read_bytes / 2**20)
+        return digests
+
+    @property
+    def critical_seconds(self) -> float:
+        """Sum of what the command waited for: its wall time, less interpreter start and argument parsing."""
+        return sum(s.waited for s in self.stages.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: v.to_dict() for k, v in self.stages.items()},
+                "critical_path_seconds": round(self.critical_seconds, 3)}
+
+
+@dataclasses.dataclass
 class QuantizeResult:
     """What :func:`quantize` made: the artifact, its plan and the post-quantization audit."""
 
@@ -52,12 +125,19 @@ class QuantizeResult:
     started_at: str
     finished_at: str
     log_tail: list[str] = dataclasses.field(default_factory=list, repr=False)
+    #: sha256 of the output's bytes (None when no receipt was asked for, so nothing was hashed)
+    output_sha256: str | None = None
+    #: sha256 of each input file, by resolved path (same condition)
+    input_sha256: dict[str, str] = dataclasses.field(default_factory=dict)
+    stages: StageTimes = dataclasses.field(default_factory=StageTimes)
 
     def to_dict(self) -> dict[str, Any]:
         return {"output": str(self.output), "recipe": self.plan.recipe, "ftype": self.plan.ftype,
                 "size_bytes": self.size_bytes, "bpw": round(self.plan.bpw, 4), "seconds": round(self.seconds, 3),
+                "sha256": self.output_sha256,
                 "mtp": self.plan.mtp_summary().to_dict(), "started_at": self.started_at, "finished_at": self.finished_at,
-                "checks": [c.to_dict() for c in self.checks], "warnings": self.plan.warnings}
+                "checks": [c.to_dict() for c in self.checks], "warnings": self.plan.warnings,
+                "stages": self.stages.to_dict()}
 
     def summary(self) -> str:
         """One line: what was written, how big, how fast, and what became of the MTP block."""
@@ -134,13 +214,15 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
     its final name: write the receipt there, with an explicit receipt path) and only then renamed
     into place: an artifact never appears before its receipt, and an interrupt, a failure or a
     ``kill -9`` at any point leaves no ``out`` (the next run removes partials of dead processes).
+    With ``before_publish`` the result it gets carries ``output_sha256`` and ``input_sha256``,
+    hashed off the critical path (module docstring), so the receipt reads neither file again.
 
     Raises :class:`PlanError` if pre-flight checks fail (before any work), :class:`QuantizeError`
     if libllama fails or the result differs from the plan."""
-    model = Path(model)
-    out = Path(out)
+    model, out, clock = Path(model), Path(out), StageTimes()
     if plan is None:
-        plan = make_plan(model, recipe, imatrix, threads, mtp_optional=mtp_optional)
+        with clock.measure("plan"):
+            plan = make_plan(model, recipe, imatrix, threads, mtp_optional=mtp_optional)
     _refuse_before_work(model, out, plan)
     _refuse_changed_imatrix(plan)
     _make_folder(out.parent, out)
@@ -152,28 +234,58 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
     bar = _Progress(source, progress)
     started, t0 = _now(), time.perf_counter()
     ok = False
+    jobs: list[BackgroundHash] = []
     try:
         _make_folder(work, out)
-        run = run_quantize_interruptible(str(source.shards[0]), str(staged), params, bar.on_line)
+        if before_publish is not None:  # the receipt names the input's digests: hash it meanwhile
+            jobs.append(BackgroundHash(source.shards, cache=input_digest_cache(), background=True))
+        with clock.measure("quantize"):
+            run = run_quantize_interruptible(str(source.shards[0]), str(staged), params, bar.on_line)
         _raise_for_run(run, model, out)
-        fsync_path(staged)  # libllama closes the file without fsync: durable before the rename
-        checks = audit_against_plan(staged, plan, source)
-        bad = [c for c in checks if not c.ok]
-        if bad:
-            raise QuantizeError(f"{out}: audit after quantization failed: "
-                                + "; ".join(f"{c.name}: {c.detail}" for c in bad))
+        if before_publish is not None:
+            jobs[0].hurry()
+            jobs.append(BackgroundHash([staged]))
+        checks = _durable_and_audited(staged, plan, source, out, clock)
         result = QuantizeResult(output=staged, plan=plan, checks=checks, seconds=time.perf_counter() - t0,
                                 size_bytes=staged.stat().st_size, started_at=started, finished_at=_now(),
-                                log_tail=run.log[-20:])
+                                log_tail=run.log[-20:], stages=clock)
         if before_publish is not None:
-            before_publish(result)
-        os.replace(staged, out)
-        fsync_dir(out.parent)
+            result.input_sha256 = clock.collect("hash_input", jobs[0])
+            result.output_sha256 = clock.collect("hash_output", jobs[1])[str(staged.resolve())]
+            with clock.measure("receipt"):
+                before_publish(result)
+        with clock.measure("publish"):
+            os.replace(staged, out)
+            fsync_dir(out.parent)
         ok = True
     finally:
+        for job in jobs:
+            job.cancel()
         bar.close(ok)
         _remove_partial(work)
     return dataclasses.replace(result, output=out)
+
+
+def input_digest_cache() -> DigestCache:
+    """The local digest cache quantize reuses input digests from: ``<ggufmtp cache>/digests``."""
+    from ..runtime.build import cache_root
+
+    return DigestCache.under(cache_root())
+
+
+def _durable_and_audited(staged: Path, plan: Plan, source: GGUFModel, out: Path, clock: StageTimes
+                         ) -> list[AuditCheck]:
+    """fsync the staged output (libllama closes it without one: durable before the rename), then
+    audit it against the plan; QuantizeError when the audit fails."""
+    with clock.measure("fsync"):
+        fsync_path(staged)
+    with clock.measure("audit"):
+        checks = audit_against_plan(staged, plan, source)
+    bad = [c for c in checks if not c.ok]
+    if bad:
+        raise QuantizeError(f"{out}: audit after quantization failed: "
+                            + "; ".join(f"{c.name}: {c.detail}" for c in bad))
+    return checks
 
 
 PARTIAL_MARK = ".partial-"

@@ -9,17 +9,27 @@ returned does the interrupt propagate, and a caller's ``finally`` may remove wha
 
 A parked worker never returns: the process is expected to exit after the interrupt (the CLI does,
 with status 130).
+
+:class:`BackgroundHash` is the other worker: the receipt's sha256 digests, computed in a thread
+while the quantization runs (the input: the page cache shares its bytes with libllama's reads) or
+while the audit runs (the output), so hashing is off the critical path where cores allow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import threading
+import time
+from pathlib import Path
 from typing import Callable
 
+from ..gguf.digest_cache import DigestCache
+from ..gguf.hashing import file_digests, sha256_cached
 from ..runtime.libllama import QuantizeParams, llama_cpp_module, run_quantize
 
-__all__ = ["WorkerRun", "run_quantize_interruptible"]
+__all__ = ["BackgroundHash", "WorkerRun", "run_quantize_interruptible", "thread_read_bytes"]
 
 
 @dataclasses.dataclass
@@ -80,3 +90,88 @@ def run_quantize_interruptible(src: str, dst: str, params: QuantizeParams,
         worker.stop()
         raise
     return worker.result
+
+
+def thread_read_bytes() -> int:
+    """Bytes the calling thread has read through read(2) so far (0 where /proc does not say)."""
+    try:
+        with open("/proc/thread-self/io", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class BackgroundHash:
+    """sha256 of ``paths`` in a thread, started at once. ``cache``: reuse (and record) digests of
+    the local digest cache (the input of a quantize: a file ``pull`` verified is not read again).
+    ``background``: run at the lowest CPU priority (nice 19, this thread only), so it takes the
+    cores the quantization leaves idle and slows it as little as possible.
+
+    :meth:`result` waits and returns ``{resolved path: sha256}``; :meth:`cancel` stops it at the
+    next chunk. Every digest is of the bytes on disk (read now, or read earlier by ggufmtp from
+    this very file, unchanged: see :mod:`ggufmtp.gguf.digest_cache`)."""
+
+    def __init__(self, paths: list[Path], cache: DigestCache | None = None, background: bool = False):
+        self.paths, self.cache, self.background = [Path(p) for p in paths], cache, background
+        self.digests: dict[str, str] = {}
+        self.from_cache = 0
+        self.seconds = 0.0
+        self.read_bytes = 0
+        self.exc: BaseException | None = None
+        self._cancel = threading.Event()
+        self._niced: int | None = None
+        self.thread = threading.Thread(target=self._work, name="ggufmtp-sha256", daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        if self.background:
+            with contextlib.suppress(AttributeError, OSError):  # Linux: nice is per thread
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                self._niced = threading.get_native_id()
+        t0, r0 = time.perf_counter(), thread_read_bytes()
+        try:
+            for p in self.paths:
+                self.digests[str(p.resolve())] = self._hash(p)
+        except _Cancelled:
+            pass
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            self.exc = e
+        finally:
+            self.seconds, self.read_bytes = time.perf_counter() - t0, thread_read_bytes() - r0
+
+    def _hash(self, path: Path) -> str:
+        if self.cache is None:
+            return file_digests(path, on_chunk=self._check).sha256
+        digest, cached = sha256_cached(path, self.cache, on_chunk=self._check)
+        self.from_cache += cached
+        return digest
+
+    def _check(self, n: int) -> None:  # noqa: ARG002
+        if self._cancel.is_set():
+            raise _Cancelled
+
+    def result(self) -> dict[str, str]:
+        """Wait for the digests (Ctrl-C lands between short joins); re-raises what hashing raised."""
+        while self.thread.is_alive():
+            self.thread.join(0.2)
+        if self.exc is not None:
+            raise self.exc
+        return dict(self.digests)
+
+    def hurry(self) -> None:
+        """Back to normal priority once the command waits for it (where the OS lets a process
+        raise a thread's priority again: root or RLIMIT_NICE; elsewhere it runs on at nice 19,
+        which only matters while other processes keep every core busy)."""
+        if self._niced is not None and self.thread.is_alive():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, self._niced, 0)
+
+    def cancel(self) -> None:
+        self._cancel.set()

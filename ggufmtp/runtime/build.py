@@ -5,14 +5,22 @@ One CMake build of the llama.cpp tree vendored in the llama-cpp-python sdist yie
 Python binding loads (through ``LLAMA_CPP_LIB_PATH``), so the binaries, the in-process quantizer
 and every receipt share one llama.cpp commit.
 
+ggufmtp's own C++ tools (``NATIVE_TOOLS``, sources in ``ggufmtp/runtime/native/``, e.g.
+``ggufmtp-mtp-imatrix``) are compiled against that runtime's libraries and the headers of the same
+source tree, and installed into its bin dir (rpath ``$ORIGIN``). ``runtime.json`` records each
+tool's source sha256: a runtime built before a tool existed, or with an older source, gets it
+compiled on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp.
+
 This module uses only the standard library so ``tools/build_runtime.py`` can run it before the
 package's dependencies are installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import fcntl
 import json
 import os
 import platform
@@ -27,6 +35,8 @@ from typing import Callable
 
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
 from ..errors import RuntimeMissingError, RuntimeBuildError
+from ..gguf.fsutil import atomic_write_json
+from ..gguf.hashing import sha256_file
 
 ENV_BIN = "GGUFMTP_LLAMA_CPP_BIN"
 ENV_SDIST = "GGUFMTP_LLAMA_CPP_SDIST"
@@ -34,6 +44,11 @@ ENV_CACHE = "GGUFMTP_CACHE"
 ENV_VARIANT = "GGUFMTP_RUNTIME_VARIANT"
 RUNTIME_JSON = "runtime.json"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+
+# ggufmtp's own C++ tools: installed name -> source file in ggufmtp/runtime/native/.
+NATIVE_DIR = Path(__file__).resolve().parent / "native"
+MTP_IMATRIX_TOOL = "ggufmtp-mtp-imatrix"
+NATIVE_TOOLS = {MTP_IMATRIX_TOOL: "mtp_imatrix.cpp"}
 
 # x86 features read from /proc/cpuinfo, i.e. what the *kernel* enables. -march=native would
 # follow CPUID instead, which on some VMs advertises AMX that the kernel never enabled: the AMX
@@ -80,6 +95,7 @@ class RuntimeInfo:
     build_flags: list[str]
     built_at: str
     amx: bool = False
+    native_tools: dict[str, str] = dataclasses.field(default_factory=dict)  # tool -> source sha256
 
     def binary(self, name: str) -> Path:
         return self.bin_dir / name
@@ -100,6 +116,7 @@ class RuntimeInfo:
             build_flags=list(data.get("build_flags", [])),
             built_at=data.get("built_at", ""),
             amx=bool(data.get("amx", False)),
+            native_tools={k: str(v) for k, v in (data.get("native_tools") or {}).items()},
         )
 
 
@@ -137,6 +154,8 @@ def find_binary(name: str, explicit: str | os.PathLike | None = None) -> Path:
         )
     info = installed_runtime()
     if info is not None:
+        if name in NATIVE_TOOLS:
+            info = ensure_native_tools(info)
         return info.binary(name)
     on_path = shutil.which(name)
     if on_path:
@@ -302,7 +321,7 @@ def build_runtime(
     existing = RuntimeInfo.load(root)
     if existing is not None and not force:
         log(f"llama.cpp {existing.commit} ({variant}) already built: {existing.bin_dir}")
-        return existing
+        return ensure_native_tools(existing, log)
     for tool in ("cmake",):
         if shutil.which(tool) is None:
             raise RuntimeBuildError(f"{tool} not found: install cmake and a C/C++ compiler first")
@@ -317,7 +336,7 @@ def build_runtime(
     log(f"building {', '.join(targets)} with {jobs} jobs (a few minutes) ...")
     _run(["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs), "--target", *targets],
          build / "build.log")
-    return _install(build / "bin", root, variant, flags, log)
+    return _install(build / "bin", root, variant, flags, src, log)
 
 
 def _run(cmd: list[str], logfile: Path) -> None:
@@ -328,7 +347,8 @@ def _run(cmd: list[str], logfile: Path) -> None:
         raise RuntimeBuildError(f"`{' '.join(cmd[:3])} ...` failed (log: {logfile}):\n" + "\n".join(tail))
 
 
-def _install(built: Path, root: Path, variant: str, flags: list[str], log: Callable[[str], None]) -> RuntimeInfo:
+def _install(built: Path, root: Path, variant: str, flags: list[str], src: Path,
+             log: Callable[[str], None]) -> RuntimeInfo:
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=_mkdir(root.parent)))
     try:
         bin_dir = _mkdir(staging / "bin")
@@ -336,6 +356,8 @@ def _install(built: Path, root: Path, variant: str, flags: list[str], log: Calla
             shutil.copy2(built / name, bin_dir / name)
         for lib in built.glob("lib*.so*"):
             shutil.copy2(lib, bin_dir / lib.name, follow_symlinks=False)
+        # the tools are compiled into the staging dir, so the runtime appears with them or not at all
+        native = {name: compile_native_tool(name, bin_dir, src, log) for name in NATIVE_TOOLS}
         record = {
             "commit": LLAMA_CPP_COMMIT,
             "variant": variant,
@@ -344,6 +366,7 @@ def _install(built: Path, root: Path, variant: str, flags: list[str], log: Calla
             "amx": False,
             "compiler": _compiler_version(),
             "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "native_tools": native,
         }
         (staging / RUNTIME_JSON).write_text(json.dumps(record, indent=2) + "\n")
         if root.exists():
@@ -363,3 +386,106 @@ def _compiler_version() -> str:
             out = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
             return out.splitlines()[0] if out else cc
     return "unknown"
+
+
+# ----------------------------------------------------------------------------- ggufmtp's own C++ tools
+
+
+def native_source_sha256(name: str) -> str:
+    """sha256 of a native tool's source as shipped in the package (what runtime.json records)."""
+    return sha256_file(NATIVE_DIR / NATIVE_TOOLS[name])
+
+
+def _cxx() -> str:
+    for cand in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if cand and shutil.which(cand):
+            return cand
+    raise RuntimeBuildError("no C++ compiler found (set $CXX or install g++): ggufmtp's native tools need one")
+
+
+def native_compile_argv(name: str, bin_dir: Path, src: Path, out: Path) -> list[str]:
+    """The compiler command for one tool: the headers of the pinned source tree (``src/`` for the
+    staging header ``llama-ext.h``), the runtime's own shared libraries, rpath ``$ORIGIN``."""
+    includes = [src / "common", src / "include", src / "ggml" / "include", src / "src", src / "vendor"]
+    return [
+        _cxx(), "-std=c++17", "-O2", "-DNDEBUG", "-DGGML_SHARED", "-DGGML_BACKEND_SHARED", "-DLLAMA_SHARED",
+        *(f"-I{p}" for p in includes),
+        str(NATIVE_DIR / NATIVE_TOOLS[name]), "-o", str(out),
+        f"-L{bin_dir}", f"-Wl,-rpath-link,{bin_dir}", "-Wl,-rpath,$ORIGIN",
+        # a CUDA runtime's libggml needs libcudart & co.; the tool never calls them itself
+        "-Wl,--allow-shlib-undefined",
+        "-lllama-common", "-lllama", "-lggml", "-lggml-base", "-lpthread",
+    ]
+
+
+def compile_native_tool(name: str, bin_dir: Path, src: Path, log: Callable[[str], None] = print) -> str:
+    """Compile tool ``name`` into ``bin_dir`` (atomically: a temp file renamed into place) against
+    the libraries already there; returns the source sha256 to record in runtime.json."""
+    digest = native_source_sha256(name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=bin_dir)
+    os.close(fd)
+    try:
+        log(f"compiling {name} against llama.cpp {LLAMA_CPP_COMMIT} in {bin_dir}")
+        proc = subprocess.run(native_compile_argv(name, bin_dir, src, Path(tmp)), capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
+            raise RuntimeBuildError(f"compiling {NATIVE_DIR / NATIVE_TOOLS[name]} failed:\n{tail}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, bin_dir / name)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return digest
+
+
+def _native_current(info: RuntimeInfo, name: str) -> bool:
+    exe = info.binary(name)
+    return (exe.is_file() and os.access(exe, os.X_OK)
+            and info.native_tools.get(name) == native_source_sha256(name))
+
+
+@contextlib.contextmanager
+def _runtime_lock(root: Path):
+    """Serialises tool compilation between processes (tests, helpers) sharing one runtime."""
+    try:
+        fh = open(root / ".native.lock", "a")
+    except OSError as e:
+        raise RuntimeBuildError(f"{root}: cannot compile ggufmtp's native tools here ({e.strerror}); "
+                                f"run `ggufmtp runtime build` as the runtime's owner") from None
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_native_tools(info: RuntimeInfo, log: Callable[[str], None] = lambda m: None) -> RuntimeInfo:
+    """Compile every native tool that ``info``'s runtime lacks or has from another source, and
+    record it in runtime.json. No llama.cpp rebuild: the libraries in the bin dir are linked as is."""
+    if all(_native_current(info, n) for n in NATIVE_TOOLS):
+        return info
+    root = info.bin_dir.parent
+    with _runtime_lock(root):
+        info = RuntimeInfo.load(root) or info  # another process may have compiled them meanwhile
+        stale = [n for n in NATIVE_TOOLS if not _native_current(info, n)]
+        if not stale:
+            return info
+        src = _source_tree(log)
+        record = json.loads((root / RUNTIME_JSON).read_text())
+        tools = dict(record.get("native_tools") or {})
+        for name in stale:
+            tools[name] = compile_native_tool(name, info.bin_dir, src, log)
+        record["native_tools"] = tools
+        atomic_write_json(root / RUNTIME_JSON, record)
+    loaded = RuntimeInfo.load(root)
+    assert loaded is not None
+    return loaded
+
+
+def _source_tree(log: Callable[[str], None]) -> Path:
+    """The pinned source tree (headers), extracted from the sdist again if the cache lost it."""
+    src = cache_root() / "src" / LLAMA_CPP_COMMIT
+    if (src / "include" / "llama.h").is_file() and (src / "src" / "llama-ext.h").is_file():
+        return src
+    return extract_llama_cpp(fetch_sdist(log))

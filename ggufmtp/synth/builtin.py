@@ -22,6 +22,9 @@ BUILTIN_MODELS: dict[str, SynthSpec] = {
     "tiny-qwen35moe-nomtp": SynthSpec(mtp=False),
     "tiny-qwen35moe-mtp-only": SynthSpec(mtp_only=True),
     "tiny-qwen35moe-no-hnorm": SynthSpec(omit_tensors=("nextn.hnorm",)),
+    # a head that reacts to quantization (drafts win by 0.08 logits), and soft distributions for eval's KLD
+    "tiny-qwen35moe-margin": SynthSpec(head_margin=0.08),
+    "tiny-qwen35moe-soft": SynthSpec(logit_scale=4.0),
 }
 
 

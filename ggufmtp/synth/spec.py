@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SynthError
-from .layout import ARCHES, SHAPE_REAL, SHAPE_TINY, SHAPES, mtp_block_suffixes
+from .layout import ARCHES, LOGIT_SCALE, SHAPE_REAL, SHAPE_TINY, SHAPES, mtp_block_suffixes
 
 SYNTH_VERSION = 1  # bump when the bytes written for a given spec change (invalidates builtin caches)
 
@@ -29,6 +29,9 @@ class SynthSpec:
     eh_proj_noise: float = 0.0
     omit_tensors: tuple[str, ...] = ()
     mtp_only: bool = False
+    # Knobs added later; left out of to_dict() at their defaults so older specs keep their digests.
+    head_margin: float = 0.0  # > 0: the head's drafts win by only this many logits (reacts to quantization)
+    logit_scale: float = LOGIT_SCALE  # the successor's logit; lower = softer distributions (KLD > 0 when quantized)
 
     def validate(self) -> None:
         """Raise :class:`SynthError` naming the first knob out of range."""
@@ -44,13 +47,17 @@ class SynthSpec:
             raise SynthError(f"wrong_successor_fraction {self.wrong_successor_fraction}: must be in [0, 1]")
         if not 0.0 <= self.eh_proj_noise <= 100.0:
             raise SynthError(f"eh_proj_noise {self.eh_proj_noise}: must be in [0, 100]")
+        if not 0.0 <= self.head_margin <= 20.0:
+            raise SynthError(f"head_margin {self.head_margin}: must be in [0, 20] logits")
+        if not 1.0 <= self.logit_scale <= 64.0:
+            raise SynthError(f"logit_scale {self.logit_scale}: must be in [1, 64]")
         if not 0 <= self.seed < 2**63:
             raise SynthError(f"seed {self.seed}: must be a non-negative 63-bit integer")
         self._validate_mtp_knobs()
 
     def _validate_mtp_knobs(self) -> None:
         if not self.mtp and (self.wrong_successor_fraction or self.eh_proj_noise or self.omit_tensors
-                             or self.mtp_only):
+                             or self.mtp_only or self.head_margin):
             raise SynthError("mtp=False: the MTP knobs (wrong successors, eh_proj noise, omitted "
                              "tensors, mtp_only) need the MTP block")
         suffixes = mtp_block_suffixes(self.arch, self.shape)
@@ -62,6 +69,9 @@ class SynthSpec:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["omit_tensors"] = list(self.omit_tensors)
+        for knob, default in (("head_margin", 0.0), ("logit_scale", LOGIT_SCALE)):
+            if d[knob] == default:
+                del d[knob]
         return d
 
     def digest(self) -> str:

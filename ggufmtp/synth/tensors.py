@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .chain import chain_for
-from .layout import (BF16, DIMS, F32, LOGIT_SCALE, Const, Constructed, Normal, TensorLayout, block_tensors,
+from .layout import (BF16, DIMS, F32, Const, Constructed, Normal, TensorLayout, block_tensors,
                      global_tensors, nextn_tensors)
 from .spec import SynthSpec, full_attention_interval, spec_rng
 from .tokenizer import build_vocab
@@ -77,7 +77,7 @@ class TensorBuilder:
         if s.mtp:
             il = s.layers
             mtp = block_tensors(il, s.arch, self.d, recurrent=False)
-            mtp += nextn_tensors(il, n, len(self.vocab), embed_tokens=s.wrong_successor_fraction > 0)
+            mtp += nextn_tensors(il, n, len(self.vocab), embed_tokens=s.wrong_successor_fraction > 0 or s.head_margin > 0)
             omit = {f"blk.{il}.{t}" for t in s.omit_tensors} | {f"blk.{il}.{t}.weight" for t in s.omit_tensors}
             layout += [t for t in mtp if t.name not in omit]
         return [self.plan_for(t) for t in layout]
@@ -148,15 +148,22 @@ class TensorBuilder:
         return self._embd
 
     def draft_embeddings(self) -> np.ndarray:
-        """``nextn.embed_tokens``' text rows: each corrupted token carries another token's embedding."""
-        return self.embeddings()[self.chain.embed_source]
+        """``nextn.embed_tokens``' text rows: each corrupted token carries another token's embedding;
+        with ``head_margin``, each row also mixes in a competitor's (see :mod:`.margins`)."""
+        rows = self.embeddings()[self.chain.embed_source]
+        if self.spec.head_margin > 0:
+            from .margins import with_competitors
+
+            rows = with_competitors(rows, self.embeddings(), self.output_rows(), self.chain, self.spec.head_margin,
+                                    spec_rng(self.spec, "competitors"))
+        return rows
 
     def output_rows(self) -> np.ndarray:
         """``output[y] = (24/n_embd) * sum_{x: s(x)=y} embed(x)``: the successor wins by a wide margin."""
         e = self.embeddings()
         rows = np.zeros_like(e)
         np.add.at(rows, self.chain.successor, e)
-        return rows * np.float32(LOGIT_SCALE / self.d.n_embd)
+        return rows * np.float32(self.spec.logit_scale / self.d.n_embd)
 
     def vocab_rows(self, name: str, text_rows: Callable[[], np.ndarray], pad_std: float) -> Iterator[np.ndarray]:
         yield to_bf16(text_rows()).reshape(-1)

@@ -1,0 +1,98 @@
+"""ggufmtp eval (KL-divergence against the base) and ggufmtp head-sweep (the MTP head's precision)."""
+
+from __future__ import annotations
+
+import click
+
+from .app import _ngl, bin_option, emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
+from .provenance_cmds import signing_key_option
+
+receipt_option = click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+                              help="Store the result in this receipt (re-sealed; re-signed when signed).")
+
+
+@main.command("eval")
+@click.argument("base", metavar="BASE.gguf")
+@click.argument("quant", metavar="QUANT.gguf")
+@click.option("--corpus", default="builtin:calib-v1", show_default=True,
+              help="Evaluation text: a UTF-8 file or builtin:NAME.")
+@click.option("--ctx-size", "-c", type=click.IntRange(min=16), default=512, show_default=True,
+              help="Tokens per chunk (llama-perplexity -c); the second half of each chunk is scored.")
+@click.option("--chunks", type=click.IntRange(min=1), default=None, help="Evaluate the first N chunks only.")
+@click.option("--gpu-layers", "-ngl", default=None, help="Layers offloaded to the GPU (e.g. 999).")
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-perplexity --threads.")
+@receipt_option
+@signing_key_option
+@bin_option
+@json_option
+@handle_errors
+def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | None, gpu_layers: str | None,
+             threads: int | None, receipt_path: str | None, signing_key: str | None, llama_cpp_bin: str | None,
+             as_json: bool) -> None:
+    """Perplexity and KL-divergence of QUANT against BASE (its BF16 model) with llama-perplexity.
+
+    The base pass (--kl-divergence-base) runs once per base, corpus, context and chunk count and is
+    cached in the ggufmtp cache (its size is said before writing; refused when the disk cannot hold
+    it). Prints PPL(Q), PPL(base), ln ratio, mean KLD ± err, KLD percentiles, RMS Δp and Same top p.
+    MODEL arguments may be builtin:NAME."""
+    from ..quality.eval import evaluate, format_quality
+    from .app import resolve_model_arg
+
+    res = evaluate(resolve_model_arg(base), resolve_model_arg(quant), corpus, ctx_size, chunks, _ngl(gpu_layers),
+                   threads, progress=not as_json, llama_cpp_bin=llama_cpp_bin,
+                   log=lambda m: click.echo(m, err=True))
+    if receipt_path:
+        from ..quality.sections import store_quality
+
+        store_quality(receipt_path, res, signing_key)
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(format_quality(res))
+
+
+@main.command("head-sweep")
+@click.argument("model", metavar="MODEL.gguf")
+@recipe_option
+@click.option("--types", default="Q8_0,Q6_K,Q5_K,Q4_K,IQ4_XS", show_default=True,
+              help="MTP-block types to compare (BF16, the unquantized head, is always added).")
+@imatrix_option
+@click.option("-o", "--out-dir", default="head-sweep", show_default=True, type=click.Path(file_okay=False),
+              help="Where the variants are written.")
+@click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False), default=None,
+              help="Write the recommended head's recipe (TOML) here.")
+@click.option("--seeds", default="42,1337,2024", show_default=True, help="Verification seeds (same for every variant).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Verify on the first N prompts only.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=None, help="Tokens per verification reply.")
+@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for the servers (e.g. 999).")
+@click.option("--threads", "-t", type=click.IntRange(min=0), default=0, help="Threads for quantization.")
+@receipt_option
+@signing_key_option
+@json_option
+@handle_errors
+def head_sweep_cmd(model: str, recipe_name: str, types: str, imatrix: str | None, out_dir: str,
+                   write_recipe: str | None, seeds: str, limit: int | None, max_tokens: int | None,
+                   gpu_layers: str | None, threads: int, receipt_path: str | None, signing_key: str | None,
+                   as_json: bool) -> None:
+    """Quantize MODEL once per MTP-head type (trunk byte-identical, checked), verify each with the
+    same suite, seeds and server settings, and recommend the smallest head whose acceptance CI
+    overlaps the BF16 head's. IQ types need an imatrix covering the head (the plan refuses otherwise)."""
+    from ..quality.head_sweep import format_sweep, head_sweep, write_recommended_recipe
+    from .app import _int_list, resolve_model_arg
+
+    opts: dict = {"seeds": tuple(_int_list(seeds, "--seeds") or ())}
+    for key, value in (("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", _ngl(gpu_layers))):
+        if value is not None:
+            opts[key] = value
+    res = head_sweep(resolve_model_arg(model), recipe_name, [t for t in types.split(",") if t.strip()], out_dir,
+                     imatrix, threads, opts, progress=not as_json, log=lambda m: click.echo(m, err=True))
+    if write_recipe:
+        write_recommended_recipe(res, write_recipe)
+    if receipt_path:
+        from ..quality.sections import store_head_sweep
+
+        store_head_sweep(receipt_path, res.to_dict(), signing_key)
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(format_sweep(res))

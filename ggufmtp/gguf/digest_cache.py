@@ -1,0 +1,126 @@
+"""A local cache of sha256 digests that ggufmtp computed itself from the bytes on disk.
+
+A receipt names the sha256 of every input file; hashing a 72 GB checkpoint again for each quantize
+costs a minute. The digest that ``pull`` computed (and checked against the Hub's LFS sha256), or
+that an earlier quantize computed, is reused while the file is provably the same file, unchanged:
+the entry is keyed by ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)``. ``mtime`` can be
+set back (``touch -d``, ``os.utime``) but ``ctime`` cannot (the kernel sets it on every write and on
+``utime`` itself), so an edit that restores size and mtime still misses; a file replaced by
+another (rename, copy) has another inode and misses too.
+
+Entries are inserted only by :func:`ggufmtp.gguf.hashing.file_digests` (the one hashing function)
+and by ``pull`` for a download whose digest matched the Hub's, and only when the file's key was the
+same before and after it was read and its ctime is older than :data:`RACY_NS` at that moment (a
+write in the same timestamp tick as the hash could otherwise keep the key; the "racy git"
+problem). A file the cache did not hash is never in it. ``audit`` never consults it: an auditor re-reads the bytes.
+
+The cache is one JSON file (``digests.json``) in a folder the caller chooses (ggufmtp uses
+``<cache root>/digests``), written atomically; a damaged or unreadable cache is treated as empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from .fsutil import atomic_write_json
+
+__all__ = ["DigestCache", "FileKey", "RACY_NS", "file_key"]
+
+#: An entry whose file changed less than this before the hash finished is not recorded: file
+#: timestamps come from a coarse clock (a few ms per tick), so a write right after the last read
+#: could leave the key as it was.
+RACY_NS = 100_000_000
+#: Oldest entries are dropped beyond this many (a few hundred bytes each).
+MAX_ENTRIES = 4096
+CACHE_FILE = "digests.json"
+_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FileKey:
+    """What identifies a file and every change to it: device, inode, size, mtime and ctime (ns)."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    def text(self) -> str:
+        return f"{self.dev}:{self.ino}:{self.size}:{self.mtime_ns}:{self.ctime_ns}"
+
+
+def file_key(st: os.stat_result) -> FileKey:
+    return FileKey(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class DigestCache:
+    """Digests of files ggufmtp hashed, by :class:`FileKey`. Thread-safe within a process; two
+    processes writing at once may lose each other's newest entries (only costs a re-hash)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.path = Path(folder) / CACHE_FILE
+        self._lock = threading.Lock()
+
+    @classmethod
+    def under(cls, cache_root: str | os.PathLike) -> DigestCache:
+        """ggufmtp's digest cache: ``digests/`` in its cache root (``runtime.build.cache_root()``)."""
+        return cls(Path(cache_root) / "digests")
+
+    def lookup(self, path: str | os.PathLike) -> str | None:
+        """The sha256 recorded for ``path`` as it is now, or None (never hashed by ggufmtp, changed
+        since, unreadable)."""
+        try:
+            key = file_key(os.stat(path))
+        except OSError:
+            return None
+        with self._lock:
+            entry = self._load().get(key.text())
+        return entry.get("sha256") if isinstance(entry, dict) else None
+
+    def record(self, path: str | os.PathLike, sha256: str, before: os.stat_result, after: os.stat_result) -> bool:
+        """Remember ``sha256`` for ``path``, read between the ``before`` and ``after`` stats of the
+        open file. Only :func:`ggufmtp.gguf.hashing.file_digests` and ``pull`` (for a download
+        whose digest matched the Hub's) call this. Returns whether it
+        was recorded: not when the file changed during the read or too recently (see RACY_NS)."""
+        key = file_key(before)
+        if key != file_key(after) or time.time_ns() - after.st_ctime_ns < RACY_NS:
+            return False
+        with self._lock:
+            entries = self._load()
+            entries.pop(key.text(), None)
+            entries[key.text()] = {"sha256": sha256, "path": str(Path(path).absolute())}
+            while len(entries) > MAX_ENTRIES:
+                entries.pop(next(iter(entries)))
+            with contextlib.suppress(OSError):  # a cache that cannot be written only costs a re-hash
+                atomic_write_json(self.path, {"version": _VERSION, "entries": entries})
+                return True
+        return False
+
+    def forget(self, path: str | os.PathLike) -> bool:
+        """Drop the entry of ``path`` as it is now (benchmarks measuring a cold hash); whether one was there."""
+        try:
+            key = file_key(os.stat(path)).text()
+        except OSError:
+            return False
+        with self._lock:
+            entries = self._load()
+            if entries.pop(key, None) is None:
+                return False
+            atomic_write_json(self.path, {"version": _VERSION, "entries": entries})
+        return True
+
+    def _load(self) -> dict[str, dict[str, str]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("version") != _VERSION or not isinstance(data.get("entries"), dict):
+            return {}
+        return dict(data["entries"])

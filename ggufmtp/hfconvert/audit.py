@@ -1,0 +1,123 @@
+"""``audit MODEL.gguf --source SRC``: the GGUF's tensors against the safetensors they were converted from.
+
+The name map and the value transforms are the pinned converter's own: a subprocess
+(``runner --audit``) instantiates the converter's model class for the checkpoint and runs each
+source tensor through its ``filter_tensors`` + ``modify_tensors`` (MTP remapping, norm offsets,
+expert stacking, ...), one tensor at a time, then encodes it at the GGUF tensor's type with gguf-py's
+own rounding. A match is byte equality with the GGUF (exact for BF16 -> BF16; F16 and Q8_0 match
+when they are the converter's rounding of the source); ``max_abs_err`` says how far the stored values
+are from the source's. By default the MTP block is audited; ``all_tensors`` audits every tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConvertError
+from ..gguf.model import GGUFModel
+from .convert import converter_tree, require_convert_deps, source_record_path
+from .source import read_checkpoint
+
+__all__ = ["TensorMatch", "SourceAudit", "audit_source"]
+
+
+@dataclass(frozen=True)
+class TensorMatch:
+    name: str
+    match: bool
+    type: str | None = None
+    max_abs_err: float | None = None
+    problem: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in {"name": self.name, "match": self.match, "type": self.type,
+                                  "max_abs_err": self.max_abs_err, "problem": self.problem}.items() if v is not None}
+
+
+@dataclass
+class SourceAudit:
+    """The result, and the receipt's ``source`` section (``to_section``)."""
+
+    model: Path
+    source_dir: Path
+    scope: str  # "mtp" or "all"
+    tensors: list[TensorMatch]
+    files: dict[str, str]  # checkpoint file -> sha256
+    repo_id: str | None = None
+    commit: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.tensors) and all(t.match for t in self.tensors)
+
+    @property
+    def mismatches(self) -> list[TensorMatch]:
+        return [t for t in self.tensors if not t.match]
+
+    def to_section(self) -> dict[str, Any]:
+        return {"format": "safetensors", "path": str(self.source_dir), "repo_id": self.repo_id,
+                "revision": self.commit, "scope": self.scope, "ok": self.ok,
+                "files": [{"path": n, "sha256": d} for n, d in sorted(self.files.items())],
+                "tensors": [t.to_dict() for t in self.tensors]}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": str(self.model), **self.to_section(), "n_tensors": len(self.tensors),
+                "n_mismatches": len(self.mismatches)}
+
+    def summary(self) -> str:
+        head = (f"{self.model} vs {self.source_dir}: {len(self.tensors)} {self.scope} tensor(s) compared, "
+                f"{len(self.mismatches)} mismatch(es)")
+        lines = [head] + [f"  MISMATCH {t.name}: {t.problem or f'{t.type} bytes differ (max |err| {t.max_abs_err:.3g})'}"
+                          for t in self.mismatches[:20]]
+        return "\n".join(lines + ([f"  all {len(self.tensors)} tensors match the source"] if self.ok else []))
+
+
+def _job(model: GGUFModel, source_dir: Path, trunk: int, only_mtp: bool) -> dict[str, Any]:
+    mtp_prefixes = tuple(f"blk.{b}." for b in model.mtp_blocks)
+    return {"gguf": str(model.path), "source_dir": str(source_dir), "trunk_layers": trunk, "only_mtp": only_mtp,
+            "tensors": {n: {"type": t.type, "shape": list(t.shape), "offset": model.tensor_data_offsets[n],
+                            "nbytes": t.n_bytes, "mtp": n.startswith(mtp_prefixes)}
+                        for n, t in model.tensors.items()}}
+
+
+def _recorded_source(model_path: Path) -> tuple[str | None, str | None]:
+    rec = source_record_path(model_path)
+    if not rec.is_file():
+        return None, None
+    data = json.loads(rec.read_text())
+    return data.get("repo_id"), data.get("commit")
+
+
+def audit_source(model_path: str | os.PathLike, source: str | os.PathLike, *, all_tensors: bool = False,
+                 progress: bool = True) -> SourceAudit:
+    """Compare the MTP block (or every tensor) of ``model_path`` with the safetensors checkpoint ``source``."""
+    require_convert_deps()
+    model_path = Path(model_path)
+    model = GGUFModel(model_path)
+    if len(model.shards) > 1:
+        raise ConvertError(f"{model_path}: audit --source reads single-file GGUFs")
+    ckpt = read_checkpoint(source)
+    trunk = ckpt.mtp.trunk_layers if ckpt.mtp.trunk_layers is not None else model.trunk_layers
+    if not all_tensors and not model.mtp_blocks:
+        raise ConvertError(f"{model_path}: no MTP block to audit (use --all to compare every tensor)")
+    with tempfile.TemporaryDirectory() as tmp:
+        job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job.write_text(json.dumps(_job(model, ckpt.directory, trunk, not all_tensors)))
+        proc = subprocess.run([sys.executable, "-m", "ggufmtp.hfconvert.runner", "--audit", str(converter_tree()),
+                               str(job), str(result)], capture_output=True, text=True, errors="replace")
+        if proc.returncode != 0 or not result.is_file():
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ConvertError(f"audit --source: the converter's model class failed on {ckpt.directory}: {last[-300:]}")
+        rows = json.loads(result.read_text())
+    tensors = sorted((TensorMatch(r["name"], r["match"], r.get("type"), r.get("max_abs_err"), r.get("problem"))
+                      for r in rows), key=lambda t: t.name)
+    repo_id, commit = _recorded_source(model_path)
+    return SourceAudit(model_path, ckpt.directory, "all" if all_tensors else "mtp", tensors,
+                       ckpt.hash_files(progress=progress), repo_id, commit)

@@ -1,0 +1,171 @@
+"""A local Hugging Face safetensors checkpoint, read from its headers only (no tensor data loaded).
+
+What ``convert`` and ``audit --source`` need to know before the converter runs: the config's layer
+counts, the shards (from ``model.safetensors.index.json`` or a single ``model.safetensors``), every
+tensor's dtype and shape, and the MTP head (``mtp.*`` tensors). The MTP layer count is the config's
+``mtp_num_hidden_layers`` or, when the config omits it (Qwen3.6 does), inferred from the
+``mtp.layers.<k>.*`` names -- the same inference the pinned converter makes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConvertError
+from ..gguf.hashing import sha256_file
+
+__all__ = ["SourceTensor", "MTPHead", "SourceCheckpoint", "read_checkpoint", "mtp_head", "SOURCE_SUFFIX"]
+
+INDEX_NAME = "model.safetensors.index.json"
+SOURCE_SUFFIX = ".source.json"  # sidecar next to a converted GGUF: what it was converted from
+_MTP_LAYER = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    name: str
+    dtype: str  # safetensors dtype name: BF16, F16, F32, ...
+    shape: tuple[int, ...]
+    file: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "file": self.file}
+
+
+@dataclass(frozen=True)
+class MTPHead:
+    """The MTP block a checkpoint carries, and what its config says about it."""
+
+    tensors: list[SourceTensor]
+    layers_in_config: int | None  # mtp_num_hidden_layers, None when the config omits it
+    layers_in_tensors: int  # 1 + the highest mtp.layers.<k> index (0 without such tensors)
+    trunk_layers: int | None  # num_hidden_layers
+
+    @property
+    def present(self) -> bool:
+        return bool(self.tensors)
+
+    @property
+    def layers(self) -> int:
+        """The MTP layer count the converter should keep (config first, else inferred)."""
+        return self.layers_in_config or self.layers_in_tensors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"present": self.present, "layers": self.layers, "layers_in_config": self.layers_in_config,
+                "layers_in_tensors": self.layers_in_tensors, "trunk_layers": self.trunk_layers,
+                "tensors": [t.to_dict() for t in self.tensors]}
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Multimodal Qwen3.5/3.6 configs nest the language model's keys under ``text_config``."""
+    return {**config, **config.get("text_config", {})}
+
+
+def mtp_head(config: dict[str, Any], tensors: list[SourceTensor]) -> MTPHead:
+    """Which tensors form the MTP head and how many layers it has."""
+    cfg = _text_config(config)
+    mtp = [t for t in tensors if t.name.startswith(("mtp.", "model.mtp."))]
+    indices = [int(m.group(1)) for t in mtp if (m := _MTP_LAYER.match(t.name))]
+    in_config = cfg.get("mtp_num_hidden_layers")
+    return MTPHead(mtp, int(in_config) if in_config else None, max(indices) + 1 if indices else 0,
+                   cfg.get("num_hidden_layers"))
+
+
+@dataclass
+class SourceCheckpoint:
+    """A local safetensors checkpoint directory."""
+
+    directory: Path
+    config: dict[str, Any]
+    shards: list[str]
+    tensors: list[SourceTensor]
+    mtp: MTPHead
+    sha256: dict[str, str] = field(default_factory=dict)  # file -> digest, filled by ``hash_files``
+
+    @property
+    def architecture(self) -> str | None:
+        archs = self.config.get("architectures") or []
+        return archs[0] if archs else None
+
+    def files(self) -> list[str]:
+        """Every file the conversion reads: config, tokenizer files, index and shards."""
+        names = sorted(p.name for p in self.directory.iterdir() if p.is_file() and (
+            p.suffix in (".json", ".model", ".txt", ".jinja") or p.name in self.shards))
+        return [n for n in names if not n.startswith(".") and n != "ggufmtp-manifest.json"]
+
+    def hash_files(self, progress: bool = False) -> dict[str, str]:
+        self.sha256 = {n: sha256_file(self.directory / n, progress=progress) for n in self.files()}
+        return self.sha256
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConvertError(f"{path}: no such file (a Hugging Face checkpoint has config.json next to its "
+                           f"safetensors)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConvertError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConvertError(f"{path}: not a JSON object")
+    return data
+
+
+def _shard_names(directory: Path) -> list[str]:
+    index = directory / INDEX_NAME
+    if index.is_file():
+        weight_map = _load_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ConvertError(f"{index}: no weight_map")
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (directory / n).is_file()]
+        if missing:
+            raise ConvertError(f"{index} names shards that are not in {directory}: {', '.join(missing)}")
+        return names
+    single = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not single:
+        raise ConvertError(f"{directory}: no *.safetensors files (and no {INDEX_NAME})")
+    return single
+
+
+def _shard_tensors(path: Path) -> list[SourceTensor]:
+    """Names, dtypes and shapes from one shard's header (safetensors reads only the header here)."""
+    from safetensors import safe_open
+
+    out = []
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                out.append(SourceTensor(name, sl.get_dtype(), tuple(sl.get_shape()), path.name))
+    except Exception as e:  # safetensors raises SafetensorError (and OSError) for damaged files
+        raise ConvertError(f"{path}: not a readable safetensors file ({str(e).strip() or type(e).__name__}); "
+                           f"the shard is damaged or incomplete: download it again") from None
+    if path.stat().st_size < _data_end(path):
+        raise ConvertError(f"{path}: truncated (its header describes more bytes than the file holds); "
+                           f"download it again")
+    return out
+
+
+def _data_end(path: Path) -> int:
+    """The file size a safetensors header promises: 8 + header length + the largest data offset."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    return 8 + n + max(ends, default=0)
+
+
+def read_checkpoint(directory: str | Path) -> SourceCheckpoint:
+    """Read a checkpoint's config and shard headers; a damaged shard is one clear error naming it."""
+    directory = Path(directory).expanduser().resolve()
+    if not directory.is_dir():
+        raise ConvertError(f"{directory}: no such directory")
+    config = _load_json(directory / "config.json")
+    shards = _shard_names(directory)
+    tensors = [t for s in shards for t in _shard_tensors(directory / s)]
+    return SourceCheckpoint(directory, config, shards, tensors, mtp_head(config, tensors))

@@ -1,0 +1,57 @@
+"""The card's quality sections: the quant-ladder row (size, bpw, PPL, KLD, Same top p, acceptance,
+speedup side by side, the way published quant ladders compare) and the head-precision sweep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..fmt import ci_phrase, human_bytes, num, pct, times
+
+
+def _pm(x: float | None, err: float | None, nd: int = 4) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.{nd}f}" + (f" ± {err:.{nd}f}" if err is not None else "")
+
+
+def quality_lines(p: dict[str, Any]) -> list[str]:
+    """``## Quality`` (from ``predicate.quality``) and ``## MTP head precision`` (``head_sweep``)."""
+    return _ladder(p) + _head_sweep(p.get("head_sweep"))
+
+
+def _ladder(p: dict[str, Any]) -> list[str]:
+    q = p.get("quality")
+    if not q:
+        return []
+    res, v = p["result"], p.get("verification") or {}
+    m = v.get("mtp") or {}
+    corpus = (q.get("corpus") or {}).get("name", "?")
+    out = ["## Quality\n",
+           f"Against the base model on `{corpus}` ({q.get('chunks')} chunks of {q.get('ctx_size')} tokens, "
+           f"`llama-perplexity --kl-divergence`, llama.cpp `{q.get('commit')}`).\n",
+           "| size | bpw | PPL | PPL(base) | mean KLD | KLD 99.9% | Same top p | acceptance | speedup |",
+           "|---|---|---|---|---|---|---|---|---|",
+           f"| {human_bytes(res.get('size_bytes', 0))} | {res.get('bpw')} | {_pm(q.get('ppl'), q.get('ppl_err'))} | "
+           f"{_pm(q.get('ppl_base'), q.get('ppl_base_err'))} | {_pm(q.get('kld_mean'), q.get('kld_mean_err'), 6)} | "
+           f"{_pm(q.get('kld_p99_9'), None)} | {pct(q.get('same_top_p'), 2, space=False)} | "
+           f"{pct(m.get('acceptance'), 1, space=False)} | {times(v.get('speedup'), 2)} |", ""]
+    return out
+
+
+def _head_sweep(hs: dict[str, Any] | None) -> list[str]:
+    rows = (hs or {}).get("variants") or []
+    if not rows:
+        return []
+    out = ["## MTP head precision\n",
+           "Same trunk (byte-identical), only the MTP block's types changed; same suite, seeds and server settings.\n",
+           "| head type | head bytes | artifact | acceptance | speedup | mean acceptance length |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.get('head_type')} | {r.get('head_bytes', 0):,} | {human_bytes(r.get('size_bytes', 0))} | "
+                   f"{pct(r.get('acceptance'), 1, space=False)}{ci_phrase(r.get('acceptance_ci95'), 100, 1, '%')} | "
+                   f"{times(r.get('speedup'), 2)}{ci_phrase(r.get('speedup_ci95'), 1, 2, '×')} | "
+                   f"{num(r.get('mean_acceptance_length'))} |")
+    if hs.get("recommended"):
+        out.append(f"\nRecommended head type: **{hs['recommended']}** (the smallest whose acceptance CI overlaps "
+                   "the unquantized head's).\n")
+    return out + [""]

@@ -1,0 +1,194 @@
+"""``ggufmtp eval``: perplexity and KL-divergence of a quantized model against its base (BF16).
+
+:func:`evaluate` checks first, then runs: the two models must be one model (architecture and
+vocabulary from the GGUF headers), the corpus must make at least two chunks with the base's
+tokenizer, and the base logits must fit on the disk (their exact size is said before writing). The
+base pass (``llama-perplexity --kl-divergence-base``) runs once per (base sha256, corpus sha256,
+context, chunks, llama.cpp commit) and is cached under ``cache_root()/kld``; a cached file is
+size-checked against its own header before use. The quant pass (``--kl-divergence``) then gives
+PPL(Q), PPL(base), ln(PPL(Q)/PPL(base)), mean KLD ± its uncertainty, KLD percentiles, RMS Δp and
+Same top p (fractions here, percent in llama.cpp's printout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import QualityError
+from ..gguf.fsutil import atomic_write_json
+from ..gguf.hashing import sha256_file
+from ..imatrix.corpus import DEFAULT_CORPUS, Corpus, check_corpus_text, min_tokens_for, resolve_corpus
+from ..runtime.build import binary_version, find_binary
+from .logits import (CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes,
+                     refuse_without_room)
+from .models import count_tokens, model_identity, refuse_different_models
+from .perplexity import KLDStats, parse_base_ppl, parse_kld_output, perplexity_argv, run_perplexity
+
+DEFAULT_CTX = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseLogits:
+    """The base pass: where its logits are, whether they came from the cache, and what it cost."""
+
+    path: Path
+    header: LogitsHeader
+    bytes: int
+    cached: bool
+    seconds: float
+    ppl: float | None
+    base_sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityResult:
+    """What ``eval`` measured (``to_dict`` is the JSON and the receipt's ``quality`` section)."""
+
+    base: Path
+    quant: Path
+    corpus: Corpus
+    ctx_size: int
+    chunks: int
+    n_tokens: int
+    commit: str | None
+    stats: KLDStats
+    base_logits: BaseLogits
+    quant_seconds: float
+    quant_sha256: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self.stats), "corpus": self.corpus.to_dict(), "ctx_size": self.ctx_size,
+                "chunks": self.chunks, "n_tokens": self.n_tokens, "commit": self.commit,
+                "tool": "llama-perplexity --kl-divergence",
+                "base": {"path": str(self.base), "sha256": self.base_logits.base_sha256},
+                "quant": {"path": str(self.quant), "sha256": self.quant_sha256},
+                "base_logits": {"bytes": self.base_logits.bytes, "cached": self.base_logits.cached,
+                                "seconds": round(self.base_logits.seconds, 3)},
+                "seconds": round(self.base_logits.seconds + self.quant_seconds, 3)}
+
+
+def _bar(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="chunk", disable=not enabled, leave=False)
+
+
+def _plan_chunks(corpus: Corpus, base: Path, ctx_size: int, chunks: int | None) -> tuple[int, int]:
+    """(tokens, chunks to run): CorpusError when the corpus makes fewer than two chunks."""
+    text = check_corpus_text(corpus)
+    n_tokens = count_tokens(base, text)
+    check_corpus_text(corpus, min_tokens=min_tokens_for(ctx_size), n_tokens=n_tokens)
+    available = n_tokens // ctx_size
+    return n_tokens, min(chunks, available) if chunks and chunks > 0 else available
+
+
+def base_logits(base: Path, corpus: Corpus, ctx_size: int, n_chunk: int, n_vocab: int, *, chunks_arg: int,
+                gpu_layers: int | str | None = None, threads: int | None = None, progress: bool = True,
+                llama_cpp_bin: str | os.PathLike | None = None, commit: str | None = None,
+                log: Callable[[str], None] = lambda m: None) -> BaseLogits:
+    """The base pass, from the cache when an intact file for the same inputs is there."""
+    base_sha = sha256_file(base, progress=progress)
+    key = CacheKey(base_sha, corpus.sha256, ctx_size, chunks_arg, commit or "unknown")
+    path, record = cached_paths(key)
+    if path.is_file() and record.is_file():
+        head = check_logits_file(path, n_vocab)  # a truncated cache file is an error, never silently reused
+        log(f"base logits: cached {path} ({path.stat().st_size / 2**30:.2f} GiB)")
+        return BaseLogits(path, head, path.stat().st_size, True, 0.0, _cached_ppl(record), base_sha)
+    need = logits_file_bytes(ctx_size, n_vocab, n_chunk)
+    log(f"base logits: {n_chunk} chunks x {ctx_size} tokens x {n_vocab} vocabulary -> {need:,} bytes "
+        f"({need / 2**30:.2f} GiB) in {path}")
+    refuse_without_room(path.parent, need)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    argv = perplexity_argv(base, corpus.path, ctx_size, chunks_arg, gpu_layers, threads,
+                           ["--kl-divergence-base", str(partial)], llama_cpp_bin)
+    try:
+        with _bar(n_chunk, "base logits", progress) as bar:
+            run = run_perplexity(argv, path.with_suffix(".base.log"), lambda d: bar.update(d - bar.n), True)
+        head = check_logits_file(partial, n_vocab)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    ppl, _ = parse_base_ppl(run.output)
+    atomic_write_json(record, {"key": dataclasses.asdict(key), "bytes": need, "n_chunk": head.n_chunk,
+                               "ppl": ppl, "seconds": run.seconds, "argv": run.argv})
+    return BaseLogits(path, head, need, False, run.seconds, ppl, base_sha)
+
+
+def _cached_ppl(record: Path) -> float | None:
+    import json
+
+    try:
+        return json.loads(record.read_text()).get("ppl")
+    except (OSError, ValueError):
+        return None
+
+
+def _kld_stats(argv: list[str], bl: Any, quant: Path, progress: bool, attempts: int = 2) -> KLDStats:
+    """Run the quant's KL-divergence pass and parse its statistics. A run that exits 0 without them
+    is run again once: llama.cpp's logger (common/log.cpp) is a leaked singleton whose worker thread
+    is never flushed at exit (upstream issue 22142), so on a loaded machine the final lines can be lost."""
+    for attempt in range(1, attempts + 1):
+        with _bar(bl.header.n_chunk, "KL-divergence", progress) as bar:
+            run = run_perplexity(argv, bl.path.with_name(f"{bl.path.stem}.{quant.name}.kld.log"),
+                                 lambda d: bar.update(d - bar.n), False)
+        try:
+            return parse_kld_output(run.output, str(quant))
+        except QualityError:
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def evaluate(base: str | Path, quant: str | Path, corpus: str | os.PathLike = DEFAULT_CORPUS,
+             ctx_size: int = DEFAULT_CTX, chunks: int | None = None, gpu_layers: int | str | None = None,
+             threads: int | None = None, progress: bool = True, llama_cpp_bin: str | os.PathLike | None = None,
+             log: Callable[[str], None] = lambda m: None, hash_quant: bool = True) -> QualityResult:
+    """KL-divergence of ``quant`` against ``base`` on ``corpus`` (a path or ``builtin:NAME``).
+
+    Raises ModelMismatchError (different architecture or vocabulary), CorpusError (fewer than two
+    chunks of ``ctx_size`` tokens), LogitsFileError (no room, or a truncated cached file) before any
+    llama-perplexity process starts, QualityError when llama-perplexity fails."""
+    base, quant = Path(base), Path(quant)
+    ident = model_identity(base)
+    refuse_different_models(ident, model_identity(quant))
+    corp = resolve_corpus(corpus)
+    n_tokens, n_chunk = _plan_chunks(corp, base, ctx_size, chunks)
+    commit = binary_version(find_binary("llama-perplexity", llama_cpp_bin)).get("commit")
+    bl = base_logits(base, corp, ctx_size, n_chunk, ident.n_vocab, chunks_arg=n_chunk, gpu_layers=gpu_layers,
+                     threads=threads, progress=progress, llama_cpp_bin=llama_cpp_bin, commit=commit, log=log)
+    argv = perplexity_argv(quant, corp.path, ctx_size, None, gpu_layers, threads,
+                           ["--kl-divergence-base", str(bl.path), "--kl-divergence"], llama_cpp_bin)
+    t0 = time.perf_counter()
+    stats = _kld_stats(argv, bl, quant, progress)
+    return QualityResult(base=base, quant=quant, corpus=corp, ctx_size=ctx_size, chunks=bl.header.n_chunk,
+                         n_tokens=n_tokens, commit=commit, stats=stats, base_logits=bl,
+                         quant_seconds=time.perf_counter() - t0,
+                         quant_sha256=sha256_file(quant) if hash_quant else None)
+
+
+def format_quality(r: QualityResult) -> str:
+    """The result for people: one line per figure."""
+    s = r.stats
+
+    def pm(x: float | None, e: float | None, scale: float = 1.0, nd: int = 6, unit: str = "") -> str:
+        if x is None:
+            return "n/a"
+        return f"{x * scale:.{nd}f}" + (f" ± {e * scale:.{nd}f}" if e is not None else "") + unit
+
+    rows = [("PPL(Q)", pm(s.ppl, s.ppl_err, nd=4)), ("PPL(base)", pm(s.ppl_base, s.ppl_base_err, nd=4)),
+            ("ln(PPL(Q)/PPL(base))", pm(s.ln_ppl_ratio, s.ln_ppl_ratio_err)),
+            ("mean KLD", pm(s.kld_mean, s.kld_mean_err)),
+            ("KLD 99.9% / 99% / 95% / median", " / ".join(pm(x, None) for x in
+                                                        (s.kld_p99_9, s.kld_p99, s.kld_p95, s.kld_median))),
+            ("RMS Δp", pm(s.rms_dp, s.rms_dp_err, 100, 3, " %")),
+            ("Same top p", pm(s.same_top_p, s.same_top_p_err, 100, 3, " %")),
+            ("corpus", f"{r.corpus.name} ({r.n_tokens} tokens), {r.chunks} chunks of {r.ctx_size}"),
+            ("base logits", f"{r.base_logits.bytes:,} bytes, " + ("cached" if r.base_logits.cached else
+                                                                 f"computed in {r.base_logits.seconds:.1f} s")),
+            ("llama.cpp", r.commit or "unknown")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,42 @@
+"""The receipt sections this stage writes: ``quality`` (eval) and ``head_sweep``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import AuditError
+from ..provenance.receipt import load_receipt, set_section
+from .eval import QualityResult
+
+
+def _refuse_other_artifact(receipt: str | Path, sha256: str | None, what: str) -> None:
+    """A receipt stores figures of its own artifact only (AuditError naming both digests)."""
+    subject = load_receipt(receipt)["subject"][0]
+    have = str(subject["digest"]["sha256"]).lower()
+    if sha256 is not None and sha256.lower() != have:
+        raise AuditError(f"{receipt}: its artifact {subject['name']} has sha256 {have}, the {what} measured a file "
+                         f"with sha256 {sha256}; store it in that file's receipt")
+
+
+def store_quality(receipt: str | Path, result: QualityResult, signing_key: str | Path | None = None) -> dict[str, Any]:
+    """Write ``result`` as the receipt's ``quality`` section (the quant must be the receipt's artifact)."""
+    _refuse_other_artifact(receipt, result.quant_sha256, "eval")
+    return set_section(receipt, "quality", result.to_dict(), signing_key)
+
+
+def store_head_sweep(receipt: str | Path, section: dict[str, Any], signing_key: str | Path | None = None
+                     ) -> dict[str, Any]:
+    """Write a head sweep's JSON as the receipt's ``head_sweep`` section."""
+    return set_section(receipt, "head_sweep", section, signing_key)
+
+
+def eval_into_receipt(base: str | Path, artifact: str | Path, receipt: str | Path,
+                      signing_key: str | Path | None = None, progress: bool = True,
+                      log: Any = lambda m: None, **eval_options: Any) -> dict[str, Any]:
+    """``run --eval``: evaluate the artifact against its base and store the ``quality`` section."""
+    from .eval import evaluate
+
+    result = evaluate(base, artifact, progress=progress, log=log, **eval_options)
+    store_quality(receipt, result, signing_key)
+    return result.to_dict()

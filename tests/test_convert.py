@@ -1,0 +1,193 @@
+"""From safetensors (issue #20): synth --format hf -> convert (the pinned convert_hf_to_gguf.py) ->
+inspect -> audit --source -> quantize -> verify, and the checkpoints that must give a clear answer.
+
+The converter runs for real (a subprocess with the pinned gguf-py); the checkpoint is the synth
+model's own weights, so the converted GGUF drafts like the synth GGUF does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch", reason="the convert extra (pip install 'ggufmtp[convert]')")
+
+from ggufmtp.cli import main  # noqa: E402
+from ggufmtp.errors import ConvertError  # noqa: E402
+from ggufmtp.gguf.model import GGUFModel, inspect_model  # noqa: E402
+from ggufmtp.hfconvert.convert import check_converted, convert  # noqa: E402
+from ggufmtp.hfconvert.source import read_checkpoint  # noqa: E402
+from ggufmtp.synth.hf import INDEX_NAME, synthesize_hf  # noqa: E402
+from ggufmtp.synth.spec import SynthSpec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fakehub import FakeHub, isolate_hf_client  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("hf") / "tiny-hf"
+    synthesize_hf(d, SynthSpec(), shards=2)
+    return d
+
+
+@pytest.fixture(scope="module")
+def converted(checkpoint, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("conv") / "model-bf16.gguf"
+    convert(checkpoint, out, progress=False)
+    return out
+
+
+def _cli(args: list[str], env: dict | None = None):
+    return CliRunner().invoke(main, [str(a) for a in args], env=env)
+
+
+def test_synth_hf_writes_a_sharded_checkpoint_with_an_mtp_head(checkpoint):
+    index = json.loads((checkpoint / INDEX_NAME).read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3_5MoeForCausalLM"] and cfg["mtp_num_hidden_layers"] == 1
+    ck = read_checkpoint(checkpoint)
+    names = {t.name for t in ck.mtp.tensors}
+    assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.norm.weight"} <= names
+    assert ck.mtp.layers == 1 and ck.mtp.trunk_layers == 4
+    assert (checkpoint / "tokenizer.json").is_file() and (checkpoint / "tokenizer_config.json").is_file()
+
+
+def test_convert_keeps_the_mtp_block_and_records_the_source(checkpoint, converted):
+    rep = inspect_model(converted)
+    assert rep.mtp_status == "complete" and rep.block_count == 5 and rep.nextn_predict_layers == 1
+    assert rep.architecture == "qwen35moe"
+    record = json.loads(Path(str(converted) + ".source.json").read_text())
+    files = {f["path"]: f["sha256"] for f in record["files"]}
+    assert "model-00001-of-00002.safetensors" in files and "config.json" in files
+    assert not list(converted.parent.glob(".*converting*"))
+
+
+def test_audit_source_matches_then_finds_a_tampered_gguf_and_a_tampered_source(checkpoint, converted, tmp_path):
+    r = _cli(["audit", converted, "--source", checkpoint, "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    assert res["ok"] and res["scope"] == "mtp" and res["n_tensors"] >= 20 and res["n_mismatches"] == 0
+    r = _cli(["audit", converted, "--source", checkpoint, "--all", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["n_tensors"] == len(GGUFModel(converted).tensors)
+    # one value of the MTP block changed in the GGUF
+    bad = tmp_path / "bad.gguf"
+    shutil.copy(converted, bad)
+    m = GGUFModel(bad)
+    off = m.tensor_data_offsets["blk.4.nextn.eh_proj.weight"]
+    with open(bad, "r+b") as fh:
+        fh.seek(off + 2)
+        b = fh.read(1)
+        fh.seek(off + 2)
+        fh.write(bytes([b[0] ^ 0x40]))
+    r = _cli(["audit", bad, "--source", checkpoint])
+    assert r.exit_code == 1 and "MISMATCH blk.4.nextn.eh_proj.weight" in r.output
+    # one value of the MTP head changed in the source
+    src = tmp_path / "src"
+    shutil.copytree(checkpoint, src)
+    _tamper_source(src, "mtp.fc.weight")
+    r = _cli(["audit", converted, "--source", src])
+    assert r.exit_code == 1 and "blk.4.nextn.eh_proj.weight" in r.output
+
+
+def _tamper_source(directory: Path, name: str) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shard = json.loads((directory / INDEX_NAME).read_text())["weight_map"][name]
+    tensors = load_file(str(directory / shard))
+    tensors[name] = tensors[name].clone()
+    tensors[name][0, 0] += torch.tensor(0.5, dtype=tensors[name].dtype)
+    save_file(tensors, str(directory / shard), metadata={"format": "pt"})
+
+
+def test_a_config_without_the_mtp_layer_count_converts_with_the_inferred_count(tmp_path):
+    d = tmp_path / "no-count"
+    synthesize_hf(d, SynthSpec(), mtp_layers_in_config=False)
+    assert "mtp_num_hidden_layers" not in json.loads((d / "config.json").read_text())
+    assert read_checkpoint(d).mtp.layers == 1
+    res = convert(d, tmp_path / "m.gguf", progress=False)
+    assert res.nextn_predict_layers == 1 and res.block_count == 5 and res.mtp_status == "complete"
+
+
+def test_a_checkpoint_without_mtp_tensors_is_a_clear_answer(tmp_path):
+    d = tmp_path / "no-mtp"
+    synthesize_hf(d, SynthSpec(), drop_mtp=True)
+    r = _cli(["convert", d, "-o", tmp_path / "m.gguf"])
+    assert r.exit_code == 1 and "no mtp.* tensors" in r.output
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_corrupted_shard_is_one_error_naming_it(checkpoint, tmp_path):
+    d = tmp_path / "corrupt"
+    shutil.copytree(checkpoint, d)
+    shard = d / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    with pytest.raises(ConvertError, match="model-00002-of-00002.safetensors.*(truncated|damaged)"):
+        convert(d, tmp_path / "m.gguf", progress=False)
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_converter_output_without_the_mtp_block_is_refused(checkpoint, synth_model):
+    """What an older converter did (return early on mtp.*): the check names what is missing."""
+    no_mtp = synth_model(SynthSpec(mtp=False))
+    with pytest.raises(ConvertError, match="lost the MTP block.*nextn_predict_layers 0"):
+        check_converted(no_mtp, read_checkpoint(checkpoint))
+
+
+@pytest.mark.runtime
+def test_converted_model_quantizes_and_drafts_with_a_receipt_naming_the_safetensors(converted, tmp_path):
+    import ggufmtp
+    from ggufmtp.provenance.receipt import load_receipt
+
+    q = ggufmtp.quantize(converted, "q8_0-mtp", tmp_path / "q8.gguf", progress=False)
+    receipt = ggufmtp.write_receipt(q)
+    base = load_receipt(receipt)["predicate"]["base_model"]
+    assert any(f["path"] == "model-00001-of-00002.safetensors" for f in base["converted_from"]["files"])
+    v = ggufmtp.verify(q.output, draft_n_max=2, seeds=(42,), limit=1, max_tokens=16, progress=False, threads=2)
+    mtp = v.to_receipt()["mtp"]
+    assert mtp["draft_n"] > 0 and mtp["draft_n_accepted"] / mtp["draft_n"] > 0.9
+
+
+@pytest.fixture
+def hub_repo(checkpoint, tmp_path, monkeypatch):
+    isolate_hf_client(tmp_path / "hfhome", monkeypatch)
+    with FakeHub() as fh:
+        fh.create_repo("me/tiny-hf")
+        fh.commit("me/tiny-hf", {p.name: p.read_bytes() for p in checkpoint.iterdir()})
+        monkeypatch.setenv("HF_ENDPOINT", fh.url)
+        yield fh
+
+
+def test_pull_check_mtp_reads_headers_only_then_pull_and_convert_from_the_hub(hub_repo, tmp_path):
+    r = _cli(["pull", "me/tiny-hf", "--check-mtp", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["has_mtp"] and res["mtp"]["layers"] == 1
+    assert {"name": "mtp.fc.weight", "dtype": "BF16", "shape": [256, 512],
+            "file": "model-00002-of-00002.safetensors"} in res["mtp"]["tensors"]
+    lfs_gets = [q for q in hub_repo.requests if q.server == "cdn" and q.method == "GET"
+                and not q.headers.get("range")]
+    assert not lfs_gets, "check-mtp downloaded whole files"
+    res = convert("me/tiny-hf", tmp_path / "hub.gguf", progress=False)
+    assert res.repo_id == "me/tiny-hf" and res.commit == hub_repo.head("me/tiny-hf")
+    assert res.mtp_status == "complete"
+
+
+def test_run_accepts_a_safetensors_directory(checkpoint, tmp_path):
+    import ggufmtp
+
+    r = ggufmtp.run("q8_0-mtp", str(checkpoint), out_dir=tmp_path / "run", verify=False, progress=False)
+    converted = list((tmp_path / "run" / "converted").rglob("model-bf16.gguf"))
+    assert len(converted) == 1 and inspect_model(converted[0]).mtp_status == "complete"
+    assert r.stages
+    # the second run reuses the conversion (same source digests): no second converted file, same mtime
+    before = converted[0].stat().st_mtime_ns
+    ggufmtp.run("q8_0-mtp", str(checkpoint), out_dir=tmp_path / "run", verify=False, progress=False)
+    assert converted[0].stat().st_mtime_ns == before
