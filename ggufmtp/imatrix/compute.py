@@ -30,7 +30,7 @@ from gguf.constants import GGUFValueType
 
 from ..errors import CorpusError, ImatrixError
 from ..runtime.build import binary_is_ggufmtp_build, binary_version, find_binary
-from ..runtime.process import describe_exit, die_with_parent
+from ..runtime.process import describe_exit, die_with_parent, stop_process
 from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
 from .entries import DEFAULT_CHUNK_SIZE, STANDARD_KEYS, Imatrix, name_order
 from .format import read_imatrix, write_imatrix
@@ -199,16 +199,6 @@ def _pump_stdout(proc: subprocess.Popen, run: _Run, on_done: Callable[[int], Non
         run.perplexity = None
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _run_llama_imatrix(cmd: list[str], progress: bool, requested: int | None) -> _Run:
     """Run ``cmd`` with a tqdm bar over chunks; the process never outlives this call."""
     from tqdm import tqdm
@@ -234,7 +224,7 @@ def _run_llama_imatrix(cmd: list[str], progress: bool, requested: int | None) ->
         for t in pumps:
             t.join()
     finally:
-        _stop(proc)
+        stop_process(proc)
         bar.close()
     return run
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import CorpusError, ImatrixError
 from ..gguf.fsutil import not_a_regular_file
 from ..runtime.build import MTP_IMATRIX_TOOL, find_binary
-from ..runtime.process import describe_exit, die_with_parent
+from ..runtime.process import describe_exit, die_with_parent, stop_process
 from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
 from .entries import DEFAULT_CHUNK_SIZE, Imatrix
 from .format import read_imatrix
@@ -94,16 +94,6 @@ def _pump(proc: subprocess.Popen, run: _ToolRun, bar) -> None:
             run.error = line[len(_ERROR_PREFIX):]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _run_tool(cmd: list[str], progress: bool, chunks: int | None, desc: str) -> _ToolRun:
     """Run the tool with a tqdm bar over chunks; the process never outlives this call (errors, Ctrl-C)."""
     from tqdm import tqdm
@@ -116,7 +106,7 @@ def _run_tool(cmd: list[str], progress: bool, chunks: int | None, desc: str) -> 
         _pump(proc, run, bar)
         run.rc = proc.wait()
     finally:
-        _stop(proc)
+        stop_process(proc)
         bar.close()
     return run
 

@@ -20,9 +20,10 @@ from typing import Any, Callable
 
 from ..errors import QualityError
 from ..gguf.fsutil import atomic_write_json
-from ..gguf.hashing import sha256_file
+from ..gguf.digest_cache import DigestCache
+from ..gguf.hashing import sha256_cached
 from ..imatrix.corpus import DEFAULT_CORPUS, Corpus, check_corpus_text, min_tokens_for, resolve_corpus
-from ..runtime.build import binary_version, find_binary
+from ..runtime.build import binary_version, cache_root, find_binary
 from .logits import (CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes,
                      refuse_without_room)
 from .models import count_tokens, model_identity, refuse_different_models
@@ -91,7 +92,7 @@ def base_logits(base: Path, corpus: Corpus, ctx_size: int, n_chunk: int, n_vocab
                 llama_cpp_bin: str | os.PathLike | None = None, commit: str | None = None,
                 log: Callable[[str], None] = lambda m: None) -> BaseLogits:
     """The base pass, from the cache when an intact file for the same inputs is there."""
-    base_sha = sha256_file(base, progress=progress)
+    base_sha = _sha256(base, progress)
     key = CacheKey(base_sha, corpus.sha256, ctx_size, chunks_arg, commit or "unknown")
     path, record = cached_paths(key)
     if path.is_file() and record.is_file():
@@ -125,6 +126,12 @@ def _cached_ppl(record: Path) -> float | None:
         return json.loads(record.read_text()).get("ppl")
     except (OSError, ValueError):
         return None
+
+
+def _sha256(path: Path, progress: bool) -> str:
+    """The file's sha256 through ggufmtp's digest cache (dev, inode, size, mtime, ctime): a base that
+    quantize, pull or an earlier eval hashed is not read again (tens of GB for a real BF16 model)."""
+    return sha256_cached(path, DigestCache.under(cache_root()), progress=progress)[0]
 
 
 def _kld_stats(argv: list[str], bl: Any, quant: Path, progress: bool, attempts: int = 2) -> KLDStats:
@@ -167,7 +174,7 @@ def evaluate(base: str | Path, quant: str | Path, corpus: str | os.PathLike = DE
     return QualityResult(base=base, quant=quant, corpus=corp, ctx_size=ctx_size, chunks=bl.header.n_chunk,
                          n_tokens=n_tokens, commit=commit, stats=stats, base_logits=bl,
                          quant_seconds=time.perf_counter() - t0,
-                         quant_sha256=sha256_file(quant) if hash_quant else None)
+                         quant_sha256=_sha256(quant, False) if hash_quant else None)
 
 
 def format_quality(r: QualityResult) -> str:

@@ -9,11 +9,12 @@ import errno
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
 __all__ = ["HOST", "StartupWatch", "owns_listening_port", "port_in_use", "describe_exit", "die_with_parent",
-           "stall_timeout_default"]
+           "stop_process", "stall_timeout_default"]
 
 HOST = "127.0.0.1"
 
@@ -69,6 +70,17 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 10) -> None:
+    """End a child that is still running: SIGTERM, then SIGKILL after ``grace`` seconds; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 STALL_ENV = "GGUFMTP_SERVER_STALL_TIMEOUT"
