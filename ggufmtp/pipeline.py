@@ -486,7 +486,7 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     from .hfconvert.convert import converted_for_run
 
     # a safetensors checkpoint directory is converted first (cached by its files' digests)
-    converted = converted_for_run(model, Path(out_dir), progress) if not is_builtin(model) else None
+    converted = converted_for_run(model, Path(out_dir), progress, token) if not is_builtin(model) else None
     rec, ref = Recipe.load(recipe), parse_model_ref(str(converted) if converted else model)
     key = resolve_signing_key(signing_key)
     pub = resolve_public_key(public_key) if upload else None

@@ -19,7 +19,7 @@ pytest.importorskip("torch", reason="the convert extra (pip install 'ggufmtp[con
 from ggufmtp.cli import main  # noqa: E402
 from ggufmtp.errors import ConvertError  # noqa: E402
 from ggufmtp.gguf.model import GGUFModel, inspect_model  # noqa: E402
-from ggufmtp.hfconvert.convert import check_converted, convert  # noqa: E402
+from ggufmtp.hfconvert.convert import check_converted, convert, source_record_path  # noqa: E402
 from ggufmtp.hfconvert.source import read_checkpoint  # noqa: E402
 from ggufmtp.synth.hf import INDEX_NAME, synthesize_hf  # noqa: E402
 from ggufmtp.synth.spec import SynthSpec  # noqa: E402
@@ -178,6 +178,17 @@ def test_pull_check_mtp_reads_headers_only_then_pull_and_convert_from_the_hub(hu
     res = convert("me/tiny-hf", tmp_path / "hub.gguf", progress=False)
     assert res.repo_id == "me/tiny-hf" and res.commit == hub_repo.head("me/tiny-hf")
     assert res.mtp_status == "complete"
+
+
+def test_run_accepts_a_safetensors_hub_repo(hub_repo, tmp_path):
+    import ggufmtp
+
+    r = ggufmtp.run("q8_0-mtp", "me/tiny-hf", out_dir=tmp_path / "run", verify=False, progress=False)
+    converted = list((tmp_path / "run" / "converted").rglob("model-bf16.gguf"))
+    assert len(converted) == 1 and inspect_model(converted[0]).mtp_status == "complete"
+    record = json.loads(source_record_path(converted[0]).read_text())
+    assert record["repo_id"] == "me/tiny-hf" and record["commit"] == hub_repo.head("me/tiny-hf")
+    assert [s.stage for s in r.stages][:2] == ["pull", "inspect"]
 
 
 def test_run_accepts_a_safetensors_directory(checkpoint, tmp_path):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConvertDependencyError, ConvertError
+from ..errors import ConvertDependencyError, ConvertError, GgufmtpError
 from ..gguf.fsutil import atomic_write_json
 from ..gguf.model import GGUFModel, MTPStatus, check_mtp
 from .source import SOURCE_SUFFIX, SourceCheckpoint, read_checkpoint
@@ -197,9 +197,36 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, outtype: st
     return res
 
 
-def converted_for_run(model: str, out_dir: Path, progress: bool = True) -> Path | None:
-    """``run --model DIR`` with a safetensors checkpoint: the converted BF16 GGUF, converted once per
-    set of source file digests (``OUT/converted/<digest>/model-bf16.gguf``); None for anything else."""
+def hub_safetensors_repo(model: str, token: str | bool | None = None) -> bool:
+    """Whether ``model`` (``owner/name[@rev]``, not a local path) is a Hub repo holding a safetensors
+    checkpoint and no GGUF (a GGUF repo goes through ``pull`` as before)."""
+    repo, _, rev = model.partition("@")
+    if Path(os.path.expanduser(model)).exists() or repo.count("/") != 1 or repo.startswith(("/", ".")):
+        return False
+    from huggingface_hub import HfApi
+
+    from ..hub.transport import guard_secrets, hub_errors, resolve_endpoint
+
+    endpoint = resolve_endpoint(None)
+    with guard_secrets(token) as secrets:
+        with hub_errors("listing", repo_id=repo, endpoint=endpoint, secrets=secrets, revision=rev or None):
+            names = [s.rfilename for s in HfApi(endpoint=endpoint, token=token).model_info(
+                repo, revision=rev or None).siblings or []]
+    return any(n.endswith(".safetensors") for n in names) and not any(n.endswith(".gguf") for n in names)
+
+
+def converted_for_run(model: str, out_dir: Path, progress: bool = True,
+                      token: str | bool | None = None) -> Path | None:
+    """``run --model`` with a safetensors checkpoint (a directory, or a Hub repo pulled revision-pinned
+    and verified, its MTP head read from the headers first): the converted BF16 GGUF, converted once
+    per set of source file digests (``OUT/converted/<digest>/model-bf16.gguf``); None for anything else."""
+    repo, _, rev = model.partition("@")
+    try:
+        hub = hub_safetensors_repo(model, token)
+    except GgufmtpError:  # offline, unreachable, no such repo: the pull stage says so in its own words
+        hub = False
+    if hub:
+        model = str(_local_source(repo, rev or None, progress, None, token)[0])
     if not is_hf_checkpoint(model):
         return None
     import hashlib
@@ -214,5 +241,8 @@ def converted_for_run(model: str, out_dir: Path, progress: bool = True) -> Path 
         recorded = {f["path"]: f["sha256"] for f in json.loads(record.read_text()).get("files", [])}
         if recorded == digests:
             return target
-    convert(ckpt.directory, target, progress=progress)
+    if hub:  # the receipt then names the repo and the commit the files came from
+        convert(repo, target, revision=rev or None, progress=progress, token=token)
+    else:
+        convert(ckpt.directory, target, progress=progress)
     return target
