@@ -32,6 +32,7 @@ from ..errors import CorpusError, ImatrixError
 from ..runtime.build import binary_is_ggufmtp_build, binary_version, find_binary
 from ..runtime.process import describe_exit, die_with_parent, stop_process
 from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
+from .mtp import llama_imatrix_command
 from .entries import DEFAULT_CHUNK_SIZE, STANDARD_KEYS, Imatrix, name_order
 from .format import read_imatrix, write_imatrix
 
@@ -135,20 +136,6 @@ class ComputeResult:
 # ------------------------------------------------------------------------------------------------
 # running llama-imatrix
 # ------------------------------------------------------------------------------------------------
-
-
-def llama_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, *, chunks: int | None,
-                          ctx_size: int, gpu_layers: int | None, threads: int | None) -> list[str]:
-    """The ``llama-imatrix`` command line. ``--no-repack``: the CPU AMX repack path crashes on these
-    VMs for quantized models (llama-cpp-facts.md), and repacking changes nothing that is collected."""
-    cmd = [str(binary), "-m", str(model), "-f", str(corpus), "-o", str(out), "-c", str(ctx_size), "--no-repack"]
-    if chunks is not None:
-        cmd += ["--chunks", str(chunks)]
-    if gpu_layers is not None:
-        cmd += ["-ngl", str(gpu_layers)]
-    if threads is not None:
-        cmd += ["-t", str(threads)]
-    return cmd
 
 
 @dataclasses.dataclass
@@ -308,7 +295,7 @@ def _check_settings(chunks: int | None, ctx_size: int, out: Path) -> None:
 
 
 def _collect_mtp(model: Path, corpus: Corpus, s: _Settings, progress: bool) -> Imatrix:
-    from .mtp import collect_mtp_statistics  # helper A's in-process collector
+    from .mtp import collect_mtp_statistics
 
     return collect_mtp_statistics(model, corpus, chunks=s.chunks, ctx_size=s.ctx_size, gpu_layers=s.gpu_layers,
                                   threads=s.threads, trunk=False, progress=progress)
@@ -353,11 +340,12 @@ def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus
                     binary: str | os.PathLike | None = None) -> ComputeResult:
     """Compute the imatrix of ``model`` over ``corpus`` (a path, ``builtin:NAME`` or a Corpus) and
     write it to ``out`` (GGUF) atomically. ``chunks``: at most this many chunks of ``ctx_size``
-    tokens (default: the whole corpus). ``mtp``: also collect the MTP block (helper module
-    :mod:`ggufmtp.imatrix.mtp`) and merge its entries into the same file."""
+    tokens (default: the whole corpus). ``mtp``: also collect the MTP block (the collector
+    of :mod:`ggufmtp.imatrix.mtp`) and merge its entries into the same file."""
     model, out = Path(model), Path(out)
     if not model.is_file():
-        raise ImatrixError(f"model file {model} does not exist")
+        raise ImatrixError(f"model file {model} does not exist" if not model.exists()
+                           else f"model {model} is not a regular file")
     _check_settings(chunks, ctx_size, out)
     corp = corpus if isinstance(corpus, Corpus) else resolve_corpus(corpus)
     check_corpus_text(corp, min_tokens=min_tokens_for(ctx_size))

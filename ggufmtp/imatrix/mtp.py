@@ -46,12 +46,11 @@ _ERROR_PREFIX = f"{MTP_IMATRIX_TOOL}: error: "
 _TAIL_LINES = 40
 
 
-def mtp_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, *, chunks: int | None, ctx_size: int,
-                        gpu_layers: int | None, threads: int | None, trunk: bool = False,
-                        with_trunk: bool = False, dump_hidden: Path | None = None) -> list[str]:
-    """The tool's command line: llama-imatrix's options (``-m -f -o -c --chunks -ngl -t``) plus its
-    own ``--trunk`` / ``--with-trunk`` / ``--dump-hidden``. ``--no-repack``: the CPU AMX repack path crashes on these
-    VMs for quantized models (llama-cpp-facts.md); repacking changes nothing that is collected."""
+def llama_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, *, chunks: int | None,
+                          ctx_size: int, gpu_layers: int | None, threads: int | None) -> list[str]:
+    """The ``llama-imatrix`` command line (the MTP tool takes the same options). ``--no-repack``: the
+    CPU AMX repack path crashes on these VMs for quantized models (llama-cpp-facts.md), and
+    repacking changes nothing that is collected."""
     cmd = [str(binary), "-m", str(model), "-f", str(corpus), "-o", str(out), "-c", str(ctx_size), "--no-repack"]
     if chunks is not None:
         cmd += ["--chunks", str(chunks)]
@@ -59,6 +58,16 @@ def mtp_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, *, c
         cmd += ["-ngl", str(gpu_layers)]
     if threads is not None:
         cmd += ["-t", str(threads)]
+    return cmd
+
+
+def mtp_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, *, chunks: int | None, ctx_size: int,
+                        gpu_layers: int | None, threads: int | None, trunk: bool = False,
+                        with_trunk: bool = False, dump_hidden: Path | None = None) -> list[str]:
+    """The tool's command line: llama-imatrix's options plus its own ``--trunk`` / ``--with-trunk`` /
+    ``--dump-hidden``."""
+    cmd = llama_imatrix_command(binary, model, corpus, out, chunks=chunks, ctx_size=ctx_size,
+                                gpu_layers=gpu_layers, threads=threads)
     if trunk:
         cmd.append("--trunk")
     if with_trunk:
