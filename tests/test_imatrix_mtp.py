@@ -248,6 +248,23 @@ def test_model_without_mtp_is_one_clear_error(synth_model, corpus):
     assert str(model) in str(ei.value) and "\n" not in str(ei.value)
 
 
+def test_tool_lines_are_found_behind_a_log_line_on_the_same_line():
+    """llama.cpp's logger thread shares the tool's stderr: a log fragment can precede the tool's line
+    (CI once read ``0.00.134.747 I cmn init: ...`` as the error). The error and progress still parse."""
+    from types import SimpleNamespace
+
+    from ggufmtp.imatrix.mtp import _pump, _ToolRun
+
+    lines = [b"0.00.134.747 I cmn          init: llama threadpool init, n_threads = 2" + f"{MTP_IMATRIX_TOOL}: chunk 3/8\n".encode(),
+             b"0.00.134.800 I " + f"{MTP_IMATRIX_TOOL}: error: m.gguf: the model has no MTP (NextN) block\n".encode(),
+             b"n_threads = 2\n"]
+    run = _ToolRun()
+    bar = SimpleNamespace(n=0, total=None, update=lambda k: None)
+    _pump(SimpleNamespace(stdout=iter(lines)), run, bar)
+    assert (run.done, run.total) == (3, 8)
+    assert run.error == "m.gguf: the model has no MTP (NextN) block"
+
+
 def test_short_corpus_is_one_clear_error(tiny_mtp_model, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("the quick brown fox " * 40)  # 800 bytes, fewer than 2 * 300 tokens

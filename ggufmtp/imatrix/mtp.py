@@ -41,7 +41,8 @@ __all__ = ["MTP_IMATRIX_TOOL", "collect_mtp_statistics", "mtp_imatrix_command"]
 _EXIT_BAD_CORPUS = 2
 _EXIT_NO_MTP = 3
 
-_PROGRESS_RE = re.compile(rf"^{re.escape(MTP_IMATRIX_TOOL)}: chunk (\d+)/(\d+)$")
+# Searched, not matched at the line's start: a log line of llama.cpp's logger thread may precede ours.
+_PROGRESS_RE = re.compile(rf"{re.escape(MTP_IMATRIX_TOOL)}: chunk (\d+)/(\d+)$")
 _ERROR_PREFIX = f"{MTP_IMATRIX_TOOL}: error: "
 _TAIL_LINES = 40
 
@@ -93,14 +94,14 @@ def _pump(proc: subprocess.Popen, run: _ToolRun, bar) -> None:
     for raw in proc.stdout:
         line = raw.decode("utf-8", "replace").rstrip("\n")
         run.tail = (run.tail + [line])[-_TAIL_LINES:]
-        m = _PROGRESS_RE.match(line)
+        m = _PROGRESS_RE.search(line)
         if m:
             run.done, run.total = int(m.group(1)), int(m.group(2))
             if bar.total != run.total:
                 bar.total = run.total
             bar.update(run.done - bar.n)
-        elif line.startswith(_ERROR_PREFIX):
-            run.error = line[len(_ERROR_PREFIX):]
+        elif _ERROR_PREFIX in line:
+            run.error = line[line.index(_ERROR_PREFIX) + len(_ERROR_PREFIX):]
 
 
 def _run_tool(cmd: list[str], progress: bool, chunks: int | None, desc: str) -> _ToolRun:

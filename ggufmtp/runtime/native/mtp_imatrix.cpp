@@ -79,12 +79,16 @@ enum exit_code {
 };
 
 [[noreturn]] static void fail(int code, const char * fmt, ...) {
+    // One write(2) for the whole line: llama.cpp's logger thread shares stderr, and three separate
+    // writes let its lines land inside ours (the Python side then read a log line as the error).
+    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, TOOL ": error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    std::string line = std::string(TOOL ": error: ") + msg + "\n";
+    fflush(stderr);
+    fwrite(line.data(), 1, line.size(), stderr);
     fflush(stderr);
     exit(code);
 }
