@@ -41,6 +41,32 @@ def blob(tmp_path) -> Path:
     return p
 
 
+def test_read_ahead_hash_is_the_bytes_and_stops_its_thread(tmp_path):
+    """The pipelined reader (a thread one or two chunks ahead) yields the file's bytes in order, for
+    sizes around the chunk boundaries; a consumer that stops early leaves no thread behind."""
+    import threading
+
+    chunk = 1024 * 1024
+    for size in (0, 1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3):
+        p = tmp_path / f"f{size}.bin"
+        data = os.urandom(size)
+        p.write_bytes(data)
+        got = file_digests(p, git_blob=True, chunk_size=chunk)
+        assert (got.size, got.sha256) == (size, hashlib.sha256(data).hexdigest()), size
+        assert got.git_sha1 == hashlib.sha1(b"blob %d\0" % size + data).hexdigest()
+
+    class Stop(Exception):
+        pass
+
+    def stop(_n):
+        raise Stop
+
+    before = threading.active_count()
+    with pytest.raises(Stop):
+        file_digests(tmp_path / f"f{5 * chunk + 3}.bin", chunk_size=chunk, on_chunk=stop)
+    assert threading.active_count() == before
+
+
 def test_hit_only_for_the_file_it_hashed(blob, tmp_path):
     cache = DigestCache(tmp_path / "c")
     assert cache.lookup(blob) is None  # never hashed: not trusted

