@@ -6,6 +6,7 @@ import dataclasses
 
 import click
 
+from ..synth.archs.registry import arch_for, arch_names
 from .app import emit_json, handle_errors, json_option, main, resolve_model_arg
 
 
@@ -41,10 +42,13 @@ def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: in
 
 @main.command()
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--arch", type=click.Choice(["qwen35moe", "qwen35"]), default="qwen35moe", show_default=True)
+@click.option("--arch", type=click.Choice(list(arch_names())), default="qwen35moe", show_default=True,
+              help="Architecture, laid out as the pinned converter writes it (see README: architectures).")
 @click.option("--shape", type=click.Choice(["tiny", "qwen3.6-35b-a3b"]), default="tiny", show_default=True,
               help="tiny (a few MB) or the real Qwen3.6-35B-A3B per-layer dimensions (GBs).")
 @click.option("--layers", type=click.IntRange(1, 200), default=4, show_default=True, help="Trunk layers.")
+@click.option("--mtp-layers", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="MTP blocks (nextn_predict_layers), for an architecture that chains heads (step35).")
 @click.option("--no-mtp", is_flag=True, help="Leave out the MTP block (nextn_predict_layers 0).")
 @click.option("--mtp-only", is_flag=True, help="Write an MTP-only sidecar (use with --spec-draft-model).")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
@@ -77,7 +81,7 @@ def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: in
                    "(Qwen3_5MoeForCausalLM, mtp.* tensors, tokenizer, sharded with an index) for `ggufmtp convert`.")
 @json_option
 @handle_errors
-def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: bool, seed: int,
+def synth(out: str, arch: str, shape: str, layers: int, mtp_layers: int, no_mtp: bool, mtp_only: bool, seed: int,
           wrong_successor_fraction: float, eh_proj_noise: float, head_margin: float, logit_scale: float,
           omit: tuple[str, ...],
           target_acceptance: float | None, target_k: int, suite_name: str, max_tokens: int, fmt: str,
@@ -86,7 +90,7 @@ def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: 
     from ..synth.spec import SynthSpec
     from ..synth.writer import synthesize
 
-    spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, seed=seed,
+    spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, mtp_layers=mtp_layers, seed=seed,
                      wrong_successor_fraction=wrong_successor_fraction, eh_proj_noise=eh_proj_noise,
                      omit_tensors=tuple(omit), mtp_only=mtp_only, head_margin=head_margin, logit_scale=logit_scale)
     if fmt == "hf":
@@ -110,7 +114,8 @@ def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: 
         return
     click.echo(f"wrote {res.path} ({res.size_bytes / 2**20:.1f} MiB, {res.n_tensors} tensors)")
     click.echo(f"  arch {arch}, shape {shape}, {layers} trunk layers, "
-               + (f"MTP block blk.{res.mtp_block}" if res.mtp_block is not None else "no MTP block")
+               + (f"MTP block{'s' if len(res.mtp_blocks) > 1 else ''} "
+                  + ", ".join(f"blk.{b}" for b in res.mtp_blocks) if res.mtp_blocks else "no MTP block")
                + (" (MTP-only sidecar)" if mtp_only else ""))
     if res.mtp_block is not None:
         acc = ", ".join(f"k={k}: {res.expected_acceptance(k):.3f}" for k in range(1, 5))
@@ -119,4 +124,4 @@ def synth(out: str, arch: str, shape: str, layers: int, no_mtp: bool, mtp_only: 
     if not res.servable:
         click.echo("  note: llama-server cannot run this file on its own "
                    + ("(use it with --spec-draft-model next to a --no-mtp model)" if mtp_only
-                      else "(llama.cpp 0c1e570 needs >= 2 trunk layers for this hybrid architecture)"), err=True)
+                      else f"({arch_for(arch).unservable_reason(spec)})"), err=True)

@@ -2,7 +2,8 @@
 
 Modules, in the order data flows through them:
 
-- ``layout``    shapes (``Dims``/``DIMS``) and which tensors a block has, with their sizes, types and init
+- ``layout``    shapes (``Dims``/``DIMS``), the tensors every architecture shares, how a tensor is initialised
+- ``archs``     one module per architecture: which tensors its blocks hold, its ``<arch>.*`` keys
 - ``spec``      ``SynthSpec`` (what to make, validated), ``expected_acceptance`` (the closed form)
 - ``tokenizer`` the byte-level BPE vocabulary learnt from a built-in corpus, and the chat template
 - ``chain``     the bigram successor chain and the exact replay of llama-server's draft loop

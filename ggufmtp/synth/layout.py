@@ -1,18 +1,17 @@
-"""What a synthetic model is made of: the shapes, and which tensors each block holds (pure data).
+"""What a synthetic model is made of: the shapes, the tensors every architecture shares
+(embeddings, output, the ``nextn.*`` tensors) and how a tensor is initialised (pure data).
 
-Names, ggml shapes (``ne0`` first), storage types and how each tensor is initialised. The bytes
-themselves are made by :mod:`ggufmtp.synth.tensors`; :meth:`ggufmtp.synth.spec.SynthSpec.validate`
-uses the MTP block's names to check ``omit_tensors``.
+Names, ggml shapes (``ne0`` first), storage types and initialisers. Which tensors a block holds is
+each architecture's own (:mod:`ggufmtp.synth.archs`); the bytes are made by
+:mod:`ggufmtp.synth.tensors`.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 from typing import NamedTuple, Union
 
-ARCHES = ("qwen35moe", "qwen35")
 SHAPE_TINY = "tiny"
 SHAPE_REAL = "qwen3.6-35b-a3b"
 SHAPES = (SHAPE_TINY, SHAPE_REAL)
@@ -121,67 +120,6 @@ def global_tensors(n_embd: int, n_vocab: int) -> list[TensorLayout]:
             _t("output.weight", (n_embd, n_vocab), BF16, Constructed.OUTPUT)]
 
 
-def _recurrent_mixer(p: str, d: Dims, w: float) -> list[TensorLayout]:
-    n, vdim, kdim = d.n_embd, d.ssm_inner, d.ssm_state * d.ssm_groups
-    return [
-        _t(p + "attn_qkv.weight", (n, 2 * kdim + vdim), BF16, Normal(w)),
-        _t(p + "attn_gate.weight", (n, vdim), BF16, Normal(w)),
-        _t(p + "ssm_conv1d.weight", (d.ssm_conv_kernel, d.conv_dim), F32, Normal(0.5)),
-        _t(p + "ssm_dt.bias", (d.ssm_dt_rank,), F32, Normal(0.1, mean=1.0)),
-        _t(p + "ssm_a", (d.ssm_dt_rank,), F32, Constructed.SSM_A),
-        _t(p + "ssm_beta.weight", (n, d.ssm_dt_rank), BF16, Normal(w)),
-        _t(p + "ssm_alpha.weight", (n, d.ssm_dt_rank), BF16, Normal(w)),
-        _norm(p + "ssm_norm.weight", d.ssm_state),
-        _t(p + "ssm_out.weight", (vdim, n), BF16, Normal(RESIDUAL_SCALE / math.sqrt(vdim))),
-    ]
-
-
-def _attention_mixer(p: str, d: Dims, w: float) -> list[TensorLayout]:
-    n, hq, hkv = d.n_embd, d.head_dim * d.n_head, d.head_dim * d.n_head_kv
-    return [
-        _t(p + "attn_q.weight", (n, 2 * hq), BF16, Normal(w)),  # q carries the output gate
-        _t(p + "attn_k.weight", (n, hkv), BF16, Normal(w)),
-        _t(p + "attn_v.weight", (n, hkv), BF16, Normal(w)),
-        _t(p + "attn_output.weight", (hq, n), BF16, Normal(RESIDUAL_SCALE / math.sqrt(hq))),
-        _norm(p + "attn_q_norm.weight", d.head_dim),
-        _norm(p + "attn_k_norm.weight", d.head_dim),
-    ]
-
-
-def _moe_ffn(p: str, d: Dims, w: float) -> list[TensorLayout]:
-    n = d.n_embd
-    return [
-        _t(p + "ffn_gate_inp.weight", (n, d.n_expert), F32, Normal(w)),
-        _t(p + "ffn_gate_exps.weight", (n, d.n_ff_exp, d.n_expert), BF16, Normal(w)),
-        _t(p + "ffn_up_exps.weight", (n, d.n_ff_exp, d.n_expert), BF16, Normal(w)),
-        _t(p + "ffn_down_exps.weight", (d.n_ff_exp, n, d.n_expert), BF16,
-           Normal(RESIDUAL_SCALE / math.sqrt(d.n_ff_exp))),
-        _t(p + "ffn_gate_inp_shexp.weight", (n,), F32, Normal(w)),
-        _t(p + "ffn_gate_shexp.weight", (n, d.n_ff_shexp), BF16, Normal(w)),
-        _t(p + "ffn_up_shexp.weight", (n, d.n_ff_shexp), BF16, Normal(w)),
-        _t(p + "ffn_down_shexp.weight", (d.n_ff_shexp, n), BF16, Normal(RESIDUAL_SCALE / math.sqrt(d.n_ff_shexp))),
-    ]
-
-
-def _dense_ffn(p: str, d: Dims, w: float) -> list[TensorLayout]:
-    n = d.n_embd
-    return [
-        _t(p + "ffn_gate.weight", (n, d.n_ff), BF16, Normal(w)),
-        _t(p + "ffn_up.weight", (n, d.n_ff), BF16, Normal(w)),
-        _t(p + "ffn_down.weight", (d.n_ff, n), BF16, Normal(RESIDUAL_SCALE / math.sqrt(d.n_ff))),
-    ]
-
-
-def block_tensors(il: int, arch: str, d: Dims, recurrent: bool) -> list[TensorLayout]:
-    """Block ``il``: norms, a Gated DeltaNet (``recurrent``) or full-attention mixer, then the
-    MoE (``qwen35moe``) or dense FFN. Projections back into the residual stream are ~1e-2 of the signal."""
-    p, w = f"blk.{il}.", 1.0 / math.sqrt(d.n_embd)
-    out = [_norm(p + "attn_norm.weight", d.n_embd), _norm(p + "post_attention_norm.weight", d.n_embd)]
-    out += _recurrent_mixer(p, d, w) if recurrent else _attention_mixer(p, d, w)
-    out += _moe_ffn(p, d, w) if arch == "qwen35moe" else _dense_ffn(p, d, w)
-    return out
-
-
 def nextn_tensors(il: int, n_embd: int, n_vocab: int, embed_tokens: bool) -> list[TensorLayout]:
     """The MTP head's own tensors in block ``il``; ``embed_tokens`` only when some draft successors
     are wrong (otherwise the head falls back to ``token_embd``)."""
@@ -192,10 +130,3 @@ def nextn_tensors(il: int, n_embd: int, n_vocab: int, embed_tokens: bool) -> lis
     if embed_tokens:
         out.append(_t(p + "embed_tokens.weight", (n_embd, n_vocab), BF16, Constructed.DRAFT_EMBEDDINGS))
     return out
-
-
-def mtp_block_suffixes(arch: str, shape: str) -> list[str]:
-    """Names (without ``blk.N.`` and ``.weight``) of every tensor an MTP block can hold."""
-    d = DIMS[shape]
-    names = [t.name for t in block_tensors(0, arch, d, recurrent=False) + nextn_tensors(0, d.n_embd, 0, True)]
-    return [nm.removeprefix("blk.0.").removesuffix(".weight") for nm in names]

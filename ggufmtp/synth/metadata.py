@@ -7,8 +7,8 @@ import json
 import gguf
 
 from .chain import realized_fraction
-from .layout import DIMS
-from .spec import SYNTH_VERSION, SynthSpec, full_attention_interval
+from .archs.registry import arch_for
+from .spec import SYNTH_VERSION, SynthSpec
 from .tokenizer import CHAT_TEMPLATE, Vocab
 
 
@@ -26,36 +26,22 @@ def _add_hyperparameters(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
     w.add_string("general.name", f"ggufmtp synthetic {spec.shape} {spec.arch}")
     w.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_BF16))
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
-    for key, value in _hyperparameters(spec):
-        name = f"{spec.arch}.{key}"
-        if isinstance(value, list):
-            w.add_array(name, value)
-        elif isinstance(value, float):
-            w.add_float32(name, value)
-        else:
-            w.add_uint32(name, value)
+    for key, value in arch_for(spec.arch).hyperparameters(spec):
+        _add_value(w, f"{spec.arch}.{key}", value)
 
 
-def _hyperparameters(spec: SynthSpec) -> list[tuple[str, int | float | list[int]]]:
-    """``<arch>.*`` keys in file order: ints are uint32, floats float32, lists arrays (as llama.cpp reads them)."""
-    d = DIMS[spec.shape]
-    kv: list[tuple[str, int | float | list[int]]] = [
-        ("context_length", d.ctx), ("embedding_length", d.n_embd),
-        ("block_count", spec.layers + (1 if spec.mtp else 0)), ("nextn_predict_layers", 1 if spec.mtp else 0),
-        ("attention.head_count", d.n_head), ("attention.head_count_kv", d.n_head_kv),
-        ("attention.key_length", d.head_dim), ("attention.value_length", d.head_dim),
-        ("attention.layer_norm_rms_epsilon", float(d.rms_eps)), ("rope.dimension_count", d.rope_dims),
-        ("rope.dimension_sections", list(d.rope_sections)), ("rope.freq_base", float(d.rope_freq_base)),
-    ]
-    if spec.arch == "qwen35moe":
-        kv += [("expert_count", d.n_expert), ("expert_used_count", d.n_expert_used),
-               ("expert_feed_forward_length", d.n_ff_exp), ("expert_shared_feed_forward_length", d.n_ff_shexp)]
+def _add_value(w: gguf.GGUFWriter, name: str, value) -> None:
+    """As llama.cpp reads them: ints uint32, floats float32, bools bool, strings, lists arrays."""
+    if isinstance(value, list):
+        w.add_array(name, value)
+    elif isinstance(value, bool):
+        w.add_bool(name, value)
+    elif isinstance(value, float):
+        w.add_float32(name, value)
+    elif isinstance(value, str):
+        w.add_string(name, value)
     else:
-        kv += [("feed_forward_length", d.n_ff)]
-    kv += [("ssm.conv_kernel", d.ssm_conv_kernel), ("ssm.state_size", d.ssm_state),
-           ("ssm.group_count", d.ssm_groups), ("ssm.time_step_rank", d.ssm_dt_rank),
-           ("ssm.inner_size", d.ssm_inner), ("full_attention_interval", full_attention_interval(spec))]
-    return kv
+        w.add_uint32(name, value)
 
 
 def _add_tokenizer(w: gguf.GGUFWriter, vocab: Vocab) -> None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SynthError
-from .layout import ARCHES, LOGIT_SCALE, SHAPE_REAL, SHAPE_TINY, SHAPES, mtp_block_suffixes
+from .archs.registry import arch_for
+from .layout import LOGIT_SCALE, SHAPE_TINY, SHAPES
 
 SYNTH_VERSION = 1  # bump when the bytes written for a given spec change (invalidates builtin caches)
 
@@ -32,15 +33,28 @@ class SynthSpec:
     # Knobs added later; left out of to_dict() at their defaults so older specs keep their digests.
     head_margin: float = 0.0  # > 0: the head's drafts win by only this many logits (reacts to quantization)
     logit_scale: float = LOGIT_SCALE  # the successor's logit; lower = softer distributions (KLD > 0 when quantized)
+    mtp_layers: int = 1  # MTP blocks (nextn_predict_layers) when mtp; > 1 only where the arch chains heads
+
+    @property
+    def n_mtp_blocks(self) -> int:
+        """``nextn_predict_layers``: ``mtp_layers``, or 0 without an MTP block."""
+        return self.mtp_layers if self.mtp else 0
+
+    @property
+    def mtp_blocks(self) -> list[int]:
+        """Indices of the MTP blocks (after the ``layers`` trunk blocks)."""
+        return list(range(self.layers, self.layers + self.n_mtp_blocks))
 
     def validate(self) -> None:
         """Raise :class:`SynthError` naming the first knob out of range."""
-        if self.arch not in ARCHES:
-            raise SynthError(f"arch {self.arch!r}: must be one of {', '.join(ARCHES)}")
+        arch = arch_for(self.arch)  # SynthError naming the architectures
         if self.shape not in SHAPES:
             raise SynthError(f"shape {self.shape!r}: must be one of {', '.join(SHAPES)}")
-        if self.shape == SHAPE_REAL and self.arch != "qwen35moe":
-            raise SynthError(f"shape {SHAPE_REAL!r} is the MoE Qwen3.6-35B-A3B; use arch qwen35moe")
+        if self.shape not in arch.shapes:
+            raise SynthError(f"shape {self.shape!r} is not written for arch {self.arch} (it has: {', '.join(arch.shapes)})")
+        if not 1 <= self.mtp_layers <= arch.max_mtp_layers:
+            raise SynthError(f"mtp_layers {self.mtp_layers}: arch {self.arch} takes 1"
+                             + (f" to {arch.max_mtp_layers}" if arch.max_mtp_layers > 1 else " (one MTP block)"))
         if not 1 <= self.layers <= 200:
             raise SynthError(f"layers {self.layers}: must be between 1 and 200")
         if not 0.0 <= self.wrong_successor_fraction <= 1.0:
@@ -60,7 +74,7 @@ class SynthSpec:
                              or self.mtp_only or self.head_margin):
             raise SynthError("mtp=False: the MTP knobs (wrong successors, eh_proj noise, omitted "
                              "tensors, mtp_only) need the MTP block")
-        suffixes = mtp_block_suffixes(self.arch, self.shape)
+        suffixes = mtp_block_suffixes(self)
         for t in self.omit_tensors:
             if t.removesuffix(".weight").removesuffix(".bias") not in suffixes:
                 raise SynthError(
@@ -69,7 +83,7 @@ class SynthSpec:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["omit_tensors"] = list(self.omit_tensors)
-        for knob, default in (("head_margin", 0.0), ("logit_scale", LOGIT_SCALE)):
+        for knob, default in (("head_margin", 0.0), ("logit_scale", LOGIT_SCALE), ("mtp_layers", 1)):
             if d[knob] == default:
                 del d[knob]
         return d
@@ -80,21 +94,19 @@ class SynthSpec:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def mtp_block_suffixes(spec: SynthSpec) -> list[str]:
+    """Names (without ``blk.N.`` and ``.weight``) of every tensor an MTP block of ``spec``'s arch can hold."""
+    a = arch_for(spec.arch)
+    names = [t.name for t in a.mtp_block(0, spec) + a.nextn(0, spec, 0, True)]
+    return [nm.removeprefix("blk.0.").removesuffix(".weight") for nm in names]
+
+
 def spec_rng(spec: SynthSpec, *key: int | str) -> np.random.Generator:
     """The generator for one named part of a spec's model: the same seed and key give the same values."""
     words = [spec.seed & 0xFFFFFFFF, spec.seed >> 32]
     for k in key:
         words.append(zlib.crc32(k.encode()) if isinstance(k, str) else int(k) & 0xFFFFFFFF)
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
-
-
-def full_attention_interval(spec: SynthSpec) -> int:
-    """4 (layers 0-2 Gated DeltaNet, 3 full attention, ...), or ``layers`` when there are 2 or 3
-    trunk layers: llama.cpp 0c1e570 aborts at warm-up (``GGML_ASSERT(buffer)`` in the hybrid
-    memory's ``set_input``) on a trunk without any attention layer, and equally on one without any
-    recurrent layer -- so a 1-layer model (written with interval 4: one DeltaNet layer) loads in
-    the GGUF tools but llama-server cannot run it (:attr:`SynthResult.servable` is False)."""
-    return 4 if spec.layers == 1 else min(4, spec.layers)
 
 
 def expected_acceptance(wrong_successor_fraction: float, draft_n_max: int) -> float:

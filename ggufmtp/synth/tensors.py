@@ -15,9 +15,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .chain import chain_for
-from .layout import (BF16, DIMS, F32, Const, Constructed, Normal, TensorLayout, block_tensors,
-                     global_tensors, nextn_tensors)
-from .spec import SynthSpec, full_attention_interval, spec_rng
+from .archs.registry import arch_for
+from .layout import BF16, F32, Const, Constructed, Normal, TensorLayout, global_tensors
+from .spec import SynthSpec, spec_rng
 from .tokenizer import build_vocab
 
 BIG_TENSOR_ELEMS = 1 << 22  # tensors larger than this (and vocab padding) tile the noise bank
@@ -59,7 +59,8 @@ class TensorBuilder:
 
     def __init__(self, spec: SynthSpec):
         self.spec = spec
-        self.d = DIMS[spec.shape]
+        self.arch = arch_for(spec.arch)
+        self.d = self.arch.dims(spec)
         self.vocab = build_vocab(spec.shape)
         self.chain = chain_for(spec)
         self._banks: dict[float, np.ndarray] = {}
@@ -67,17 +68,15 @@ class TensorBuilder:
 
     # --- the model
     def plans(self) -> list[TensorPlan]:
-        """Every tensor, in file order: globals, the trunk blocks, then the MTP block."""
-        s, n = self.spec, self.d.n_embd
-        layout = global_tensors(n, len(self.vocab))
+        """Every tensor, in file order: globals, the trunk blocks, then the MTP blocks."""
+        s, a = self.spec, self.arch
+        layout = global_tensors(self.d.n_embd, len(self.vocab))
         if not s.mtp_only:
-            interval = full_attention_interval(s)
             for il in range(s.layers):
-                layout += block_tensors(il, s.arch, self.d, recurrent=(il + 1) % interval != 0)
-        if s.mtp:
-            il = s.layers
-            mtp = block_tensors(il, s.arch, self.d, recurrent=False)
-            mtp += nextn_tensors(il, n, len(self.vocab), embed_tokens=s.wrong_successor_fraction > 0 or s.head_margin > 0)
+                layout += a.trunk_block(il, s)
+        embed_tokens = s.wrong_successor_fraction > 0 or s.head_margin > 0
+        for il in s.mtp_blocks:  # omit_tensors applies to each of them
+            mtp = a.mtp_block(il, s) + a.nextn(il, s, len(self.vocab), embed_tokens)
             omit = {f"blk.{il}.{t}" for t in s.omit_tensors} | {f"blk.{il}.{t}.weight" for t in s.omit_tensors}
             layout += [t for t in mtp if t.name not in omit]
         return [self.plan_for(t) for t in layout]

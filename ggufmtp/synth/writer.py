@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from ..errors import SynthError
 from ..gguf.fsutil import atomic_write_parts
+from .archs.registry import arch_for
 from .chain import realized_fraction
 from .layout import F32
 from .metadata import add_metadata
@@ -36,8 +37,13 @@ class SynthResult:
     @property
     def servable(self) -> bool:
         """Whether llama-server 0c1e570 can run this file on its own (see
-        :func:`~ggufmtp.synth.spec.full_attention_interval`; an MTP-only sidecar needs a target model next to it)."""
-        return self.spec.layers >= 2 and not self.spec.mtp_only
+        :meth:`~ggufmtp.synth.archs.SynthArch.unservable_reason`)."""
+        return arch_for(self.spec.arch).servable(self.spec)
+
+    @property
+    def mtp_blocks(self) -> list[int]:
+        """Every MTP block (several where the architecture chains heads)."""
+        return self.spec.mtp_blocks
 
     @property
     def realized_wrong_fraction(self) -> float:
@@ -56,6 +62,7 @@ class SynthResult:
             "path": str(self.path),
             "spec": self.spec.to_dict(),
             "mtp_block": self.mtp_block,
+            "mtp_blocks": self.mtp_blocks,
             "n_tensors": self.n_tensors,
             "size_bytes": self.size_bytes,
             "sha256": self.sha256,

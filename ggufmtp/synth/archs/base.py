@@ -1,0 +1,110 @@
+"""What an architecture module provides to the synthesizer (:class:`SynthArch`), and the
+tensor-layout helpers they share.
+
+The synthetic models of every architecture follow the same recipe (see :mod:`ggufmtp.synth`):
+``token_embd`` / ``output`` carry a bigram chain, every block writes ~1e-2 of the signal back into
+the residual stream, and each MTP block's ``nextn.eh_proj`` is ``[I | 0]`` over
+``concat(enorm(embed), hnorm(hidden))`` -- the order every MTP graph of llama.cpp 0c1e570 uses
+(``src/models/<arch>.cpp``). An architecture module only says which tensors a block holds, with
+which shapes, and which ``<arch>.*`` keys the loader reads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+from ..layout import BF16, DIMS, F32, RESIDUAL_SCALE, SHAPE_TINY, Const, Dims, Normal, TensorLayout
+
+class SynthSpec(Protocol):
+    """What an architecture reads of a :class:`ggufmtp.synth.spec.SynthSpec` (not imported: the
+    spec validates itself against the architectures)."""
+
+    arch: str
+    shape: str
+    layers: int
+    mtp_only: bool
+
+    @property
+    def n_mtp_blocks(self) -> int: ...
+
+    @property
+    def mtp_blocks(self) -> list[int]: ...
+
+
+#: A ``<arch>.*`` hyperparameter: ints are written as uint32, floats as float32, lists as arrays.
+HParam = tuple[str, "int | float | bool | str | list[int] | list[float] | list[bool]"]
+
+
+class SynthArch:
+    """One architecture the synthesizer writes. Subclasses set :attr:`name` and implement
+    :meth:`hyperparameters`, :meth:`trunk_block` and :meth:`mtp_block`."""
+
+    name: str = ""
+    #: shapes this architecture can be written in (the real Qwen3.6 shape is qwen35moe's only)
+    shapes: tuple[str, ...] = (SHAPE_TINY,)
+    #: how many MTP blocks a model of this architecture may carry (step35 chains several)
+    max_mtp_layers: int = 1
+    #: how llama.cpp's graph source names it, for error messages and the README table
+    source: str = ""
+
+    def dims(self, spec: SynthSpec) -> Dims:
+        """Per-layer dimensions (the shape's; subclasses may adjust)."""
+        return DIMS[spec.shape]
+
+    def hyperparameters(self, spec: SynthSpec) -> list[HParam]:
+        """``<arch>.*`` keys (without the prefix) in file order, ``block_count`` and
+        ``nextn_predict_layers`` included (see :func:`common_hyperparameters`)."""
+        raise NotImplementedError
+
+    def trunk_block(self, il: int, spec: SynthSpec) -> list[TensorLayout]:
+        """The tensors of trunk block ``il``."""
+        raise NotImplementedError
+
+    def mtp_block(self, il: int, spec: SynthSpec) -> list[TensorLayout]:
+        """The transformer-block tensors of MTP block ``il`` (its ``nextn.*`` tensors come from
+        :meth:`nextn`)."""
+        raise NotImplementedError
+
+    def nextn(self, il: int, spec: SynthSpec, n_vocab: int, embed_tokens: bool) -> list[TensorLayout]:
+        """The ``nextn.*`` tensors of MTP block ``il``."""
+        from ..layout import nextn_tensors
+
+        return nextn_tensors(il, self.dims(spec).n_embd, n_vocab, embed_tokens)
+
+    def servable(self, spec: SynthSpec) -> bool:
+        """Whether llama-server 0c1e570 can run the model on its own."""
+        return spec.layers >= 1 and not spec.mtp_only
+
+    def unservable_reason(self, spec: SynthSpec) -> str:
+        """Why :meth:`servable` is False (shown by ``ggufmtp synth``)."""
+        return "an MTP-only sidecar needs a target model next to it" if spec.mtp_only else ""
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def weight(name: str, ne: tuple[int, ...], std: float, dtype: int = BF16) -> TensorLayout:
+    """A gaussian matrix (BF16 unless said otherwise)."""
+    return TensorLayout(name, ne, dtype, Normal(std))
+
+
+def norm(name: str, n: int) -> TensorLayout:
+    """An RMS-norm weight of ones (F32, as the converter writes 1-D tensors)."""
+    return TensorLayout(name, (n,), F32, Const(1.0))
+
+
+def out_proj(name: str, n_in: int, n_out: int, n_expert: int = 0, dtype: int = BF16) -> TensorLayout:
+    """A projection back into the residual stream (``n_expert`` > 0: one per expert): ~1e-2 of the signal."""
+    ne = (n_in, n_out, n_expert) if n_expert else (n_in, n_out)
+    return TensorLayout(name, ne, dtype, Normal(RESIDUAL_SCALE / math.sqrt(n_in)))
+
+
+def in_std(n_embd: int) -> float:
+    """The std of a projection out of the residual stream (unit-variance outputs)."""
+    return 1.0 / math.sqrt(n_embd)
+
+
+def common_hyperparameters(spec: SynthSpec, d: Dims) -> list[HParam]:
+    """The keys every architecture's loader reads first: context, width, block counts."""
+    return [("context_length", d.ctx), ("embedding_length", d.n_embd),
+            ("block_count", spec.layers + spec.n_mtp_blocks), ("nextn_predict_layers", spec.n_mtp_blocks)]
