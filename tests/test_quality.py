@@ -188,5 +188,8 @@ def test_head_sweep_on_a_reacting_head_shows_acceptance_falling_with_precision(s
     assert list(acc) == ["BF16", "Q8_0", "Q4_K"]
     assert abs(acc["BF16"] - acc["Q8_0"]) < 0.05 and acc["Q4_K"] < acc["Q8_0"] - 0.2
     assert res.recommended in ("Q8_0", "BF16") and res.to_dict()["trunk_identical"]
+    # each verdict is the recipe's (min_acceptance 0.60): the Q4_K head fails it, the BF16 head passes
+    verdicts = {v.head_type: v.verdict for v in res.variants}
+    assert verdicts["Q4_K"] == "fail" and verdicts["BF16"] == "pass", verdicts
     written = write_recommended_recipe(res, tmp_path / "rec.toml")
     assert dict(Recipe.load(written).mtp_roles)["eh_proj"] == res.recommended

@@ -154,6 +154,8 @@ def head_sweep(model: str | Path, recipe: Recipe | str | Path, types: Sequence[s
     out = Path(out_dir)
     opts = dict(verify_options or {})
     opts.setdefault("draft_n_max", base.verify.draft_n_max)
+    # each variant's verdict is judged by the recipe's [verify] table, as `run` judges an artifact
+    opts.setdefault("thresholds", base.verify)
     ref_path: Path | None = None
     ref_digests: dict[str, str] = {}
     variants: list[HeadVariant] = []
