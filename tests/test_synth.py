@@ -357,6 +357,16 @@ def test_cli_synth_json(tmp_path):
     assert math.isclose(j["expected_acceptance"]["3"], expected_acceptance(j["realized_wrong_fraction"], 3))
 
 
+def test_omit_tensors_takes_bias_names_and_keeps_the_knob_carrier():
+    """``exp_probs_b.bias`` (a bias-only tensor) can be omitted; ``nextn.embed_tokens`` cannot while
+    a knob is set: its rows carry the wrong successors (the head would silently agree again)."""
+    SynthSpec(arch="glm4moe", omit_tensors=("exp_probs_b.bias",)).validate()
+    for knob in ({"wrong_successor_fraction": 0.2}, {"head_margin": 0.1}):
+        with pytest.raises(SynthError, match="carries the wrong-successor fraction"):
+            SynthSpec(omit_tensors=("nextn.embed_tokens",), **knob).validate()
+    SynthSpec(omit_tensors=("nextn.embed_tokens",)).validate()  # f = 0: nothing to carry
+
+
 def test_cli_synth_text_no_mtp_and_omit(tmp_path):
     r1 = CliRunner().invoke(main, ["synth", str(tmp_path / "a.gguf"), "--no-mtp"])
     assert r1.exit_code == 0 and "no MTP block" in r1.output

@@ -76,9 +76,14 @@ class SynthSpec:
                              "tensors, mtp_only) need the MTP block")
         suffixes = mtp_block_suffixes(self)
         for t in self.omit_tensors:
-            if t.removesuffix(".weight").removesuffix(".bias") not in suffixes:
+            if t not in suffixes and t.removesuffix(".weight").removesuffix(".bias") not in suffixes:
                 raise SynthError(
                     f"omit_tensors: {t!r} is not a tensor of the MTP block; choose among {', '.join(suffixes)}")
+        knob_carrier = "nextn.embed_tokens"  # the corrupted rows and the margin's competitors live there
+        if (self.wrong_successor_fraction or self.head_margin) and \
+                {knob_carrier, knob_carrier + ".weight"} & set(self.omit_tensors):
+            raise SynthError(f"omit_tensors: {knob_carrier} carries the wrong-successor fraction and the head "
+                             f"margin; omitting it would leave the head agreeing with the trunk")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
