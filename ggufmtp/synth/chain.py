@@ -12,6 +12,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
+from .archs.registry import arch_for
 from .spec import SynthSpec, spec_rng
 from .tokenizer import build_vocab
 
@@ -102,7 +103,13 @@ def simulate_acceptance(spec: SynthSpec, last_token: int, n_predict: int, draft_
                         draft_n_min: int = 0) -> DraftCounts:
     """(drafted, accepted) that llama-server's draft-mtp loop should report for one reply of
     ``n_predict`` tokens after a prompt ending in ``last_token`` (temperature 0, one slot): each
-    draft is capped at ``n_remaining - 1`` tokens, discarded below ``draft_n_min``."""
+    draft is capped at ``n_remaining - 1`` tokens, discarded below ``draft_n_min``.
+
+    On an architecture without partial rollback (qwen3next: ``SynthArch.partial_rollback`` False;
+    ``tools/server/server-context.cpp``, ``spec_is_replay``) a draft with a rejection is replayed from
+    a checkpoint: the accepted tokens plus the correction are decoded again as an uncounted draft
+    whose verification also samples the next token, so that step emits ``a + 2`` tokens, not ``a + 1``."""
+    replay = not arch_for(spec.arch).partial_rollback
     ch = chain_for(spec)
     seq = predict_tokens(spec, last_token, n_predict)
     drafted = accepted = 0
@@ -123,7 +130,7 @@ def simulate_acceptance(spec: SynthSpec, last_token: int, n_predict: int, draft_
             a += 1
         drafted += len(d)
         accepted += a
-        n_gen += a + 1
+        n_gen += a + 1 + (replay and a < len(d))
         last = seq[min(n_gen, n_predict) - 1]
     return DraftCounts(drafted, accepted)
 

@@ -46,6 +46,10 @@ class SynthArch:
     max_mtp_layers: int = 1
     #: how llama.cpp's graph source names it, for error messages and the README table
     source: str = ""
+    #: whether llama-server rolls a partly rejected draft back in place (no recurrent state, or
+    #: ``llm_arch_supports_rs_rollback``); False: it restores a checkpoint and replays the accepted
+    #: tokens, which shifts the next draft by one token (:func:`ggufmtp.synth.chain.simulate_acceptance`)
+    partial_rollback: bool = True
 
     def dims(self, spec: SynthSpec) -> Dims:
         """Per-layer dimensions (the shape's; subclasses may adjust)."""
