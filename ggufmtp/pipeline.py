@@ -50,8 +50,8 @@ from .runtime.build import installed_runtime
 STAGES = ("pull", "inspect", "plan", "quantize", "audit", "verify", "receipt", "eval", "card", "upload")
 
 # What the inspect stage keeps of the model report.
-_INSPECT_FIELDS = ("architecture", "block_count", "nextn_predict_layers", "mtp_block", "mtp_status", "mtp_missing",
-                   "file_type", "n_params", "size_bytes", "bpw")
+_INSPECT_FIELDS = ("architecture", "block_count", "nextn_predict_layers", "mtp_block", "mtp_blocks", "mtp_status",
+                   "mtp_missing", "file_type", "n_params", "size_bytes", "bpw")
 
 
 class StageStatus(enum.StrEnum):
@@ -86,7 +86,8 @@ class RunSummary:
     size_bytes: int | None
     bpw: float | None
     mtp_status: str | None
-    mtp_block: int | None
+    mtp_block: int | None  # the first MTP block
+    mtp_blocks: list[int]  # every MTP block
     acceptance: float | None
     acceptance_ci95: list[float] | None
     speedup: float | None
@@ -132,6 +133,7 @@ class RunResult:
             bpw=q.get("bpw"),
             mtp_status=q.get("mtp", {}).get("status", ins.get("mtp_status")),
             mtp_block=q.get("mtp", {}).get("block"),
+            mtp_blocks=_mtp_blocks(q.get("mtp", {}), ins),
             acceptance=v["mtp"]["acceptance"] if v else None,
             acceptance_ci95=v["mtp"]["acceptance_ci95"] if v else None,
             speedup=v["speedup"] if v else None,
@@ -144,6 +146,16 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         """The run in one JSON object (``ggufmtp run --json``)."""
         return self.summary_record().to_dict()
+
+
+def _mtp_blocks(q_mtp: dict[str, Any], ins: dict[str, Any]) -> list[int]:
+    """Every MTP block of the run: the quantize result's; one cached before chains were reported
+    names only its first block, so then the inspect stage's list, else that block."""
+    if "blocks" in q_mtp:
+        return list(q_mtp["blocks"])
+    if "mtp_blocks" in ins:
+        return list(ins["mtp_blocks"])
+    return [q_mtp["block"]] if q_mtp.get("block") is not None else []
 
 
 def _key(*parts: Any) -> str:
@@ -522,7 +534,7 @@ def format_summary(s: dict[str, Any]) -> str:
     rows = [
         ("artifact", s["artifact"]),
         ("size", f"{s['size_bytes']:,} bytes, {s['bpw']:.3f} bpw" if s.get("size_bytes") else "-"),
-        ("MTP", f"blk.{s['mtp_block']} {s['mtp_status']}"),
+        ("MTP", ", ".join(f"blk.{b}" for b in s.get("mtp_blocks") or [s["mtp_block"]]) + f" {s['mtp_status']}"),
         ("acceptance", with_ci(s["acceptance"], s["acceptance_ci95"], True)),
         ("speedup", with_ci(s["speedup"], s["speedup_ci95"], False)),
         ("verdict", s["verdict"] or "not verified"),

@@ -170,3 +170,16 @@ def test_binary_discovery_order(tmp_path, monkeypatch):
     assert runtime.find_binary("llama-server") == fake                    # then the env var
     monkeypatch.delenv(runtime.ENV_BIN)
     assert runtime.find_binary("llama-server") != fake                    # then the cache / PATH
+
+
+@pytest.mark.parametrize("arch,tensor,named", [("glm4moe", "ffn_gate_inp", "ffn_gate_inp"),
+                                               ("glm4moe", "attn_q", "attn_qkv"),  # the fused tensor or its parts
+                                               ("deepseek2", "attn_kv_a_mqa", "attn_kv_a_mqa"),
+                                               ("deepseek2", "ffn_up_shexp", "ffn_up_shexp")])
+def test_an_mtp_block_missing_a_tensor_its_graph_needs_is_incomplete(tmp_path, arch, tensor, named):
+    """Per-architecture requirements (not the generic norm/attention/FFN check): a GLM or DeepSeek
+    NextN block without a tensor its MTP graph loads is INCOMPLETE, naming the tensor."""
+    res = synthesize(tmp_path / "m.gguf", SynthSpec(arch=arch, layers=2, omit_tensors=(tensor,)), progress=False)
+    rep = inspect_model(res.path)
+    assert rep.mtp_status == "incomplete"
+    assert rep.mtp_missing == [f"blk.2.{named}.weight"]

@@ -147,7 +147,8 @@ def test_summary_json_and_text_from_stage_records(tmp_path):
                StageRecord("verify", "k2", False, {"verification": verification})]
     res = RunResult(tmp_path, tmp_path / "a.gguf", tmp_path / "a.gguf.receipt.json", None, records)
     s = res.summary()
-    assert list(s) == ["artifact", "receipt", "card", "size_bytes", "bpw", "mtp_status", "mtp_block", "acceptance",
+    assert list(s) == ["artifact", "receipt", "card", "size_bytes", "bpw", "mtp_status", "mtp_block", "mtp_blocks",
+                       "acceptance",
                        "acceptance_ci95", "speedup", "speedup_ci95", "verdict", "uploaded", "stages"]
     assert s["stages"] == {"pull": "cached", "quantize": "ran", "verify": "ran"}
     assert json.loads(json.dumps(s)) == s and records[0].status is StageStatus.CACHED

@@ -53,17 +53,19 @@ def recipe_show(recipe_name: str, as_json: bool) -> None:
 @recipe.command("from-flags", context_settings={"ignore_unknown_options": True})
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.option("--name", default="from-flags", show_default=True, help="Recipe name.")
-@click.option("--mtp-block", type=int, default=None, help="Turn blk.N. in patterns into the {mtp} placeholder.")
+@click.option("--mtp-block", "mtp_blocks", type=int, multiple=True,
+              help="Turn blk.N. in patterns into the {mtp} placeholder (repeat for every MTP block: "
+                   "blk.N. alone becomes {mtpI}, the I-th).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the TOML here.")
 @handle_errors
-def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_block: int | None, output: str | None) -> None:
+def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, ...], output: str | None) -> None:
     """Make a recipe from llama-quantize flags, e.g.
 
     ggufmtp recipe from-flags -- --tensor-type 'blk\\.40\\.nextn\\.eh_proj=q8_0' in.gguf out.gguf Q4_K_M
     """
     from ..quant.recipe import Recipe
 
-    text = Recipe.from_flags(list(flags), name=name, mtp_block=mtp_block).to_toml()
+    text = Recipe.from_flags(list(flags), name=name, mtp_block=list(mtp_blocks) or None).to_toml()
     if output:
         from ..gguf.fsutil import atomic_write_text
 

@@ -33,10 +33,18 @@ _ATTN = [("attn_norm",), ("post_attention_norm",), ("attn_qkv", "attn_q+attn_k+a
 _MOE = [("ffn_gate_inp",), ("ffn_down_exps",), ("ffn_gate_up_exps", "ffn_gate_exps+ffn_up_exps"),
         ("ffn_gate_inp_shexp",), ("ffn_gate_shexp",), ("ffn_up_shexp",), ("ffn_down_shexp",)]
 _DENSE = [("ffn_gate",), ("ffn_up",), ("ffn_down",)]
+_ROUTED = [("ffn_gate_inp",), ("ffn_down_exps",), ("ffn_gate_up_exps", "ffn_gate_exps+ffn_up_exps")]
+# src/models/glm4-moe.cpp and deepseek2.cpp (graph_mtp's asserts and load_block_mtp)
+_GLM_ATTN = [("attn_norm",), ("post_attention_norm",), ("attn_qkv", "attn_q+attn_k+attn_v"), ("attn_output",)]
+_MLA = [("attn_norm",), ("attn_q_a",), ("attn_q_a_norm",), ("attn_q_b",), ("attn_kv_a_mqa",),
+        ("attn_kv_a_norm",), ("attn_k_b",), ("attn_v_b",), ("attn_output",), ("ffn_norm",)]
+_SHARED = [("ffn_gate_shexp",), ("ffn_up_shexp",), ("ffn_down_shexp",)]
 MTP_BLOCK_REQUIREMENTS: dict[str, list[tuple[str, ...]]] = {
     "qwen35moe": _ATTN + _MOE,
     "qwen3next": _ATTN + _MOE,
     "qwen35": _ATTN + _DENSE,
+    "glm4moe": _GLM_ATTN + _ROUTED,
+    "deepseek2": _MLA + _ROUTED + _SHARED,
 }
 # Other MTP architectures: at least a norm, some attention and some FFN.
 _GENERIC_BLOCK = [("attn_norm",), ("attn_output", "attn_out"),
@@ -214,14 +222,16 @@ class MTPStatus(enum.StrEnum):
 
 @dataclasses.dataclass
 class MTPCheck:
-    """The MTP block's presence and completeness."""
+    """The MTP blocks' presence and completeness. ``block``: the first MTP block (what single-block
+    readers use); ``blocks``: every one of them (``nextn_predict_layers`` > 1: step35's chain)."""
 
     status: MTPStatus
     block: int | None
-    tensors: dict[str, str]
+    tensors: dict[str, str]  # every MTP block's tensors, block by block
     missing: list[str]
     fallbacks: dict[str, str]  # optional tensor -> what llama.cpp uses instead
     problems: list[str]
+    blocks: list[int] = dataclasses.field(default_factory=list)
 
 
 def _has(names: set[str], prefix: str, alt: str) -> bool:
@@ -242,16 +252,34 @@ def _missing_block_tensors(model: GGUFModel, names: set[str], blocks: list[int])
     return missing
 
 
-def _fallbacks(names: set[str], prefix: str) -> dict[str, str]:
-    """Optional NextN tensors the file lacks -> the tensor llama.cpp uses instead."""
+def _fallbacks(names: set[str], blocks: list[int]) -> dict[str, str]:
+    """Optional NextN tensors the MTP blocks lack -> the tensor llama.cpp uses instead."""
     fallbacks = {}
-    for opt, fallback in NEXTN_OPTIONAL_FALLBACKS.items():
-        if f"{prefix}{opt}.weight" not in names:
-            fb = f"{fallback}.weight"
-            if fallback == "output" and fb not in names:
-                fb = "token_embd.weight"  # tied embeddings: output falls back to token_embd
-            fallbacks[f"{prefix}{opt}.weight"] = fb
+    for b in blocks:
+        for opt, fallback in NEXTN_OPTIONAL_FALLBACKS.items():
+            if f"blk.{b}.{opt}.weight" not in names:
+                fb = f"{fallback}.weight"
+                if fallback == "output" and fb not in names:
+                    fb = "token_embd.weight"  # tied embeddings: output falls back to token_embd
+                fallbacks[f"blk.{b}.{opt}.weight"] = fb
     return fallbacks
+
+
+def block_prefixes(blocks: list[int]) -> tuple[str, ...]:
+    """``("blk.40.", "blk.41.")``: the name prefixes of ``blocks`` (``str.startswith`` takes the tuple)."""
+    return tuple(f"blk.{b}." for b in blocks)
+
+
+def format_blocks(blocks: list[int]) -> str:
+    """``blk.40`` or ``blk.40, blk.41``: MTP blocks as messages name them."""
+    return ", ".join(f"blk.{b}" for b in blocks)
+
+
+def _mtp_tensors(model: GGUFModel, blocks: list[int]) -> dict[str, str]:
+    """Every tensor of the MTP blocks -> its type, block by block (blk.9 before blk.10), by name within one."""
+    prefixes = block_prefixes(blocks)
+    picked = [t for t in model.tensors.values() if t.name.startswith(prefixes)]
+    return {t.name: t.type for t in sorted(picked, key=lambda t: (t.block, t.name))}
 
 
 def check_mtp(model: GGUFModel) -> MTPCheck:
@@ -265,9 +293,7 @@ def check_mtp(model: GGUFModel) -> MTPCheck:
                             [f"{model.architecture}.nextn_predict_layers (metadata says 0, file has NextN tensors)"],
                             {}, ["NextN tensors present but nextn_predict_layers is 0"])
         return MTPCheck(MTPStatus.ABSENT, None, {}, [], {}, [])
-    block = blocks[-1] if len(blocks) == 1 else blocks[0]
-    prefix = f"blk.{block}."
-    block_tensors = {n: model.tensors[n].type for n in sorted(names) if n.startswith(prefix)}
+    block_tensors = _mtp_tensors(model, blocks)
     missing = _missing_block_tensors(model, names, blocks)
     problems: list[str] = []
     if model.architecture not in MTP_ARCHITECTURES:
@@ -281,7 +307,7 @@ def check_mtp(model: GGUFModel) -> MTPCheck:
         status = MTPStatus.INCOMPLETE
     else:
         status = MTPStatus.COMPLETE
-    return MTPCheck(status, block, block_tensors, missing, _fallbacks(names, prefix), problems)
+    return MTPCheck(status, blocks[0], block_tensors, missing, _fallbacks(names, blocks), problems, blocks)
 
 
 @dataclasses.dataclass
@@ -294,7 +320,8 @@ class ModelReport:
     block_count: int
     trunk_layers: int
     nextn_predict_layers: int
-    mtp_block: int | None
+    mtp_block: int | None  # the first MTP block (kept for single-block readers)
+    mtp_blocks: list[int]  # every MTP block
     mtp_status: MTPStatus
     mtp_tensors: dict[str, str]
     mtp_missing: list[str]
@@ -325,6 +352,7 @@ def inspect_model(path: str | Path) -> ModelReport:
         trunk_layers=model.trunk_layers,
         nextn_predict_layers=model.nextn_predict_layers,
         mtp_block=mtp.block,
+        mtp_blocks=list(mtp.blocks),
         mtp_status=mtp.status,
         mtp_tensors=mtp.tensors,
         mtp_missing=mtp.missing,
@@ -350,9 +378,16 @@ def format_report(r: ModelReport) -> str:
         "tensor types  " + ", ".join(f"{t}: {v['count']} ({human_bytes(v['bytes'])})"
                                      for t, v in r.tensor_types.items()),
         "",
-        f"MTP status    {r.mtp_status.upper()}" + (f"  (block blk.{r.mtp_block})" if r.mtp_block is not None else ""),
+        f"MTP status    {r.mtp_status.upper()}" + _blocks_phrase(r.mtp_blocks),
     ]
+    several = len(r.mtp_blocks) > 1
+    block = None
     for name, typ in r.mtp_tensors.items():
+        m = re.match(r"blk\.(\d+)\.", name)
+        if several and m and int(m.group(1)) != block:  # a heading per block of a chain
+            block = int(m.group(1))
+            lines.append(f"  blk.{block} (MTP block {r.mtp_blocks.index(block) + 1} of {len(r.mtp_blocks)})"
+                         if block in r.mtp_blocks else f"  blk.{block}")
         lines.append(f"  {name:<44} {typ}")
     for name, fb in r.mtp_fallbacks.items():
         lines.append(f"  {name:<44} absent -> falls back to {fb}")
@@ -361,6 +396,15 @@ def format_report(r: ModelReport) -> str:
     for p in r.mtp_problems:
         lines.append(f"  problem: {p}")
     return "\n".join(lines)
+
+
+def _blocks_phrase(blocks: list[int]) -> str:
+    """``  (block blk.4)`` or ``  (2 blocks: blk.4, blk.5)``; empty without MTP blocks."""
+    if not blocks:
+        return ""
+    if len(blocks) == 1:
+        return f"  (block blk.{blocks[0]})"
+    return f"  ({len(blocks)} blocks: {format_blocks(blocks)})"
 
 
 def tensor_array(model: GGUFModel, name: str) -> np.ndarray:

@@ -278,7 +278,8 @@ def acceptance_curve(
     if real is not None and real.identical_output_fraction not in (None, 1.0):
         notes.append(f"real head: only {real.identical_output_fraction * 100:.1f}% of replies identical to vanilla")
     return CurveResult(
-        model=ModelInfo(str(setup.path), architecture=setup.report.architecture, mtp_block=setup.report.mtp_block),
+        model=ModelInfo(str(setup.path), architecture=setup.report.architecture, mtp_block=setup.report.mtp_block,
+                        mtp_blocks=setup.report.mtp_blocks),
         draft_n_max=k, points=points, real=real, breakeven_acceptance=_breakeven(points),
         settings=_curve_settings(flag, seeds, max_tokens, setup.suite, mode, gpu_layers, threads),
         hardware=hw, server=ServerInfo(build_info=build_info, binary=str(setup.binary)), notes=notes,

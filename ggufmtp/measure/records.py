@@ -32,7 +32,9 @@ class Keyed:
 
 @dataclass(frozen=True)
 class ModelInfo(Keyed):
-    """The measured GGUF. ``sha256``: the digest of the bytes llama-server served (verify)."""
+    """The measured GGUF. ``sha256``: the digest of the bytes llama-server served (verify).
+    ``mtp_block``: the first MTP block; ``mtp_blocks``: all of them, when the caller named them
+    (a chain: ``nextn_predict_layers`` > 1); left out of the JSON when not named."""
 
     path: str
     size_bytes: int | None = None
@@ -40,11 +42,24 @@ class ModelInfo(Keyed):
     mtp_block: int | None = None
     file_type: Any = None
     sha256: str | None = None
+    mtp_blocks: list[int] | None = None
+
+    def to_dict(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
+        d = super().to_dict(keys)
+        if self.mtp_blocks is None:  # not named by the caller: the JSON such a record always had
+            d.pop("mtp_blocks", None)
+        return d
+
+    @property
+    def mtp_where(self) -> str:
+        """``blk.4``, or ``blk.40, blk.41`` for a chain: the MTP blocks as reports name them."""
+        blocks = self.mtp_blocks or [self.mtp_block]
+        return ", ".join(f"blk.{b}" for b in blocks)
 
 
 # The keys of ``model`` in each command's JSON.
-TUNE_MODEL_KEYS = ("path", "size_bytes", "architecture", "mtp_block")
-CURVE_MODEL_KEYS = ("path", "architecture", "mtp_block")
+TUNE_MODEL_KEYS = ("path", "size_bytes", "architecture", "mtp_block", "mtp_blocks")
+CURVE_MODEL_KEYS = ("path", "architecture", "mtp_block", "mtp_blocks")
 PROFILES_MODEL_KEYS = ("path", "size_bytes")
 
 

@@ -310,7 +310,7 @@ def tune(
     _outcome_notes(rows, rec, run.sh, notes)
     return TuneResult(
         model=ModelInfo(str(setup.path), setup.path.stat().st_size, setup.report.architecture,
-                        setup.report.mtp_block),
+                        setup.report.mtp_block, mtp_blocks=setup.report.mtp_blocks),
         concurrency=concurrency, space=space,
         schedule=_schedule_record(run, sched, len(ordered), concurrency, order_seed), rows=rows,
         recommendation=rec, command=mtp_command if rec.recommended else vanilla_command, mtp_command=mtp_command,

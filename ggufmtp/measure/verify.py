@@ -566,7 +566,7 @@ def verify(
     comparisons = _summaries(runner.records, plan, srv.modes, bootstrap_resamples, bootstrap_seed)
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
-        model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256),
+        model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks),
         suite=plan.suite.info(),
         settings=_settings(plan, plan.draft_n_max, max_tokens, base, limit, raw, srv.modes, runner,
                            bootstrap_resamples, bootstrap_seed, srv.fill),

@@ -273,7 +273,7 @@ def format_result(res: VerifyResult) -> str:
 
 def _header_lines(res: VerifyResult) -> list[str]:
     s, hw, srv, st = res.suite, res.hardware, res.server, res.settings
-    out = [f"ggufmtp verify {Path(res.model.path).name}  (MTP blk.{res.model.mtp_block}, "
+    out = [f"ggufmtp verify {Path(res.model.path).name}  (MTP {res.model.mtp_where}, "
            f"k={res.draft_n_max}" + (f", draft-n-min {st.draft_n_min}" if st.draft_n_min else "") + ")"]
     if st.mtp_config:
         env = " ".join(f"{k}={v}" for k, v in sorted((st.mtp_env or {}).items()))

@@ -5,7 +5,8 @@ artifact file's model-signing signature must verify; without one an unsigned rec
 as "unsigned: checksum only, detects accidental edits, not forgery"), then everything is re-read
 and re-hashed: the schema, the receipt's own integrity digest, that the receipt names these files,
 every file's size and sha256, that the verification is of these bytes, every tensor's type, the
-tensor table digest, the MTP block, the recorded result figures and the imatrix the file's
+tensor table digest, the MTP blocks (every one a receipt lists; an older receipt, which names
+only ``mtp_block``, is checked on that), the recorded result figures and the imatrix the file's
 ``quantize.imatrix.*`` metadata names. Without a receipt: what the file alone can show (it reads
 as a GGUF, its MTP block, its ``quantize.imatrix.*`` metadata).
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from ..errors import AuditError, GGUFReadError, GgufmtpError
 from ..gguf.hashing import sha256_file
-from ..gguf.model import GGUFModel, check_mtp, split_shards
+from ..gguf.model import GGUFModel, MTPCheck, check_mtp, format_blocks, split_shards
 from ..provenance.receipt import (ReceiptFile, default_receipt_path, integrity_digest, read_receipt, schema_errors,
                                   table_digest, verification_problem)
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
@@ -109,7 +110,7 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, progress: boo
 def _standalone(model: GGUFModel) -> list[Check]:
     mtp = check_mtp(model)
     out = [Check("MTP block", mtp.status == "complete",
-                 f"{mtp.status}" + (f" (blk.{mtp.block})" if mtp.block is not None else "")
+                 f"{mtp.status}" + (f" ({format_blocks(mtp.blocks)})" if mtp.blocks else "")
                  + (f"; missing {', '.join(mtp.missing)}" if mtp.missing else ""))]
     md = model.metadata
     keys = [k for k in md if k.startswith("quantize.imatrix.")]
@@ -237,17 +238,30 @@ def _model_checks(model: GGUFModel, st: dict[str, Any]) -> list[Check]:
     digest_ok = table_digest(want_types) == res.get("tensor_types_sha256")
     checks.append(Check("tensor table digest", digest_ok,
                         "matches" if digest_ok else "receipt's tensor_types does not match its own digest"))
-    mtp = check_mtp(model)
-    ok = mtp.status == res.get("mtp_status") and mtp.block == res.get("mtp_block")
-    checks.append(Check("MTP block", ok and mtp.status == "complete",
-                        f"file blk.{mtp.block} {mtp.status}; receipt blk.{res.get('mtp_block')} {res.get('mtp_status')}"
-                        + (f"; missing {', '.join(mtp.missing)}" if mtp.missing else "")))
+    checks.append(_mtp_check(check_mtp(model), res))
     figures = {"file_type": model.file_type, "nextn_predict_layers": model.nextn_predict_layers,
                "size_bytes": model.size_bytes, "bpw": round(model.bpw, 4)}
     bad = [f"{k}: receipt {res.get(k)}, file {v}" for k, v in figures.items() if res.get(k) != v]
     checks.append(Check("result figures", not bad, "; ".join(bad) or "file_type, layers, size, bpw match"))
     checks.append(imatrix_check(model.metadata, st.get("predicate", {}).get("imatrix")))
     return checks
+
+
+def _mtp_check(mtp: MTPCheck, res: dict[str, Any]) -> Check:
+    """The file's MTP blocks against the receipt's: status, the first block, and every block when
+    the receipt lists them (``mtp_blocks``; a receipt without it predates multi-block support and
+    is checked on ``mtp_block``, as it was). A receipt that drops a block of a chain fails here."""
+    listed = res.get("mtp_blocks")
+    ok = mtp.status == res.get("mtp_status") and mtp.block == res.get("mtp_block")
+    if listed is not None:
+        ok = ok and list(mtp.blocks) == listed
+    if listed is None or (len(listed) <= 1 and len(mtp.blocks) <= 1):  # the single-block wording, as before
+        detail = f"file blk.{mtp.block} {mtp.status}; receipt blk.{res.get('mtp_block')} {res.get('mtp_status')}"
+    else:
+        detail = (f"file {format_blocks(mtp.blocks) or 'no block'} {mtp.status}; receipt "
+                  f"{format_blocks(listed) if isinstance(listed, list) else listed} {res.get('mtp_status')}")
+    return Check("MTP block", ok and mtp.status == "complete",
+                 detail + (f"; missing {', '.join(mtp.missing)}" if mtp.missing else ""))
 
 
 # llama.cpp stores a string key override in a 128-byte buffer: longer values are cut to 127 bytes.

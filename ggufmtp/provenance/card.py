@@ -82,7 +82,7 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
     if src.get("license"):
         meta["license"] = src["license"]
     title = f"# {name}\n"
-    lines = [title, f"MTP runtime GGUF: the multi-token-prediction (NextN) head `blk.{res['mtp_block']}` is kept "
+    lines = [title, f"MTP runtime GGUF: the multi-token-prediction (NextN) {_heads(res)} "
              f"({res['mtp_status']}) so `llama-server --spec-type draft-mtp` can draft with it. "
              f"Recipe `{rec['name']}` ({rec['ftype']}), {res['bpw']} bits per weight, {res['size_bytes']:,} bytes.\n"]
     lines += _unverified_notice(unverified_reason(statement))
@@ -91,6 +91,14 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
     lines += quality_lines(p)
     lines += _how_to_run(name, v) + _caveats(p) + _provenance(p, subj, name)
     return meta, "\n".join(lines)
+
+
+def _heads(res: dict[str, Any]) -> str:
+    """"head `blk.40` is kept", or "heads `blk.40`, `blk.41` are kept" for a chain (a receipt
+    without ``mtp_blocks`` predates chains: its ``mtp_block`` is the head)."""
+    blocks = res.get("mtp_blocks") or [res["mtp_block"]]
+    named = ", ".join(f"`blk.{b}`" for b in blocks)
+    return f"heads {named} are kept" if len(blocks) > 1 else f"head {named} is kept"
 
 
 def _claim(v: dict[str, Any]) -> list[str]:

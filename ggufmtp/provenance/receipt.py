@@ -256,7 +256,8 @@ def _result_section(gm: Any) -> dict[str, Any]:
     return {
         "tensor_types": types,
         "tensor_types_sha256": table_digest(types),
-        "mtp_block": mtp.block,
+        "mtp_block": mtp.block,  # the first MTP block: what readers of single-block receipts use
+        "mtp_blocks": list(mtp.blocks),
         "mtp_status": mtp.status,
         "nextn_predict_layers": gm.nextn_predict_layers,
         "file_type": gm.file_type,
@@ -524,7 +525,8 @@ def format_receipt(st: dict[str, Any], signed: bool | None = None) -> str:
     res = p.get("result", {})
     lines.append(f"  result    {res.get('file_type')}, {res.get('size_bytes')} bytes, {res.get('bpw')} bpw, "
                  f"{len(res.get('tensor_types', {}))} tensors (table sha256 {str(res.get('tensor_types_sha256'))[:16]}...)")
-    lines.append(f"  MTP       blk.{res.get('mtp_block')} {res.get('mtp_status')}, "
+    blocks = res.get("mtp_blocks") or [res.get("mtp_block")]  # older receipts name only the first
+    lines.append(f"  MTP       {', '.join(f'blk.{b}' for b in blocks)} {res.get('mtp_status')}, "
                  f"nextn_predict_layers {res.get('nextn_predict_layers')}")
     tc = p.get("toolchain", {})
     q = tc.get("quantizer", {})

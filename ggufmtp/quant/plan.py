@@ -5,7 +5,12 @@ with exactly the parameters the real run will use (so the plan *is* what llama.c
 adds the reason for each decision and the pre-flight checks llama-quantize lacks: imatrix
 coverage of every tensor whose type needs one (the MTP block, which llama-imatrix never
 covers, is written last and would fail hours in), overrides that an F16/BF16/F32 base would
-silently ignore, and a missing or incomplete MTP block.
+silently ignore, a missing or incomplete MTP block, and an MTP recipe on an architecture
+llama.cpp has no MTP draft graph for.
+
+A model with several MTP blocks (``nextn_predict_layers`` > 1) is planned for all of them: the
+recipe's ``{mtp}`` rules and ``[mtp]`` roles cover each block (:mod:`ggufmtp.quant.recipe`), every
+block's tensors are flagged ``mtp`` and their imatrix coverage is checked.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from typing import Any
 
 import gguf
 
+from ..constants import LLAMA_CPP_COMMIT, MTP_ARCHITECTURES
 from ..errors import PlanError
 from ..fmt import human_bytes
 from ..gguf.fsutil import not_a_regular_file
 from ..gguf.hashing import sha256_file
-from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, check_mtp
+from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, block_prefixes, check_mtp, format_blocks
 from ..imatrix import check as imx_check, entries as imx_entries, format as imx
 from ..runtime.libllama import KVOverride, QuantizeParams
 from .recipe import Recipe, Rule, ftype_names, ggml_type_names
@@ -80,7 +86,9 @@ class PlannedTensor:
 
 @dataclasses.dataclass(frozen=True)
 class MtpSummary:
-    """The MTP block of a plan at a glance (the ``mtp`` object of plan, quantize and receipt JSON)."""
+    """The MTP block(s) of a plan at a glance (the ``mtp`` object of plan and quantize JSON).
+    ``block`` is the first MTP block, ``blocks`` all of them; ``tensors``, ``bytes``, ``types``
+    count every block; ``eh_proj`` is the first block's (the head the draft starts from)."""
 
     block: int | None
     status: str
@@ -88,10 +96,16 @@ class MtpSummary:
     bytes: int
     types: dict[str, int]  # planned type -> tensor count
     eh_proj: str | None  # nextn.eh_proj's planned type: the tensor the draft quality hangs on most
+    blocks: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"block": self.block, "status": self.status, "tensors": self.tensors, "bytes": self.bytes,
-                "types": dict(self.types), "eh_proj": self.eh_proj}
+        return {"block": self.block, "blocks": list(self.blocks), "status": self.status, "tensors": self.tensors,
+                "bytes": self.bytes, "types": dict(self.types), "eh_proj": self.eh_proj}
+
+    @property
+    def where(self) -> str:
+        """``blk.4`` or ``blk.40, blk.41``: the blocks as messages name them."""
+        return format_blocks(list(self.blocks)) if self.blocks else f"blk.{self.block}"
 
 
 @dataclasses.dataclass
@@ -113,6 +127,11 @@ class Plan:
     imatrix_sha256: str | None = None  # the bytes the plan read: quantize uses them, the receipt names them
     params: QuantizeParams | None = dataclasses.field(default=None, repr=False)
     recipe_obj: Recipe | None = dataclasses.field(default=None, repr=False)
+    mtp_blocks: list[int] = dataclasses.field(default_factory=list)  # every MTP block; mtp_block is the first
+
+    def __post_init__(self) -> None:
+        if not self.mtp_blocks and self.mtp_block is not None:  # built the single-block way
+            self.mtp_blocks = [self.mtp_block]
 
     @property
     def size_bytes(self) -> int:
@@ -136,12 +155,14 @@ class Plan:
             types[t.to_type] = types.get(t.to_type, 0) + 1
         return MtpSummary(block=self.mtp_block, status=self.mtp_status, tensors=len(mtp),
                           bytes=sum(t.bytes for t in mtp), types=types,
-                          eh_proj=next((t.to_type for t in mtp if ".nextn.eh_proj." in t.name), None))
+                          eh_proj=next((t.to_type for t in mtp if ".nextn.eh_proj." in t.name), None),
+                          blocks=tuple(self.mtp_blocks))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "recipe": self.recipe, "ftype": self.ftype,
-            "mtp_block": self.mtp_block, "mtp_status": self.mtp_status, "mtp": self.mtp_summary().to_dict(),
+            "mtp_block": self.mtp_block, "mtp_blocks": list(self.mtp_blocks), "mtp_status": self.mtp_status,
+            "mtp": self.mtp_summary().to_dict(),
             "rules": [r.to_dict() for r in self.rules],
             "tensors": [t.to_dict() for t in self.tensors],
             "size_bytes": self.size_bytes, "n_params": self.n_params, "bpw": round(self.bpw, 4),
@@ -215,10 +236,13 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
     gm = GGUFModel(model)
     mtp = check_mtp(gm)
     found = _Preflight()
-    block = mtp.block if mtp.status in (MTPStatus.COMPLETE, MTPStatus.INCOMPLETE) else None
+    blocks = list(mtp.blocks) if mtp.status in (MTPStatus.COMPLETE, MTPStatus.INCOMPLETE) else []
     if rec.mtp_required and not mtp_optional:
-        found.errors += _mtp_errors(model, rec, mtp)
-    rules = rec.resolved_rules(block)
+        found.errors += _mtp_errors(model, rec, mtp, gm.architecture)
+    rules = rec.resolved_rules(blocks)
+    found.warnings += [f"rule {r.source} '{r.pattern}' -> {r.type} needs {r.max_mtp_index() + 1} MTP blocks "
+                       f"({{mtp{r.max_mtp_index()}}}); the model has {len(blocks)} ({format_blocks(blocks)}): left out"
+                       for r in rec.rules_beyond(blocks)]
     _check_recipe(rec, rules, found)
     imatrix_sha256 = sha256_file(imatrix) if imatrix and not_a_regular_file(imatrix) is None else None
     im = _read_imatrix(imatrix, rec, gm, found)
@@ -228,23 +252,31 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
     for r in rules:
         if not any(re.search(r.llama_pattern, n) for n in names):
             found.warnings.append(f"rule {r.source} {r.pattern!r} -> {r.type} matches no tensor")
-    mtp_prefix = f"blk.{block}." if block is not None else None
-    missing_stats = _annotate(tensors, rec, rules, fallbacks, im, mtp_prefix)
-    _check_imatrix_coverage(missing_stats, rec, im, imatrix, mtp_prefix, found)
-    return Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=block, mtp_status=mtp.status,
+    mtp_prefixes = block_prefixes(blocks)
+    missing_stats = _annotate(tensors, rec, rules, fallbacks, im, mtp_prefixes)
+    _check_imatrix_coverage(missing_stats, rec, im, imatrix, mtp_prefixes, found)
+    return Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=blocks[0] if blocks else None,
+                mtp_blocks=blocks, mtp_status=mtp.status,
                 rules=rules, tensors=tensors, n_params=gm.n_params, errors=found.errors, warnings=found.warnings,
                 imatrix=str(imatrix) if imatrix else None, imatrix_missing=missing_stats,
                 imatrix_sha256=imatrix_sha256,
                 params=dataclasses.replace(params, dry_run=False), recipe_obj=rec)
 
 
-def _mtp_errors(model: str | Path, rec: Recipe, mtp: MTPCheck) -> list[str]:
-    """An MTP recipe on a model without a usable MTP block."""
+def _mtp_errors(model: str | Path, rec: Recipe, mtp: MTPCheck, arch: str) -> list[str]:
+    """An MTP recipe on a model without a usable MTP block, as one error: first an architecture
+    llama.cpp cannot draft with at all (converting again would not help), then the block itself."""
+    if arch not in MTP_ARCHITECTURES:
+        return [f"{model}: recipe {rec.name} requires an MTP block, but architecture {arch} has no MTP draft "
+                f"graph in llama.cpp {LLAMA_CPP_COMMIT} (MTP architectures: {', '.join(sorted(MTP_ARCHITECTURES))}); "
+                f"use a recipe with [mtp] required = false"]
     if mtp.status == MTPStatus.ABSENT:
         return [f"{model}: recipe {rec.name} expects an MTP block and the model has none "
                 f"(nextn_predict_layers = 0); convert the checkpoint with its MTP layer kept"]
     if mtp.status == MTPStatus.INCOMPLETE:
-        return [f"{model}: MTP block blk.{mtp.block} is incomplete (missing {', '.join(mtp.missing)})"]
+        where = (f"MTP block blk.{mtp.block} is" if len(mtp.blocks) <= 1
+                 else f"MTP blocks {format_blocks(mtp.blocks)} are")
+        return [f"{model}: {where} incomplete (missing {', '.join(mtp.missing)})"]
     if mtp.status == MTPStatus.SIDECAR:
         return [f"{model}: is an MTP-only sidecar; quantize the full model"]
     return []
@@ -276,12 +308,13 @@ def _read_imatrix(imatrix: str | Path | None, rec: Recipe, gm: GGUFModel, found:
 
 
 def _annotate(tensors: list[PlannedTensor], rec: Recipe, rules: list[Rule], fallbacks: dict[str, str],
-              im: imx_entries.Imatrix | None, mtp_prefix: str | None) -> list[str]:
-    """Fill in each tensor's MTP flag, reason and imatrix needs; returns the tensors lacking statistics."""
+              im: imx_entries.Imatrix | None, mtp_prefixes: tuple[str, ...]) -> list[str]:
+    """Fill in each tensor's MTP flag (any MTP block), reason and imatrix needs; returns the tensors
+    lacking statistics."""
     covered = set(im.entries) if im is not None else set()
     missing_stats: list[str] = []
     for t in tensors:
-        t.mtp = bool(mtp_prefix and t.name.startswith(mtp_prefix))
+        t.mtp = bool(mtp_prefixes) and t.name.startswith(mtp_prefixes)
         t.reason = _reason(t, rec, rules, fallbacks)
         t.needs_imatrix = imx_check.needs_imatrix(t.to_type, rec.ftype, t.name) and t.to_type != t.from_type
         if im is not None:
@@ -292,17 +325,17 @@ def _annotate(tensors: list[PlannedTensor], rec: Recipe, rules: list[Rule], fall
 
 
 def _check_imatrix_coverage(missing_stats: list[str], rec: Recipe, im: imx_entries.Imatrix | None,
-                            imatrix: str | Path | None, mtp_prefix: str | None, found: _Preflight) -> None:
-    """Types that need statistics the imatrix lacks (the MTP block, which llama-imatrix never covers,
-    is written last: without this check the run would fail hours in)."""
+                            imatrix: str | Path | None, mtp_prefixes: tuple[str, ...], found: _Preflight) -> None:
+    """Types that need statistics the imatrix lacks (the MTP blocks, which llama-imatrix never covers,
+    are written last: without this check the run would fail hours in)."""
     if missing_stats:
         what = "no imatrix was given" if im is None else f"{imatrix} has no statistics for them"
-        head = [n for n in missing_stats if mtp_prefix and n.startswith(mtp_prefix)]
+        head = [n for n in missing_stats if mtp_prefixes and n.startswith(mtp_prefixes)]
         trunk = [n for n in missing_stats if n not in head]
         mtp_note = (" (the MTP block: llama-imatrix never collects statistics for it; compute them with "
                     "`ggufmtp imatrix compute --mtp`, or give it a non-IQ type in the recipe's [mtp] table)"
                     if head else "")
-        named = head + trunk[:6]  # every head tensor (a dozen at most), the trunk's first few
+        named = head + trunk[:6]  # every head tensor (a dozen a block), the trunk's first few
         found.errors.append(f"{len(missing_stats)} tensor(s) planned as a type that needs an imatrix, but {what}"
                             f"{mtp_note}: {', '.join(named)}{' ...' if len(named) < len(missing_stats) else ''}")
     elif rec.imatrix == "recommended" and im is None and rec.ftype not in ("Q8_0", "F16", "BF16", "F32"):
@@ -375,7 +408,7 @@ def format_plan(p: Plan, rows: list[PlannedTensor] | None = None) -> str:
     s = p.mtp_summary()
     lines += ["",
               f"total  {human_bytes(p.size_bytes)} ({p.size_bytes} bytes), {p.bpw:.3f} bpw, {len(p.tensors)} tensors",
-              "MTP    " + (f"blk.{s.block} ({p.mtp_status}): {s.tensors} tensors (* above), "
+              "MTP    " + (f"{s.where} ({p.mtp_status}): {s.tensors} tensors (* above), "
                           f"{human_bytes(s.bytes)}, types {s.types}, eh_proj {s.eh_proj}"
                           if s.block is not None else f"no MTP block ({p.mtp_status})")]
     lines += [f"warning: {m}" for m in p.warnings]

@@ -28,7 +28,7 @@ from ..errors import PlanError, QuantizeError
 from ..gguf.digest_cache import DigestCache
 from ..gguf.fsutil import fsync_dir, fsync_path
 from ..gguf.hashing import sha256_file
-from ..gguf.model import GGUFModel, check_mtp
+from ..gguf.model import GGUFModel, check_mtp, format_blocks
 from .plan import Plan, make_plan
 from .recipe import Recipe
 from .worker import BackgroundHash, WorkerRun, run_quantize_interruptible, thread_read_bytes
@@ -143,7 +143,7 @@ class QuantizeResult:
         """One line: what was written, how big, how fast, and what became of the MTP block."""
         m = self.plan.mtp_summary()
         return (f"wrote {self.output} ({self.size_bytes} bytes, {self.plan.bpw:.3f} bpw) in {self.seconds:.1f}s; "
-                f"MTP blk.{m.block} {m.status}, eh_proj {m.eh_proj}")
+                f"MTP {m.where} {m.status}, eh_proj {m.eh_proj}")
 
 
 def _now() -> str:
@@ -184,7 +184,8 @@ class _Progress:
 
 
 def audit_against_plan(path: Path, plan: Plan, source: GGUFModel) -> list[AuditCheck]:
-    """Every tensor's type equals the plan; the MTP block is intact; nextn_predict_layers kept."""
+    """Every tensor's type equals the plan; every MTP block is intact (the same blocks as the
+    source's, each as complete); nextn_predict_layers kept."""
     out = GGUFModel(path)
     checks: list[AuditCheck] = []
     actual = out.type_table()
@@ -196,8 +197,12 @@ def audit_against_plan(path: Path, plan: Plan, source: GGUFModel) -> list[AuditC
                              "; ".join(mismatches[:5]) or f"{len(planned)} tensors"))
     src_mtp, out_mtp = check_mtp(source), check_mtp(out)
     if src_mtp.status != "absent":
-        checks.append(AuditCheck("MTP block present and complete", out_mtp.status == src_mtp.status,
+        same_blocks = out_mtp.blocks == src_mtp.blocks
+        checks.append(AuditCheck("MTP block present and complete", out_mtp.status == src_mtp.status and same_blocks,
                                  f"source {src_mtp.status}, output {out_mtp.status}"
+                                 + ("" if same_blocks and len(src_mtp.blocks) <= 1 else
+                                    f"; blocks: source {format_blocks(src_mtp.blocks) or 'none'}, "
+                                    f"output {format_blocks(out_mtp.blocks) or 'none'}")
                                  + (f"; missing {', '.join(out_mtp.missing)}" if out_mtp.missing else "")))
     checks.append(AuditCheck("nextn_predict_layers unchanged", out.nextn_predict_layers == source.nextn_predict_layers,
                              f"source {source.nextn_predict_layers}, output {out.nextn_predict_layers}"))

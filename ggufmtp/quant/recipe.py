@@ -6,6 +6,14 @@ in the tensor name, and the first matching rule wins. The ``[mtp]`` table sets t
 MTP block by role; its rules come first and use the ``{mtp}`` placeholder for the block index,
 so one recipe serves blk.40 of Qwen3.6-35B-A3B and blk.4 of a 4-layer test model alike.
 
+Several MTP blocks (``nextn_predict_layers`` > 1, e.g. step35's chain): ``{mtp}`` stands for every
+one of them, as one alternation (``(40|41)``: still one rule, so the first-match order and
+``plan --emit llama-quantize`` are unchanged; with one block it is the bare index, as before), and
+so do the ``[mtp]`` roles. ``{mtp0}``, ``{mtp1}`` ... stand for one block, by its position in the
+chain. A rule whose placeholder names a block the model lacks is dropped, like a ``{mtp}`` rule on
+a model without MTP; ``plan`` warns when the model has MTP blocks but fewer than a ``{mtpN}`` needs
+(the recipe was written for a longer chain: the rest of it still applies).
+
 Example::
 
     name = "hifi-q4_k_m-mtp"
@@ -19,7 +27,7 @@ Example::
     required = true                   # refuse models without a complete MTP block
     eh_proj = "Q8_0"                  # roles: eh_proj, attention, routed_experts, shared_expert, rest
 
-    [[rules]]                         # ordered; {mtp} = the MTP block index
+    [[rules]]                         # ordered; {mtp} = the MTP block index(es), {mtp0} the first
     pattern = 'ffn_down_exps'
     type = "Q5_K"
 
@@ -37,12 +45,14 @@ import re
 import shlex
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import RecipeError
 from ..gguf.fsutil import not_a_regular_file
 
 MTP_PLACEHOLDER = "{mtp}"
+# {mtp} (every MTP block) or {mtpN} (the N-th, from 0); group 1 is N or empty.
+MTP_PLACEHOLDER_RE = re.compile(r"\{mtp(\d*)\}")
 
 # Role -> pattern (with {mtp}), in the order they are applied.
 MTP_ROLES: dict[str, str] = {
@@ -89,10 +99,30 @@ def normalize_ftype(name: str, where: str) -> str:
 
 
 def validate_pattern(pattern: str, where: str) -> None:
+    """RecipeError unless ``pattern`` (placeholders filled in) is a regex; a ``{mtp...}`` that is
+    not a placeholder is refused (``{`` would reach llama.cpp's std::regex as a bad quantifier)."""
+    stray = MTP_PLACEHOLDER_RE.sub("", pattern)
+    if "{mtp" in stray:
+        raise RecipeError(f"{where}: {pattern!r}: placeholders are {{mtp}} (every MTP block) or {{mtp0}}, "
+                          f"{{mtp1}} ... (one, by position)")
     try:
-        re.compile(pattern)
+        re.compile(MTP_PLACEHOLDER_RE.sub("0", pattern))
     except re.error as e:
         raise RecipeError(f"{where}: invalid regex {pattern!r}: {e}") from None
+
+
+def as_mtp_blocks(mtp_blocks: int | Sequence[int] | None) -> list[int]:
+    """The MTP block indices from one index (single-block callers), a list of them, or None."""
+    if mtp_blocks is None:
+        return []
+    if isinstance(mtp_blocks, int):
+        return [mtp_blocks]
+    return [int(b) for b in mtp_blocks]
+
+
+def mtp_alternation(blocks: Sequence[int]) -> str:
+    """What ``{mtp}`` becomes: ``4`` for one block, ``(40|41)`` for a chain (ECMAScript and Python alike)."""
+    return str(blocks[0]) if len(blocks) == 1 else "(" + "|".join(str(b) for b in blocks) + ")"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,13 +133,23 @@ class Rule:
     type: str
     source: str = "rules"  # "mtp.<role>" or "rules"
 
-    def resolve(self, mtp_block: int | None) -> "Rule | None":
-        """The rule with ``{mtp}`` replaced; None if it needs an MTP block the model lacks."""
-        if MTP_PLACEHOLDER not in self.pattern:
+    def resolve(self, mtp_blocks: int | Sequence[int] | None) -> "Rule | None":
+        """The rule with ``{mtp}`` replaced by every MTP block (:func:`mtp_alternation`) and ``{mtpN}``
+        by the N-th; None if it needs an MTP block the model lacks (none at all, or fewer than N+1)."""
+        if not MTP_PLACEHOLDER_RE.search(self.pattern):
             return self
-        if mtp_block is None:
+        blocks = as_mtp_blocks(mtp_blocks)
+        if not blocks or self.max_mtp_index() >= len(blocks):
             return None
-        return dataclasses.replace(self, pattern=self.pattern.replace(MTP_PLACEHOLDER, str(mtp_block)))
+
+        def fill(m: re.Match[str]) -> str:
+            return mtp_alternation(blocks) if m.group(1) == "" else str(blocks[int(m.group(1))])
+
+        return dataclasses.replace(self, pattern=MTP_PLACEHOLDER_RE.sub(fill, self.pattern))
+
+    def max_mtp_index(self) -> int:
+        """The highest N of the ``{mtpN}`` placeholders in the pattern (-1 when it has none)."""
+        return max((int(m.group(1)) for m in MTP_PLACEHOLDER_RE.finditer(self.pattern) if m.group(1)), default=-1)
 
     @property
     def llama_pattern(self) -> str:
@@ -192,7 +232,7 @@ class Recipe:
             w = f"{where}: rules[{i}]"
             if not isinstance(r, dict) or "pattern" not in r or "type" not in r:
                 raise RecipeError(f"{w}: each rule needs 'pattern' and 'type'")
-            validate_pattern(str(r["pattern"]).replace(MTP_PLACEHOLDER, "0"), w)
+            validate_pattern(str(r["pattern"]), w)
             rules.append(Rule(str(r["pattern"]), normalize_type(r["type"], w)))
         v = dict(doc.get("verify", {}))
         verify = VerifyThresholds(
@@ -215,9 +255,12 @@ class Recipe:
         )
 
     @classmethod
-    def from_flags(cls, argv: list[str] | str, name: str = "from-flags", mtp_block: int | None = None) -> "Recipe":
+    def from_flags(cls, argv: list[str] | str, name: str = "from-flags",
+                   mtp_block: int | Sequence[int] | None = None) -> "Recipe":
         """A recipe equivalent to a llama-quantize command line (flags, optionally with
-        ``IN OUT FTYPE [THREADS]``). With ``mtp_block``, ``blk.N.`` in patterns becomes ``{mtp}``."""
+        ``IN OUT FTYPE [THREADS]``). With ``mtp_block``, ``blk.N.`` in patterns becomes ``{mtp}``;
+        with several blocks (a list), ``blk.(N|M).`` becomes ``{mtp}`` and ``blk.M.`` ``{mtp1}``."""
+        blocks = as_mtp_blocks(mtp_block)
         args = shlex.split(argv) if isinstance(argv, str) else list(argv)
         if args and Path(args[0]).name.startswith("llama-quantize"):
             args = args[1:]
@@ -242,10 +285,8 @@ class Recipe:
                     pat, sep, typ = val.partition("=")
                     if not sep or not pat or not typ:
                         raise RecipeError(f"llama-quantize flags: malformed --tensor-type {val!r} (want PATTERN=TYPE)")
-                    pat = pat.lower()
-                    if mtp_block is not None:
-                        pat = pat.replace(rf"blk\.{mtp_block}\.", r"blk\.{mtp}\.")
-                    validate_pattern(pat.replace(MTP_PLACEHOLDER, "0"), f"--tensor-type {val!r}")
+                    pat = _with_mtp_placeholders(pat.lower(), blocks)
+                    validate_pattern(pat, f"--tensor-type {val!r}")
                     rules.append(Rule(pat, normalize_type(typ, f"--tensor-type {val!r}")))
             elif a in ("--allow-requantize", "--leave-output-tensor", "--pure", "--keep-split", "--dry-run",
                        "--tensor-type-file", "--include-weights", "--exclude-weights", "--prune-layers",
@@ -259,7 +300,7 @@ class Recipe:
         if not ftypes:
             raise RecipeError("llama-quantize flags: no ftype given (e.g. Q4_K_M)")
         return cls(name=name, ftype=ftypes[-1].upper(), output_type=out_type, token_embedding_type=tok_type,
-                   imatrix=imatrix if imatrix == "required" else "recommended", mtp_required=mtp_block is not None,
+                   imatrix=imatrix if imatrix == "required" else "recommended", mtp_required=bool(blocks),
                    rules=tuple(rules), description="made from llama-quantize flags")
 
     # --- resolution -----------------------------------------------------------------------
@@ -268,13 +309,21 @@ class Recipe:
         mtp = [Rule(MTP_ROLES[role], typ, f"mtp.{role}") for role, typ in self.mtp_roles]
         return mtp + list(self.rules)
 
-    def resolved_rules(self, mtp_block: int | None) -> list[Rule]:
+    def resolved_rules(self, mtp_blocks: int | Sequence[int] | None) -> list[Rule]:
+        """The override rules for a model with these MTP blocks (one index, a list, or None), in
+        order; rules needing a block the model lacks are left out (:meth:`Rule.resolve`)."""
         out = []
         for r in self.all_rules():
-            rr = r.resolve(mtp_block)
+            rr = r.resolve(mtp_blocks)
             if rr is not None:
                 out.append(rr)
         return out
+
+    def rules_beyond(self, mtp_blocks: int | Sequence[int] | None) -> list[Rule]:
+        """Rules whose ``{mtpN}`` names a block past the model's last, on a model that has some:
+        the recipe was written for a longer chain (``plan`` warns about each)."""
+        n = len(as_mtp_blocks(mtp_blocks))
+        return [r for r in self.all_rules() if n and r.max_mtp_index() >= n]
 
     @property
     def is_unquantized(self) -> bool:
@@ -306,6 +355,18 @@ class Recipe:
         if self.verify.min_speedup is not None:
             lines.append(f"min_speedup = {self.verify.min_speedup}")
         return "\n".join(lines) + "\n"
+
+
+def _with_mtp_placeholders(pattern: str, blocks: list[int]) -> str:
+    """A llama-quantize pattern with the MTP block indices turned back into placeholders: the
+    alternation of all of them (or the one block's ``blk.N.``) into ``{mtp}``, one of a chain into ``{mtpI}``."""
+    if not blocks:
+        return pattern
+    pattern = pattern.replace(rf"blk\.{mtp_alternation(blocks)}\.", r"blk\.{mtp}\.")
+    if len(blocks) > 1:
+        for i, b in enumerate(blocks):
+            pattern = pattern.replace(rf"blk\.{b}\.", rf"blk\.{{mtp{i}}}\.")
+    return pattern
 
 
 def _opt_float(v: Any) -> float | None:

@@ -93,6 +93,8 @@ def ssm_hyperparameters(spec: SynthSpec, d: Dims) -> list[HParam]:
 class Qwen35(SynthArch):
     """``qwen35moe`` (``moe=True``) or ``qwen35``."""
 
+    max_mtp_layers = 2  # llama-quantize takes 2 (GGUF-level tests); llama-server's MTP graph asserts 1
+
     def __init__(self, moe: bool):
         self.moe = moe
         self.name = "qwen35moe" if moe else "qwen35"
@@ -118,9 +120,11 @@ class Qwen35(SynthArch):
         return self._block(il, spec, recurrent=False)
 
     def servable(self, spec: SynthSpec) -> bool:
-        return spec.layers >= 2 and not spec.mtp_only
+        return spec.layers >= 2 and not spec.mtp_only and spec.n_mtp_blocks <= 1
 
     def unservable_reason(self, spec: SynthSpec) -> str:
+        if spec.n_mtp_blocks > 1:  # GGML_ASSERT(hparams.n_layer_nextn == 1) in the MTP graph
+            return f"llama.cpp 0c1e570's {self.name} MTP graph supports a single MTP block"
         return super().unservable_reason(spec) or \
             "llama.cpp 0c1e570 needs >= 2 trunk layers for this hybrid architecture"
 
