@@ -8,7 +8,7 @@ Nothing here runs a model: the tests check these predictions against llama-serve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -99,8 +99,16 @@ def predict_tokens(spec: SynthSpec, last_token: int, n: int) -> list[int]:
     return out
 
 
+def effective_draft_n_max(spec: SynthSpec, draft_n_max: int) -> int:
+    """The draft length llama-server uses: with several MTP heads (``nextn_predict_layers`` > 1,
+    ``chain_heads`` in ``common/speculative.cpp``) draft step ``i`` runs head ``i``, so a draft is
+    capped at the number of heads; one head drafts ``draft_n_max`` tokens."""
+    heads = spec.n_mtp_blocks
+    return min(draft_n_max, heads) if heads > 1 else draft_n_max
+
+
 def simulate_acceptance(spec: SynthSpec, last_token: int, n_predict: int, draft_n_max: int,
-                        draft_n_min: int = 0) -> DraftCounts:
+                        draft_n_min: int = 0, head_successors: Sequence[np.ndarray] | None = None) -> DraftCounts:
     """(drafted, accepted) that llama-server's draft-mtp loop should report for one reply of
     ``n_predict`` tokens after a prompt ending in ``last_token`` (temperature 0, one slot): each
     draft is capped at ``n_remaining - 1`` tokens, discarded below ``draft_n_min``.
@@ -108,9 +116,15 @@ def simulate_acceptance(spec: SynthSpec, last_token: int, n_predict: int, draft_
     On an architecture without partial rollback (qwen3next: ``SynthArch.partial_rollback`` False;
     ``tools/server/server-context.cpp``, ``spec_is_replay``) a draft with a rejection is replayed from
     a checkpoint: the accepted tokens plus the correction are decoded again as an uncounted draft
-    whose verification also samples the next token, so that step emits ``a + 2`` tokens, not ``a + 1``."""
+    whose verification also samples the next token, so that step emits ``a + 2`` tokens, not ``a + 1``.
+
+    Several heads: drafts are :func:`effective_draft_n_max` long and draft step ``i`` uses
+    ``head_successors[i]`` (default: every head drafts the spec's ``draft_successor``; a test that
+    patches one head passes each head's table)."""
     replay = not arch_for(spec.arch).partial_rollback
     ch = chain_for(spec)
+    heads = list(head_successors) if head_successors is not None else [ch.draft_successor]
+    draft_n_max = effective_draft_n_max(spec, draft_n_max)
     seq = predict_tokens(spec, last_token, n_predict)
     drafted = accepted = 0
     n_gen = 1  # the first token comes from the prompt pass
@@ -122,8 +136,8 @@ def simulate_acceptance(spec: SynthSpec, last_token: int, n_predict: int, draft_
             last = seq[n_gen - 1]
             continue
         d, t = [], last
-        for _ in range(n_max):
-            t = int(ch.draft_successor[t])
+        for i in range(n_max):
+            t = int(heads[min(i, len(heads) - 1)][t])
             d.append(t)
         a = 0
         while a < len(d) and d[a] == seq[n_gen + a]:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from ..errors import SynthError
 from ..gguf.fsutil import atomic_write_parts
 from .archs.registry import arch_for
-from .chain import realized_fraction
+from .chain import effective_draft_n_max, realized_fraction
 from .layout import F32
 from .metadata import add_metadata
 from .spec import SynthSpec, expected_acceptance
@@ -55,7 +55,8 @@ class SynthResult:
         0 without an MTP block. It ignores ``eh_proj_noise`` (no closed form; noise only lowers it)."""
         if self.mtp_block is None:
             return 0.0
-        return expected_acceptance(self.realized_wrong_fraction, draft_n_max)
+        # several heads draft at most one token each (chain.effective_draft_n_max)
+        return expected_acceptance(self.realized_wrong_fraction, effective_draft_n_max(self.spec, draft_n_max))
 
     def to_dict(self) -> dict:
         return {
