@@ -108,6 +108,24 @@ def in_std(n_embd: int) -> float:
     return 1.0 / math.sqrt(n_embd)
 
 
+def biased_moe_ffn(p: str, d: Dims, n_ff_shared: int) -> list[TensorLayout]:
+    """DeepSeek-V3-style MoE (glm4moe, deepseek2): routed experts chosen by sigmoid scores plus the
+    selection bias ``exp_probs_b`` (``e_score_correction_bias``; router and bias F32, as the
+    converter keeps them), and ungated shared experts of width ``n_ff_shared`` (no
+    ``ffn_gate_inp_shexp``, unlike Qwen's)."""
+    n, w = d.n_embd, in_std(d.n_embd)
+    return [
+        weight(p + "ffn_gate_inp.weight", (n, d.n_expert), w, F32),
+        weight(p + "exp_probs_b.bias", (d.n_expert,), 0.01, F32),
+        weight(p + "ffn_gate_exps.weight", (n, d.n_ff_exp, d.n_expert), w),
+        weight(p + "ffn_up_exps.weight", (n, d.n_ff_exp, d.n_expert), w),
+        out_proj(p + "ffn_down_exps.weight", d.n_ff_exp, n, d.n_expert),
+        weight(p + "ffn_gate_shexp.weight", (n, n_ff_shared), w),
+        weight(p + "ffn_up_shexp.weight", (n, n_ff_shared), w),
+        out_proj(p + "ffn_down_shexp.weight", n_ff_shared, n),
+    ]
+
+
 def common_hyperparameters(spec: SynthSpec, d: Dims) -> list[HParam]:
     """The keys every architecture's loader reads first: context, width, block counts."""
     return [("context_length", d.ctx), ("embedding_length", d.n_embd),

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..layout import F32, Dims, TensorLayout
+from ..layout import Dims, TensorLayout
 from ..tokenizer import build_vocab
-from .base import HParam, SynthArch, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
+from .base import HParam, SynthArch, biased_moe_ffn, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
 from .qwen35 import dense_ffn
 
 EXPERT_GATING_SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (src/llama-hparams.h)
@@ -75,22 +75,6 @@ def mla_attention(p: str, d: Dims, m: MlaDims) -> list[TensorLayout]:
     ]
 
 
-def deepseek_moe_ffn(p: str, d: Dims, m: MlaDims) -> list[TensorLayout]:
-    """Routed experts with the ``exp_probs_b`` selection bias, and ungated shared experts (no
-    ``ffn_gate_inp_shexp``, unlike Qwen's); router and bias F32 as the converter keeps them."""
-    n, w, shexp = d.n_embd, in_std(d.n_embd), d.n_ff_exp * m.n_expert_shared
-    return [
-        weight(p + "ffn_gate_inp.weight", (n, d.n_expert), w, F32),
-        weight(p + "exp_probs_b.bias", (d.n_expert,), 0.1, F32),
-        weight(p + "ffn_gate_exps.weight", (n, d.n_ff_exp, d.n_expert), w),
-        weight(p + "ffn_up_exps.weight", (n, d.n_ff_exp, d.n_expert), w),
-        out_proj(p + "ffn_down_exps.weight", d.n_ff_exp, n, d.n_expert),
-        weight(p + "ffn_gate_shexp.weight", (n, shexp), w),
-        weight(p + "ffn_up_shexp.weight", (n, shexp), w),
-        out_proj(p + "ffn_down_shexp.weight", shexp, n),
-    ]
-
-
 def mla_hyperparameters(spec: SynthSpec, d: Dims, m: MlaDims) -> list[HParam]:
     """What ``Glm4MoeLiteModel.set_gguf_parameters`` writes besides the common keys: one KV head
     (MLA runs as MQA), the cached (``key_length``/``value_length``) and decompressed (``*_mla``) head
@@ -124,7 +108,7 @@ class DeepSeek2(SynthArch):
         d, p = self.dims(spec), f"blk.{il}."
         out = [norm(p + "attn_norm.weight", d.n_embd)] + mla_attention(p, d, MLA)
         out.append(norm(p + "ffn_norm.weight", d.n_embd))
-        return out + (deepseek_moe_ffn(p, d, MLA) if moe else dense_ffn(p, d))
+        return out + (biased_moe_ffn(p, d, d.n_ff_exp * MLA.n_expert_shared) if moe else dense_ffn(p, d))
 
     def trunk_block(self, il: int, spec: SynthSpec) -> list[TensorLayout]:
         return self._block(il, spec, moe=il >= MLA.leading_dense_blocks)

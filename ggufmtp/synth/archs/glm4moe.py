@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..layout import BF16, DIMS, F32, SHAPE_TINY, Constructed, Dims, Normal, TensorLayout, nextn_tensors
-from .base import HParam, SynthArch, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
+from .base import HParam, SynthArch, biased_moe_ffn, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
 from .qwen35 import dense_ffn
 
 
@@ -61,22 +61,6 @@ def biased_attention(p: str, d: Dims) -> list[TensorLayout]:
         weight(p + "attn_v.weight", (n, hkv), w),
         TensorLayout(p + "attn_v.bias", (hkv,), F32, Normal(0.02)),
         out_proj(p + "attn_output.weight", hq, n),
-    ]
-
-
-def sigmoid_moe_ffn(p: str, d: Dims) -> list[TensorLayout]:
-    """Routed experts selected by sigmoid scores plus ``exp_probs_b`` (``e_score_correction_bias``,
-    kept F32 like ``ffn_gate_inp``), and ungated shared experts of ``n_ff_exp * n_expert_shared``."""
-    n, w, shexp = d.n_embd, in_std(d.n_embd), d.n_ff_exp * GLM.n_expert_shared
-    return [
-        weight(p + "ffn_gate_inp.weight", (n, d.n_expert), w, F32),
-        TensorLayout(p + "exp_probs_b.bias", (d.n_expert,), F32, Normal(0.01)),
-        weight(p + "ffn_gate_exps.weight", (n, d.n_ff_exp, d.n_expert), w),
-        weight(p + "ffn_up_exps.weight", (n, d.n_ff_exp, d.n_expert), w),
-        out_proj(p + "ffn_down_exps.weight", d.n_ff_exp, n, d.n_expert),
-        weight(p + "ffn_gate_shexp.weight", (n, shexp), w),
-        weight(p + "ffn_up_shexp.weight", (n, shexp), w),
-        out_proj(p + "ffn_down_shexp.weight", shexp, n),
     ]
 
 
@@ -116,7 +100,7 @@ class Glm4Moe(SynthArch):
         d, p = self.dims(spec), f"blk.{il}."
         out = [norm(p + "attn_norm.weight", d.n_embd)] + biased_attention(p, d)
         out.append(norm(p + "post_attention_norm.weight", d.n_embd))
-        return out + (sigmoid_moe_ffn(p, d) if moe else dense_ffn(p, d))
+        return out + (biased_moe_ffn(p, d, d.n_ff_exp * GLM.n_expert_shared) if moe else dense_ffn(p, d))
 
     def trunk_block(self, il: int, spec: SynthSpec) -> list[TensorLayout]:
         # the loader decides dense or MoE by block index: il >= n_layer_dense_lead is MoE
