@@ -25,6 +25,13 @@ BUILTIN_MODELS: dict[str, SynthSpec] = {
     # a head that reacts to quantization (drafts win by 0.08 logits), and soft distributions for eval's KLD
     "tiny-qwen35moe-margin": SynthSpec(head_margin=0.08),
     "tiny-qwen35moe-soft": SynthSpec(logit_scale=4.0),
+    # the other MTP families (README: Architectures), at a known acceptance below 100%
+    "tiny-qwen3next": SynthSpec(arch="qwen3next"),
+    "tiny-glm4moe": SynthSpec(arch="glm4moe", layers=2),
+    "tiny-glm4moe-f20": SynthSpec(arch="glm4moe", layers=2, wrong_successor_fraction=0.2),
+    "tiny-deepseek2": SynthSpec(arch="deepseek2", layers=2),
+    "tiny-step35": SynthSpec(arch="step35", mtp_layers=3),
+    "tiny-llama-nomtp": SynthSpec(arch="llama", mtp=False),
 }
 
 
