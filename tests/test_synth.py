@@ -375,3 +375,14 @@ def test_cli_synth_text_no_mtp_and_omit(tmp_path):
     assert "blk.4.nextn.hnorm.weight" not in _tensors(_reader(tmp_path / "b.gguf"))
     r3 = CliRunner().invoke(main, ["synth", str(tmp_path / "c.gguf"), "--no-mtp", "--wrong-successor-fraction", "0.5"])
     assert r3.exit_code == 1 and "error:" in r3.output and not (tmp_path / "c.gguf").exists()
+
+
+def test_every_builtin_spec_validates_and_names_a_known_arch():
+    """``builtin:NAME`` of every synthesized architecture: each spec validates (a typo in an arch or
+    knob would otherwise surface only when a user asks for it)."""
+    from ggufmtp.synth.archs.registry import arch_names
+
+    for name, spec in BUILTIN_MODELS.items():
+        spec.validate()
+        assert spec.arch in arch_names(), name
+    assert {s.arch for s in BUILTIN_MODELS.values()} == set(arch_names())
