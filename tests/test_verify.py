@@ -194,7 +194,8 @@ def test_the_served_file_is_named_by_its_digest(knob_results, knob_models, tmp_p
         digest = sha256_file(knob_models[f])
         assert r.model.sha256 == digest and len(digest) == 64
         d = r.to_dict()
-        assert d["model"]["sha256"] == digest and list(d["model"])[-1] == "sha256"
+        assert d["model"]["sha256"] == digest and list(d["model"])[-2:] == ["sha256", "mtp_blocks"]
+        assert d["model"]["mtp_blocks"] == [d["model"]["mtp_block"]]
         assert r.to_receipt()["model"]["sha256"] == digest
     copy = tmp_path / "served.gguf"
     copy.write_bytes(knob_models[0.3].read_bytes())
