@@ -124,6 +124,44 @@ def test_a_checkpoint_without_mtp_tensors_is_a_clear_answer(tmp_path):
     assert not (tmp_path / "m.gguf").exists()
 
 
+def _glm_style_checkpoint(d: Path, nextn_layers: int, write_nextn: bool) -> Path:
+    """Headers of a GLM-4.5 / DeepSeek-V3-style checkpoint: the NextN layer is stored as decoder layer
+    ``num_hidden_layers`` (``model.layers.2.*`` here), counted by ``num_nextn_predict_layers``."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["Glm4MoeForCausalLM"], "num_hidden_layers": 2,
+                                               "num_nextn_predict_layers": nextn_layers}))
+    z = np.zeros((4, 4), dtype=np.float32)
+    tensors = {"model.embed_tokens.weight": z, "lm_head.weight": z, "model.norm.weight": z[0]}
+    for i in range(2):
+        tensors |= {f"model.layers.{i}.input_layernorm.weight": z[0], f"model.layers.{i}.mlp.down_proj.weight": z}
+    if write_nextn:
+        tensors |= {f"model.layers.2.{n}": z for n in ("eh_proj.weight", "enorm.weight", "hnorm.weight",
+                                                     "shared_head.norm.weight", "input_layernorm.weight",
+                                                     "self_attn.q_proj.weight")}
+    save_file(tensors, str(d / "model.safetensors"))
+    return d
+
+
+def test_glm_and_deepseek_style_nextn_layers_are_the_mtp_head(tmp_path):
+    """GLM/DeepSeek checkpoints have no ``mtp.*`` tensors: their MTP head is the decoder layer after
+    the trunk. It is found (the converter keeps it: ``num_nextn_predict_layers``), and a checkpoint
+    whose config promises it but whose shards lack it is the same clear refusal as a Qwen one."""
+    head = read_checkpoint(_glm_style_checkpoint(tmp_path / "glm", 1, write_nextn=True)).mtp
+    assert head.present and head.layers == 1 and head.layers_in_tensors == 1 and head.trunk_layers == 2
+    assert head.config_key == "num_nextn_predict_layers"
+    assert {t.name for t in head.tensors} == {f"model.layers.2.{n}" for n in (
+        "eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight", "input_layernorm.weight",
+        "self_attn.q_proj.weight")}
+    stripped = _glm_style_checkpoint(tmp_path / "stripped", 1, write_nextn=False)
+    assert not read_checkpoint(stripped).mtp.present
+    r = _cli(["convert", stripped, "-o", tmp_path / "m.gguf"])
+    assert r.exit_code == 1 and "no NextN layers" in r.output and "num_nextn_predict_layers=1" in r.output
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def test_a_corrupted_shard_is_one_error_naming_it(checkpoint, tmp_path):
     d = tmp_path / "corrupt"
     shutil.copytree(checkpoint, d)

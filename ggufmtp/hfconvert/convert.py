@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import ConvertDependencyError, ConvertError, GgufmtpError
 from ..gguf.fsutil import atomic_write_json
 from ..gguf.model import GGUFModel, MTPStatus, check_mtp
-from .source import SOURCE_SUFFIX, SourceCheckpoint, read_checkpoint
+from .source import NO_MTP, SOURCE_SUFFIX, SourceCheckpoint, read_checkpoint
 
 __all__ = ["ConvertResult", "convert", "OUTTYPES", "is_hf_checkpoint", "converter_tree", "require_convert_deps",
            "source_record_path"]
@@ -150,7 +150,7 @@ def _local_source(source: str, revision: str | None, progress: bool, endpoint: s
 
     head = check_remote_mtp(source, revision=revision, endpoint=endpoint, token=token)
     if not head.mtp.present:
-        raise ConvertError(f"{source}: the checkpoint has no mtp.* tensors (read from its safetensors headers "
+        raise ConvertError(f"{source}: the checkpoint has {NO_MTP} (read from its safetensors headers "
                            f"before downloading): there is no MTP block to keep")
     pulled = pull(source, revision=revision, include=HF_INCLUDE, token=token, progress=progress, endpoint=endpoint)
     return pulled.local_dir, pulled.repo_id, pulled.resolved_commit
@@ -172,8 +172,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, *, outtype: st
     src_dir, repo_id, commit = _local_source(str(source), revision, progress, endpoint, token)
     ckpt = read_checkpoint(src_dir)
     if not ckpt.mtp.present:
-        raise ConvertError(f"{src_dir}: the checkpoint has no mtp.* tensors: there is no MTP block to keep "
-                           f"(config mtp_num_hidden_layers={ckpt.mtp.layers_in_config})")
+        raise ConvertError(f"{src_dir}: the checkpoint has {NO_MTP}: there is no MTP block to keep "
+                           f"(config {ckpt.mtp.config_key}={ckpt.mtp.layers_in_config})")
     t1 = time.perf_counter()
     tree = converter_tree()
     output.parent.mkdir(parents=True, exist_ok=True)

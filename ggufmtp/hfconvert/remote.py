@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConvertError
-from .source import MTPHead, SourceTensor, mtp_head
+from .source import NO_MTP, MTPHead, SourceTensor, mtp_head
 
 __all__ = ["RemoteMTPCheck", "check_remote_mtp"]
 
@@ -40,9 +40,10 @@ class RemoteMTPCheck:
         head = f"{self.repo_id}{at}: {self.architecture or 'unknown architecture'}, {self.n_tensors} tensors " \
                f"in {len(self.shards)} safetensors file(s)"
         if not self.mtp.present:
-            return head + "\n  MTP: none (no mtp.* tensors): a conversion has no MTP block to keep"
-        cfg = (f"config mtp_num_hidden_layers={self.mtp.layers_in_config}" if self.mtp.layers_in_config
-               else "config omits mtp_num_hidden_layers: inferred from the tensor names")
+            return head + f"\n  MTP: none ({NO_MTP}): a conversion has no MTP block to keep"
+        key = self.mtp.config_key
+        cfg = (f"config {key}={self.mtp.layers_in_config}" if self.mtp.layers_in_config
+               else f"config omits {key}: inferred from the tensor names")
         lines = [head, f"  MTP: {self.mtp.layers} layer(s), {len(self.mtp.tensors)} tensors ({cfg})"]
         lines += [f"    {t.name:<56} {t.dtype:<5} {list(t.shape)}" for t in self.mtp.tensors]
         return "\n".join(lines)

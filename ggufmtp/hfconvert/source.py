@@ -2,9 +2,15 @@
 
 What ``convert`` and ``audit --source`` need to know before the converter runs: the config's layer
 counts, the shards (from ``model.safetensors.index.json`` or a single ``model.safetensors``), every
-tensor's dtype and shape, and the MTP head (``mtp.*`` tensors). The MTP layer count is the config's
-``mtp_num_hidden_layers`` or, when the config omits it (Qwen3.6 does), inferred from the
-``mtp.layers.<k>.*`` names -- the same inference the pinned converter makes.
+tensor's dtype and shape, and the MTP head. Checkpoints name it in one of two ways, both read the
+way the pinned converter reads them:
+
+- Qwen3.5/3.6 and Qwen3-Next: ``mtp.*`` tensors; the layer count is the config's
+  ``mtp_num_hidden_layers`` or, when the config omits it (Qwen3.6 does), inferred from the
+  ``mtp.layers.<k>.*`` names;
+- GLM-4.5/4.6/4.7, DeepSeek-V3 and kin: ``num_nextn_predict_layers`` NextN layers stored as ordinary
+  decoder layers after the trunk, ``model.layers.<num_hidden_layers + k>.*`` (their ``eh_proj``,
+  ``enorm``, ``hnorm``, ``shared_head.*`` and ``embed_tokens`` included).
 """
 
 from __future__ import annotations
@@ -18,11 +24,15 @@ from typing import Any
 from ..errors import ConvertError
 from ..gguf.hashing import sha256_file
 
-__all__ = ["SourceTensor", "MTPHead", "SourceCheckpoint", "read_checkpoint", "mtp_head", "SOURCE_SUFFIX"]
+__all__ = ["SourceTensor", "MTPHead", "SourceCheckpoint", "read_checkpoint", "mtp_head", "SOURCE_SUFFIX", "NO_MTP"]
+
+#: what "no MTP head" means in a checkpoint, for the errors that say so
+NO_MTP = "no MTP tensors (no mtp.* tensors, and no NextN layers model.layers.<num_hidden_layers + k>.*)"
 
 INDEX_NAME = "model.safetensors.index.json"
 SOURCE_SUFFIX = ".source.json"  # sidecar next to a converted GGUF: what it was converted from
 _MTP_LAYER = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\.")
+_DECODER_LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -41,9 +51,10 @@ class MTPHead:
     """The MTP block a checkpoint carries, and what its config says about it."""
 
     tensors: list[SourceTensor]
-    layers_in_config: int | None  # mtp_num_hidden_layers, None when the config omits it
-    layers_in_tensors: int  # 1 + the highest mtp.layers.<k> index (0 without such tensors)
+    layers_in_config: int | None  # mtp_num_hidden_layers (or num_nextn_predict_layers), None when omitted
+    layers_in_tensors: int  # 1 + the highest MTP layer index in the names (0 without such tensors)
     trunk_layers: int | None  # num_hidden_layers
+    config_key: str = "mtp_num_hidden_layers"  # the config key counting them (GLM/DeepSeek: num_nextn_predict_layers)
 
     @property
     def present(self) -> bool:
@@ -57,6 +68,7 @@ class MTPHead:
     def to_dict(self) -> dict[str, Any]:
         return {"present": self.present, "layers": self.layers, "layers_in_config": self.layers_in_config,
                 "layers_in_tensors": self.layers_in_tensors, "trunk_layers": self.trunk_layers,
+                "config_key": self.config_key,
                 "tensors": [t.to_dict() for t in self.tensors]}
 
 
@@ -66,13 +78,27 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def mtp_head(config: dict[str, Any], tensors: list[SourceTensor]) -> MTPHead:
-    """Which tensors form the MTP head and how many layers it has."""
+    """Which tensors form the MTP head and how many layers it has (``mtp.*`` tensors, else the
+    NextN layers after the trunk)."""
     cfg = _text_config(config)
+    trunk = cfg.get("num_hidden_layers")
     mtp = [t for t in tensors if t.name.startswith(("mtp.", "model.mtp."))]
-    indices = [int(m.group(1)) for t in mtp if (m := _MTP_LAYER.match(t.name))]
-    in_config = cfg.get("mtp_num_hidden_layers")
-    return MTPHead(mtp, int(in_config) if in_config else None, max(indices) + 1 if indices else 0,
-                   cfg.get("num_hidden_layers"))
+    if mtp:
+        indices = [int(m.group(1)) for t in mtp if (m := _MTP_LAYER.match(t.name))]
+        in_config = cfg.get("mtp_num_hidden_layers")
+        return MTPHead(mtp, int(in_config) if in_config else None, max(indices) + 1 if indices else 0, trunk)
+    return _nextn_layers(cfg, tensors, trunk)
+
+
+def _nextn_layers(cfg: dict[str, Any], tensors: list[SourceTensor], trunk: int | None) -> MTPHead:
+    """GLM/DeepSeek: ``model.layers.<trunk + k>.*``; the converter keeps ``num_nextn_predict_layers``."""
+    key = "num_nextn_predict_layers" if "num_nextn_predict_layers" in cfg else "mtp_num_hidden_layers"
+    in_config = int(cfg[key]) if cfg.get(key) else None
+    if not isinstance(trunk, int):
+        return MTPHead([], in_config, 0, None, key)
+    after = [(int(m.group(1)), t) for t in tensors if (m := _DECODER_LAYER.match(t.name)) and int(m.group(1)) >= trunk]
+    indices = {i for i, _ in after}
+    return MTPHead([t for _, t in after], in_config, max(indices) - trunk + 1 if indices else 0, trunk, key)
 
 
 @dataclass
