@@ -78,7 +78,8 @@ def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: in
               help="Reply length for --target-acceptance (verify's --max-tokens).")
 @click.option("--format", "fmt", type=click.Choice(["gguf", "hf"]), default="gguf", show_default=True,
               help="hf: OUT is a directory that gets the same weights as a Hugging Face safetensors checkpoint "
-                   "(Qwen3_5MoeForCausalLM, mtp.* tensors, tokenizer, sharded with an index) for `ggufmtp convert`.")
+                   "(Qwen3_5MoeForCausalLM with mtp.* tensors, or with --arch glm4moe Glm4MoeForCausalLM with its "
+                   "NextN layer after the trunk; tokenizer, sharded with an index) for `ggufmtp convert`.")
 @json_option
 @handle_errors
 def synth(out: str, arch: str, shape: str, layers: int, mtp_layers: int, no_mtp: bool, mtp_only: bool, seed: int,
@@ -99,7 +100,7 @@ def synth(out: str, arch: str, shape: str, layers: int, mtp_layers: int, no_mtp:
         ck = synthesize_hf(out, spec)
         return emit_json(ck.to_dict()) if as_json else click.echo(
             f"wrote {ck.directory}: {len(ck.shards)} safetensors shard(s), {ck.n_tensors} tensors "
-            f"({len(ck.mtp_tensors)} mtp.*)")
+            f"({len(ck.mtp_tensors)} MTP head tensors)")
     calibration = None
     if target_acceptance is not None:
         calibration = _calibrate_head(spec, target_acceptance, target_k, suite_name, max_tokens)

@@ -2,11 +2,15 @@
 
 The converter and its ``conversion`` package run unmodified, from the pinned llama.cpp tree, with the
 pinned gguf-py first on ``sys.path`` (not the ``gguf`` wheel ggufmtp itself depends on). For a checkpoint
-that ``synth --format hf`` wrote (and only for one: its config.json carries ``ggufmtp_synth``), one
-thing is added, the way ``convert_hf_to_gguf_update.py`` adds a tokenizer upstream: the hash of
-ggufmtp's synthetic byte-level BPE, declared as the ``qwen2`` pre-tokenizer it is. The
-converter identifies BPE tokenizers by that hash and refuses unknown ones, and a synthetic checkpoint
-cannot carry a real model's vocabulary; every other tokenizer goes through the converter's own table.
+that ``synth --format hf`` wrote (and only for one: its config.json carries ``ggufmtp_synth``), two
+things are added. (1) The way ``convert_hf_to_gguf_update.py`` adds a tokenizer upstream: the hash of
+ggufmtp's synthetic byte-level BPE, declared as the ``qwen2`` pre-tokenizer it is. The converter
+identifies BPE tokenizers by that hash and refuses unknown ones, and a synthetic checkpoint cannot
+carry a real model's vocabulary; every other tokenizer goes through the converter's own table.
+(2) GLM's vocabulary step (``TextModel._set_vocab_glm``) looks up GLM's own control tokens
+(``[gMASK]``, ``<|user|>``, ``<|observation|>``), which the synthetic ChatML vocabulary does not
+have: a synthetic GLM checkpoint's vocabulary goes through the plain GPT-2 BPE step, as a Qwen
+checkpoint's does. A real checkpoint meets the converter unmodified.
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ def _chktxt(fn) -> str:
     return next(c for c in fn.__code__.co_consts if isinstance(c, str) and "🚀" in c)
 
 
+def _register_synthetic_glm_vocab() -> None:
+    from conversion.base import TextModel
+
+    TextModel._set_vocab_glm = TextModel._set_vocab_gpt2
+
+
 def _is_synthetic_checkpoint(model_dir: Path) -> bool:
     """A checkpoint ``synth --format hf`` wrote (its config.json says so): only then is the synthetic
     tokenizer's hash added, so a real checkpoint meets the converter exactly as it ships."""
@@ -65,6 +75,7 @@ def main(argv: list[str]) -> None:
     sys.path[:0] = [str(src / "gguf-py"), str(src)]
     if len(argv) > 1 and _is_synthetic_checkpoint(Path(argv[1])):
         _register_extra_pre_tokenizers()
+        _register_synthetic_glm_vocab()
     sys.argv = [str(src / "convert_hf_to_gguf.py"), *argv[1:]]
     runpy.run_path(str(src / "convert_hf_to_gguf.py"), run_name="__main__")
 
