@@ -131,7 +131,7 @@ def _serve(srv: LlamaServer, spec: SynthSpec, drafting: bool) -> tuple[list[str]
         r = srv.chat(msgs, max_tokens=N_TOKENS)
         texts.append(r["choices"][0]["message"]["content"])
         assert r["timings"]["predicted_n"] == N_TOKENS
-        last = srv.tokenize(srv.post_json("/apply-template", {"messages": msgs})["prompt"])[-1]
+        last = srv.chat_prompt_tokens(msgs)[-1]
         assert texts[-1] == build_vocab().decode(predict_tokens(spec, last, N_TOKENS))
         if drafting:
             dd, aa = require_drafting(r)

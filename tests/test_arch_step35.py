@@ -39,8 +39,7 @@ def _cfg(model: Path, **kw) -> ServerConfig:
 
 
 def _last_prompt_token(srv: LlamaServer, prompt: str) -> int:
-    text = srv.post_json("/apply-template", {"messages": [{"role": "user", "content": prompt}]})["prompt"]
-    return srv.tokenize(text)[-1]
+    return srv.chat_prompt_tokens([{"role": "user", "content": prompt}])[-1]
 
 
 def _serve(model: Path, spec: SynthSpec, k: int | None) -> tuple[list[str], list[int], int, int, dict]:

@@ -131,7 +131,7 @@ def _serve(srv: LlamaServer, spec: SynthSpec) -> tuple[int, int, int, int]:
     for p in PROMPTS:
         msgs = [{"role": "user", "content": p}]
         r = srv.chat(msgs, max_tokens=N_TOKENS)
-        last = srv.tokenize(srv.post_json("/apply-template", {"messages": msgs})["prompt"])[-1]
+        last = srv.chat_prompt_tokens(msgs)[-1]
         assert r["choices"][0]["message"]["content"] == build_vocab().decode(predict_tokens(spec, last, N_TOKENS))
         dd, aa = require_drafting(r)
         s_d, s_a = simulate_acceptance(spec, last, N_TOKENS, K)

@@ -59,8 +59,7 @@ def _cfg(model, **kw) -> ServerConfig:
 
 
 def _last_prompt_token(srv: LlamaServer, prompt: str) -> int:
-    text = srv.post_json("/apply-template", {"messages": [{"role": "user", "content": prompt}]})["prompt"]
-    return srv.tokenize(text)[-1]
+    return srv.chat_prompt_tokens([{"role": "user", "content": prompt}])[-1]
 
 
 def _run_prompts(srv: LlamaServer, spec: SynthSpec | None, k: int):

@@ -125,8 +125,7 @@ def test_measured_counts_equal_the_bigram_simulation(knob_results, knob_models):
     with LlamaServer(ServerConfig(model=knob_models[0.3], threads=2, metrics=False)) as srv:
         last = {}
         for p in suite.prompts:
-            text = srv.post_json("/apply-template", {"messages": p.chat_messages()})["prompt"]
-            last[p.id] = srv.tokenize(text)[-1]
+            last[p.id] = srv.chat_prompt_tokens(p.chat_messages())[-1]
     mtp = [r for r in res.records if r.arm == "mtp"]
     assert len(mtp) == FAST["limit"] * 2
     for r in mtp:

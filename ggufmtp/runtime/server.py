@@ -561,6 +561,10 @@ class LlamaServer:
         j = self.post_json("/tokenize", {"content": text, "add_special": add_special, "parse_special": parse_special})
         return [t if isinstance(t, int) else t["id"] for t in j["tokens"]]
 
+    def chat_prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """The tokens of the generation prompt the server's chat template renders for ``messages``."""
+        return self.tokenize(self.post_json("/apply-template", {"messages": messages})["prompt"])
+
     def props(self) -> dict:
         self._props = self.get_json("/props")
         return self._props

@@ -72,5 +72,4 @@ def chat_last_tokens(messages: Sequence[list[dict[str, str]]], threads: int | No
     tiny or real-shaped, has the same tokenizer and chat template)."""
     with LlamaServer(ServerConfig(model=builtin_path("tiny-qwen35moe"), threads=threads, metrics=False,
                                   gpu_layers=0)) as srv:
-        return [srv.tokenize(srv.post_json("/apply-template", {"messages": m})["prompt"])[-1]
-                for m in messages]
+        return [srv.chat_prompt_tokens(m)[-1] for m in messages]
