@@ -134,10 +134,11 @@ def _sha256(path: Path, progress: bool) -> str:
     return sha256_cached(path, DigestCache.under(cache_root()), progress=progress)[0]
 
 
-def _kld_stats(argv: list[str], bl: Any, quant: Path, progress: bool, attempts: int = 2) -> KLDStats:
+def _kld_stats(argv: list[str], bl: Any, quant: Path, progress: bool, attempts: int = 3) -> KLDStats:
     """Run the quant's KL-divergence pass and parse its statistics. A run that exits 0 without them
-    is run again once: llama.cpp's logger (common/log.cpp) is a leaked singleton whose worker thread
-    is never flushed at exit (upstream issue 22142), so on a loaded machine the final lines can be lost."""
+    is run again, up to ``attempts`` runs: llama.cpp's logger (common/log.cpp) is a leaked singleton
+    whose worker thread is never flushed at exit (upstream issue 22142), so on a loaded machine the
+    final lines can be lost (CI on 2 busy cores once lost them twice in a row)."""
     for attempt in range(1, attempts + 1):
         with _bar(bl.header.n_chunk, "KL-divergence", progress) as bar:
             run = run_perplexity(argv, bl.path.with_name(f"{bl.path.stem}.{quant.name}.kld.log"),
