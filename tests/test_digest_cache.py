@@ -205,7 +205,9 @@ def test_quantize_json_stage_breakdown(model, tmp_path):
     size_mib = out.stat().st_size / 2**20
     # the audit reads the header, not the tensor data; hashing the output reads it all, once
     assert stages["audit"]["read_mib"] + stages["audit"]["mapped_mib"] < size_mib / 2
-    assert stages["hash_output"]["read_mib"] == pytest.approx(size_mib, rel=0.01)
+    # (plus the digest cache's own JSON, read to look up and to record the output's entry)
+    cache_mib = input_digest_cache().path.stat().st_size / 2**20 if input_digest_cache().path.exists() else 0
+    assert size_mib * 0.99 <= stages["hash_output"]["read_mib"] <= size_mib * 1.01 + 2 * cache_mib
     # --no-receipt hashes nothing
     r = CliRunner().invoke(main, ["quantize", str(model), "--recipe", "q8_0-mtp", "-o", str(tmp_path / "n.gguf"),
                                   "--no-receipt", "--json"])

@@ -193,3 +193,23 @@ def test_head_sweep_on_a_reacting_head_shows_acceptance_falling_with_precision(s
     assert verdicts["Q4_K"] == "fail" and verdicts["BF16"] == "pass", verdicts
     written = write_recommended_recipe(res, tmp_path / "rec.toml")
     assert dict(Recipe.load(written).mtp_roles)["eh_proj"] == res.recommended
+
+
+@pytest.mark.runtime
+def test_token_count_is_remembered_per_base_corpus_and_commit(tiny_mtp_model, kld_cache, tmp_path, monkeypatch):
+    """The corpus's token count (a libllama load: a GPU initialization with a CUDA build) is counted
+    once per base, corpus and commit; another corpus is counted again."""
+    from ggufmtp.quality import eval as eval_mod
+
+    corpus = _corpus(tmp_path / "c.txt", 2000)
+    first = evaluate(tiny_mtp_model, tiny_mtp_model, corpus, ctx_size=CTX, chunks=3, progress=False)
+    memo = json.loads((kld_cache / "tokens.json").read_text())["entries"]
+    assert list(memo.values()) == [first.n_tokens] and first.n_tokens > 3 * CTX
+    counted: list[str] = []
+    real = eval_mod.count_tokens
+    monkeypatch.setattr(eval_mod, "count_tokens", lambda m, t: counted.append(t) or real(m, t))
+    again = evaluate(tiny_mtp_model, tiny_mtp_model, corpus, ctx_size=CTX, chunks=3, progress=False)
+    assert again.n_tokens == first.n_tokens and counted == []
+    other = _corpus(tmp_path / "d.txt", 2500)
+    third = evaluate(tiny_mtp_model, tiny_mtp_model, other, ctx_size=CTX, chunks=3, progress=False)
+    assert len(counted) == 1 and third.n_tokens > first.n_tokens

@@ -11,6 +11,8 @@
 #                                             # skips the CUDA build: ~3 min build, ~1.5 min synth, 4 x ~4.5 min
 #   bash benchmarks/gpu/run_h200.sh imatrix   # issue #18: imatrix compute (and --mtp) vs llama-imatrix alone
 #   bash benchmarks/gpu/run_h200.sh headsweep # issue #19: head-precision sweep (margin head, 10 trunk layers)
+#                                             # SYNTH_STAGE=hs-synth STAGES="headsweep evaltime" BUILD_STAGE=build
+#                                             #   bash benchmarks/gpu/run_h200.sh all: the sweep's model only
 #   bash benchmarks/gpu/run_h200.sh evaltime  # issue #19: ggufmtp eval vs llama-perplexity alone (after headsweep)
 #   bash benchmarks/gpu/run_h200.sh tune      # ggufmtp tune: server settings by successive halving
 #   bash benchmarks/gpu/run_h200.sh verify-tuned  # ggufmtp verify --tuned-from tune.json: tuned MTP vs the equally
@@ -105,6 +107,7 @@ case "$STAGE" in
     python3 -m ggufmtp doctor --json > "$RES/doctor.json" || true ;;
   synth)
     env_setup
+    [ -f "$WORK/qwen36-shape-bf16.gguf" ] && exit 0
     /usr/bin/time -v python3 -m ggufmtp synth "$WORK/qwen36-shape-bf16.gguf" --shape qwen3.6-35b-a3b \
       --layers "$LAYERS" --wrong-successor-fraction "$WRONG" --json > "$RES/synth.json" 2> "$RES/synth.log" ;;
   quantize)
@@ -159,8 +162,7 @@ case "$STAGE" in
     # win by $HEAD_MARGIN logits (it reacts to quantization); IQ4_XS uses the MTP imatrix
     env_setup
     H=$WORK/margin-bf16.gguf
-    [ -f "$H" ] || python3 -m ggufmtp synth "$H" --shape qwen3.6-35b-a3b --layers "${HS_LAYERS:-10}" \
-      --head-margin "${HEAD_MARGIN:-0.08}" --json > "$RES/hs-synth.json" 2> "$RES/hs-synth.log"
+    [ -f "$H" ] || bash "$0" hs-synth
     python3 -m ggufmtp imatrix compute "$H" --corpus builtin:calib-v1 -o "$WORK/hs-imatrix.gguf" \
       --chunks 8 -ngl 999 --mtp --no-progress --json > "$RES/hs-imatrix.json" 2> "$RES/hs-imatrix.log" || true
     python3 -m ggufmtp head-sweep "$H" -r hifi-q4_k_m-mtp --types "${HS_TYPES:-Q8_0,Q6_K,Q4_K,IQ4_XS}" \
@@ -168,6 +170,12 @@ case "$STAGE" in
       --seeds "${HS_SEEDS:-42,1337}" --max-tokens "${MAXTOK:-128}" --write-recipe "$RES/hs-best.toml" --json \
       > "$RES/headsweep.json" 2> "$RES/headsweep.log" || true
     tail -c 2000 "$RES/headsweep.json" ;;
+  hs-synth)
+    # the head sweep's model; `SYNTH_STAGE=hs-synth ... all` makes it while the build runs (and skips
+    # the 72 GB model, which the sweep does not use and /dev/shm need not hold)
+    env_setup
+    /usr/bin/time -v python3 -m ggufmtp synth "$WORK/margin-bf16.gguf" --shape qwen3.6-35b-a3b \
+      --layers "${HS_LAYERS:-10}" --head-margin "${HEAD_MARGIN:-0.08}" --json > "$RES/hs-synth.json" 2> "$RES/hs-synth.log" ;;
   evaltime)
     # issue #19: `ggufmtp eval` (fresh cache) against llama-perplexity alone (base pass + KLD pass)
     env_setup
@@ -246,9 +254,8 @@ case "$STAGE" in
     env_setup  # once, before the parallel stages (two concurrent pip installs into /tmp/site collide)
     bash "$0" "${BUILD_STAGE:-build}" > "$RES/stage-build.out" 2>&1 &
     b=$!
-    if [ ! -f "$WORK/qwen36-shape-bf16.gguf" ]; then
-      bash "$0" synth > "$RES/stage-synth.out" 2>&1 || { date +"%T synth FAILED" >> "$RES/progress.txt"; wait $b; exit 1; }
-    fi
+    bash "$0" "${SYNTH_STAGE:-synth}" > "$RES/stage-synth.out" 2>&1 \
+      || { date +"%T synth FAILED" >> "$RES/progress.txt"; wait $b; exit 1; }
     wait $b || { date +"%T build FAILED" >> "$RES/progress.txt"; exit 1; }
     date +"%T built" >> "$RES/progress.txt"
     export QUANT_CLI=${QUANT_CLI:-0}

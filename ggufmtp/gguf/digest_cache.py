@@ -9,7 +9,8 @@ set back (``touch -d``, ``os.utime``) but ``ctime`` cannot (the kernel sets it o
 another (rename, copy) has another inode and misses too.
 
 Entries are inserted only by :func:`ggufmtp.gguf.hashing.file_digests` (the one hashing function)
-and by ``pull`` for a download whose digest matched the Hub's, and only when the file's key was the
+and by ``pull`` for a download whose digest matched the Hub's (``quantize`` moves the entry of its
+own output across the rename that publishes it: :meth:`DigestCache.follow_rename`), and only when the file's key was the
 same before and after it was read and its ctime is older than :data:`RACY_NS` at that moment (a
 write in the same timestamp tick as the hash could otherwise keep the key; the "racy git"
 problem). A file the cache did not hash is never in it. ``audit`` never consults it: an auditor re-reads the bytes.
@@ -20,15 +21,12 @@ The cache is one JSON file (``digests.json``) in a folder the caller chooses (gg
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
-import threading
 import time
 from pathlib import Path
 
-from .fsutil import atomic_write_json
+from .memo import JsonMemo
 
 __all__ = ["DigestCache", "FileKey", "RACY_NS", "file_key"]
 
@@ -61,12 +59,11 @@ def file_key(st: os.stat_result) -> FileKey:
 
 
 class DigestCache:
-    """Digests of files ggufmtp hashed, by :class:`FileKey`. Thread-safe within a process; two
-    processes writing at once may lose each other's newest entries (only costs a re-hash)."""
+    """Digests of files ggufmtp hashed, by :class:`FileKey` (a :class:`~.memo.JsonMemo`)."""
 
     def __init__(self, folder: str | os.PathLike):
         self.path = Path(folder) / CACHE_FILE
-        self._lock = threading.Lock()
+        self._memo = JsonMemo(self.path, version=_VERSION, max_entries=MAX_ENTRIES)
 
     @classmethod
     def under(cls, cache_root: str | os.PathLike) -> DigestCache:
@@ -80,8 +77,7 @@ class DigestCache:
             key = file_key(os.stat(path))
         except OSError:
             return None
-        with self._lock:
-            entry = self._load().get(key.text())
+        entry = self._memo.get(key.text())
         return entry.get("sha256") if isinstance(entry, dict) else None
 
     def record(self, path: str | os.PathLike, sha256: str, before: os.stat_result, after: os.stat_result) -> bool:
@@ -92,16 +88,30 @@ class DigestCache:
         key = file_key(before)
         if key != file_key(after) or time.time_ns() - after.st_ctime_ns < RACY_NS:
             return False
-        with self._lock:
-            entries = self._load()
-            entries.pop(key.text(), None)
-            entries[key.text()] = {"sha256": sha256, "path": str(Path(path).absolute())}
-            while len(entries) > MAX_ENTRIES:
-                entries.pop(next(iter(entries)))
-            with contextlib.suppress(OSError):  # a cache that cannot be written only costs a re-hash
-                atomic_write_json(self.path, {"version": _VERSION, "entries": entries})
-                return True
-        return False
+        return self._memo.put(key.text(), {"sha256": sha256, "path": str(Path(path).absolute())})
+
+    def follow_rename(self, before: os.stat_result, path: str | os.PathLike) -> bool:
+        """Move the entry of a file that ggufmtp itself renamed to ``path`` (quantize publishing
+        its staged output, hashed in its private partial folder): a rename keeps the bytes, inode,
+        size and mtime but sets ctime, so without this the digest just computed would be unknown
+        under the file's new key. ``before`` is the file's stat taken right before the rename; only
+        an entry recorded for exactly that key moves, and only to the same inode with the same size
+        and mtime. Whether it moved."""
+        try:
+            after = os.stat(path)
+        except OSError:
+            return False
+        old, new = file_key(before), file_key(after)
+        if (old.dev, old.ino, old.size, old.mtime_ns) != (new.dev, new.ino, new.size, new.mtime_ns):
+            return False
+
+        def move(entries: dict) -> bool:
+            entry = entries.pop(old.text(), None)
+            if not isinstance(entry, dict):
+                return False
+            entries[new.text()] = {**entry, "path": str(Path(path).absolute())}
+            return True
+        return self._memo.update(move)
 
     def forget(self, path: str | os.PathLike) -> bool:
         """Drop the entry of ``path`` as it is now (benchmarks measuring a cold hash); whether one was there."""
@@ -109,18 +119,4 @@ class DigestCache:
             key = file_key(os.stat(path)).text()
         except OSError:
             return False
-        with self._lock:
-            entries = self._load()
-            if entries.pop(key, None) is None:
-                return False
-            atomic_write_json(self.path, {"version": _VERSION, "entries": entries})
-        return True
-
-    def _load(self) -> dict[str, dict[str, str]]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("version") != _VERSION or not isinstance(data.get("entries"), dict):
-            return {}
-        return dict(data["entries"])
+        return self._memo.pop(key) is not None

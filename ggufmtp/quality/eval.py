@@ -25,7 +25,7 @@ from ..gguf.hashing import sha256_cached
 from ..imatrix.corpus import DEFAULT_CORPUS, Corpus, check_corpus_text, min_tokens_for, resolve_corpus
 from ..runtime.build import binary_version, cache_root, find_binary
 from .logits import (CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes,
-                     refuse_without_room)
+                     refuse_without_room, tokens_memo)
 from .models import count_tokens, model_identity, refuse_different_models
 from .perplexity import KLDStats, parse_base_ppl, parse_kld_output, perplexity_argv, run_perplexity
 
@@ -78,10 +78,34 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="chunk", disable=not enabled, leave=False)
 
 
-def _plan_chunks(corpus: Corpus, base: Path, ctx_size: int, chunks: int | None) -> tuple[int, int]:
-    """(tokens, chunks to run): CorpusError when the corpus makes fewer than two chunks."""
+def _tokens_key(base_sha: str | None, corpus: Corpus, commit: str | None) -> str | None:
+    return f"{base_sha}:{corpus.sha256}:{commit}" if base_sha and commit else None
+
+
+def _corpus_tokens(corpus: Corpus, base: Path, commit: str | None) -> int:
+    """Tokens the corpus makes with the base's tokenizer. Counting loads libllama and the base's
+    vocabulary (with a CUDA build, a device initialization: about a second), so :func:`evaluate`
+    keeps the count in ``tokens.json`` of the logits cache, keyed by the base's and the corpus's
+    sha256 and the llama.cpp commit; it is looked up only for a base whose digest ggufmtp already
+    knows (the base is never hashed for this: a corpus too short is an error before any hashing)."""
     text = check_corpus_text(corpus)
-    n_tokens = count_tokens(base, text)
+    key = _tokens_key(DigestCache.under(cache_root()).lookup(base), corpus, commit)
+    known = tokens_memo().get(key) if key else None
+    if isinstance(known, int) and known >= 0:
+        return known
+    return count_tokens(base, text)
+
+
+def _remember_tokens(key: str | None, n_tokens: int) -> None:
+    memo = tokens_memo()
+    if key and memo.get(key) != n_tokens:
+        memo.put(key, n_tokens)
+
+
+def _plan_chunks(corpus: Corpus, base: Path, ctx_size: int, chunks: int | None, commit: str | None
+                 ) -> tuple[int, int]:
+    """(tokens, chunks to run): CorpusError when the corpus makes fewer than two chunks."""
+    n_tokens = _corpus_tokens(corpus, base, commit)
     check_corpus_text(corpus, min_tokens=min_tokens_for(ctx_size), n_tokens=n_tokens)
     available = n_tokens // ctx_size
     return n_tokens, min(chunks, available) if chunks and chunks > 0 else available
@@ -164,10 +188,11 @@ def evaluate(base: str | Path, quant: str | Path, corpus: str | os.PathLike = DE
     ident = model_identity(base)
     refuse_different_models(ident, model_identity(quant))
     corp = resolve_corpus(corpus)
-    n_tokens, n_chunk = _plan_chunks(corp, base, ctx_size, chunks)
     commit = binary_version(find_binary("llama-perplexity", llama_cpp_bin)).get("commit")
+    n_tokens, n_chunk = _plan_chunks(corp, base, ctx_size, chunks, commit)
     bl = base_logits(base, corp, ctx_size, n_chunk, ident.n_vocab, chunks_arg=n_chunk, gpu_layers=gpu_layers,
                      threads=threads, progress=progress, llama_cpp_bin=llama_cpp_bin, commit=commit, log=log)
+    _remember_tokens(_tokens_key(bl.base_sha256, corp, commit), n_tokens)
     argv = perplexity_argv(quant, corp.path, ctx_size, None, gpu_layers, threads,
                            ["--kl-divergence-base", str(bl.path), "--kl-divergence"], llama_cpp_bin)
     t0 = time.perf_counter()

@@ -19,6 +19,7 @@ import struct
 from pathlib import Path
 
 from ..errors import LogitsFileError
+from ..gguf.memo import JsonMemo
 from ..runtime.build import cache_root
 
 MAGIC = b"_logits_"
@@ -108,6 +109,11 @@ class CacheKey:
 
 def cache_dir() -> Path:
     return cache_root() / "kld"
+
+
+def tokens_memo() -> JsonMemo:
+    """Token counts of corpora, by (base sha256, corpus sha256, llama.cpp commit): see eval."""
+    return JsonMemo(cache_dir() / "tokens.json")
 
 
 def cached_paths(key: CacheKey) -> tuple[Path, Path]:

@@ -249,7 +249,7 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
         _raise_for_run(run, model, out)
         if before_publish is not None:
             jobs[0].hurry()
-            jobs.append(BackgroundHash([staged]))
+            jobs.append(BackgroundHash([staged], cache=input_digest_cache()))
         checks = _durable_and_audited(staged, plan, source, out, clock)
         result = QuantizeResult(output=staged, plan=plan, checks=checks, seconds=time.perf_counter() - t0,
                                 size_bytes=staged.stat().st_size, started_at=started, finished_at=_now(),
@@ -260,8 +260,11 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
             with clock.measure("receipt"):
                 before_publish(result)
         with clock.measure("publish"):
+            staged_stat = staged.stat()
             os.replace(staged, out)
             fsync_dir(out.parent)
+            if before_publish is not None:  # eval or run --eval need not read the output again
+                input_digest_cache().follow_rename(staged_stat, out)
         ok = True
     finally:
         for job in jobs:
@@ -272,7 +275,8 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
 
 
 def input_digest_cache() -> DigestCache:
-    """The local digest cache quantize reuses input digests from: ``<ggufmtp cache>/digests``."""
+    """The local digest cache quantize reuses input digests from, and records its output's digest
+    in: ``<ggufmtp cache>/digests``."""
     from ..runtime.build import cache_root
 
     return DigestCache.under(cache_root())

@@ -36,7 +36,9 @@ from typing import Callable
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
 from ..errors import RuntimeMissingError, RuntimeBuildError
 from ..gguf.fsutil import atomic_write_json
+from ..gguf.digest_cache import file_key
 from ..gguf.hashing import sha256_file
+from ..gguf.memo import JsonMemo
 
 ENV_BIN = "GGUFMTP_LLAMA_CPP_BIN"
 ENV_SDIST = "GGUFMTP_LLAMA_CPP_SDIST"
@@ -188,7 +190,26 @@ def configure_libllama() -> Path | None:
 
 
 def binary_version(path: Path, timeout: float = 30) -> dict:
-    """``{"version", "build", "commit"}`` as the binary's ``--version`` reports them."""
+    """``{"version", "build", "commit"}`` as the binary's ``--version`` reports them.
+
+    A CUDA build initializes the device to print its version (about a second on an H200), so a
+    parsed answer is kept in ``versions.json`` of the cache root, keyed by the binary's path and
+    file identity (device, inode, size, mtime, ctime: a rebuilt or replaced binary is asked again)."""
+    try:
+        key = f"{Path(path).resolve()}:{file_key(os.stat(path)).text()}"
+    except OSError:
+        key = None
+    memo = JsonMemo(cache_root() / "versions.json", max_entries=256)
+    known = memo.get(key) if key else None
+    if isinstance(known, dict) and known.get("commit"):
+        return known
+    found = _ask_version(path, timeout)
+    if key and found.get("commit"):
+        memo.put(key, found)
+    return found
+
+
+def _ask_version(path: Path, timeout: float) -> dict:
     proc = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=timeout)
     text = proc.stdout + proc.stderr
     if "commit" not in text:

@@ -18,6 +18,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ..constants import LLAMA_CPP_PYTHON_VERSION
+from ..errors import RuntimeMissingError
 from ..runtime.build import RUNTIME_JSON, configure_libllama
 
 _LOG_LOCK = threading.Lock()
@@ -26,8 +28,12 @@ _LOG_LOCK = threading.Lock()
 def llama_cpp_module():
     """Import llama_cpp, pointing it at the pinned runtime's libllama first."""
     configure_libllama()
-    import llama_cpp  # noqa: WPS433
-
+    try:
+        import llama_cpp  # noqa: WPS433
+    except ImportError as e:  # one clear error, not a traceback from deep inside a stage
+        raise RuntimeMissingError(
+            f"llama-cpp-python is not importable ({e}): install ggufmtp with its dependencies "
+            f"(pip install ggufmtp pulls llama-cpp-python {LLAMA_CPP_PYTHON_VERSION})") from None
     return llama_cpp
 
 

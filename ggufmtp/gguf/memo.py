@@ -1,0 +1,75 @@
+"""The one small on-disk map of ggufmtp's cache: facts that are slow to learn and fixed by their key.
+
+The digest cache (sha256 by file identity), the llama.cpp commit a binary reports (by the binary's
+file identity) and a corpus's token count (by model, corpus and commit) are each one JSON file
+under the cache root, written atomically with the one atomic writer. A damaged, unreadable or
+other-version file reads as empty; a write that fails only costs relearning the fact. The oldest
+entries are dropped beyond ``max_entries``. Thread-safe within a process; two processes writing
+at once may lose each other's newest entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from .fsutil import atomic_write_json
+
+__all__ = ["JsonMemo"]
+
+
+class JsonMemo:
+    """``{key: JSON value}`` in one file, ``{"version": N, "entries": {...}}``."""
+
+    def __init__(self, path: str | Path, version: int = 1, max_entries: int = 4096):
+        self.path, self.version, self.max_entries = Path(path), version, max_entries
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any | None:
+        with self._lock:
+            return self._load().get(key)
+
+    def put(self, key: str, value: Any) -> bool:
+        """Store ``value`` as the newest entry (the bound drops the least recently stored);
+        whether the file was written."""
+        def change(entries: dict[str, Any]) -> bool:
+            entries.pop(key, None)
+            entries[key] = value
+            return True
+        return self.update(change)
+
+    def pop(self, key: str) -> Any | None:
+        """Remove ``key``; its value, or None when it was not there."""
+        popped: list[Any] = []
+
+        def change(entries: dict[str, Any]) -> bool:
+            popped.append(entries.pop(key, None))
+            return popped[0] is not None
+        self.update(change)
+        return popped[0] if popped else None
+
+    def update(self, change: Callable[[dict[str, Any]], bool]) -> bool:
+        """Apply ``change`` to the entries under the lock; it returns whether to write them back.
+        Whether the file was written (a cache that cannot be written only costs relearning)."""
+        with self._lock:
+            entries = self._load()
+            if not change(entries):
+                return False
+            while len(entries) > self.max_entries:
+                entries.pop(next(iter(entries)))
+            with contextlib.suppress(OSError):
+                atomic_write_json(self.path, {"version": self.version, "entries": entries})
+                return True
+            return False
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("version") != self.version or not isinstance(data.get("entries"), dict):
+            return {}
+        return dict(data["entries"])
