@@ -10,7 +10,8 @@ from __future__ import annotations
 
 __all__ = [
     "GgufmtpError", "GGUFReadError", "RuntimeMissingError", "RuntimeBuildError", "RecipeError",
-    "ImatrixError", "CorpusError", "PlanError", "QuantizeError", "AuditError", "ServerError", "VerifyError",
+    "ImatrixError", "CorpusError", "PlanError", "QuantizeError", "UnpredictableHeader", "AuditError",
+    "ServerError", "VerifyError",
     "SuiteError",
     "TuneError", "FatalTuneError", "ProfileError", "BandwidthError", "SynthError", "HubError",
     "HubHTTPError", "HubDigestMismatchError", "HubManifestError", "HubRefusedError",
@@ -73,6 +74,11 @@ class QuantizeError(GgufmtpError):
 
 
 # ----------------------------------------------------------------------------- provenance
+
+
+class UnpredictableHeader(QuantizeError):
+    """quantize cannot predict its output's header exactly (the message says why); never shown to a
+    user: the output is then hashed after the write instead of while it is written."""
 
 
 class AuditError(GgufmtpError):

@@ -21,7 +21,7 @@ from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize
 from ggufmtp.quant.quantize import input_digest_cache, quantize
 
-STAGES = {"plan", "quantize", "fsync", "audit", "hash_input", "hash_output", "receipt", "publish"}
+STAGES = {"plan", "predict_header", "quantize", "fsync", "audit", "hash_input", "hash_output", "receipt", "publish"}
 
 
 def _sha(path: Path) -> str:
@@ -196,6 +196,7 @@ def test_quantize_json_stage_breakdown(model, tmp_path):
     stages = d["stages"]
     assert STAGES <= set(stages)
     assert d["sha256"] == _sha(out)
+    assert d["output_hashed"] == "streamed"  # while libllama wrote it: its header was predicted
     for name in STAGES:
         s = stages[name]
         assert s["seconds"] >= 0 and 0 <= s["waited"] <= s["seconds"] + 0.05 and s["peak_rss_mib"] > 0
@@ -213,7 +214,53 @@ def test_quantize_json_stage_breakdown(model, tmp_path):
                                   "--no-receipt", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert d["sha256"] is None and not {"hash_input", "hash_output", "receipt"} & set(d["stages"])
+    assert d["sha256"] is None and not {"predict_header", "hash_input", "hash_output", "receipt"} & set(d["stages"])
+
+
+def _quantize_json(model: Path, out: Path) -> dict:
+    r = CliRunner().invoke(main, ["quantize", str(model), "--recipe", "q8_0-mtp", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_a_wrong_header_prediction_falls_back_to_the_bytes(model, tmp_path, monkeypatch):
+    """The streamed digest is only used when the finished file's header is the predicted one: a
+    prediction one byte off (or none at all) is caught and the output is hashed after the write;
+    the receipt's digest is the file's either way."""
+    import dataclasses
+
+    from ggufmtp.quant import quantize as qmod
+
+    real = qmod.predict_output_header
+
+    def off_by_one_byte(*a, **k):
+        p = real(*a, **k)
+        flipped = bytearray(p.header)
+        flipped[len(flipped) // 2] ^= 0x01
+        return dataclasses.replace(p, header=bytes(flipped))
+
+    monkeypatch.setattr(qmod, "predict_output_header", off_by_one_byte)
+    d = _quantize_json(model, tmp_path / "a.gguf")
+    assert d["output_hashed"].startswith("after the write (stream header-mismatch")
+    assert d["sha256"] == _sha(tmp_path / "a.gguf")
+    assert load_receipt(tmp_path / "a.gguf.receipt.json")["subject"][0]["digest"]["sha256"] == d["sha256"]
+    monkeypatch.setattr(qmod, "predict_output_header", lambda *a, **k: None)
+    d = _quantize_json(model, tmp_path / "b.gguf")
+    assert d["output_hashed"] == "after the write (header not predicted)" and d["sha256"] == _sha(tmp_path / "b.gguf")
+
+
+def test_the_streamed_output_digest_is_known_to_the_cache_after_publishing(model, tmp_path, monkeypatch):
+    """eval (or run --eval) after quantize does not read the output again: the streamed digest is
+    recorded before the rename and follows it (the racy window is waived for this small file)."""
+    monkeypatch.setattr("ggufmtp.gguf.digest_cache.RACY_NS", 0)
+    out = tmp_path / "c.gguf"
+    d = _quantize_json(model, out)
+    assert d["output_hashed"] == "streamed"
+    assert input_digest_cache().lookup(out) == d["sha256"] == _sha(out)
+    with open(out, "r+b") as f:  # and a later edit is not covered by it
+        f.seek(-1, os.SEEK_END)
+        f.write(b"\x01")
+    assert input_digest_cache().lookup(out) is None
 
 
 # ---------------------------------------------------------------------------- pull records verified digests

@@ -78,29 +78,11 @@ def test_inspect_json_keys(models):
     assert d["tensor_types"]["F32"]["bytes"] > 0
 
 
-def test_split_gguf_read_as_one_model(models, tmp_path):
-    import gguf
-
+def test_split_gguf_read_as_one_model(models, split_copy, tmp_path):
     from ggufmtp.gguf.model import GGUFModel
 
     src = GGUFModel(models["complete"])
-    reader = gguf.GGUFReader(models["complete"])
-    base = tmp_path / "split.gguf"
-    w = gguf.GGUFWriter(base, "qwen35moe", split_max_tensors=40)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        val = field.contents()
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, val, vtype, sub_type=sub)
-    for t in reader.tensors:
-        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shards = sorted(tmp_path.glob("split-*-of-*.gguf"))
+    shards = split_copy(models["complete"], tmp_path, max_tensors=40)
     assert len(shards) == 3
     r = inspect_model(shards[1])
     assert r.mtp_status == "complete" and len(r.shards) == 3

@@ -13,7 +13,8 @@
 #   bash benchmarks/gpu/run_h200.sh headsweep # issue #19: head-precision sweep (margin head, 10 trunk layers)
 #                                             # SYNTH_STAGE=hs-synth STAGES="headsweep evaltime" BUILD_STAGE=build
 #                                             #   bash benchmarks/gpu/run_h200.sh all: the sweep's model only
-#   bash benchmarks/gpu/run_h200.sh evaltime  # issue #19: ggufmtp eval vs llama-perplexity alone (after headsweep)
+#   bash benchmarks/gpu/run_h200.sh evaltime  # issue #19: ggufmtp eval vs llama-perplexity alone (after headsweep,
+#                                             # or alone: SYNTH_STAGE=hs-synth STAGES=evaltime ... all)
 #   bash benchmarks/gpu/run_h200.sh tune      # ggufmtp tune: server settings by successive halving
 #   bash benchmarks/gpu/run_h200.sh verify-tuned  # ggufmtp verify --tuned-from tune.json: tuned MTP vs the equally
 #                                             # configured vanilla (fair) and vs a default vanilla (third arm)
@@ -181,15 +182,21 @@ case "$STAGE" in
     env_setup
     H=$WORK/margin-bf16.gguf
     q=$(ls "$WORK"/hs/*-head-q4_k.gguf 2>/dev/null | head -1)
+    [ -f "$H" ] || bash "$0" hs-synth
+    if [ -z "$q" ]; then  # without a head sweep before it: one Hi-Fi quant (with its receipt, as a user's would be)
+      q=$WORK/ev-hifi.gguf
+      [ -f "$q" ] || python3 -m ggufmtp quantize "$H" -r hifi-q4_k_m-mtp -o "$q" -t "$(nproc)" --no-progress --json \
+        > "$RES/ev-quantize.json" 2> "$RES/ev-quantize.log"
+    fi
     C=$(python3 -c "from ggufmtp.imatrix.corpus import resolve_corpus as r; print(r('builtin:calib-v1').path)")
     P=$(python3 -m ggufmtp runtime path)/llama-perplexity
     T="/usr/bin/time -f %e_s_%M_KiB -o"
-    for i in 1 2; do
+    for i in $(seq "${EVAL_RUNS:-3}"); do
       $T "$RES/eval-time-base-$i.txt" "$P" -m "$H" -f "$C" -c 512 --chunks 8 -ngl 999 --no-repack \
         --kl-divergence-base "$WORK/kl.bin" > "$RES/eval-cli-base.log" 2>&1 || true
       $T "$RES/eval-time-kld-$i.txt" "$P" -m "$q" -f "$C" -c 512 --chunks 8 -ngl 999 --no-repack \
         --kl-divergence-base "$WORK/kl.bin" --kl-divergence > "$RES/eval-cli-kld.log" 2>&1 || true
-      rm -rf "$GGUFMTP_CACHE/kld"
+      rm -f "$GGUFMTP_CACHE"/kld/*.logits  # a fresh base pass; the token-count memo stays
       $T "$RES/eval-time-ours-$i.txt" python3 -m ggufmtp eval "$H" "$q" --corpus builtin:calib-v1 --chunks 8 \
         -ngl 999 --json > "$RES/eval-ours-$i.json" 2> "$RES/eval-ours.log" || true
     done

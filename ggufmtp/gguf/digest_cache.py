@@ -9,9 +9,11 @@ set back (``touch -d``, ``os.utime``) but ``ctime`` cannot (the kernel sets it o
 another (rename, copy) has another inode and misses too.
 
 Entries are inserted only by :func:`ggufmtp.gguf.hashing.file_digests` (the one hashing function)
-and by ``pull`` for a download whose digest matched the Hub's (``quantize`` moves the entry of its
-own output across the rename that publishes it: :meth:`DigestCache.follow_rename`), and only when the file's key was the
-same before and after it was read and its ctime is older than :data:`RACY_NS` at that moment (a
+and by ``pull`` for a download whose digest matched the Hub's, and by ``quantize`` for its own
+output hashed while libllama wrote it (:class:`ggufmtp.quant.stream_hash.OutputDigest`, with the
+file's stat as verified); ``quantize`` then moves its output's entry across the rename that
+publishes it (:meth:`DigestCache.follow_rename`). All of them record only when the file's key
+was the same before and after it was read and its ctime is older than :data:`RACY_NS` then (a
 write in the same timestamp tick as the hash could otherwise keep the key; the "racy git"
 problem). A file the cache did not hash is never in it. ``audit`` never consults it: an auditor re-reads the bytes.
 
@@ -82,8 +84,8 @@ class DigestCache:
 
     def record(self, path: str | os.PathLike, sha256: str, before: os.stat_result, after: os.stat_result) -> bool:
         """Remember ``sha256`` for ``path``, read between the ``before`` and ``after`` stats of the
-        open file. Only :func:`ggufmtp.gguf.hashing.file_digests` and ``pull`` (for a download
-        whose digest matched the Hub's) call this. Returns whether it
+        open file. Only :func:`ggufmtp.gguf.hashing.file_digests`, ``pull`` (for a download
+        whose digest matched the Hub's) and quantize's streamed output digest call this. Returns whether it
         was recorded: not when the file changed during the read or too recently (see RACY_NS)."""
         key = file_key(before)
         if key != file_key(after) or time.time_ns() - after.st_ctime_ns < RACY_NS:

@@ -5,8 +5,8 @@ artifact: a reader thread fills a few preallocated buffers with ``readinto`` whi
 thread hands ``hashlib`` ``memoryview`` slices of the filled ones (no copy, no per-chunk
 allocation). Both release the GIL, so the read's copy from the page cache overlaps the hash and
 sha256 runs at the CPU's own speed (on the H200 machine a serial read-then-hash loop reached 1.13
-GB/s against OpenSSL's 1.36; here 1.25 against 1.46 pipelined): after a quantization this hash is
-the one cost a receipt adds to the critical path. Memory stays at ``_BUFFERS * chunk_size``.
+GB/s against OpenSSL's 1.36; here 1.25 against 1.46 pipelined). quantize hashes its output while
+libllama writes it (:mod:`ggufmtp.quant.stream_hash`) and comes here only when that is not possible. Memory stays at ``_BUFFERS * chunk_size``.
 
 It is also the only function that fills the local digest cache (:mod:`.digest_cache`):
 ``file_digests(..., cache=c)`` records what it read when the file did not change meanwhile, and

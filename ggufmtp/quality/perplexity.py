@@ -9,6 +9,7 @@ progress bar over chunks; its whole log is kept next to the cache for error mess
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -142,7 +143,8 @@ def run_perplexity(argv: list[str], log: Path, on_chunk: Callable[[int], None], 
                     on_chunk(done)
                 if rc is not None:
                     break
-                time.sleep(0.2)
+                with contextlib.suppress(subprocess.TimeoutExpired):  # back at once when it exits
+                    proc.wait(0.2)
         finally:
             if proc.poll() is None:
                 proc.kill()

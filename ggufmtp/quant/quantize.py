@@ -31,6 +31,8 @@ from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, check_mtp, format_blocks
 from .plan import Plan, make_plan
 from .recipe import Recipe
+from .output_header import predict_output_header
+from .stream_hash import OutputDigest
 from .worker import BackgroundHash, WorkerRun, run_quantize_interruptible, thread_read_bytes
 
 _TENSOR_START = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-")
@@ -78,8 +80,9 @@ def _faulted_mib() -> float:
 @dataclasses.dataclass
 class StageTimes:
     """Where a quantize's time went, stage by stage, in the order they ended: ``plan`` (libllama's
-    dry run; absent when a plan was given), ``quantize``, ``hash_input`` (concurrent),
-    ``hash_output`` (concurrent), ``fsync``, ``audit``, ``receipt`` (the caller's
+    dry run; absent when a plan was given), ``predict_header`` (the output's header, so its sha256
+    can be computed while libllama writes it), ``quantize``, ``hash_input`` (concurrent),
+    ``hash_output`` (concurrent: streamed during the quantization, else after it), ``fsync``, ``audit``, ``receipt`` (the caller's
     ``before_publish``: writing the receipt, signing) and ``publish`` (rename, fsync of the folder)."""
 
     stages: dict[str, StageTime] = dataclasses.field(default_factory=dict)
@@ -95,7 +98,7 @@ class StageTimes:
             self.stages[name] = StageTime(dt, dt, _peak_rss_mib(), (thread_read_bytes() - r0) / 2**20,
                                           _faulted_mib() - m0)
 
-    def collect(self, name: str, job: BackgroundHash) -> dict[str, str]:
+    def collect(self, name: str, job: BackgroundHash | OutputDigest) -> dict[str, str]:
         """Wait for a background hash and record it as stage ``name``; returns its digests."""
         t0 = time.perf_counter()
         digests = job.result()
@@ -129,12 +132,15 @@ class QuantizeResult:
     output_sha256: str | None = None
     #: sha256 of each input file, by resolved path (same condition)
     input_sha256: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: how the output's digest was computed: "streamed" (while libllama wrote it, header predicted
+    #: and checked) or "after the write (...why)"; None when nothing was hashed
+    output_hashed: str | None = None
     stages: StageTimes = dataclasses.field(default_factory=StageTimes)
 
     def to_dict(self) -> dict[str, Any]:
         return {"output": str(self.output), "recipe": self.plan.recipe, "ftype": self.plan.ftype,
                 "size_bytes": self.size_bytes, "bpw": round(self.plan.bpw, 4), "seconds": round(self.seconds, 3),
-                "sha256": self.output_sha256,
+                "sha256": self.output_sha256, "output_hashed": self.output_hashed,
                 "mtp": self.plan.mtp_summary().to_dict(), "started_at": self.started_at, "finished_at": self.finished_at,
                 "checks": [c.to_dict() for c in self.checks], "warnings": self.plan.warnings,
                 "stages": self.stages.to_dict()}
@@ -239,17 +245,19 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
     bar = _Progress(source, progress)
     started, t0 = _now(), time.perf_counter()
     ok = False
-    jobs: list[BackgroundHash] = []
+    jobs: list[BackgroundHash | OutputDigest] = []
     try:
         _make_folder(work, out)
         if before_publish is not None:  # the receipt names the input's digests: hash it meanwhile
             jobs.append(BackgroundHash(source.shards, cache=input_digest_cache(), background=True))
+            with clock.measure("predict_header"):  # and the output's, as libllama writes it
+                jobs.append(OutputDigest(staged, predict_output_header(model, plan, params), input_digest_cache()))
         with clock.measure("quantize"):
             run = run_quantize_interruptible(str(source.shards[0]), str(staged), params, bar.on_line)
         _raise_for_run(run, model, out)
         if before_publish is not None:
             jobs[0].hurry()
-            jobs.append(BackgroundHash([staged], cache=input_digest_cache()))
+            jobs[1].writer_finished()
         checks = _durable_and_audited(staged, plan, source, out, clock)
         result = QuantizeResult(output=staged, plan=plan, checks=checks, seconds=time.perf_counter() - t0,
                                 size_bytes=staged.stat().st_size, started_at=started, finished_at=_now(),
@@ -257,9 +265,12 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
         if before_publish is not None:
             result.input_sha256 = clock.collect("hash_input", jobs[0])
             result.output_sha256 = clock.collect("hash_output", jobs[1])[str(staged.resolve())]
+            result.output_hashed = jobs[1].how
             with clock.measure("receipt"):
                 before_publish(result)
         with clock.measure("publish"):
+            if before_publish is not None:
+                jobs[1].remember()
             staged_stat = staged.stat()
             os.replace(staged, out)
             fsync_dir(out.parent)
