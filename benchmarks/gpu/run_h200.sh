@@ -61,7 +61,7 @@ env_setup() {
   export PYTHONPATH=/tmp/site:$PWD:$PWD/$CARRY/pylib
   export GGUFMTP_CACHE=${GGUFMTP_CACHE:-/tmp/ggufmtp-cache}
   export GGUFMTP_LLAMA_CPP_SDIST=$PWD/$CARRY/llama-src.tar.gz
-  export GGUFMTP_RUNTIME_VARIANT=cuda-sm90
+  export GGUFMTP_RUNTIME_VARIANT=${GGUFMTP_RUNTIME_VARIANT:-cuda-sm90}  # cpu: a local smoke run of a stage
   export PYTHONUNBUFFERED=1
 }
 
@@ -181,7 +181,7 @@ case "$STAGE" in
     # issue #19: `ggufmtp eval` (fresh cache) against llama-perplexity alone (base pass + KLD pass)
     env_setup
     H=$WORK/margin-bf16.gguf
-    q=$(ls "$WORK"/hs/*-head-q4_k.gguf 2>/dev/null | head -1)
+    q=$(ls "$WORK"/hs/*-head-q4_k.gguf 2>/dev/null | head -1 || true)  # none without a head sweep (pipefail)
     [ -f "$H" ] || bash "$0" hs-synth
     if [ -z "$q" ]; then  # without a head sweep before it: one Hi-Fi quant (with its receipt, as a user's would be)
       q=$WORK/ev-hifi.gguf
@@ -284,7 +284,7 @@ case "$STAGE" in
     cp "$WORK"/*.receipt.json "$RES/" 2>/dev/null || true
     tar czf "$OUT/gpu-results.tar.gz" -C "$RES" --exclude='*.gguf' . && ls -la "$OUT"
     cat "$RES/progress.txt" 2>/dev/null || true
-    last=$(ls -t "$RES"/stage-*.out 2>/dev/null | head -1)
+    last=$(ls -t "$RES"/stage-*.out 2>/dev/null | head -1 || true)
     [ -n "$last" ] && { echo "== $last"; tail -c 3000 "$last"; } || true ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac
