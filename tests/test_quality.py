@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ggufmtp.errors import CorpusError, HeadSweepError, LogitsFileError, ModelMismatchError
+from ggufmtp.errors import CorpusError, HeadSweepError, LogitsFileError, ModelMismatchError, QualityError
 from ggufmtp.quality import logits as logits_mod
 from ggufmtp.quality.eval import evaluate
 from ggufmtp.quant.quantize import quantize
@@ -213,3 +213,21 @@ def test_token_count_is_remembered_per_base_corpus_and_commit(tiny_mtp_model, kl
     other = _corpus(tmp_path / "d.txt", 2500)
     third = evaluate(tiny_mtp_model, tiny_mtp_model, other, ctx_size=CTX, chunks=3, progress=False)
     assert len(counted) == 1 and third.n_tokens > first.n_tokens
+
+
+@pytest.mark.runtime
+def test_lost_final_lines_are_read_from_the_last_table_row_only_when_the_table_is_whole(q4_model, kld_cache, tmp_path):
+    """llama.cpp's logger can lose a process's last lines at exit (upstream 22142): RMS Δp and Same
+    top p, printed last, equal the per-chunk table's last row, so a log cut after the KLD
+    percentiles still gives the same statistics; one cut before them is still an error."""
+    from ggufmtp.quality.perplexity import parse_kld_output
+
+    base, q4 = q4_model
+    q = evaluate(base, q4, _corpus(tmp_path / "c.txt", 3000), ctx_size=CTX, chunks=4, progress=False)
+    # distinct values (RMS Δp, Same top p, mean KLD): a row read from the wrong column would differ
+    assert len({q.stats.rms_dp, q.stats.same_top_p, q.stats.kld_mean}) == 3 and q.stats.rms_dp > 0
+    log = q.base_logits.path.with_name(f"{q.base_logits.path.stem}.{q4.name}.kld.log").read_text()
+    assert parse_kld_output(log, "q") == q.stats
+    assert parse_kld_output(log[:log.index(" 1.0%   Δp")], "q") == q.stats
+    with pytest.raises(QualityError, match="no 'KLD' statistic"):
+        parse_kld_output(log[:log.index("Median  KLD")], "q")

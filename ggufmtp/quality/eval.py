@@ -162,7 +162,9 @@ def _kld_stats(argv: list[str], bl: Any, quant: Path, progress: bool, attempts: 
     """Run the quant's KL-divergence pass and parse its statistics. A run that exits 0 without them
     is run again, up to ``attempts`` runs: llama.cpp's logger (common/log.cpp) is a leaked singleton
     whose worker thread is never flushed at exit (upstream issue 22142), so on a loaded machine the
-    final lines can be lost (CI on 2 busy cores once lost them twice in a row)."""
+    final lines can be lost (CI on 2 busy cores once lost them twice in a row, later three times:
+    since then the two statistics printed last are also read from the per-chunk table's last row,
+    see :func:`~ggufmtp.quality.perplexity.parse_kld_output`)."""
     for attempt in range(1, attempts + 1):
         with _bar(bl.header.n_chunk, "KL-divergence", progress) as bar:
             run = run_perplexity(argv, bl.path.with_name(f"{bl.path.stem}.{quant.name}.kld.log"),

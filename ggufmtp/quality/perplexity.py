@@ -39,6 +39,13 @@ _LABELS = {
 _STATS = {key: re.compile(re.escape(label) + r"\s*:\s*" + _NUM + r"(?:\s*±\s*" + _NUM + ")?", re.I)
           for key, label in _LABELS.items()}
 _PERCENT = {"rms_dp", "same_top_p"}  # printed in %; stored as fractions
+_PM = _NUM + r"\s*±\s*" + _NUM
+#: A row of the per-chunk table: chunk, PPL, ln ratio, KLD, Δp RMS %, Same top p % (running values)
+_KLD_ROW = re.compile(r"^\s*(\d+)\s+" + r"\s+".join([_PM] * 3) + r"\s+" + _PM + r"\s*%\s+" + _PM + r"\s*%\s*$",
+                      re.M | re.I)
+#: The two statistics printed last, which the last table row also carries (same formula, same 3
+#: decimals): llama.cpp's logger can lose a process's final lines at exit (upstream 22142)
+_FROM_LAST_ROW = {"rms_dp": (8, 9), "same_top_p": (10, 11)}  # groups after chunk, PPL, ln ratio, KLD
 _FINAL = re.compile(r"Final estimate: PPL = " + _NUM + r" \+/- " + _NUM, re.I)
 
 
@@ -74,10 +81,15 @@ class KLDStats:
 
 
 def parse_kld_output(text: str, where: str) -> KLDStats:
-    """The final statistics of a ``--kl-divergence`` run; QualityError when they are missing."""
+    """The final statistics of a ``--kl-divergence`` run; QualityError when they are missing.
+    RMS Δp and Same top p, printed last, come from the per-chunk table's last row when the
+    logger lost them (the table is whole once the KLD percentiles after it were printed)."""
     values: dict[str, float | None] = {}
+    rows = list(_KLD_ROW.finditer(text))
     for key, pat in _STATS.items():
         m = pat.search(text)
+        if m is None and key in _FROM_LAST_ROW and rows and "kld_median" in values:
+            m = _LastRow(rows[-1], _FROM_LAST_ROW[key])  # the table was complete: the block after it began
         if m is None:
             raise QualityError(f"{where}: llama-perplexity printed no '{_LABELS[key].split()[-1]}' statistic "
                                "(fewer than 100 scored tokens, or the run failed); see its log")
@@ -87,6 +99,16 @@ def parse_kld_output(text: str, where: str) -> KLDStats:
         values[key + "_err"] = None if err is None else err * scale
     fields = {f.name for f in dataclasses.fields(KLDStats)}
     return KLDStats(**{k: v for k, v in values.items() if k in fields})
+
+
+class _LastRow:
+    """Two groups of a table row, read like a statistic's match (value, uncertainty)."""
+
+    def __init__(self, row: re.Match[str], groups: tuple[int, int]):
+        self.row, self.groups = row, groups
+
+    def group(self, i: int) -> str:
+        return self.row.group(self.groups[i - 1])
 
 
 def parse_base_ppl(text: str) -> tuple[float | None, float | None]:
