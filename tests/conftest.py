@@ -80,31 +80,3 @@ def tiny_mtp_model(synth_model) -> Path:
     """The default synthetic tiny qwen35moe with an MTP block (acceptance 100% at temperature 0)."""
     return synth_model("tiny-qwen35moe")
 
-
-def _split_copy(src: Path, folder: Path, max_tensors: int) -> list[Path]:
-    """``src`` rewritten by gguf-py as a split GGUF (``split.*`` keys, at most ``max_tensors`` per
-    shard, the source's key order kept); its shards, first to last."""
-    from gguf import GGUFReader, GGUFWriter
-
-    folder.mkdir(parents=True, exist_ok=True)
-    r = GGUFReader(src)
-    w = GGUFWriter(folder / "split.gguf", arch="", split_max_tensors=max_tensors)
-    w.kv_data[0].clear()  # keep the source's key order (the constructor adds general.architecture)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF."):
-            continue
-        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shards = sorted(folder.glob("split-*-of-*.gguf"))
-    assert len(shards) > 1
-    return shards
-
-
-@pytest.fixture()
-def split_copy() -> Callable[[Path, Path, int], list[Path]]:
-    return _split_copy

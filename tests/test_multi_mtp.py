@@ -21,6 +21,7 @@ import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from gguf_copy import copy_gguf
 
 from ggufmtp.cli import main
 from ggufmtp.constants import MTP_ARCHITECTURES
@@ -47,20 +48,6 @@ def recipe(rules: list[tuple[str, str]], **mtp: Any) -> Recipe:
                              "rules": [{"pattern": p, "type": t} for p, t in rules]})
 
 
-def rewrite(src: Path, dst: Path, drop: set[str] = frozenset(), arch: str = "qwen35moe") -> Path:
-    """``src`` copied with gguf-py, less the tensors in ``drop``."""
-    reader = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vt = field.types[0]
-        w.add_key_value(key, field.contents(), vt, sub_type=field.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
-    for t in reader.tensors:
-        if t.name not in drop:
-            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    return dst
 
 
 def write_llama(path: Path, n_embd: int = 256, n_vocab: int = 512) -> Path:
@@ -193,7 +180,7 @@ def test_a_single_block_model_reads_as_before(synth_model):
 
 
 def test_every_block_is_checked_for_completeness(chain, tmp_path):
-    broken = rewrite(chain, tmp_path / "broken.gguf", drop={"blk.5.nextn.hnorm.weight", "blk.5.attn_output.weight"})
+    broken = copy_gguf(chain, tmp_path / "broken.gguf", drop={"blk.5.nextn.hnorm.weight", "blk.5.attn_output.weight"})[0]
     mtp = check_mtp(GGUFModel(broken))
     assert mtp.status == MTPStatus.INCOMPLETE and mtp.blocks == [4, 5]
     assert mtp.missing == ["blk.5.nextn.hnorm.weight", "blk.5.attn_output.weight"]

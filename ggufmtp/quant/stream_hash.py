@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 from ..gguf.digest_cache import DigestCache, file_key
 from ..gguf.hashing import CHUNK_SIZE
 from .output_header import PredictedHeader
-from .worker import BackgroundHash
+from .worker import BackgroundHash, lowest_priority, normal_priority
 
 __all__ = ["OutputDigest", "StreamResult", "StreamStatus", "StreamingOutputHash"]
 
@@ -127,9 +127,8 @@ class StreamingOutputHash:
             self._finished_at = time.perf_counter()
         self._finished.set()
         self._wake.set()
-        if self._niced is not None and self.thread.is_alive():
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, self._niced, 0)
+        if self.thread.is_alive():
+            normal_priority(self._niced)
 
     def result(self) -> StreamResult:
         """Wait for the outcome (Ctrl-C lands between short joins). Without :meth:`writer_finished`
@@ -156,9 +155,7 @@ class StreamingOutputHash:
     # --- the thread -------------------------------------------------------------------------
     def _work(self) -> None:
         if self.background:
-            with contextlib.suppress(AttributeError, OSError):  # Linux: nice is per thread
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-                self._niced = threading.get_native_id()
+            self._niced = lowest_priority()
         t0 = time.perf_counter()
         status, digest, size, detail = StreamStatus.ERROR, None, -1, ""
         try:

@@ -29,7 +29,8 @@ from ..gguf.digest_cache import DigestCache
 from ..gguf.hashing import file_digests, sha256_cached
 from ..runtime.libllama import QuantizeParams, llama_cpp_module, run_quantize
 
-__all__ = ["BackgroundHash", "WorkerRun", "run_quantize_interruptible", "thread_read_bytes"]
+__all__ = ["BackgroundHash", "WorkerRun", "lowest_priority", "normal_priority", "run_quantize_interruptible",
+           "thread_read_bytes"]
 
 
 @dataclasses.dataclass
@@ -104,6 +105,23 @@ def thread_read_bytes() -> int:
     return 0
 
 
+def lowest_priority() -> int | None:
+    """Put the calling thread at nice 19 (Linux: nice is per thread); its native id, or None where
+    the OS would not. For the hashing threads: they take the cores the quantization leaves idle."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        return threading.get_native_id()
+    return None
+
+
+def normal_priority(native_id: int | None) -> None:
+    """Back to nice 0 for a thread :func:`lowest_priority` lowered, once the command waits for it
+    (where the OS lets a process raise a thread's priority again: root or RLIMIT_NICE)."""
+    if native_id is not None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, native_id, 0)
+
+
 class _Cancelled(Exception):
     pass
 
@@ -133,9 +151,7 @@ class BackgroundHash:
 
     def _work(self) -> None:
         if self.background:
-            with contextlib.suppress(AttributeError, OSError):  # Linux: nice is per thread
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-                self._niced = threading.get_native_id()
+            self._niced = lowest_priority()
         t0, r0 = time.perf_counter(), thread_read_bytes()
         try:
             for p in self.paths:
@@ -174,9 +190,8 @@ class BackgroundHash:
         which only matters while other processes keep every core busy). Its read-ahead thread
         (:func:`ggufmtp.gguf.hashing.file_digests`) keeps the nice 19 it inherited: it only copies
         from the page cache, and by then the quantization has left every core idle."""
-        if self._niced is not None and self.thread.is_alive():
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, self._niced, 0)
+        if self.thread.is_alive():
+            normal_priority(self._niced)
 
     def cancel(self) -> None:
         self._cancel.set()
