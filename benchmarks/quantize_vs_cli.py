@@ -2,16 +2,19 @@
 """Wall time and peak RSS of `ggufmtp quantize` (with its receipt) against the `llama-quantize` CLI.
 
     .venv/bin/python benchmarks/quantize_vs_cli.py [--layers 1] [--runs 3] [--recipe hifi-q4_k_m-mtp]
-        [--model PATH] [--threads N] [--dir DIR] [--no-receipt-arm] [--warm-digests] [--json OUT.json]
+        [--model PATH] [--threads N] [--dir DIR] [--no-receipt-arm] [--warm-digests] [--order alternate|fixed]
+        [--json OUT.json]
 
 Synthesizes (once, cached in --dir) a BF16 model with Qwen3.6-35B-A3B's real per-layer shapes
-(`ggufmtp synth --shape qwen3.6-35b-a3b --layers N`, >= 1 GB), then runs the arms interleaved
-(ggufmtp, CLI, ggufmtp, CLI, ...), each a separate process whose wall time and peak RSS
+(`ggufmtp synth --shape qwen3.6-35b-a3b --layers N`, >= 1 GB), then runs the arms interleaved,
+their order turned every run (CLI, ggufmtp; ggufmtp, CLI; ...; `--order fixed`: ggufmtp first
+every run), each a separate process whose wall time and peak RSS
 (ru_maxrss of that child alone) are measured: `ggufmtp quantize` end to end WITH its receipt
 (plan, quantize, audit, sha256 of input and output, receipt), `llama-quantize` with the flags
 `ggufmtp plan --emit llama-quantize` prints, and with --no-receipt-arm also `ggufmtp quantize
 --no-receipt`. Checks that the outputs are byte-identical, prints medians and the median
-wall-time ratio ggufmtp/CLI (issue #22: <= 1.08 with the receipt), and with --json writes every
+wall-time ratio ggufmtp/CLI (issue #22: <= 1.08 with the receipt), each run's own ratio and
+ggufmtp's seconds outside libllama's quantization call, and with --json writes every
 run, ggufmtp's stage breakdown (`quantize --json`'s `stages`) and the summary.
 
 Each output is removed right after its run (at real scale three 22 GB outputs beside a 72 GB
@@ -83,6 +86,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warm-digests", action="store_true", help="keep the input's cached digest between runs")
     ap.add_argument("--json", dest="json_out", default=None, help="write runs, stages and summary here")
     ap.add_argument("--no-cat", action="store_true", help="skip warming the page cache (model in /dev/shm)")
+    ap.add_argument("--order", choices=("alternate", "fixed"), default="alternate",
+                    help="alternate (default): the arms' order turns every run, the CLI first in run 1, so a "
+                         "first-run cost does not always land on one arm; fixed: ggufmtp first in every run")
     return ap.parse_args()
 
 
@@ -111,7 +117,8 @@ def main() -> None:
         subprocess.run(["cat", str(model)], stdout=subprocess.DEVNULL, check=True)  # page cache warm for all
     runs: list[dict] = []
     for i in range(args.runs):
-        for arm, argv in arms.items():
+        for arm in run_order(list(arms), i, args.order):
+            argv = arms[arm]
             if arm.startswith("ggufmtp") and not args.warm_digests:
                 digests.forget(model)
             wall, rss, stdout = measured(argv)
@@ -130,7 +137,7 @@ def main() -> None:
                 Path(args.json_out).write_text(json.dumps({"model": model.name, "runs": runs}, indent=2) + "\n")
     summary = summarize(runs, arms)
     report = {"model": model.name, "model_bytes": model.stat().st_size, "recipe": args.recipe, "threads": threads,
-              "runs_per_arm": args.runs, "warm_digests": args.warm_digests, "cpu": cpu_model(),
+              "runs_per_arm": args.runs, "order": args.order, "warm_digests": args.warm_digests, "cpu": cpu_model(),
               "nproc": os.cpu_count(), "runs": runs, **summary}
     print(f"model {model.name}: {model.stat().st_size / 1e9:.2f} GB BF16, recipe {args.recipe}, {threads} threads, "
           f"{args.runs} interleaved runs per arm, {cpu_model()}")
@@ -141,8 +148,22 @@ def main() -> None:
         f"{k} {v.get('seconds', v['waited']):.2f}/{v['waited']:.2f}" for k, v in summary["ggufmtp_median_stages"].items()))
     print(f"outputs byte-identical: {summary['byte_identical']}")
     print(f"median wall-time ratio ggufmtp (with receipt)/llama-quantize: {summary['ratio']:.3f}")
+    print("each run's ratio: " + ", ".join(f"{r:.3f}" for r in summary["run_ratios"])
+          + f" (median {summary['median_run_ratio']:.3f}); ggufmtp's seconds beyond libllama's quantization: "
+          + ", ".join(f"{b:.2f}" for b in summary["ggufmtp_beyond_quantize_s"]))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def run_order(arms: list[str], i: int, order: str) -> list[str]:
+    """The arms in run i's order. At real scale on the H200 (benchmarks/README.md, ninth and tenth
+    runs) the first run on a fresh machine was the slowest of its arm (281, 270 s for ggufmtp when it
+    went first; 231 against 217 s for the CLI when it did): with a fixed order that cost always
+    falls on ggufmtp; turning the order every run spreads it over both arms."""
+    if order == "fixed":
+        return arms
+    turn = (i + 1) % len(arms)  # run 1 (i=0) starts with the second arm, the CLI
+    return arms[turn:] + arms[:turn]
 
 
 def sha256_of(path: Path) -> str:
@@ -166,9 +187,15 @@ def summarize(runs: list[dict], arms: dict) -> dict:
         stages[name] = {f: round(statistics.median(r["stages"][name][f] for r in per["ggufmtp"]), 3)
                         for f in ("seconds", "waited", "read_mib", "mapped_mib")}
     same = len({r["sha256"] for r in runs}) == 1
+    # each run's own ratio (the two arms ran back to back) and what ggufmtp spent outside libllama's
+    # quantization: the receipt's cost without the run-to-run spread of the quantization itself
+    pairs = [round(o["wall_s"] / c["wall_s"], 4) for o, c in zip(per["ggufmtp"], per["llama-quantize"])]
+    beyond = [round(r["wall_s"] - r["stages"]["quantize"]["seconds"], 3) for r in per["ggufmtp"]]
     stages["outside_stages"] = {"waited": round(statistics.median(r["outside_stages_s"] for r in per["ggufmtp"]), 3)}
     return {"arms": med, "ggufmtp_median_stages": stages, "byte_identical": same,
             "ratio": round(med["ggufmtp"]["median_wall_s"] / med["llama-quantize"]["median_wall_s"], 4),
+            "run_ratios": pairs, "median_run_ratio": round(statistics.median(pairs), 4),
+            "ggufmtp_beyond_quantize_s": beyond,
             "rss_ratio": round(med["ggufmtp"]["peak_rss_mib"] / med["llama-quantize"]["peak_rss_mib"], 4)}
 
 

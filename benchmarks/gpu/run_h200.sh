@@ -7,8 +7,9 @@
 #   bash benchmarks/gpu/run_h200.sh quantize  # ggufmtp quantize (Hi-Fi), timed; QUANT_CLI=1: also llama-quantize
 #   bash benchmarks/gpu/run_h200.sh qvc       # issue #22: ggufmtp quantize WITH receipt vs llama-quantize, $RUNS (3)
 #                                             # interleaved runs each, stage breakdown -> qvc.json; CPU-only runtime
-#                                             # STAGES=qvc BUILD_STAGE=cpu-build RUNS=2 bash benchmarks/gpu/run_h200.sh all
-#                                             # skips the CUDA build: ~3 min build, ~1.5 min synth, 4 x ~4.5 min
+#                                             # STAGES=qvc BUILD_STAGE=cpu-build RUNS=3 bash benchmarks/gpu/run_h200.sh all
+#                                             # skips the CUDA build: ~3 min build and synth, 6 x ~4 min; the tenth
+#                                             # run held its machine 27 min (a machine goes back after 30)
 #   bash benchmarks/gpu/run_h200.sh imatrix   # issue #18: imatrix compute (and --mtp) vs llama-imatrix alone
 #   bash benchmarks/gpu/run_h200.sh headsweep # issue #19: head-precision sweep (margin head, 10 trunk layers)
 #                                             # SYNTH_STAGE=hs-synth STAGES="headsweep evaltime" BUILD_STAGE=build
