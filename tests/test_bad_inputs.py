@@ -659,8 +659,13 @@ def test_kill_9_mid_quantize_leaves_nothing_and_a_rerun_succeeds(tmp_path, synth
     assert _partials(tmp_path) == [], "the rerun did not remove the dead process's partial"
 
 
+# The child starts as a terminal's foreground command does, with Python's Ctrl-C handler: a test
+# run started as a background job of a non-interactive shell (`make test &`) hands its children
+# SIGINT ignored (POSIX, asynchronous lists), and Python installs no handler for an ignored signal,
+# so the SIGINT below would be dropped and the command would run to completion.
 INTERRUPT_DURING = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ggufmtp.quant import worker
 real = worker.run_quantize
 sent = []
