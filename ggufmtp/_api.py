@@ -9,12 +9,16 @@ stay equal.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .measure import stats
 from .measure import verify as _verify_mod
 from .measure.suite import DEFAULT_SUITE, Suite
 from .provenance.receipt import set_verification
+
+
+if TYPE_CHECKING:
+    from .quant.recipe import Recipe
 
 
 def verify(
@@ -56,7 +60,36 @@ def verify(
     section; what tune, curve and profiles added there is kept."""
     args = dict(locals())  # exactly the parameters above, forwarded by name
     del args["receipt"]
+    if thresholds is None and receipt is not None:
+        rec = verify_recipe(None, receipt)  # the receipt's recipe judges its artifact
+        args["thresholds"] = _verify_mod.Thresholds.from_recipe(rec.verify, rec.name)
+        if draft_n_max is None and tuned is None:
+            args["draft_n_max"] = rec.verify.draft_n_max
     res = _verify_mod.verify(**args)
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True)
     return res
+
+
+def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | None) -> "Recipe | None":
+    """The recipe whose ``[verify]`` table judges a verification: ``recipe_name``, else the recipe
+    the receipt names (the one its artifact was made with; refused when the recipe found by that
+    name is not the bytes the receipt records), else None (the project's defaults)."""
+    from .errors import RecipeError, VerifyError
+    from .provenance.receipt import read_receipt
+    from .quant.recipe import Recipe
+
+    if recipe_name:
+        return Recipe.load(recipe_name)
+    if receipt is None:
+        return None
+    named = read_receipt(receipt).predicate["recipe"]
+    try:
+        rec = Recipe.load(named["name"])
+    except RecipeError as e:
+        raise VerifyError(f"{receipt}: its recipe {named['name']!r} cannot be loaded to judge the verification "
+                          f"({e}); name the recipe with -r") from None
+    if named.get("sha256") and rec.sha256 != named["sha256"]:
+        raise VerifyError(f"{receipt}: its recipe {named['name']!r} had sha256 {named['sha256']}; the one found now "
+                          f"has {rec.sha256}: name the recipe to judge with (-r)")
+    return rec

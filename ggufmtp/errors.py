@@ -171,3 +171,8 @@ class ConvertError(GgufmtpError, ValueError):
 
 class ConvertDependencyError(ConvertError, ImportError):
     """The optional conversion dependencies (PyTorch, transformers) are not installed."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered as an interrupt (``ggufmtp.__main__``) so that every cleanup written for
+    Ctrl-C runs for it too; the CLI exits 143 for it."""

@@ -95,6 +95,7 @@ class RunSummary:
     verdict: str | None
     uploaded: str | None
     stages: dict[str, StageStatus]
+    speed_checked: bool | None = None  # whether the verdict judged the speedup (GPU offload)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -139,6 +140,7 @@ class RunResult:
             speedup=v["speedup"] if v else None,
             speedup_ci95=v["speedup_ci95"] if v else None,
             verdict=v["verdict"] if v else None,
+            speed_checked=v.get("speed_checked") if v else None,
             uploaded=self._result("upload").get("commit_url") if self.stage("upload") else None,
             stages={s.stage: s.status for s in self.stages},
         )
@@ -414,7 +416,7 @@ def _stage_verify(r: _Run, verify_options: dict[str, Any]) -> None:
     def do() -> dict[str, Any]:
         opts = dict(verify_options)
         opts.setdefault("draft_n_max", r.recipe.verify.draft_n_max)
-        opts.setdefault("thresholds", r.recipe.verify)
+        opts.setdefault("thresholds", verify_mod.Thresholds.from_recipe(r.recipe.verify, r.recipe.name))
         # Through the module attribute, so that a patched ``verify`` (tests) is the one called.
         res = verify_mod.verify(r.artifact, progress=r.progress, **opts)
         return {"verification": res.to_receipt()}
@@ -536,8 +538,11 @@ def format_summary(s: dict[str, Any]) -> str:
         ("size", f"{s['size_bytes']:,} bytes, {s['bpw']:.3f} bpw" if s.get("size_bytes") else "-"),
         ("MTP", ", ".join(f"blk.{b}" for b in s.get("mtp_blocks") or [s["mtp_block"]]) + f" {s['mtp_status']}"),
         ("acceptance", with_ci(s["acceptance"], s["acceptance_ci95"], True)),
-        ("speedup", with_ci(s["speedup"], s["speedup_ci95"], False)),
-        ("verdict", s["verdict"] or "not verified"),
+        ("speedup", with_ci(s["speedup"], s["speedup_ci95"], False)
+         + (" vanilla: speed not verified on this hardware (no GPU offload)" if s.get("speed_checked") is False else "")),
+        ("verdict", (s["verdict"] or "not verified")
+         + (" (MTP head verified; speed not verified on this hardware)" if s.get("speed_checked") is False and s["verdict"]
+            else "")),
         ("receipt", s["receipt"]),
         ("card", s["card"] or "-"),
     ]

@@ -54,6 +54,7 @@ from ggufmtp.pipeline import RunResult
 from ggufmtp.provenance.card import UNVERIFIED_HEADING
 from ggufmtp.provenance.receipt import load_receipt, read_receipt, receipt_for_quantize, schema_errors
 from ggufmtp.provenance.signing import verify_artifact, verify_receipt
+from ggufmtp.provenance.verdict import Evidence
 from ggufmtp.quant.quantize import QuantizeResult
 from ggufmtp.quant.recipe import Recipe
 from ggufmtp.runtime.server import LlamaServer, ServerConfig, require_drafting
@@ -69,7 +70,8 @@ MTP_ARCHS = tuple(a for a in arch_names() if a in MTP_ARCHITECTURES)
 NO_MTP_ARCHS = tuple(a for a in arch_names() if a not in MTP_ARCHITECTURES)
 PIPELINE_RECIPE = "hifi-q4_k_m-mtp"  # the flagship: ggufmtp run drives audit, verify, receipt, card with it
 WRONG = 0.1  # wrong-successor fraction: acceptance ~0.8 at k=4 (above every recipe's minimum), visibly < 1
-N_PROMPTS, MAX_TOKENS = 3, 32
+# the least a publishable verification measures (#28: Evidence), so the hub cell publishes a verified artifact
+N_PROMPTS, MAX_TOKENS = Evidence.MIN_PROMPTS, Evidence.MIN_MAX_TOKENS
 # One thread per llama.cpp process: ggml's workers spin at each graph barrier, and on a busy 2-core
 # machine two of them can stall a tiny model's request 20x; one thread is as fast when idle.
 THREADS = 1

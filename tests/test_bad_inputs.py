@@ -673,30 +673,33 @@ def interrupted(src, dst, params, on_line=None):
     def line(level, text):
         if {when} and not sent:
             sent.append(1)
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.{sig})
         if on_line is not None:
             on_line(level, text)
     return real(src, dst, params, line)
 worker.run_quantize = interrupted
-from ggufmtp.cli import main
+from ggufmtp.__main__ import main  # the console script's entry: SIGTERM handled as the CLI handles it
 sys.argv = ["ggufmtp", *sys.argv[1:]]
 main()
 """
 
 
 @pytest.mark.runtime
-@pytest.mark.parametrize("stage", ["dry-run", "quantize"])
-def test_ctrl_c_stops_with_130_and_writes_nothing(stage, world, tmp_path):
+@pytest.mark.parametrize("stage,sig", [("dry-run", "SIGINT"), ("quantize", "SIGINT"), ("quantize", "SIGTERM")])
+def test_ctrl_c_stops_with_130_and_writes_nothing(stage, sig, world, tmp_path):
     """Ctrl-C arriving while libllama is inside its log callback (the dry run of the plan, or the
-    quantization itself) stops the command with 130 and leaves no file."""
+    quantization itself) stops the command with 130 and leaves no file; SIGTERM (what `timeout`,
+    CI time-outs and systemd send) cleans up the same way and exits 143 (#28: it left
+    ``.OUT.partial-<pid>/``)."""
     when = "params.dry_run" if stage == "dry-run" else "not params.dry_run and text.startswith('[')"
     out = tmp_path / "o.gguf"
     env, mark = _env(tmp_path)
     before = snapshot(tmp_path)
-    p = subprocess.run([sys.executable, "-c", INTERRUPT_DURING.format(when=when), "quantize", str(world["model"]),
-                        *Q, "-o", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 130, p.stderr[-3000:]
-    assert "Traceback" not in p.stderr and "interrupted" in p.stderr
+    p = subprocess.run([sys.executable, "-c", INTERRUPT_DURING.format(when=when, sig=sig), "quantize",
+                        str(world["model"]), *Q, "-o", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == (130 if sig == "SIGINT" else 143), p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and ("interrupted" if sig == "SIGINT" else "terminated") in p.stderr
     assert snapshot(tmp_path) == before
     assert marked_processes(mark) == []
 

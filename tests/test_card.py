@@ -108,6 +108,7 @@ def test_card_states_when_the_artifact_has_no_passing_verification_of_its_bytes(
 def test_card_puts_the_fair_speedup_first_and_unknowns_as_n_a():
     st = statement()
     v = st["predicate"]["verification"]
+    v["hardware"].update(offloaded=True, gpu="NVIDIA H100")  # a GPU run: the verdict judged the speed
     v.update(speedup=1.41, speedup_ci95=[1.38, 1.44], speedup_vs_default_vanilla=1.62,
              speedup_vs_default_vanilla_ci95=[1.58, 1.66],
              default_vanilla={"tokens_per_second": 210.7, "server_args": ["--ctx-size", "4096"], "label": "defaults"})

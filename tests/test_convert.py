@@ -96,6 +96,44 @@ def test_audit_source_matches_then_finds_a_tampered_gguf_and_a_tampered_source(c
     assert r.exit_code == 1 and "blk.4.nextn.eh_proj.weight" in r.output
 
 
+def test_audit_source_never_writes_and_add_source_records_a_bound_pass(checkpoint, converted, tmp_path):
+    """#28 finding 6: `audit --source` wrote a source section into whatever receipt was named, without
+    a digest binding and even when the comparison failed. An audit never writes; `receipt
+    add-source` records a passing comparison bound to the artifact's sha256, and refuses the rest."""
+    from receipt_kit import honest_statement
+
+    from ggufmtp.gguf.hashing import sha256_file
+    from ggufmtp.provenance.audit import audit
+    from ggufmtp.provenance.receipt import load_receipt
+
+    art = tmp_path / converted.name
+    shutil.copy(converted, art)
+    rc = tmp_path / (art.name + ".receipt.json")
+    rc.write_text(json.dumps(honest_statement(art, None)))
+    before = rc.read_bytes()
+    r = _cli(["audit", art, "--source", checkpoint, "--receipt", rc])
+    assert r.exit_code == 0, r.output
+    assert rc.read_bytes() == before and "written" not in r.output  # an audit never writes
+    # a failing comparison is not recorded
+    src = tmp_path / "src"
+    shutil.copytree(checkpoint, src)
+    _tamper_source(src, "mtp.fc.weight")
+    r = _cli(["receipt", "add-source", art, "--source", src])
+    assert r.exit_code == 1 and "mismatch" in r.stderr and rc.read_bytes() == before
+    # another file's receipt is not given the section
+    other = tmp_path / "other.receipt.json"
+    other.write_text(json.dumps({**honest_statement(art, None), "subject": [
+        {"name": art.name, "digest": {"sha256": "ab" * 32}, "annotations": {"size": art.stat().st_size}}]}))
+    r = _cli(["receipt", "add-source", art, "--source", checkpoint, "--receipt", other])
+    assert r.exit_code == 1 and "not recorded" in r.stderr
+    # the explicit command, on a passing comparison: bound to the artifact's digest, the receipt still audits
+    r = _cli(["receipt", "add-source", art, "--source", checkpoint, "--json"])
+    assert r.exit_code == 0, r.output
+    section = load_receipt(rc)["predicate"]["source"]
+    assert section["ok"] and section["artifact_sha256"] == sha256_file(art) and "path" not in section
+    assert audit(art, rc).ok
+
+
 def _tamper_source(directory: Path, name: str) -> None:
     import torch
     from safetensors.torch import load_file, save_file

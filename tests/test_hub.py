@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from fakehub import FakeHub, isolate_hf_client, write_keypair
+from receipt_kit import honest_statement, synth_artifact
 from ggufmtp.hub.manifest import MANIFEST_NAME, GGUFModel, read_manifest
 from ggufmtp.hub.pull import pull
 from ggufmtp.hub.transport import cache_dir, storage_folder
@@ -31,7 +32,6 @@ from ggufmtp.gguf.hashing import file_digests, git_blob_sha1, sha256_file
 
 TOKEN = "hf_SECRETtoken123"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REF_RECEIPT = REPO_ROOT / "receipts" / "tiny-qwen35moe-0fef400b9589-hifi-q4_k_m-mtp.gguf.receipt.json"
 
 
 def sha(data: bytes) -> str:
@@ -312,27 +312,38 @@ def test_pull_reports_missing_repo_and_revision_clearly(fake, tmp_path):
 
 
 def receipt_of(art: Path, verdict: str | None = "pass", served: str | None = None) -> dict:
-    """A receipt statement for ``art`` (the reference receipt's, with ``art``'s digest): its
-    verification has ``verdict`` and covers the bytes with sha256 ``served`` (default: ``art``'s);
-    no verification when ``verdict`` is None."""
-    st = json.loads(REF_RECEIPT.read_text())
-    digest = sha256_file(art)
-    st["subject"] = [{"name": art.name, "digest": {"sha256": digest}, "annotations": {"size": art.stat().st_size}}]
-    v = st["predicate"]["verification"]
+    """The honest receipt of ``art`` (a real GGUF, see ``receipt_kit``): its verification has
+    ``verdict`` (a failing one with the figures that fail it) and covers the bytes with sha256
+    ``served`` (default: ``art``'s); no verification when ``verdict`` is None."""
+    from ggufmtp.provenance.verdict import judge_recorded
+    from ggufmtp.provenance.receipt import seal
+
     if verdict is None:
-        st["predicate"]["verification"] = None
-    else:
-        v["verdict"], v["model"] = verdict, {**(v.get("model") or {}), "sha256": served or digest}
-        v["reasons"] = [] if verdict == "pass" else ["acceptance 12.0 % is below the minimum 60.0 %"]
-    return st
+        return honest_statement(art, None)
+    st = honest_statement(art, "pass", **({"acceptance": 0.12} if verdict == "fail" else {}))
+    v = st["predicate"]["verification"]
+    v["verdict"], v["reasons"] = verdict, judge_recorded(v)[1]
+    if served:
+        v["model"]["sha256"] = served
+    return seal(st)
+
+
+def other_artifact(folder: Path, seed: int = 41) -> Path:
+    """Another real GGUF (another synth seed): other bytes, its own receipt needed."""
+    return synth_artifact(folder, f"other-{seed}.gguf", seed=seed)
+
+
+@pytest.fixture(scope="session")
+def synth_gguf(tmp_path_factory):
+    return synth_artifact(tmp_path_factory.mktemp("hubsynth"), "model.gguf")
 
 
 @pytest.fixture
-def artifacts(tmp_path):
+def artifacts(tmp_path, synth_gguf):
     d = tmp_path / "out"
     d.mkdir()
     art = d / "model-Q4_K_M-mtp.gguf"
-    art.write_bytes(gguf_bytes(20000, seed=40))
+    art.write_bytes(synth_gguf.read_bytes())
     rc = d / "model-Q4_K_M-mtp.receipt.json"
     rc.write_text(json.dumps(receipt_of(art)))
     card = d / "card.md"
@@ -361,7 +372,7 @@ def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
     assert res.commit_url.endswith(res.commit_sha)
 
     # again into the existing repo, on a new branch: create_repo(exist_ok) + create_branch, one more commit
-    art.write_bytes(gguf_bytes(20001, seed=41))
+    art.write_bytes(other_artifact(art.parent.parent / "v2").read_bytes())
     rc.write_text(json.dumps(receipt_of(art)))  # the receipt of the new bytes
     res2 = upload("me/new-model", [art], [rc], token=TOKEN, endpoint=fake.url, revision="v2", progress=False)
     assert fake.head("me/new-model", "v2") == res2.commit_sha
@@ -535,7 +546,7 @@ def test_receipt_commit_facts_reads_plain_and_dsse_receipts(artifacts, tmp_path)
     for receipt in (rc, envelope):
         facts = receipt_commit_facts([odd, receipt], [art])
         assert (facts.recipe_name, facts.artifact_sha256) == ("hifi-q4_k_m-mtp", sha256_file(art))
-        assert facts.notes == (f"{odd} is not a JSON receipt; the commit message will not name its recipe",)
+        assert len(facts.notes) == 1 and facts.notes[0].startswith(f"{odd} is not a valid receipt (")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -568,8 +579,7 @@ def refused_both_ways(fake, files, receipts, match, card=None, allow_unverified=
 
 def test_upload_refuses_receipts_that_do_not_describe_the_artifacts(fake, artifacts, tmp_path):
     art, rc, card = artifacts
-    other = tmp_path / "other.gguf"
-    other.write_bytes(gguf_bytes(20000, seed=41))
+    other = other_artifact(tmp_path)
     other_rc = tmp_path / "other.receipt.json"
     other_rc.write_text(json.dumps(receipt_of(other)))
     odd = tmp_path / "receipt.txt"
@@ -593,11 +603,16 @@ def test_upload_refuses_an_unverified_artifact_unless_allowed_and_the_card_says_
     from ggufmtp.provenance.card import UNVERIFIED_HEADING
 
     art, rc, card = artifacts
-    for statement, match in ((receipt_of(art, "fail"), r"its verification failed \(verdict fail: acceptance 12.0 %"),
+    for statement, match in ((receipt_of(art, "fail"), r"its verification failed \(verdict fail: acceptance 12.0 % is below"),
                              (receipt_of(art, None), "the receipt holds no runtime verification of it"),
-                             (receipt_of(art, "pass", served="ab" * 32), f"the verification is of another file: .*sha256 {'ab' * 32}")):
+                             ):
         rc.write_text(json.dumps(statement))
         refused_both_ways(fake, [art], [rc], f"refusing to publish .*{art.name}: {match}.*--allow-unverified", card)
+    # a verification of other bytes is not an unverified artifact: the audit fails, no flag publishes it
+    rc.write_text(json.dumps(receipt_of(art, "pass", served="ab" * 32)))
+    for allow in (False, True):
+        refused_both_ways(fake, [art], [rc], f"`ggufmtp audit` fails .*verification of these bytes: the verification "
+                                             f"is of another file: .*sha256 {'ab' * 32}", card, allow_unverified=allow)
     rc.write_text(json.dumps(receipt_of(art, "fail")))
     refused_both_ways(fake, [art], [rc], "does not state that .* is not verified", card, allow_unverified=True)
 
@@ -622,12 +637,15 @@ def test_upload_with_a_public_key_requires_valid_signatures(fake, artifacts, tmp
     other_priv, _ = write_keypair(tmp_path, "other")
     refused_both_ways(fake, [art], [rc], "unsigned", card, public_key=pub)  # a plain receipt
     rc.write_text(json.dumps(sign_statement(receipt_of(art), priv)))
-    refused_both_ways(fake, [art], [rc], f"has no signature {art.name}.sig", card, public_key=pub)
+    refused_both_ways(fake, [art], [rc], f"signature of {art.name}: .*no signature at .*{art.name}.sig", card,
+                      public_key=pub)
     sign_artifact(art, other_priv)
-    refused_both_ways(fake, [art], [rc], "signature check .* failed", card, public_key=pub)
+    refused_both_ways(fake, [art], [rc], f"`ggufmtp audit` fails .*signature of {art.name}: .*does not verify", card,
+                      public_key=pub)
     rc.write_text(json.dumps(sign_statement(receipt_of(art), other_priv)))
     sign_artifact(art, priv)
-    refused_both_ways(fake, [art], [rc], "signature check .* failed", card, public_key=pub)
+    refused_both_ways(fake, [art], [rc], "signature of the receipt: .*DSSE signature does not verify", card,
+                      public_key=pub)
     rc.write_text(json.dumps(sign_statement(receipt_of(art), priv)))
 
     monkeypatch.setenv("GGUFMTP_PUBLIC_KEY", str(pub))  # configured through the environment this time

@@ -31,7 +31,8 @@ from ggufmtp.measure.records import ModelInfo
 from ggufmtp.pipeline import RunResult, StageRecord, format_summary
 from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.card import card_text
-from ggufmtp.provenance.receipt import format_receipt, load_receipt, receipt_for_quantize, schema_errors, seal
+from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors, seal
+from ggufmtp.provenance.show import format_receipt
 from ggufmtp.quant.plan import make_plan
 from ggufmtp.quant.quantize import audit_against_plan, quantize
 from ggufmtp.quant.recipe import Recipe, Rule

@@ -20,7 +20,8 @@ from ggufmtp.provenance.receipt import load_receipt, read_receipt, schema_errors
 from ggufmtp.provenance.signing import verify_artifact, verify_receipt
 from ggufmtp.synth.spec import SynthSpec
 
-VERIFY = {"seeds": (42,), "limit": 4, "max_tokens": 32}
+# the least a publishable verification measures (#28), so the pipeline can upload what it verified
+VERIFY = {"seeds": (42,), "limit": 8, "max_tokens": 64}
 TOKEN = "hf_pipelineTOKEN42"
 
 
@@ -137,7 +138,7 @@ def test_bad_model_argument(tmp_path):
 
 
 def test_summary_json_and_text_from_stage_records(tmp_path):
-    from ggufmtp.pipeline import RunResult, StageRecord, StageStatus
+    from ggufmtp.pipeline import RunResult, StageRecord, StageStatus, format_summary
 
     verification = {"mtp": {"acceptance": 0.875, "acceptance_ci95": [0.8, 0.9]}, "speedup": 1.5,
                     "speedup_ci95": [1.25, 1.75], "verdict": "pass"}
@@ -149,13 +150,17 @@ def test_summary_json_and_text_from_stage_records(tmp_path):
     s = res.summary()
     assert list(s) == ["artifact", "receipt", "card", "size_bytes", "bpw", "mtp_status", "mtp_block", "mtp_blocks",
                        "acceptance",
-                       "acceptance_ci95", "speedup", "speedup_ci95", "verdict", "uploaded", "stages"]
+                       "acceptance_ci95", "speedup", "speedup_ci95", "verdict", "uploaded", "stages", "speed_checked"]
     assert s["stages"] == {"pull": "cached", "quantize": "ran", "verify": "ran"}
     assert json.loads(json.dumps(s)) == s and records[0].status is StageStatus.CACHED
     text = res.summary_record().format().splitlines()
     assert text[1] == "size        1,234 bytes, 4.500 bpw" and text[2] == "MTP         blk.4 complete"
     assert text[3] == "acceptance  87.5% (95% CI 80.0-90.0%)" and text[4] == "speedup     1.50x (95% CI 1.25-1.75x)"
     assert text[-1] == "stages      pull cached, quantize ran, verify ran"
+    # on CPU the summary says what the verdict did not judge (#28: `make demo` printed "verdict pass" beside 0.77x)
+    cpu = format_summary({**s, "speedup": 0.77, "speed_checked": False}).splitlines()
+    assert cpu[4].endswith("vanilla: speed not verified on this hardware (no GPU offload)")
+    assert cpu[5] == "verdict     pass (MTP head verified; speed not verified on this hardware)"
 
 
 def test_model_references(tmp_path):

@@ -16,6 +16,7 @@ from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.quant.quantize import quantize
 from ggufmtp.provenance.receipt import (PREDICATE_TYPE, STATEMENT_TYPE, load_receipt, receipt_for_quantize, schema_errors,
                              seal, set_verification)
+from ggufmtp.provenance.verdict import Thresholds
 from ggufmtp.synth.spec import SynthSpec
 from ggufmtp.synth.writer import synthesize
 
@@ -155,16 +156,23 @@ def test_verification_slot_validates(copy):
                                     "draft_n_accepted": 9, "tokens_per_second": 100.0},
          "vanilla": {"tokens_per_second": 80.0}, "speedup": 1.25, "speedup_ci95": [1.2, 1.3],
          "identical_output_fraction": 1.0, "suite": {"name": "chat-v1", "sha256": "0" * 64},
-         "server": {"build_info": "b1-0c1e570"}, "hardware": {"cpu": "x"}, "settings": {"draft_n_max": 4}}
+         "server": {"build_info": "b1-0c1e570"}, "hardware": {"cpu": "x"}, "settings": {"draft_n_max": 4},
+         "thresholds": Thresholds().to_dict()}
     with pytest.raises(Exception, match="model.sha256"):
         set_verification(rc, v)  # a hand-written verification that names no served bytes is refused
     v["model"] = {"path": str(out), "size_bytes": out.stat().st_size,
                   "sha256": load_receipt(rc)["subject"][0]["digest"]["sha256"]}
+    with pytest.raises(Exception, match="'path' was unexpected"):
+        set_verification(rc, v)  # a receipt names files, never paths (#28)
+    v["model"] = {**v["model"], "name": out.name}
+    del v["model"]["path"]
     set_verification(rc, v)
     assert audit(out, rc).ok
     bad = dict(v, verdict="maybe")
-    with pytest.raises(Exception, match="schema"):
+    with pytest.raises(Exception, match="not a valid receipt: predicate/verification/verdict"):
         set_verification(rc, bad)
+    with pytest.raises(Exception, match="not a valid receipt"):
+        set_verification(rc, dict(v, speedup=float("nan")))  # NaN is not JSON: strict readers refuse it
 
 
 def test_receipt_show(artifact):

@@ -22,7 +22,8 @@ from ggufmtp.constants import LLAMA_CPP_COMMIT
 from ggufmtp.errors import AuditError, QuantizeError
 from ggufmtp.gguf.hashing import sha256_file
 from ggufmtp.imatrix import check as imc, format as imx
-from ggufmtp.provenance.audit import audit, imatrix_check
+from ggufmtp.provenance.audit import Trust, audit, imatrix_check
+from ggufmtp.provenance.verdict import Thresholds
 from ggufmtp.provenance.receipt import (load_receipt, read_receipt, receipt_for_quantize, seal, set_verification,
                                         toolchain, write_statement)
 from ggufmtp.provenance.signing import (ENV_PUBLIC_KEY, ENV_SIGNING_KEY, UNSIGNED_NOTE, resolve_signing_key,
@@ -72,7 +73,7 @@ def verification(sha256: str | None, speedup: float = 1.25) -> dict:
          "vanilla": {"tokens_per_second": 80.0}, "speedup": speedup, "speedup_ci95": [1.2, 1.3],
          "identical_output_fraction": 1.0, "suite": {"name": "chat-v1", "sha256": "0" * 64},
          "server": {"build_info": "b1-0c1e570"}, "hardware": {"cpu": "x"}, "settings": {"draft_n_max": 4},
-         "model": {"path": "art.gguf", "size_bytes": 1}}
+         "model": {"name": "art.gguf", "size_bytes": 1}, "thresholds": Thresholds().to_dict()}
     if sha256 is not None:
         v["model"]["sha256"] = sha256
     return v
@@ -107,7 +108,7 @@ def test_model_signing_cli_accepts_the_signed_artifact_and_rejects_a_one_byte_ch
     with pytest.raises(AuditError, match="does not verify"):
         verify_artifact(out, keys["pub"])
     f = failed(audit(out, art["signed"], public_key=keys["pub"]))
-    assert "artifact signature art.gguf" in f and "sha256 art.gguf" in f
+    assert "signature of art.gguf" in f and "sha256 art.gguf" in f
 
 
 # ----------------------------------------------------------------------------- forged receipts
@@ -120,16 +121,16 @@ def test_forged_unsigned_receipt_passes_only_as_checksum_and_fails_with_a_public
     st["predicate"]["verification"]["speedup"] = 9.99  # the forgery: edit, then recompute the digest
     rc.write_text(json.dumps(seal(st)))
     plain = audit(out, rc)
-    assert plain.ok and plain.signed is False and plain.trust == UNSIGNED_NOTE
+    assert plain.ok and plain.signed is False and plain.trust == Trust.UNSIGNED
     res = run_cli("audit", out, "--receipt", rc)
     assert res.exit_code == 0 and UNSIGNED_NOTE in res.output
     assert "unsigned: checksum only, detects accidental edits, not forgery" in res.output
     d = json.loads(run_cli("audit", out, "--receipt", rc, "--json").output)
-    assert d["signed"] is False and d["trust"] == UNSIGNED_NOTE
+    assert d["signed"] is False and d["trust"] == "unsigned"
     keyed = audit(out, rc, public_key=keys["pub"])
-    assert not keyed.ok and "receipt signature" in failed(keyed)
+    assert not keyed.ok and "signature of the receipt" in failed(keyed)
     res = run_cli("audit", out, "--receipt", rc, "--public-key", keys["pub"])
-    assert res.exit_code == 1 and "✗ receipt signature" in res.output
+    assert res.exit_code == 1 and "✗ signature of the receipt" in res.output
     with pytest.raises(AuditError, match="unsigned"):
         verify_receipt(rc, keys["pub"])
 
@@ -150,10 +151,10 @@ def test_forged_signed_receipt_fails_audit_with_the_public_key(art, keys, tmp_pa
     forged.write_text(json.dumps(env))
     assert read_receipt(forged).signed and audit(out, forged).ok  # no key: nothing can prove it
     f = failed(audit(out, forged, public_key=keys["pub"]))
-    assert list(f) == ["receipt signature"] and "does not verify" in f["receipt signature"]
+    assert list(f) == ["signature of the receipt"] and "does not verify" in f["signature of the receipt"]
     resigned = tmp_path / "resigned.receipt.json"
     write_statement(resigned, st, keys["evil"])  # the forger signs with a key of their own
-    assert "receipt signature" in failed(audit(out, resigned, public_key=keys["pub"]))
+    assert "signature of the receipt" in failed(audit(out, resigned, public_key=keys["pub"]))
     res = run_cli("audit", out, "--receipt", resigned, "--public-key", keys["pub"], "--json")
     assert res.exit_code == 1 and json.loads(res.output)["signed"] is True
 
@@ -292,7 +293,7 @@ def test_receipt_commit_is_the_loaded_librarys(llama_runtime, monkeypatch):
 
     lib = libllama.loaded_libllama()
     q = toolchain()["quantizer"]
-    assert q["llama_cpp_commit"] == lib.commit and q["lib_path"] == str(lib.path.parent)
+    assert q["llama_cpp_commit"] == lib.commit and "lib_path" not in q  # no local path in a receipt (#28)
     assert lib.commit == LLAMA_CPP_COMMIT and "pinned_commit" not in q
     assert libllama._common_commit(lib.path) == lib.commit  # the build's own LLAMA_COMMIT agrees
     other = libllama.LoadedLibllama(path=Path("/elsewhere/bin/libllama.so"), commit="feedbee",

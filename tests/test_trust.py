@@ -13,7 +13,6 @@ import base64
 import copy
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from ggufmtp.errors import AuditError, HubRefusedError, VerifyError
 from ggufmtp.gguf.hashing import sha256_file
 from ggufmtp.hub import upload as upload_mod
 from ggufmtp.hub.upload import upload
-from ggufmtp.measure import verdict as verdict_mod
+from ggufmtp.provenance import verdict as verdict_mod
 from ggufmtp.provenance import audit as audit_mod
 from ggufmtp.provenance.audit import audit, format_audit
 from ggufmtp.provenance.card import UNVERIFIED_HEADING, card_text
@@ -348,8 +347,8 @@ main()
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_an_interrupt_while_the_cli_imports_is_one_line(sig, tmp_path):
     """Finding 10: Ctrl-C while the CLI was still importing printed a Python traceback. The console
-    script's entry (``ggufmtp._entry:main``) answers with one line and 130 (SIGTERM: 143)."""
-    p = subprocess.run([sys.executable, "-c", DURING_IMPORTS.format(sig=sig, entry="ggufmtp._entry")],
+    script's entry (``ggufmtp.__main__:main``) answers with one line and 130 (SIGTERM: 143)."""
+    p = subprocess.run([sys.executable, "-c", DURING_IMPORTS.format(sig=sig, entry="ggufmtp.__main__")],
                        capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert (p.returncode, p.stderr, p.stdout) == (130 if sig == "SIGINT" else 143,
                                                   "interrupted\n" if sig == "SIGINT" else "terminated\n", "")
@@ -359,7 +358,7 @@ def test_the_console_script_is_the_entry_that_handles_signals():
     from importlib.metadata import entry_points
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "ggufmtp"]
-    assert script.value == "ggufmtp._entry:main"
+    assert script.value == "ggufmtp.__main__:main"
 
 
 # ------------------------------------------------------------------ the property: audit refuses => upload refuses
@@ -426,3 +425,39 @@ def test_whatever_audit_refuses_upload_refuses(art, tmp_path, fake):
             dry_upload(art, rc, public_key=pub)
         r = cli_upload_dry(art, rc, public_key=pub)
         assert r.exit_code == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.output, (name, r.output)
+
+
+# ------------------------------------------------------------------ verify as a user runs it
+
+
+def test_verify_judges_with_the_receipts_recipe_else_the_defaults(art, llama_server_bin):
+    """Finding 1 as the CLI shows it: without -r, `verify` judged with "thresholds from none". Now
+    --receipt brings the receipt's recipe's [verify], no receipt the project's defaults; the
+    verdict prints what was verified and the evidence, and a 2 x 16 run is not publishable."""
+    rc = write(receipt_path(art), honest_statement(art, None))
+    quick = ["--limit", "2", "--max-tokens", "16", "--seeds", "42"]
+    r = CliRunner().invoke(main, ["verify", str(art), *quick, "--receipt", str(rc)])
+    assert r.exit_code == 0, r.output
+    assert "thresholds from recipe hifi-q4_k_m-mtp: min acceptance 60.0 %" in r.output
+    assert "speed not verified on this hardware" in r.output
+    assert "evidence: 2 prompts x 1 seed(s) x up to 16 tokens (NOT publishable" in r.output
+    v = read_receipt(rc).verification
+    assert v["thresholds"]["source"] == "recipe hifi-q4_k_m-mtp" and v["speed_checked"] is False
+    assert v["model"] == {**v["model"], "name": art.name} and "path" not in v["model"]
+    assert audit(art, rc).ok
+    with pytest.raises(HubRefusedError, match="measured too little to publish"):
+        dry_upload(art, rc)
+    r = CliRunner().invoke(main, ["verify", str(art), *quick, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["thresholds"]["source"] == "ggufmtp defaults" and d["thresholds"]["min_acceptance"] == 0.5
+    assert d["evidence"]["sufficient"] is False
+
+
+def test_card_refuses_an_edited_receipt(art, tmp_path):
+    """What audit refuses, card refuses too: no card states what an edited receipt claims."""
+    st = honest_statement(art, "pass", offloaded=False)
+    st["predicate"]["verification"]["speed_checked"] = True  # an edit that did not reseal
+    rc = write(receipt_path(art), st)
+    r = CliRunner().invoke(main, ["card", str(art), "--receipt", str(rc), "-o", str(tmp_path / "card.md")])
+    assert r.exit_code == 1 and "edited after it was written" in r.stderr and not (tmp_path / "card.md").exists()

@@ -32,6 +32,8 @@ from ggufmtp.measure.tune_rank import rank_configs, recommend_config
 from ggufmtp.measure.tune_search import (UnitResult, candidate_space, final_rung_units, fit_schedule, inert_draft_limits,
                                          order_candidates, plan_rungs, schedule_cost, search_anchors,
                                          successive_halving)
+from ggufmtp.provenance.names import redact_local_paths
+from ggufmtp.provenance.verdict import Thresholds
 from ggufmtp.runtime.server import ServerConfig, display_command
 
 F20 = "tiny-qwen35moe-f20"
@@ -533,7 +535,8 @@ def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20)
          "server": {"build_info": "b1-0c1e570"}, "hardware": {"cpu": "x"}, "settings": {"draft_n_max": 4},
          "per_category": {"code": {"acceptance": 0.6}}, "model": {"size_bytes": q.output.stat().st_size,
                                                                     "sha256": sha256_file(q.output)},
-         "tuned": {"command": "llama-server -m old --spec-draft-n-max 2", "from": "verify --sweep"}}
+         "tuned": {"command": "llama-server -m old --spec-draft-n-max 2", "from": "verify --sweep"},
+         "thresholds": Thresholds().to_dict()}
     set_verification(rc, v)
     store_in_receipt(rc, model=q.output, tuned=small_tune.to_dict(), profiles=profiles_ad.to_dict())
     st = load_receipt(rc)
@@ -542,7 +545,8 @@ def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20)
     for k in v:
         if k != "tuned":
             assert got[k] == v[k], k  # verify's results kept as they were
-    assert got["tuned"]["command"] == small_tune.command and got["tuned"]["kind"] == "ggufmtp tune"
+    # the receipt names the model file, not its local path (#28)
+    assert got["tuned"]["command"] == redact_local_paths(small_tune.command) and got["tuned"]["kind"] == "ggufmtp tune"
     assert got["tuned"]["verify_sweep"] == v["tuned"]  # verify --sweep's recommendation kept beside it
     assert got["profiles"]["decision_table"][0]["workload"] == "A"
     assert audit(q.output, rc).ok
@@ -554,7 +558,7 @@ def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20)
     with pytest.raises(TuneError, match=f"sha256 {sha256_file(q.output)}, not {other} \\(sha256 {sha256_file(other)}\\)"):
         store_in_receipt(rc, model=other, tuned=small_tune.to_dict())
     _, body = card_text(st, q.output.name)
-    assert small_tune.command in body
+    assert redact_local_paths(small_tune.command) in body
     with pytest.raises(TuneError, match="byte model"):
         store_in_receipt(rc, model=f20, tuned=small_tune.to_dict())
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import click
 
 from .._version import __version__
-from ..errors import GgufmtpError
+from ..errors import GgufmtpError, Terminated
 from ..refs import local_model_arg
 
 
@@ -44,10 +44,12 @@ def handle_errors(fn: Callable) -> Callable:
         except OSError as e:  # an unwritable output, a full disk: the file and the reason, no traceback
             click.echo(f"error: {os_error_text(e)}", err=True)
             sys.exit(1)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (``errors.Terminated``): cleanup has run
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not turn 130 into click's 1
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            terminated = isinstance(e, Terminated)
+            click.echo("terminated" if terminated else "interrupted", err=True)
+            sys.exit(143 if terminated else 130)
 
     return wrapper
 

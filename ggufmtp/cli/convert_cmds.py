@@ -41,24 +41,16 @@ def convert_cmd(source: str, output: Path, outtype: str, revision: str | None, a
     click.echo(f"  source record: {res.output}.source.json; {res.seconds.get('total', 0):.1f} s")
 
 
-def audit_against_source(artifact: str, source: str, all_tensors: bool, receipt_path: str | None,
-                         as_json: bool) -> None:
-    """``audit ARTIFACT --source SRC``: compare with the safetensors, store the ``source`` section in the
-    receipt when there is one, exit 1 on any mismatch."""
+def audit_against_source(artifact: str, source: str, all_tensors: bool, as_json: bool) -> None:
+    """``audit ARTIFACT --source SRC``: compare with the safetensors, exit 1 on any mismatch. An
+    audit never writes: ``ggufmtp receipt add-source`` records a passing comparison."""
     from ..hfconvert.audit import audit_source
-    from ..provenance.receipt import default_receipt_path, set_section
 
     res = audit_source(artifact, source, all_tensors=all_tensors, progress=not as_json)
-    receipt = Path(receipt_path) if receipt_path else default_receipt_path(Path(artifact))
-    stored = receipt.is_file()
-    if stored:
-        set_section(receipt, "source", res.to_section())
     if as_json:
-        emit_json({**res.to_dict(), "receipt": str(receipt) if stored else None})
+        emit_json(res.to_dict())
     else:
         click.echo(res.summary())
-        if stored:
-            click.echo(f"  source section written to {receipt}")
     if not res.ok:
         sys.exit(1)
 

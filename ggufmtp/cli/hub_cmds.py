@@ -12,7 +12,8 @@ from .provenance_cmds import public_key_option
 
 allow_unverified_option = click.option(
     "--allow-unverified", is_flag=True,
-    help="Publish even without a passing verification of the artifact (the card then says so).")
+    help="Publish even without a publishable verification of the artifact (the card then says so); an "
+         "artifact that fails `ggufmtp audit` is never published.")
 
 
 @main.command("pull")
@@ -85,9 +86,10 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
                as_json: bool) -> None:
     """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit.
 
-    Every artifact needs a receipt describing its bytes and a passing verification bound to them
-    (else --allow-unverified, and the card must say so); with a public key, valid signatures
-    (ARTIFACT.sig is uploaded alongside). The commit message names the recipe and the artifact's
+    Every artifact must pass `ggufmtp audit ARTIFACT --receipt R` (with the public key, when one is
+    set: valid signatures; ARTIFACT.sig is uploaded alongside) and have a publishable verification
+    bound to its bytes (else --allow-unverified, and the card must say so). The bytes sent are the
+    bytes gated. The commit message names the recipe and the artifact's
     sha256 (from the receipt). Tokens come from HF_TOKEN or `hf auth login`, never from the command line.
     """
     from ..hub.upload import receipt_commit_facts, upload

@@ -29,7 +29,8 @@ def receipt() -> None:
 @handle_errors
 def receipt_show(receipt_path: str, as_json: bool) -> None:
     """Render a receipt for people (or print it as JSON)."""
-    from ..provenance.receipt import format_receipt, read_receipt
+    from ..provenance.receipt import read_receipt
+    from ..provenance.show import format_receipt
 
     rf = read_receipt(receipt_path)
     if as_json:
@@ -61,6 +62,38 @@ def receipt_sign(receipt_path: str, signing_key: str | None, artifact: str | Non
     click.echo(f"signed {receipt_path} (DSSE envelope)")
 
 
+@receipt.command("add-source")
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--source", "source", required=True, metavar="DIR",
+              help="The safetensors checkpoint directory ARTIFACT was converted from.")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="The artifact's receipt (default: ARTIFACT.receipt.json).")
+@click.option("--all", "all_tensors", is_flag=True, help="Compare every tensor, not only the MTP block.")
+@signing_key_option
+@json_option
+@handle_errors
+def receipt_add_source(artifact: str, source: str, receipt_path: str | None, all_tensors: bool,
+                       signing_key: str | None, as_json: bool) -> None:
+    """Compare ARTIFACT with its source checkpoint (as `audit --source` does) and record the passing
+    comparison in its receipt's source section, bound to the artifact's sha256.
+
+    Refused when the comparison finds a mismatch or the receipt describes other bytes; a signed
+    receipt is re-signed (--signing-key or $GGUFMTP_SIGNING_KEY)."""
+    from ..hfconvert.audit import audit_source, record_source_audit
+    from ..provenance.receipt import default_receipt_path
+    from ..provenance.signing import resolve_signing_key
+
+    receipt = Path(receipt_path) if receipt_path else default_receipt_path(Path(artifact))
+    key = resolve_signing_key(signing_key)
+    res = audit_source(artifact, source, all_tensors=all_tensors, progress=not as_json)
+    section = record_source_audit(res, receipt, key)
+    if as_json:
+        emit_json({**res.to_dict(), "receipt": str(receipt), "artifact_sha256": section["artifact_sha256"]})
+    else:
+        click.echo(res.summary())
+        click.echo(f"  source section written to {receipt} (bound to sha256 {section['artifact_sha256']})")
+
+
 @receipt.command("schema")
 def receipt_schema() -> None:
     """Print the receipt's JSON Schema."""
@@ -78,7 +111,8 @@ def receipt_schema() -> None:
               help="The artifact's model-signing signature (default: ARTIFACT.sig).")
 @click.option("--source", "source", default=None, metavar="DIR",
               help="Instead: compare the MTP block with the safetensors checkpoint DIR it was converted from "
-                   "(the pinned converter's name map and transforms); the result goes to the receipt's source section.")
+                   "(the pinned converter's name map and transforms). Writes nothing: `ggufmtp receipt "
+                   "add-source` records a passing comparison in the receipt.")
 @click.option("--all", "all_tensors", is_flag=True, help="With --source: every tensor, not only the MTP block.")
 @json_option
 @handle_errors
@@ -88,11 +122,11 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
     MTP block and the imatrix metadata, and check the verification is of these bytes.
 
     Without a public key an unsigned receipt is reported as "unsigned: checksum only, detects
-    accidental edits, not forgery". Exits 1 on any mismatch, naming it."""
+    accidental edits, not forgery". Exits 1 on any mismatch, naming it. Never writes."""
     if source is not None:
         from .convert_cmds import audit_against_source
 
-        return audit_against_source(artifact, source, all_tensors, receipt_path, as_json)
+        return audit_against_source(artifact, source, all_tensors, as_json)
     from ..provenance.audit import audit as run, format_audit
     from ..provenance.signing import resolve_public_key
 

@@ -26,7 +26,8 @@ from .provenance_cmds import signing_key_option
 @click.option("--raw", is_flag=True, help="Also send the prompts to /completion without the chat template (own arm).")
 @click.option("--sweep", default=None, help="Draft windows to compare, e.g. 2,3,4,6,8 (the shipped k is always included).")
 @click.option("--recipe", "-r", "recipe_name", default=None,
-              help="Take min_acceptance/min_speedup/draft_n_max from this recipe's [verify] table.")
+              help="Take min_acceptance/min_speedup/draft_n_max from this recipe's [verify] table. Default: the "
+                   "recipe --receipt names, else ggufmtp's defaults (acceptance >= 50%, speedup >= 1.10x).")
 @click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None, help="Minimum acceptance (0-1).")
 @click.option("--min-speedup", type=click.FloatRange(min=0), default=None, help="Minimum decode speedup.")
 @click.option("--min-identical", type=click.FloatRange(0, 1), default=1.0, show_default=True,
@@ -90,11 +91,11 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     from ..measure.verify import Thresholds, verify
 
     seed_list, sweep_list, ngl = _int_list(seeds, "--seeds"), _int_list(sweep, "--sweep"), _ngl(gpu_layers)
-    th = Thresholds()
-    if recipe_name:
-        from ..quant.recipe import Recipe
+    th = Thresholds()  # the project's defaults: there is always a threshold
+    from .._api import verify_recipe
 
-        rec = Recipe.load(recipe_name)
+    rec = verify_recipe(recipe_name, receipt_path)
+    if rec is not None:
         th = Thresholds.from_recipe(rec.verify, rec.name)
         if draft_n_max is None and not tuned_from:
             draft_n_max = rec.verify.draft_n_max

@@ -62,13 +62,13 @@ class SourceAudit:
         return [t for t in self.tensors if not t.match]
 
     def to_section(self) -> dict[str, Any]:
-        return {"format": "safetensors", "path": str(self.source_dir), "repo_id": self.repo_id,
+        return {"format": "safetensors", "name": self.source_dir.name, "repo_id": self.repo_id,
                 "revision": self.commit, "scope": self.scope, "ok": self.ok,
                 "files": [{"path": n, "sha256": d} for n, d in sorted(self.files.items())],
                 "tensors": [t.to_dict() for t in self.tensors]}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": str(self.model), **self.to_section(), "n_tensors": len(self.tensors),
+        return {"model": str(self.model), **self.to_section(), "path": str(self.source_dir), "n_tensors": len(self.tensors),
                 "n_mismatches": len(self.mismatches)}
 
     def summary(self) -> str:
@@ -121,3 +121,26 @@ def audit_source(model_path: str | os.PathLike, source: str | os.PathLike, *, al
     repo_id, commit = _recorded_source(model_path)
     return SourceAudit(model_path, ckpt.directory, "all" if all_tensors else "mtp", tensors,
                        ckpt.hash_files(progress=progress), repo_id, commit)
+
+
+def record_source_audit(res: SourceAudit, receipt: str | os.PathLike, signing_key: str | os.PathLike | None = None
+                        ) -> dict[str, Any]:
+    """Store a passing source audit as the receipt's ``source`` section, bound to the artifact's
+    digest (``artifact_sha256``): the artifact must be the receipt's (its first subject's sha256)
+    and the comparison must have found no mismatch. The one way a source audit reaches a receipt
+    (``ggufmtp receipt add-source``; ``audit --source`` never writes). Returns the section."""
+    from ..errors import AuditError
+    from ..gguf.hashing import sha256_file
+    from ..provenance.receipt import read_receipt, set_section
+
+    rc = read_receipt(receipt)
+    if not res.ok:
+        raise AuditError(f"{res.model}: the source audit found {len(res.mismatches)} mismatch(es) with {res.source_dir}; "
+                         f"a failed comparison is not recorded in {receipt}")
+    digest = sha256_file(res.model)
+    if digest != rc.artifact.sha256:
+        raise AuditError(f"{receipt}: describes {rc.artifact.name} (sha256 {rc.artifact.sha256}), not {res.model} "
+                         f"(sha256 {digest}); the source audit is not recorded")
+    section = {**res.to_section(), "artifact_sha256": digest}
+    set_section(receipt, "source", section, signing_key)
+    return section

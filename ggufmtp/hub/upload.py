@@ -2,10 +2,12 @@
 
 On the wire this is ``huggingface_hub``'s ``create_repo`` / ``create_branch`` / ``create_commit``.
 The inputs are checked before any request (``_UploadRequest.__post_init__``, then the planned
-operations), the files are hashed once (the hash also goes to the commit, so huggingface_hub does
-not hash again), then the publish gate (``hub/gate.py``: receipts bound to the artifacts, a passing
-verification, signatures when a public key is configured) decides; a dry run does all of that
-too, so it refuses exactly what the real upload refuses. The default commit message names the
+operations), the files are hashed, then the publish gate (``hub/gate.py``: exactly ``ggufmtp audit``
+of every artifact against its receipt, a publishable verification, signatures when a public key
+is configured) decides; a dry run does all of that too, so it refuses exactly what the real upload
+refuses. The bytes sent are the bytes gated: the digest huggingface_hub computes for each file
+as it prepares the upload (the LFS oid the Hub checks the upload against) must equal the digest
+the gate approved, or nothing is committed. The default commit message names the
 recipe and the artifact's sha256 as the receipt states them (``receipt_commit_facts``). An
 artifact's signature ``ARTIFACT.sig`` is uploaded alongside it when present.
 """
@@ -19,10 +21,10 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .._version import __version__
-from ..errors import HubError, HubRefusedError
+from ..errors import AuditError, HubError, HubRefusedError
 from ..fmt import decimal_bytes
 from ..gguf.hashing import file_digests
-from ..provenance.receipt import read_statement
+from ..provenance.receipt import read_receipt
 from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from ..provenance.signing import resolve_public_key, signature_path
 from .gate import PublishCheck, check_publishable
@@ -133,15 +135,13 @@ def receipt_commit_facts(receipts: Sequence[str | os.PathLike], artifacts: Seque
     names = [Path(a).name for a in artifacts]
     recipe, digests, notes = None, [], []
     for r in receipts:
-        stmt = read_statement(r)
-        if stmt is None:
-            notes.append(f"{r} is not a JSON receipt; the commit message will not name its recipe")
+        try:
+            rc = read_receipt(r)
+        except AuditError as e:
+            notes.append(f"{r} is not a valid receipt ({e}); the commit message will not name its recipe")
             continue
-        pred = stmt.get("predicate")
-        rec = pred.get("recipe") if isinstance(pred, dict) else None
-        if recipe is None and isinstance(rec, dict) and isinstance(rec.get("name"), str):
-            recipe = rec["name"]
-        digests += _statement_digests(stmt, names)
+        recipe = recipe or rc.recipe_name
+        digests += _statement_digests(rc.statement, names)
     digests.sort(key=lambda t: t[0])
     return CommitFacts(recipe, digests[0][1] if digests else None, tuple(notes))
 
@@ -321,12 +321,31 @@ def _push(result: UploadResult, revision: str | None, token: str | bool | None, 
             enable_progress_bars()
 
 
+def _addition(op: UploadOperation) -> Any:
+    """huggingface_hub's operation for ``op``, refused unless the bytes it read (its own sha256,
+    which the Hub checks the uploaded content against) are the bytes the gate approved: a file
+    replaced or edited after the gate never reaches the commit."""
+    from huggingface_hub import CommitOperationAdd
+
+    # receipts, cards and signatures are small: their bytes are read once, here, and those bytes are
+    # sent; an artifact is streamed from its path, under the oid compared here
+    source: str | bytes = str(op.local_path) if op.kind == UploadKind.ARTIFACT else op.local_path.read_bytes()
+    add = CommitOperationAdd(path_in_repo=op.path_in_repo, path_or_fileobj=source)
+    sent = add.upload_info.sha256.hex()
+    if sent != op.sha256 or add.upload_info.size != op.size:
+        raise HubRefusedError(f"{op.local_path} changed after the publish gate checked it (gated sha256 {op.sha256}, "
+                              f"{op.size} bytes; about to send sha256 {sent}, {add.upload_info.size} bytes): nothing "
+                              "was committed; check what writes to it and upload again")
+    return add
+
+
 def _commit(result: UploadResult, revision: str | None, token: str | bool | None, endpoint: str,
             secrets: Sequence[str]) -> None:
     """create_repo (exist_ok), create_branch when not main, then one create_commit."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import HfApi
 
     repo_id, branch, ops = result.repo_id, result.revision, result.operations
+    additions = [_addition(op) for op in ops]  # before any request: a changed file creates nothing
     api = HfApi(endpoint=endpoint, token=token, library_name="ggufmtp", library_version=__version__)
     errs = dict(repo_id=repo_id, endpoint=endpoint, secrets=secrets, revision=revision, writing=True)
     with hub_errors(f"creating repo {repo_id}", **errs):
@@ -335,11 +354,6 @@ def _commit(result: UploadResult, revision: str | None, token: str | bool | None
     if branch != "main":
         with hub_errors(f"creating branch {branch} in {repo_id}", **errs):
             api.create_branch(repo_id, branch=branch, exist_ok=True, repo_type="model")
-    additions = []
-    for op in ops:
-        add = CommitOperationAdd(path_in_repo=op.path_in_repo, path_or_fileobj=str(op.local_path))
-        add.upload_info.sha256 = bytes.fromhex(op.sha256)  # hashed above: don't hash twice
-        additions.append(add)
     with hub_errors(f"committing {len(ops)} file(s) to {repo_id} @ {branch}", **errs):
         info = api.create_commit(repo_id, additions, commit_message=result.commit_message,
                                  commit_description=result.commit_description, revision=revision, repo_type="model")

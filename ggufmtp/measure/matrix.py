@@ -32,7 +32,7 @@ from ..fmt import ci_text, num, pct, times
 from .kvdepth import check_kv_depth
 from .records import ModelInfo
 from .suite import Suite, load_suite
-from .verdict import Verdict
+from ..provenance.verdict import Verdict
 from .verify import verify
 from .verify_report import VerifyResult
 

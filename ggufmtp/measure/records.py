@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import VerifyError
+from ..gguf.digest_cache import FileKey, file_key
 from ..gguf.hashing import sha256_file
 
 __all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "first_difference"]
@@ -118,34 +119,39 @@ TUNE_BOOTSTRAP_KEYS = ("unit", "resamples", "level", "method")
 @dataclass(frozen=True)
 class ServedFile:
     """A model file's identity as llama-server is about to serve it: the sha256 of its bytes, and
-    the size and mtime that show it unchanged afterwards."""
+    the file's key (device, inode, size, mtime_ns and ctime_ns: the digest cache's) that shows it
+    unchanged afterwards. ctime cannot be set back by a writer, so an edit that restores the size
+    and mtime is still seen."""
 
     path: Path
     sha256: str
-    size: int
-    mtime_ns: int
+    key: FileKey
+
+    @property
+    def size(self) -> int:
+        return self.key.size
 
     @classmethod
     def of(cls, path: str | os.PathLike) -> "ServedFile":
         """Hash ``path``; VerifyError when it changes while being hashed."""
         p = Path(path)
-        before = p.stat()
+        before = file_key(p.stat())
         digest = sha256_file(p)
-        out = cls(p, digest, before.st_size, before.st_mtime_ns)
+        out = cls(p, digest, before)
         out.check_unchanged("while it was hashed")
         return out
 
     def check_unchanged(self, when: str = "during the run") -> None:
-        """VerifyError naming the file when its size or mtime differ from when it was hashed."""
+        """VerifyError naming the file when its key differs from when it was hashed."""
         try:
-            st = self.path.stat()
+            now = file_key(self.path.stat())
         except OSError as e:
             raise VerifyError(f"model {self.path}: gone {when} ({e.strerror or e}); the measured bytes "
                               "cannot be named") from e
-        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
-            raise VerifyError(f"model {self.path}: changed {when} (size {self.size} -> {st.st_size} bytes, "
-                              f"mtime_ns {self.mtime_ns} -> {st.st_mtime_ns}); the measured bytes are not the "
-                              f"ones hashed (sha256 {self.sha256}): verify again on a file nothing writes to")
+        if now != self.key:
+            raise VerifyError(f"model {self.path}: changed {when} (file key {self.key.text()} -> {now.text()}: device:inode:size:"
+                              f"mtime_ns:ctime_ns); the measured bytes are not the ones hashed (sha256 "
+                              f"{self.sha256}): verify again on a file nothing writes to")
 
 
 def first_difference(a: str, b: str) -> tuple[int, str, str]:

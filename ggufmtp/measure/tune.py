@@ -14,7 +14,6 @@ command, and ``mtp_command`` still gives the best MTP configuration found.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import shlex
@@ -27,7 +26,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from tqdm import tqdm
 
-from ..errors import FatalTuneError, ServerError, TuneError
+from ..errors import AuditError, FatalTuneError, ServerError, TuneError
 from ..fmt import ci_text, pct, times
 from ..gguf.hashing import sha256_file
 from ..measure import stats
@@ -42,7 +41,8 @@ from ..measure.tune_search import (DEFAULT_ETA, DEFAULT_FINAL_SIZE, DEFAULT_UNIT
                                    P_MIN_VALUES, ConfigStatus, Rung, SearchSpace, SHResult, candidate_space, final_rung_units,
                                    fit_schedule, inert_draft_limits, order_candidates, schedule_cost,
                                    search_anchors, successive_halving)
-from ..provenance.receipt import load_receipt, set_verification
+from ..provenance.receipt import load_receipt, read_receipt, set_verification
+from ..provenance.signing import is_envelope, read_json_file
 from ..runtime.hardware import HardwareInfo, probe_hardware
 from ..runtime.server import LlamaServer, ServerConfig, display_command
 
@@ -525,11 +525,12 @@ def load_tuned_config(path: str | os.PathLike) -> TuneConfig:
     (the best measured one when tune recommended vanilla). Raises :class:`TuneError` naming the file."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise TuneError(f"{p}: cannot read: {e.strerror or e}") from e
-    except json.JSONDecodeError as e:
-        raise TuneError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from e
+        data = read_json_file(p, "receipt or tune --out JSON")
+        if is_envelope(data) or (isinstance(data, dict) and "predicate" in data):
+            # a receipt, plain or signed: read by the one receipt reader
+            data = read_receipt(p).statement
+    except AuditError as e:
+        raise TuneError(str(e)) from None
     if not isinstance(data, dict):
         raise TuneError(f"{p}: expected a JSON object (a receipt or `ggufmtp tune --out` output)")
     t = ((data.get("predicate") or {}).get("verification") or {}).get("tuned") if "predicate" in data else data

@@ -100,7 +100,7 @@ from .arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_up
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
 from .options import ArmArgs, TuneConfig
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, modes_for_template
-from .verdict import Thresholds, Verdict, evaluate_verdict
+from ..provenance.verdict import Thresholds, Verdict, evaluate_verdict
 from .records import ArmFlags, ModelInfo, ServedFile, ServerInfo
 from .verify_report import VerifyResult, VerifySettings, format_result
 from .verify_summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize

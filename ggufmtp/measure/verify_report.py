@@ -16,7 +16,7 @@ from .kvdepth import ContextFill, kv_depth_text
 from .options import TuneConfig
 from .records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
 from .suite import SuiteInfo
-from .verdict import Thresholds, Verdict
+from ..provenance.verdict import Evidence, Thresholds, Verdict, speed_checked
 from .verify_summary import (MAX_LISTED_MISMATCHES, Comparison, PairStats, Record, SweepAdvice, SweepRecommendation,
                              format_step_cost)
 
@@ -111,6 +111,16 @@ class VerifyResult:
         return None
 
     @property
+    def evidence(self) -> Evidence:
+        """How much this run measured, against the minimum a published verdict needs."""
+        return Evidence.of_settings(self.settings.to_dict())
+
+    @property
+    def speed_checked(self) -> bool:
+        """Whether the verdict judged the speedup (GPU offload, or --enforce-speedup)."""
+        return speed_checked(self.thresholds, self.hardware.offloaded)
+
+    @property
     def main(self) -> Comparison:
         """The headline comparison: chat arm, shipped window, first mode."""
         c = self.comparison()
@@ -141,7 +151,8 @@ class VerifyResult:
             "tuned": self.tuned.to_dict() if self.tuned is not None else None, "bandwidth": self.bandwidth,
             "suite": self.suite.to_dict(), "server": self.server.to_dict(VERIFY_SERVER_KEYS),
             "hardware": self.hardware.to_dict(), "settings": self.settings.to_dict(),
-            "thresholds": self.thresholds.to_dict(),
+            "thresholds": self.thresholds.to_dict(), "evidence": self.evidence.to_dict(),
+            "speed_checked": self.speed_checked,
             "seconds": round(self.seconds, 2),
         }
         self._add_server_args(d)
@@ -200,6 +211,18 @@ class VerifyResult:
         """The receipt's ``predicate.verification`` section (schema ``$defs.verification``)."""
         d = self.to_dict(requests=False)
         d.pop("seconds", None)
+        # a receipt names files, never local paths: the model and suite by name, the server's binary
+        # by name and without its log
+        model = {k: v for k, v in d["model"].items() if k != "path"}
+        d["model"] = {**model, "name": Path(self.model.path).name}
+        suite = d["suite"]
+        if suite.get("path"):
+            suite["file"] = Path(suite.pop("path")).name
+        suite.pop("path", None)
+        server = d["server"]
+        server.pop("log", None)
+        if server.get("binary"):
+            server["binary"] = Path(str(server["binary"])).name
         return d
 
     def table(self) -> str:
@@ -266,6 +289,11 @@ def format_result(res: VerifyResult) -> str:
     t = res.thresholds
     lines.append(f"verdict: {res.verdict.value.upper()}  (thresholds from {t.source}: min acceptance "
                  f"{pct(t.min_acceptance)}, min speedup {times(t.min_speedup)}, identical output >= {pct(t.min_identical)})")
+    c = res.main
+    lines.append("  verified: " + (f"acceptance {pct(c.acceptance)} and speed {times(c.speedup)} vanilla" if res.speed_checked
+                                   else f"MTP head: acceptance {pct(c.acceptance)}; speed not verified on this "
+                                        f"hardware: {times(c.speedup)} vanilla"))
+    lines.append(f"  evidence: {res.evidence.text()}")
     lines += [f"  FAIL {r}" for r in res.reasons]
     lines += [f"  note: {n}" for n in res.notes]
     return "\n".join(lines)

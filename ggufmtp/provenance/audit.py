@@ -1,35 +1,76 @@
 """``ggufmtp audit``: check an artifact against its receipt, or against itself.
 
-With a receipt: first the signatures (with a public key: the receipt's DSSE signature and each
-artifact file's model-signing signature must verify; without one an unsigned receipt is reported
-as "unsigned: checksum only, detects accidental edits, not forgery"), then everything is re-read
-and re-hashed: the schema, the receipt's own integrity digest, that the receipt names these files,
-every file's size and sha256, that the verification is of these bytes, every tensor's type, the
+With a receipt: it is read strictly (:func:`~ggufmtp.provenance.receipt.read_receipt`: anything
+that is not exactly a valid receipt fails), then the signatures (with a public key: the receipt's
+DSSE signature and each artifact file's model-signing signature must verify; without one nothing
+is checked and the report says so), then everything is re-read and re-hashed: the receipt's own
+integrity digest, that the receipt names these files, every file's size and sha256, that the
+verification is of these bytes and that its verdict follows from its own figures and thresholds
+(:func:`~ggufmtp.provenance.verdict.judge_recorded`), every tensor's type, the
 tensor table digest, the MTP blocks (every one a receipt lists; an older receipt, which names
 only ``mtp_block``, is checked on that), the recorded result figures and the imatrix the file's
 ``quantize.imatrix.*`` metadata names. Without a receipt: what the file alone can show (it reads
 as a GGUF, its MTP block, its ``quantize.imatrix.*`` metadata).
+
+``upload`` (and ``run --upload``) run exactly this audit and refuse on any failure. An audit
+never writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from pathlib import Path
 from typing import Any
 
 from ..errors import AuditError, GGUFReadError, GgufmtpError
 from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPCheck, check_mtp, format_blocks, split_shards
-from ..provenance.receipt import (ReceiptFile, default_receipt_path, integrity_digest, read_receipt, schema_errors,
+from ..provenance.receipt import (Receipt, default_receipt_path, integrity_digest, read_receipt,
                                   table_digest, verification_problem)
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
 
 
+class Status(str, enum.Enum):
+    """A check's outcome: it verified something, it failed, or it only reports (nothing checked)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INFO = "info"
+
+
+class Trust(str, enum.Enum):
+    """What an audited receipt's integrity rests on."""
+
+    VERIFIED = "verified"  # a public key checked the receipt's and the artifacts' signatures
+    FAILED = "failed"  # a public key was given and a signature did not verify (or was missing)
+    UNSIGNED = "unsigned"  # a plain receipt, no key: its checksum detects accidents, not forgery
+    UNCHECKED = "unchecked"  # a signed receipt, no key: nothing checked the signature
+
+
+_SYMBOL = {Status.PASS: "✓", Status.FAIL: "✗", Status.INFO: "·"}
+
+
 @dataclasses.dataclass
 class Check:
+    """One audit check. ``ok`` (PASS or INFO) is False only for a failure; INFO checked nothing."""
+
     name: str
     ok: bool
     detail: str = ""
+    status: Status | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is None:
+            self.status = Status.PASS if self.ok else Status.FAIL
+        self.ok = self.status != Status.FAIL
+
+    @classmethod
+    def info(cls, name: str, detail: str) -> "Check":
+        return cls(name, True, detail, Status.INFO)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "status": self.status.value, "detail": self.detail}
 
 
 @dataclasses.dataclass
@@ -52,18 +93,31 @@ class AuditReport:
         return [c for c in self.checks if not c.ok]
 
     @property
-    def trust(self) -> str | None:
-        """What the receipt's integrity rests on, in words (None without a receipt)."""
+    def trust(self) -> Trust | None:
+        """What the receipt's integrity rests on (None when no receipt was read): VERIFIED only when
+        every signature check ran and passed."""
         if self.signed is None:
             return None
-        if not self.signed:
-            return UNSIGNED_NOTE
-        return "signed: signatures verified" if self.signatures_checked else "signed: signatures not checked"
+        if self.signatures_checked:
+            sig = [c for c in self.checks if c.name.startswith(SIGNATURE_CHECK)]
+            return Trust.VERIFIED if sig and all(c.status == Status.PASS for c in sig) else Trust.FAILED
+        return Trust.UNCHECKED if self.signed else Trust.UNSIGNED
+
+    @property
+    def trust_text(self) -> str | None:
+        return {None: None, Trust.VERIFIED: "signed: signatures verified",
+                Trust.FAILED: "a signature did NOT verify (or is missing)",
+                Trust.UNSIGNED: UNSIGNED_NOTE.removeprefix("unsigned: "),
+                Trust.UNCHECKED: "signed, but nothing checked the signatures (give --public-key)"}[self.trust]
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "artifact": self.artifact, "receipt": self.receipt,
-                "signed": self.signed, "signatures_checked": self.signatures_checked, "trust": self.trust,
-                "checks": [dataclasses.asdict(c) for c in self.checks]}
+                "signed": self.signed, "signatures_checked": self.signatures_checked,
+                "trust": self.trust.value if self.trust else None, "trust_text": self.trust_text,
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+SIGNATURE_CHECK = "signature"  # the names of signature checks start with it
 
 
 def audit(artifact: str | Path, receipt: str | Path | None = None, progress: bool = False,
@@ -99,9 +153,11 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, progress: boo
         except GgufmtpError as e:
             checks.append(Check("receipt readable", False, str(e)))
             return report
+        checks.append(Check("receipt readable", True, "exactly a valid receipt (schema, unique plain subject names, "
+                                                      "no local paths)"))
         report.signed = rf.signed
         checks += _signature_checks(artifact, rf, public_key, signature)
-        checks += _against_receipt(artifact, shards, model, rf.statement, progress)
+        checks += _against_receipt(artifact, shards, model, rf, progress)
     elif model is not None:
         checks += _standalone(model)
     return report
@@ -124,90 +180,79 @@ def _standalone(model: GGUFModel) -> list[Check]:
     return out
 
 
-def _signature_checks(artifact: Path, rf: ReceiptFile, public_key: str | Path | None,
+def _signature_checks(artifact: Path, rf: Receipt, public_key: str | Path | None,
                       signature: str | Path | None) -> list[Check]:
     """The receipt's DSSE signature and each artifact file's model-signing signature. Without a
-    public key nothing can be checked: an unsigned receipt is reported for what it is."""
+    public key nothing can be checked: the report says what the receipt is, and checks nothing."""
     if public_key is None:
-        detail = "DSSE envelope; not checked (give --public-key)" if rf.signed else UNSIGNED_NOTE
-        checks = [Check("receipt signature", True, detail)]
+        detail = "DSSE envelope; NOT checked (give --public-key)" if rf.signed else UNSIGNED_NOTE
+        checks = [Check.info(f"{SIGNATURE_CHECK} of the receipt", detail)]
         sig = Path(signature) if signature else signature_path(artifact)
         if sig.is_file():
-            checks.append(Check("artifact signature", True, f"{sig.name} present; not checked (give --public-key)"))
+            checks.append(Check.info(f"{SIGNATURE_CHECK} of the artifact", f"{sig.name} present; NOT checked "
+                                                                           f"(give --public-key)"))
         return checks
     if rf.signed:
         try:
             verify_envelope(rf.envelope, public_key, rf.path)
-            checks = [Check("receipt signature", True, f"DSSE signature verifies with {public_key}")]
+            checks = [Check(f"{SIGNATURE_CHECK} of the receipt", True, f"DSSE signature verifies with {Path(public_key).name}")]
         except AuditError as e:
-            checks = [Check("receipt signature", False, str(e))]
+            checks = [Check(f"{SIGNATURE_CHECK} of the receipt", False, str(e))]
     else:
-        checks = [Check("receipt signature", False, f"{UNSIGNED_NOTE}; a public key was given, so a signed "
-                                                    f"receipt is required")]
-    files = [artifact] if signature else [artifact.parent / s["name"] for s in rf.statement["subject"]
-                                          if _plain_name(s["name"])]
+        checks = [Check(f"{SIGNATURE_CHECK} of the receipt", False, f"{UNSIGNED_NOTE}; a public key was given, so a "
+                                                                     f"signed receipt is required")]
+    files = [artifact] if signature else [artifact.parent / s.name for s in rf.subjects]
     for f in files:
         try:
             verify_artifact(f, public_key, signature)
-            checks.append(Check(f"artifact signature {f.name}", True,
+            checks.append(Check(f"{SIGNATURE_CHECK} of {f.name}", True,
                                 f"{(Path(signature) if signature else signature_path(f)).name} verifies (model-signing)"))
         except AuditError as e:
-            checks.append(Check(f"artifact signature {f.name}", False, str(e)))
+            checks.append(Check(f"{SIGNATURE_CHECK} of {f.name}", False, str(e)))
     return checks
 
 
-def _plain_name(name: str) -> bool:
-    """A subject name is a file name beside the receipt's artifact, never a path elsewhere."""
-    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
-
-
-def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel | None, st: dict[str, Any],
+def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel | None, rf: Receipt,
                      progress: bool) -> list[Check]:
-    checks = _statement_checks(st) + _file_checks(artifact, shards, st, progress) + _verification_check(st)
+    st = rf.statement
+    checks = _statement_checks(st) + _file_checks(artifact, shards, rf, progress) + _verification_checks(st)
     if model is not None:
         checks += _model_checks(model, st)
     return checks
 
 
 def _statement_checks(st: dict[str, Any]) -> list[Check]:
-    """The receipt against its schema and its own integrity digest."""
-    errs = schema_errors(st)
+    """The receipt against its own integrity digest (the schema was checked when it was read)."""
     recorded = (st.get("predicate", {}).get("integrity") or {}).get("sha256")
     actual = integrity_digest(st)
-    return [Check("receipt schema", not errs, "; ".join(errs[:3]) or "valid"),
-            Check("receipt integrity", recorded == actual,
+    return [Check("receipt integrity", recorded == actual,
                   "digest matches the statement" if recorded == actual else
                   f"receipt was edited after it was written (digest {str(recorded)[:12]}... != {actual[:12]}...)")]
 
 
-def _file_checks(artifact: Path, shards: list[Path] | None, st: dict[str, Any], progress: bool) -> list[Check]:
-    """The receipt names these files, all are present, and each has the recorded size and sha256."""
-    subjects = {s.get("name"): s for s in st.get("subject", []) if isinstance(s, dict)}
+def _file_checks(artifact: Path, shards: list[Path] | None, rf: Receipt, progress: bool) -> list[Check]:
+    """The receipt names these files (the artifact first: the verification is of the file a server
+    is given), all are present, and each has the recorded size and sha256."""
     names = [p.name for p in shards] if shards else [artifact.name]
-    foreign = [n for n in names if n not in subjects]
+    listed = [s.name for s in rf.subjects]
+    foreign = [n for n in names if n not in listed]
     checks = [Check("receipt names this artifact", not foreign,
-                    f"receipt covers {', '.join(subjects) or 'nothing'}; not {', '.join(foreign)}" if foreign
-                    else ", ".join(names))]
-    bad_names = [n for n in subjects if not _plain_name(n)]
-    if bad_names:
-        checks.append(Check("subject names", False, f"not file names: {', '.join(bad_names)[:200]}"))
-    missing = [n for n in subjects if _plain_name(n) and not (artifact.parent / n).is_file()]
+                    f"receipt covers {', '.join(listed)}; not {', '.join(foreign)}" if foreign else ", ".join(names))]
+    if not foreign and rf.artifact.name != names[0]:
+        checks.append(Check("artifact is the receipt's first subject", False,
+                            f"the receipt's verification is of {rf.artifact.name}, not {names[0]}"))
+    missing = [s.name for s in rf.subjects if not (artifact.parent / s.name).is_file()]
     if missing:
         checks.append(Check("all shards present", False, f"missing {', '.join(missing)}"))
-    for name, subj in subjects.items():
-        p = artifact.parent / name
-        if name in missing or name in bad_names:
-            continue
-        checks.append(_digest_check(p, subj, progress))
+    checks += [_digest_check(artifact.parent / s.name, s.sha256, s.size, progress)
+               for s in rf.subjects if s.name not in missing]
     return checks
 
 
-def _digest_check(p: Path, subj: dict[str, Any], progress: bool) -> Check:
-    want = subj.get("digest", {}).get("sha256")
-    size = subj.get("annotations", {}).get("size")
+def _digest_check(p: Path, want: str, size: int, progress: bool) -> Check:
     try:
         got_size = p.stat().st_size
-        if size is not None and size != got_size:
+        if size != got_size:
             return Check(f"sha256 {p.name}", False, f"size: receipt {size}, file {got_size}")
         got = sha256_file(p, progress=progress)
     except OSError as e:
@@ -215,14 +260,24 @@ def _digest_check(p: Path, subj: dict[str, Any], progress: bool) -> Check:
     return Check(f"sha256 {p.name}", got == want, got if got == want else f"receipt {want}, file {got}")
 
 
-def _verification_check(st: dict[str, Any]) -> list[Check]:
-    """A verification in the receipt must be of the artifact's bytes (the served file's sha256)."""
+def _verification_checks(st: dict[str, Any]) -> list[Check]:
+    """A verification in the receipt must be of the artifact's bytes (the served file's sha256),
+    and its verdict must be the one its own figures and thresholds give."""
+    from .verdict import judge_recorded
+
     v = st["predicate"].get("verification")
     if not v:
-        return []
+        return [Check.info("verification", "none recorded: the receipt claims no runtime verification")]
     problem = verification_problem(st, v)
+    verdict, reasons = judge_recorded(v)
+    recorded = v.get("verdict")
+    follows = recorded == verdict.value
+    detail = (f"{recorded}, as its figures and thresholds ({(v.get('thresholds') or {}).get('source')}) give"
+              if follows else f"recorded {recorded!r}, but its own figures and thresholds give {verdict.value!r}"
+              + (f": {'; '.join(reasons[:3])}" if reasons else ""))
     return [Check("verification of these bytes", problem is None,
-                  problem or f"served file sha256 {v['model']['sha256']} is the artifact's")]
+                  problem or f"served file sha256 {v['model']['sha256']} is the artifact's"),
+            Check("verdict follows from the figures", follows, detail)]
 
 
 def _model_checks(model: GGUFModel, st: dict[str, Any]) -> list[Check]:
@@ -297,7 +352,7 @@ def imatrix_check(md: dict[str, Any], im: dict[str, Any] | None) -> Check:
 def format_audit(r: AuditReport) -> str:
     lines = [f"audit {r.artifact}" + (f" against {r.receipt}" if r.receipt else " (no receipt: file-only checks)")]
     for c in r.checks:
-        lines.append(f"  {'✓' if c.ok else '✗'} {c.name}: {c.detail}")
+        lines.append(f"  {_SYMBOL[c.status]} {c.name}: {c.detail}")
     verdict = "PASS" if r.ok else f"FAIL ({len(r.failures)} check(s) failed)"
-    lines.append(verdict + (f" ({r.trust})" if r.trust else ""))
+    lines.append(verdict + (f" (trust: {r.trust.value}: {r.trust_text})" if r.trust else ""))
     return "\n".join(lines)

@@ -42,18 +42,28 @@ def _hardware(v: dict[str, Any]) -> str:
 
 
 def unverified_reason(statement: dict[str, Any], artifact_sha256: str | None = None) -> str | None:
-    """Why the receipt ``statement`` holds no passing verification of the artifact with
-    ``artifact_sha256`` (default: its first subject's); None when it does: verdict ``pass``, of the
-    bytes llama-server served, which are the artifact's (``verification.model.sha256``)."""
+    """Why the receipt ``statement`` holds no publishable verification of the artifact with
+    ``artifact_sha256`` (default: its first subject's); None when it does: verdict ``pass`` as its
+    own figures and thresholds give it, of the bytes llama-server served, which are the artifact's
+    (``verification.model.sha256``), with at least the minimum evidence (:class:`Evidence`)."""
+    from .verdict import Evidence, judge_recorded
+
     v = statement["predicate"].get("verification")
     if not v:
         return "the receipt holds no runtime verification of it"
     if v.get("verdict") != "pass":
         reasons = "; ".join(str(r) for r in v.get("reasons") or [])
         return f"its verification failed (verdict {v.get('verdict')}{': ' + reasons if reasons else ''})"
+    verdict, reasons = judge_recorded(v)
+    if verdict.value != "pass":
+        return f"its verification says pass, but its own figures and thresholds fail it ({'; '.join(reasons[:3])})"
     first = statement["subject"][0]["digest"]["sha256"]
     if artifact_sha256 is not None and artifact_sha256.lower() != str(first).lower():
         return f"its receipt's verification is of {statement['subject'][0]['name']} (sha256 {first})"
+    short = Evidence.of_settings(v.get("settings")).shortfall
+    if short:
+        return (f"its verification measured too little to publish ({short}); verify again with at least "
+                f"{Evidence.MIN_PROMPTS} prompts and --max-tokens {Evidence.MIN_MAX_TOKENS}")
     return verification_problem(statement, v)
 
 
@@ -101,23 +111,40 @@ def _heads(res: dict[str, Any]) -> str:
     return f"heads {named} are kept" if len(blocks) > 1 else f"head {named} is kept"
 
 
+def _speed_checked(v: dict[str, Any]) -> bool:
+    from .verdict import Thresholds, speed_checked
+
+    th = v.get("thresholds") or {}
+    return speed_checked(Thresholds.coerce(dict(th)), bool((v.get("hardware") or {}).get("offloaded")))
+
+
 def _claim(v: dict[str, Any]) -> list[str]:
-    """The verification in one sentence: acceptance, the fair speedup first (against vanilla with
-    the same non-speculative settings), where and how it was measured."""
+    """The verification in one sentence, saying exactly what was verified: acceptance always; the
+    fair speedup (against vanilla with the same non-speculative settings) only where the verdict
+    judged it (GPU offload); elsewhere "speed not verified on this hardware" with the measured ratio."""
+    from .verdict import Evidence
+
     m, suite, settings = v["mtp"], v.get("suite", {}), v.get("settings", {})
     length = m.get("mean_acceptance_length")
+    acceptance = (f"**{_pct(m['acceptance'])}** draft acceptance{_ci_pct(m.get('acceptance_ci95'))}"
+                  + (f" (mean acceptance length {num(length)} tokens per verification step)" if length is not None else ""))
+    speed = (f"**{_x(v.get('speedup'))}** decode speedup{_ci_x(v.get('speedup_ci95'))} against vanilla llama-server "
+             f"with the same non-speculative settings" + _default_phrase(v))
+    where = (f" on {suite.get('n_prompts', 'the')} prompts of suite `{suite.get('name')}`, {_hardware(v)}, "
+             f"k={settings.get('draft_n_max')}, seeds {', '.join(str(s) for s in settings.get('seeds', []))}. ")
+    th = v.get("thresholds") or {}
+    if _speed_checked(v):
+        head = f"Runtime-verified in llama-server: {acceptance} and {speed}{where}"
+    else:
+        head = (f"MTP head verified in llama-server: {acceptance}{where}**Speed not verified on this hardware**: "
+                f"{_x(v.get('speedup'))} vanilla{_ci_x(v.get('speedup_ci95'))} (no GPU offload, where a small model "
+                f"is compute-bound; the speedup threshold was not applied). ")
+    ev = Evidence.of_settings(settings)
     return ["## One-line claim\n",
-            f"Runtime-verified in llama-server: **{_pct(m['acceptance'])}** draft acceptance"
-            f"{_ci_pct(m.get('acceptance_ci95'))}"
-            + (f" (mean acceptance length {num(length)} tokens per verification step)" if length is not None else "")
-            + f" and **{_x(v.get('speedup'))}** decode speedup"
-            f"{_ci_x(v.get('speedup_ci95'))} against vanilla llama-server with the same non-speculative settings"
-            + _default_phrase(v) + f" on {suite.get('n_prompts', 'the')} prompts of "
-            f"suite `{suite.get('name')}`, {_hardware(v)}, "
-            f"k={settings.get('draft_n_max')}, seeds "
-            f"{', '.join(str(s) for s in settings.get('seeds', []))}. "
-            f"Output identical to vanilla decoding for {_pct(v.get('identical_output_fraction'))} of requests. "
-            f"Verdict: **{v.get('verdict')}**.\n"]
+            head + f"Output identical to vanilla decoding for {_pct(v.get('identical_output_fraction'))} of requests. "
+            f"Verdict: **{v.get('verdict')}** against thresholds from {th.get('source', 'nowhere')} (acceptance >= "
+            f"{_pct(th.get('min_acceptance'))}" + (f", speedup >= {_x(th.get('min_speedup'))}" if _speed_checked(v) else "")
+            + f"); evidence: {ev.text()}.\n"]
 
 
 def _default_phrase(v: dict[str, Any]) -> str:
@@ -309,10 +336,18 @@ def _matrix(mx: dict[str, Any] | None) -> list[str]:
 
 def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | None = None,
               quantized_by: str = "ggufmtp", license: str | None = None) -> Path:
-    """Write the model card (default: README.md beside the artifact); returns its path."""
+    """Write the model card (default: README.md beside the artifact); returns its path. A receipt
+    edited after it was written (its integrity digest does not hold) is refused: a card states
+    only what an intact receipt claims (``audit`` and ``upload`` re-check the bytes)."""
     from huggingface_hub import ModelCard, ModelCardData
 
+    from ..errors import AuditError
+    from .receipt import integrity_digest
+
     st = load_receipt(receipt)
+    if st["predicate"]["integrity"]["sha256"] != integrity_digest(st):
+        raise AuditError(f"{receipt}: the receipt was edited after it was written (its integrity digest does not "
+                         f"match); no card is written from it (check it: ggufmtp audit {Path(artifact).name})")
     meta, body = card_text(st, Path(artifact).name, quantized_by)
     if license:
         meta["license"] = license

@@ -21,7 +21,6 @@ sha256 of the file llama-server served equals the artifact's digest.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import hashlib
@@ -38,7 +37,8 @@ from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
 from ..errors import AuditError
 from ..gguf.fsutil import atomic_write_json
 from ..gguf.hashing import sha256_file
-from .signing import (UNSIGNED_NOTE, envelope_statement, is_envelope, load_private_key, read_json_file,
+from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
+from .signing import (envelope_statement, is_envelope, load_private_key, read_json_file,
                       resolve_signing_key, sign_statement, verify_envelope)
 
 if TYPE_CHECKING:  # annotations only: quantize pulls in libllama
@@ -96,7 +96,6 @@ def toolchain(server: dict[str, Any] | None = None) -> dict[str, Any]:
     quantizer = {
         "library": "libllama via llama-cpp-python",
         "llama_cpp_commit": lib.commit or "unknown",
-        "lib_path": str(lib.path.parent) if lib.path else None,
         "variant": lib.variant,
         "build_flags": list(lib.build_flags),
     }
@@ -134,16 +133,26 @@ def base_model_section(model_path: Path, model_arg: str | None = None, manifest:
     else:
         files = [file_entry(s, (known or {}).get(str(s.resolve()))) for s in shards]
         arg = model_arg or str(model_path)
-        source = ({"type": "builtin", "name": arg.split(":", 1)[1], "path": str(model_path)}
-                  if arg.startswith("builtin:") else {"type": "local", "path": str(Path(model_path).resolve())})
+        # names, never local paths: a receipt is published, and a path is neither portable nor private
+        source = ({"type": "builtin", "name": arg.split(":", 1)[1]} if arg.startswith("builtin:")
+                  else {"type": "local", "name": Path(model_path).name})
     from ..gguf.model import GGUFModel
 
     lic = GGUFModel(model_path).metadata.get("general.license")
     if isinstance(lic, str) and lic:
         source["license"] = lic
     converted = Path(str(model_path) + ".source.json")  # written by `ggufmtp convert` (hfconvert/convert.py)
-    extra = {"converted_from": json.loads(converted.read_text())} if converted.is_file() else {}
+    extra = {"converted_from": _converted_from(converted)} if converted.is_file() else {}
     return {"source": source, "files": files, **extra}
+
+
+def _converted_from(sidecar: Path) -> dict[str, Any]:
+    """The checkpoint a converted GGUF came from, as its sidecar records it, by name: the local
+    directory becomes its name."""
+    data = json.loads(sidecar.read_text())
+    if isinstance(data, dict) and "path" in data:
+        data = {**{k: v for k, v in data.items() if k != "path"}, "name": Path(str(data["path"])).name}
+    return data
 
 
 def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str | None = None
@@ -244,7 +253,7 @@ def _recipe_section(plan: Any, out_name: str) -> dict[str, Any]:
         "output_type": rec.output_type if rec else None,
         "token_embedding_type": rec.token_embedding_type if rec else None,
         "rules": [{"pattern": r.pattern, "type": r.type, "source": r.source} for r in plan.rules],
-        "llama_quantize_command": plan.llama_quantize_command(out_name),
+        "llama_quantize_command": plan.llama_quantize_command(out_name, by_name=True),
     }
 
 
@@ -271,25 +280,60 @@ def _result_section(gm: Any) -> dict[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ReceiptFile:
-    """A receipt file as read: its in-toto statement, and whether it came in a signed DSSE envelope
-    (``envelope``; the signature is checked by :func:`~ggufmtp.provenance.signing.verify_receipt`)."""
+class Subject:
+    """One artifact file a receipt describes: its name (a plain file name, unique in the receipt),
+    sha256 and size."""
+
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    """A receipt as read by :func:`read_receipt`, the one reader: its in-toto statement (valid
+    against the schema, exactly), its subjects, and the DSSE envelope it came in when signed (the
+    signature is checked by ``audit --public-key``, never by reading)."""
 
     path: Path
     statement: dict[str, Any]
-    signed: bool
+    subjects: tuple[Subject, ...]
     envelope: dict[str, Any] | None = None
 
     @property
-    def trust(self) -> str:
-        """What the file alone proves: a DSSE signature, or only a checksum."""
-        return "signed: DSSE envelope" if self.signed else UNSIGNED_NOTE
+    def signed(self) -> bool:
+        return self.envelope is not None
+
+    @property
+    def artifact(self) -> Subject:
+        """The first subject: the file a server is given (a split model's first shard)."""
+        return self.subjects[0]
+
+    @property
+    def predicate(self) -> dict[str, Any]:
+        return self.statement["predicate"]
+
+    @property
+    def verification(self) -> dict[str, Any] | None:
+        return self.predicate.get("verification")
+
+    @property
+    def recipe_name(self) -> str:
+        return self.predicate["recipe"]["name"]
+
+    def digests(self) -> set[str]:
+        return {s.sha256 for s in self.subjects}
+
+    def subject_named(self, name: str) -> Subject | None:
+        return next((s for s in self.subjects if s.name == name), None)
 
 
-def read_receipt(path: str | Path) -> ReceiptFile:
-    """Read a receipt, plain statement or DSSE envelope. One clear AuditError (naming the file) for
-    anything that is not a receipt: unreadable, not JSON, nested absurdly deep, not an in-toto
-    Statement v1, or a statement of the wrong shape (the types and keys the schema requires)."""
+def read_receipt(path: str | Path) -> Receipt:
+    """Read a receipt, plain statement or DSSE envelope, strictly: one AuditError (naming the file)
+    for anything that is not exactly a valid receipt: unreadable, not JSON, duplicate keys or
+    non-finite numbers (which two JSON readers may read differently), an envelope with fields
+    beyond DSSE's, not an in-toto Statement v1, any schema error (unknown fields included), two
+    subjects with one name, a subject name that is not a plain file name, or a local path."""
     p = Path(path)
     data = read_json_file(p, "receipt")
     envelope = None
@@ -298,64 +342,69 @@ def read_receipt(path: str | Path) -> ReceiptFile:
     if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE:
         got = str(data.get("_type"))[:80] if isinstance(data, dict) else type(data).__name__
         raise AuditError(f"{p}: not an in-toto Statement v1 (_type is {got!r})")
-    errs = shape_errors(data)
-    if errs:
-        raise AuditError(f"{p}: not a ggufmtp receipt (wrong shape: {'; '.join(errs[:3])})")
-    return ReceiptFile(p, data, envelope is not None, envelope)
+    problems = statement_problems(data)
+    if problems:
+        raise AuditError(f"{p}: not a valid ggufmtp receipt: {'; '.join(problems[:3])}")
+    subjects = tuple(Subject(s["name"], s["digest"]["sha256"], s["annotations"]["size"]) for s in data["subject"])
+    return Receipt(p, data, subjects, envelope)
 
 
 def load_receipt(path: str | Path) -> dict[str, Any]:
-    """The statement of the receipt at ``path`` (plain or in a DSSE envelope; see :func:`read_receipt`)."""
+    """The statement of the receipt at ``path`` (see :func:`read_receipt`)."""
     return read_receipt(path).statement
 
 
+def statement_problems(statement: Any) -> list[str]:
+    """Everything that makes ``statement`` not exactly a valid receipt (empty when it is one): the
+    schema (types, values, no unknown fields), unique plain subject names, no local paths."""
+    errs = schema_errors(statement)
+    if errs or not isinstance(statement, dict):
+        return errs
+    names = [s["name"] for s in statement["subject"]]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        errs.append(f"subject: two subjects named {dup[0]!r} (which one would an audit check?)")
+    odd = [n for n in names if not plain_file_name(n)]
+    if odd:
+        errs.append(f"subject: {odd[0]!r} is not a plain file name")
+    errs += [f"{where}: holds a local path ({text[:80]!r}); receipts hold names, digests and Hub coordinates"
+             for where, text in local_paths(statement)[:3]]
+    errs += [f"{where}: {value} is not a JSON number" for where, value in non_finite_numbers(statement)[:3]]
+    return errs
+
+
 def schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text())
-
-
-def schema_errors(statement: dict[str, Any]) -> list[str]:
-    return _errors(schema(), statement)
-
-
-def _errors(sch: dict[str, Any], statement: Any) -> list[str]:
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(sch)
-    return [f"{'/'.join(str(x) for x in e.absolute_path) or '<root>'}: {e.message[:200]}"
-            for e in sorted(validator.iter_errors(statement), key=lambda e: [str(x) for x in e.absolute_path])]
-
-
-# Value constraints, as opposed to the types and required keys the code relies on when reading.
-_VALUE_KEYWORDS = {"pattern", "enum", "const", "minimum", "maximum", "minLength", "maxLength", "minItems",
-                   "maxItems", "minProperties"}
-
-
-def _types_only(node: Any, naming: bool = False) -> Any:
-    """The schema with its value constraints dropped (``naming``: ``node`` maps names to schemas)."""
-    if isinstance(node, list):
-        return [_types_only(x) for x in node]
-    if not isinstance(node, dict):
-        return node
-    return {k: _types_only(v, naming=k in ("properties", "$defs")) for k, v in node.items()
-            if naming or k not in _VALUE_KEYWORDS}
+    return json.loads(_schema_text())
 
 
 @functools.lru_cache(maxsize=1)
-def _shape_schema() -> dict[str, Any]:
-    return _types_only(schema())
+def _schema_text() -> str:
+    return SCHEMA_PATH.read_text()
 
 
-def shape_errors(statement: Any) -> list[str]:
-    """Where ``statement`` has another shape than a receipt (wrong types, missing required keys):
-    what every reader relies on. Value errors (a bad digest, an unknown verdict) are
-    :func:`schema_errors`' and are reported by ``audit``."""
-    return _errors(copy.deepcopy(_shape_schema()), statement)
+@functools.lru_cache(maxsize=1)
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema())
+
+
+def schema_errors(statement: Any) -> list[str]:
+    """Where ``statement`` breaks the receipt's JSON Schema (empty: it validates), each at its
+    deepest reason (a ``oneOf`` names the branch's own error, not the whole value)."""
+    out = []
+    for e in sorted(_validator().iter_errors(statement), key=lambda e: [str(x) for x in e.absolute_path]):
+        while e.context:  # the branch that got furthest (not "is not of type 'null'")
+            e = max(e.context, key=lambda c: (len(c.absolute_path), c.validator != "type"))
+        out.append(f"{'/'.join(str(x) for x in e.absolute_path) or '<root>'}: {e.message[:200]}")
+    return out
 
 
 def validate_statement(statement: dict[str, Any]) -> None:
-    errs = schema_errors(statement)
+    """AuditError unless ``statement`` is exactly a valid receipt (what :func:`read_receipt` accepts)."""
+    errs = statement_problems(statement)
     if errs:
-        raise AuditError("receipt does not match its schema: " + "; ".join(errs[:5]))
+        raise AuditError("not a valid receipt: " + "; ".join(errs[:5]))
 
 
 # ----------------------------------------------------------------------------- writing
@@ -363,8 +412,13 @@ def validate_statement(statement: dict[str, Any]) -> None:
 
 def write_statement(path: str | Path, statement: dict[str, Any], signing_key: str | Path | None = None) -> Path:
     """Validate ``statement`` and write it atomically to ``path``: plain JSON, or with ``signing_key``
-    a DSSE envelope signed with it. AuditError naming the file when it cannot be written."""
+    a DSSE envelope signed with it. Local paths in its strings become file names first (they are
+    sealed again when they change). AuditError naming the file when it cannot be written."""
     path = Path(path)
+    clean = redact_local_paths(statement)
+    if clean != statement:
+        statement.clear()
+        statement.update(seal(clean) if (clean.get("predicate") or {}).get("integrity") else clean)
     validate_statement(statement)
     data = sign_statement(statement, signing_key) if signing_key else statement
     try:
@@ -417,7 +471,7 @@ def _refuse_unbound(statement: dict[str, Any], verification: dict[str, Any], whe
         raise AuditError(f"{where}: refusing the verification: {problem}")
 
 
-def _intact(rf: ReceiptFile, signing_key: str | Path | None) -> None:
+def _intact(rf: Receipt, signing_key: str | Path | None) -> None:
     """Before rewriting a receipt: its checksum holds, and a signed one verifies with the key about
     to re-sign it (re-sealing or re-signing must never launder an edit)."""
     recorded = (rf.statement["predicate"].get("integrity") or {}).get("sha256")
@@ -500,61 +554,3 @@ def sign_receipt(path: str | Path, signing_key: str | Path, artifact: str | Path
     signatures = [sign_artifact(f, signing_key) for f in files]
     write_statement(rf.path, rf.statement, signing_key)
     return signatures
-
-
-def format_receipt(st: dict[str, Any], signed: bool | None = None) -> str:
-    """The receipt for people; ``signed`` (when known) adds what the file's signature proves."""
-    p = st.get("predicate", {})
-    lines = [f"receipt ({st.get('predicateType')})"]
-    for s in st.get("subject", []):
-        lines.append(f"  artifact  {s['name']}  {s.get('annotations', {}).get('size')} bytes  sha256 {s['digest']['sha256']}")
-    bm = p.get("base_model") or {}
-    src = bm.get("source", {})
-    lines.append(f"  base      {src.get('repo_id') or src.get('name') or src.get('path')}"
-                 + (f" @ {src['commit']}" if src.get("commit") else ""))
-    for f in bm.get("files", []):
-        lines.append(f"            {f['name']}  {f['size']} bytes  sha256 {f['sha256']}")
-    im = p.get("imatrix")
-    lines.append(f"  imatrix   {im['file']} sha256 {im['sha256']} ({im['format']}, {im['entries']} entries, "
-                 f"{im['chunk_count']} chunks, datasets {im['datasets']}, no stats for {len(im['missing'])})"
-                 if im else "  imatrix   none")
-    r = p.get("recipe", {})
-    lines.append(f"  recipe    {r.get('name')} ({r.get('ftype')}) sha256 {r.get('sha256')}")
-    for rule in r.get("rules", []):
-        lines.append(f"            {rule['source']:<18} {rule['pattern']} -> {rule['type']}")
-    res = p.get("result", {})
-    lines.append(f"  result    {res.get('file_type')}, {res.get('size_bytes')} bytes, {res.get('bpw')} bpw, "
-                 f"{len(res.get('tensor_types', {}))} tensors (table sha256 {str(res.get('tensor_types_sha256'))[:16]}...)")
-    blocks = res.get("mtp_blocks") or [res.get("mtp_block")]  # older receipts name only the first
-    lines.append(f"  MTP       {', '.join(f'blk.{b}' for b in blocks)} {res.get('mtp_status')}, "
-                 f"nextn_predict_layers {res.get('nextn_predict_layers')}")
-    tc = p.get("toolchain", {})
-    q = tc.get("quantizer", {})
-    lines.append(f"  toolchain ggufmtp {tc.get('ggufmtp')}, llama.cpp {q.get('llama_cpp_commit')} ({q.get('variant')}), "
-                 f"llama-cpp-python {tc.get('llama_cpp_python')}, gguf {tc.get('gguf')}, python {tc.get('python')}")
-    lines.append(f"            {tc.get('compiler')}; {tc.get('os')}; cpu {' '.join(tc.get('cpu_flags', []))}")
-    lines.append(f"  time      {p.get('started_at')} -> {p.get('finished_at')}")
-    v = p.get("verification")
-    if v:
-        m = v.get("mtp", {})
-        lines.append(f"  verified  acceptance {m.get('acceptance')} CI95 {m.get('acceptance_ci95')}, "
-                     f"speedup {v.get('speedup')} CI95 {v.get('speedup_ci95')}, verdict {v.get('verdict')}")
-    else:
-        lines.append("  verified  not yet")
-    if signed is not None:
-        lines.append("  signature " + ("DSSE envelope (check it: ggufmtp audit ARTIFACT --public-key PUB.pem)"
-                                       if signed else UNSIGNED_NOTE))
-    return "\n".join(lines)
-
-
-def read_statement(path: str | Path) -> dict[str, Any] | None:
-    """The statement in a receipt file, plain JSON or wrapped in a DSSE envelope; None when the file
-    is unreadable or holds no JSON object. Unlike ``load_receipt`` it neither raises nor checks the
-    statement: for callers that only glean facts."""
-    try:
-        data = read_json_file(path, "receipt")
-        if is_envelope(data):
-            data = envelope_statement(data, path)
-    except AuditError:
-        return None
-    return data if isinstance(data, dict) else None

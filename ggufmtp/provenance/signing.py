@@ -196,8 +196,16 @@ def sign_statement(statement: dict[str, Any], private_key: str | os.PathLike) ->
     return envelope.to_dict()
 
 
+_ENVELOPE_KEYS = {"payload", "payloadType", "signatures"}
+
+
 def envelope_statement(envelope: dict[str, Any], where: str | os.PathLike) -> Any:
-    """The JSON inside a DSSE envelope's payload (not verified: see :func:`verify_envelope`)."""
+    """The JSON inside a DSSE envelope's payload (not verified: see :func:`verify_envelope`). The
+    envelope holds DSSE's fields and nothing else."""
+    extra = sorted(set(envelope) - _ENVELOPE_KEYS)
+    if extra or not isinstance(envelope.get("signatures"), list):
+        raise AuditError(f"{where}: not a DSSE envelope: " + (f"unknown field(s) {', '.join(extra)[:120]}" if extra
+                                                              else "no signatures list"))
     if envelope.get("payloadType") != DSSE_PAYLOAD_TYPE:
         raise AuditError(f"{where}: DSSE payloadType is {str(envelope.get('payloadType'))[:80]!r}, "
                          f"not {DSSE_PAYLOAD_TYPE}")
@@ -262,9 +270,30 @@ def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
     return parse_json_bytes(raw, p, what)
 
 
+class _Ambiguous(ValueError):
+    """JSON that two readers may read differently: a repeated key, NaN or Infinity."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _Ambiguous(f"the key {k[:80]!r} appears twice in one object (readers disagree on which counts)")
+        seen[k] = v
+    return seen
+
+
+def _no_constant(name: str) -> Any:
+    raise _Ambiguous(f"{name} is not JSON (strict readers refuse it)")
+
+
 def parse_json_bytes(raw: bytes, where: str | os.PathLike, what: str = "receipt") -> Any:
+    """Parse JSON strictly: a repeated key in an object, or NaN / Infinity, is refused, since
+    another reader (another language's, a future version's) could read them otherwise."""
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except _Ambiguous as e:
+        raise AuditError(f"{where}: ambiguous JSON {what}: {e}") from None
     except RecursionError:
         raise AuditError(f"{where}: JSON nested too deeply to be a {what}") from None
     except (UnicodeDecodeError, ValueError) as e:

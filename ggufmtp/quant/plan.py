@@ -171,26 +171,27 @@ class Plan:
         }
 
     def llama_quantize_argv(self, out: str = "OUT.gguf", binary: str = "llama-quantize",
-                            threads: int | None = None) -> list[str]:
-        """The exact equivalent llama-quantize command line."""
+                            threads: int | None = None, by_name: bool = False) -> list[str]:
+        """The exact equivalent llama-quantize command line (``by_name``: the input and imatrix by
+        file name, as a receipt records it: no local path leaves the machine)."""
         r = self.recipe_obj
         argv = [binary]
         if self.imatrix:
-            argv += ["--imatrix", self.imatrix]
+            argv += ["--imatrix", Path(self.imatrix).name if by_name else self.imatrix]
         if r is not None and r.output_type:
             argv += ["--output-tensor-type", r.output_type.lower()]
         if r is not None and r.token_embedding_type:
             argv += ["--token-embedding-type", r.token_embedding_type.lower()]
         for rule in self.rules:
             argv += ["--tensor-type", f"{rule.llama_pattern}={rule.type.lower()}"]
-        argv += [self.model, out, self.ftype]
+        argv += [Path(self.model).name if by_name else self.model, out, self.ftype]
         if threads:
             argv.append(str(threads))
         return argv
 
     def llama_quantize_command(self, out: str = "OUT.gguf", binary: str = "llama-quantize",
-                               threads: int | None = None) -> str:
-        return shlex.join(self.llama_quantize_argv(out, binary, threads))
+                               threads: int | None = None, by_name: bool = False) -> str:
+        return shlex.join(self.llama_quantize_argv(out, binary, threads, by_name))
 
 
 def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: "imx_entries.Imatrix | None",

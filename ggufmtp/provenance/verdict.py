@@ -1,0 +1,278 @@
+"""A verification's verdict: the thresholds (:class:`Thresholds`), the verdict (:class:`Verdict`) and
+the policy that turns each thinking mode's numbers into a verdict (:func:`evaluate_verdict`). It
+lives with the receipts because it is what a receipt claims: ``verify`` judges with it, and
+``audit``, the publish gate and the card re-judge the recorded figures with the same policy.
+
+Policy (see :mod:`ggufmtp.measure.verify`): there is always a threshold set (a recipe's ``[verify]``,
+else :data:`DEFAULT_THRESHOLDS`); "none" is not a verdict, and a recorded verdict without thresholds
+fails :func:`judge_recorded`. Acceptance >= ``min_acceptance``; outputs identical to vanilla in at least ``min_identical`` of the pairs of EVERY comparison
+verify made (each mode's chat arm, ``--raw``, every sweep window; default 1.0: any differing reply
+fails, and the reason names the comparison and the first differing prompt); speedup >=
+``min_speedup`` only when the model was offloaded to a GPU (or ``enforce_speedup``), since a small
+model on CPU is compute-bound and MTP is expected to be slower there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+from ..fmt import pct, times
+
+__all__ = ["DEFAULT_THRESHOLDS", "Evidence", "Verdict", "Thresholds", "evaluate_verdict", "judge_recorded",
+           "speed_checked"]
+
+
+class Verdict(str, enum.Enum):
+    """The outcome of a verification; its value is the JSON string ("pass" / "fail")."""
+
+    PASS = "pass"
+    FAIL = "fail"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The project's thresholds, for a verification that names no recipe: the loosest of the shipped
+# recipes' ``[verify]`` tables (iq4_xs-mtp: acceptance 45 %, speedup 1.05x) rounded to round figures.
+DEFAULT_SOURCE = "ggufmtp defaults"
+DEFAULT_MIN_ACCEPTANCE = 0.50
+DEFAULT_MIN_SPEEDUP = 1.10
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What a verification must reach. ``source`` says where the figures came from ("ggufmtp
+    defaults", "recipe NAME", "recipe NAME + flags", ...). Built with no arguments it is the
+    project's defaults: there is always a threshold."""
+
+    min_acceptance: float | None = DEFAULT_MIN_ACCEPTANCE
+    min_speedup: float | None = DEFAULT_MIN_SPEEDUP
+    min_identical: float = 1.0
+    enforce_speedup: bool = False
+    source: str = DEFAULT_SOURCE
+
+    @classmethod
+    def from_recipe(cls, table: Any, name: str | None = None) -> "Thresholds":
+        """The thresholds of a recipe's ``[verify]`` table (``ggufmtp.quant.recipe.VerifyThresholds``);
+        a figure the table leaves out is the project's default (and ``source`` says so)."""
+        acc, sp = getattr(table, "min_acceptance", None), getattr(table, "min_speedup", None)
+        source = f"recipe {name}" if name else "recipe"
+        if acc is None or sp is None:
+            source += f" + {DEFAULT_SOURCE}"
+        return cls(min_acceptance=DEFAULT_MIN_ACCEPTANCE if acc is None else acc,
+                   min_speedup=DEFAULT_MIN_SPEEDUP if sp is None else sp, source=source)
+
+    def merged(self, min_acceptance: float | None = None, min_speedup: float | None = None,
+               min_identical: float | None = None, enforce_speedup: bool = False) -> "Thresholds":
+        """These thresholds with explicit settings (command-line flags) over them: a given
+        acceptance or speedup replaces this one and adds "flags" to ``source``; ``min_identical``
+        replaces when given; ``enforce_speedup`` can only switch the check on."""
+        th = self
+        if min_acceptance is not None or min_speedup is not None:
+            th = dataclasses.replace(
+                th, min_acceptance=th.min_acceptance if min_acceptance is None else min_acceptance,
+                min_speedup=th.min_speedup if min_speedup is None else min_speedup,
+                source="flags" if None not in (min_acceptance, min_speedup) else f"{th.source} + flags")
+        return dataclasses.replace(th, enforce_speedup=enforce_speedup or th.enforce_speedup,
+                                   min_identical=th.min_identical if min_identical is None else float(min_identical))
+
+    @classmethod
+    def coerce(cls, t: Any) -> "Thresholds":
+        """``t`` as thresholds: a Thresholds, its dict, a recipe's ``VerifyThresholds``, or None (the
+        project's defaults)."""
+        if t is None:
+            return cls()
+        if isinstance(t, Thresholds):
+            return t
+        if isinstance(t, dict):
+            return cls(**{k: v for k, v in t.items() if k in {f.name for f in dataclasses.fields(cls)}})
+        return cls.from_recipe(t)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """How much a verification measured, against the minimum a published verdict needs: at least
+    :attr:`MIN_PROMPTS` distinct prompts, each reply up to at least :attr:`MIN_MAX_TOKENS` tokens.
+    (Seeds are recorded, not counted: at temperature 0 they do not change the greedy text.)"""
+
+    prompts: int
+    seeds: int
+    max_tokens: int
+
+    MIN_PROMPTS = 8
+    MIN_MAX_TOKENS = 64
+
+    @classmethod
+    def of_settings(cls, settings: Mapping[str, Any] | None) -> "Evidence":
+        """The evidence of a recorded verification's ``settings`` (what verify ran, not a claim)."""
+        st = settings if isinstance(settings, Mapping) else {}
+        seeds = st.get("seeds")
+        return cls(prompts=_count(st.get("n_prompts")), seeds=len(seeds) if isinstance(seeds, list) else 0,
+                   max_tokens=_count(st.get("max_tokens")))
+
+    @property
+    def shortfall(self) -> str | None:
+        """Why this is too little to publish (None: enough)."""
+        short = []
+        if self.prompts < self.MIN_PROMPTS:
+            short.append(f"{self.prompts} prompt(s), the minimum is {self.MIN_PROMPTS}")
+        if self.max_tokens < self.MIN_MAX_TOKENS:
+            short.append(f"replies of up to {self.max_tokens} tokens, the minimum is {self.MIN_MAX_TOKENS}")
+        return "; ".join(short) or None
+
+    def text(self) -> str:
+        """``54 prompts x 3 seeds x up to 64 tokens (publishable: >= 8 prompts, >= 64 tokens)``."""
+        ok = "publishable" if self.shortfall is None else "NOT publishable"
+        return (f"{self.prompts} prompts x {self.seeds} seed(s) x up to {self.max_tokens} tokens ({ok}: needs >= "
+                f"{self.MIN_PROMPTS} prompts, >= {self.MIN_MAX_TOKENS} tokens per reply)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "seeds": self.seeds, "max_tokens": self.max_tokens,
+                "minimum": {"prompts": self.MIN_PROMPTS, "max_tokens": self.MIN_MAX_TOKENS},
+                "sufficient": self.shortfall is None}
+
+
+def _count(x: Any) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) else 0
+
+
+class Figures(Protocol):
+    """What the policy reads of a comparison: a live one (``measure.verify_summary.Comparison``) or a
+    recorded one (:class:`RecordedFigures`)."""
+
+    acceptance: float | None
+    speedup: float | None
+    identical_output_fraction: float | None
+    identical: int
+    n_pairs: int
+    mismatches: Sequence[Any]
+
+
+@dataclass(frozen=True)
+class RecordedFigures:
+    """A comparison's figures as a receipt records them (see :func:`judge_recorded`)."""
+
+    acceptance: float | None
+    speedup: float | None
+    identical_output_fraction: float | None
+    identical: int = 0
+    n_pairs: int = 0
+    mismatches: Sequence[Any] = ()
+
+    @classmethod
+    def of(cls, d: Mapping[str, Any]) -> "RecordedFigures":
+        mtp = d.get("mtp") if isinstance(d.get("mtp"), Mapping) else {}
+        io = d.get("identical_outputs") if isinstance(d.get("identical_outputs"), Mapping) else {}
+        return cls(_number(mtp.get("acceptance")), _number(d.get("speedup")),
+                   _number(d.get("identical_output_fraction")), _count(io.get("identical")), _count(io.get("pairs")))
+
+
+def _number(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def speed_checked(thresholds: Thresholds, offloaded: bool) -> bool:
+    """Whether the speedup threshold is judged: with GPU offload, or when enforced."""
+    return bool(offloaded or thresholds.enforce_speedup)
+
+
+def judge_recorded(v: Mapping[str, Any]) -> tuple[Verdict, list[str]]:
+    """The verdict the policy gives the figures a receipt's ``verification`` records (each mode's
+    acceptance, speedup and identical output, the identical output over every comparison, the
+    thresholds and whether the model was offloaded), with its reasons. A record without thresholds
+    fails: "none" is not a verdict."""
+    th_d = v.get("thresholds")
+    if not isinstance(th_d, Mapping) or not isinstance(th_d.get("min_acceptance"), (int, float)):
+        return Verdict.FAIL, ["the verification records no acceptance threshold: a verdict without thresholds "
+                              "is not a verdict"]
+    th = Thresholds.coerce(dict(th_d))
+    hw = v.get("hardware") if isinstance(v.get("hardware"), Mapping) else {}
+    modes = v.get("modes") if isinstance(v.get("modes"), Mapping) and v.get("modes") else {"default": v}
+    per_mode = {str(m): RecordedFigures.of(d) for m, d in modes.items() if isinstance(d, Mapping)}
+    overall = RecordedFigures.of(v)
+    verdict, reasons, _ = evaluate_verdict(per_mode, th, bool(hw.get("offloaded")), [overall])
+    return verdict, reasons
+
+
+def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool,
+                     others: Sequence[Figures] = ()) -> tuple[Verdict, list[str], list[str]]:
+    """``(verdict, reasons, notes)`` from each mode's main numbers and every other comparison's
+    identity.
+
+    ``per_mode[mode]`` is the :class:`~ggufmtp.measure.verify_summary.Comparison` of the chat arm at
+    k = draft_n_max (its ``acceptance``, ``speedup`` and ``identical_output_fraction`` are judged);
+    ``others``: every other comparison of the run (``--raw``, other sweep windows), whose replies
+    must equal vanilla's too. ``reasons`` are the failures (verdict FAIL iff non-empty); ``notes``
+    explain what was not checked and why.
+    """
+    t = thresholds
+    speed_applies = speed_checked(t, offloaded)
+    reasons: list[str] = []
+    if t.min_acceptance is None:
+        reasons.append("no acceptance threshold set: a verdict without thresholds is not a verdict")
+    for mode, m in per_mode.items():
+        reasons += _mode_failures("" if len(per_mode) == 1 else f" [{mode}]", m, t, speed_applies)
+    for c in others:
+        if not any(c is m for m in per_mode.values()):
+            reasons += _identity_failure(f" [{_where(c)}]", c, t)
+    notes = _unchecked_notes(t, speed_applies, offloaded)
+    if t.min_identical < 1.0:
+        notes.append(f"identical output required in only {pct(t.min_identical)} of the pairs (--min-identical): "
+                     "replies that differ from vanilla are tolerated up to that share")
+    return (Verdict.FAIL if reasons else Verdict.PASS), reasons, notes
+
+
+def _where(c: Any) -> str:
+    """A comparison's name in a reason: ``k=2, raw /completion, thinking`` (recorded figures, which
+    cover every comparison: ``all comparisons``)."""
+    if isinstance(c, RecordedFigures):
+        return "all comparisons"
+    return ", ".join([f"k={c.k}"] + (["raw /completion"] if c.endpoint == "raw" else [])
+                     + ([c.mode] if c.mode != "default" else []))
+
+
+def _identity_failure(tag: str, m: Figures, t: Thresholds) -> list[str]:
+    """The reason a comparison fails the identity requirement (none when it meets it)."""
+    ident = m.identical_output_fraction
+    if ident is not None and ident >= t.min_identical:
+        return []
+    first = m.mismatches[0] if m.mismatches else None
+    where = (f"; first: prompt {first.prompt_id!r} seed {first.seed} differs at character {first.first_difference_at}"
+             if first else "")
+    return [f"identical output{tag}: {m.identical}/{m.n_pairs} MTP replies ({pct(ident)}) equal the vanilla replies "
+            f"(required {pct(t.min_identical)}); speculative decoding at temperature 0 must be lossless{where}"]
+
+
+def _mode_failures(tag: str, m: Figures, t: Thresholds, speed_applies: bool) -> list[str]:
+    out = []
+    acc = m.acceptance
+    if t.min_acceptance is not None and (acc is None or acc < t.min_acceptance):
+        out.append(f"acceptance{tag} {pct(acc)} is below the minimum {pct(t.min_acceptance)}")
+    out += _identity_failure(tag, m, t)
+    sp = m.speedup
+    if t.min_speedup is not None and speed_applies and (sp is None or sp < t.min_speedup):
+        out.append(f"speedup{tag} {times(sp)} is below the minimum {times(t.min_speedup)}")
+    return out
+
+
+def _unchecked_notes(t: Thresholds, speed_applies: bool, offloaded: bool) -> list[str]:
+    notes = []
+    if t.min_speedup is None:
+        notes.append("no speedup threshold set: speed not verified")
+    elif not speed_applies:
+        notes.append(f"speed not verified on this hardware: the speedup threshold {times(t.min_speedup)} was not "
+                     "applied because the model ran on CPU without GPU offload, where a small model is "
+                     "compute-bound and MTP is expected to be slower; the speedup is reported for information "
+                     "(--enforce-speedup checks it anyway)")
+    elif not offloaded:
+        notes.append("speedup threshold enforced on a CPU run (--enforce-speedup)")
+    return notes
