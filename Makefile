@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 LLAMA_CPP_PYTHON_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 PYTEST_ARGS ?=
 
-.PHONY: setup runtime test test-fast demo clean-venv
+.PHONY: setup runtime test test-fast lint demo clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,8 @@ $(VENV)/.llama-cpp-python: | $(PY)
 	CMAKE_ARGS="$(LLAMA_CPP_PYTHON_CMAKE_ARGS)" $(PIP) install "$$($(PY) tools/build_runtime.py --print-sdist)"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp-python
-	$(PIP) install -e '.[test,convert]'
+$(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.llama-cpp-python
+	$(PIP) install -c constraints.txt -e '.[test,convert,lint]'
 	touch $@
 
 setup: runtime $(VENV)/.installed
@@ -37,6 +37,11 @@ test: setup
 test-fast: setup
 	@$(PY) -m pytest -m "not runtime" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# ruff (lint) on the package, tests and tools; mypy on the package (its baseline is in pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check ggufmtp tests tools benchmarks
+	$(VENV)/bin/mypy ggufmtp
 
 # The whole pipeline on the built-in synthesized model: inspect, plan, quantize with the Hi-Fi
 # recipe, audit, verify with llama-server (draft-mtp vs vanilla), receipt, card; summary printed.

@@ -73,16 +73,16 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names above are lazy
     from ._api import verify
-    from .hfconvert.convert import convert
     from .gguf.model import inspect_model as inspect
+    from .hfconvert.convert import convert
     from .hub.pull import pull
-    from .imatrix.compute import compute_imatrix
     from .hub.upload import upload
+    from .imatrix.compute import compute_imatrix
     from .pipeline import run
     from .provenance.audit import audit
-    from .quality.eval import evaluate
     from .provenance.card import make_card
     from .provenance.receipt import write_receipt
+    from .quality.eval import evaluate
     from .quant.plan import make_plan as plan
     from .quant.quantize import quantize
     from .quant.recipe import Recipe

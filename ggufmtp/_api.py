@@ -9,13 +9,13 @@ stay equal.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .measure import stats
 from .measure import verify as _verify_mod
 from .measure.suite import DEFAULT_SUITE, Suite
 from .provenance.receipt import set_verification
-
 
 if TYPE_CHECKING:
     from .quant.recipe import Recipe
@@ -71,7 +71,7 @@ def verify(
     return res
 
 
-def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | None) -> "Recipe | None":
+def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | None) -> Recipe | None:
     """The recipe whose ``[verify]`` table judges a verification: ``recipe_name``, else the recipe
     the receipt names (the one its artifact was made with; refused when the recipe found by that
     name is not the bytes the receipt records), else None (the project's defaults)."""

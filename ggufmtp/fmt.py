@@ -8,7 +8,7 @@ unchanged by the move here.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["ci_text", "finite_or_none", "pct", "times", "num", "signed_pct", "rel_change", "ci_phrase",
            "human_bytes", "decimal_bytes"]

@@ -23,8 +23,9 @@ import enum
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ._version import __version__
 from .constants import LLAMA_CPP_COMMIT
@@ -482,7 +483,8 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
         imatrix_corpus: str | Path | None = None, imatrix_chunks: int | None = None,
         eval_options: dict[str, Any] | None = None) -> RunResult:
     """Run the whole pipeline; see the module docstring. ``model`` is ``REPO_ID[@REV]``, a local
-    GGUF path, a local safetensors checkpoint directory (converted first) or ``builtin:NAME``. ``verify_options`` go to :func:`ggufmtp.measure.verify.verify`.
+    GGUF path, a local safetensors checkpoint directory (converted first) or ``builtin:NAME``. ``verify_options`` go
+    to :func:`ggufmtp.measure.verify.verify`.
 
     ``signing_key`` (default ``$GGUFMTP_SIGNING_KEY``) signs the receipt and the artifact
     (``ARTIFACT.sig``). ``upload`` publishes only an artifact with a passing verification of its

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from ggufmtp.runtime import build as runtime
 from ggufmtp.errors import RuntimeMissingError
+from ggufmtp.runtime import build as runtime
 from ggufmtp.synth.builtin import BUILTIN_MODELS
 from ggufmtp.synth.spec import SynthSpec
 from ggufmtp.synth.writer import synthesize
-
 
 # Tests that need the llama.cpp runtime (a llama-server, llama-imatrix or llama-perplexity process,
 # libllama in process for quantize and plan's dry run, or the built runtime itself) carry the

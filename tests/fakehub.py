@@ -52,9 +52,9 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
@@ -208,7 +208,7 @@ class FakeHub:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         for name in ("hub", "cdn"):
             server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self, name))
             server.daemon_threads = True
@@ -225,7 +225,7 @@ class FakeHub:
             server.server_close()
         self._servers.clear()
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -605,7 +605,7 @@ class FakeHub:
         try:
             return json.loads(req.body or b"{}")
         except ValueError:
-            raise HubHTTPError(400, "body is not JSON")
+            raise HubHTTPError(400, "body is not JSON") from None
 
     def _create_repo(self, req) -> _Response:
         self._check_write(req)

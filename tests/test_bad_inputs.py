@@ -28,13 +28,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
 
-from ggufmtp.imatrix import check as imc, entries as ime, format as imx
+from ggufmtp.imatrix import check as imc
+from ggufmtp.imatrix import entries as ime
+from ggufmtp.imatrix import format as imx
 from ggufmtp.synth.spec import SynthSpec
 
 TOKEN = "hf_BadInputsFakeToken0123456789abcdefXYZ"

@@ -6,8 +6,14 @@ from __future__ import annotations
 import gguf
 import pytest
 
-from ggufmtp.runtime.hardware import (PEAK_BANDWIDTH_ENV, BandwidthError, active_weights, bandwidth_report,
-                               format_bandwidth, peak_bandwidth)
+from ggufmtp.runtime.hardware import (
+    PEAK_BANDWIDTH_ENV,
+    BandwidthError,
+    active_weights,
+    bandwidth_report,
+    format_bandwidth,
+    peak_bandwidth,
+)
 from ggufmtp.synth.spec import SynthSpec
 
 
@@ -21,7 +27,7 @@ def test_active_weights_of_a_moe_model(synth_model):
     sizes = _sizes(path)
     r = gguf.GGUFReader(path)
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    val = (lambda k: int(r.fields[f"{arch}.{k}"].parts[-1][0]))
+    val = (lambda k: int(r.fields[f"{arch}.{k}"].parts[-1][0]))  # noqa: E731 (a local one-liner)
     n_exp, n_used, blocks = val("expert_count"), val("expert_used_count"), val("block_count")
     mtp = blocks - 1
     experts = sum(n for k, n in sizes.items() if "_exps." in k and not k.startswith(f"blk.{mtp}."))

@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from ggufmtp.provenance.card import UNVERIFIED_HEADING, card_text
 from ggufmtp.cli import main
+from ggufmtp.provenance.card import UNVERIFIED_HEADING, card_text
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "receipts" / "tiny-qwen35moe-0fef400b9589-hifi-q4_k_m-mtp.gguf.receipt.json"

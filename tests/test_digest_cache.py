@@ -279,8 +279,8 @@ def hub(tmp_path, monkeypatch):
 
 
 def test_pull_records_only_verified_downloads(hub, tmp_path):
-    from ggufmtp.hub.pull import pull
     from ggufmtp.errors import HubDigestMismatchError
+    from ggufmtp.hub.pull import pull
     from ggufmtp.runtime.build import cache_root
 
     data = b"GGUF" + os.urandom(2 * 1024 * 1024)

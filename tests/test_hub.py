@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from fakehub import FakeHub, isolate_hf_client, write_keypair
 from receipt_kit import honest_statement, synth_artifact
+
+from ggufmtp.cli import main
+from ggufmtp.errors import HubDigestMismatchError, HubError, HubHTTPError, HubManifestError, HubRefusedError
+from ggufmtp.gguf.hashing import file_digests, git_blob_sha1, sha256_file
 from ggufmtp.hub.manifest import MANIFEST_NAME, GGUFModel, read_manifest
 from ggufmtp.hub.pull import pull
 from ggufmtp.hub.transport import cache_dir, storage_folder
 from ggufmtp.hub.upload import upload
-from ggufmtp.cli import main
-from ggufmtp.errors import HubDigestMismatchError, HubError, HubHTTPError, HubManifestError, HubRefusedError
-from ggufmtp.gguf.hashing import file_digests, git_blob_sha1, sha256_file
 
 TOKEN = "hf_SECRETtoken123"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -315,8 +315,8 @@ def receipt_of(art: Path, verdict: str | None = "pass", served: str | None = Non
     """The honest receipt of ``art`` (a real GGUF, see ``receipt_kit``): its verification has
     ``verdict`` (a failing one with the figures that fail it) and covers the bytes with sha256
     ``served`` (default: ``art``'s); no verification when ``verdict`` is None."""
-    from ggufmtp.provenance.verdict import judge_recorded
     from ggufmtp.provenance.receipt import seal
+    from ggufmtp.provenance.verdict import judge_recorded
 
     if verdict is None:
         return honest_statement(art, None)

@@ -18,8 +18,10 @@ import gguf
 import numpy as np
 import pytest
 
-from ggufmtp.imatrix import check as imc, entries as ime, format as imx
 from ggufmtp.errors import ImatrixError
+from ggufmtp.imatrix import check as imc
+from ggufmtp.imatrix import entries as ime
+from ggufmtp.imatrix import format as imx
 
 ARCH = "qwen35moe"
 N_EMBD, N_FF, N_EXP, N_VOCAB, N_BLOCK = 64, 32, 4, 96, 5  # blk.4 is the MTP block

@@ -18,10 +18,8 @@ from ggufmtp.cli import main
 from ggufmtp.errors import CorpusError, ImatrixError, PlanError
 from ggufmtp.imatrix import check as imc
 from ggufmtp.imatrix import format as imx
-from ggufmtp.imatrix.compute import (KEY_PREFIX, ImatrixProvenance, compute_imatrix, llama_imatrix_command,
-                                     merge_entries)
-from ggufmtp.imatrix.corpus import (BUILTIN_CORPORA, DEFAULT_CORPUS, check_corpus_text, min_tokens_for,
-                                    resolve_corpus)
+from ggufmtp.imatrix.compute import KEY_PREFIX, ImatrixProvenance, compute_imatrix, llama_imatrix_command, merge_entries
+from ggufmtp.imatrix.corpus import BUILTIN_CORPORA, DEFAULT_CORPUS, check_corpus_text, min_tokens_for, resolve_corpus
 from ggufmtp.runtime.build import find_binary
 
 CTX = 128  # small chunks keep llama-imatrix fast on the tiny model

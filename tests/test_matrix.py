@@ -17,8 +17,8 @@ from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
 from ggufmtp.measure.kvdepth import KNOWN_CACHE_TYPES, allowed_cache_types, neutral_text
 from ggufmtp.measure.matrix import MatrixSpec, parse_matrix, verify_matrix
-from ggufmtp.provenance.verdict import Verdict
 from ggufmtp.measure.verify import verify
+from ggufmtp.provenance.verdict import Verdict
 
 CHEAP = dict(seeds=(42,), limit=2, max_tokens=16, threads=2, progress=False, ctx_size=1024)
 CHEAP_CLI = ("--seeds", "42", "--limit", "2", "--max-tokens", "16", "--threads", "2", "-c", "1024")

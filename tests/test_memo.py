@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from ggufmtp.gguf.digest_cache import RACY_NS, DigestCache
 from ggufmtp.gguf.hashing import file_digests
 from ggufmtp.gguf.memo import JsonMemo

@@ -54,22 +54,31 @@ def recipe(rules: list[tuple[str, str]], **mtp: Any) -> Recipe:
 def write_llama(path: Path, n_embd: int = 256, n_vocab: int = 512) -> Path:
     """A one-block F16 ``llama`` model (no tokenizer: the quantizer reads hyperparameters only)."""
     w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(1); w.add_context_length(256); w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_embd); w.add_head_count(2); w.add_head_count_kv(2)
-    w.add_layer_norm_rms_eps(1e-6); w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_embd)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     rng = np.random.default_rng(0)
 
     def tensor(name: str, *shape: int) -> None:  # numpy order: the reverse of GGUF's ne
         dtype = np.float16 if len(shape) > 1 else np.float32
         w.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(dtype))
 
-    tensor("token_embd.weight", n_vocab, n_embd); tensor("output_norm.weight", n_embd)
+    tensor("token_embd.weight", n_vocab, n_embd)
+    tensor("output_norm.weight", n_embd)
     tensor("output.weight", n_vocab, n_embd)
     for n in ("attn_norm", "ffn_norm"):
         tensor(f"blk.0.{n}.weight", n_embd)
     for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
         tensor(f"blk.0.{n}.weight", n_embd, n_embd)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return path
 
 

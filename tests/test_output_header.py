@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from gguf.constants import GGUFValueType
 from gguf.gguf_writer import GGUFWriter
-
-from ggufmtp.gguf.model import MTPStatus
-from ggufmtp.gguf.reader import read_header
-from ggufmtp.imatrix import check as imc, format as imx
-from ggufmtp.quant import output_header as oh
 from gguf_copy import copy_gguf
 
 from ggufmtp.errors import UnpredictableHeader
+from ggufmtp.gguf.model import MTPStatus
+from ggufmtp.gguf.reader import read_header
+from ggufmtp.imatrix import check as imc
+from ggufmtp.imatrix import format as imx
+from ggufmtp.quant import output_header as oh
 from ggufmtp.quant.output_header import PredictedHeader, build_output_header, predict_output_header
 from ggufmtp.quant.plan import Plan, PlannedTensor, make_plan
 from ggufmtp.quant.quantize import quantize

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fakehub import FakeHub, isolate_hf_client, write_keypair
 
 import ggufmtp
-from fakehub import FakeHub, isolate_hf_client, write_keypair
 from ggufmtp.cli import main
 from ggufmtp.errors import HubRefusedError
 from ggufmtp.provenance.audit import audit

@@ -9,14 +9,15 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp.imatrix import check as imc, format as imx
-from ggufmtp.runtime import build as runtime
 from ggufmtp.cli import main
 from ggufmtp.errors import PlanError, QuantizeError, RecipeError
 from ggufmtp.gguf.model import GGUFModel, inspect_model
+from ggufmtp.imatrix import check as imc
+from ggufmtp.imatrix import format as imx
 from ggufmtp.quant.plan import make_plan
 from ggufmtp.quant.quantize import quantize
 from ggufmtp.quant.recipe import Recipe, shipped_recipes
+from ggufmtp.runtime import build as runtime
 from ggufmtp.synth.spec import SynthSpec
 from ggufmtp.synth.writer import synthesize
 

@@ -9,14 +9,22 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp.imatrix import check as imc, format as imx
-from ggufmtp.provenance.audit import audit
 from ggufmtp.cli import main
 from ggufmtp.gguf.model import GGUFModel
-from ggufmtp.quant.quantize import quantize
-from ggufmtp.provenance.receipt import (PREDICATE_TYPE, STATEMENT_TYPE, load_receipt, receipt_for_quantize, schema_errors,
-                             seal, set_verification)
+from ggufmtp.imatrix import check as imc
+from ggufmtp.imatrix import format as imx
+from ggufmtp.provenance.audit import audit
+from ggufmtp.provenance.receipt import (
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    load_receipt,
+    receipt_for_quantize,
+    schema_errors,
+    seal,
+    set_verification,
+)
 from ggufmtp.provenance.verdict import Thresholds
+from ggufmtp.quant.quantize import quantize
 from ggufmtp.synth.spec import SynthSpec
 from ggufmtp.synth.writer import synthesize
 

@@ -14,12 +14,12 @@ import time
 
 import pytest
 
+from ggufmtp.errors import ServerError
+from ggufmtp.runtime.server import LlamaServer, ServerConfig, parse_prometheus, require_drafting
 from ggufmtp.synth.builtin import BUILTIN_MODELS
 from ggufmtp.synth.chain import predict_tokens, simulate_acceptance
 from ggufmtp.synth.spec import SynthSpec, expected_acceptance
 from ggufmtp.synth.tokenizer import build_vocab
-from ggufmtp.errors import ServerError
-from ggufmtp.runtime.server import LlamaServer, ServerConfig, parse_prometheus, require_drafting
 
 PROMPTS = [
     "Tell me about the sea.",

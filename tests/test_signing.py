@@ -21,13 +21,28 @@ from ggufmtp.cli import main
 from ggufmtp.constants import LLAMA_CPP_COMMIT
 from ggufmtp.errors import AuditError, QuantizeError
 from ggufmtp.gguf.hashing import sha256_file
-from ggufmtp.imatrix import check as imc, format as imx
+from ggufmtp.imatrix import check as imc
+from ggufmtp.imatrix import format as imx
 from ggufmtp.provenance.audit import Trust, audit, imatrix_check
+from ggufmtp.provenance.receipt import (
+    load_receipt,
+    read_receipt,
+    receipt_for_quantize,
+    seal,
+    set_verification,
+    toolchain,
+    write_statement,
+)
+from ggufmtp.provenance.signing import (
+    ENV_PUBLIC_KEY,
+    ENV_SIGNING_KEY,
+    UNSIGNED_NOTE,
+    resolve_signing_key,
+    sign_artifact,
+    verify_artifact,
+    verify_receipt,
+)
 from ggufmtp.provenance.verdict import Thresholds
-from ggufmtp.provenance.receipt import (load_receipt, read_receipt, receipt_for_quantize, seal, set_verification,
-                                        toolchain, write_statement)
-from ggufmtp.provenance.signing import (ENV_PUBLIC_KEY, ENV_SIGNING_KEY, UNSIGNED_NOTE, resolve_signing_key,
-                                        sign_artifact, verify_artifact, verify_receipt)
 from ggufmtp.quant.plan import make_plan
 from ggufmtp.quant.quantize import quantize
 

@@ -26,8 +26,8 @@ from ggufmtp.errors import AuditError, HubRefusedError, VerifyError
 from ggufmtp.gguf.hashing import sha256_file
 from ggufmtp.hub import upload as upload_mod
 from ggufmtp.hub.upload import upload
-from ggufmtp.provenance import verdict as verdict_mod
 from ggufmtp.provenance import audit as audit_mod
+from ggufmtp.provenance import verdict as verdict_mod
 from ggufmtp.provenance.audit import audit, format_audit
 from ggufmtp.provenance.card import UNVERIFIED_HEADING, card_text
 from ggufmtp.provenance.receipt import integrity_digest, read_receipt, seal

@@ -29,9 +29,18 @@ from ggufmtp.measure.curve import acceptance_curve, geometric_rates
 from ggufmtp.measure.options import TuneConfig
 from ggufmtp.measure.tune import store_in_receipt, tune
 from ggufmtp.measure.tune_rank import rank_configs, recommend_config
-from ggufmtp.measure.tune_search import (UnitResult, candidate_space, final_rung_units, fit_schedule, inert_draft_limits,
-                                         order_candidates, plan_rungs, schedule_cost, search_anchors,
-                                         successive_halving)
+from ggufmtp.measure.tune_search import (
+    UnitResult,
+    candidate_space,
+    final_rung_units,
+    fit_schedule,
+    inert_draft_limits,
+    order_candidates,
+    plan_rungs,
+    schedule_cost,
+    search_anchors,
+    successive_halving,
+)
 from ggufmtp.provenance.names import redact_local_paths
 from ggufmtp.provenance.verdict import Thresholds
 from ggufmtp.runtime.server import ServerConfig, display_command
@@ -220,8 +229,8 @@ def test_candidate_space_dimensions():
     assert display_command(ServerConfig(model="m.gguf", draft_mtp=True, env=g.env())).startswith(
         "GGML_CUDA_GRAPH_OPT=1 llama-server --model m.gguf")
     from ggufmtp.measure.profiles import profile_server_config
-    from ggufmtp.measure.workloads import WORKLOADS
     from ggufmtp.measure.verify import _mtp_server_config
+    from ggufmtp.measure.workloads import WORKLOADS
 
     assert _mtp_server_config({"model": "m.gguf", "extra_args": []}, 3, None, g).env == g.env()
     pc = profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=g.to_dict(), extra_args=["-bs"])
@@ -394,8 +403,8 @@ def test_real_evaluator_drops_a_configuration_whose_output_differs(llama_server_
     """Synthetic acceptance of every draft lets the f=0.2 head's wrong tokens through: the tuner's
     identity check must catch it and drop the configuration at its first unit."""
     from ggufmtp.measure import tune_bench as T
-    from ggufmtp.runtime.server import LlamaServer, ServerConfig
     from ggufmtp.measure.suite import load_suite
+    from ggufmtp.runtime.server import LlamaServer, ServerConfig
 
     class Synth(T.ServerEvaluator):
         def server_config(self, cfg):
@@ -521,8 +530,8 @@ def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20)
     from ggufmtp.gguf.hashing import sha256_file
     from ggufmtp.provenance.audit import audit
     from ggufmtp.provenance.card import card_text
-    from ggufmtp.quant.quantize import quantize
     from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors, set_verification
+    from ggufmtp.quant.quantize import quantize
 
     q = quantize(f20, "q8_0-mtp", tmp_path / "tiny-q8.gguf", progress=False)
     rc = receipt_for_quantize(q)

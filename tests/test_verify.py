@@ -19,16 +19,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ggufmtp.measure import stats as stats
 from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
-from ggufmtp.runtime.server import LlamaServer, ServerConfig
+from ggufmtp.measure import stats as stats
+from ggufmtp.measure.options import TuneConfig
 from ggufmtp.measure.suite import SUITES_DIR, SuiteError, load_suite, modes_for_template
+from ggufmtp.measure.verify import Thresholds, evaluate_verdict, recommend, verify
+from ggufmtp.measure.verify_summary import Comparison
+from ggufmtp.runtime.server import LlamaServer, ServerConfig
 from ggufmtp.synth.chain import simulate_acceptance
 from ggufmtp.synth.spec import SynthSpec, expected_acceptance
-from ggufmtp.measure.verify import Thresholds, evaluate_verdict, recommend, verify
-from ggufmtp.measure.options import TuneConfig
-from ggufmtp.measure.verify_summary import Comparison
 
 K = 4
 FAST = dict(seeds=(42,), limit=6, max_tokens=64, progress=False, threads=2)
@@ -101,7 +101,7 @@ def test_acceptance_orders_models_and_matches_the_knob(knob_results):
     # ordering, with separated confidence intervals (not just point estimates)
     assert acc[0.0] > acc[0.3] > acc[0.6], acc
     assert ci[0.3][1] < ci[0.0][0] and ci[0.6][1] < ci[0.3][0], ci
-    for f, r in knob_results.items():
+    for f in knob_results:
         exp = expected_acceptance(f, K)
         lo, hi = ci[f]
         if f == 0.0:
@@ -289,8 +289,8 @@ def test_thinking_modes_are_reported_separately(llama_server_bin, knob_models, t
 
 
 def test_sweep_and_cli_receipt(llama_server_bin, knob_models, tmp_path):
-    from ggufmtp.quant.quantize import quantize
     from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors
+    from ggufmtp.quant.quantize import quantize
 
     q = quantize(knob_models[0.0], "q8_0-mtp", tmp_path / "tiny-q8.gguf", progress=False)
     rpath = receipt_for_quantize(q)
@@ -521,9 +521,9 @@ def test_step_cost_fits_a_line_through_the_windows():
 def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_models, tmp_path):
     """tune's recommendation, stored in the receipt, drives verify's MTP arm (vanilla stays default);
     verify rewrites its own results and keeps what tune added."""
-    from ggufmtp.quant.quantize import quantize
-    from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors
     from ggufmtp.measure.tune import TuneConfig, store_in_receipt
+    from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors
+    from ggufmtp.quant.quantize import quantize
 
     q = quantize(knob_models[0.3], "q8_0-mtp", tmp_path / "tiny-q8.gguf", progress=False)
     rpath = receipt_for_quantize(q)

@@ -17,8 +17,8 @@ _pkg = types.ModuleType("ggufmtp")
 _pkg.__path__ = [str(ROOT / "ggufmtp")]
 sys.modules.setdefault("ggufmtp", _pkg)
 
-from ggufmtp.runtime import build as runtime  # noqa: E402
 from ggufmtp.errors import GgufmtpError  # noqa: E402
+from ggufmtp.runtime import build as runtime  # noqa: E402
 
 
 def main() -> int:

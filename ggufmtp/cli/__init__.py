@@ -7,8 +7,19 @@ One module per command group registers its commands on :data:`main` (``app.py``)
 
 from __future__ import annotations
 
-from . import (convert_cmds, hub_cmds, imatrix_cmds, model_cmds, provenance_cmds, quality_cmds, quant_cmds, run_cmd, runtime_cmds,
-               tune_cmds, verify_cmds)
+from . import (
+               convert_cmds,
+               hub_cmds,
+               imatrix_cmds,
+               model_cmds,
+               provenance_cmds,
+               quality_cmds,
+               quant_cmds,
+               run_cmd,
+               runtime_cmds,
+               tune_cmds,
+               verify_cmds,
+)
 from .app import main
 
 # Importing a command module registers its commands on ``main``; a new module joins this list.

@@ -11,7 +11,8 @@ import functools
 import json
 import signal
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -61,7 +62,33 @@ bin_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# ``ggufmtp --help`` lists the commands by what they are for, in the order of the pipeline.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "Build": ("pull", "convert", "synth", "imatrix", "recipe", "plan", "quantize", "run"),
+    "Check": ("inspect", "audit", "receipt"),
+    "Measure": ("verify", "tune", "curve", "profiles", "eval", "head-sweep"),
+    "Publish": ("card", "upload"),
+    "Setup": ("runtime", "doctor"),
+}
+SUMMARY_WIDTH = 100  # a summary is the docstring's first sentence (or short_help), whole, never cut
+
+
+class SectionedGroup(click.Group):
+    """A group whose help lists its commands under :data:`SECTIONS` (a command in none of them
+    under "Other"), each with its whole one-line summary."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        placed = {n for group in SECTIONS.values() for n in group}
+        sections = [*SECTIONS.items(), ("Other", tuple(n for n in names if n not in placed))]
+        for title, members in sections:
+            rows = [(n, self.get_command(ctx, n).get_short_help_str(SUMMARY_WIDTH)) for n in members if n in names]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+@click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ggufmtp")
 def main() -> None:
     """Produce, audit and verify MTP (NextN) GGUF models for llama.cpp."""

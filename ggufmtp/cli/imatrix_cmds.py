@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
-
-from typing import TYPE_CHECKING
 
 from .app import emit_json, handle_errors, json_option, main, resolve_model_arg
 
@@ -106,7 +105,7 @@ def imatrix_convert_cmd(src: str, dst: str, fmt: str, chunk_size: int | None, as
             click.echo(f"note: {n}")
 
 
-def _mtp_coverage(cov: "Coverage") -> dict[str, int]:
+def _mtp_coverage(cov: Coverage) -> dict[str, int]:
     """How many quantizable tensors of the MTP block(s) have statistics (llama-imatrix collects none)."""
     covered = sum(1 for n in cov.covered if any(n.startswith(f"blk.{b}.") for b in cov.mtp_blocks))
     return {"tensors": covered + len(cov.missing_mtp), "covered": covered}

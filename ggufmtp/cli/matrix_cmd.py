@@ -5,8 +5,9 @@ type x depth, one table (see :mod:`ggufmtp.measure.matrix`)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 

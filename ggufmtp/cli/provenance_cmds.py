@@ -102,7 +102,7 @@ def receipt_schema() -> None:
     click.echo(SCHEMA_PATH.read_text(), nl=False)
 
 
-@main.command()
+@main.command(short_help="Check an artifact against its receipt: bytes, tensors, MTP block, verdict, signatures.")
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--receipt", "receipt_path", type=click.Path(), default=None,
               help="Receipt to audit against (default: ARTIFACT.receipt.json if it exists).")
@@ -127,7 +127,8 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
         from .convert_cmds import audit_against_source
 
         return audit_against_source(artifact, source, all_tensors, as_json)
-    from ..provenance.audit import audit as run, format_audit
+    from ..provenance.audit import audit as run
+    from ..provenance.audit import format_audit
     from ..provenance.signing import resolve_public_key
 
     report = run(artifact, receipt_path, progress=not as_json, public_key=resolve_public_key(public_key),

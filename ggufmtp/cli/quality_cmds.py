@@ -51,7 +51,7 @@ def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | No
         click.echo(format_quality(res))
 
 
-@main.command("head-sweep")
+@main.command("head-sweep", short_help="Quantize and verify MODEL once per MTP-head type; recommend the smallest.")
 @click.argument("model", metavar="MODEL.gguf")
 @recipe_option
 @click.option("--types", default="Q8_0,Q6_K,Q5_K,Q4_K,IQ4_XS", show_default=True,

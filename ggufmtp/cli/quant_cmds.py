@@ -8,14 +8,13 @@ from typing import Any
 
 import click
 
-from .app import (emit_json, handle_errors, imatrix_option, json_option, main, recipe_option,
-                  resolve_model_arg)
+from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option, resolve_model_arg
 from .provenance_cmds import signing_key_option
 
 
 @main.group()
 def recipe() -> None:
-    """Quantization recipes (recipes/*.toml)."""
+    """Quantization recipes (ggufmtp/data/recipes/*.toml)."""
 
 
 @recipe.command("list")
@@ -45,9 +44,17 @@ def recipe_show(recipe_name: str, as_json: bool) -> None:
     if as_json:
         emit_json(r.to_dict())
         return
-    click.echo(f"{r.name}: {r.description}\nftype {r.ftype}, imatrix {r.imatrix}, MTP required {r.mtp_required}")
+    from ..fmt import pct, times
+    from ..provenance.verdict import Thresholds
+
+    th = Thresholds.from_recipe(r.verify, r.name)
+    click.echo(f"{r.name}: {r.description}\nftype {r.ftype}, imatrix {r.imatrix}, "
+               f"MTP block {'required' if r.mtp_required else 'optional'}")
     for i, rule in enumerate(r.all_rules()):
         click.echo(f"  #{i} {rule.source:<20} {rule.pattern:<50} -> {rule.type}")
+    click.echo(f"verify: acceptance >= {pct(th.min_acceptance)}, speedup >= {times(th.min_speedup)} (judged with GPU "
+               f"offload), identical output >= {pct(th.min_identical)}, draft window k={r.verify.draft_n_max}"
+               f"{'' if th.source == f'recipe {r.name}' else f' (thresholds from {th.source})'}")
 
 
 @recipe.command("from-flags", context_settings={"ignore_unknown_options": True})
@@ -104,7 +111,7 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
         sys.exit(1)
 
 
-@main.command()
+@main.command(short_help="Quantize MODEL with RECIPE (in-process libllama), audit it and write its receipt.")
 @click.argument("model")
 @recipe_option
 @imatrix_option

@@ -12,7 +12,7 @@ from .hub_cmds import allow_unverified_option
 from .provenance_cmds import public_key_option, signing_key_option
 
 
-@main.command("run")
+@main.command("run", short_help="The whole pipeline: checkpoint to a verified, receipted (and uploaded) artifact.")
 @recipe_option
 @click.option("--model", "-m", required=True, help="REPO_ID[@REVISION], a local GGUF, or builtin:NAME.")
 @imatrix_option

@@ -49,7 +49,7 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
               (server_args, mtp_server_args, vanilla_server_args))
 
 
-@main.command("curve")
+@main.command("curve", short_help="Speedup against acceptance on this hardware, for a head of any acceptance.")
 @click.argument("model")
 @click.option("--rates", default="0,0.25,0.5,0.75,0.9,1", show_default=True,
               help="Synthetic acceptances (accepted/drafted at --draft-n-max), one point each.")
@@ -91,7 +91,7 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
     _save_and_show(res, model, "acceptance_curve", receipt_path, out_path, as_json, res.to_dict(), res.table())
 
 
-@main.command("profiles")
+@main.command("profiles", short_help="Serving profiles A-D: MTP against vanilla, with a decision table per workload.")
 @click.argument("model")
 @click.option("--workloads", default="A,B,C,D", show_default=True,
               help="A single decode, B prefill-bound, C contention, D chat (comma-separated).")

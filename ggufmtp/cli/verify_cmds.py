@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from .app import (_int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main,
-                  resolve_model_arg)
+from .app import _int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main, resolve_model_arg
 from .matrix_cmd import kv_depth_options, run_matrix
 from .measure_common import _run_tune, arm_args_options
 from .provenance_cmds import signing_key_option

@@ -17,8 +17,9 @@ import queue
 import stat
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_parts", "current_umask",
            "fsync_dir", "fsync_path", "json_text", "not_a_regular_file"]

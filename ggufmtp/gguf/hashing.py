@@ -6,7 +6,8 @@ thread hands ``hashlib`` ``memoryview`` slices of the filled ones (no copy, no p
 allocation). Both release the GIL, so the read's copy from the page cache overlaps the hash and
 sha256 runs at the CPU's own speed (on the H200 machine a serial read-then-hash loop reached 1.13
 GB/s against OpenSSL's 1.36; here 1.25 against 1.46 pipelined). quantize hashes its output while
-libllama writes it (:mod:`ggufmtp.quant.stream_hash`) and comes here only when that is not possible. Memory stays at ``_BUFFERS * chunk_size``.
+libllama writes it (:mod:`ggufmtp.quant.stream_hash`) and comes here only when that is not possible. Memory stays at
+``_BUFFERS * chunk_size``.
 
 It is also the only function that fills the local digest cache (:mod:`.digest_cache`):
 ``file_digests(..., cache=c)`` records what it read when the file did not change meanwhile, and
@@ -20,9 +21,9 @@ import hashlib
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .digest_cache import DigestCache
 

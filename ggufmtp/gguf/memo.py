@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .fsutil import atomic_write_json
 

@@ -126,7 +126,7 @@ class GGUFModel:
         self.path = Path(path)
         self.shards = split_shards(self.path)
         self.metadata: dict[str, Any] = {}
-        self.tensors: "OrderedDict[str, TensorInfo]" = OrderedDict()
+        self.tensors: OrderedDict[str, TensorInfo] = OrderedDict()
         self.tensor_data_offsets: dict[str, int] = {}
         for i, shard in enumerate(self.shards):
             header = read_header(shard)

@@ -22,8 +22,7 @@ import struct
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gguf.constants import (GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION, GGMLQuantizationType,
-                            GGUFValueType, Keys)
+from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION, GGMLQuantizationType, GGUFValueType, Keys
 
 from ..errors import GGUFReadError
 from .fsutil import not_a_regular_file

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Iterable, Sequence
 
 from ..errors import HubRefusedError
 from ..gguf.hashing import FileDigests, file_digests

@@ -14,9 +14,10 @@ refuses exactly what the real upload refuses.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..errors import AuditError, HubRefusedError
 from ..provenance.audit import AuditReport, Trust, audit

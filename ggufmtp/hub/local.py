@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import HubDigestMismatchError, HubError, HubManifestError, HubRefusedError
 from .files import check_digests, check_safe_paths, complete_shard_selection, group_gguf_shards, hash_file, matches
-from .manifest import (MANIFEST_NAME, HubFile, PulledFile, PullResult, PullSource, hub_files_by_path,
-                       try_read_manifest, write_manifest)
+from .manifest import (
+    MANIFEST_NAME,
+    HubFile,
+    PulledFile,
+    PullResult,
+    PullSource,
+    hub_files_by_path,
+    try_read_manifest,
+    write_manifest,
+)
 from .transport import raise_hub_error, storage_folder
 
 __all__ = ["pull_directory", "pull_offline"]

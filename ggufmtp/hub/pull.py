@@ -25,21 +25,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Sequence
+from typing import Any
 
 from .._version import __version__
 from ..errors import HubDigestMismatchError, HubError, HubHTTPError, HubRefusedError
 from ..gguf.digest_cache import DigestCache
 from ..gguf.hashing import FileDigests
-from .files import (COMMIT_RE, check_digests, check_safe_paths, complete_shard_selection, group_gguf_shards,
-                    hash_file, matches, normalize_include)
+from .files import (
+    COMMIT_RE,
+    check_digests,
+    check_safe_paths,
+    complete_shard_selection,
+    group_gguf_shards,
+    hash_file,
+    matches,
+    normalize_include,
+)
 from .local import pull_directory, pull_offline
 from .manifest import MANIFEST_NAME, HubFile, PulledFile, PullResult, PullSource, try_read_manifest, write_manifest
-from .transport import (SilentBar, cache_dir, guard_secrets, host, hub_errors, is_offline, resolve_endpoint,
-                        storage_folder)
+from .transport import SilentBar, cache_dir, guard_secrets, host, hub_errors, is_offline, resolve_endpoint, storage_folder
 
 __all__ = ["pull"]
 

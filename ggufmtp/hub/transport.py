@@ -18,8 +18,9 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import HubError, HubHTTPError, HubRefusedError

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .._version import __version__
 from ..errors import AuditError, HubError, HubRefusedError
 from ..fmt import decimal_bytes
 from ..gguf.hashing import file_digests
 from ..provenance.receipt import read_receipt
-from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from ..provenance.signing import resolve_public_key, signature_path
+from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from .gate import PublishCheck, check_publishable
 from .transport import guard_secrets, host, hub_errors, resolve_endpoint
 

@@ -10,17 +10,29 @@ from __future__ import annotations
 import enum
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from gguf.constants import Keys
 
 from ..errors import GGUFReadError, ImatrixError
 from ..gguf.model import GGUFModel
-from .entries import (DEFAULT_CHUNK_SIZE, KEY_CHUNK_COUNT, KEY_CHUNK_SIZE, KEY_DATASETS, Imatrix, ImatrixEntry,
-                      ImatrixFormat, convert_imatrix, lround_counts, mean_values, name_order)
+from .entries import (
+    DEFAULT_CHUNK_SIZE,
+    KEY_CHUNK_COUNT,
+    KEY_CHUNK_SIZE,
+    KEY_DATASETS,
+    Imatrix,
+    ImatrixEntry,
+    ImatrixFormat,
+    convert_imatrix,
+    lround_counts,
+    mean_values,
+    name_order,
+)
 
 __all__ = ["EXEMPT_TENSORS", "IMATRIX_REQUIRED_TYPES", "Coverage", "ImatrixProblem", "ModelTensors", "ProblemKind",
            "Severity", "ValidationReport", "coverage", "expected_size", "is_q2_k_s_ftype", "is_quantizable",

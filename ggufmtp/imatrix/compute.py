@@ -23,8 +23,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from gguf.constants import GGUFValueType
 
@@ -32,9 +33,9 @@ from ..errors import CorpusError, ImatrixError
 from ..runtime.build import binary_is_ggufmtp_build, binary_version, find_binary
 from ..runtime.process import describe_exit, die_with_parent, stop_process
 from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
-from .mtp import llama_imatrix_command
 from .entries import DEFAULT_CHUNK_SIZE, STANDARD_KEYS, Imatrix, name_order
 from .format import read_imatrix, write_imatrix
+from .mtp import llama_imatrix_command
 
 __all__ = ["ComputeResult", "ImatrixProvenance", "RunImatrix", "compute_imatrix", "imatrix_for_run",
            "llama_imatrix_command", "merge_entries"]
@@ -70,7 +71,7 @@ class ImatrixProvenance:
         return {KEY_PREFIX + f: _encode(self._KINDS[f], getattr(self, f)) for f in self._KINDS}
 
     @classmethod
-    def from_imatrix(cls, im: Imatrix) -> "ImatrixProvenance | None":
+    def from_imatrix(cls, im: Imatrix) -> ImatrixProvenance | None:
         """The provenance ggufmtp recorded in ``im`` (None for files made otherwise, or damaged keys)."""
         values = {}
         for f in cls._KINDS:

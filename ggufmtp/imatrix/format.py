@@ -61,10 +61,21 @@ from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION, GGMLQuantizatio
 
 from ..errors import GGUFReadError, ImatrixError
 from ..gguf.fsutil import atomic_write_parts, not_a_regular_file
-from ..gguf.reader import (GGML_MAX_NAME, GGUF_MAGIC, ByteCursor, GGUFHeader, HeaderTensor, parse_header,
-                           truncation)
-from .entries import (KEY_CHUNK_COUNT, KEY_CHUNK_SIZE, KEY_DATASETS, KEY_GENERAL_TYPE, STANDARD_KEYS, TEXT_ENCODING,
-                      TEXT_ERRORS, Imatrix, ImatrixEntry, ImatrixFormat, convert_imatrix, imatrix_format)
+from ..gguf.reader import GGML_MAX_NAME, GGUF_MAGIC, ByteCursor, GGUFHeader, HeaderTensor, parse_header, truncation
+from .entries import (
+    KEY_CHUNK_COUNT,
+    KEY_CHUNK_SIZE,
+    KEY_DATASETS,
+    KEY_GENERAL_TYPE,
+    STANDARD_KEYS,
+    TEXT_ENCODING,
+    TEXT_ERRORS,
+    Imatrix,
+    ImatrixEntry,
+    ImatrixFormat,
+    convert_imatrix,
+    imatrix_format,
+)
 
 __all__ = ["ImatrixInfo", "imatrix_from_bytes", "imatrix_info", "imatrix_to_bytes", "read_imatrix", "write_imatrix"]
 
@@ -91,7 +102,7 @@ class ImatrixInfo:
     size_bytes: int | None = None
 
     @classmethod
-    def from_imatrix(cls, im: Imatrix) -> "ImatrixInfo":
+    def from_imatrix(cls, im: Imatrix) -> ImatrixInfo:
         size = None
         if im.path is not None:
             try:

@@ -36,9 +36,10 @@ Example (verify's loop, one draft window)::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..runtime.replies import Reply
 from ..runtime.server import LlamaServer
@@ -113,8 +114,8 @@ def paired(items: Iterable[T], vanilla: Callable[[T], V], mtp: Callable[[T], M],
     order = order if order is not None else ABBA()
     for item in items:
         index, first = order.index, order.vanilla_first
-        v, m, *_ = order.run_all([lambda: vanilla(item), lambda: mtp(item)]
-                                 + [lambda f=f: f(item) for f in others])
+        v, m, *_ = order.run_all([lambda: vanilla(item), lambda: mtp(item)]  # noqa: B023 (called within this iteration)
+                                 + [lambda f=f: f(item) for f in others])  # noqa: B023 (called within this iteration)
         yield Pair(item, v, m, index, first)
 
 

@@ -18,20 +18,22 @@ real head's -- so a user can read off what a head of acceptance ``a`` would gain
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
 import sys
 import time
-import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from tqdm import tqdm
 
 from ..errors import ServerError, TuneError
-from ..fmt import ci_text, finite_or_none as _num, num, pct, times
+from ..fmt import ci_text, num, pct, times
+from ..fmt import finite_or_none as _num
 from ..measure import stats
 from ..measure.arms import ABBA, WARMUP_TOKENS
 from ..measure.options import ArmArgs
@@ -384,7 +386,7 @@ def _run_pairs(arms: _Arms, mtp: LlamaServer) -> tuple[list[list[float]], int]:
             # a distinct seed per request: the synthetic-acceptance RNG is seeded with it, so
             # requests sharing a seed would accept at exactly the same steps
             s = s0 * 1000 + pi
-            v, m = arms.order.run(lambda: arms.bench.one(arms.van, p, s), lambda: arms.bench.one(mtp, p, s))
+            v, m = arms.order.run(lambda: arms.bench.one(arms.van, p, s), lambda: arms.bench.one(mtp, p, s))  # noqa: B023 (called within this iteration)
             arms.bar.update(2)
             u[0] += m.predicted_n; u[1] += m.predicted_ms; u[2] += v.predicted_n; u[3] += v.predicted_ms  # noqa: E702
             u[4] += m.draft_n_accepted or 0; u[5] += m.draft_n or 0  # noqa: E702

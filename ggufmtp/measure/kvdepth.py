@@ -39,9 +39,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import GgufmtpError, RuntimeMissingError, ServerError, VerifyError
 from ..gguf.reader import read_header

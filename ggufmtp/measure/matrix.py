@@ -23,16 +23,17 @@ import inspect
 import os
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..errors import VerifyError
 from ..fmt import ci_text, num, pct, times
+from ..provenance.verdict import Verdict
 from .kvdepth import check_kv_depth
 from .records import ModelInfo
 from .suite import Suite, load_suite
-from ..provenance.verdict import Verdict
 from .verify import verify
 from .verify_report import VerifyResult
 
@@ -130,7 +131,7 @@ class MatrixCell:
     speedup_vs_default_vanilla_ci95: list[float | None] | None = None  # None: no default vanilla arm ran
 
     @classmethod
-    def of(cls, kv_type: str | None, depth: int, res: VerifyResult) -> "MatrixCell":
+    def of(cls, kv_type: str | None, depth: int, res: VerifyResult) -> MatrixCell:
         c = res.main
         fill = res.settings.context_fill
         prompt_ns = [r.prompt_n for r in res.records if r.prompt_n is not None]

@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import TuneError
 
@@ -160,13 +161,13 @@ class TuneConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TuneConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> TuneConfig:
         """The configuration of a :meth:`to_dict` object (unknown keys such as ``key`` ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @classmethod
-    def coerce(cls, value: Any) -> "TuneConfig":
+    def coerce(cls, value: Any) -> TuneConfig:
         """``value`` as a configuration: a TuneConfig or its dict (e.g. tune's recommendation)."""
         if isinstance(value, cls):
             return value
@@ -192,7 +193,7 @@ class ArmArgs:
 
     @classmethod
     def of(cls, both: Iterable[str] = (), mtp: Iterable[str] = (), vanilla: Iterable[str] = (),
-           tuned: TuneConfig | None = None) -> "ArmArgs":
+           tuned: TuneConfig | None = None) -> ArmArgs:
         """Checked: a speculative flag for the vanilla arm (in ``both`` or ``vanilla``) is a
         TuneError, since that arm would then speculate too."""
         out = cls(tuple(map(str, both)), tuple(map(str, mtp)), tuple(map(str, vanilla)), tuned)

@@ -53,19 +53,28 @@ import random
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from ..errors import ProfileError, ServerError
+from ..errors import ProfileError, ServerError, TuneError
 from ..measure.arms import ABBA, MTP, VANILLA
-from ..errors import TuneError
 from ..measure.options import ArmArgs, TuneConfig
 from ..measure.profiles_stream import RequestRecord, aggregate, run_clients
-from ..measure.suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
 from ..measure.records import PROFILES_MODEL_KEYS, ModelInfo
-from ..measure.workloads import (DEFAULT_NOISE, ArmSettings, DecisionRow, ProfileResult, ProfileSpec, Workload,
-                                 decision_table, format_profiles, get_workload)
+from ..measure.suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
+from ..measure.workloads import (
+    DEFAULT_NOISE,
+    ArmSettings,
+    DecisionRow,
+    ProfileResult,
+    ProfileSpec,
+    Workload,
+    decision_table,
+    format_profiles,
+    get_workload,
+)
 from ..runtime.build import find_binary
 from ..runtime.hardware import HardwareInfo, probe_hardware
 from ..runtime.server import LlamaServer, ServerConfig, display_command, gguf_has_mtp
@@ -117,7 +126,7 @@ def build_prompts(srv: LlamaServer, n: int, input_tokens: int, seed: int = 0) ->
         toks = srv.tokenize(text, add_special=False, parse_special=False)
 
         def detok(m: int) -> str:
-            return srv.post_json("/detokenize", {"tokens": toks[:m]})["content"]
+            return srv.post_json("/detokenize", {"tokens": toks[:m]})["content"]  # noqa: B023 (called within this iteration)
 
         lo, hi, best = 1, len(toks), (None, -1)
         while lo <= hi:  # largest m whose templated prompt fits
@@ -396,5 +405,5 @@ def _both_arms(path: Path, w: Workload, kw: dict[str, Any], seed: int, repeats: 
             return _profile_on(srv, w, arm, prompts, seed, True, None)
 
         order = ABBA()
-        runs = [order.run(lambda: run(VANILLA, van, i), lambda: run(MTP, mtp, i)) for i in range(repeats)]
+        runs = [order.run(lambda: run(VANILLA, van, i), lambda: run(MTP, mtp, i)) for i in range(repeats)]  # noqa: B023 (called within this iteration)
     return [_pool([v for v, _ in runs]), _pool([m for _, m in runs])]

@@ -12,8 +12,9 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +117,7 @@ def stream_chat(port: int, body: dict[str, Any], index: int = 0, timeout: float 
 def run_clients(port: int, bodies: Sequence[dict[str, Any]], concurrency: int) -> list[RequestRecord]:
     """``bodies`` streamed by ``concurrency`` client threads pulling from one queue (like ``vllm bench
     serve --max-concurrency``); the records in request order."""
-    q: "queue.Queue[tuple[int, dict]]" = queue.Queue()
+    q: queue.Queue[tuple[int, dict]] = queue.Queue()
     for i, b in enumerate(bodies):
         q.put((i, b))
     out: list[RequestRecord] = []
@@ -183,7 +184,7 @@ class ServingMetrics:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ServingMetrics":
+    def from_dict(cls, d: dict[str, Any]) -> ServingMetrics:
         """The metrics of a :meth:`to_dict` object (e.g. a saved ``profiles`` JSON)."""
         dists = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
         return cls(**{k: Distribution(**v) if k in dists else v for k, v in d.items()})

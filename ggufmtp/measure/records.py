@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import VerifyError
 from ..gguf.digest_cache import FileKey, file_key
@@ -132,7 +133,7 @@ class ServedFile:
         return self.key.size
 
     @classmethod
-    def of(cls, path: str | os.PathLike) -> "ServedFile":
+    def of(cls, path: str | os.PathLike) -> ServedFile:
         """Hash ``path``; VerifyError when it changes while being hashed."""
         p = Path(path)
         before = file_key(p.stat())

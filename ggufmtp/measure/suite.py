@@ -72,7 +72,7 @@ class Suite:
             seen.setdefault(p.category, None)
         return list(seen)
 
-    def limit(self, n: int | None) -> "Suite":
+    def limit(self, n: int | None) -> Suite:
         """The first ``n`` prompts (same name and digest: the digest names the file the prompts came from)."""
         if n is None or n >= len(self.prompts):
             return self
@@ -80,7 +80,7 @@ class Suite:
             raise SuiteError(f"limit {n}: must be at least 1")
         return Suite(self.name, self.version, self.sha256, self.path, self.prompts[:n])
 
-    def info(self) -> "SuiteInfo":
+    def info(self) -> SuiteInfo:
         """What a result records of the suite: its name, digest and prompt counts."""
         return SuiteInfo(self.name, self.version, self.sha256, self.path, len(self.prompts),
                          dict(Counter(p.category for p in self.prompts)))

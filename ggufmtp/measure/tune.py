@@ -14,15 +14,16 @@ command, and ``mtp_command`` still gives the best MTP configuration found.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import shlex
 import sys
 import time
-import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
@@ -31,16 +32,39 @@ from ..fmt import ci_text, pct, times
 from ..gguf.hashing import sha256_file
 from ..measure import stats
 from ..measure.options import ArmArgs, TuneConfig
-from ..measure.records import (TUNE_BOOTSTRAP_KEYS, TUNE_MODEL_KEYS, TUNE_SERVER_KEYS, BootstrapInfo, ModelInfo,
-                               ServerInfo)
+from ..measure.records import TUNE_BOOTSTRAP_KEYS, TUNE_MODEL_KEYS, TUNE_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
 from ..measure.suite import DEFAULT_SUITE, Suite, modes_for_template
-from ..measure.tune_bench import (DEFAULT_CTX_PER_SLOT, DEFAULT_MAX_TOKENS, WARMUP_TOKENS, Bench, ServerEvaluator,
-                                  TuneSetup, check_seeds, prepare)
+from ..measure.tune_bench import (
+    DEFAULT_CTX_PER_SLOT,
+    DEFAULT_MAX_TOKENS,
+    WARMUP_TOKENS,
+    Bench,
+    ServerEvaluator,
+    TuneSetup,
+    check_seeds,
+    prepare,
+)
 from ..measure.tune_rank import ConfigRow, Recommendation, rank_configs, recommend_config
-from ..measure.tune_search import (DEFAULT_ETA, DEFAULT_FINAL_SIZE, DEFAULT_UNITS0, N_MAX_VALUES, N_MIN_VALUES,
-                                   P_MIN_VALUES, ConfigStatus, Rung, SearchSpace, SHResult, candidate_space, final_rung_units,
-                                   fit_schedule, inert_draft_limits, order_candidates, schedule_cost,
-                                   search_anchors, successive_halving)
+from ..measure.tune_search import (
+    DEFAULT_ETA,
+    DEFAULT_FINAL_SIZE,
+    DEFAULT_UNITS0,
+    N_MAX_VALUES,
+    N_MIN_VALUES,
+    P_MIN_VALUES,
+    ConfigStatus,
+    Rung,
+    SearchSpace,
+    SHResult,
+    candidate_space,
+    final_rung_units,
+    fit_schedule,
+    inert_draft_limits,
+    order_candidates,
+    schedule_cost,
+    search_anchors,
+    successive_halving,
+)
 from ..provenance.receipt import load_receipt, read_receipt, set_verification
 from ..provenance.signing import is_envelope, read_json_file
 from ..runtime.hardware import HardwareInfo, probe_hardware

@@ -21,9 +21,10 @@ import dataclasses
 import os
 import shlex
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ..errors import FatalTuneError, GgufmtpError, TuneError
 from ..gguf.model import inspect_model

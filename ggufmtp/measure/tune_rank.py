@@ -17,12 +17,14 @@ run without MTP.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..fmt import ci_text, finite_or_none as _num, times
+from ..fmt import ci_text, times
+from ..fmt import finite_or_none as _num
 from ..measure import stats
 from ..measure.options import TuneConfig
 from ..measure.tune_search import ConfigStatus, Mismatch, SearchState, SHResult, UnitResult, rank_value

@@ -29,7 +29,8 @@ seeded shuffle, round-robin over k so that every prefix covers the windows evenl
 *units* (a unit = one suite prompt, under every seed; with ``concurrency > 1`` a unit is a batch of
 ``concurrency`` prompts sent at once); each later rung keeps the top ``1/eta`` of the survivors by
 speedup -- the median of their per-unit speedups, which one stalled request on a busy machine barely
-moves (the final ranking reports the ratio of sums with CIs, as verify) -- and doubles the number of units (earlier measurements are kept and only the new units are
+moves (the final ranking reports the ratio of sums with CIs, as verify) -- and doubles the number of units (earlier
+measurements are kept and only the new units are
 run), until at most ``final_size`` configurations remain -- that last rung is the final one; it
 measures the whole suite when that costs at most half the budget (``final_on_suite``). ``n0``
 is the largest number of candidates whose whole schedule fits in ``budget`` *evaluations*
@@ -49,8 +50,9 @@ import dataclasses
 import enum
 import math
 import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +81,7 @@ DEFAULT_FINAL_SIZE = 2
 def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str] | None = None,
                     n_max_values: Sequence[int] = N_MAX_VALUES, n_min_values: Sequence[int] = N_MIN_VALUES,
                     p_min_values: Sequence[float] = P_MIN_VALUES,
-                    cuda: bool = False) -> tuple[list[TuneConfig], "SearchSpace"]:
+                    cuda: bool = False) -> tuple[list[TuneConfig], SearchSpace]:
     """Every candidate configuration and a description of the dimensions (what was searched, what
     was skipped and why). ``flags`` = the flags llama-server lists in ``--help`` (None: all assumed);
     ``cuda``: the server offloads to a CUDA device (enables the CUDA graph-optimisation dimension)."""
@@ -87,7 +89,7 @@ def candidate_space(concurrency: int = 1, gpu: bool = False, flags: Iterable[str
         raise TuneError(f"concurrency {concurrency}: must be at least 1")
     fl = set(flags) if flags is not None else None
     notes: list[str] = []
-    has = (lambda f: fl is None or f in fl)
+    has = (lambda f: fl is None or f in fl)  # noqa: E731 (a local one-liner)
     if gpu and has("-bs"):
         bs_values: tuple[bool | None, ...] = (False, True)
     else:
@@ -174,7 +176,7 @@ def search_anchors(space: Sequence[TuneConfig], default_n_max: int = 3) -> list[
     anchors = first(lambda c: c.draft_n_max == k0 and c.backend_sampling in (None, False) and not c.cuda_graph_opt)
     anchors += first(lambda c: c.draft_n_max == k0 and c.backend_sampling is True and not c.cuda_graph_opt)
     anchors += first(lambda c: c.draft_n_max == k0 and c.backend_sampling is True and bool(c.cuda_graph_opt))
-    best_guess = (lambda c: c.backend_sampling in (None, True) and not c.cuda_graph_opt)
+    best_guess = (lambda c: c.backend_sampling in (None, True) and not c.cuda_graph_opt)  # noqa: E731 (a local one-liner)
     for k in sorted({c.draft_n_max for c in plain} - {k0}, key=lambda k: (abs(k - k0), -k)):
         anchors += first(lambda c, k=k: c.draft_n_max == k and best_guess(c))
     return anchors
@@ -217,7 +219,7 @@ class Mismatch:
     mtp: str
 
     @classmethod
-    def of(cls, vanilla: str, mtp: str, prompt_id: str, seed: int) -> "Mismatch":
+    def of(cls, vanilla: str, mtp: str, prompt_id: str, seed: int) -> Mismatch:
         """The first difference of two replies, 30 characters before it to 50 after."""
         i, v, m = first_difference(vanilla, mtp)
         return cls(prompt_id, seed, i, v, m)

@@ -82,26 +82,33 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
 from ..errors import GgufmtpError, ServerError, TuneError, VerifyError
+from ..fmt import times
 from ..gguf.model import inspect_model
 from ..measure import stats
-from ..fmt import times
+from ..provenance.verdict import Thresholds, Verdict, evaluate_verdict
 from ..runtime.build import binary_is_ggufmtp_build, binary_version
-from ..runtime.hardware import (PEAK_BANDWIDTH_ENV, HardwareInfo, bandwidth_report, gpu_layers_requested,
-                                peak_bandwidth, probe_hardware)
+from ..runtime.hardware import (
+    PEAK_BANDWIDTH_ENV,
+    HardwareInfo,
+    bandwidth_report,
+    gpu_layers_requested,
+    peak_bandwidth,
+    probe_hardware,
+)
 from ..runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
 from .arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_up
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
 from .options import ArmArgs, TuneConfig
-from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, modes_for_template
-from ..provenance.verdict import Thresholds, Verdict, evaluate_verdict
 from .records import ArmFlags, ModelInfo, ServedFile, ServerInfo
+from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, modes_for_template
 from .verify_report import VerifyResult, VerifySettings, format_result
 from .verify_summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
 
@@ -539,14 +546,14 @@ def verify(
     """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) and judge the result (see the
     module docstring).
 
-    ``thresholds``: a :class:`Thresholds`, a recipe's ``VerifyThresholds``, a dict, or None.
+    ``thresholds``: a :class:`Thresholds`, a recipe's ``VerifyThresholds``, a dict, or None (the defaults).
     ``draft_n_max`` defaults to the thresholds' (a recipe's) ``draft_n_max``, else 4.
     ``sweep``: windows to measure besides ``draft_n_max``. ``on_record`` is called after each request.
     ``tuned``: a :class:`ggufmtp.measure.options.TuneConfig` (or its dict, e.g. ``tune``'s
     recommendation) for the MTP arm, its non-speculative part for the vanilla arm too. ``server_args``,
     ``mtp_server_args``, ``vanilla_server_args``: see :class:`~ggufmtp.measure.options.ArmArgs`;
-    ``extra_args``: base flags of every arm, the default vanilla one included. ``peak_bandwidth_gbs``: the memory's peak in GB/s for the bandwidth
-    fraction (default: a table of GPUs; see :mod:`ggufmtp.runtime.hardware`).
+    ``extra_args``: base flags of every arm, the default vanilla one included. ``peak_bandwidth_gbs``: the memory's
+    peak in GB/s for the bandwidth fraction (default: a table of GPUs; see :mod:`ggufmtp.runtime.hardware`).
     ``cache_type_k``/``cache_type_v`` (both arms), ``context_fill``: see :mod:`~ggufmtp.measure.kvdepth`.
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.

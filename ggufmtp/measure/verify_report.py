@@ -6,19 +6,27 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..fmt import ci_text, num, pct, times
+from ..provenance.verdict import Evidence, Thresholds, Verdict, speed_checked
 from ..runtime.hardware import HardwareInfo, format_bandwidth
 from .kvdepth import ContextFill, kv_depth_text
 from .options import TuneConfig
 from .records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
 from .suite import SuiteInfo
-from ..provenance.verdict import Evidence, Thresholds, Verdict, speed_checked
-from .verify_summary import (MAX_LISTED_MISMATCHES, Comparison, PairStats, Record, SweepAdvice, SweepRecommendation,
-                             format_step_cost)
+from .verify_summary import (
+    MAX_LISTED_MISMATCHES,
+    Comparison,
+    PairStats,
+    Record,
+    SweepAdvice,
+    SweepRecommendation,
+    format_step_cost,
+)
 
 __all__ = ["ModelInfo", "ServerInfo", "VerifySettings", "VerifyResult", "format_result"]
 

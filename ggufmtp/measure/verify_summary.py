@@ -16,8 +16,9 @@ steps (a survival curve: non-increasing in i; also kept as ``per_position``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,7 @@ class OutputMismatch:
     mtp_tokens: int
 
     @classmethod
-    def of(cls, v: Record, m: Record) -> "OutputMismatch":
+    def of(cls, v: Record, m: Record) -> OutputMismatch:
         i, a, b = first_difference(v.text, m.text)
         return cls(m.prompt_id, m.seed, m.mode, m.endpoint, m.k, i, a, b, v.predicted_n, m.predicted_n)
 
@@ -296,7 +297,7 @@ class ServingProfile:
     flags: str
 
     @classmethod
-    def of(cls, name: str, r: Comparison | None, use: str, recommended: bool) -> "ServingProfile":
+    def of(cls, name: str, r: Comparison | None, use: str, recommended: bool) -> ServingProfile:
         """The profile that runs window ``r.k`` (None: MTP off)."""
         if r is None:
             return cls(name, None, recommended, use, None, 1.0, None, "(no --spec-type)")
@@ -444,7 +445,7 @@ def step_cost(rows: Sequence[Comparison]) -> StepCost | None:
 def format_step_cost(sc: StepCost | None) -> str | None:
     if not sc or sc.fixed_ms is None or sc.per_position_ms is None:
         return None
-    steps = ", ".join("k=%d %.2f ms" % (p.k, p.ms_per_step) for p in sc.points)
+    steps = ", ".join(f"k={p.k:d} {p.ms_per_step:.2f} ms" for p in sc.points)
     line = (f"step cost: {sc.fixed_ms:.2f} ms + {sc.per_position_ms:.2f} ms per draft position "
             f"({steps} per verification step)")
     if sc.vanilla_ms_per_token:

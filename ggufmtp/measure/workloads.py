@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import ProfileError
 from ..fmt import num, pct, rel_change, signed_pct
@@ -43,7 +44,7 @@ class Workload:
     def shape(self) -> str:
         return f"{self.input_tokens} in, {self.output_tokens} out, {self.concurrency} concurrent"
 
-    def scaled(self, scale: float = 1.0, num_requests: int | None = None) -> "Workload":
+    def scaled(self, scale: float = 1.0, num_requests: int | None = None) -> Workload:
         if scale <= 0:
             raise ProfileError(f"scale {scale}: must be > 0")
         n = self.num_requests if num_requests is None else int(num_requests)

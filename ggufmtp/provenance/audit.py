@@ -23,11 +23,10 @@ import enum
 from pathlib import Path
 from typing import Any
 
-from ..errors import AuditError, GGUFReadError, GgufmtpError
+from ..errors import AuditError, GgufmtpError, GGUFReadError
 from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPCheck, check_mtp, format_blocks, split_shards
-from ..provenance.receipt import (Receipt, default_receipt_path, integrity_digest, read_receipt,
-                                  table_digest, verification_problem)
+from ..provenance.receipt import Receipt, default_receipt_path, integrity_digest, read_receipt, table_digest, verification_problem
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
 
 
@@ -66,7 +65,7 @@ class Check:
         self.ok = self.status != Status.FAIL
 
     @classmethod
-    def info(cls, name: str, detail: str) -> "Check":
+    def info(cls, name: str, detail: str) -> Check:
         return cls(name, True, detail, Status.INFO)
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from typing import Any
 from ..fmt import ci_phrase, num, pct, times
 from ..gguf.fsutil import atomic_write_text
 from ..provenance.receipt import load_receipt, verification_problem
-from .quality_card import quality_lines
 from ..runtime.hardware import format_bandwidth
+from .quality_card import quality_lines
 
 TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
 

@@ -26,7 +26,7 @@ def plain_file_name(name: str) -> bool:
 # Windows drive, or this machine's home, temp and working folders. Endpoints (/v1/...) are not.
 _ROOTS = ("home", "root", "tmp", "Users", "var", "mnt", "opt", "srv", "data", "work", "workspace", "private",
           "media", "scratch", "run", "dev", "usr", "etc", "nix", "content", "kaggle", "lustre", "gpfs", "cache")
-_PATH_RE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=:(\[,]))(?:/(?:%s)(?=/)|~/|[A-Za-z]:[\\/])[^\s'\",;)\]]*" % "|".join(_ROOTS))
+_PATH_RE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=:(\[,]))(?:/(?:" + "|".join(_ROOTS) + r")(?=/)|~/|[A-Za-z]:[\\/])[^\s'\",;)\]]*")
 
 
 def _machine_folders() -> tuple[str, ...]:

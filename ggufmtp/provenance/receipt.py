@@ -38,8 +38,15 @@ from ..errors import AuditError
 from ..gguf.fsutil import atomic_write_json
 from ..gguf.hashing import sha256_file
 from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
-from .signing import (envelope_statement, is_envelope, load_private_key, read_json_file,
-                      resolve_signing_key, sign_statement, verify_envelope)
+from .signing import (
+    envelope_statement,
+    is_envelope,
+    load_private_key,
+    read_json_file,
+    resolve_signing_key,
+    sign_statement,
+    verify_envelope,
+)
 
 if TYPE_CHECKING:  # annotations only: quantize pulls in libllama
     from ..quant.quantize import QuantizeResult

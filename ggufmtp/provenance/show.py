@@ -21,7 +21,7 @@ def format_receipt(st: dict[str, Any], signed: bool | None = None) -> str:
         lines.append(f"            {f['name']}  {f['size']} bytes  sha256 {f['sha256']}")
     im = p.get("imatrix")
     lines.append(f"  imatrix   {im['file']} sha256 {im['sha256']} ({im['format']}, {im['entries']} entries, "
-                 f"{im['chunk_count']} chunks, datasets {im['datasets']}, no stats for {len(im['missing'])})"
+                 f"{im['chunk_count']} chunks, datasets {', '.join(im['datasets']) or '-'}, no stats for {len(im['missing'])})"
                  if im else "  imatrix   none")
     r = p.get("recipe", {})
     lines.append(f"  recipe    {r.get('name')} ({r.get('ftype')}) sha256 {r.get('sha256')}")

@@ -5,7 +5,8 @@ lives with the receipts because it is what a receipt claims: ``verify`` judges w
 
 Policy (see :mod:`ggufmtp.measure.verify`): there is always a threshold set (a recipe's ``[verify]``,
 else :data:`DEFAULT_THRESHOLDS`); "none" is not a verdict, and a recorded verdict without thresholds
-fails :func:`judge_recorded`. Acceptance >= ``min_acceptance``; outputs identical to vanilla in at least ``min_identical`` of the pairs of EVERY comparison
+fails :func:`judge_recorded`. Acceptance >= ``min_acceptance``; outputs identical to vanilla in at least
+``min_identical`` of the pairs of EVERY comparison
 verify made (each mode's chat arm, ``--raw``, every sweep window; default 1.0: any differing reply
 fails, and the reason names the comparison and the first differing prompt); speedup >=
 ``min_speedup`` only when the model was offloaded to a GPU (or ``enforce_speedup``), since a small
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..fmt import pct, times
 
@@ -55,7 +57,7 @@ class Thresholds:
     source: str = DEFAULT_SOURCE
 
     @classmethod
-    def from_recipe(cls, table: Any, name: str | None = None) -> "Thresholds":
+    def from_recipe(cls, table: Any, name: str | None = None) -> Thresholds:
         """The thresholds of a recipe's ``[verify]`` table (``ggufmtp.quant.recipe.VerifyThresholds``);
         a figure the table leaves out is the project's default (and ``source`` says so)."""
         acc, sp = getattr(table, "min_acceptance", None), getattr(table, "min_speedup", None)
@@ -66,7 +68,7 @@ class Thresholds:
                    min_speedup=DEFAULT_MIN_SPEEDUP if sp is None else sp, source=source)
 
     def merged(self, min_acceptance: float | None = None, min_speedup: float | None = None,
-               min_identical: float | None = None, enforce_speedup: bool = False) -> "Thresholds":
+               min_identical: float | None = None, enforce_speedup: bool = False) -> Thresholds:
         """These thresholds with explicit settings (command-line flags) over them: a given
         acceptance or speedup replaces this one and adds "flags" to ``source``; ``min_identical``
         replaces when given; ``enforce_speedup`` can only switch the check on."""
@@ -80,7 +82,7 @@ class Thresholds:
                                    min_identical=th.min_identical if min_identical is None else float(min_identical))
 
     @classmethod
-    def coerce(cls, t: Any) -> "Thresholds":
+    def coerce(cls, t: Any) -> Thresholds:
         """``t`` as thresholds: a Thresholds, its dict, a recipe's ``VerifyThresholds``, or None (the
         project's defaults)."""
         if t is None:
@@ -112,7 +114,7 @@ class Evidence:
     MIN_MAX_TOKENS = 64
 
     @classmethod
-    def of_settings(cls, settings: Mapping[str, Any] | None) -> "Evidence":
+    def of_settings(cls, settings: Mapping[str, Any] | None) -> Evidence:
         """The evidence of a recorded verification's ``settings`` (what verify ran, not a claim)."""
         st = settings if isinstance(settings, Mapping) else {}
         seeds = st.get("seeds")
@@ -169,7 +171,7 @@ class RecordedFigures:
     mismatches: Sequence[Any] = ()
 
     @classmethod
-    def of(cls, d: Mapping[str, Any]) -> "RecordedFigures":
+    def of(cls, d: Mapping[str, Any]) -> RecordedFigures:
         mtp = d.get("mtp") if isinstance(d.get("mtp"), Mapping) else {}
         io = d.get("identical_outputs") if isinstance(d.get("identical_outputs"), Mapping) else {}
         return cls(_number(mtp.get("acceptance")), _number(d.get("speedup")),

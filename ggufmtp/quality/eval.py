@@ -15,17 +15,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import QualityError
-from ..gguf.fsutil import atomic_write_json
 from ..gguf.digest_cache import DigestCache
+from ..gguf.fsutil import atomic_write_json
 from ..gguf.hashing import sha256_cached
 from ..imatrix.corpus import DEFAULT_CORPUS, Corpus, check_corpus_text, min_tokens_for, resolve_corpus
 from ..runtime.build import binary_version, cache_root, find_binary
-from .logits import (CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes,
-                     refuse_without_room, tokens_memo)
+from .logits import CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes, refuse_without_room, tokens_memo
 from .models import count_tokens, model_identity, refuse_different_models
 from .perplexity import KLDStats, parse_base_ppl, parse_kld_output, perplexity_argv, run_perplexity
 

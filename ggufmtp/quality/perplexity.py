@@ -16,8 +16,8 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from ..errors import CorpusError, QualityError
 from ..runtime.build import find_binary

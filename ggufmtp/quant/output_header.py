@@ -43,12 +43,19 @@ import mmap
 import re
 import struct
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
-from gguf.constants import (GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLQuantizationType,
-                            GGUFValueType, Keys)
+from gguf.constants import (
+    GGML_QUANT_SIZES,
+    GGUF_DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    GGUF_VERSION,
+    GGMLQuantizationType,
+    GGUFValueType,
+    Keys,
+)
 from gguf.gguf_writer import GGUFWriter
 
 from ..errors import GGUFReadError, UnpredictableHeader

@@ -29,7 +29,9 @@ from ..fmt import human_bytes
 from ..gguf.fsutil import not_a_regular_file
 from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, block_prefixes, check_mtp, format_blocks
-from ..imatrix import check as imx_check, entries as imx_entries, format as imx
+from ..imatrix import check as imx_check
+from ..imatrix import entries as imx_entries
+from ..imatrix import format as imx
 from ..runtime.libllama import KVOverride, QuantizeParams
 from .recipe import Recipe, Rule, ftype_names, ggml_type_names
 from .worker import run_quantize_interruptible
@@ -194,7 +196,7 @@ class Plan:
         return shlex.join(self.llama_quantize_argv(out, binary, threads, by_name))
 
 
-def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: "imx_entries.Imatrix | None",
+def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: imx_entries.Imatrix | None,
                     imatrix_arg: str | None, threads: int = 0, dry_run: bool = False) -> QuantizeParams:
     """The ``llama_model_quantize_params`` llama-quantize builds from the equivalent flags,
     including the ``quantize.imatrix.*`` metadata it adds through key overrides."""
@@ -410,7 +412,7 @@ def format_plan(p: Plan, rows: list[PlannedTensor] | None = None) -> str:
     lines += ["",
               f"total  {human_bytes(p.size_bytes)} ({p.size_bytes} bytes), {p.bpw:.3f} bpw, {len(p.tensors)} tensors",
               "MTP    " + (f"{s.where} ({p.mtp_status}): {s.tensors} tensors (* above), "
-                          f"{human_bytes(s.bytes)}, types {s.types}, eh_proj {s.eh_proj}"
+                          f"{human_bytes(s.bytes)}, types {', '.join(f'{t} x{n}' for t, n in s.types.items())}, eh_proj {s.eh_proj}"
                           if s.block is not None else f"no MTP block ({p.mtp_status})")]
     lines += [f"warning: {m}" for m in p.warnings]
     lines += [f"error: {m}" for m in p.errors]

@@ -21,17 +21,18 @@ import re
 import resource
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..errors import PlanError, QuantizeError
 from ..gguf.digest_cache import DigestCache
 from ..gguf.fsutil import fsync_dir, fsync_path
 from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, check_mtp, format_blocks
+from .output_header import predict_output_header
 from .plan import Plan, make_plan
 from .recipe import Recipe
-from .output_header import predict_output_header
 from .stream_hash import OutputDigest
 from .worker import BackgroundHash, WorkerRun, run_quantize_interruptible, thread_read_bytes
 
@@ -153,7 +154,7 @@ class QuantizeResult:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 class _Progress:

@@ -1,4 +1,4 @@
-"""Quantization recipes: ``recipes/*.toml``, loaded by :class:`Recipe`.
+"""Quantization recipes: the shipped ``ggufmtp/data/recipes/*.toml`` or a file, loaded by :class:`Recipe`.
 
 A recipe is a llama.cpp ftype plus ordered override rules, matched exactly as llama-quantize
 matches ``--tensor-type``: the pattern is lower-cased, searched (unanchored, ECMAScript regex)
@@ -44,8 +44,9 @@ import hashlib
 import re
 import shlex
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import RecipeError
 from ..gguf.fsutil import not_a_regular_file
@@ -133,7 +134,7 @@ class Rule:
     type: str
     source: str = "rules"  # "mtp.<role>" or "rules"
 
-    def resolve(self, mtp_blocks: int | Sequence[int] | None) -> "Rule | None":
+    def resolve(self, mtp_blocks: int | Sequence[int] | None) -> Rule | None:
         """The rule with ``{mtp}`` replaced by every MTP block (:func:`mtp_alternation`) and ``{mtpN}``
         by the N-th; None if it needs an MTP block the model lacks (none at all, or fewer than N+1)."""
         if not MTP_PLACEHOLDER_RE.search(self.pattern):
@@ -187,7 +188,7 @@ class Recipe:
 
     # --- loading --------------------------------------------------------------------------
     @classmethod
-    def load(cls, name_or_path: str | Path) -> "Recipe":
+    def load(cls, name_or_path: str | Path) -> Recipe:
         """Load a recipe file, or a shipped recipe by name (``hifi-q4_k_m-mtp``)."""
         path = resolve_recipe_path(name_or_path)
         problem = not_a_regular_file(path)
@@ -207,7 +208,7 @@ class Recipe:
         return dataclasses.replace(recipe, path=str(path), sha256=hashlib.sha256(data).hexdigest())
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], where: str = "recipe") -> "Recipe":
+    def from_dict(cls, doc: dict[str, Any], where: str = "recipe") -> Recipe:
         known = {"name", "description", "ftype", "output_type", "token_embedding_type", "imatrix", "mtp",
                  "rules", "verify"}
         unknown = sorted(set(doc) - known)
@@ -256,7 +257,7 @@ class Recipe:
 
     @classmethod
     def from_flags(cls, argv: list[str] | str, name: str = "from-flags",
-                   mtp_block: int | Sequence[int] | None = None) -> "Recipe":
+                   mtp_block: int | Sequence[int] | None = None) -> Recipe:
         """A recipe equivalent to a llama-quantize command line (flags, optionally with
         ``IN OUT FTYPE [THREADS]``). With ``mtp_block``, ``blk.N.`` in patterns becomes ``{mtp}``;
         with several blocks (a list), ``blk.(N|M).`` becomes ``{mtp}`` and ``blk.M.`` ``{mtp1}``."""
@@ -382,12 +383,9 @@ def _lit(s: str) -> str:
 
 
 def recipes_dir() -> Path:
-    """The shipped recipes: ``recipes/`` of a source checkout, else the package's copy."""
-    here = Path(__file__).resolve().parent.parent  # ggufmtp/
-    for cand in (here.parent / "recipes", here / "data" / "recipes"):
-        if cand.is_dir():
-            return cand
-    return here.parent / "recipes"
+    """The shipped recipes: package data (``ggufmtp/data/recipes``), so an installed wheel has
+    them as a checkout does."""
+    return Path(__file__).resolve().parent.parent / "data" / "recipes"
 
 
 def shipped_recipes() -> list[str]:

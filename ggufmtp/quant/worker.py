@@ -22,8 +22,8 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..gguf.digest_cache import DigestCache
 from ..gguf.hashing import file_digests, sha256_cached

@@ -30,13 +30,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
-from ..errors import RuntimeMissingError, RuntimeBuildError
-from ..gguf.fsutil import atomic_write_json
+from ..errors import RuntimeBuildError, RuntimeMissingError
 from ..gguf.digest_cache import file_key
+from ..gguf.fsutil import atomic_write_json
 from ..gguf.hashing import sha256_file
 from ..gguf.memo import JsonMemo
 
@@ -103,7 +103,7 @@ class RuntimeInfo:
         return self.bin_dir / name
 
     @classmethod
-    def load(cls, root: Path) -> "RuntimeInfo | None":
+    def load(cls, root: Path) -> RuntimeInfo | None:
         meta = root / RUNTIME_JSON
         if not meta.is_file():
             return None
@@ -386,7 +386,7 @@ def _install(built: Path, root: Path, variant: str, flags: list[str], src: Path,
             "build_flags": flags,
             "amx": False,
             "compiler": _compiler_version(),
-            "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "built_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "native_tools": native,
         }
         (staging / RUNTIME_JSON).write_text(json.dumps(record, indent=2) + "\n")

@@ -13,10 +13,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..runtime import build as runtime
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
 from ..errors import RuntimeMissingError
+from ..runtime import build as runtime
 from .hardware import read_cpu_model
 
 

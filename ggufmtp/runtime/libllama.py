@@ -13,8 +13,8 @@ import ctypes
 import dataclasses
 import json
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 

@@ -8,8 +8,9 @@ returns; the measurement code (verify, tune, profiles) works on these records, n
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ServerError
 
@@ -52,7 +53,7 @@ class SpecCounters:
     available: bool = False
 
     @classmethod
-    def from_metrics(cls, metrics: Mapping[str, float]) -> "SpecCounters":
+    def from_metrics(cls, metrics: Mapping[str, float]) -> SpecCounters:
         """The counters of a parsed ``/metrics`` answer (:func:`parse_prometheus`)."""
         pos: dict[int, int] = {}
         for key, v in metrics.items():
@@ -65,7 +66,7 @@ class SpecCounters:
                    per_position=tuple(pos[i] for i in sorted(pos)),
                    available=DRAFTS_TOTAL in metrics)
 
-    def since(self, earlier: "SpecCounters") -> "SpecCounters":
+    def since(self, earlier: SpecCounters) -> SpecCounters:
         """What was counted between ``earlier`` and this reading (per-position lists padded to the
         longer one)."""
         n = max(len(self.per_position), len(earlier.per_position))
@@ -118,7 +119,7 @@ class Reply:
     finish_reason: str | None = None
 
     @classmethod
-    def parse(cls, resp: Mapping[str, Any], endpoint: str = "chat") -> "Reply":
+    def parse(cls, resp: Mapping[str, Any], endpoint: str = "chat") -> Reply:
         """The reply of a ``/v1/chat/completions`` (endpoint "chat") or ``/completion`` ("raw")
         answer; ServerError when it has no ``timings.predicted_n``/``predicted_ms``."""
         t = resp.get("timings")

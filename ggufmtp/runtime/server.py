@@ -30,15 +30,15 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..errors import RuntimeMissingError, ServerError
 from ..gguf.reader import read_header
 from ..runtime import build as runtime
-from .process import (HOST, StartupWatch, describe_exit, die_with_parent, owns_listening_port, port_in_use,
-                      stall_timeout_default)
+from .process import HOST, StartupWatch, describe_exit, die_with_parent, owns_listening_port, port_in_use, stall_timeout_default
 from .replies import Reply, SpecCounters, parse_prometheus, require_drafting
 
 __all__ = ["ServerConfig", "LlamaServer", "build_command", "display_command", "flags_without", "pick_flags",
@@ -217,7 +217,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-_live: "weakref.WeakSet[LlamaServer]" = weakref.WeakSet()
+_live: weakref.WeakSet[LlamaServer] = weakref.WeakSet()
 
 
 @atexit.register
@@ -245,7 +245,7 @@ class LlamaServer:
         self._props: dict | None = None
 
     # --- lifecycle
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         self.start()
         return self
 
@@ -292,7 +292,7 @@ class LlamaServer:
                     f"{binary}: this llama-server has no `{flag}` flag (not in its --help); it may be an "
                     f"older or newer build than llama.cpp {runtime.LLAMA_CPP_COMMIT} that ggufmtp pins")
 
-    def start(self) -> "LlamaServer":
+    def start(self) -> LlamaServer:
         if self.is_running():
             return self
         c = self.config

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import SynthError
 from ..runtime.server import LlamaServer, ServerConfig

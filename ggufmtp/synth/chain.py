@@ -7,8 +7,9 @@ Nothing here runs a model: the tests check these predictions against llama-serve
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 

@@ -35,9 +35,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -241,7 +241,8 @@ def _config(spec: SynthSpec, linear: list[bool], n_vocab: int, with_mtp: bool) -
 def _glm_config(spec: SynthSpec, trunk: int, n_vocab: int, with_mtp: bool) -> dict:
     """GLM-4.5-Air's config.json at the synth widths: the values ``Glm4MoeModel.set_gguf_parameters``
     turns into the ``glm4moe.*`` keys of :mod:`ggufmtp.synth.archs.glm4moe`."""
-    from .archs.glm4moe import GLM, GLM_TINY as d
+    from .archs.glm4moe import GLM
+    from .archs.glm4moe import GLM_TINY as d
 
     cfg = {
         "architectures": [GLM_ARCHITECTURE], "model_type": "glm4_moe", "dtype": "bfloat16",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 SHAPE_TINY = "tiny"
 SHAPE_REAL = "qwen3.6-35b-a3b"
@@ -94,7 +94,7 @@ class Constructed(enum.Enum):
     SSM_A = "ssm_a"  # -exp(U(0, 1.5)): a stable decay per value head
 
 
-Init = Union[Normal, Const, Constructed]
+Init = Normal | Const | Constructed
 
 
 class TensorLayout(NamedTuple):

@@ -6,8 +6,8 @@ import json
 
 import gguf
 
-from .chain import realized_fraction
 from .archs.registry import arch_for
+from .chain import realized_fraction
 from .spec import SYNTH_VERSION, SynthSpec
 from .tokenizer import CHAT_TEMPLATE, Vocab
 

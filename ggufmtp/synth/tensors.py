@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 
-from .chain import chain_for
 from .archs.registry import arch_for
+from .chain import chain_for
 from .layout import BF16, F32, Const, Constructed, Normal, TensorLayout, global_tensors
 from .spec import SynthSpec, spec_rng
 from .tokenizer import build_vocab

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 from typing import Protocol
+
 from ..layout import BF16, DIMS, F32, RESIDUAL_SCALE, SHAPE_TINY, Const, Dims, Normal, TensorLayout
+
 
 class SynthSpec(Protocol):
     """What an architecture reads of a :class:`ggufmtp.synth.spec.SynthSpec` (not imported: the

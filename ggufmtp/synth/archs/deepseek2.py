@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..layout import Dims, TensorLayout
 from ..tokenizer import build_vocab
-from .base import HParam, SynthArch, biased_moe_ffn, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
+from .base import HParam, SynthArch, SynthSpec, biased_moe_ffn, common_hyperparameters, in_std, norm, out_proj, weight
 from .qwen35 import dense_ffn
 
 EXPERT_GATING_SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (src/llama-hparams.h)

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..layout import BF16, DIMS, F32, SHAPE_TINY, Constructed, Dims, Normal, TensorLayout, nextn_tensors
-from .base import HParam, SynthArch, biased_moe_ffn, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
+from .base import HParam, SynthArch, SynthSpec, biased_moe_ffn, common_hyperparameters, in_std, norm, out_proj, weight
 from .qwen35 import dense_ffn
 
 

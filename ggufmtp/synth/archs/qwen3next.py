@@ -30,8 +30,15 @@ from __future__ import annotations
 
 from ..layout import Dims, TensorLayout
 from .base import HParam, SynthArch, SynthSpec, common_hyperparameters, in_std, norm, weight
-from .qwen35 import (full_attention_interval, gated_attention, moe_ffn, moe_hyperparameters,
-                     qwen_rope_hyperparameters, recurrent_mixer, ssm_hyperparameters)
+from .qwen35 import (
+    full_attention_interval,
+    gated_attention,
+    moe_ffn,
+    moe_hyperparameters,
+    qwen_rope_hyperparameters,
+    recurrent_mixer,
+    ssm_hyperparameters,
+)
 
 # qwen35's split beta/alpha projections, which qwen3next fuses into ssm_ba
 _SPLIT_BETA_ALPHA = ("ssm_beta.weight", "ssm_alpha.weight")

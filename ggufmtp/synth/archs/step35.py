@@ -9,7 +9,8 @@ Layout (names and shapes from ``src/models/step35.cpp`` and ``conversion/step3.p
 ``il`` is full attention when ``il % 4 == 0`` and sliding-window otherwise (Step-3.5-Flash's
 ``layer_types``); the MTP blocks are sliding-window blocks with a dense FFN, as the public Step-3.5
 MTP ports describe the checkpoint's layers 45-47 (the converter copies the checkpoint's
-``layer_types``, padding missing MTP entries with full attention). Block 0 is dense (``leading_dense_block_count`` 1), the other trunk blocks MoE. Every block
+``layer_types``, padding missing MTP entries with full attention). Block 0 is dense (``leading_dense_block_count`` 1),
+the other trunk blocks MoE. Every block
 has ``attn_q/k/v/output``, per-head ``attn_q_norm``/``attn_k_norm`` and the head-wise gate
 ``attn_gate`` ``{n_embd, n_head_l}``; the head count differs between full and sliding layers, so
 ``attention.head_count`` is a per-layer array, as the converter writes it. ``rope.dimension_count``
@@ -51,7 +52,6 @@ from dataclasses import dataclass
 from ..layout import BF16, DIMS, F32, SHAPE_TINY, Constructed, Dims, TensorLayout
 from .base import HParam, SynthArch, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
 from .qwen35 import dense_ffn, moe_ffn
-
 
 #: Step-3.5-Flash's MTP heads (``num_nextn_predict_layers``); llama.cpp chains all of them.
 STEP35_MTP_LAYERS = 3

@@ -1,0 +1,129 @@
+"""The distribution works where users install it (#31): ``python -m build`` makes an sdist and a
+wheel from the tracked files; the wheel, installed into a fresh virtual environment (no editable
+install, no checkout on the path), carries its recipes, suites, corpus, schema and native source,
+and runs inspect, plan, quantize with a shipped recipe, audit and a short verify from an empty
+directory against the runtime ``ggufmtp runtime build`` made (nothing compiled twice).
+
+The fresh environment gets the dependencies by a path entry to this environment's
+site-packages (a ``.pth`` line adds the folder, it does not run that folder's own ``.pth`` files,
+so the editable install of the checkout is not seen): the test is of the wheel, not of pip's
+resolver, and needs no network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DATA = ("ggufmtp/data/recipes/hifi-q4_k_m-mtp.toml", "ggufmtp/data/suites/chat-v1.jsonl",
+                "ggufmtp/data/corpora/calib-v1.txt", "ggufmtp/data/receipt.schema.json",
+                "ggufmtp/runtime/native/mtp_imatrix.cpp")
+
+
+def _tracked_tree(dest: Path) -> Path:
+    """The tracked files of the checkout (what a clone has), copied: the build writes nothing here."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("dist")
+    src = _tracked_tree(tmp / "src")
+    out = tmp / "dist"
+    p = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "-o", str(out), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (wheel,) = out.glob("ggufmtp-*.whl")
+    (sdist,) = out.glob("ggufmtp-*.tar.gz")
+    return {"wheel": wheel, "sdist": sdist, "tmp": tmp}
+
+
+def test_the_wheel_and_sdist_carry_the_package_data(dist):
+    names = set(zipfile.ZipFile(dist["wheel"]).namelist())
+    assert set(PACKAGE_DATA) <= names
+    recipes = {n for n in names if n.startswith("ggufmtp/data/recipes/") and n.endswith(".toml")}
+    assert len(recipes) == len(list((ROOT / "ggufmtp" / "data" / "recipes").glob("*.toml"))) >= 5
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    text = zipfile.ZipFile(dist["wheel"]).read(meta).decode()
+    # the runtime's binding is pinned to the runtime's commit; the rest are ranges
+    assert "Requires-Dist: llama-cpp-python==0.3.36" in text
+    assert "Requires-Dist: numpy>=" in text
+    entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "ggufmtp = ggufmtp.__main__:main" in zipfile.ZipFile(dist["wheel"]).read(entry).decode()
+    import tarfile
+
+    members = {m.split("/", 1)[1] for m in tarfile.open(dist["sdist"]).getnames() if "/" in m}
+    assert set(PACKAGE_DATA) <= members and "pyproject.toml" in members
+
+
+@pytest.fixture(scope="module")
+def installed(dist) -> dict[str, Path]:
+    """A fresh virtual environment with the wheel installed (not editable)."""
+    venv = dist["tmp"] / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    (purelib / "ggufmtp-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
+                        str(dist["wheel"])], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    work = dist["tmp"] / "empty"
+    work.mkdir()
+    return {"venv": venv, "py": py, "bin": venv / "bin" / "ggufmtp", "work": work, "purelib": purelib}
+
+
+def _run(installed: dict[str, Path], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{installed['venv'] / 'bin'}:/usr/bin:/bin"
+    return subprocess.run([str(installed["bin"]), *args], cwd=installed["work"], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_installed_wheel_is_not_the_checkout(installed):
+    p = subprocess.run([str(installed["py"]), "-c", "import ggufmtp, sys; print(ggufmtp.__file__)"],
+                       cwd=installed["work"], capture_output=True, text=True, check=True)
+    assert Path(p.stdout.strip()).is_relative_to(installed["purelib"]), p.stdout
+    r = _run(installed, "recipe", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {x["name"] for x in json.loads(r.stdout)} >= {"hifi-q4_k_m-mtp", "q8_0-mtp", "iq4_xs-mtp"}
+
+
+@pytest.mark.runtime
+def test_the_installed_wheel_runs_the_pipeline_from_an_empty_directory(installed):
+    """inspect, plan, quantize with a shipped recipe, audit and a short verify, as a user runs them."""
+    steps = [
+        ("inspect", "builtin:tiny-qwen35moe"),
+        ("plan", "builtin:tiny-qwen35moe", "-r", "hifi-q4_k_m-mtp"),
+        ("quantize", "builtin:tiny-qwen35moe", "-r", "hifi-q4_k_m-mtp", "-o", "q.gguf"),
+        ("audit", "q.gguf"),
+        ("verify", "q.gguf", "--receipt", "q.gguf.receipt.json", "--limit", "2", "--max-tokens", "16",
+         "--seeds", "42", "--threads", "2"),
+        ("audit", "q.gguf"),
+    ]
+    out = {}
+    for step in steps:
+        r = _run(installed, *step)
+        assert r.returncode == 0, (step, r.stdout[-2000:], r.stderr[-2000:])
+        assert "Traceback" not in r.stderr
+        out[step[0]] = r.stdout
+    assert "blk.4" in out["inspect"] and "nextn.eh_proj" in out["plan"]
+    # the shipped recipe judged the run (the receipt names it), and the audit of the verified receipt passes
+    assert "thresholds from recipe hifi-q4_k_m-mtp" in out["verify"]
+    assert "verdict follows from the figures: pass" in out["audit"] and out["audit"].rstrip().splitlines()[-1].startswith("PASS")
+    assert sorted(p.name for p in installed["work"].iterdir()) == ["q.gguf", "q.gguf.receipt.json"]
