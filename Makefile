@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 LLAMA_CPP_PYTHON_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 PYTEST_ARGS ?=
 
-.PHONY: setup runtime test test-fast lint demo clean-venv
+.PHONY: setup runtime test test-fast lint docs demo clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ $(VENV)/.llama-cpp-python: | $(PY)
 	touch $@
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.llama-cpp-python
-	$(PIP) install -c constraints.txt -e '.[test,convert,lint]'
+	$(PIP) install -c constraints.txt -e '.[test,convert,lint,docs]'
 	touch $@
 
 setup: runtime $(VENV)/.installed
@@ -42,6 +42,11 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check ggufmtp tests tools benchmarks
 	$(VENV)/bin/mypy ggufmtp
+
+# The docs site (mkdocs-material; the CLI reference generated from the commands, the API from the
+# docstrings) into site/, with warnings as errors (tests/test_docs.py builds it too).
+docs: setup
+	$(VENV)/bin/mkdocs build --strict -d site
 
 # The whole pipeline on the built-in synthesized model: inspect, plan, quantize with the Hi-Fi
 # recipe, audit, verify with llama-server (draft-mtp vs vanilla), receipt, card; summary printed.

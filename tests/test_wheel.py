@@ -104,26 +104,38 @@ def test_the_installed_wheel_is_not_the_checkout(installed):
     assert {x["name"] for x in json.loads(r.stdout)} >= {"hifi-q4_k_m-mtp", "q8_0-mtp", "iq4_xs-mtp"}
 
 
+def readme_quickstart() -> list[list[str]]:
+    """The README's quickstart commands, each split into its arguments (without ``ggufmtp``)."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- quickstart:begin -->", 1)[1].split("<!-- quickstart:end -->", 1)[0]
+    lines = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("ggufmtp ")]
+    assert len(lines) >= 5
+    return [shlex.split(ln)[1:] for ln in lines]
+
+
 @pytest.mark.runtime
-def test_the_installed_wheel_runs_the_pipeline_from_an_empty_directory(installed):
-    """inspect, plan, quantize with a shipped recipe, audit and a short verify, as a user runs them."""
-    steps = [
-        ("inspect", "builtin:tiny-qwen35moe"),
-        ("plan", "builtin:tiny-qwen35moe", "-r", "hifi-q4_k_m-mtp"),
-        ("quantize", "builtin:tiny-qwen35moe", "-r", "hifi-q4_k_m-mtp", "-o", "q.gguf"),
-        ("audit", "q.gguf"),
-        ("verify", "q.gguf", "--receipt", "q.gguf.receipt.json", "--limit", "2", "--max-tokens", "16",
-         "--seeds", "42", "--threads", "2"),
-        ("audit", "q.gguf"),
-    ]
+def test_the_readme_quickstart_runs_from_the_installed_wheel(installed):
+    """The README's quickstart, line by line, as a user runs it: the installed wheel, an empty
+    directory, the runtime `ggufmtp runtime build` made. Its result is the demo's: the head verified
+    at 100% acceptance, the verdict pass, the audit clean, the gate open."""
     out = {}
-    for step in steps:
-        r = _run(installed, *step)
-        assert r.returncode == 0, (step, r.stdout[-2000:], r.stderr[-2000:])
+    # the README's install lines after pip: the runtime is found, not built again, and doctor is happy
+    for argv in (["runtime", "build"], ["doctor"]):
+        r = _run(installed, *argv)
+        assert r.returncode == 0, (argv, r.stdout[-2000:], r.stderr[-2000:])
+        assert "building llama" not in (r.stdout + r.stderr)
+    for argv in readme_quickstart():
+        r = _run(installed, *argv)
+        assert r.returncode == 0, (argv, r.stdout[-2000:], r.stderr[-2000:])
         assert "Traceback" not in r.stderr
-        out[step[0]] = r.stdout
+        out[argv[0]] = r.stdout
     assert "blk.4" in out["inspect"] and "nextn.eh_proj" in out["plan"]
-    # the shipped recipe judged the run (the receipt names it), and the audit of the verified receipt passes
-    assert "thresholds from recipe hifi-q4_k_m-mtp" in out["verify"]
-    assert "verdict follows from the figures: pass" in out["audit"] and out["audit"].rstrip().splitlines()[-1].startswith("PASS")
-    assert sorted(p.name for p in installed["work"].iterdir()) == ["q.gguf", "q.gguf.receipt.json"]
+    # the shipped recipe the receipt names judged the run, on the whole suite: a publishable verdict
+    assert "thresholds from recipe hifi-q4_k_m-mtp" in out["verify"] and "verdict: PASS" in out["verify"]
+    assert "MTP head: acceptance 100.0 %" in out["verify"] and "(publishable" in out["verify"]
+    assert "verdict follows from the figures: pass" in out["audit"]
+    assert out["audit"].rstrip().splitlines()[-1].startswith("PASS")
+    assert "dry run" in out["upload"].lower() and "NOT VERIFIED" not in out["upload"]
+    assert {p.name for p in installed["work"].iterdir()} >= {"tiny-mtp.gguf", "tiny-mtp.gguf.receipt.json", "README.md"}

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Write README's architecture tables (issue #21) from a run of tests/test_arch_matrix.py.
+"""Write the architecture tables of docs/concepts/architectures.md (issue #21) from a run of tests/test_arch_matrix.py.
 
 Usage::
 
     .venv/bin/python tools/gen_arch_table.py                 # run the tests (junit), rewrite the table
     .venv/bin/python tools/gen_arch_table.py --junit r.xml   # from an earlier junit run instead
-    .venv/bin/python tools/gen_arch_table.py --check         # exit 1 when README's table is not the fresh one
+    .venv/bin/python tools/gen_arch_table.py --check         # exit 1 when the page's table is not the fresh one
 
 Each test of tests/test_arch_matrix.py records, as junit properties, the cell it is: ``arch``,
 ``stage``, ``table`` (``mtp``: the architectures with an MTP graph; ``no-mtp``: the others) and,
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+README = ROOT / "docs" / "concepts" / "architectures.md"  # the docs page that holds the tables
 TEST_FILE = "tests/test_arch_matrix.py"
+CELL_LINK = "#cells-and-tests"  # a cell links to the page's explanation; its title is the test id
 BEGIN, END = "<!-- arch-table:begin -->", "<!-- arch-table:end -->"
 DRIFT_TEST = "test_the_readme_table_names_only_tests_of_this_file"  # checks the README: not a cell
 TABLE_TITLES = {
@@ -51,7 +52,7 @@ class Cell:
     outcome: str  # "pass", "xfail: <reason>", "skip: <reason>", "FAIL", or "missing"
 
     def markdown(self) -> str:
-        return f'[{self.outcome}]({TEST_FILE} "{self.test_id}")' if self.test_id else self.outcome
+        return f'[{self.outcome}]({CELL_LINK} "{self.test_id}")' if self.test_id else self.outcome
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def readme_tables(readme: str) -> list[Table]:
 
 def readme_block(readme: str) -> str:
     if BEGIN not in readme or END not in readme:
-        raise SystemExit(f"error: README.md lacks the markers {BEGIN} / {END}")
+        raise SystemExit(f"error: {README.relative_to(ROOT)} lacks the markers {BEGIN} / {END}")
     return readme.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
 
 
