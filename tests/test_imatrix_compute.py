@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from ggufmtp.cli import main
+from ggufmtp.gguf.hashing import sha256_file
 from ggufmtp.errors import CorpusError, ImatrixError, PlanError
 from ggufmtp.imatrix import check as imc
 from ggufmtp.imatrix import format as imx
@@ -259,6 +260,30 @@ def test_mtp_statistics_are_merged_into_the_same_file(computed, computed_mtp, ti
     info = CliRunner().invoke(main, ["imatrix", "info", str(computed_mtp.path), "--model", str(tiny_mtp_model)])
     assert "MTP block: 11 of 11 quantizable tensors covered" in info.output, info.output
     assert f"MTP statistics: {len(head)} entries" in info.output
+
+
+def test_mtp_in_one_pass_is_the_two_pass_result_byte_for_byte(computed, computed_mtp, tiny_mtp_model, tmp_path):
+    """#34: `compute --mtp` loads the model once and runs the trunk once (the collector's
+    with_trunk). Its file is the one the two-pass way wrote (llama-imatrix's file with the head-only
+    collector's entries merged in): the same entries, values and counts bit for bit (both sum the
+    same float32 squares in the same order: llama-imatrix's collect loop and the native tool's are
+    the same code path over the same graph), the same metadata, the same bytes."""
+    from ggufmtp.imatrix.compute import _with_provenance
+    from ggufmtp.imatrix.corpus import resolve_corpus
+    from ggufmtp.imatrix.mtp import collect_mtp_statistics
+
+    corpus = resolve_corpus(DEFAULT_CORPUS)
+    trunk = imx.read_imatrix(computed.path)  # llama-imatrix, as computed without --mtp
+    head = collect_mtp_statistics(tiny_mtp_model, corpus, chunks=3, ctx_size=CTX, threads=2)
+    two_pass = _with_provenance(merge_entries(trunk, head), corpus, computed_mtp.provenance)
+    digest = imx.write_imatrix(two_pass, tmp_path / "two-pass.gguf")
+    one = imx.read_imatrix(computed_mtp.path)
+    assert list(one.entries) == list(two_pass.entries)
+    for name, e in two_pass.entries.items():
+        np.testing.assert_array_equal(one.entries[name].values, e.values, err_msg=name)
+        np.testing.assert_array_equal(one.entries[name].counts, e.counts, err_msg=name)
+    assert digest == computed_mtp.sha256 == sha256_file(computed_mtp.path)
+    assert computed_mtp.llama_imatrix_s == 0 and computed_mtp.mtp_s > 0  # llama-imatrix did not run
 
 
 def test_head_at_iq2_xxs_refused_on_trunk_only_imatrix_and_quantized_when_covered(computed, computed_mtp,

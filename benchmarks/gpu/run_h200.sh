@@ -10,7 +10,7 @@
 #                                             # STAGES=qvc BUILD_STAGE=cpu-build RUNS=3 bash benchmarks/gpu/run_h200.sh all
 #                                             # skips the CUDA build: ~3 min build and synth, 6 x ~4 min; the tenth
 #                                             # run held its machine 27 min (a machine goes back after 30)
-#   bash benchmarks/gpu/run_h200.sh imatrix   # issue #18: imatrix compute (and --mtp) vs llama-imatrix alone
+#   bash benchmarks/gpu/run_h200.sh imatrix   # #18/#34: llama-imatrix alone; compute vs compute --mtp, interleaved
 #   bash benchmarks/gpu/run_h200.sh headsweep # issue #19: head-precision sweep (margin head, 10 trunk layers)
 #                                             # SYNTH_STAGE=hs-synth STAGES="headsweep evaltime" BUILD_STAGE=build
 #                                             #   bash benchmarks/gpu/run_h200.sh all: the sweep's model only
@@ -150,14 +150,15 @@ case "$STAGE" in
     Q=$(python3 -m ggufmtp runtime path)
     $T "$RES/imatrix-time-cli.txt" "$Q/llama-imatrix" -m "$M" -f "$C" -o "$WORK/im-cli.gguf" -c 512 \
       --chunks "${ICHUNKS:-16}" -ngl 999 --no-repack > "$RES/imatrix-cli.log" 2>&1 || true
-    $T "$RES/imatrix-time-ours.txt" python3 -m ggufmtp imatrix compute "$M" --corpus builtin:calib-v1 \
-      -o "$WORK/im-ours.gguf" --chunks "${ICHUNKS:-16}" -ngl 999 --no-progress --json \
-      > "$RES/imatrix-ours.json" 2> "$RES/imatrix-ours.log" || true
+    # issue #34: `compute --mtp` (one pass since #34) against `compute`, interleaved, $IRUNS pairs
+    python3 benchmarks/imatrix_mtp_cost.py --model "$M" --chunks "${ICHUNKS:-16}" --gpu-layers 999 \
+      --runs "${IRUNS:-3}" --json "$RES/imatrix_mtp_cost.json" > "$RES/imatrix_mtp_cost.txt" 2>&1 || true
     $T "$RES/imatrix-time-mtp.txt" python3 -m ggufmtp imatrix compute "$M" --corpus builtin:calib-v1 \
       -o "$WORK/im-mtp.gguf" --chunks "${ICHUNKS:-16}" -ngl 999 --mtp --no-progress --json \
       > "$RES/imatrix-mtp.json" 2> "$RES/imatrix-mtp.log" || true
     python3 -m ggufmtp imatrix info "$WORK/im-mtp.gguf" --model "$M" > "$RES/imatrix-mtp-info.txt" 2>&1 || true
-    for k in cli ours mtp; do echo "$k $(cat "$RES/imatrix-time-$k.txt")"; done | tee "$RES/imatrix_times.txt" ;;
+    for k in cli mtp; do echo "$k $(cat "$RES/imatrix-time-$k.txt")"; done | tee "$RES/imatrix_times.txt"
+    cat "$RES/imatrix_mtp_cost.txt" ;;
   headsweep)
     # issue #19: the head-precision sweep on Qwen3.6-35B-A3B's per-layer shapes with $HS_LAYERS trunk
     # layers (10 by default, so five quantizations fit one machine's lease) and a head whose drafts

@@ -143,6 +143,7 @@ def imatrix_compute_cmd(model: str, corpus_ref: str, out: str, chunks: int | Non
                + (f", {p.mtp_entries} MTP entries" if p.mtp else "") + ")")
     click.echo(f"sha256 {res.sha256}")
     click.echo(f"corpus {p.corpus_name} sha256 {p.corpus_sha256}; llama.cpp {p.runtime_commit}; "
-               f"llama-imatrix {res.llama_imatrix_s:.1f} s" + (f", MTP {res.mtp_s:.1f} s" if p.mtp else ""))
+               + (f"one pass over the trunk and the MTP block {res.mtp_s:.1f} s" if p.mtp
+                  else f"llama-imatrix {res.llama_imatrix_s:.1f} s"))
     for n in res.notes:
         click.echo(f"note: {n}")

@@ -30,6 +30,7 @@ from typing import Any
 from gguf.constants import GGUFValueType
 
 from ..errors import CorpusError, ImatrixError
+from ..gguf.model import GGUFModel
 from ..runtime.build import binary_is_ggufmtp_build, binary_version, find_binary
 from ..runtime.process import describe_exit, die_with_parent, stop_process
 from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
@@ -295,11 +296,14 @@ def _check_settings(chunks: int | None, ctx_size: int, out: Path) -> None:
         raise ImatrixError(f"cannot write imatrix file {out}: {e.strerror or e}") from None
 
 
-def _collect_mtp(model: Path, corpus: Corpus, s: _Settings, progress: bool) -> Imatrix:
+def _one_pass(model: Path, corpus: Corpus, s: _Settings, progress: bool) -> Imatrix:
+    """The trunk's statistics and the MTP block's from one model load and one run of the trunk: the
+    collector (:mod:`ggufmtp.imatrix.mtp`) with ``with_trunk``, whose trunk entries are
+    llama-imatrix's (``tests/test_imatrix_mtp.py``) and whose head entries are the head-only run's."""
     from .mtp import collect_mtp_statistics
 
     return collect_mtp_statistics(model, corpus, chunks=s.chunks, ctx_size=s.ctx_size, gpu_layers=s.gpu_layers,
-                                  threads=s.threads, trunk=False, progress=progress)
+                                  threads=s.threads, with_trunk=True, progress=progress)
 
 
 def _trunk_imatrix(binary: Path, model: Path, corpus: Corpus, s: _Settings, work: Path,
@@ -316,7 +320,7 @@ def _trunk_imatrix(binary: Path, model: Path, corpus: Corpus, s: _Settings, work
 @dataclasses.dataclass(frozen=True)
 class _Outcome:
     im: Imatrix
-    run: _Run
+    run: _Run | None  # llama-imatrix's, when it ran (the trunk-only imatrix)
     llama_s: float
     mtp_s: float
     mtp_entries: int
@@ -324,15 +328,15 @@ class _Outcome:
 
 def _compute(binary: Path, model: Path, corpus: Corpus, s: _Settings, mtp: bool, work: Path,
              progress: bool) -> _Outcome:
+    """``mtp``: one pass of the collector (trunk and head); else llama-imatrix itself."""
     t0 = time.monotonic()
-    im, run = _trunk_imatrix(binary, model, corpus, s, work, progress)
-    t1 = time.monotonic()
-    n_mtp = 0
     if mtp:
-        extra = _collect_mtp(model, corpus, s, progress)
-        n_mtp = len(extra.entries)
-        im = merge_entries(im, extra)
-    return _Outcome(im, run, t1 - t0, time.monotonic() - t1, n_mtp)
+        im = _one_pass(model, corpus, s, progress)
+        heads = tuple(f"blk.{b}." for b in GGUFModel(model).mtp_blocks)
+        n_mtp = sum(1 for n in im.entries if n.startswith(heads))
+        return _Outcome(im, None, 0.0, time.monotonic() - t0, n_mtp)
+    im, run = _trunk_imatrix(binary, model, corpus, s, work, progress)
+    return _Outcome(im, run, time.monotonic() - t0, 0.0, 0)
 
 
 def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus, out: str | os.PathLike, *,
@@ -341,8 +345,9 @@ def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus
                     binary: str | os.PathLike | None = None) -> ComputeResult:
     """Compute the imatrix of ``model`` over ``corpus`` (a path, ``builtin:NAME`` or a Corpus) and
     write it to ``out`` (GGUF) atomically. ``chunks``: at most this many chunks of ``ctx_size``
-    tokens (default: the whole corpus). ``mtp``: also collect the MTP block (the collector
-    of :mod:`ggufmtp.imatrix.mtp`) and merge its entries into the same file."""
+    tokens (default: the whole corpus). ``mtp``: also the MTP block's statistics, in the same file
+    and the same pass: the collector of :mod:`ggufmtp.imatrix.mtp` loads the model once and gives
+    the trunk's entries (llama-imatrix's) and the head's from the same forward passes."""
     model, out = Path(model), Path(out)
     if not model.is_file():
         raise ImatrixError(f"model file {model} does not exist" if not model.exists()
@@ -362,14 +367,13 @@ def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus
                              got.mtp_entries)
     final = _with_provenance(got.im, corp, prov)
     digest = write_imatrix(final, out)
-    return ComputeResult(out, digest, model, len(final.entries), prov, got.run.perplexity, got.llama_s,
-                         got.mtp_s, tuple(_notes(chunks, got.run)))
+    return ComputeResult(out, digest, model, len(final.entries), prov, got.run.perplexity if got.run else None,
+                         got.llama_s, got.mtp_s, tuple(_notes(chunks, done)))
 
 
-def _notes(requested: int | None, run: _Run) -> Iterator[str]:
-    if requested is not None and run.total_chunks is not None and run.total_chunks < requested:
-        yield (f"the corpus holds only {run.total_chunks} chunks; {requested} were asked for "
-               f"(llama-imatrix used {run.total_chunks})")
+def _notes(requested: int | None, done: int | None) -> Iterator[str]:
+    if requested is not None and done is not None and done < requested:
+        yield f"the corpus holds only {done} chunks; {requested} were asked for (all {done} were used)"
 
 
 # ------------------------------------------------------------------------------------------------
