@@ -12,6 +12,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +35,24 @@ def _machine_folders() -> tuple[str, ...]:
     return tuple(sorted((f for f in folders if f not in ("", "/")), key=len, reverse=True))
 
 
-def local_paths(obj: Any, where: str = "") -> list[tuple[str, str]]:
-    """(JSON pointer, string) of every string in ``obj`` that holds an absolute local path."""
-    out: list[tuple[str, str]] = []
-    stack = [(obj, where)]
-    machine = _machine_folders()
+def _leaves(obj: Any) -> Iterator[tuple[str, Any]]:
+    """(JSON pointer, value) of every leaf of parsed JSON, without recursion."""
+    stack = [(obj, "")]
     while stack:
         node, at = stack.pop()
         if isinstance(node, dict):
             stack.extend((v, f"{at}/{k}") for k, v in node.items())
         elif isinstance(node, list):
             stack.extend((v, f"{at}/{i}") for i, v in enumerate(node))
-        elif isinstance(node, str) and (_PATH_RE.search(node) or any(f + "/" in node or node == f for f in machine)):
-            out.append((at or "/", node))
-    return sorted(out)
+        else:
+            yield at or "/", node
+
+
+def local_paths(obj: Any) -> list[tuple[str, str]]:
+    """(JSON pointer, string) of every string in ``obj`` that holds an absolute local path."""
+    machine = _machine_folders()
+    return sorted((at, v) for at, v in _leaves(obj) if isinstance(v, str)
+                  and (_PATH_RE.search(v) or any(f + "/" in v or v == f for f in machine)))
 
 
 def redact_local_paths(obj: Any) -> Any:
@@ -71,13 +76,5 @@ def redact_local_paths(obj: Any) -> Any:
 
 def non_finite_numbers(obj: Any) -> list[tuple[str, float]]:
     """(JSON pointer, value) of every NaN or infinity: Python writes them, strict JSON readers refuse them."""
-    out, stack = [], [(obj, "")]
-    while stack:
-        node, at = stack.pop()
-        if isinstance(node, dict):
-            stack.extend((v, f"{at}/{k}") for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend((v, f"{at}/{i}") for i, v in enumerate(node))
-        elif isinstance(node, float) and not math.isfinite(node):
-            out.append((at, node))
-    return sorted(out, key=lambda t: t[0])
+    return sorted(((at, v) for at, v in _leaves(obj) if isinstance(v, float) and not math.isfinite(v)),
+                  key=lambda t: t[0])
