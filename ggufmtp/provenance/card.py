@@ -12,7 +12,7 @@ from typing import Any
 
 from ..fmt import ci_phrase, num, pct, times
 from ..gguf.fsutil import atomic_write_text
-from ..provenance.receipt import load_receipt, verification_problem
+from ..provenance.receipt import verification_problem
 from ..runtime.hardware import format_bandwidth
 from .quality_card import quality_lines
 
@@ -342,10 +342,11 @@ def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | No
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..errors import AuditError
-    from .receipt import integrity_digest
+    from .receipt import read_receipt
 
-    st = load_receipt(receipt)
-    if st["predicate"]["integrity"]["sha256"] != integrity_digest(st):
+    rc = read_receipt(receipt)
+    st = rc.statement
+    if not rc.intact:
         raise AuditError(f"{receipt}: the receipt was edited after it was written (its integrity digest does not "
                          f"match); no card is written from it (check it: ggufmtp audit {Path(artifact).name})")
     meta, body = card_text(st, Path(artifact).name, quantized_by)

@@ -331,6 +331,11 @@ class Receipt:
     def digests(self) -> set[str]:
         return {s.sha256 for s in self.subjects}
 
+    @property
+    def intact(self) -> bool:
+        """Whether the statement's integrity digest holds (no edit since it was sealed)."""
+        return self.predicate["integrity"]["sha256"] == integrity_digest(self.statement)
+
     def subject_named(self, name: str) -> Subject | None:
         return next((s for s in self.subjects if s.name == name), None)
 
@@ -481,8 +486,7 @@ def _refuse_unbound(statement: dict[str, Any], verification: dict[str, Any], whe
 def _intact(rf: Receipt, signing_key: str | Path | None) -> None:
     """Before rewriting a receipt: its checksum holds, and a signed one verifies with the key about
     to re-sign it (re-sealing or re-signing must never launder an edit)."""
-    recorded = (rf.statement["predicate"].get("integrity") or {}).get("sha256")
-    if recorded != integrity_digest(rf.statement):
+    if not rf.intact:
         raise AuditError(f"{rf.path}: the receipt was edited after it was written (its integrity digest does not "
                          f"match); refusing to re-seal it")
     if rf.signed and signing_key:
