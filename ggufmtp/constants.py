@@ -9,9 +9,14 @@ GGUF_VERSION = "0.19.0"
 
 RUNTIME_BINARIES = ("llama-server", "llama-quantize", "llama-imatrix", "llama-perplexity")
 
-# Architectures whose llama.cpp graph has an MTP (NextN) draft path.
+# Architectures whose llama.cpp graph has an MTP (NextN) draft path (LLM_GRAPH_TYPE_DECODER_MTP).
+# The runtime build derives the same set from the source it compiles (runtime.json's
+# ``mtp_architectures``); tests/test_mtp_architectures.py fails when the two disagree.
 MTP_ARCHITECTURES = frozenset(
-    {"qwen35moe", "qwen35", "qwen3next", "glm4moe", "deepseek2", "deepseek32", "mimo2", "step35", "glm-dsa"}
+    {
+        "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe", "glm5-next",
+        "hy_v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
+    }
 )
 
 # NextN tensors the loader requires for these architectures (besides the block's own
