@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import time
 
@@ -19,6 +20,7 @@ from ggufmtp.measure.kvdepth import KNOWN_CACHE_TYPES, allowed_cache_types, neut
 from ggufmtp.measure.matrix import MatrixSpec, parse_matrix, verify_matrix
 from ggufmtp.measure.verify import verify
 from ggufmtp.provenance.verdict import Verdict
+from ggufmtp.runtime.server import LlamaServer, ServerConfig
 
 CHEAP = dict(seeds=(42,), limit=2, max_tokens=16, threads=2, progress=False, ctx_size=1024)
 CHEAP_CLI = ("--seeds", "42", "--limit", "2", "--max-tokens", "16", "--threads", "2", "-c", "1024")
@@ -56,9 +58,12 @@ def test_parse_matrix():
     assert parse_matrix("kv=f16,q8_0,q4_0 depth=0,8192") == MatrixSpec(("f16", "q8_0", "q4_0"), (0, 8192))
     assert parse_matrix("depth=0,8k;kv=Q8_0") == MatrixSpec(("q8_0",), (0, 8192))
     assert parse_matrix("kv=q4_0").depths == (0,) and parse_matrix("depth=256").kv_types == (None,)
-    assert parse_matrix("kv=f16,q8_0 depth=0,256").cells == [("f16", 0), ("f16", 256), ("q8_0", 0), ("q8_0", 256)]
+    assert parse_matrix("kv=f16,q8_0 depth=0,256").cells == [("f16", None, 0), ("f16", None, 256),
+                                                             ("q8_0", None, 0), ("q8_0", None, 256)]
+    assert parse_matrix("kv=q8_0 draft-kv=f16,Q4_0").cells == [("q8_0", "f16", 0), ("q8_0", "q4_0", 0)]
     for bad, said in (("", "empty"), ("kv=f16 kv=q8_0", "given twice"), ("kv=f16,f16", "given twice"),
                       ("depth=0,8k,8192", "twice"), ("depth=-1", "whole number"), ("ctx=1", "expected kv="),
+                      ("draft-kv=f16,f16", "given twice"),
                       ("kv=", "empty value"), ("kv=f16,,q8_0", "empty value"), ("f16", "expected kv=")):
         with pytest.raises(VerifyError, match=said):
             parse_matrix(bad)
@@ -98,6 +103,8 @@ def test_bad_matrix_fails_before_any_server(tiny_mtp_model, spawned):
         verify_matrix(tiny_mtp_model, ["f16", "q9_0"], [0], **CHEAP)
     with pytest.raises(VerifyError, match="context depth 4096 does not fit"):
         verify_matrix(tiny_mtp_model, ["f16"], [0, 4096], **CHEAP)
+    with pytest.raises(VerifyError, match="'q9_0': not a KV-cache type"):
+        verify_matrix(tiny_mtp_model, ["f16"], [0], draft_kv_types=["q9_0"], **CHEAP)
     with pytest.raises(VerifyError, match="set by the matrix's cells"):
         verify_matrix(tiny_mtp_model, ["f16"], [0], cache_type_k="q8_0", **CHEAP)
     r = run_cli("verify", tiny_mtp_model, "--matrix", "kv=f16,iq9 depth=0", *CHEAP_CLI)
@@ -223,3 +230,37 @@ def test_matrix_out_keeps_the_finished_cells_of_a_stopped_run(tmp_path):
         data = json.loads(out.read_text())
         assert data["partial"] is True and data["cells_total"] == 3
         assert [c["depth"] for c in data["cells"]] == list(range(i + 1))
+
+
+def _draft_cache_types(log: str) -> tuple[str, str]:
+    """The MTP draft context's KV-cache types, as llama-server logs them at verbosity 4 (``cache_k=..., cache_v=...``)."""
+    m = re.search(r"cache_k=(\w+), cache_v=(\w+)", log)
+    assert m, log[-2000:]
+    return m.group(1), m.group(2)
+
+
+def test_the_target_cache_type_leaves_the_drafts_at_f16(llama_server_bin, tiny_mtp_model, tmp_path):
+    """Why the matrix has a draft-kv axis: at 0c1e570 --cache-type-k/-v quantize the target's cache
+    only; the MTP draft context takes -ctkd/-ctvd (common_base_params_to_speculative), default f16."""
+    seen = {}
+    for name, extra in (("target only", []), ("draft too", ["--spec-draft-type-k", "q8_0", "--spec-draft-type-v", "q8_0"])):
+        log = tmp_path / f"{name}.log"
+        cfg = ServerConfig(tiny_mtp_model, draft_mtp=True, cache_type_k="q8_0", cache_type_v="q8_0", ctx_size=1024,
+                           threads=1, extra_args=["--flash-attn", "on", "-lv", "4", *extra], log_path=log)
+        with LlamaServer(cfg):
+            pass
+        seen[name] = _draft_cache_types(log.read_text())
+    assert seen == {"target only": ("f16", "f16"), "draft too": ("q8_0", "q8_0")}
+
+
+def test_the_draft_kv_axis_goes_to_the_mtp_arm_only(llama_server_bin, tiny_mtp_model):
+    m = verify_matrix(tiny_mtp_model, ["q8_0"], [0], draft_kv_types=[None, "q8_0"], **CHEAP)
+    assert [(c.kv_type, c.draft_kv_type) for c in m.cells] == [("q8_0", None), ("q8_0", "q8_0")]
+    plain, drafted = m.cells
+    assert "--spec-draft-type-k" not in plain.mtp_server_args
+    assert drafted.mtp_server_args[drafted.mtp_server_args.index("--spec-draft-type-k") + 1] == "q8_0"
+    assert drafted.mtp_server_args[drafted.mtp_server_args.index("--spec-draft-type-v") + 1] == "q8_0"
+    assert all("--spec-draft-type-k" not in c.vanilla_server_args for c in m.cells)
+    assert all(c.verdict == Verdict.PASS and c.identical_output_fraction == 1.0 for c in m.cells), m.table()
+    assert m.cell("q8_0", 0, "q8_0") is drafted and "draft-kv=q8_0" in drafted.label
+    assert m.to_receipt()["draft_kv_types"] == [None, "q8_0"] and "draft kv" in m.table()

@@ -19,9 +19,10 @@ from .app import emit_json
 def kv_depth_options(f: Callable) -> Callable:
     """``--cache-type-k/-ctk``, ``--cache-type-v/-ctv`` (both arms), ``--context-fill N`` and ``--matrix SPEC``."""
     f = click.option("--matrix", "matrix", default=None, metavar="SPEC",
-                     help='Verify once per cell of KV-cache type x context depth and print one table, e.g. '
-                          '--matrix "kv=f16,q8_0,q4_0 depth=0,8192" (same suite, seeds and settings in every '
-                          'cell; --receipt stores it as verification.matrix of an existing verification).')(f)
+                     help='Verify once per cell of KV-cache type x the draft\'s KV-cache type x context depth and '
+                          'print one table, e.g. --matrix "kv=f16,q8_0,q4_0 draft-kv=f16,q8_0 depth=0,8192" '
+                          '(draft-kv: -ctkd/-ctvd of the MTP arm; same suite, seeds and settings in every cell; '
+                          '--receipt stores it as verification.matrix of an existing verification).')(f)
     f = click.option("--context-fill", "context_fill", type=click.IntRange(min=0), default=0, show_default=True,
                      metavar="N", help="Put every request N tokens deep behind a neutral prefix (both arms; "
                      "cache_prompt stays false, so decode is measured at depth N).")(f)
@@ -87,7 +88,7 @@ def run_matrix(model: Path, spec_text: str, verify_kwargs: dict[str, Any], singl
     if receipt_path:
         _receipt_verification(receipt_path)  # fails now, not after the run
     res = verify_matrix(model, spec.kv_types, spec.depths, on_cell=_progress(len(spec.cells), out_path, as_json),
-                        **verify_kwargs)
+                        draft_kv_types=spec.draft_kv_types, **verify_kwargs)
     if out_path:
         from ..gguf.fsutil import atomic_write_json
 

@@ -37,7 +37,9 @@ from .provenance_cmds import signing_key_option
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
 @click.option("--ctx-size", "-c", type=click.IntRange(min=256), default=4096, show_default=True, help="--ctx-size.")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
-              help="llama-server --parallel (requests are still sent one at a time).")
+              help="N > 1: also measure acceptance with s concurrent clients on servers with --parallel s "
+                   "(s = 2, 4, ... N), against the single-slot run; the verdict fails when it leaves the "
+                   "single-slot 95% CI or a reply differs from vanilla's.")
 @click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Run the MTP arm with the configuration `ggufmtp tune` recommended (a receipt or a tune "
                    "--out JSON) against default vanilla: confirms the tuned speedup on the full suite.")

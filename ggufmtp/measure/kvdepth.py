@@ -4,9 +4,11 @@ starts, and the neutral prefix that puts every request ``depth`` tokens deep.
 KV-cache types
 --------------
 ``--cache-type-k``/``--cache-type-v`` go to BOTH arms (a non-speculative setting: the vanilla arm
-must run with the same cache as the MTP arm, or the speedup measures the cache, not MTP). In the
-pinned llama.cpp the MTP draft context is created from the same context parameters as the target
-(``common_context_params_to_llama``), so the draft head's KV cache has the same types. A type must
+must run with the same cache as the MTP arm, or the speedup measures the cache, not MTP). They set
+the *target's* cache only: in the pinned llama.cpp the MTP draft context takes its types from
+``--spec-draft-type-k/-v`` (``-ctkd``/``-ctvd``, default f16; ``common_base_params_to_speculative``
+in ``common/speculative.cpp``), which ``verify --matrix "draft-kv=..."`` varies on the MTP arm
+(tests/test_matrix.py reads both contexts' types off the server's log). A type must
 be one of the ``allowed values`` llama-server's ``--help`` lists for ``--cache-type-k`` (f32, f16,
 bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 at the pinned commit). A quantized V cache needs flash
 attention (``llama_init_from_model`` refuses it with ``--flash-attn off`` and turns ``auto`` on):

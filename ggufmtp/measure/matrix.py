@@ -1,17 +1,25 @@
-"""``ggufmtp verify --matrix "kv=f16,q8_0,q4_0 depth=0,8192"``: verify once per cell of KV-cache
-type x context depth, and one table of what MTP buys in each.
+"""``ggufmtp verify --matrix "kv=f16,q8_0,q4_0 draft-kv=f16,q8_0 depth=0,8192"``: verify once per
+cell of KV-cache type x the draft's KV-cache type x context depth, and one table of what MTP buys in each.
 
 Every cell is a full :func:`ggufmtp.measure.verify.verify` run with the same suite, seeds, draft
 window and server settings; only the cell's KV-cache type (``--cache-type-k`` and
-``--cache-type-v``, both arms) and context depth (``context_fill``: the neutral prefix of
+``--cache-type-v``, both arms), the MTP draft context's own KV-cache type (``--spec-draft-type-k``
+and ``--spec-draft-type-v``, ``-ctkd``/``-ctvd``: the MTP arm only, the vanilla arm has no draft)
+and context depth (``context_fill``: the neutral prefix of
 :mod:`ggufmtp.measure.kvdepth`) change. A cell's servers are started for it and stopped after it,
 so cells never share a cache. Every cell's settings are checked (the KV types against
 llama-server's ``--help``, the deepest depth against the context size) before the first server
 starts. The matrix passes when every cell's verdict does.
 
 Spec grammar: space- or ``;``-separated ``key=v1,v2,...`` with the keys ``kv`` (KV-cache types, for
-K and V alike) and ``depth`` (tokens; ``8k`` = 8192). A missing key is one cell of the default
-(llama-server's KV type; depth 0). Cells run in the order kv-major, depth-minor.
+K and V alike), ``draft-kv`` (the draft's, K and V alike) and ``depth`` (tokens; ``8k`` = 8192). A
+missing key is one cell of the default (llama-server's KV types; depth 0). Cells run in the order
+kv-major, then draft-kv, depth-minor.
+
+Why the draft's own axis: at 0c1e570 the MTP draft context takes its KV-cache types from
+``params.speculative.draft.cache_type_k/v`` (``common_base_params_to_speculative`` in
+``common/speculative.cpp``), not from ``--cache-type-k/v``; both default to f16. So ``kv=q4_0``
+quantizes the target's cache only, and the head's cache stays f16 unless ``draft-kv`` says otherwise.
 
 The result (:class:`MatrixResult`) is typed; :meth:`MatrixResult.to_receipt` is the receipt's
 ``verification.matrix`` section (kept by later ``verify --receipt`` runs).
@@ -54,10 +62,12 @@ class MatrixSpec:
 
     kv_types: tuple[str | None, ...]
     depths: tuple[int, ...]
+    draft_kv_types: tuple[str | None, ...] = (None,)
 
     @property
-    def cells(self) -> list[tuple[str | None, int]]:
-        return [(kv, d) for kv in self.kv_types for d in self.depths]
+    def cells(self) -> list[tuple[str | None, str | None, int]]:
+        """(KV type, draft KV type, depth) of every cell, in run order."""
+        return [(kv, dkv, d) for kv in self.kv_types for dkv in self.draft_kv_types for d in self.depths]
 
 
 def _depth(text: str) -> int:
@@ -86,8 +96,8 @@ def parse_matrix(spec: str) -> MatrixSpec:
             continue
         key, eq, val = part.partition("=")
         key = key.strip().lower()
-        if not eq or key not in ("kv", "depth"):
-            raise VerifyError(f"--matrix {part!r}: expected kv=TYPE,... or depth=N,... "
+        if not eq or key not in ("kv", "draft-kv", "depth"):
+            raise VerifyError(f"--matrix {part!r}: expected kv=TYPE,..., draft-kv=TYPE,... or depth=N,... "
                               f"(e.g. \"kv=f16,q8_0,q4_0 depth=0,8192\")")
         if key in found:
             raise VerifyError(f"--matrix: {key}= given twice")
@@ -98,7 +108,8 @@ def parse_matrix(spec: str) -> MatrixSpec:
     depths = [_depth(d) for d in found.get("depth", ["0"])]
     if len(set(depths)) != len(depths):
         raise VerifyError(f"--matrix depth={','.join(found['depth'])}: a depth given twice")
-    return MatrixSpec(kv, tuple(depths))
+    draft_kv = tuple(v.lower() for v in found.get("draft-kv", [])) or (None,)
+    return MatrixSpec(kv, tuple(depths), draft_kv)
 
 
 # ----------------------------------------------------------------------------- the result
@@ -129,9 +140,10 @@ class MatrixCell:
     reasons: list[str] = field(default_factory=list)
     speedup_vs_default_vanilla: float | None = None
     speedup_vs_default_vanilla_ci95: list[float | None] | None = None  # None: no default vanilla arm ran
+    draft_kv_type: str | None = None  # the draft context's KV type (None: llama-server's default, f16)
 
     @classmethod
-    def of(cls, kv_type: str | None, depth: int, res: VerifyResult) -> MatrixCell:
+    def of(cls, kv_type: str | None, depth: int, res: VerifyResult, draft_kv_type: str | None = None) -> MatrixCell:
         c = res.main
         fill = res.settings.context_fill
         prompt_ns = [r.prompt_n for r in res.records if r.prompt_n is not None]
@@ -146,15 +158,17 @@ class MatrixCell:
             vanilla_server_args=list(res.server.flags.vanilla),
             mtp_server_args=list(res.server.flags.mtp.get(str(res.draft_n_max), [])), reasons=list(res.reasons),
             speedup_vs_default_vanilla=c.speedup_vs_default_vanilla if c.has_default_vanilla else None,
-            speedup_vs_default_vanilla_ci95=list(c.speedup_vs_default_vanilla_ci95) if c.has_default_vanilla else None)
+            speedup_vs_default_vanilla_ci95=list(c.speedup_vs_default_vanilla_ci95) if c.has_default_vanilla else None,
+            draft_kv_type=draft_kv_type)
 
     @property
     def label(self) -> str:
-        return f"kv={self.kv_type or 'default'} depth={self.depth}"
+        draft = f" draft-kv={self.draft_kv_type}" if self.draft_kv_type else ""
+        return f"kv={self.kv_type or 'default'}{draft} depth={self.depth}"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "kv_type": self.kv_type, "depth": self.depth, "acceptance": self.acceptance,
+            "kv_type": self.kv_type, "draft_kv_type": self.draft_kv_type, "depth": self.depth, "acceptance": self.acceptance,
             "acceptance_ci95": list(self.acceptance_ci95), "speedup": self.speedup,
             "speedup_ci95": list(self.speedup_ci95), "mean_acceptance_length": self.mean_acceptance_length,
             "identical_output_fraction": self.identical_output_fraction, "mismatch_count": self.mismatch_count,
@@ -194,8 +208,9 @@ class MatrixResult:
     def ok(self) -> bool:
         return self.verdict == Verdict.PASS
 
-    def cell(self, kv_type: str | None, depth: int) -> MatrixCell | None:
-        return next((c for c in self.cells if c.kv_type == kv_type and c.depth == depth), None)
+    def cell(self, kv_type: str | None, depth: int, draft_kv_type: str | None = None) -> MatrixCell | None:
+        return next((c for c in self.cells if (c.kv_type, c.depth, c.draft_kv_type) == (kv_type, depth, draft_kv_type)),
+                    None)
 
     def _settings(self) -> dict[str, Any]:
         if not self.results:
@@ -213,7 +228,8 @@ class MatrixResult:
                 "suite": ({"name": r0.suite.name, "sha256": r0.suite.sha256, "n_prompts": r0.suite.n_prompts}
                           if r0 else None),
                 "hardware": r0.hardware.to_dict() if r0 else None, "settings": self._settings(),
-                "kv_types": list(self.spec.kv_types), "depths": list(self.spec.depths),
+                "kv_types": list(self.spec.kv_types), "draft_kv_types": list(self.spec.draft_kv_types),
+                "depths": list(self.spec.depths),
                 "cells": [c.to_dict() for c in self.cells]}
 
     def to_dict(self, full: bool = False) -> dict[str, Any]:
@@ -245,29 +261,37 @@ def _check_cells(model: str | os.PathLike, spec: MatrixSpec, kw: dict[str, Any])
     st = (suite if isinstance(suite, Suite) else load_suite(suite)).limit(get("limit"))
     args = [str(a) for name in _ARG_LISTS for a in kw.get(name) or ()]
     deepest = max(spec.depths)
-    for kv in spec.kv_types:
+    for kv in dict.fromkeys(spec.kv_types + spec.draft_kv_types):  # the draft's types are checked as the target's
         check_kv_depth(kv, kv, deepest, model, get("ctx_size"), get("parallel"), get("max_tokens"), st,
                        get("llama_cpp_bin"), args)
 
 
+def _draft_kv_args(draft_kv: str | None) -> list[str]:
+    return [] if draft_kv is None else ["--spec-draft-type-k", draft_kv, "--spec-draft-type-v", draft_kv]
+
+
 def verify_matrix(model: str | os.PathLike, kv_types: Sequence[str | None], depths: Sequence[int],
-                  on_cell: Callable[[MatrixCell], None] | None = None, **verify_kwargs: Any) -> MatrixResult:
-    """:func:`~ggufmtp.measure.verify.verify` once per (KV type, depth), the same ``verify_kwargs``
-    for every cell (not ``cache_type_k``/``cache_type_v``/``context_fill``: the cells set them).
+                  on_cell: Callable[[MatrixCell], None] | None = None,
+                  draft_kv_types: Sequence[str | None] = (None,), **verify_kwargs: Any) -> MatrixResult:
+    """:func:`~ggufmtp.measure.verify.verify` once per (KV type, draft KV type, depth), the same
+    ``verify_kwargs`` for every cell (not ``cache_type_k``/``cache_type_v``/``context_fill``: the
+    cells set them; a draft KV type is added to ``mtp_server_args``).
     ``on_cell`` is called after each cell. Raises VerifyError before any server starts when a KV
     type or depth cannot run, and whatever a cell's verify raises."""
     t0 = time.monotonic()
-    spec = MatrixSpec(tuple(None if k is None else str(k).strip().lower() for k in kv_types),
-                      tuple(int(d) for d in depths))
-    if not spec.kv_types or not spec.depths:
+    norm = lambda types: tuple(None if k is None else str(k).strip().lower() for k in types)  # noqa: E731
+    spec = MatrixSpec(norm(kv_types), tuple(int(d) for d in depths), norm(draft_kv_types))
+    if not spec.kv_types or not spec.depths or not spec.draft_kv_types:
         raise VerifyError("a matrix needs at least one KV type and one depth")
     if len(set(spec.cells)) != len(spec.cells):
         raise VerifyError("a matrix cell given twice (a KV type or a depth repeated)")
     _check_cells(model, spec, verify_kwargs)
     cells, results = [], []
-    for kv, depth in spec.cells:
-        res = verify(Path(model), cache_type_k=kv, cache_type_v=kv, context_fill=depth, **verify_kwargs)
-        cell = MatrixCell.of(kv, depth, res)
+    for kv, draft_kv, depth in spec.cells:
+        kw = {**verify_kwargs, "mtp_server_args": [*(verify_kwargs.get("mtp_server_args") or ()),
+                                                   *_draft_kv_args(draft_kv)]}
+        res = verify(Path(model), cache_type_k=kv, cache_type_v=kv, context_fill=depth, **kw)
+        cell = MatrixCell.of(kv, depth, res, draft_kv)
         cells.append(cell)
         results.append(res)
         if on_cell is not None:
@@ -288,10 +312,10 @@ def format_matrix(m: MatrixResult) -> str:
             f"ctx-size {s.get('ctx_size')})")
     lines = [head, "speedup: MTP over vanilla with the same KV cache, depth and server settings; "
              "decode tok/s at depth (prompt processing excluded)", "",
-             f"{'kv':<8} {'depth':>6} {'acceptance (95% CI)':<26} {'accept len':>10} {'mtp tok/s':>10} "
+             f"{'kv':<8} {'draft kv':<8} {'depth':>6} {'acceptance (95% CI)':<26} {'accept len':>10} {'mtp tok/s':>10} "
              f"{'vanilla tok/s':>14}  {'speedup (95% CI)':<24} {'identical':>9}  verdict"]
     for c in m.cells:
-        lines.append(f"{c.kv_type or 'default':<8} {c.depth:>6} "
+        lines.append(f"{c.kv_type or 'default':<8} {c.draft_kv_type or 'default':<8} {c.depth:>6} "
                      f"{pct(c.acceptance, 2) + ' ' + ci_text(c.acceptance_ci95, scale=100, digits=2):<26} "
                      f"{num(c.mean_acceptance_length):>10} {num(c.mtp_tokens_per_second):>10} "
                      f"{num(c.vanilla_tokens_per_second):>14}  "

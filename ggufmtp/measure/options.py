@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TuneError
+from ..errors import TuneError, VerifyError
 
 __all__ = ["CUDA_GRAPH_OPT_ENV", "TuneConfig", "ArmArgs", "is_speculative", "flag_names", "split_args"]
 
@@ -252,3 +252,32 @@ class ArmArgs:
 
     def to_dict(self) -> dict[str, Any]:
         return {"both": list(self.both), "mtp": list(self.mtp), "vanilla": list(self.vanilla)}
+
+
+# ----------------------------------------------------------------------------- verify's option checks
+
+
+def tuned_window(cfg: TuneConfig | None, sweep: Iterable[int] | None, draft_n_max: int | None,
+                  draft_n_min: int | None) -> tuple[int | None, int | None]:
+    """(draft_n_max, draft_n_min) once a tuned configuration fixes them."""
+    if cfg is None:
+        return draft_n_max, draft_n_min
+    if sweep:
+        raise VerifyError("a tuned configuration and a draft-window sweep cannot be combined: "
+                          "the configuration fixes the window")
+    if draft_n_max is not None and int(draft_n_max) != cfg.draft_n_max:
+        raise VerifyError(f"draft_n_max {draft_n_max} disagrees with the tuned configuration's "
+                          f"{cfg.draft_n_max}: give one or the other")
+    return cfg.draft_n_max, cfg.draft_n_min
+
+
+def check_seeds(seeds: Sequence[int], max_tokens: int) -> list[int]:
+    """The seeds as ints; VerifyError on none, duplicates, or a reply too short to draft."""
+    out = [int(s) for s in seeds]
+    if not out:
+        raise VerifyError("at least one seed is needed")
+    if len(set(out)) != len(out):
+        raise VerifyError(f"seeds {out}: duplicates")
+    if max_tokens < 2:
+        raise VerifyError(f"max_tokens {max_tokens}: must be at least 2 (a reply of one token has nothing to draft)")
+    return out

@@ -93,7 +93,7 @@ from ..errors import GgufmtpError, ServerError, TuneError, VerifyError
 from ..fmt import times
 from ..gguf.model import inspect_model
 from ..measure import stats
-from ..provenance.verdict import Thresholds, Verdict, evaluate_verdict
+from ..provenance.verdict import Thresholds, Verdict, evaluate_verdict, slot_failures
 from ..runtime.build import binary_is_ggufmtp_build, binary_version
 from ..runtime.hardware import (
     PEAK_BANDWIDTH_ENV,
@@ -106,8 +106,9 @@ from ..runtime.hardware import (
 from ..runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
 from .arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_up
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
-from .options import ArmArgs, TuneConfig
+from .options import ArmArgs, TuneConfig, check_seeds, tuned_window
 from .records import ArmFlags, ModelInfo, ServedFile, ServerInfo
+from .slots import SlotStudy, measure_slots, slot_counts
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, modes_for_template
 from .verify_report import VerifyResult, VerifySettings, format_result
 from .verify_summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
@@ -238,47 +239,18 @@ class _Plan:
     kv: KvDepth | None = None  # KV-cache types and context depth (kvdepth)
 
 
-def _coerce_tuned(tuned: Any) -> TuneConfig | None:
-    return None if tuned is None else TuneConfig.coerce(tuned)
-
-
-def _tuned_window(cfg: TuneConfig | None, sweep: Iterable[int] | None, draft_n_max: int | None,
-                  draft_n_min: int | None) -> tuple[int | None, int | None]:
-    """(draft_n_max, draft_n_min) once a tuned configuration fixes them."""
-    if cfg is None:
-        return draft_n_max, draft_n_min
-    if sweep:
-        raise VerifyError("a tuned configuration and a draft-window sweep cannot be combined: "
-                          "the configuration fixes the window")
-    if draft_n_max is not None and int(draft_n_max) != cfg.draft_n_max:
-        raise VerifyError(f"draft_n_max {draft_n_max} disagrees with the tuned configuration's "
-                          f"{cfg.draft_n_max}: give one or the other")
-    return cfg.draft_n_max, cfg.draft_n_min
-
-
-def _check_seeds(seeds: Sequence[int], max_tokens: int) -> list[int]:
-    out = [int(s) for s in seeds]
-    if not out:
-        raise VerifyError("at least one seed is needed")
-    if len(set(out)) != len(out):
-        raise VerifyError(f"seeds {out}: duplicates")
-    if max_tokens < 2:
-        raise VerifyError(f"max_tokens {max_tokens}: must be at least 2 (a reply of one token has nothing to draft)")
-    return out
-
-
 def _plan(thresholds: Any, tuned: Any, draft_n_max: int | None, draft_n_min: int | None, sweep: Iterable[int] | None,
           seeds: Sequence[int], max_tokens: int, min_identical: float | None, enforce_speedup: bool,
           peak_bandwidth_gbs: float | None, suite: str | os.PathLike | Suite, limit: int | None, raw: bool,
           server_args: Sequence[str] = (), mtp_server_args: Sequence[str] = (),
           vanilla_server_args: Sequence[str] = ()) -> _Plan:
     """Every option checked (VerifyError on the first bad one) before anything starts."""
-    cfg = _coerce_tuned(tuned)
+    cfg = None if tuned is None else TuneConfig.coerce(tuned)
     try:
         arms = ArmArgs.of(server_args, mtp_server_args, vanilla_server_args, cfg)
     except TuneError as e:
         raise VerifyError(str(e)) from e
-    draft_n_max, draft_n_min = _tuned_window(cfg, sweep, draft_n_max, draft_n_min)
+    draft_n_max, draft_n_min = tuned_window(cfg, sweep, draft_n_max, draft_n_min)
     if peak_bandwidth_gbs is not None or os.environ.get(PEAK_BANDWIDTH_ENV):
         try:
             peak_bandwidth(None, peak_bandwidth_gbs)  # a bad figure fails now, not after the run
@@ -289,7 +261,7 @@ def _plan(thresholds: Any, tuned: Any, draft_n_max: int | None, draft_n_min: int
     th = Thresholds.coerce(thresholds).merged(min_identical=min_identical, enforce_speedup=enforce_speedup)
     if not 0.0 <= th.min_identical <= 1.0:
         raise VerifyError(f"min_identical {th.min_identical}: must be between 0 and 1")
-    seed_list = _check_seeds(seeds, max_tokens)
+    seed_list = check_seeds(seeds, max_tokens)
     ks = sorted({int(draft_n_max), *(int(k) for k in (sweep or ()))})
     if ks[0] < 1:
         raise VerifyError(f"draft window {ks[0]}: --spec-draft-n-max must be at least 1")
@@ -500,7 +472,22 @@ def _judge(res: VerifyResult, notes: list[str]) -> None:
     assert all(c is not None for c in per_mode.values())
     verdict, reasons, policy_notes = evaluate_verdict(per_mode, res.thresholds, res.hardware.offloaded,  # type: ignore[arg-type]
                                                       res.comparisons)
-    res.verdict, res.reasons, res.notes = verdict, reasons, policy_notes + notes
+    reasons += slot_failures(res.slots.to_dict() if res.slots else None, res.thresholds)
+    res.verdict, res.reasons, res.notes = Verdict.FAIL if reasons else verdict, reasons, policy_notes + notes
+
+
+def _slots(plan: _Plan, base: dict[str, Any], parallel: int | None, mode: str, max_tokens: int,
+           comparisons: Sequence[Comparison], progress: bool, boot: tuple[int, int]) -> SlotStudy | None:
+    """The slot study of ``verify --parallel N`` (:mod:`ggufmtp.measure.slots`) against the main
+    comparison (chat, the shipped window, the first mode); None for one slot."""
+    if not parallel or parallel < 2:
+        return None
+    c0 = next(c for c in comparisons if (c.k, c.endpoint, c.mode) == (plan.draft_n_max, "chat", mode))
+    at = lambda s: {**base, "parallel": s, "ctx_size": base["ctx_size"] and base["ctx_size"] * s}  # noqa: E731
+    jobs = [(p, seed) for seed in plan.seeds for p in plan.suite.prompts]
+    return measure_slots(slot_counts(parallel), lambda s: ServerConfig(**plan.arms.vanilla_fields(at(s))),
+                         lambda s: _mtp_server_config(at(s), plan.draft_n_max, plan.draft_n_min, plan.tuned, plan.arms),
+                         jobs, mode, max_tokens, (c0.acceptance, c0.acceptance_ci95), progress, *boot)
 
 
 def _with_kv_depth(plan: _Plan, base: dict[str, Any], cache_type_k: str | None, cache_type_v: str | None,
@@ -564,13 +551,14 @@ def verify(
                  vanilla_server_args)
     path = Path(model)
     rep = _check_model(path)
-    base = dict(model=path, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, parallel=parallel,
+    base = dict(model=path, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, parallel=1,
                 llama_cpp_bin=llama_cpp_bin, metrics=True, extra_args=list(extra_args))
     plan, base = _with_kv_depth(plan, base, cache_type_k, cache_type_v, context_fill, max_tokens)
     served = ServedFile.of(path)  # the bytes llama-server is about to serve
     runner, srv = _run(plan, base, max_tokens, progress, on_record)
-    served.check_unchanged()
     comparisons = _summaries(runner.records, plan, srv.modes, bootstrap_resamples, bootstrap_seed)
+    slots = _slots(plan, base, parallel, srv.modes[0], max_tokens, comparisons, progress, (bootstrap_resamples, bootstrap_seed))
+    served.check_unchanged()
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
         model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks),
@@ -580,14 +568,13 @@ def verify(
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
-        records=runner.records)
+        records=runner.records, slots=slots)
     notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary, plan.arms, res.main)
     if len(plan.ks) > 1:
         res.tuned = _sweep_recommendation(res, path, gpu_layers, ctx_size)
-    c0 = res.main
     try:
-        res.bandwidth = bandwidth_report(path, hw.to_dict(), {"vanilla": c0.vanilla_tokens_per_second,
-                                                              "mtp": c0.mtp_tokens_per_second}, peak_bandwidth_gbs)
+        res.bandwidth = bandwidth_report(path, hw.to_dict(), {"vanilla": res.main.vanilla_tokens_per_second,
+                                                              "mtp": res.main.mtp_tokens_per_second}, peak_bandwidth_gbs)
     except GgufmtpError as e:  # a measured run is worth more than its bandwidth line
         notes.append(f"bandwidth fraction not computed: {e}")
     _judge(res, notes)

@@ -17,6 +17,7 @@ from ..runtime.hardware import HardwareInfo, format_bandwidth
 from .kvdepth import ContextFill, kv_depth_text
 from .options import TuneConfig
 from .records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
+from .slots import SlotStudy
 from .suite import SuiteInfo
 from .verify_summary import (
     MAX_LISTED_MISMATCHES,
@@ -104,6 +105,7 @@ class VerifyResult:
     bandwidth: dict[str, Any] | None = None
     arm_env: dict[str, dict[str, str]] = field(default_factory=dict)  # arm -> the environment it ran with
     default_vanilla_args: list[str] | None = None  # the default vanilla arm's flags, when it ran
+    slots: SlotStudy | None = None  # verify --parallel N: acceptance at each slot count (measure.slots)
 
     @property
     def ok(self) -> bool:
@@ -160,7 +162,7 @@ class VerifyResult:
             "suite": self.suite.to_dict(), "server": self.server.to_dict(VERIFY_SERVER_KEYS),
             "hardware": self.hardware.to_dict(), "settings": self.settings.to_dict(),
             "thresholds": self.thresholds.to_dict(), "evidence": self.evidence.to_dict(),
-            "speed_checked": self.speed_checked,
+            "speed_checked": self.speed_checked, "slots": self.slots.to_dict() if self.slots else None,
             "seconds": round(self.seconds, 2),
         }
         self._add_server_args(d)
@@ -290,6 +292,8 @@ def format_result(res: VerifyResult) -> str:
     for mode in res.modes:
         if res.comparison(mode=mode) is not None:
             lines += _mode_lines(res, mode)
+    if res.slots is not None:
+        lines += _slot_lines(res.slots)
     bw = format_bandwidth(res.bandwidth)
     if bw:
         lines.append(bw)
@@ -305,6 +309,18 @@ def format_result(res: VerifyResult) -> str:
     lines += [f"  FAIL {r}" for r in res.reasons]
     lines += [f"  note: {n}" for n in res.notes]
     return "\n".join(lines)
+
+
+def _slot_lines(study: SlotStudy) -> list[str]:
+    """Acceptance per slot count against one slot (verify --parallel N)."""
+    out = ["", "slots (s concurrent clients on a server with --parallel s; each arm at the same s)",
+           f"{'slots':<14} {'acceptance (95% CI)':<26} {'mtp tok/s':>10} {'vanilla tok/s':>14}  {'speedup':<9} identical"]
+    out.append(f"{'1 (reference)':<14} {pct(study.reference_acceptance, 2) + ' ' + _ci_pct(study.reference_ci95):<26}")
+    for r in study.rows:
+        out.append(f"{r.slots:<14} {pct(r.acceptance, 2) + ' ' + _ci_pct(r.acceptance_ci95):<26} "
+                   f"{num(r.mtp_tokens_per_second):>10} {num(r.vanilla_tokens_per_second):>14}  "
+                   f"{times(r.speedup):<9} {r.identical}/{r.pairs}")
+    return out
 
 
 def _header_lines(res: VerifyResult) -> list[str]:

@@ -10,7 +10,10 @@ fails :func:`judge_recorded`. Acceptance >= ``min_acceptance``; outputs identica
 verify made (each mode's chat arm, ``--raw``, every sweep window; default 1.0: any differing reply
 fails, and the reason names the comparison and the first differing prompt); speedup >=
 ``min_speedup`` only when the model was offloaded to a GPU (or ``enforce_speedup``), since a small
-model on CPU is compute-bound and MTP is expected to be slower there.
+model on CPU is compute-bound and MTP is expected to be slower there. With several slots measured
+(``verify --parallel N``, :mod:`ggufmtp.measure.slots`), each slot count's acceptance must lie within
+the single-slot acceptance's 95% CI and its replies must equal vanilla's at the same slot count
+(:func:`slot_failures`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Protocol
 from ..fmt import pct, times
 
 __all__ = ["DEFAULT_THRESHOLDS", "Evidence", "Verdict", "Thresholds", "evaluate_verdict", "judge_recorded",
-           "speed_checked"]
+           "slot_failures", "speed_checked"]
 
 
 class Verdict(str, enum.Enum):
@@ -202,7 +205,36 @@ def judge_recorded(v: Mapping[str, Any]) -> tuple[Verdict, list[str]]:
     per_mode = {str(m): RecordedFigures.of(d) for m, d in modes.items() if isinstance(d, Mapping)}
     overall = RecordedFigures.of(v)
     verdict, reasons, _ = evaluate_verdict(per_mode, th, bool(hw.get("offloaded")), [overall])
-    return verdict, reasons
+    reasons += slot_failures(v.get("slots"), th)
+    return (Verdict.FAIL if reasons else verdict), reasons
+
+
+def slot_failures(slots: Any, t: Thresholds) -> list[str]:
+    """Why the acceptance under several slots fails (none when it holds, or nothing was measured).
+    ``slots``: the verification's ``slots`` section (:meth:`ggufmtp.measure.slots.SlotStudy.to_dict`):
+    the single-slot ``reference`` (acceptance and its CI) and one row per slot count."""
+    if slots is None:
+        return []
+    if not isinstance(slots, Mapping) or not isinstance(slots.get("reference"), Mapping) \
+            or not isinstance(slots.get("rows"), list):
+        return ["the slots section is not what verify --parallel writes"]
+    ref = slots["reference"]
+    point = _number(ref.get("acceptance"))
+    ci = ref.get("acceptance_ci95") if isinstance(ref.get("acceptance_ci95"), list) else []
+    lo, hi = (_number(ci[0]), _number(ci[1])) if len(ci) == 2 else (None, None)
+    lo, hi = (point, point) if lo is None or hi is None else (lo, hi)  # no CI (one prompt): the point itself
+    out = []
+    for row in slots["rows"]:
+        row = row if isinstance(row, Mapping) else {}
+        n, acc = row.get("slots"), _number(row.get("acceptance"))
+        if acc is None or lo is None or hi is None or not lo <= acc <= hi:
+            out.append(f"acceptance at {n} slots {pct(acc)} lies outside the single-slot acceptance's 95% CI "
+                       f"[{pct(lo)}, {pct(hi)}] (upstream ggml-org/llama.cpp#27572: the MTP head under -np > 1)")
+        same, pairs = _count(row.get("identical")), _count(row.get("pairs"))
+        if not pairs or same / pairs < t.min_identical:
+            out.append(f"identical output at {n} slots: {same}/{pairs} MTP replies equal the vanilla replies at "
+                       f"{n} slots (required {pct(t.min_identical)})")
+    return out
 
 
 def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool,

@@ -9,7 +9,9 @@ ggufmtp's own C++ tools (``NATIVE_TOOLS``, sources in ``ggufmtp/runtime/native/`
 ``ggufmtp-mtp-imatrix``) are compiled against that runtime's libraries and the headers of the same
 source tree, and installed into its bin dir (rpath ``$ORIGIN``). ``runtime.json`` records each
 tool's source sha256: a runtime built before a tool existed, or with an older source, gets it
-compiled on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp.
+compiled on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp. It also
+records the architectures whose graph in that source drafts with MTP (``mtp_architectures``, read by
+:mod:`.mtp_graphs`), which ``doctor`` and the tests compare with ggufmtp's own list.
 
 This module uses only the standard library so ``tools/build_runtime.py`` can run it before the
 package's dependencies are installed.
@@ -39,6 +41,7 @@ from ..gguf.digest_cache import file_key
 from ..gguf.fsutil import atomic_write_json
 from ..gguf.hashing import sha256_file
 from ..gguf.memo import JsonMemo
+from .mtp_graphs import mtp_architectures
 
 ENV_BIN = "GGUFMTP_LLAMA_CPP_BIN"
 ENV_SDIST = "GGUFMTP_LLAMA_CPP_SDIST"
@@ -98,6 +101,9 @@ class RuntimeInfo:
     built_at: str
     amx: bool = False
     native_tools: dict[str, str] = dataclasses.field(default_factory=dict)  # tool -> source sha256
+    #: the architectures whose graph in the compiled source drafts (:mod:`.mtp_graphs`); empty when
+    #: a runtime built before ggufmtp recorded them has not been brought up to date yet
+    mtp_architectures: frozenset[str] = frozenset()
 
     def binary(self, name: str) -> Path:
         return self.bin_dir / name
@@ -119,6 +125,7 @@ class RuntimeInfo:
             built_at=data.get("built_at", ""),
             amx=bool(data.get("amx", False)),
             native_tools={k: str(v) for k, v in (data.get("native_tools") or {}).items()},
+            mtp_architectures=frozenset(str(a) for a in data.get("mtp_architectures") or ()),
         )
 
 
@@ -388,6 +395,7 @@ def _install(built: Path, root: Path, variant: str, flags: list[str], src: Path,
             "compiler": _compiler_version(),
             "built_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "native_tools": native,
+            "mtp_architectures": sorted(mtp_architectures(src)),
         }
         (staging / RUNTIME_JSON).write_text(json.dumps(record, indent=2) + "\n")
         if root.exists():
@@ -481,30 +489,36 @@ def _runtime_lock(root: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _record_current(info: RuntimeInfo) -> bool:
+    return bool(info.mtp_architectures) and all(_native_current(info, n) for n in NATIVE_TOOLS)
+
+
 def ensure_native_tools(info: RuntimeInfo, log: Callable[[str], None] = lambda m: None) -> RuntimeInfo:
     """Compile every native tool that ``info``'s runtime lacks or has from another source, and
-    record it in runtime.json. No llama.cpp rebuild: the libraries in the bin dir are linked as is."""
-    if all(_native_current(info, n) for n in NATIVE_TOOLS):
+    record it in runtime.json, with the MTP architectures of the source when the record lacks them.
+    No llama.cpp rebuild: the libraries in the bin dir are linked as is."""
+    if _record_current(info):
         return info
     root = info.bin_dir.parent
     with _runtime_lock(root):
         info = RuntimeInfo.load(root) or info  # another process may have compiled them meanwhile
-        stale = [n for n in NATIVE_TOOLS if not _native_current(info, n)]
-        if not stale:
+        if _record_current(info):
             return info
-        src = _source_tree(log)
+        stale = [n for n in NATIVE_TOOLS if not _native_current(info, n)]
+        src = source_tree(log)
         record = json.loads((root / RUNTIME_JSON).read_text())
         tools = dict(record.get("native_tools") or {})
         for name in stale:
             tools[name] = compile_native_tool(name, info.bin_dir, src, log)
         record["native_tools"] = tools
+        record["mtp_architectures"] = sorted(mtp_architectures(src))
         atomic_write_json(root / RUNTIME_JSON, record)
     loaded = RuntimeInfo.load(root)
     assert loaded is not None
     return loaded
 
 
-def _source_tree(log: Callable[[str], None]) -> Path:
+def source_tree(log: Callable[[str], None] = lambda m: None) -> Path:
     """The pinned source tree (headers), extracted from the sdist again if the cache lost it."""
     src = cache_root() / "src" / LLAMA_CPP_COMMIT
     if (src / "include" / "llama.h").is_file() and (src / "src" / "llama-ext.h").is_file():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
+from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, MTP_ARCHITECTURES, RUNTIME_BINARIES
 from ..errors import RuntimeMissingError
 from ..runtime import build as runtime
 from .hardware import read_cpu_model
@@ -109,6 +109,16 @@ class DoctorReport:
         return d
 
 
+def _mtp_architecture_problems(info: runtime.RuntimeInfo | None) -> list[str]:
+    """Where the runtime's source drafts with other architectures than ggufmtp recognises."""
+    if info is None or not info.mtp_architectures or info.mtp_architectures == MTP_ARCHITECTURES:
+        return []
+    extra, lacking = sorted(info.mtp_architectures - MTP_ARCHITECTURES), sorted(MTP_ARCHITECTURES - info.mtp_architectures)
+    return [f"{info.bin_dir.parent}: the runtime's llama.cpp drafts with MTP on {len(info.mtp_architectures)} "
+            f"architectures, ggufmtp recognises {len(MTP_ARCHITECTURES)} (runtime only: {', '.join(extra) or '-'}; "
+            f"ggufmtp only: {', '.join(lacking) or '-'}); this ggufmtp was not made for this llama.cpp"]
+
+
 def run_doctor(llama_cpp_bin: str | None = None) -> DoctorReport:
     problems: list[str] = []
     lib = libllama_info()
@@ -136,6 +146,7 @@ def run_doctor(llama_cpp_bin: str | None = None) -> DoctorReport:
             if not draft_mtp:
                 problems.append(f"{path}: --spec-type does not offer draft-mtp; this llama-server cannot run MTP")
     info = runtime.installed_runtime()
+    problems += _mtp_architecture_problems(info)
     gguf_version = _version("gguf")
     if gguf_version is None:
         problems.append("the gguf package is not installed")
@@ -152,7 +163,8 @@ def run_doctor(llama_cpp_bin: str | None = None) -> DoctorReport:
         cpu=cpu_info(),
         cuda=cuda_info(),
         runtime=None if info is None else {"bin_dir": str(info.bin_dir), "variant": info.variant,
-                                           "commit": info.commit, "build_flags": info.build_flags},
+                                           "commit": info.commit, "build_flags": info.build_flags,
+                                           "mtp_architectures": sorted(info.mtp_architectures)},
         problems=problems,
     )
 
@@ -170,6 +182,11 @@ def format_doctor(r: DoctorReport) -> str:
     for name, b in r.binaries.items():
         lines.append(f"{mark(b['commit'] == r.expected_commit)}{name:<15} {b['commit']}  ({b['path']})")
     lines.append(f"{mark(r.server_draft_mtp)}draft-mtp       {'offered' if r.server_draft_mtp else 'NOT offered'} by llama-server")
+    if r.runtime and r.runtime.get("mtp_architectures"):
+        archs = r.runtime["mtp_architectures"]
+        agree = set(archs) == MTP_ARCHITECTURES
+        lines.append(f"{mark(agree)}mtp graphs      {len(archs)} architectures"
+                     f"{', as ggufmtp recognises' if agree else ', NOT the ones ggufmtp recognises'}")
     lines.append(f"cpu                {r.cpu['model']} ({r.cpu['cores']} cores; {' '.join(r.cpu['features'])})")
     lines.append(f"cuda               {'; '.join(r.cuda['devices']) if r.cuda['available'] else 'not available'}")
     if r.problems:
