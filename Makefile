@@ -23,7 +23,7 @@ $(VENV)/.llama-cpp-python: | $(PY)
 	touch $@
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.llama-cpp-python
-	$(PIP) install -c constraints.txt -e '.[test,convert,lint,docs]'
+	$(PIP) install -c constraints.txt -e '.[test,convert,lint,docs,train,ladder]'
 	touch $@
 
 setup: runtime $(VENV)/.installed

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""sha256 throughput of ggufmtp.gguf.hashing.sha256_file from page cache, against `sha256sum`.
+"""sha256 throughput of ggufmtp.files.hashing.sha256_file from page cache, against `sha256sum`.
 
     .venv/bin/python benchmarks/hash_throughput.py [--size-gb 2] [--runs 3]
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ggufmtp.gguf.hashing import sha256_file
+from ggufmtp.files.hashing import sha256_file
 
 
 def main() -> None:

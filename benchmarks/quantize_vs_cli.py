@@ -40,7 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ggufmtp.gguf.digest_cache import DigestCache
+from ggufmtp.files.digest_cache import DigestCache
 from ggufmtp.quant.plan import make_plan
 from ggufmtp.runtime import build as runtime
 from ggufmtp.synth.spec import SynthSpec

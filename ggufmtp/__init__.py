@@ -48,11 +48,12 @@ _LAZY: dict[str, tuple[str, str]] = {
     "convert": ("ggufmtp.hfconvert.convert", "convert"),
     "compute_imatrix": ("ggufmtp.imatrix.compute", "compute_imatrix"),
     "evaluate": ("ggufmtp.quality.eval", "evaluate"),
+    "run_ladder": ("ggufmtp.ladder.run", "run_ladder"),
 }
 
 __all__ = ["__version__", "GgufmtpError", "Recipe", "SynthSpec", "synthesize", "inspect", "plan", "quantize",
            "audit", "verify", "write_receipt", "make_card", "pull", "upload", "run", "convert",
-           "compute_imatrix", "evaluate"]
+           "compute_imatrix", "evaluate", "run_ladder"]
 
 
 def __getattr__(name: str) -> object:
@@ -78,6 +79,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from .hub.pull import pull
     from .hub.upload import upload
     from .imatrix.compute import compute_imatrix
+    from .ladder.run import run_ladder
     from .pipeline import run
     from .provenance.audit import audit
     from .provenance.card import make_card

@@ -10,11 +10,12 @@ GGUF_VERSION = "0.19.0"
 RUNTIME_BINARIES = ("llama-server", "llama-quantize", "llama-imatrix", "llama-perplexity")
 
 # Architectures whose llama.cpp graph has an MTP (NextN) draft path (LLM_GRAPH_TYPE_DECODER_MTP).
+# glm5-next mentions the graph type at 0c1e570 only to throw "NextN graph not implemented yet".
 # The runtime build derives the same set from the source it compiles (runtime.json's
 # ``mtp_architectures``); tests/test_mtp_architectures.py fails when the two disagree.
 MTP_ARCHITECTURES = frozenset(
     {
-        "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe", "glm5-next",
+        "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe",
         "hy_v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
     }
 )
@@ -26,4 +27,13 @@ NEXTN_OPTIONAL_FALLBACKS = {
     "nextn.embed_tokens": "token_embd",
     "nextn.shared_head_head": "output",
     "nextn.shared_head_norm": "output_norm",
+}
+# Where an architecture's MTP graph reads another tensor in place of an optional NextN one ({block}:
+# the MTP block): bailingmoe3 loads no nextn.shared_head_norm, its final norm is the block's required
+# layer_output_norm (src/models/bailingmoe3.cpp, LLM_TENSOR_LAYER_OUT_NORM).
+NEXTN_ARCH_FALLBACKS: dict[str, dict[str, str]] = {
+    "bailingmoe3": {"nextn.shared_head_norm": "blk.{block}.layer_output_norm"},
+    # src/models/mimo2.cpp graph_mtp: shared_head_norm, else the block's (optional) layer_output_norm,
+    # which is where the converter puts the checkpoint's final_layernorm, else output_norm
+    "mimo2": {"nextn.shared_head_norm": "blk.{block}.layer_output_norm"},
 }

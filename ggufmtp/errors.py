@@ -16,7 +16,7 @@ __all__ = [
     "TuneError", "FatalTuneError", "ProfileError", "BandwidthError", "SynthError", "HubError",
     "HubHTTPError", "HubDigestMismatchError", "HubManifestError", "HubRefusedError",
     "QualityError", "ModelMismatchError", "LogitsFileError", "HeadSweepError",
-    "ConvertError", "ConvertDependencyError",
+    "ConvertError", "ConvertDependencyError", "LadderError", "TrainError", "TrainDependencyError",
 ]
 
 
@@ -171,6 +171,19 @@ class ConvertError(GgufmtpError, ValueError):
 
 class ConvertDependencyError(ConvertError, ImportError):
     """The optional conversion dependencies (PyTorch, transformers) are not installed."""
+
+
+class LadderError(GgufmtpError, ValueError):
+    """A ladder that cannot run: a bad ladder file or option, a missing engine, a variant that failed."""
+
+
+class TrainError(GgufmtpError, ValueError):
+    """Training a model (``ggufmtp train``, ``builtin:*-trained``) cannot run: a bad option, no data, a
+    diverged loss, or an output that would not convert."""
+
+
+class TrainDependencyError(TrainError, ImportError):
+    """The optional training dependencies (PyTorch, transformers) are not installed."""
 
 
 class Terminated(KeyboardInterrupt):

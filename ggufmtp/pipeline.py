@@ -30,9 +30,9 @@ from typing import Any
 from ._version import __version__
 from .constants import LLAMA_CPP_COMMIT
 from .errors import GgufmtpError, HubRefusedError, PlanError
+from .files.fsutil import atomic_write_json
+from .files.hashing import sha256_file
 from .fmt import ci_phrase, pct, times
-from .gguf.fsutil import atomic_write_json
-from .gguf.hashing import sha256_file
 from .gguf.model import inspect_model, split_shards
 from .gguf.reader import read_header
 from .hub.upload import upload as hub_upload
@@ -40,7 +40,7 @@ from .imatrix.compute import RunImatrix, imatrix_for_run
 from .measure import verify as verify_mod
 from .provenance.audit import audit
 from .provenance.card import make_card
-from .provenance.receipt import load_receipt, receipt_for_quantize, set_verification
+from .provenance.receipt import load_receipt, read_receipt, receipt_for_quantize, set_verification
 from .provenance.signing import resolve_public_key, resolve_signing_key, sign_artifact
 from .quant.plan import make_plan
 from .quant.quantize import quantize
@@ -252,11 +252,12 @@ def _unverified_shards(manifest: dict[str, Any]) -> list[str]:
     return [str(s) for s in shards if not (files.get(s) or {}).get("verified")]
 
 
-def _resolve_model(ref: ModelRef, out: Path, include: list[str] | None, token: str | None, progress: bool,
+def _resolve_model(ref: ModelRef, base_dir: Path, include: list[str] | None, token: str | None, progress: bool,
                    allow_unverified: bool) -> _Model:
-    """Make the model local (synthesize / take the path / pull), refuse a file that is not a GGUF
-    and a pulled file with no Hub checksum (unless ``allow_unverified``), and hash every shard."""
-    got = resolve(ref, local_dir=out / "base", include=include, token=token, progress=progress)
+    """Make the model local (synthesize / take the path / pull into ``base_dir/base``), refuse a file
+    that is not a GGUF and a pulled file with no Hub checksum (unless ``allow_unverified``), and hash
+    every shard."""
+    got = resolve(ref, local_dir=base_dir / "base", include=include, token=token, progress=progress)
     shards = split_shards(Path(got.path))
     for s in shards:
         read_header(s)  # GGUFReadError naming the file: not a GGUF, truncated, corrupt
@@ -437,7 +438,20 @@ def _stage_receipt(r: _Run) -> None:
         return {"receipt": _file_record(r.receipt), "artifact_sha256": stmt["subject"][0]["digest"]["sha256"]}
 
     key = _key("receipt", r.artifact_key, r.verification, _secret_id(r.signing_key))
-    r.receipted = r.cache.run("receipt", key, do, _intact("receipt"))
+    r.receipted = r.cache.run("receipt", key, do, _receipt_holds(r))
+
+
+def _receipt_holds(r: _Run) -> Callable[[dict[str, Any]], bool]:
+    """The receipt stage's result is valid while the receipt is intact, of the artifact, and holds
+    this run's verification; not byte for byte, since a later stage (eval) adds its own section."""
+    def check(_: dict[str, Any]) -> bool:
+        try:
+            rc = read_receipt(r.receipt)
+        except GgufmtpError:
+            return False
+        return rc.intact and rc.artifact.sha256 == r.artifact_sha256 and rc.verification == r.verification
+
+    return check
 
 
 def _stage_eval(r: _Run, eval_options: dict[str, Any]) -> None:
@@ -481,7 +495,8 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
         log: Callable[[str], None] = lambda m: None, signing_key: str | Path | None = None,
         public_key: str | Path | None = None, allow_unverified: bool = False,
         imatrix_corpus: str | Path | None = None, imatrix_chunks: int | None = None,
-        eval_options: dict[str, Any] | None = None) -> RunResult:
+        eval_options: dict[str, Any] | None = None, base_dir: str | Path | None = None,
+        until: str | None = None) -> RunResult:
     """Run the whole pipeline; see the module docstring. ``model`` is ``REPO_ID[@REV]``, a local
     GGUF path, a local safetensors checkpoint directory (converted first) or ``builtin:NAME``. ``verify_options`` go
     to :func:`ggufmtp.measure.verify.verify`.
@@ -492,9 +507,14 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     ``$GGUFMTP_PUBLIC_KEY``) also requires valid signatures. ``allow_unverified`` also accepts
     pulled files the Hub gave no checksum for. Nothing is written for a model that is not a GGUF.
     ``imatrix_corpus`` (instead of ``imatrix``): compute one over this text (``builtin:calib-v1`` or
-    a file), at most ``imatrix_chunks`` chunks, with the MTP block's statistics when it has one."""
+    a file), at most ``imatrix_chunks`` chunks, with the MTP block's statistics when it has one.
+    ``base_dir`` (default ``out_dir``): where a pulled model and a converted checkpoint are kept, so
+    that several runs (a ladder's variants) share one pull and one conversion. ``until="audit"``: stop
+    after the audit (a ladder builds every variant so, then measures it with a second call)."""
     if imatrix and imatrix_corpus:
         raise GgufmtpError(f"give --imatrix {imatrix} or --imatrix-corpus {imatrix_corpus}, not both")
+    if until not in (None, "audit"):
+        raise GgufmtpError(f"until={until!r}: only 'audit' (or None: every stage)")
     if upload and not verify and not allow_unverified:
         raise HubRefusedError(f"--upload {upload} with --no-verify: only a verified artifact is published; "
                               "verify it, or pass --allow-unverified (the card then says so)")
@@ -502,11 +522,12 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
     from .hfconvert.convert import converted_for_run
 
     # a safetensors checkpoint directory is converted first (cached by its files' digests)
-    converted = converted_for_run(model, Path(out_dir), progress, token) if not is_builtin(model) else None
+    shared = Path(base_dir) if base_dir is not None else out
+    converted = converted_for_run(model, shared, progress, token) if not is_builtin(model) else None
     rec, ref = Recipe.load(recipe), parse_model_ref(str(converted) if converted else model)
     key = resolve_signing_key(signing_key)
     pub = resolve_public_key(public_key) if upload else None
-    resolved = _resolve_model(ref, out, include, token, progress, allow_unverified)
+    resolved = _resolve_model(ref, shared, include, token, progress, allow_unverified)
     job = imatrix_for_run(resolved.path, imatrix_corpus, out, chunks=imatrix_chunks) if imatrix_corpus else None
     out.mkdir(parents=True, exist_ok=True)
     r = _Run(out=out, cache=_StageCache(out, log, force), recipe=rec, model_arg=model, ref=ref, model=resolved,
@@ -515,6 +536,8 @@ def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_d
              signing_key=key, public_key=pub, allow_unverified=allow_unverified)
     for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
         stage(r)
+    if until == "audit":
+        return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=None, stages=r.cache.records)
     if verify:
         _stage_verify(r, dict(verify_options or {}))
     _stage_receipt(r)

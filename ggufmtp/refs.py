@@ -2,7 +2,8 @@
 
 Library functions take paths; only the command line and :mod:`ggufmtp.pipeline` accept these
 references and turn them into paths here. A built-in model is synthesized once and cached
-(:func:`ggufmtp.synth.builtin.builtin_path`); a Hub repo is pulled, pinned to a commit.
+(:func:`ggufmtp.synth.builtin.builtin_path`; ``*-trained`` ones are trained once,
+:func:`ggufmtp.train.builtin.trained_builtin_path`); a Hub repo is pulled, pinned to a commit.
 """
 
 from __future__ import annotations
@@ -61,9 +62,14 @@ def parse_model_ref(model: str) -> ModelRef:
 
 
 def builtin_model_path(name: str) -> Path:
-    """The path of built-in model ``builtin:NAME`` (synthesized on first use, then cached)."""
-    # Function-level import: synthesizing pulls in numpy and the GGUF writer, which a command
-    # that never names a built-in model should not pay for at start-up.
+    """The path of built-in model ``builtin:NAME`` (synthesized, or for ``*-trained`` trained and
+    converted, on first use, then cached)."""
+    # Function-level imports: synthesizing pulls in numpy and the GGUF writer, training PyTorch,
+    # which a command that never names a built-in model should not pay for at start-up.
+    from .train.builtin import is_trained_builtin, trained_builtin_path
+
+    if is_trained_builtin(name):
+        return trained_builtin_path(name, progress=True)  # minutes the first time: say so on stderr
     from .synth.builtin import builtin_path
 
     return builtin_path(name)

@@ -9,7 +9,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from ggufmtp.gguf.hashing import sha256_file
+from ggufmtp.files.hashing import sha256_file
 from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.provenance.receipt import _result_section, build_statement, file_entry, seal
 from ggufmtp.synth.spec import SynthSpec

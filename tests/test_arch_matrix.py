@@ -46,7 +46,7 @@ import ggufmtp
 from ggufmtp.cli import main
 from ggufmtp.constants import MTP_ARCHITECTURES
 from ggufmtp.errors import GgufmtpError, PlanError, SynthError
-from ggufmtp.gguf.hashing import sha256_file
+from ggufmtp.files.hashing import sha256_file
 from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.imatrix.compute import ComputeResult
 from ggufmtp.imatrix.format import read_imatrix
@@ -92,8 +92,23 @@ class Pinned:
     match: str
 
 
-#: (architecture, stage) -> the pinned failure. Empty while every stage works on every architecture.
-PINNED: dict[tuple[str, str], Pinned] = {}
+#: (architecture, stage) -> the pinned failure.
+PINNED: dict[tuple[str, str], Pinned] = {
+    # deepseek4: serves and drafts; llama-imatrix's rules leave hyper-connection-shaped tensors without statistics
+    ("deepseek4", "imatrix --mtp"): Pinned(
+        "no statistics for nextn.eh_proj: graph_mtp multiplies it with a [2*n_embd, 4 hyper-connection copies, "
+        "n_tokens] activation (src/models/deepseek4.cpp:1417), and llama-imatrix's small-batch rule "
+        "(src1->ne[1] < 16, tools/imatrix/imatrix.cpp:249), which the MTP collector keeps, skips it",
+        AssertionError, r"\d+ == \d+ and False"),  # the head's entries are counted right; none is eh_proj
+    **{("deepseek4", stage): Pinned(
+        "IQ2_XXS needs an imatrix for output_hc_fn (llama-imatrix collects blk.* only, tools/imatrix/imatrix.cpp:250) "
+        "and the attn/indexer_compressor_ape tables (read by get_rows, src/models/deepseek4.cpp:953): llama-quantize "
+        "throws 'Missing importance matrix' (src/llama-quant.cpp:1303)",
+        err, match)
+       for stage, err, match in (
+           ("plan", AssertionError, r"planned as a type that needs an imatrix, but"),  # pytest truncates the rest
+           ("quantize iq2_xxs-mtp", PlanError, r"needs an imatrix, but .* has no statistics for them: output_hc_fn"))},
+}
 
 
 def _arch_params() -> list[Any]:
@@ -405,11 +420,20 @@ def _no_mtp_params() -> list[Any]:
 
 
 @pytest.mark.parametrize("arch", _no_mtp_params())
-def test_no_mtp_arch_synth_refuses_the_block(arch, cell):
+def test_no_mtp_arch_synth_refuses_the_block(arch, cell, synth_model):
+    """Without an MTP graph, synth refuses the block (llama: no checkpoint has one); where real
+    checkpoints ship one that the pinned llama.cpp cannot draft with (glm5-next: its graph throws
+    'not implemented yet'), synth writes it as the converter does and inspect says it cannot draft."""
     with cell(arch, "synth with MTP", table="no-mtp"):
-        with pytest.raises(SynthError, match=f"arch {arch} has no MTP"):
-            SynthSpec(arch=arch).validate()
         SynthSpec(arch=arch, mtp=False).validate()
+        try:
+            SynthSpec(arch=arch).validate()
+        except SynthError as e:
+            assert f"arch {arch} has no MTP" in str(e)
+            return
+        rep = ggufmtp.inspect(synth_model(SynthSpec(arch=arch)))
+        assert rep.mtp_status != "complete" and rep.mtp_blocks, rep
+        assert any(f"architecture {arch} has no MTP draft graph" in p for p in rep.mtp_problems), rep.mtp_problems
 
 
 @pytest.mark.parametrize("arch", _no_mtp_params())

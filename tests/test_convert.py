@@ -102,7 +102,7 @@ def test_audit_source_never_writes_and_add_source_records_a_bound_pass(checkpoin
     add-source` records a passing comparison bound to the artifact's sha256, and refuses the rest."""
     from receipt_kit import honest_statement
 
-    from ggufmtp.gguf.hashing import sha256_file
+    from ggufmtp.files.hashing import sha256_file
     from ggufmtp.provenance.audit import audit
     from ggufmtp.provenance.receipt import load_receipt
 

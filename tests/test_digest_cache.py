@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from ggufmtp.cli import main
-from ggufmtp.gguf.digest_cache import RACY_NS, DigestCache
-from ggufmtp.gguf.hashing import file_digests, sha256_cached
+from ggufmtp.files.digest_cache import RACY_NS, DigestCache
+from ggufmtp.files.hashing import file_digests, sha256_cached
 from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize
@@ -252,7 +252,7 @@ def test_a_wrong_header_prediction_falls_back_to_the_bytes(model, tmp_path, monk
 def test_the_streamed_output_digest_is_known_to_the_cache_after_publishing(model, tmp_path, monkeypatch):
     """eval (or run --eval) after quantize does not read the output again: the streamed digest is
     recorded before the rename and follows it (the racy window is waived for this small file)."""
-    monkeypatch.setattr("ggufmtp.gguf.digest_cache.RACY_NS", 0)
+    monkeypatch.setattr("ggufmtp.files.digest_cache.RACY_NS", 0)
     out = tmp_path / "c.gguf"
     d = _quantize_json(model, out)
     assert d["output_hashed"] == "streamed"
@@ -273,7 +273,7 @@ def hub(tmp_path, monkeypatch):
     isolate_hf_client(tmp_path / "hf_home", monkeypatch)
     monkeypatch.setenv("GGUFMTP_CACHE", str(tmp_path / "ggufmtp-cache"))  # pull needs no runtime
     # a download is hashed milliseconds after it lands: let this test's small files count as settled
-    monkeypatch.setattr("ggufmtp.gguf.digest_cache.RACY_NS", 0)
+    monkeypatch.setattr("ggufmtp.files.digest_cache.RACY_NS", 0)
     with FakeHub() as fh:
         yield fh
 

@@ -24,8 +24,8 @@ from receipt_kit import honest_statement, synth_artifact
 
 from ggufmtp.cli import main
 from ggufmtp.errors import HubDigestMismatchError, HubError, HubHTTPError, HubManifestError, HubRefusedError
-from ggufmtp.gguf.hashing import file_digests, git_blob_sha1, sha256_file
-from ggufmtp.hub.manifest import MANIFEST_NAME, GGUFModel, read_manifest
+from ggufmtp.files.hashing import file_digests, git_blob_sha1, sha256_file
+from ggufmtp.hub.manifest import MANIFEST_NAME, PulledModel, read_manifest
 from ggufmtp.hub.pull import pull
 from ggufmtp.hub.transport import cache_dir, storage_folder
 from ggufmtp.hub.upload import upload
@@ -186,7 +186,7 @@ def test_pull_groups_split_gguf_shards_into_one_model(fake, tmp_path):
                progress=False)
     assert sorted(f.path for f in res.files) == sorted(shards)
     assert res.model_entry == "big-00001-of-00003.gguf"
-    assert res.gguf_models == [GGUFModel("big-00001-of-00003.gguf", tuple(sorted(shards)))]
+    assert res.gguf_models == [PulledModel("big-00001-of-00003.gguf", tuple(sorted(shards)))]
     manifest = json.loads((tmp_path / "dl" / MANIFEST_NAME).read_text())
     assert manifest["model_entry"] == "big-00001-of-00003.gguf"
 

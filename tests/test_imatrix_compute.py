@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from ggufmtp.cli import main
 from ggufmtp.errors import CorpusError, ImatrixError, PlanError
-from ggufmtp.gguf.hashing import sha256_file
+from ggufmtp.files.hashing import sha256_file
 from ggufmtp.imatrix import check as imc
 from ggufmtp.imatrix import format as imx
 from ggufmtp.imatrix.compute import KEY_PREFIX, ImatrixProvenance, compute_imatrix, llama_imatrix_command, merge_entries

@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from ggufmtp.gguf.digest_cache import RACY_NS, DigestCache
-from ggufmtp.gguf.hashing import file_digests
-from ggufmtp.gguf.memo import JsonMemo
+from ggufmtp.files.digest_cache import RACY_NS, DigestCache
+from ggufmtp.files.hashing import file_digests
+from ggufmtp.files.memo import JsonMemo
 from ggufmtp.runtime.build import binary_version
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,3 +118,29 @@ def test_missing_llama_cpp_python_is_one_clear_error(tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert "llama-cpp-python is not importable" in r.stderr
     assert not out.exists() and not list(tmp_path.glob(".q.gguf*"))
+
+
+def _store_many(path: str, prefix: str, n: int) -> None:
+    from ggufmtp.files.memo import JsonMemo
+
+    memo = JsonMemo(path)
+    for i in range(n):
+        memo.put(f"{prefix}{i}", i)
+
+
+def test_two_processes_storing_at_once_keep_every_entry(tmp_path):
+    """#32: the memo's read-modify-write is locked between processes (it lost entries before)."""
+    import multiprocessing
+
+    from ggufmtp.files.memo import JsonMemo
+
+    path = str(tmp_path / "memo.json")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_store_many, args=(path, p, 60)) for p in ("a", "b", "c")]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join(120)
+        assert pr.exitcode == 0
+    memo = JsonMemo(path)
+    assert all(memo.get(f"{p}{i}") == i for p in ("a", "b", "c") for i in range(60))

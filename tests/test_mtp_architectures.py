@@ -27,7 +27,15 @@ def source() -> Path:
 
 def test_the_pinned_source_drafts_with_exactly_the_architectures_ggufmtp_recognises(source):
     assert mtp_architectures(source) == MTP_ARCHITECTURES
-    assert len(MTP_ARCHITECTURES) == 15
+    assert len(MTP_ARCHITECTURES) == 14 and "glm5-next" not in MTP_ARCHITECTURES
+
+
+def test_a_graph_that_throws_for_mtp_does_not_draft(source):
+    """glm5-next's build_arch_graph names LLM_GRAPH_TYPE_DECODER_MTP only to throw: grep counts 15
+    files, 14 architectures draft. When upstream implements it, this fails and glm5-next joins."""
+    text = (source / "src" / "models" / "glm5-next.cpp").read_text()
+    assert "GLM5-Next NextN graph not implemented yet" in text
+    assert "glm5-next" not in mtp_architectures(source)
 
 
 def test_the_runtime_records_them_and_doctor_agrees(llama_server_bin):
@@ -48,7 +56,8 @@ def _tree(root: Path, models_h: str, model_cpp: str, arch_cpp: str, graphs: dict
 
 
 def _graph(cls: str, mtp: bool) -> str:
-    inner = "if (params.gtype == LLM_GRAPH_TYPE_DECODER_MTP) { return mtp(); }" if mtp else "{ int x = 0; }"
+    inner = ("if (params.gtype == LLM_GRAPH_TYPE_DECODER_MTP) { return mtp(); }" if mtp else
+             'if (params.gtype == LLM_GRAPH_TYPE_DECODER_MTP) { throw std::runtime_error("not yet"); }')
     return (f"std::unique_ptr<llm_graph_context> llama_model_{cls}::build_arch_graph(const llm_graph_params & params) const {{\n"
             f"    {inner}\n    return std::make_unique<graph>(*this, params);\n}}\n"
             f"// a later mention outside the function: LLM_GRAPH_TYPE_DECODER_MTP must not count for {cls}\n")
@@ -91,7 +100,7 @@ def test_a_runtime_recorded_before_the_field_gets_it_without_a_rebuild(llama_ser
     copy = tmp_path / "rt"
     shutil.copytree(info.bin_dir.parent, copy, symlinks=True)
     record = json.loads((copy / RUNTIME_JSON).read_text())
-    del record["mtp_architectures"]
+    del record["mtp_architectures"], record["mtp_reader"]
     (copy / RUNTIME_JSON).write_text(json.dumps(record))
     old = RuntimeInfo.load(copy)
     assert old is not None and old.mtp_architectures == frozenset()

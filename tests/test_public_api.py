@@ -21,7 +21,7 @@ from ggufmtp.measure import verify as verify_mod
 from ggufmtp.synth.hf import synthesize_hf
 
 FUNCTIONS = ("synthesize", "inspect", "plan", "quantize", "audit", "verify", "write_receipt", "make_card", "pull",
-             "upload", "run", "convert", "compute_imatrix", "evaluate")
+             "upload", "run", "convert", "compute_imatrix", "evaluate", "run_ladder")
 CLASSES = ("Recipe", "SynthSpec", "GgufmtpError")
 
 
@@ -98,6 +98,10 @@ def _call_every_function(model: Path, work: Path) -> dict[str, object]:
                                                      ctx_size=128, mtp=True)
     out["evaluate"] = ggufmtp.evaluate(model, q.output, "builtin:calib-v1", ctx_size=128, chunks=2, progress=False,
                                        threads=2)
+    from ggufmtp.ladder.spec import LadderSpec
+
+    out["run_ladder"] = ggufmtp.run_ladder(LadderSpec(str(model), ("q8_0-mtp",), work / "ladder", verify=False),
+                                           progress=False)
     return out
 
 

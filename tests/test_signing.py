@@ -20,7 +20,7 @@ from fakehub import write_keypair
 from ggufmtp.cli import main
 from ggufmtp.constants import LLAMA_CPP_COMMIT
 from ggufmtp.errors import AuditError, QuantizeError
-from ggufmtp.gguf.hashing import sha256_file
+from ggufmtp.files.hashing import sha256_file
 from ggufmtp.imatrix import check as imc
 from ggufmtp.imatrix import format as imx
 from ggufmtp.provenance.audit import Trust, audit, imatrix_check

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from ggufmtp.cli import main
 from ggufmtp.errors import SynthError
-from ggufmtp.gguf.hashing import sha256_file
+from ggufmtp.files.hashing import sha256_file
 from ggufmtp.synth.builtin import BUILTIN_MODELS, builtin_path
 from ggufmtp.synth.calibrate import calibrate_wrong_fraction
 from ggufmtp.synth.chain import chain_for, predict_tokens, simulate_acceptance, suite_acceptance

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from ggufmtp.cli import main
 from ggufmtp.errors import AuditError, HubRefusedError, VerifyError
-from ggufmtp.gguf.hashing import sha256_file
+from ggufmtp.files.hashing import sha256_file
 from ggufmtp.hub import upload as upload_mod
 from ggufmtp.hub.upload import upload
 from ggufmtp.provenance import audit as audit_mod

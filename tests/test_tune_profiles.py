@@ -527,7 +527,7 @@ def test_decision_rule_on_the_h200_profiles():
 
 
 def test_receipt_merge_keeps_verify_keys(tmp_path, small_tune, profiles_ad, f20):
-    from ggufmtp.gguf.hashing import sha256_file
+    from ggufmtp.files.hashing import sha256_file
     from ggufmtp.provenance.audit import audit
     from ggufmtp.provenance.card import card_text
     from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors, set_verification

@@ -189,7 +189,7 @@ def test_identical_output_and_report_shape(knob_results):
 def test_the_served_file_is_named_by_its_digest(knob_results, knob_models, tmp_path):
     """verification.model.sha256 is the digest of the bytes llama-server served; a model file that
     changes while it is served is refused, naming the file (the digest would not name what ran)."""
-    from ggufmtp.gguf.hashing import sha256_file
+    from ggufmtp.files.hashing import sha256_file
     from ggufmtp.measure.records import ServedFile
 
     for f, r in knob_results.items():

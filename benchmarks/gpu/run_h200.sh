@@ -11,6 +11,14 @@
 #                                             # skips the CUDA build: ~3 min build and synth, 6 x ~4 min; the tenth
 #                                             # run held its machine 27 min (a machine goes back after 30)
 #   bash benchmarks/gpu/run_h200.sh imatrix   # #18/#34: llama-imatrix alone; compute vs compute --mtp, interleaved
+#   bash benchmarks/gpu/run_h200.sh qgap      # issue #34: where in-process quantization loses time (benchmarks/
+#                                             # quantize_gap.py: cli, bare ctypes call, + log callback, + worker
+#                                             # thread, + input hash, + output hash, ggufmtp), $QRUNS interleaved
+#                                             # runs on a $QLAYERS-layer Qwen3.6-shaped model
+#   bash benchmarks/gpu/run_h200.sh ladder    # issue #33: a 6-rung ladder of a $LLAYERS-layer Qwen3.6-shaped model,
+#                                             # in sequence, then on a 2-worker local Dask cluster (one GPU each);
+#                                             # wall times and each GPU's utilisation (nvidia-smi, 1 s) -> ladder-*.
+#                                             # LADDER_STAGES="lsynth qgap ladder": the CUDA build and the two models
 #   bash benchmarks/gpu/run_h200.sh headsweep # issue #19: head-precision sweep (margin head, 10 trunk layers)
 #                                             # SYNTH_STAGE=hs-synth STAGES="headsweep evaltime" BUILD_STAGE=build
 #                                             #   bash benchmarks/gpu/run_h200.sh all: the sweep's model only
@@ -99,7 +107,9 @@ case "$STAGE" in
     cp -r "$tmp/$d/llama_cpp" "$CARRY/pylib/"
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-      -d "$CARRY/wheels" gguf==0.19.0 jsonschema referencing jsonschema-specifications rpds-py diskcache
+      -d "$CARRY/wheels" gguf==0.19.0 jsonschema referencing jsonschema-specifications rpds-py diskcache \
+      dask==2026.8.0 distributed==2026.8.0 cloudpickle partd toolz locket msgpack sortedcontainers tblib \
+      tornado zict psutil
     rm -rf "$tmp"; du -sh "$CARRY" ;;
   build)
     env_setup
@@ -258,6 +268,41 @@ case "$STAGE" in
     python3 -m ggufmtp profiles "$WORK/hifi.gguf" --gpu-layers 999 "${args[@]}" "${pargs[@]}" \
       --out "$RES/profiles.json" > "$RES/profiles.txt" 2> "$RES/profiles.log" || true
     tail -25 "$RES/profiles.txt" ;;
+  lsynth)
+    # the two smaller Qwen3.6-shaped models of qgap and ladder (real per-layer shapes, fewer layers)
+    env_setup
+    for n in "${QLAYERS:-8}" "${LLAYERS:-4}"; do
+      [ -f "$WORK/shape-L$n.gguf" ] || python3 -m ggufmtp synth "$WORK/shape-L$n.gguf" --shape qwen3.6-35b-a3b \
+        --layers "$n" --wrong-successor-fraction "$WRONG" --json > "$RES/synth-L$n.json" 2> "$RES/synth-L$n.log"
+    done ;;
+  qgap)
+    env_setup
+    python3 benchmarks/quantize_gap.py --model "$WORK/shape-L${QLAYERS:-8}.gguf" --runs "${QRUNS:-2}" \
+      --threads "$(nproc)" --dir "$WORK" --arms "${QARMS:-cli,bare,worker,inhash,outhash,ggufmtp}" \
+      --json "$RES/qgap.json" 2>&1 | tee "$RES/qgap.txt" ;;
+  ladder)
+    # the same six recipes and imatrix twice, into fresh folders: in sequence, then as Dask tasks on a
+    # 2-worker local cluster (worker i measures on GPU i); nvidia-smi samples each GPU every second
+    env_setup
+    M=$WORK/shape-L${LLAYERS:-4}.gguf
+    [ -f "$WORK/ladder-imatrix.gguf" ] || python3 -m ggufmtp imatrix compute "$M" --corpus builtin:calib-v1 \
+      -o "$WORK/ladder-imatrix.gguf" --chunks 8 -ngl 999 --mtp --no-progress --json > "$RES/ladder-imatrix.json" 2>&1
+    R="-r q8_0-mtp -r benchmarks/gpu/ladder/q6_k-mtp.toml -r q4_k_m-mtp-q8 -r hifi-q4_k_m-mtp -r iq4_xs-mtp -r iq2_xxs-mtp"
+    for mode in sequential parallel; do
+      # quantization threads: every core in sequence, half of them per worker when two quantize at once
+      extra="-t $(nproc)"; [ $mode = parallel ] && extra="--workers 2 --gpus 2 -t $(( $(nproc) / 2 ))"
+      rm -rf "$WORK/ladder-$mode"
+      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
+        > "$RES/ladder-$mode-util.csv" 2>/dev/null & u=$!
+      s0=$(date +%s.%N)
+      python3 -m ggufmtp ladder -m "$M" $R --imatrix "$WORK/ladder-imatrix.gguf" -o "$WORK/ladder-$mode" \
+        --gpu-layers 999 --limit "${LLIMIT:-8}" --seeds 42 --max-tokens "${LMAXTOK:-64}" $extra --json \
+        > "$RES/ladder-$mode.json" 2> "$RES/ladder-$mode.log" || true
+      echo "$mode $(python3 -c "import time;print(round(time.time()-$s0,2))")" >> "$RES/ladder-wall.txt"
+      kill $u 2>/dev/null || true
+      cp "$WORK/ladder-$mode/README.md" "$RES/ladder-$mode-card.md" 2>/dev/null || true
+    done
+    cat "$RES/ladder-wall.txt" ;;
   all)
     new_progress
     env_setup  # once, before the parallel stages (two concurrent pip installs into /tmp/site collide)

@@ -11,12 +11,14 @@ from . import (
                convert_cmds,
                hub_cmds,
                imatrix_cmds,
+               ladder_cmd,
                model_cmds,
                provenance_cmds,
                quality_cmds,
                quant_cmds,
                run_cmd,
                runtime_cmds,
+               train_cmd,
                tune_cmds,
                verify_cmds,
 )
@@ -24,6 +26,6 @@ from .app import main
 
 # Importing a command module registers its commands on ``main``; a new module joins this list.
 COMMAND_MODULES = (runtime_cmds, model_cmds, imatrix_cmds, quant_cmds, provenance_cmds, verify_cmds, tune_cmds,
-                   hub_cmds, run_cmd, quality_cmds, convert_cmds)
+                   hub_cmds, run_cmd, quality_cmds, convert_cmds, ladder_cmd, train_cmd)
 
 __all__ = ["main"]

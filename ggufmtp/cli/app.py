@@ -64,7 +64,7 @@ bin_option = click.option(
 
 # ``ggufmtp --help`` lists the commands by what they are for, in the order of the pipeline.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "Build": ("pull", "convert", "synth", "imatrix", "recipe", "plan", "quantize", "run"),
+    "Build": ("pull", "convert", "synth", "train", "imatrix", "recipe", "plan", "quantize", "run", "ladder"),
     "Check": ("inspect", "audit", "receipt"),
     "Measure": ("verify", "tune", "curve", "profiles", "eval", "head-sweep"),
     "Publish": ("card", "upload"),
@@ -90,8 +90,14 @@ class SectionedGroup(click.Group):
 
 @click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ggufmtp")
-def main() -> None:
+@click.option("--no-progress", is_flag=True,
+              help="No progress bars, for every command ($GGUFMTP_NO_PROGRESS=1 does the same).")
+def main(no_progress: bool) -> None:
     """Produce, audit and verify MTP (NextN) GGUF models for llama.cpp."""
+    if no_progress:
+        from ..progress import disable
+
+        disable()
 
 
 def resolve_model_arg(model: str) -> str:

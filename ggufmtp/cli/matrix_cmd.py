@@ -64,7 +64,7 @@ def _progress(total: int, out_path: str | None, quiet: bool) -> Callable:
     def on_cell(cell) -> None:
         done.append(cell.to_dict())
         if out_path:
-            from ..gguf.fsutil import atomic_write_json
+            from ..files.fsutil import atomic_write_json
 
             atomic_write_json(Path(out_path), {"partial": True, "cells_total": total, "cells": done})
         if not quiet:
@@ -90,7 +90,7 @@ def run_matrix(model: Path, spec_text: str, verify_kwargs: dict[str, Any], singl
     res = verify_matrix(model, spec.kv_types, spec.depths, on_cell=_progress(len(spec.cells), out_path, as_json),
                         draft_kv_types=spec.draft_kv_types, **verify_kwargs)
     if out_path:
-        from ..gguf.fsutil import atomic_write_json
+        from ..files.fsutil import atomic_write_json
 
         atomic_write_json(Path(out_path), res.to_dict(full=True))
     if receipt_path:

@@ -40,7 +40,7 @@ def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None,
     """The common tail of tune, curve and profiles: the full JSON to --out, ``res.to_dict()`` as
     ``verification.<section>`` of --receipt, then JSON or the human-readable text on stdout."""
     if out_path:
-        from ..gguf.fsutil import atomic_write_json
+        from ..files.fsutil import atomic_write_json
 
         atomic_write_json(Path(out_path), out_data)
     if receipt_path:

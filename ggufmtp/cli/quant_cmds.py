@@ -74,7 +74,7 @@ def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, 
 
     text = Recipe.from_flags(list(flags), name=name, mtp_block=list(mtp_blocks) or None).to_toml()
     if output:
-        from ..gguf.fsutil import atomic_write_text
+        from ..files.fsutil import atomic_write_text
 
         atomic_write_text(Path(output), text)
         click.echo(f"wrote {output}", err=True)

@@ -127,7 +127,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
 def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json: bool, signing_key=None) -> None:
     """--out (the full JSON), --receipt (its verification section), then JSON or the table."""
     if out_path:
-        from ..gguf.fsutil import atomic_write_json
+        from ..files.fsutil import atomic_write_json
 
         atomic_write_json(Path(out_path), res.to_dict(requests=True))
     if receipt_path:

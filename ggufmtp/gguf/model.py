@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from gguf.constants import Keys, LlamaFileType
 
-from ..constants import MTP_ARCHITECTURES, NEXTN_OPTIONAL_FALLBACKS, NEXTN_REQUIRED
+from ..constants import MTP_ARCHITECTURES, NEXTN_ARCH_FALLBACKS, NEXTN_OPTIONAL_FALLBACKS, NEXTN_REQUIRED
 from ..errors import GGUFReadError
 from ..fmt import human_bytes
 from .reader import GGUFHeader, read_header, tensor_nbytes
@@ -39,12 +39,24 @@ _GLM_ATTN = [("attn_norm",), ("post_attention_norm",), ("attn_qkv", "attn_q+attn
 _MLA = [("attn_norm",), ("attn_q_a",), ("attn_q_a_norm",), ("attn_q_b",), ("attn_kv_a_mqa",),
         ("attn_kv_a_norm",), ("attn_k_b",), ("attn_v_b",), ("attn_output",), ("ffn_norm",)]
 _SHARED = [("ffn_gate_shexp",), ("ffn_up_shexp",), ("ffn_down_shexp",)]
+# src/models/deepseek32.cpp: its loader requires the DSA indexer in the MTP block too (glm-dsa's does not)
+_INDEXER = [("indexer.k_norm",), ("indexer.proj",), ("indexer.attn_k",), ("indexer.attn_q_b",)]
+# src/models/deepseek4.cpp (load_arch_tensors): a grouped low-rank output (attn_output_a/_b, no
+# attn_output) and the block's hyper-connection mixes; exp_probs_b is a .bias, not checked here
+_DSV4 = [("attn_norm",), ("attn_sinks",), ("attn_q_a",), ("attn_q_a_norm",), ("attn_q_b",), ("attn_kv",),
+         ("attn_kv_a_norm",), ("attn_output_a",), ("attn_output_b",), ("ffn_norm",),
+         ("hc_attn_fn",), ("hc_attn_base",), ("hc_attn_scale",), ("hc_ffn_fn",), ("hc_ffn_base",), ("hc_ffn_scale",)]
 MTP_BLOCK_REQUIREMENTS: dict[str, list[tuple[str, ...]]] = {
     "qwen35moe": _ATTN + _MOE,
     "qwen3next": _ATTN + _MOE,
     "qwen35": _ATTN + _DENSE,
     "glm4moe": _GLM_ATTN + _ROUTED,
     "deepseek2": _MLA + _ROUTED + _SHARED,
+    # src/models/bailingmoe3.cpp: an MLA block with a head-wise gate; its final norm is the block's own
+    "bailingmoe3": _MLA + [("attn_gate",), ("layer_output_norm",)] + _ROUTED + _SHARED,
+    "deepseek32": _MLA + _ROUTED + _SHARED + _INDEXER,
+    "glm-dsa": _MLA + _ROUTED + _SHARED,
+    "deepseek4": _DSV4 + _ROUTED + _SHARED,
 }
 # Other MTP architectures: at least a norm, some attention and some FFN.
 _GENERIC_BLOCK = [("attn_norm",), ("attn_output", "attn_out"),
@@ -252,13 +264,15 @@ def _missing_block_tensors(model: GGUFModel, names: set[str], blocks: list[int])
     return missing
 
 
-def _fallbacks(names: set[str], blocks: list[int]) -> dict[str, str]:
+def _fallbacks(names: set[str], blocks: list[int], arch: str = "") -> dict[str, str]:
     """Optional NextN tensors the MTP blocks lack -> the tensor llama.cpp uses instead."""
     fallbacks = {}
     for b in blocks:
         for opt, fallback in NEXTN_OPTIONAL_FALLBACKS.items():
             if f"blk.{b}.{opt}.weight" not in names:
-                fb = f"{fallback}.weight"
+                fb = NEXTN_ARCH_FALLBACKS.get(arch, {}).get(opt, fallback).format(block=b) + ".weight"
+                if fb not in names and opt in NEXTN_ARCH_FALLBACKS.get(arch, {}):
+                    fb = f"{fallback}.weight"  # mimo2: its layer_output_norm is optional too
                 if fallback == "output" and fb not in names:
                     fb = "token_embd.weight"  # tied embeddings: output falls back to token_embd
                 fallbacks[f"blk.{b}.{opt}.weight"] = fb
@@ -307,7 +321,7 @@ def check_mtp(model: GGUFModel) -> MTPCheck:
         status = MTPStatus.INCOMPLETE
     else:
         status = MTPStatus.COMPLETE
-    return MTPCheck(status, blocks[0], block_tensors, missing, _fallbacks(names, blocks), problems, blocks)
+    return MTPCheck(status, blocks[0], block_tensors, missing, _fallbacks(names, blocks, model.architecture), problems, blocks)
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION, GGMLQuantizationType, GGUFValueType, Keys
 
 from ..errors import GGUFReadError
-from .fsutil import not_a_regular_file
+from ..files.fsutil import not_a_regular_file
 
 __all__ = ["GGUF_MAGIC", "ByteCursor", "GGUFHeader", "HeaderField", "HeaderTensor", "parse_header", "read_header",
            "tensor_nbytes", "truncation"]

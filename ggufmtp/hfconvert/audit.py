@@ -130,7 +130,7 @@ def record_source_audit(res: SourceAudit, receipt: str | os.PathLike, signing_ke
     and the comparison must have found no mismatch. The one way a source audit reaches a receipt
     (``ggufmtp receipt add-source``; ``audit --source`` never writes). Returns the section."""
     from ..errors import AuditError
-    from ..gguf.hashing import sha256_file
+    from ..files.hashing import sha256_file
     from ..provenance.receipt import read_receipt, set_section
 
     rc = read_receipt(receipt)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConvertDependencyError, ConvertError, GgufmtpError
-from ..gguf.fsutil import atomic_write_json
+from ..files.fsutil import atomic_write_json
 from ..gguf.model import GGUFModel, MTPStatus, check_mtp
 from .source import NO_MTP, SOURCE_SUFFIX, SourceCheckpoint, read_checkpoint
 

@@ -11,6 +11,12 @@ carry a real model's vocabulary; every other tokenizer goes through the converte
 (``[gMASK]``, ``<|user|>``, ``<|observation|>``), which the synthetic ChatML vocabulary does not
 have: a synthetic GLM checkpoint's vocabulary goes through the plain GPT-2 BPE step, as a Qwen
 checkpoint's does. A real checkpoint meets the converter unmodified.
+
+A checkpoint ggufmtp TRAINED (:mod:`ggufmtp.train`; its config.json carries ``ggufmtp_trained`` with the
+sha256 of its tokenizer.json) has a byte-level BPE learnt from its own corpus, so no fixed table can
+know its hash: the hash of its own tokenizer (computed here, on the converter's own probe text) is
+declared as ``qwen2``, the pre-tokenizer it was trained with. Only while tokenizer.json is still the
+file the trainer recorded: a swapped tokenizer meets the converter's refusal as any unknown one does.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ EXTRA_PRE_TOKENIZERS = {
 }
 
 
-def _register_extra_pre_tokenizers() -> None:
+def _register_extra_pre_tokenizers(own: bool = False) -> None:
+    """Hashes the converter does not know, declared: :data:`EXTRA_PRE_TOKENIZERS`, and with ``own``
+    (a ggufmtp-trained checkpoint) the hash of the checkpoint's own tokenizer, as ``qwen2``."""
     from hashlib import sha256
 
     from conversion.base import TextModel
@@ -40,7 +48,11 @@ def _register_extra_pre_tokenizers() -> None:
         except NotImplementedError:
             nonlocal chktxt
             chktxt = chktxt or _chktxt(original)
-            known = EXTRA_PRE_TOKENIZERS.get(sha256(str(tokenizer.encode(chktxt)).encode()).hexdigest())
+            chkhsh = sha256(str(tokenizer.encode(chktxt)).encode()).hexdigest()
+            if own and chkhsh not in EXTRA_PRE_TOKENIZERS:
+                EXTRA_PRE_TOKENIZERS[chkhsh] = "qwen2"
+                print(f"ggufmtp: trained tokenizer chkhsh {chkhsh} declared as pre-tokenizer qwen2", file=sys.stderr)
+            known = EXTRA_PRE_TOKENIZERS.get(chkhsh)
             if known is None:
                 raise
             return known
@@ -70,12 +82,27 @@ def _is_synthetic_checkpoint(model_dir: Path) -> bool:
         return False
 
 
+def _is_trained_checkpoint(model_dir: Path) -> bool:
+    """A checkpoint ggufmtp trained whose tokenizer.json is the one the trainer recorded."""
+    import json
+    from hashlib import sha256
+
+    try:
+        marker = json.loads((model_dir / "config.json").read_text()).get("ggufmtp_trained")
+        tokenizer = (model_dir / "tokenizer.json").read_bytes()
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(marker, dict) and marker.get("tokenizer_sha256") == sha256(tokenizer).hexdigest()
+
+
 def main(argv: list[str]) -> None:
     src = Path(argv[0])
     sys.path[:0] = [str(src / "gguf-py"), str(src)]
     if len(argv) > 1 and _is_synthetic_checkpoint(Path(argv[1])):
         _register_extra_pre_tokenizers()
         _register_synthetic_glm_vocab()
+    elif len(argv) > 1 and _is_trained_checkpoint(Path(argv[1])):
+        _register_extra_pre_tokenizers(own=True)
     sys.argv = [str(src / "convert_hf_to_gguf.py"), *argv[1:]]
     runpy.run_path(str(src / "convert_hf_to_gguf.py"), run_name="__main__")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConvertError
-from ..gguf.hashing import sha256_file
+from ..files.hashing import sha256_file
 
 __all__ = ["SourceTensor", "MTPHead", "SourceCheckpoint", "read_checkpoint", "mtp_head", "SOURCE_SUFFIX", "NO_MTP"]
 

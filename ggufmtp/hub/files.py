@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from ..errors import HubRefusedError
-from ..gguf.hashing import FileDigests, file_digests
-from .manifest import GGUFModel, HubFile
+from ..files.hashing import FileDigests, file_digests
+from .manifest import HubFile, PulledModel
 
 __all__ = ["COMMIT_RE", "HASH_PROGRESS_MIN", "SHA256_RE", "check_digests", "check_safe_paths",
            "complete_shard_selection", "group_gguf_shards", "hash_file", "matches", "normalize_include"]
@@ -66,7 +66,7 @@ def check_safe_paths(paths: Iterable[str], where: str) -> None:
 # ================================================================================================
 
 
-def group_gguf_shards(paths: Iterable[str]) -> tuple[list[GGUFModel], dict[str, list[str]]]:
+def group_gguf_shards(paths: Iterable[str]) -> tuple[list[PulledModel], dict[str, list[str]]]:
     """Group ``.gguf`` paths into models: ``x-00001-of-00003.gguf`` .. ``-00003-`` form one model.
 
     Returns ``(models, missing)``: ``missing`` maps a split model's entry (its first shard name,
@@ -82,7 +82,7 @@ def group_gguf_shards(paths: Iterable[str]) -> tuple[list[GGUFModel], dict[str, 
             groups.setdefault((m["stem"], int(m["count"])), {})[int(m["index"])] = p
         else:
             singles.append(p)
-    models = [GGUFModel(entry=p, shards=(p,)) for p in singles]
+    models = [PulledModel(entry=p, shards=(p,)) for p in singles]
     missing: dict[str, list[str]] = {}
     for (stem, count), shards in sorted(groups.items()):
         names = [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
@@ -90,7 +90,7 @@ def group_gguf_shards(paths: Iterable[str]) -> tuple[list[GGUFModel], dict[str, 
         if absent:
             missing[names[0]] = absent
         else:
-            models.append(GGUFModel(entry=names[0], shards=tuple(names)))
+            models.append(PulledModel(entry=names[0], shards=tuple(names)))
     models.sort(key=lambda m: m.entry)
     return models, missing
 

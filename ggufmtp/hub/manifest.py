@@ -19,9 +19,9 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import HubError, HubManifestError
-from ..gguf.fsutil import atomic_write_json
+from ..files.fsutil import atomic_write_json
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA", "GGUFModel", "HubFile", "PullResult", "PullSource", "PulledFile",
+__all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA", "PulledModel", "HubFile", "PullResult", "PullSource", "PulledFile",
            "read_manifest", "try_read_manifest", "write_manifest"]
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class PulledFile:
 
 
 @dataclass(frozen=True)
-class GGUFModel:
+class PulledModel:
     """One GGUF model of a pull: a single file, or every shard of a split model."""
 
     entry: str  # what to hand llama.cpp: the file itself, or the first shard of a split model
@@ -99,7 +99,7 @@ class PullResult:
     endpoint_host: str | None
     local_dir: Path  # the directory holding the files (local_dir, cache snapshot, or the directory)
     files: list[PulledFile]
-    gguf_models: list[GGUFModel]
+    gguf_models: list[PulledModel]
     include: list[str] | None = None
     hub_files: list[HubFile] | None = None  # the Hub's metadata for every file of the commit
     manifest_path: Path | None = None
@@ -187,7 +187,7 @@ def read_manifest(path: str | os.PathLike) -> PullResult:
     try:
         files = [PulledFile(path=f["path"], size=int(f["size"]), sha256=f["sha256"], verified=bool(f.get("verified")))
                  for f in data["files"]]
-        models = [GGUFModel(entry=m["entry"], shards=tuple(m["shards"])) for m in data.get("gguf_models") or []]
+        models = [PulledModel(entry=m["entry"], shards=tuple(m["shards"])) for m in data.get("gguf_models") or []]
         return PullResult(
             repo_id=data.get("repo_id"), source=data["source"], requested_revision=data.get("requested_revision"),
             resolved_commit=data.get("resolved_commit"), endpoint_host=data.get("endpoint_host"),

@@ -33,8 +33,9 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import HubDigestMismatchError, HubError, HubHTTPError, HubRefusedError
-from ..gguf.digest_cache import DigestCache
-from ..gguf.hashing import FileDigests
+from ..files.digest_cache import DigestCache
+from ..files.hashing import FileDigests
+from ..progress import is_disabled as progress_disabled
 from .files import (
     COMMIT_RE,
     check_digests,
@@ -307,7 +308,7 @@ class _Downloads:
         with hub_errors(f"downloading {path} from {self.where}", **req.errs):
             local = Path(hf_hub_download(
                 req.repo_id, path, revision=self.commit, local_dir=req.local_dir, cache_dir=req.cache,
-                token=req.token, endpoint=req.endpoint, tqdm_class=None if req.progress else SilentBar,
+                token=req.token, endpoint=req.endpoint, tqdm_class=None if req.progress and not progress_disabled() else SilentBar,
                 library_name="ggufmtp", library_version=__version__,
             ))
         if self.base_dir is None:  # cache mode: the snapshot folder of this commit

@@ -23,8 +23,9 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import AuditError, HubError, HubRefusedError
+from ..files.hashing import file_digests
 from ..fmt import decimal_bytes
-from ..gguf.hashing import file_digests
+from ..progress import is_disabled as progress_disabled
 from ..provenance.receipt import read_receipt
 from ..provenance.signing import resolve_public_key, signature_path
 from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
@@ -311,6 +312,7 @@ def _push(result: UploadResult, revision: str | None, token: str | bool | None, 
     """Send the commit, with huggingface_hub's progress bars off unless ``progress``; fills in the commit."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
+    progress = progress and not progress_disabled()
     restore_bars = not progress and not are_progress_bars_disabled()
     if restore_bars:
         disable_progress_bars()

@@ -190,10 +190,10 @@ def _pump_stdout(proc: subprocess.Popen, run: _Run, on_done: Callable[[int], Non
 
 def _run_llama_imatrix(cmd: list[str], progress: bool, requested: int | None) -> _Run:
     """Run ``cmd`` with a tqdm bar over chunks; the process never outlives this call."""
-    from tqdm import tqdm
+    from ..progress import bar as progress_bar
 
     run = _Run()
-    bar = tqdm(total=requested, unit="chunk", desc="llama-imatrix", disable=not progress, leave=False)
+    bar = progress_bar(requested, "llama-imatrix", "chunk", enabled=progress)
 
     def on_total(n: int) -> None:
         bar.total = n

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorpusError
-from ..gguf.fsutil import not_a_regular_file
-from ..gguf.hashing import sha256_file
+from ..files.fsutil import not_a_regular_file
+from ..files.hashing import sha256_file
 
 __all__ = ["BUILTIN_CORPORA", "BUILTIN_CORPUS_PREFIX", "DEFAULT_CORPUS", "Corpus", "builtin_corpus_path",
            "check_corpus_text", "min_tokens_for", "resolve_corpus"]

@@ -60,7 +60,7 @@ import numpy as np
 from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION, GGMLQuantizationType, GGUFValueType, Keys
 
 from ..errors import GGUFReadError, ImatrixError
-from ..gguf.fsutil import atomic_write_parts, not_a_regular_file
+from ..files.fsutil import atomic_write_parts, not_a_regular_file
 from ..gguf.reader import GGML_MAX_NAME, GGUF_MAGIC, ByteCursor, GGUFHeader, HeaderTensor, parse_header, truncation
 from .entries import (
     KEY_CHUNK_COUNT,
@@ -536,7 +536,7 @@ def imatrix_to_bytes(im: Imatrix, format: ImatrixFormat | str | None = None) -> 
 
 def write_imatrix(im: Imatrix, path: str | os.PathLike, format: ImatrixFormat | str | None = None,
                   *, chunk_size: int | None = None) -> str:
-    """Write ``im`` to ``path`` atomically (:func:`ggufmtp.gguf.fsutil.atomic_write_parts`).
+    """Write ``im`` to ``path`` atomically (:func:`ggufmtp.files.fsutil.atomic_write_parts`).
 
     ``format`` defaults to ``im.format``; another format converts first (see ``convert_imatrix``,
     ``chunk_size`` is used for dat -> GGUF). Returns the SHA-256 of the written file.

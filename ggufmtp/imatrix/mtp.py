@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import CorpusError, ImatrixError
-from ..gguf.fsutil import not_a_regular_file
+from ..files.fsutil import not_a_regular_file
 from ..runtime.build import MTP_IMATRIX_TOOL, find_binary
 from ..runtime.process import describe_exit, die_with_parent, stop_process
 from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
@@ -106,10 +106,10 @@ def _pump(proc: subprocess.Popen, run: _ToolRun, bar) -> None:
 
 def _run_tool(cmd: list[str], progress: bool, chunks: int | None, desc: str) -> _ToolRun:
     """Run the tool with a tqdm bar over chunks; the process never outlives this call (errors, Ctrl-C)."""
-    from tqdm import tqdm
+    from ..progress import bar as progress_bar
 
     run = _ToolRun()
-    bar = tqdm(total=chunks, unit="chunk", desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(chunks, desc, "chunk", enabled=progress)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=die_with_parent)
     try:

@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import os
 import shlex
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from tqdm import tqdm
 
 from ..errors import ServerError, TuneError
 from ..fmt import ci_text, num, pct, times
@@ -41,6 +39,7 @@ from ..measure.records import CURVE_MODEL_KEYS, CURVE_SERVER_KEYS, ModelInfo, Se
 from ..measure.suite import DEFAULT_SUITE, Prompt, Suite, modes_for_template
 from ..measure.tune_bench import DEFAULT_CTX_PER_SLOT, DEFAULT_MAX_TOKENS, Bench, check_seeds, prepare
 from ..measure.verify_summary import PairStats
+from ..progress import bar as progress_bar
 from ..runtime.hardware import HardwareInfo, probe_hardware
 from ..runtime.server import LlamaServer, ServerConfig
 
@@ -331,9 +330,8 @@ def _measure_curve(base: dict[str, Any], specs: Sequence[_PointSpec], k: int, pr
         mode = modes_for_template(props.get("chat_template"))[0]
         bench = Bench(prompts, seeds, mode, max_tokens, 1)
         bench.one(van, prompts[0], 0, WARMUP_TOKENS)
-        bar = stack.enter_context(tqdm(total=len(specs) * len(prompts) * len(seeds) * 2, desc="curve", unit="req",
-                                       file=sys.stderr, disable=None if progress else True, leave=False,
-                                       dynamic_ncols=True))
+        bar = stack.enter_context(progress_bar(len(specs) * len(prompts) * len(seeds) * 2, "curve", "req",
+                                               enabled=progress))
         pair = _Arms(van, bench, list(prompts), seeds, ABBA(), bar)
         points = [_measure_point(pair, arms.mtp_fields(base, k), spec, k, resamples) for spec in specs]
         return points, mode, props.get("build_info")

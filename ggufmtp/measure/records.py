@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import VerifyError
-from ..gguf.digest_cache import FileKey, file_key
-from ..gguf.hashing import sha256_file
+from ..files.digest_cache import FileKey, file_key
+from ..files.hashing import sha256_file
 
 __all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "first_difference"]
 

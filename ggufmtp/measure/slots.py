@@ -22,14 +22,13 @@ audit re-derives the same verdict.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-from tqdm import tqdm
+from typing import Any
 
 from ..errors import ServerError, VerifyError
+from ..progress import bar as progress_bar
 from ..runtime.replies import Reply
 from ..runtime.server import LlamaServer, ServerConfig
 from . import stats
@@ -120,7 +119,7 @@ def _row(slots: int, van: _Arm, mtp: _Arm, resamples: int, boot_seed: int) -> Sl
 
 
 def _measure_one(slots: int, servers: tuple[ServerConfig, ServerConfig], jobs: Sequence[tuple[Prompt, int]],
-                 mode: str, max_tokens: int, order: ABBA, bar: tqdm) -> tuple[_Arm, _Arm]:
+                 mode: str, max_tokens: int, order: ABBA, bar: Any) -> tuple[_Arm, _Arm]:
     arms = (_Arm([]), _Arm([]))
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(max_workers=slots) as pool:
         up = [stack.enter_context(LlamaServer(cfg)) for cfg in servers]
@@ -154,8 +153,7 @@ def measure_slots(counts: Sequence[int], vanilla: Callable[[int], ServerConfig],
     ``mtp(s)``: the server configurations at ``s`` slots; ``reference``: the single-slot acceptance
     and its CI. VerifyError when a server fails or the MTP arm never drafts."""
     order, rows = ABBA(), []
-    with tqdm(total=2 * len(jobs) * len(counts), desc="verify slots", unit="req", file=sys.stderr,
-              disable=None if progress else True, leave=False, dynamic_ncols=True) as bar:
+    with progress_bar(2 * len(jobs) * len(counts), "verify slots", "req", enabled=progress) as bar:
         for s in counts:
             van, m = _measure_one(s, (vanilla(s), mtp(s)), jobs, mode, max_tokens, order, bar)
             row = _row(s, van, m, resamples, boot_seed)

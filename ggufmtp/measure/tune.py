@@ -25,11 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tqdm import tqdm
-
 from ..errors import AuditError, FatalTuneError, ServerError, TuneError
+from ..files.hashing import sha256_file
 from ..fmt import ci_text, pct, times
-from ..gguf.hashing import sha256_file
 from ..measure import stats
 from ..measure.options import ArmArgs, TuneConfig
 from ..measure.records import TUNE_BOOTSTRAP_KEYS, TUNE_MODEL_KEYS, TUNE_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
@@ -65,6 +63,7 @@ from ..measure.tune_search import (
     search_anchors,
     successive_halving,
 )
+from ..progress import bar as progress_bar
 from ..provenance.receipt import load_receipt, read_receipt, set_verification
 from ..provenance.signing import is_envelope, read_json_file
 from ..runtime.hardware import HardwareInfo, probe_hardware
@@ -433,8 +432,7 @@ def _serve_and_search(setup: TuneSetup, base: dict[str, Any], van_cfg: ServerCon
         bench = Bench(setup.suite.prompts, seeds, use_mode, max_tokens, concurrency)
         stack.callback(bench.close)
         bench.one(van, setup.suite.prompts[0], 0, WARMUP_TOKENS)  # warm-up
-        bar = stack.enter_context(tqdm(total=total, desc="tune", unit="req", file=sys.stderr,
-                                       disable=None if progress else True, leave=False, dynamic_ncols=True))
+        bar = stack.enter_context(progress_bar(total, "tune", "req", enabled=progress))
         ev = ServerEvaluator(base, van, bench, ctx_per_slot, setup.suite.prompts[0], bar, arms)
         stack.callback(ev.close)
         sh = successive_halving(ordered, ev, sched.budget, sched.units0, sched.eta, sched.final_size,

@@ -80,19 +80,17 @@ import hashlib
 import itertools
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from ..errors import GgufmtpError, ServerError, TuneError, VerifyError
 from ..fmt import times
 from ..gguf.model import inspect_model
 from ..measure import stats
+from ..progress import bar as progress_bar
 from ..provenance.verdict import Thresholds, Verdict, evaluate_verdict, slot_failures
 from ..runtime.build import binary_is_ggufmtp_build, binary_version
 from ..runtime.hardware import (
@@ -354,8 +352,7 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
         plan = dataclasses.replace(plan, suite=suite)
         total = (len(plan.ks) * len(plan.seeds) * len(modes) * len(plan.suite.prompts) * len(plan.endpoints)
                  * (3 if default is not None else 2))
-        bar = stack.enter_context(tqdm(total=total, desc="verify", unit="req", file=sys.stderr,
-                                       disable=None if progress else True, leave=False, dynamic_ncols=True))
+        bar = stack.enter_context(progress_bar(total, "verify", "req", enabled=progress))
         for mode in modes:
             _warm_up(van, plan.suite.prompts[0], mode, "vanilla", None)
             if default is not None:

@@ -23,19 +23,12 @@ import enum
 from pathlib import Path
 from typing import Any
 
+from ..checks import Check, Status
 from ..errors import AuditError, GgufmtpError, GGUFReadError
-from ..gguf.hashing import sha256_file
+from ..files.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPCheck, check_mtp, format_blocks, split_shards
 from ..provenance.receipt import Receipt, default_receipt_path, integrity_digest, read_receipt, table_digest, verification_problem
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
-
-
-class Status(str, enum.Enum):
-    """A check's outcome: it verified something, it failed, or it only reports (nothing checked)."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    INFO = "info"
 
 
 class Trust(str, enum.Enum):
@@ -48,28 +41,6 @@ class Trust(str, enum.Enum):
 
 
 _SYMBOL = {Status.PASS: "✓", Status.FAIL: "✗", Status.INFO: "·"}
-
-
-@dataclasses.dataclass
-class Check:
-    """One audit check. ``ok`` (PASS or INFO) is False only for a failure; INFO checked nothing."""
-
-    name: str
-    ok: bool
-    detail: str = ""
-    status: Status | None = None
-
-    def __post_init__(self) -> None:
-        if self.status is None:
-            self.status = Status.PASS if self.ok else Status.FAIL
-        self.ok = self.status != Status.FAIL
-
-    @classmethod
-    def info(cls, name: str, detail: str) -> Check:
-        return cls(name, True, detail, Status.INFO)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "status": self.status.value, "detail": self.detail}
 
 
 @dataclasses.dataclass

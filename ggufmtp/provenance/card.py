@@ -10,8 +10,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from ..files.fsutil import atomic_write_text
 from ..fmt import ci_phrase, num, pct, times
-from ..gguf.fsutil import atomic_write_text
 from ..provenance.receipt import verification_problem
 from ..runtime.hardware import format_bandwidth
 from .quality_card import quality_lines

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
 from ..errors import AuditError
-from ..gguf.fsutil import atomic_write_json
-from ..gguf.hashing import sha256_file
+from ..files.fsutil import atomic_write_json
+from ..files.hashing import sha256_file
 from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
 from .signing import (
     envelope_statement,

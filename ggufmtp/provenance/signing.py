@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AuditError
-from ..gguf.fsutil import atomic_write_text
+from ..files.fsutil import atomic_write_text
 
 ENV_SIGNING_KEY = "GGUFMTP_SIGNING_KEY"
 ENV_PUBLIC_KEY = "GGUFMTP_PUBLIC_KEY"

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QualityError
-from ..gguf.digest_cache import DigestCache
-from ..gguf.fsutil import atomic_write_json
-from ..gguf.hashing import sha256_cached
+from ..files.digest_cache import DigestCache
+from ..files.fsutil import atomic_write_json
+from ..files.hashing import sha256_cached
 from ..imatrix.corpus import DEFAULT_CORPUS, Corpus, check_corpus_text, min_tokens_for, resolve_corpus
+from ..progress import bar as progress_bar
 from ..runtime.build import binary_version, cache_root, find_binary
 from .logits import CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes, refuse_without_room, tokens_memo
 from .models import count_tokens, model_identity, refuse_different_models
@@ -73,9 +74,7 @@ class QualityResult:
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="chunk", disable=not enabled, leave=False)
+    return progress_bar(total, desc, "chunk", enabled=enabled)
 
 
 def _tokens_key(base_sha: str | None, corpus: Corpus, commit: str | None) -> str | None:

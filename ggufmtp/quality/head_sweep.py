@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadSweepError
-from ..gguf.fsutil import atomic_write_text
+from ..files.fsutil import atomic_write_text
 from ..gguf.model import GGUFModel, tensor_array
 from ..measure import verify as verify_mod
 from ..quant.quantize import quantize

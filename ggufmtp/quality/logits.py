@@ -19,7 +19,7 @@ import struct
 from pathlib import Path
 
 from ..errors import LogitsFileError
-from ..gguf.memo import JsonMemo
+from ..files.memo import JsonMemo
 from ..runtime.build import cache_root
 
 MAGIC = b"_logits_"

@@ -25,9 +25,9 @@ import gguf
 
 from ..constants import LLAMA_CPP_COMMIT, MTP_ARCHITECTURES
 from ..errors import PlanError
+from ..files.fsutil import not_a_regular_file
+from ..files.hashing import sha256_file
 from ..fmt import human_bytes
-from ..gguf.fsutil import not_a_regular_file
-from ..gguf.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, block_prefixes, check_mtp, format_blocks
 from ..imatrix import check as imx_check
 from ..imatrix import entries as imx_entries

@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..checks import Check
 from ..errors import PlanError, QuantizeError
-from ..gguf.digest_cache import DigestCache
-from ..gguf.fsutil import fsync_dir, fsync_path
-from ..gguf.hashing import sha256_file
+from ..files.digest_cache import DigestCache
+from ..files.fsutil import fsync_dir, fsync_path
+from ..files.hashing import sha256_file
 from ..gguf.model import GGUFModel, check_mtp, format_blocks
 from .output_header import predict_output_header
 from .plan import Plan, make_plan
@@ -37,18 +38,6 @@ from .stream_hash import OutputDigest
 from .worker import BackgroundHash, WorkerRun, run_quantize_interruptible, thread_read_bytes
 
 _TENSOR_START = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-")
-
-
-@dataclasses.dataclass
-class AuditCheck:
-    """One post-quantization check: what was checked, whether it held, and the evidence."""
-
-    name: str
-    ok: bool
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -123,7 +112,7 @@ class QuantizeResult:
 
     output: Path
     plan: Plan
-    checks: list[AuditCheck]
+    checks: list[Check]
     seconds: float
     size_bytes: int
     started_at: str
@@ -165,10 +154,9 @@ class _Progress:
         self.current: str | None = None
         self.bar = None
         if enabled:
-            from tqdm import tqdm
+            from ..progress import bar
 
-            self.bar = tqdm(total=sum(self.sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, disable=None,
-                            desc="quantize", dynamic_ncols=True)
+            self.bar = bar(sum(self.sizes.values()), "quantize", "B", unit_scale=True, unit_divisor=1024)
 
     def on_line(self, level: int, line: str) -> None:  # noqa: ARG002
         m = _TENSOR_START.match(line)
@@ -190,28 +178,28 @@ class _Progress:
             self.bar.close()
 
 
-def audit_against_plan(path: Path, plan: Plan, source: GGUFModel) -> list[AuditCheck]:
+def audit_against_plan(path: Path, plan: Plan, source: GGUFModel) -> list[Check]:
     """Every tensor's type equals the plan; every MTP block is intact (the same blocks as the
     source's, each as complete); nextn_predict_layers kept."""
     out = GGUFModel(path)
-    checks: list[AuditCheck] = []
+    checks: list[Check] = []
     actual = out.type_table()
     planned = plan.type_table()
     mismatches = [f"{n}: plan {t}, file {actual.get(n, 'absent')}" for n, t in planned.items() if actual.get(n) != t]
     extra = sorted(set(actual) - set(planned))
     mismatches += [f"{n}: not in the plan" for n in extra]
-    checks.append(AuditCheck("tensor types match the plan", not mismatches,
+    checks.append(Check("tensor types match the plan", not mismatches,
                              "; ".join(mismatches[:5]) or f"{len(planned)} tensors"))
     src_mtp, out_mtp = check_mtp(source), check_mtp(out)
     if src_mtp.status != "absent":
         same_blocks = out_mtp.blocks == src_mtp.blocks
-        checks.append(AuditCheck("MTP block present and complete", out_mtp.status == src_mtp.status and same_blocks,
+        checks.append(Check("MTP block present and complete", out_mtp.status == src_mtp.status and same_blocks,
                                  f"source {src_mtp.status}, output {out_mtp.status}"
                                  + ("" if same_blocks and len(src_mtp.blocks) <= 1 else
                                     f"; blocks: source {format_blocks(src_mtp.blocks) or 'none'}, "
                                     f"output {format_blocks(out_mtp.blocks) or 'none'}")
                                  + (f"; missing {', '.join(out_mtp.missing)}" if out_mtp.missing else "")))
-    checks.append(AuditCheck("nextn_predict_layers unchanged", out.nextn_predict_layers == source.nextn_predict_layers,
+    checks.append(Check("nextn_predict_layers unchanged", out.nextn_predict_layers == source.nextn_predict_layers,
                              f"source {source.nextn_predict_layers}, output {out.nextn_predict_layers}"))
     return checks
 
@@ -295,7 +283,7 @@ def input_digest_cache() -> DigestCache:
 
 
 def _durable_and_audited(staged: Path, plan: Plan, source: GGUFModel, out: Path, clock: StageTimes
-                         ) -> list[AuditCheck]:
+                         ) -> list[Check]:
     """fsync the staged output (libllama closes it without one: durable before the rename), then
     audit it against the plan; QuantizeError when the audit fails."""
     with clock.measure("fsync"):

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RecipeError
-from ..gguf.fsutil import not_a_regular_file
+from ..files.fsutil import not_a_regular_file
 
 MTP_PLACEHOLDER = "{mtp}"
 # {mtp} (every MTP block) or {mtpN} (the N-th, from 0); group 1 is N or empty.

@@ -13,7 +13,7 @@ sequentially, and never rewritten; bytes are read only below the file's size, an
 writer runs a margin below it). Anything else (a wrong prediction, a file that shrank or was
 replaced, a read error, a cancel) yields a :class:`StreamResult` whose status says so and whose
 ``sha256`` is None: the caller then hashes the finished file the ordinary way
-(:func:`ggufmtp.gguf.hashing.file_digests`). The hasher never raises into the caller.
+(:func:`ggufmtp.files.hashing.file_digests`). The hasher never raises into the caller.
 
 Memory stays at one ``chunk_size`` buffer (4 MiB) plus the predicted header itself.
 """
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..gguf.digest_cache import DigestCache, file_key
-from ..gguf.hashing import CHUNK_SIZE
+from ..files.digest_cache import DigestCache, file_key
+from ..files.hashing import CHUNK_SIZE
 from .output_header import PredictedHeader
 from .worker import BackgroundHash, lowest_priority, normal_priority
 

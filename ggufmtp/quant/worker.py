@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..gguf.digest_cache import DigestCache
-from ..gguf.hashing import file_digests, sha256_cached
+from ..files.digest_cache import DigestCache
+from ..files.hashing import file_digests, sha256_cached
 from ..runtime.libllama import QuantizeParams, llama_cpp_module, run_quantize
 
 __all__ = ["BackgroundHash", "WorkerRun", "lowest_priority", "normal_priority", "run_quantize_interruptible",
@@ -134,7 +134,7 @@ class BackgroundHash:
 
     :meth:`result` waits and returns ``{resolved path: sha256}``; :meth:`cancel` stops it at the
     next chunk. Every digest is of the bytes on disk (read now, or read earlier by ggufmtp from
-    this very file, unchanged: see :mod:`ggufmtp.gguf.digest_cache`)."""
+    this very file, unchanged: see :mod:`ggufmtp.files.digest_cache`)."""
 
     def __init__(self, paths: list[Path], cache: DigestCache | None = None, background: bool = False):
         self.paths, self.cache, self.background = [Path(p) for p in paths], cache, background
@@ -188,7 +188,7 @@ class BackgroundHash:
         """Back to normal priority once the command waits for it (where the OS lets a process
         raise a thread's priority again: root or RLIMIT_NICE; elsewhere it runs on at nice 19,
         which only matters while other processes keep every core busy). Its read-ahead thread
-        (:func:`ggufmtp.gguf.hashing.file_digests`) keeps the nice 19 it inherited: it only copies
+        (:func:`ggufmtp.files.hashing.file_digests`) keeps the nice 19 it inherited: it only copies
         from the page cache, and by then the quantization has left every core idle."""
         if self.thread.is_alive():
             normal_priority(self._niced)

@@ -37,11 +37,11 @@ from pathlib import Path
 
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
 from ..errors import RuntimeBuildError, RuntimeMissingError
-from ..gguf.digest_cache import file_key
-from ..gguf.fsutil import atomic_write_json
-from ..gguf.hashing import sha256_file
-from ..gguf.memo import JsonMemo
-from .mtp_graphs import mtp_architectures
+from ..files.digest_cache import file_key
+from ..files.fsutil import atomic_write_json
+from ..files.hashing import sha256_file
+from ..files.memo import JsonMemo
+from .mtp_graphs import READER_VERSION, mtp_architectures
 
 ENV_BIN = "GGUFMTP_LLAMA_CPP_BIN"
 ENV_SDIST = "GGUFMTP_LLAMA_CPP_SDIST"
@@ -104,6 +104,7 @@ class RuntimeInfo:
     #: the architectures whose graph in the compiled source drafts (:mod:`.mtp_graphs`); empty when
     #: a runtime built before ggufmtp recorded them has not been brought up to date yet
     mtp_architectures: frozenset[str] = frozenset()
+    mtp_reader: int = 0  # the mtp_graphs reader version that recorded them
 
     def binary(self, name: str) -> Path:
         return self.bin_dir / name
@@ -126,6 +127,7 @@ class RuntimeInfo:
             amx=bool(data.get("amx", False)),
             native_tools={k: str(v) for k, v in (data.get("native_tools") or {}).items()},
             mtp_architectures=frozenset(str(a) for a in data.get("mtp_architectures") or ()),
+            mtp_reader=int(data.get("mtp_reader") or 0),
         )
 
 
@@ -395,7 +397,7 @@ def _install(built: Path, root: Path, variant: str, flags: list[str], src: Path,
             "compiler": _compiler_version(),
             "built_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "native_tools": native,
-            "mtp_architectures": sorted(mtp_architectures(src)),
+            "mtp_architectures": sorted(mtp_architectures(src)), "mtp_reader": READER_VERSION,
         }
         (staging / RUNTIME_JSON).write_text(json.dumps(record, indent=2) + "\n")
         if root.exists():
@@ -490,7 +492,7 @@ def _runtime_lock(root: Path):
 
 
 def _record_current(info: RuntimeInfo) -> bool:
-    return bool(info.mtp_architectures) and all(_native_current(info, n) for n in NATIVE_TOOLS)
+    return info.mtp_reader == READER_VERSION and all(_native_current(info, n) for n in NATIVE_TOOLS)
 
 
 def ensure_native_tools(info: RuntimeInfo, log: Callable[[str], None] = lambda m: None) -> RuntimeInfo:
@@ -512,6 +514,7 @@ def ensure_native_tools(info: RuntimeInfo, log: Callable[[str], None] = lambda m
             tools[name] = compile_native_tool(name, info.bin_dir, src, log)
         record["native_tools"] = tools
         record["mtp_architectures"] = sorted(mtp_architectures(src))
+        record["mtp_reader"] = READER_VERSION
         atomic_write_json(root / RUNTIME_JSON, record)
     loaded = RuntimeInfo.load(root)
     assert loaded is not None

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RuntimeMissingError, ServerError
-from ..gguf.reader import read_header
+from ..gguf.model import has_mtp_head as gguf_has_mtp
+from ..gguf.model import is_mtp_sidecar
 from ..runtime import build as runtime
 from .process import HOST, StartupWatch, describe_exit, die_with_parent, owns_listening_port, port_in_use, stall_timeout_default
 from .replies import Reply, SpecCounters, parse_prometheus, require_drafting
@@ -180,33 +181,6 @@ def binary_help(binary: Path) -> str:
     return text
 
 
-def gguf_has_mtp(path: str | os.PathLike) -> bool | None:
-    """Whether llama-server would find an MTP head in ``path`` (it looks for
-    ``blk.<block_count-1>.nextn.eh_proj.weight``); None if the file cannot be read as GGUF."""
-    try:
-        kv, names = _header(path)
-        arch = kv["general.architecture"]
-        n = int(kv[f"{arch}.block_count"])
-    except Exception:
-        return None
-    return f"blk.{n - 1}.nextn.eh_proj.weight" in names
-
-
-def _header(path: str | os.PathLike) -> tuple[dict[str, Any], set[str]]:
-    """(metadata, tensor names) of a GGUF, from the one header reader."""
-    h = read_header(path)
-    return h.metadata, {t.name for t in h.tensors}
-
-
-def _is_mtp_only_sidecar(path: str | os.PathLike) -> bool:
-    try:
-        kv, names = _header(path)
-        arch = kv["general.architecture"]
-        return int(kv.get(f"{arch}.nextn_predict_layers", 0)) > 0 and "blk.0.attn_norm.weight" not in names
-    except Exception:
-        return False
-
-
 class _BindRace(Exception):
     pass
 
@@ -305,7 +279,7 @@ class LlamaServer:
         model = Path(c.model)
         if not model.is_file():
             raise ServerError(f"model {model}: no such file")
-        if _is_mtp_only_sidecar(model):
+        if is_mtp_sidecar(model):
             raise ServerError(
                 f"model {model}: is an MTP-only sidecar (MTP block without the trunk); llama-server "
                 f"crashes (SIGSEGV) on it as the main model -- pass it as draft_model next to its target")

@@ -9,7 +9,7 @@ Modules, in the order data flows through them:
 - ``chain``     the bigram successor chain and the exact replay of llama-server's draft loop
 - ``tensors``   ``TensorPlan`` and ``TensorBuilder``: every tensor's bytes, generated lazily
 - ``metadata``  the GGUF key/values (model, tokenizer, provenance)
-- ``writer``    ``synthesize`` (streams the file through ``gguf.fsutil``'s atomic writer), ``SynthResult``
+- ``writer``    ``synthesize`` (streams the file through ``files.fsutil``'s atomic writer), ``SynthResult``
 - ``builtin``   ``BUILTIN_MODELS`` and ``builtin_path`` (the cache of built-in models)
 - ``calibrate`` ``calibrate_wrong_fraction`` and ``chat_last_tokens`` (starts a real llama-server)
 
@@ -107,7 +107,7 @@ for calibrated acceptance.
 Streaming
 ---------
 Tensor infos are declared up front, then every tensor is generated chunk by chunk (bounded memory) and
-handed to ``gguf.fsutil.atomic_write_parts`` -- the project's one atomic writer: a temporary file in
+handed to ``files.fsutil.atomic_write_parts`` -- the project's one atomic writer: a temporary file in
 the destination directory, fsynced, given the umask's permissions and ``os.replace``-d into place only
 when complete; it returns the sha256 of the bytes it wrote. Small tensors use a seeded PCG64
 generator; tensors over 4 Mi elements (the real shape's experts and vocabulary padding) tile a seeded

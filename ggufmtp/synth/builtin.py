@@ -30,7 +30,17 @@ BUILTIN_MODELS: dict[str, SynthSpec] = {
     "tiny-glm4moe": SynthSpec(arch="glm4moe", layers=2),
     "tiny-glm4moe-f20": SynthSpec(arch="glm4moe", layers=2, wrong_successor_fraction=0.2),
     "tiny-deepseek2": SynthSpec(arch="deepseek2", layers=2),
+    "tiny-deepseek4": SynthSpec(arch="deepseek4"),  # 4 layers: compress ratios 0, 0, 4 (CSA), 128 (HCA)
+    "tiny-deepseek32": SynthSpec(arch="deepseek32", layers=2),
+    "tiny-glm-dsa": SynthSpec(arch="glm-dsa"),  # 4 layers: the last one's indexer is "shared"
     "tiny-step35": SynthSpec(arch="step35", mtp_layers=3),
+    "tiny-nemotron_h_moe": SynthSpec(arch="nemotron_h_moe"),
+    "tiny-mimo2": SynthSpec(arch="mimo2", mtp_layers=3),  # MiMo-V2's 3 chained heads
+    "tiny-bailingmoe3": SynthSpec(arch="bailingmoe3"),
+    "tiny-cohere2moe": SynthSpec(arch="cohere2moe"),
+    "tiny-hy_v3": SynthSpec(arch="hy_v3"),
+    # a NextN block as GLM-5.3-Flash converts, which the pinned llama.cpp cannot draft with (no MTP graph)
+    "tiny-glm5-next": SynthSpec(arch="glm5-next"),
     "tiny-llama-nomtp": SynthSpec(arch="llama", mtp=False),
 }
 

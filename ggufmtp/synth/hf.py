@@ -42,11 +42,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SynthError
-from ..gguf.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..files.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..gguf.model import GGUFModel, tensor_array
 from .layout import DIMS, SHAPE_TINY
 from .spec import SynthSpec
-from .tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_vocab
+from .tokenizer import CHAT_TEMPLATE, QWEN2_SPLIT, SPECIAL_TOKENS, build_vocab
 from .writer import synthesize
 
 __all__ = ["HFCheckpoint", "synthesize_hf", "HF_ARCHITECTURE", "GLM_ARCHITECTURE", "INDEX_NAME"]
@@ -263,9 +263,6 @@ def _glm_config(spec: SynthSpec, trunk: int, n_vocab: int, with_mtp: bool) -> di
     return cfg
 
 
-# The pre-tokenizer of Qwen2/Qwen3 (tokenizer.json), which the synth GGUF declares as ``pre = qwen2``.
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _tokenizer_json() -> str:
@@ -280,7 +277,7 @@ def _tokenizer_json() -> str:
                      merges=[tuple(m.split(" ")) for m in vocab.merges], fuse_unk=False)
     tk = Tokenizer(bpe)
     tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])

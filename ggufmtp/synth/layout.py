@@ -9,8 +9,9 @@ each architecture's own (:mod:`ggufmtp.synth.archs`); the bytes are made by
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 SHAPE_TINY = "tiny"
 SHAPE_REAL = "qwen3.6-35b-a3b"
@@ -94,7 +95,15 @@ class Constructed(enum.Enum):
     SSM_A = "ssm_a"  # -exp(U(0, 1.5)): a stable decay per value head
 
 
-Init = Normal | Const | Constructed
+class Computed(NamedTuple):
+    """Values an architecture module constructs itself (nemotron_h_moe's successor memory):
+    ``make(builder)`` gets the :class:`~ggufmtp.synth.tensors.TensorBuilder` (chain, embeddings,
+    seeded generators) and returns every element as float32, in ggml order (``ne0`` fastest)."""
+
+    make: Callable[[Any], Any]
+
+
+Init = Normal | Const | Constructed | Computed
 
 
 class TensorLayout(NamedTuple):

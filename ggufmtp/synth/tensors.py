@@ -16,7 +16,7 @@ import numpy as np
 
 from .archs.registry import arch_for
 from .chain import chain_for
-from .layout import BF16, F32, Const, Constructed, Normal, TensorLayout, global_tensors
+from .layout import BF16, F32, Computed, Const, Constructed, Normal, TensorLayout
 from .spec import SynthSpec, spec_rng
 from .tokenizer import build_vocab
 
@@ -70,7 +70,7 @@ class TensorBuilder:
     def plans(self) -> list[TensorPlan]:
         """Every tensor, in file order: globals, the trunk blocks, then the MTP blocks."""
         s, a = self.spec, self.arch
-        layout = global_tensors(self.d.n_embd, len(self.vocab))
+        layout = a.global_tensors(s, len(self.vocab)) + a.extra_globals(s)
         if not s.mtp_only:
             for il in range(s.layers):
                 layout += a.trunk_block(il, s)
@@ -86,6 +86,8 @@ class TensorBuilder:
             return self.normal(t.name, t.ne, t.init.std, t.dtype, t.init.mean)
         if isinstance(t.init, Const):
             return self.const(t.name, t.ne, t.init.value, t.dtype)
+        if isinstance(t.init, Computed):
+            return self.computed(t.name, t.ne, t.dtype, t.init.make)
         constructed: dict[Constructed, Callable[[], Iterator[np.ndarray]]] = {
             Constructed.EMBEDDINGS: lambda: self.vocab_rows("token_embd.weight", self.embeddings, 1.0),
             Constructed.OUTPUT: lambda: self.vocab_rows("output.weight", self.output_rows, 0.02),
@@ -133,6 +135,13 @@ class TensorBuilder:
     def const(self, name: str, ne: tuple[int, ...], value: float, dtype: int = F32) -> TensorPlan:
         def chunks() -> Iterator[np.ndarray]:
             z = np.full(math.prod(ne), value, dtype=np.float32)
+            yield z if dtype == F32 else to_bf16(z)
+
+        return TensorPlan(name, ne, dtype, chunks)
+
+    def computed(self, name: str, ne: tuple[int, ...], dtype: int, make: Callable[[TensorBuilder], np.ndarray]) -> TensorPlan:
+        def chunks() -> Iterator[np.ndarray]:
+            z = np.ascontiguousarray(make(self), dtype=np.float32).reshape(-1)
             yield z if dtype == F32 else to_bf16(z)
 
         return TensorPlan(name, ne, dtype, chunks)

@@ -56,6 +56,11 @@ _TEXT_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
+# The pre-tokenizer of Qwen2/Qwen3 (a tokenizer.json Split regex), which llama.cpp's ``qwen2`` pre-tokenizer
+# applies: the HF tokenizers ggufmtp writes (synth --format hf, the trained models) split text with it.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
 # ChatML whose generation prompt ends with the user's own last words (see the ggufmtp.synth docstring).
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from tqdm import tqdm
 
 from ..errors import SynthError
-from ..gguf.fsutil import atomic_write_parts
+from ..files.fsutil import atomic_write_parts
+from ..progress import bar as progress_bar
 from .archs.registry import arch_for
 from .chain import effective_draft_n_max, realized_fraction
 from .layout import F32
@@ -82,7 +82,7 @@ def plan(spec: SynthSpec) -> list[TensorPlan]:
 def synthesize(out: str | os.PathLike, spec: SynthSpec = SynthSpec(), progress: bool = True,
                sha256: bool = True) -> SynthResult:
     """Write the model described by ``spec`` to ``out``, streamed tensor by tensor (bounded memory)
-    through :func:`ggufmtp.gguf.fsutil.atomic_write_parts`: an interruption leaves nothing behind.
+    through :func:`ggufmtp.files.fsutil.atomic_write_parts`: an interruption leaves nothing behind.
 
     The writer hashes what it writes; ``sha256=False`` only leaves the digest out of the result."""
     spec.validate()
@@ -115,8 +115,7 @@ def _file_parts(name: str, header: bytes, align: int, plans: list[TensorPlan], p
     """The whole file as byte chunks: the header, then each tensor padded to ``align``."""
     pos = len(header)
     yield header
-    with tqdm(total=sum(p.nbytes for p in plans), unit="B", unit_scale=True, desc=f"synth {name}",
-              disable=None if progress else True, leave=False) as bar:
+    with progress_bar(sum(p.nbytes for p in plans), f"synth {name}", "B", enabled=progress, unit_scale=True) as bar:
         for p in plans:
             if pad := (-pos) % align:
                 yield b"\x00" * pad

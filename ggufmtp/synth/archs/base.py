@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from ..layout import BF16, DIMS, F32, RESIDUAL_SCALE, SHAPE_TINY, Const, Dims, Normal, TensorLayout
+from ..layout import BF16, DIMS, F32, RESIDUAL_SCALE, SHAPE_TINY, Const, Dims, Normal, TensorLayout, global_tensors
 
 
 class SynthSpec(Protocol):
@@ -71,6 +71,17 @@ class SynthArch:
         :meth:`nextn`)."""
         raise NotImplementedError
 
+    def global_tensors(self, spec: SynthSpec, n_vocab: int) -> list[TensorLayout]:
+        """``token_embd``, ``output_norm``, ``output`` (:func:`~ggufmtp.synth.layout.global_tensors`);
+        an architecture whose MTP head has no ``nextn.embed_tokens`` to carry the knob builds its own
+        (bailingmoe3)."""
+        return global_tensors(self.dims(spec).n_embd, n_vocab)
+
+    def extra_globals(self, spec: SynthSpec) -> list[TensorLayout]:
+        """Tensors outside the blocks besides ``token_embd`` / ``output_norm`` / ``output`` (kept in an
+        MTP-only sidecar too: the MTP head uses them); none unless an architecture has its own."""
+        return []
+
     def nextn(self, il: int, spec: SynthSpec, n_vocab: int, embed_tokens: bool) -> list[TensorLayout]:
         """The ``nextn.*`` tensors of MTP block ``il``."""
         from ..layout import nextn_tensors
@@ -108,6 +119,21 @@ def out_proj(name: str, n_in: int, n_out: int, n_expert: int = 0, dtype: int = B
 def in_std(n_embd: int) -> float:
     """The std of a projection out of the residual stream (unit-variance outputs)."""
     return 1.0 / math.sqrt(n_embd)
+
+
+def qk_norm_attention(p: str, d: Dims, n_head: int | None = None) -> list[TensorLayout]:
+    """Separate ``attn_q/k/v`` with per-head RMS ``attn_q_norm``/``attn_k_norm``, no bias, no gate
+    (hy_v3; step35 adds its head-wise gate). ``n_head``: the query heads (default ``d.n_head``)."""
+    nh = d.n_head if n_head is None else n_head
+    n, hq, hkv, w = d.n_embd, d.head_dim * nh, d.head_dim * d.n_head_kv, in_std(d.n_embd)
+    return [
+        weight(p + "attn_q.weight", (n, hq), w),
+        weight(p + "attn_k.weight", (n, hkv), w),
+        weight(p + "attn_v.weight", (n, hkv), w),
+        out_proj(p + "attn_output.weight", hq, n),
+        norm(p + "attn_q_norm.weight", d.head_dim),
+        norm(p + "attn_k_norm.weight", d.head_dim),
+    ]
 
 
 def biased_moe_ffn(p: str, d: Dims, n_ff_shared: int) -> list[TensorLayout]:

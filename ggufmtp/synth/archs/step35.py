@@ -50,7 +50,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..layout import BF16, DIMS, F32, SHAPE_TINY, Constructed, Dims, TensorLayout
-from .base import HParam, SynthArch, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
+from .base import HParam, SynthArch, SynthSpec, common_hyperparameters, in_std, norm, qk_norm_attention, weight
 from .qwen35 import dense_ffn, moe_ffn
 
 #: Step-3.5-Flash's MTP heads (``num_nextn_predict_layers``); llama.cpp chains all of them.
@@ -95,16 +95,7 @@ def is_moe(il: int, spec: SynthSpec, d: Step35Dims) -> bool:
 
 def gated_attention(p: str, d: Step35Dims, n_head: int) -> list[TensorLayout]:
     """Attention with per-head Q/K norms and the head-wise gate ``attn_gate`` (``g_proj``)."""
-    n, hq, hkv, w = d.n_embd, d.head_dim * n_head, d.head_dim * d.n_head_kv, in_std(d.n_embd)
-    return [
-        weight(p + "attn_q.weight", (n, hq), w),
-        weight(p + "attn_k.weight", (n, hkv), w),
-        weight(p + "attn_v.weight", (n, hkv), w),
-        out_proj(p + "attn_output.weight", hq, n),
-        norm(p + "attn_q_norm.weight", d.head_dim),
-        norm(p + "attn_k_norm.weight", d.head_dim),
-        weight(p + "attn_gate.weight", (n, n_head), w),
-    ]
+    return qk_norm_attention(p, d, n_head) + [weight(p + "attn_gate.weight", (d.n_embd, n_head), in_std(d.n_embd))]
 
 
 def step35_moe(p: str, d: Step35Dims) -> list[TensorLayout]:

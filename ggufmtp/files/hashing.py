@@ -48,9 +48,9 @@ class FileDigests:
 def _progress_bar(path: Path, total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from ..progress import bar
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=f"sha256 {path.name}", leave=False, disable=None)
+    return bar(total, f"sha256 {path.name}", "B", unit_scale=True)
 
 
 def file_digests(

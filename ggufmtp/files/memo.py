@@ -4,16 +4,18 @@ The digest cache (sha256 by file identity), the llama.cpp commit a binary report
 file identity) and a corpus's token count (by model, corpus and commit) are each one JSON file
 under the cache root, written atomically with the one atomic writer. A damaged, unreadable or
 other-version file reads as empty; a write that fails only costs relearning the fact. The oldest
-entries are dropped beyond ``max_entries``. Thread-safe within a process; two processes writing
-at once may lose each other's newest entries.
+entries are dropped beyond ``max_entries``. Thread-safe within a process, and between processes:
+a read-modify-write holds an exclusive ``flock`` on ``<file>.lock`` beside it, so two runs storing
+at once both keep their entries (a file system without locks falls back to the thread lock alone).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,7 @@ class JsonMemo:
     def update(self, change: Callable[[dict[str, Any]], bool]) -> bool:
         """Apply ``change`` to the entries under the lock; it returns whether to write them back.
         Whether the file was written (a cache that cannot be written only costs relearning)."""
-        with self._lock:
+        with self._lock, self._file_lock():
             entries = self._load()
             if not change(entries):
                 return False
@@ -65,6 +67,20 @@ class JsonMemo:
                 atomic_write_json(self.path, {"version": self.version, "entries": entries})
                 return True
             return False
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """An exclusive lock between processes for one read-modify-write (none where it cannot be had)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path.with_name(self.path.name + ".lock"), "a")
+        except OSError:
+            yield
+            return
+        with fh:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
 
     def _load(self) -> dict[str, Any]:
         try:

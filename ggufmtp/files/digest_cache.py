@@ -8,7 +8,7 @@ set back (``touch -d``, ``os.utime``) but ``ctime`` cannot (the kernel sets it o
 ``utime`` itself), so an edit that restores size and mtime still misses; a file replaced by
 another (rename, copy) has another inode and misses too.
 
-Entries are inserted only by :func:`ggufmtp.gguf.hashing.file_digests` (the one hashing function)
+Entries are inserted only by :func:`ggufmtp.files.hashing.file_digests` (the one hashing function)
 and by ``pull`` for a download whose digest matched the Hub's, and by ``quantize`` for its own
 output hashed while libllama wrote it (:class:`ggufmtp.quant.stream_hash.OutputDigest`, with the
 file's stat as verified); ``quantize`` then moves its output's entry across the rename that
@@ -84,7 +84,7 @@ class DigestCache:
 
     def record(self, path: str | os.PathLike, sha256: str, before: os.stat_result, after: os.stat_result) -> bool:
         """Remember ``sha256`` for ``path``, read between the ``before`` and ``after`` stats of the
-        open file. Only :func:`ggufmtp.gguf.hashing.file_digests`, ``pull`` (for a download
+        open file. Only :func:`ggufmtp.files.hashing.file_digests`, ``pull`` (for a download
         whose digest matched the Hub's) and quantize's streamed output digest call this. Returns whether it
         was recorded: not when the file changed during the read or too recently (see RACY_NS)."""
         key = file_key(before)

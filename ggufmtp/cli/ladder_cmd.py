@@ -1,0 +1,114 @@
+"""ggufmtp ladder: every variant of a model in one command, one comparison card."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .app import emit_json, handle_errors, json_option, main
+from .hub_cmds import allow_unverified_option
+from .provenance_cmds import public_key_option, signing_key_option
+
+
+def _spec(ladder_file: str | None, cli: dict[str, Any]) -> Any:
+    """The ladder's spec: the ladder file's settings, overridden by what the command line gives."""
+    from ..errors import LadderError
+    from ..ladder.spec import LadderSpec, load_ladder_file
+    from ..provenance.signing import resolve_signing_key
+
+    fields: dict[str, Any] = load_ladder_file(ladder_file) if ladder_file else {}
+    for k, v in cli.items():
+        if v not in (None, (), {}):
+            fields[k] = {**fields.get(k, {}), **v} if isinstance(v, dict) else v
+    if not fields.get("model"):
+        raise LadderError("no model: give -m MODEL or model = \"...\" in the ladder file")
+    eval_options = fields.pop("eval_options", None)
+    if cli.get("eval_corpus"):
+        eval_options = {**(eval_options or {}), "corpus": fields.pop("eval_corpus")}
+    fields.pop("eval_corpus", None)
+    if eval_options is not None and cli.get("verify_options", {}).get("gpu_layers") is not None:
+        eval_options.setdefault("gpu_layers", cli["verify_options"]["gpu_layers"])
+    key = resolve_signing_key(fields.pop("signing_key", None))
+    return LadderSpec(**fields, eval_options=eval_options, signing_key=key).check()
+
+
+@main.command("ladder", short_help="Every variant of a model (one per recipe) with one comparison card.")
+@click.option("--model", "-m", default=None, help="REPO_ID[@REVISION], a local GGUF or safetensors folder, builtin:NAME.")
+@click.option("--recipe", "-r", "recipes", multiple=True, help="A recipe name or TOML file (repeatable: one variant each).")
+@click.option("--ladder", "ladder_file", default=None, type=click.Path(dir_okay=False),
+              help="A ladder file (TOML: model, recipes, imatrix, [verify], [eval]); options given here override it.")
+@click.option("-o", "--out-dir", default="ggufmtp-ladder", show_default=True, type=click.Path(file_okay=False),
+              help="Output directory: DIR/<recipe>/ per variant, DIR/README.md the ladder's card.")
+@click.option("--imatrix", default=None, help="An imatrix for every variant.")
+@click.option("--imatrix-corpus", default=None,
+              help="Instead of --imatrix: compute one, once, over this text (with the MTP head's statistics).")
+@click.option("--imatrix-chunks", type=click.IntRange(min=1), default=None, help="With --imatrix-corpus: at most N chunks.")
+@click.option("--eval", "eval_corpus", is_flag=False, flag_value="builtin:calib-v1", default=None,
+              help="KL-divergence of every variant against the base model on this corpus (default builtin:calib-v1).")
+@click.option("--no-verify", is_flag=True, help="Skip runtime verification.")
+@click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")
+@click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")
+@click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
+@click.option("--gpu-layers", type=int, default=None, help="Layers offloaded to the GPU (verify and eval).")
+@click.option("--threads", "-t", type=int, default=None, help="Quantization threads per variant.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Run the variants on a local Dask cluster of N worker processes (pip install 'ggufmtp[ladder]').")
+@click.option("--gpus", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --workers: GPUs on this host; worker i measures on GPU i mod N, one at a time each.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Run the variants on this Dask cluster's scheduler (e.g. tcp://host:8786, a dask-jobqueue cluster).")
+@click.option("--upload", "upload_repo", default=None, help="Publish every variant, its receipt and the card in one commit.")
+@click.option("--private", is_flag=True, help="Create the Hub repo private.")
+@click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
+@signing_key_option
+@public_key_option
+@allow_unverified_option
+@json_option
+@handle_errors
+def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | None, out_dir: str,
+               imatrix: str | None, imatrix_corpus: str | None, imatrix_chunks: int | None, eval_corpus: str | None,
+               no_verify: bool, seeds: str | None, limit: int | None, max_tokens: int | None,
+               gpu_layers: int | None, threads: int | None, workers: int | None, gpus: int, scheduler: str | None,
+               upload_repo: str | None, private: bool, dry_run_upload: bool, signing_key: str | None,
+               public_key: str | None, allow_unverified: bool, as_json: bool) -> None:
+    """Make every variant of a model, one per recipe: the shared stages once (the model pulled or
+    converted, the imatrix with the MTP head, the base model's logits), then per variant quantize,
+    audit, verify, receipt and (with --eval) KLD, each in DIR/<recipe>/ and resumable; then
+    DIR/README.md, one table of size, bpw, PPL, KLD, acceptance and speedup from the variants'
+    audited receipts. Exit 1 when a variant failed or a verdict is fail."""
+    from ..ladder.engine import DaskEngine
+    from ..ladder.run import run_ladder, upload_ladder
+
+    vopts = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
+                               ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers)) if v is not None}
+    spec = _spec(ladder_file, {"model": model, "recipes": recipes, "out_dir": Path(out_dir), "imatrix": imatrix,
+                               "imatrix_corpus": imatrix_corpus, "imatrix_chunks": imatrix_chunks, "threads": threads,
+                               "verify": False if no_verify else None, "verify_options": vopts,
+                               "eval_corpus": eval_corpus, "signing_key": signing_key})
+    log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
+    engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None
+    res = run_ladder(spec, engine, progress=not as_json, log=log)
+    out = res.to_dict()
+    if upload_repo and res.ok:
+        out["upload"] = upload_ladder(res, upload_repo, private=private, dry_run=dry_run_upload,
+                                      allow_unverified=allow_unverified, public_key=public_key,
+                                      progress=not as_json).to_dict()
+    if as_json:
+        emit_json(out)
+    else:
+        click.echo(_format(res) + (f"\nuploaded: {out['upload'].get('commit_url')}" if "upload" in out else ""))
+    if not res.ok or any(o.summary.get("verdict") == "fail" for o in res.outcomes):
+        sys.exit(1)
+
+
+def _format(res: Any) -> str:
+    lines = [f"ladder {res.spec.out_dir}  ({len(res.outcomes)} variants, {res.engine['engine']}, {res.seconds:.0f} s)"]
+    for o in res.outcomes:
+        s = o.summary
+        lines.append(f"  {o.variant:<22} " + (f"{s.get('verdict') or 'not verified':<13} {s.get('artifact')}"
+                                              if o.ok else f"FAILED        {o.error}"))
+    lines.append(f"card: {res.card}" if res.card else "card: not written (no variant was made)")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""Where a ladder's variants run: in sequence here, or on a Dask cluster.
+
+Each variant is two tasks: *build* (plan, quantize, audit: CPU cores) and *measure* (verify, the
+receipt's verification, eval and card: one GPU each when the model is offloaded, else one CPU slot), the second
+depending on the first. Both call :func:`ggufmtp.pipeline.run` on the variant's folder; its stage
+cache makes *measure* reuse what *build* did, and makes a rerun of the ladder resume each variant
+where it stopped (a failed variant does not redo the others).
+
+Engines:
+
+- :class:`Sequential` (the default, and what runs when Dask is not installed): variant after variant.
+- :class:`DaskEngine`: Dask distributed, the engine the Python data ecosystem schedules with. With no
+  address it starts a ``LocalCluster`` of ``workers`` processes on this host; with an address
+  (``tcp://host:8786``, e.g. a ``dask-jobqueue`` Slurm cluster's scheduler) it uses that cluster.
+  Tasks declare resources (``CPU`` for build, ``GPU`` for measure when offloaded), so a worker never
+  runs two GPU tasks at once; local workers declare ``{"CPU": 1, "GPU": 1}`` with GPUs (each pinned to
+  its own card through ``CUDA_VISIBLE_DEVICES``) and ``{"CPU": 1}`` without. Dask is an optional
+  dependency (``pip install 'ggufmtp[ladder]'``): about 2.5 MB of wheels, small enough to carry to
+  machines without a package index.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import GgufmtpError, LadderError
+from .spec import VariantJob
+
+__all__ = ["VariantOutcome", "Engine", "Sequential", "DaskEngine", "build_variant", "measure_variant"]
+
+
+@dataclass(frozen=True)
+class VariantOutcome:
+    """What one variant's task gave: the run's summary (``ggufmtp run --json``), or the error."""
+
+    recipe: str  # as the ladder was given it: a recipe name or a TOML file
+    ok: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    host: str = ""
+    gpu: str | None = None  # CUDA_VISIBLE_DEVICES of the worker that measured it
+    variant: str = ""  # the recipe's name: the variant's folder
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "variant": self.variant, "ok": self.ok, "summary": self.summary, "error": self.error,
+                "host": self.host, "gpu": self.gpu}
+
+
+def _run_variant(job: VariantJob, measure: bool) -> VariantOutcome:
+    from ..pipeline import run
+
+    try:
+        res = run(job.recipe, job.model, job.imatrix, job.out_dir, verify=job.verify,
+                  verify_options=job.verify_options, threads=job.threads, progress=False, token=job.token,
+                  signing_key=job.signing_key, eval_options=job.eval_options, base_dir=job.base_dir,
+                  until=None if measure else "audit")
+    except GgufmtpError as e:  # the variant's failure is reported; the other variants go on
+        return VariantOutcome(job.recipe, False, error=str(e), host=os.uname().nodename, variant=job.out_dir.name)
+    except OSError as e:  # its folder or a file of it cannot be written (a disk full, a permission)
+        return VariantOutcome(job.recipe, False, error=f"{e.filename or job.out_dir}: {e.strerror or e}",
+                              host=os.uname().nodename, variant=job.out_dir.name)
+    return VariantOutcome(job.recipe, True, res.summary(), host=os.uname().nodename,
+                          gpu=os.environ.get("CUDA_VISIBLE_DEVICES"), variant=job.out_dir.name)
+
+
+def build_variant(job: VariantJob) -> VariantOutcome:
+    """Plan, quantize and audit (no llama-server); its receipt without a verification yet."""
+    return _run_variant(job, measure=False)
+
+
+def measure_variant(built: VariantOutcome, job: VariantJob) -> VariantOutcome:
+    """Verify, receipt, eval and card of a built variant (the stages before come from its stage cache)."""
+    return built if not built.ok else _run_variant(job, measure=True)
+
+
+class Engine(Protocol):
+    def run(self, jobs: Sequence[VariantJob]) -> Iterator[VariantOutcome]:
+        """Every job's final outcome, in the order they finish."""
+        ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class Sequential:
+    """Variant after variant, in this process."""
+
+    def run(self, jobs: Sequence[VariantJob]) -> Iterator[VariantOutcome]:
+        for job in jobs:
+            yield measure_variant(build_variant(job), job)
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "sequential", "workers": 1}
+
+
+def _pin_gpu_plugin(n_gpus: int) -> Any:
+    """A worker plugin giving local worker ``i`` the GPU ``i mod n_gpus`` (before any task starts
+    a llama-server, which inherits the environment)."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class PinGpu(WorkerPlugin):
+        name = "ggufmtp-pin-gpu"
+
+        def setup(self, worker: Any) -> None:
+            try:
+                index = int(str(worker.name).rsplit("-", 1)[-1])
+            except ValueError:
+                return
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(index % n_gpus)
+
+    return PinGpu()
+
+
+def _require_dask() -> None:
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise LadderError("--workers and --scheduler need Dask: pip install 'ggufmtp[ladder]' "
+                          "(or leave them out to run the variants in sequence)") from None
+
+
+@dataclass
+class DaskEngine:
+    """Variants as Dask tasks: on a local cluster of ``workers`` processes, or on ``address``'s cluster."""
+
+    workers: int = 2
+    gpus: int = 0
+    address: str | None = None
+    on_start: Callable[[str], None] = lambda m: None
+
+    def _client(self) -> Any:
+        _require_dask()
+        from distributed import Client, LocalCluster
+
+        if self.address:
+            return Client(self.address)
+        res = {"CPU": 1, "GPU": 1} if self.gpus else {"CPU": 1}
+        cluster = LocalCluster(n_workers=self.workers, threads_per_worker=2 if self.gpus else 1, processes=True,
+                               resources=res, dashboard_address=None, silence_logs=40)
+        client = Client(cluster)
+        if self.gpus:
+            client.register_plugin(_pin_gpu_plugin(self.gpus))
+        return client
+
+    def run(self, jobs: Sequence[VariantJob]) -> Iterator[VariantOutcome]:
+        from distributed import as_completed
+
+        client = self._client()
+        try:
+            self.on_start(f"dask: {len(client.scheduler_info()['workers'])} workers ({client.scheduler.address})")
+            finals = []
+            for job in jobs:
+                built = client.submit(build_variant, job, key=f"build-{job.recipe}", pure=False, resources={"CPU": 1})
+                finals.append(client.submit(measure_variant, built, job, key=f"measure-{job.recipe}", pure=False,
+                                            resources={"GPU": 1} if job.uses_gpu and self.gpus else {"CPU": 1}))
+            for fut in as_completed(finals):
+                yield fut.result()
+        finally:
+            cluster = getattr(client, "cluster", None)
+            client.close()
+            if cluster is not None and not self.address:
+                cluster.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "dask", "address": self.address or "local", "workers": self.workers, "gpus": self.gpus}

@@ -1,0 +1,142 @@
+"""``ggufmtp ladder``: every variant of one model in one command, and one comparison card.
+
+The shared stages run once, here, before any variant: the model made local (a Hub pull or a
+safetensors conversion, kept in ``DIR`` for every variant), and the imatrix with the MTP head's
+statistics (``--imatrix-corpus``; cached by content in ``DIR``). The base model's logits for KLD are
+computed by the first variant's eval and reused by the others (``llama-perplexity``'s logits file is
+cached by the base model's digest and the corpus). Then each variant runs as ``ggufmtp run`` does
+into ``DIR/<recipe>/`` (quantize, audit, verify, receipt, eval, card) on an engine
+(:mod:`.engine`): in sequence, or concurrently on Dask. A variant that fails is reported and the
+others go on; rerunning the ladder resumes each variant from its stage cache. Last, ``DIR/README.md``
+is written from the variants' receipts, each audited first (:mod:`ggufmtp.provenance.ladder_card`),
+and ``--upload`` publishes every variant, its receipt and that card in one commit through the same
+gate as ``ggufmtp upload``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import LadderError
+from ..progress import bar as progress_bar
+from ..provenance.ladder_card import make_ladder_card
+from ..refs import is_builtin, parse_model_ref, resolve
+from .engine import Engine, Sequential, VariantOutcome
+from .spec import LadderSpec, VariantJob
+
+__all__ = ["LadderResult", "run_ladder", "upload_ladder"]
+
+LADDER_IMATRIX = "ladder-imatrix.gguf"
+
+
+@dataclass
+class LadderResult:
+    """Every variant's outcome (in recipe order), the card, and how the ladder ran."""
+
+    spec: LadderSpec
+    outcomes: list[VariantOutcome]
+    card: Path | None
+    imatrix: str | None
+    engine: dict[str, Any]
+    seconds: float
+    finished_order: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outcomes)
+
+    def variants(self) -> list[tuple[Path, Path]]:
+        """(artifact, receipt) of every variant that was made."""
+        return [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in self.outcomes if o.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out_dir": str(self.spec.out_dir), "model": self.spec.model, "recipes": list(self.spec.recipes),
+                "imatrix": self.imatrix, "card": str(self.card) if self.card else None, "engine": self.engine,
+                "seconds": round(self.seconds, 2), "finished_order": self.finished_order, "ok": self.ok,
+                "variants": [o.to_dict() for o in self.outcomes]}
+
+
+def _local_model(spec: LadderSpec, progress: bool) -> Path:
+    """The model as a local GGUF, made so once for every variant (kept under ``spec.out_dir``)."""
+    if is_builtin(spec.model):
+        return resolve(parse_model_ref(spec.model)).path
+    from ..hfconvert.convert import converted_for_run
+
+    converted = converted_for_run(spec.model, spec.out_dir, progress, spec.token)
+    if converted is not None:
+        return converted
+    return resolve(parse_model_ref(spec.model), local_dir=spec.out_dir / "base", token=spec.token,
+                   progress=progress).path
+
+
+def _shared_imatrix(spec: LadderSpec, progress: bool) -> str | None:
+    """The ladder's one imatrix: given, or computed once over ``imatrix_corpus`` (with the MTP head's
+    statistics when the model has the block), reused while the model, corpus and settings are the same."""
+    if spec.imatrix or not spec.imatrix_corpus:
+        return spec.imatrix
+    import json
+
+    from ..files.fsutil import atomic_write_json
+    from ..files.hashing import sha256_file
+    from ..imatrix.compute import imatrix_for_run
+
+    model = _local_model(spec, progress)
+    job = imatrix_for_run(model, spec.imatrix_corpus, spec.out_dir, chunks=spec.imatrix_chunks)
+    key = {"model_sha256": sha256_file(model), **job.key()}
+    record = spec.out_dir / (LADDER_IMATRIX + ".json")
+    if record.is_file() and json.loads(record.read_text()).get("key") == key:
+        done = json.loads(record.read_text())["imatrix"]
+        if Path(done["path"]).is_file() and sha256_file(done["path"]) == done["sha256"]:
+            return str(done["path"])
+    done = job.compute(model, threads=spec.threads or None, gpu_layers=None, progress=progress)["imatrix"]
+    atomic_write_json(record, {"key": key, "imatrix": done})
+    return str(done["path"])
+
+
+def run_ladder(spec: LadderSpec, engine: Engine | None = None, progress: bool = True,
+               log: Callable[[str], None] = lambda m: None) -> LadderResult:
+    """Make every variant of ``spec`` on ``engine`` (default: in sequence), then the card from their
+    audited receipts. A failed variant is in the result (``ok`` False, its error), not raised."""
+    t0 = time.monotonic()
+    spec = spec.check()
+    spec.out_dir.mkdir(parents=True, exist_ok=True)
+    engine = engine or Sequential()
+    imatrix = _shared_imatrix(spec, progress)
+    jobs = [VariantJob.of(spec, r, imatrix) for r in spec.recipes]
+    done: dict[str, VariantOutcome] = {}
+    with progress_bar(len(jobs), "ladder", "variant", enabled=progress) as bar:
+        for outcome in engine.run(jobs):
+            done[outcome.recipe] = outcome
+            log(f"{outcome.variant}: " + (str(outcome.summary.get("verdict") or "made") if outcome.ok
+                                         else f"FAILED: {outcome.error}"))
+            bar.update(1)
+    outcomes = [done[r] for r in spec.recipes]
+    made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
+    card = make_ladder_card(made, spec.out_dir / "README.md", _title(spec)) if made else None
+    return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done))
+
+
+def _title(spec: LadderSpec) -> str:
+    name = spec.model.removeprefix("builtin:").rstrip("/").split("/")[-1].removesuffix(".gguf")
+    return f"{name} MTP GGUF ladder"
+
+
+def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, dry_run: bool = False,
+                  token: str | None = None, allow_unverified: bool = False, public_key: str | Path | None = None,
+                  progress: bool = True, endpoint: str | None = None) -> Any:
+    """Every made variant, its receipt and the ladder's card in ONE commit, through the publish gate
+    (:func:`ggufmtp.hub.upload.upload`); LadderError when a variant failed or nothing was made."""
+    from ..hub.upload import upload
+
+    failed = [o.recipe for o in result.outcomes if not o.ok]
+    if failed or result.card is None:
+        raise LadderError(f"the ladder has variants that failed ({', '.join(failed) or 'all'}); "
+                          "fix them and rerun the ladder before publishing it")
+    arts: Sequence[tuple[Path, Path]] = result.variants()
+    return upload(repo_id, [a for a, _ in arts], [r for _, r in arts], result.card, private=private, token=token,
+                  dry_run=dry_run, commit_message=f"ggufmtp ladder: {len(arts)} MTP GGUF variants",
+                  allow_unverified=allow_unverified, public_key=public_key, progress=progress, endpoint=endpoint)

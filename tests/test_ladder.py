@@ -1,0 +1,133 @@
+"""``ggufmtp ladder`` (issue #33): three recipes of a builtin model on a two-worker local Dask
+cluster, the shared imatrix computed once, one card rendered from the variants' audited receipts,
+resumable per variant, and the whole ladder uploaded in one commit through the publish gate."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fakehub import FakeHub, isolate_hf_client
+
+from ggufmtp.cli import main
+from ggufmtp.errors import AuditError, LadderError
+from ggufmtp.ladder.engine import DaskEngine
+from ggufmtp.ladder.run import run_ladder, upload_ladder
+from ggufmtp.ladder.spec import LadderSpec, load_ladder_file
+from ggufmtp.provenance.audit import audit
+from ggufmtp.provenance.receipt import read_receipt
+
+MODEL = "builtin:tiny-qwen35moe-f20"
+RECIPES = ("q8_0-mtp", "q4_k_m-mtp-q8", "iq4_xs-mtp")
+VERIFY = {"seeds": (42,), "limit": 3, "max_tokens": 24, "threads": 1}
+EVAL = {"corpus": "builtin:calib-v1", "chunks": 2, "ctx_size": 128, "threads": 1}
+TOKEN = "hf_ladderTOKEN"
+
+
+def _spec(out: Path, recipes=RECIPES, **kw) -> LadderSpec:
+    return LadderSpec(model=MODEL, recipes=tuple(recipes), out_dir=out, imatrix_corpus="builtin:calib-v1",
+                      imatrix_chunks=2, threads=1, verify_options=dict(VERIFY), eval_options=dict(EVAL), **kw)
+
+
+@pytest.fixture(scope="module")
+def ladder(llama_server_bin, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ladder")
+    res = run_ladder(_spec(out), DaskEngine(workers=2), progress=False)
+    return out, res
+
+
+def test_three_variants_on_two_workers_one_card_from_the_receipts(ladder):
+    out, res = ladder
+    assert res.ok and res.engine == {"engine": "dask", "address": "local", "workers": 2, "gpus": 0}
+    assert [o.recipe for o in res.outcomes] == list(RECIPES) and sorted(res.finished_order) == sorted(RECIPES)
+    assert res.imatrix is not None and Path(res.imatrix).parent == out  # computed once, shared
+    card = (out / "README.md").read_text()
+    rows = [line for line in card.splitlines() if line.startswith("| `")]
+    assert len(rows) == 3
+    for o in res.outcomes:
+        art, rc = Path(o.summary["artifact"]), Path(o.summary["receipt"])
+        assert art.parent == out / o.recipe and audit(art, rc).ok
+        st = read_receipt(rc).statement
+        assert st["predicate"]["imatrix"]["sha256"]  # the shared imatrix, bound in every receipt
+        v, q = st["predicate"]["verification"], st["predicate"]["quality"]
+        row = next(r for r in rows if r.startswith(f"| `{o.recipe}`"))
+        acc = f"{100 * v['mtp']['acceptance']:.1f}%"
+        assert acc in row and f"{q['kld_mean']:.6f}" in row and art.name in row and rc.name in row, row
+    assert len({read_receipt(Path(o.summary['receipt'])).statement["predicate"]["imatrix"]["sha256"]
+                for o in res.outcomes}) == 1
+
+
+def test_a_rerun_resumes_every_variant_and_a_failed_one_does_not_stop_the_others(ladder):
+    """In sequence this time: the three made variants come from their stage caches (nothing
+    quantized or verified again); a fourth whose folder cannot be made fails alone, named."""
+    out, res = ladder
+    (out / "hifi-q4_k_m-mtp").write_text("a file where the variant's folder goes")
+    try:
+        again = run_ladder(dataclasses.replace(_spec(out), recipes=(*RECIPES, "hifi-q4_k_m-mtp")), progress=False)
+    finally:
+        (out / "hifi-q4_k_m-mtp").unlink()
+    assert not again.ok and again.engine["engine"] == "sequential"
+    failed = [o for o in again.outcomes if not o.ok]
+    assert [o.recipe for o in failed] == ["hifi-q4_k_m-mtp"] and "hifi-q4_k_m-mtp" in (failed[0].error or "")
+    for o in again.outcomes[:3]:
+        assert o.ok and set(o.summary["stages"].values()) == {"cached"}, o.summary["stages"]
+    assert len([r for r in (out / "README.md").read_text().splitlines() if r.startswith("| `")]) == 3
+    with pytest.raises(LadderError, match="hifi-q4_k_m-mtp"):
+        upload_ladder(again, "me/ladder", dry_run=True)
+
+
+def test_a_receipt_edited_after_the_ladder_keeps_the_card_from_being_written(ladder, tmp_path):
+    from ggufmtp.provenance.ladder_card import make_ladder_card
+
+    out, res = ladder
+    arts = res.variants()
+    art, rc = arts[0]
+    edited = tmp_path / rc.name
+    edited.write_text(rc.read_text().replace('"pass"', '"fail"', 1))
+    with pytest.raises(AuditError, match=re.escape(art.name)):
+        make_ladder_card([(art, edited), *arts[1:]], tmp_path / "README.md", "x")
+    assert not (tmp_path / "README.md").exists()
+
+
+def test_the_ladder_goes_up_in_one_commit_through_the_gate(ladder, tmp_path, monkeypatch):
+    out, res = ladder
+    isolate_hf_client(tmp_path / "hf_home", monkeypatch)
+    monkeypatch.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
+    with FakeHub(tokens=(TOKEN,)) as fake:
+        # the tiny verifications measure less than a publishable verdict needs: the gate says so
+        from ggufmtp.errors import HubRefusedError
+
+        with pytest.raises(HubRefusedError):
+            upload_ladder(res, "me/ladder", token=TOKEN, endpoint=fake.url, progress=False)
+        assert not fake.requests_to("POST", r"^/api/repos/create$")
+        up = upload_ladder(res, "me/ladder", token=TOKEN, endpoint=fake.url, progress=False, allow_unverified=True)
+        commit = fake.history("me/ladder")[0]
+        names = {Path(o.summary[k]).name for o in res.outcomes for k in ("artifact", "receipt")}
+        assert commit.oid == up.commit_sha and set(commit.files) == names | {"README.md", ".gitattributes"}
+        assert len(fake.requests_to("POST", r"/commit/main$")) == 1
+        assert fake.file("me/ladder", "README.md") == (out / "README.md").read_bytes()
+
+
+def test_the_ladder_file_and_the_cli(ladder, tmp_path):
+    out, _ = ladder
+    f = tmp_path / "ladder.toml"
+    f.write_text(f'model = "{MODEL}"\nrecipes = {json.dumps(list(RECIPES))}\nimatrix_corpus = "builtin:calib-v1"\n'
+                 'imatrix_chunks = 2\nthreads = 1\n[verify]\nseeds = [42]\nlimit = 3\nmax_tokens = 24\nthreads = 1\n'
+                 '[eval]\ncorpus = "builtin:calib-v1"\nchunks = 2\nctx_size = 128\nthreads = 1\n')
+    assert load_ladder_file(f)["verify_options"] == VERIFY
+    r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output[r.output.index("{"):])
+    assert d["ok"] and [v["recipe"] for v in d["variants"]] == [v["variant"] for v in d["variants"]] == list(RECIPES)
+    assert all(set(v["summary"]["stages"].values()) == {"cached"} for v in d["variants"])
+    for bad, said in (("recipes = 3\n", "recipes must be a list"), ("colour = 1\n", "unknown keys colour"),
+                      ("[verify]\nspeed = 1\n", "unknown keys speed"), ("model = \n", "not a TOML ladder file")):
+        f.write_text(bad)
+        r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), "-o", str(tmp_path / "x")])
+        assert r.exit_code == 1 and said in r.output and str(f) in r.output, r.output
+    r = CliRunner().invoke(main, ["ladder", "-m", MODEL, "-r", "q8_0-mtp", "-r", "q8_0-mtp", "-o", str(tmp_path / "y")])
+    assert r.exit_code == 1 and "given twice" in r.output
