@@ -8,8 +8,10 @@ may catch either ``ggufmtp.errors.GGUFReadError`` or plain ``ValueError``.
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
-    "GgufmtpError", "GGUFReadError", "RuntimeMissingError", "RuntimeBuildError", "RecipeError",
+    "GgufmtpError", "DigestMismatch", "AuditDigestMismatch", "GGUFReadError", "RuntimeMissingError", "RuntimeBuildError", "RecipeError",
     "ImatrixError", "CorpusError", "PlanError", "QuantizeError", "UnpredictableHeader", "AuditError",
     "ServerError", "VerifyError",
     "SuiteError",
@@ -21,7 +23,26 @@ __all__ = [
 
 
 class GgufmtpError(Exception):
-    """Base class of every error ggufmtp raises on purpose. The CLI prints it as one line."""
+    """Base class of every error ggufmtp raises on purpose. The CLI prints it as one line.
+
+    Besides the message, an error carries the facts a caller may act on as fields (as
+    huggingface_hub's errors carry their response): ``path``, the file at fault when there is one;
+    a digest mismatch (:class:`DigestMismatch`) adds the ``expected`` and ``actual`` sha256; a
+    server's failure (:class:`ServerError`) its ``log_path``."""
+
+    def __init__(self, message: str = "", *, path: str | os.PathLike[str] | None = None):
+        super().__init__(message)
+        self.path: str | None = None if path is None else os.fspath(path)
+
+
+class DigestMismatch(GgufmtpError):
+    """A file's bytes are not the ones recorded for it: ``expected`` and ``actual`` are the two
+    sha256 digests (``actual`` None when the file could not be hashed), ``path`` the file."""
+
+    def __init__(self, message: str = "", *, path: str | os.PathLike[str] | None = None,
+                 expected: str | None = None, actual: str | None = None):
+        super().__init__(message, path=path)
+        self.expected, self.actual = expected, actual
 
 
 # ----------------------------------------------------------------------------- files and formats
@@ -55,7 +76,12 @@ class RuntimeBuildError(GgufmtpError):
 
 
 class ServerError(GgufmtpError):
-    """llama-server failed to start, crashed or misbehaved."""
+    """llama-server failed to start, crashed or misbehaved; ``log_path``: its log, when it has one."""
+
+    def __init__(self, message: str = "", *, path: str | os.PathLike[str] | None = None,
+                 log_path: str | os.PathLike[str] | None = None):
+        super().__init__(message, path=path)
+        self.log_path: str | None = None if log_path is None else os.fspath(log_path)
 
 
 # ----------------------------------------------------------------------------- quantization
@@ -83,6 +109,10 @@ class UnpredictableHeader(QuantizeError):
 
 class AuditError(GgufmtpError):
     """An artifact does not match its receipt, or a receipt cannot be read."""
+
+
+class AuditDigestMismatch(AuditError, DigestMismatch):
+    """An artifact, imatrix or model is not the file its receipt records: ``expected`` / ``actual``."""
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -149,7 +179,7 @@ class HubHTTPError(HubError, ConnectionError):
     """The Hub (or the network to it) answered with an error or not at all: a retry may succeed."""
 
 
-class HubDigestMismatchError(HubError, ValueError):
+class HubDigestMismatchError(HubError, DigestMismatch, ValueError):
     """A file's bytes do not match the digest the Hub (or an earlier pull) recorded for it:
     the download is corrupt or was altered. Retrying the same bytes will not help."""
 

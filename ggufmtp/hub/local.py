@@ -171,7 +171,8 @@ def _verify_on_disk(base: Path, wanted: list[str], expected: dict[str, HubFile],
         if problem:
             raise HubDigestMismatchError(
                 f"{base / path}: {problem} (recorded by the pull of {repo_id} @ {commit}). The local "
-                "copy changed or is corrupt: delete it and pull again with network access")
+                "copy changed or is corrupt: delete it and pull again with network access",
+                path=base / path, expected=exp.sha256 if exp else None, actual=d.sha256)
         files.append(PulledFile(path, d.size, d.sha256, verified=ok))
     unverified = [f.path for f in files if not f.verified]
     if unverified:

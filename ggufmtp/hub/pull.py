@@ -330,7 +330,8 @@ class _Downloads:
                 removed = _discard_bad_download(local, created, self.req.local_dir is None)
                 raise HubDigestMismatchError(
                     f"{self.where}: {path}: {problem}. {removed} The download is corrupt or was altered in "
-                    "transit: pull again; if it persists, report it to the repo owner")
+                    "transit: pull again; if it persists, report it to the repo owner",
+                    path=local, expected=self.hub[path].sha256, actual=digests.sha256)
             self.results[path] = PulledFile(path, digests.size, digests.sha256, verified=ok)
             if ok:
                 _remember_verified(local, before, digests)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
-from ..errors import AuditError
+from ..errors import AuditDigestMismatch, AuditError
 from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_file
 from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
@@ -176,8 +176,9 @@ def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str 
     except OSError as e:
         raise AuditError(f"{imatrix}: cannot read the imatrix ({e.strerror or type(e).__name__})") from None
     if sha256 and now != sha256:
-        raise AuditError(f"{imatrix}: the imatrix changed after the plan read it (sha256 {sha256} when planned, "
-                         f"{now} now); the artifact was made from the planned bytes: re-run quantize")
+        raise AuditDigestMismatch(f"{imatrix}: the imatrix changed after the plan read it (sha256 {sha256} when "
+                                  f"planned, {now} now); the artifact was made from the planned bytes: re-run quantize",
+                                  path=imatrix, expected=sha256, actual=now)
     im = read_imatrix(imatrix)
     prov = ImatrixProvenance.from_imatrix(im)  # corpus, chunks, ctx, runtime commit of `imatrix compute`
     return {"file": Path(imatrix).name, "sha256": now, "format": im.format,
@@ -472,15 +473,20 @@ def refuse_other_file(receipt: str | Path, model: str | Path) -> None:
     except OSError as e:
         raise AuditError(f"{model}: cannot read the model: {e.strerror or e}") from None
     if size is not None and actual != size:
-        raise AuditError(f"{receipt}: refusing the verification before any server starts: it is of another file: "
-                         f"{model} has sha256 {sha256_file(model)} ({actual:,} bytes), the receipt's artifact "
-                         f"{subject['name']} has sha256 {subject['digest']['sha256']} ({size:,} bytes)")
+        got = sha256_file(model)
+        raise AuditDigestMismatch(f"{receipt}: refusing the verification before any server starts: it is of another "
+                                  f"file: {model} has sha256 {got} ({actual:,} bytes), the receipt's artifact "
+                                  f"{subject['name']} has sha256 {subject['digest']['sha256']} ({size:,} bytes)",
+                                  path=model, expected=subject["digest"]["sha256"], actual=got)
 
 
 def _refuse_unbound(statement: dict[str, Any], verification: dict[str, Any], where: str | Path) -> None:
     problem = verification_problem(statement, verification)
     if problem:
-        raise AuditError(f"{where}: refusing the verification: {problem}")
+        model = verification.get("model") if isinstance(verification, dict) else None
+        raise AuditDigestMismatch(f"{where}: refusing the verification: {problem}", path=where,
+                                  expected=statement["subject"][0]["digest"]["sha256"],
+                                  actual=model.get("sha256") if isinstance(model, dict) else None)
 
 
 def _intact(rf: Receipt, signing_key: str | Path | None) -> None:
@@ -560,7 +566,8 @@ def sign_receipt(path: str | Path, signing_key: str | Path, artifact: str | Path
         except OSError as e:
             raise AuditError(f"{f}: cannot read the artifact the receipt describes ({e.strerror or e})") from None
         if got != subj["digest"]["sha256"]:
-            raise AuditError(f"{f}: sha256 {got} is not the receipt's {subj['digest']['sha256']}; not signing")
+            raise AuditDigestMismatch(f"{f}: sha256 {got} is not the receipt's {subj['digest']['sha256']}; not signing",
+                                      path=f, expected=subj["digest"]["sha256"], actual=got)
         files.append(f)
     signatures = [sign_artifact(f, signing_key) for f in files]
     write_statement(rf.path, rf.statement, signing_key)

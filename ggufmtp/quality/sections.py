@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import AuditError
+from ..errors import AuditDigestMismatch
 from ..provenance.receipt import load_receipt, set_section
 from .eval import QualityResult
 
@@ -15,8 +15,9 @@ def _refuse_other_artifact(receipt: str | Path, sha256: str | None, what: str) -
     subject = load_receipt(receipt)["subject"][0]
     have = str(subject["digest"]["sha256"]).lower()
     if sha256 is not None and sha256.lower() != have:
-        raise AuditError(f"{receipt}: its artifact {subject['name']} has sha256 {have}, the {what} measured a file "
-                         f"with sha256 {sha256}; store it in that file's receipt")
+        raise AuditDigestMismatch(f"{receipt}: its artifact {subject['name']} has sha256 {have}, the {what} measured "
+                                  f"a file with sha256 {sha256}; store it in that file's receipt",
+                                  path=receipt, expected=have, actual=sha256)
 
 
 def store_quality(receipt: str | Path, result: QualityResult, signing_key: str | Path | None = None) -> dict[str, Any]:

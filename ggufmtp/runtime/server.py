@@ -303,7 +303,7 @@ class LlamaServer:
             except _BindRace:
                 if attempt == attempts - 1:
                     raise ServerError(f"llama-server could not bind a port on {HOST} after {attempts} "
-                                      f"attempts; log {self.log_path}:\n{self.log_tail()}") from None
+                                      f"attempts; log {self.log_path}:\n{self.log_tail()}", log_path=self.log_path) from None
         return self
 
     def _launch(self, port: int) -> None:
@@ -373,11 +373,11 @@ class LlamaServer:
                 raise ServerError(
                     f"llama-server made no progress for {watch.limit:.0f}s (no new log output, not listening "
                     f"on {HOST}:{self.port}): it looks hung; log {self.log_path}:\n{self.log_tail()}\n"
-                    f"(a slow disk? raise $GGUFMTP_SERVER_STALL_TIMEOUT, seconds, 0 = never)")
+                    f"(a slow disk? raise $GGUFMTP_SERVER_STALL_TIMEOUT, seconds, 0 = never)", log_path=self.log_path)
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"llama-server did not become healthy within {timeout:.0f}s (last /health: {last}); "
-                    f"log {self.log_path}:\n{self.log_tail()}")
+                    f"log {self.log_path}:\n{self.log_tail()}", log_path=self.log_path)
             time.sleep(0.1)
 
     def key_error_line(self) -> str | None:
@@ -398,18 +398,21 @@ class LlamaServer:
         key = self.key_error_line()
         if key and key.strip() not in tail:
             tail = f"    {key}\n    ...\n{tail}"
-        if re.search(r"doesn't contain MTP layers|failed to create MTP context", tail):
+        if re.search(r"doesn't contain MTP layers", tail):
             return ServerError(f"llama-server could not create the MTP draft context: model {self.config.model} "
-                               f"has no MTP layers ({how}); log {self.log_path}:\n{tail}")
+                               f"has no MTP layers ({how}); log {self.log_path}:\n{tail}", log_path=self.log_path)
+        if re.search(r"failed to create MTP context", tail):  # e.g. an architecture whose MTP graph throws
+            return ServerError(f"llama-server could not create the MTP draft context for model {self.config.model} "
+                               f"({how}; {key or 'see the log'}); log {self.log_path}:\n{tail}", log_path=self.log_path)
         if "couldn't bind" in tail or "Address already in use" in tail:
             return ServerError(f"llama-server could not bind {HOST}:{self.port} (port in use?) and exited "
-                               f"({how}); log {self.log_path}:\n{tail}")
+                               f"({how}); log {self.log_path}:\n{tail}", log_path=self.log_path)
         if re.search(r"failed to load model|error loading model|exiting due to model loading error", tail):
             return ServerError(f"llama-server failed to load model {self.config.model} ({how}); "
-                               f"log {self.log_path}:\n{tail}")
+                               f"log {self.log_path}:\n{tail}", log_path=self.log_path)
         if re.search(r"error: invalid argument|unknown argument|error while handling argument", tail):
-            return ServerError(f"llama-server rejected its arguments ({how}); log {self.log_path}:\n{tail}")
-        return ServerError(f"llama-server exited during startup ({how}); log {self.log_path}:\n{tail}")
+            return ServerError(f"llama-server rejected its arguments ({how}); log {self.log_path}:\n{tail}", log_path=self.log_path)
+        return ServerError(f"llama-server exited during startup ({how}); log {self.log_path}:\n{tail}", log_path=self.log_path)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM the process group, then SIGKILL after ``timeout``; returns the exit status."""
@@ -503,7 +506,7 @@ class LlamaServer:
             tail = f"    {key}\n    ...\n{tail}"
         return ServerError(
             f"llama-server (pid {self.proc.pid if self.proc else '?'}) crashed: it died ({describe_exit(rc)}) "
-            f"before or while answering {what}; log {self.log_path}:\n{tail}")
+            f"before or while answering {what}; log {self.log_path}:\n{tail}", log_path=self.log_path)
 
     def get_json(self, path: str) -> Any:
         return json.loads(self.request("GET", path))
