@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..measure.options import DEFAULT_SEEDS
 from .app import _ngl, bin_option, emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .provenance_cmds import signing_key_option
 
@@ -61,7 +62,7 @@ def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | No
               help="Where the variants are written.")
 @click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False), default=None,
               help="Write the recommended head's recipe (TOML) here.")
-@click.option("--seeds", default="42,1337,2024", show_default=True, help="Verification seeds (same for every variant).")
+@click.option("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), show_default=True, help="Verification seeds (same for every variant).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Verify on the first N prompts only.")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=None, help="Tokens per verification reply.")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for the servers (e.g. 999).")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..measure.options import DEFAULT_MAX_TOKENS
 from .app import _float_list, _int_list, _ngl, bin_option, handle_errors, json_option, main, resolve_model_arg
 from .measure_common import _run_tune, _save_and_show, arm_args_options
 
@@ -16,7 +17,7 @@ from .measure_common import _run_tune, _save_and_show, arm_args_options
               help="Evaluations (MTP requests, each paired with a vanilla request) the search may spend.")
 @click.option("--seeds", default="42", show_default=True, help="Comma-separated request seeds.")
 @click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
-@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=DEFAULT_MAX_TOKENS, show_default=True, help="Tokens per reply.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999); enables the backend-sampling dimensions.")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
@@ -61,7 +62,7 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
 @click.option("--seeds", default="42,1337", show_default=True, help="Comma-separated request seeds.")
 @click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite.")
 @click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="Prompts per point.")
-@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=DEFAULT_MAX_TOKENS, show_default=True, help="Tokens per reply.")
 @click.option("--no-real", is_flag=True, help="Skip the point of the real MTP head.")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..measure.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
 from .app import _int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main, resolve_model_arg
 from .matrix_cmd import kv_depth_options, run_matrix
 from .measure_common import _run_tune, arm_args_options
@@ -18,9 +19,9 @@ from .provenance_cmds import signing_key_option
 @click.option("--draft-n-max", type=click.IntRange(min=1), default=None,
               help="Draft window k (--spec-draft-n-max). Default: the recipe's, else 4.")
 @click.option("--draft-n-min", type=click.IntRange(min=0), default=None, help="--spec-draft-n-min for the MTP arm.")
-@click.option("--seeds", default="42,1337,2024", show_default=True, help="Comma-separated request seeds.")
+@click.option("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), show_default=True, help="Comma-separated request seeds.")
 @click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
-@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="Tokens per reply.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=DEFAULT_MAX_TOKENS, show_default=True, help="Tokens per reply.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts (quick runs).")
 @click.option("--raw", is_flag=True, help="Also send the prompts to /completion without the chat template (own arm).")
 @click.option("--sweep", default=None, help="Draft windows to compare, e.g. 2,3,4,6,8 (the shipped k is always included).")

@@ -26,6 +26,11 @@ from typing import Any
 
 from ..errors import TuneError, VerifyError
 
+#: verify's defaults, written once: the API, the CLI and tune read them from here
+DEFAULT_SEEDS = (42, 1337, 2024)
+DEFAULT_MAX_TOKENS = 128
+DEFAULT_DRAFT_N_MAX = 4
+
 __all__ = ["CUDA_GRAPH_OPT_ENV", "TuneConfig", "ArmArgs", "is_speculative", "flag_names", "split_args"]
 
 CUDA_GRAPH_OPT_ENV = "GGML_CUDA_GRAPH_OPT"  # read by ggml-cuda at 0c1e570; off unless set to 1

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from ..errors import FatalTuneError, GgufmtpError, TuneError
 from ..gguf.model import inspect_model
 from ..measure.arms import ABBA, WARMUP_TOKENS, send, send_concurrently
-from ..measure.options import ArmArgs, TuneConfig
+from ..measure.options import DEFAULT_MAX_TOKENS, ArmArgs, TuneConfig
 from ..measure.suite import Prompt, Suite, load_suite
 from ..measure.tune_search import Mismatch, UnitResult
 from ..runtime import build as runtime
@@ -38,7 +38,6 @@ from ..runtime.server import LlamaServer, ServerConfig, binary_flags, build_comm
 
 __all__ = ["WARMUP_TOKENS", "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT", "TuneSetup", "prepare", "check_seeds", "Bench", "ServerEvaluator"]
 
-DEFAULT_MAX_TOKENS = 128  # tokens per reply
 DEFAULT_CTX_PER_SLOT = 4096
 
 

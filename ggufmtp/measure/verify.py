@@ -104,7 +104,15 @@ from ..runtime.hardware import (
 from ..runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
 from .arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_up
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
-from .options import ArmArgs, TuneConfig, check_seeds, tuned_window
+from .options import (
+    DEFAULT_DRAFT_N_MAX,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_SEEDS,
+    ArmArgs,
+    TuneConfig,
+    check_seeds,
+    tuned_window,
+)
 from .records import ArmFlags, ModelInfo, ServedFile, ServerInfo
 from .slots import SlotStudy, measure_slots, slot_counts
 from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, modes_for_template
@@ -116,9 +124,6 @@ __all__ = [
     "step_cost", "format_step_cost", "summarize", "format_result", "DEFAULT_SEEDS", "DEFAULT_MAX_TOKENS",
 ]
 
-DEFAULT_SEEDS = (42, 1337, 2024)
-DEFAULT_MAX_TOKENS = 128
-DEFAULT_DRAFT_N_MAX = 4
 
 
 # ----------------------------------------------------------------------------- the request loop

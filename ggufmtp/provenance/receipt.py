@@ -48,7 +48,9 @@ from .signing import (
     verify_envelope,
 )
 
-if TYPE_CHECKING:  # annotations only: quantize pulls in libllama
+if TYPE_CHECKING:  # annotations only: quantize and plan pull in libllama
+    from ..gguf.model import GGUFModel
+    from ..quant.plan import Plan
     from ..quant.quantize import QuantizeResult
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -186,7 +188,7 @@ def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str 
             "missing": missing, "computed": prov.to_dict() if prov is not None else None}
 
 
-def _planned_imatrix(plan: Any, imatrix: str | Path | None) -> dict[str, Any] | None:
+def _planned_imatrix(plan: Plan, imatrix: str | Path | None) -> dict[str, Any] | None:
     """The imatrix section of a quantize result: the plan's imatrix (the one quantize used) at the
     digest the plan read. An ``imatrix`` the plan did not use is refused."""
     if imatrix and not plan.imatrix:
@@ -251,7 +253,7 @@ def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imat
     return path
 
 
-def _recipe_section(plan: Any, out_name: str) -> dict[str, Any]:
+def _recipe_section(plan: Plan, out_name: str) -> dict[str, Any]:
     rec = plan.recipe_obj
     return {
         "name": plan.recipe,
@@ -265,7 +267,7 @@ def _recipe_section(plan: Any, out_name: str) -> dict[str, Any]:
     }
 
 
-def _result_section(gm: Any) -> dict[str, Any]:
+def _result_section(gm: GGUFModel) -> dict[str, Any]:
     from ..gguf.model import check_mtp
 
     mtp = check_mtp(gm)

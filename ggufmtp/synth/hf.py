@@ -293,8 +293,6 @@ def _tokenizer_files(directory: Path) -> None:
 
 
 def _write_shards(directory: Path, tensors: dict, n_shards: int) -> list[str]:
-    from safetensors.torch import save
-
     names = list(tensors)
     n_shards = max(1, min(n_shards, len(names)))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -302,7 +300,15 @@ def _write_shards(directory: Path, tensors: dict, n_shards: int) -> list[str]:
     for name in names:
         groups[min(acc // per, n_shards - 1)].append(name)
         acc += tensors[name].numel() * tensors[name].element_size()
-    groups = [g for g in groups if g]
+    return write_shard_files(directory, tensors, [g for g in groups if g])
+
+
+def write_shard_files(directory: Path, tensors: dict, groups: list[list[str]]) -> list[str]:
+    """``model-0000i-of-0000n.safetensors``, one per group of tensor names (torch tensors), and
+    ``model.safetensors.index.json`` over them, each written atomically; the shard file names."""
+    from safetensors.torch import save
+
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
     files = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     weight_map = {}
     for fname, group in zip(files, groups):

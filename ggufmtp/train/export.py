@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..files.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..files.fsutil import atomic_write_text
 from .config import TRAINER_VERSION, ModelConfig
 from .model import Model, config_from_text_config, new_model, require_torch
 from .tokenizer import TokenizerFiles, write_tokenizer_files
@@ -71,10 +71,9 @@ def _config(cfg: ModelConfig, tok: TokenizerFiles, vocab_size: int, marker: dict
 
 def _write_shards(directory: Path, tensors: dict[str, Any], shard_bytes: int) -> list[str]:
     """Shards of about ``shard_bytes`` (tensors whole, in order) and the index over them."""
-    from safetensors.torch import save
+    from ..synth.hf import write_shard_files
 
     sizes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
-    total = sum(sizes.values())
     groups: list[list[str]] = [[]]
     acc = 0
     for name in tensors:
@@ -83,14 +82,7 @@ def _write_shards(directory: Path, tensors: dict[str, Any], shard_bytes: int) ->
             acc = 0
         groups[-1].append(name)
         acc += sizes[name]
-    n_shards = len(groups)
-    files = [f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors" for i in range(n_shards)]
-    weight_map = {}
-    for fname, group in zip(files, groups):
-        atomic_write_bytes(directory / fname, save({n: tensors[n] for n in group}, metadata={"format": "pt"}))
-        weight_map.update({n: fname for n in group})
-    atomic_write_json(directory / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
-    return files
+    return write_shard_files(directory, tensors, groups)
 
 
 def export_checkpoint(directory: Path, model: Model, cfg: ModelConfig, tok: TokenizerFiles, *,
