@@ -131,3 +131,6 @@ def test_the_ladder_file_and_the_cli(ladder, tmp_path):
         assert r.exit_code == 1 and said in r.output and str(f) in r.output, r.output
     r = CliRunner().invoke(main, ["ladder", "-m", MODEL, "-r", "q8_0-mtp", "-r", "q8_0-mtp", "-o", str(tmp_path / "y")])
     assert r.exit_code == 1 and "given twice" in r.output
+    for args, said in ((["-m", MODEL], "at least one recipe"), (["-r", "q8_0-mtp"], "no model")):
+        r = CliRunner().invoke(main, ["ladder", *args, "-o", str(tmp_path / "z")])
+        assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, r.output

@@ -25,6 +25,7 @@ def _spec(ladder_file: str | None, cli: dict[str, Any]) -> Any:
             fields[k] = {**fields.get(k, {}), **v} if isinstance(v, dict) else v
     if not fields.get("model"):
         raise LadderError("no model: give -m MODEL or model = \"...\" in the ladder file")
+    fields.setdefault("recipes", ())  # none at all: LadderSpec.check says so
     eval_options = fields.pop("eval_options", None)
     if cli.get("eval_corpus"):
         eval_options = {**(eval_options or {}), "corpus": fields.pop("eval_corpus")}
