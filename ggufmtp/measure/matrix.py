@@ -261,9 +261,15 @@ def _check_cells(model: str | os.PathLike, spec: MatrixSpec, kw: dict[str, Any])
     st = (suite if isinstance(suite, Suite) else load_suite(suite)).limit(get("limit"))
     args = [str(a) for name in _ARG_LISTS for a in kw.get(name) or ()]
     deepest = max(spec.depths)
-    for kv in dict.fromkeys(spec.kv_types + spec.draft_kv_types):  # the draft's types are checked as the target's
+    for kv in spec.kv_types:
         check_kv_depth(kv, kv, deepest, model, get("ctx_size"), get("parallel"), get("max_tokens"), st,
                        get("llama_cpp_bin"), args)
+    for kv in spec.draft_kv_types:  # the draft's types are checked as the target's are, and named as the draft's
+        try:
+            check_kv_depth(kv, kv, 0, model, get("ctx_size"), get("parallel"), get("max_tokens"), st,
+                           get("llama_cpp_bin"), args)
+        except VerifyError as e:
+            raise VerifyError(f"--matrix draft-kv={kv}: {e}".replace("--cache-type-k ", "", 1)) from None
 
 
 def _draft_kv_args(draft_kv: str | None) -> list[str]:
