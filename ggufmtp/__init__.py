@@ -11,12 +11,14 @@ The Python API mirrors the pipeline; every function returns a typed result::
     q = ggufmtp.quantize(pulled.model_path, "hifi-q4_k_m-mtp", "out.gguf")  # -> QuantizeResult
     r = ggufmtp.write_receipt(q)                                            # -> Path of out.gguf.receipt.json
     a = ggufmtp.audit("out.gguf", r)                                        # -> AuditReport
-    v = ggufmtp.verify("out.gguf", draft_n_max=4, receipt=r)                # -> VerifyResult
+    v = ggufmtp.verify("out.gguf", ggufmtp.VerifyOptions(draft_n_max=4), receipt=r)  # -> VerifyResult
     c = ggufmtp.make_card("out.gguf", r)                                    # -> Path of README.md
     ggufmtp.upload("me/Model-MTP-GGUF", ["out.gguf"], r, c)                 # -> UploadResult
     ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir="out") # -> RunResult (all stages)
 
-Errors are subclasses of :class:`ggufmtp.errors.GgufmtpError`.
+A function of many settings takes one options object, checked when built: :class:`VerifyOptions`
+(with :class:`ServerOptions` and :class:`JudgeOptions`) for ``verify``, :class:`RunOptions` for
+``run``. Errors are subclasses of :class:`ggufmtp.errors.GgufmtpError`.
 """
 
 from __future__ import annotations
@@ -49,11 +51,15 @@ _LAZY: dict[str, tuple[str, str]] = {
     "compute_imatrix": ("ggufmtp.imatrix.compute", "compute_imatrix"),
     "evaluate": ("ggufmtp.quality.eval", "evaluate"),
     "run_ladder": ("ggufmtp.ladder.run", "run_ladder"),
+    "VerifyOptions": ("ggufmtp.measure.core.options", "VerifyOptions"),
+    "ServerOptions": ("ggufmtp.measure.core.options", "ServerOptions"),
+    "JudgeOptions": ("ggufmtp.measure.core.options", "JudgeOptions"),
+    "RunOptions": ("ggufmtp.run_options", "RunOptions"),
 }
 
 __all__ = ["__version__", "GgufmtpError", "Recipe", "SynthSpec", "synthesize", "inspect", "plan", "quantize",
            "audit", "verify", "write_receipt", "make_card", "pull", "upload", "run", "convert",
-           "compute_imatrix", "evaluate", "run_ladder"]
+           "compute_imatrix", "evaluate", "run_ladder", "VerifyOptions", "ServerOptions", "JudgeOptions", "RunOptions"]
 
 
 def __getattr__(name: str) -> object:
@@ -80,6 +86,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from .hub.upload import upload
     from .imatrix.compute import compute_imatrix
     from .ladder.run import run_ladder
+    from .measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
     from .pipeline import run
     from .provenance.audit import audit
     from .provenance.card import make_card
@@ -88,5 +95,6 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from .quant.plan import make_plan as plan
     from .quant.quantize import quantize
     from .quant.recipe import Recipe
+    from .run_options import RunOptions
     from .synth.spec import SynthSpec
     from .synth.writer import synthesize

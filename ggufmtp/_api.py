@@ -1,71 +1,44 @@
-"""Public functions that join two stages: :func:`verify` measures and records into a receipt.
+"""Public functions that join two stages: :func:`verify` measures and records into a receipt;
+:func:`store_in_receipt` adds tune's, curve's and profiles' results to it (the measurement layer
+writes no receipt).
 
 Every other public name of :mod:`ggufmtp` is a library function itself (see ``__init__``'s map).
-This wrapper repeats the parameters of :func:`ggufmtp.measure.verify.verify` so that
-``inspect.signature`` and editors show them; ``tests/test_public_api.py`` checks that both lists
-stay equal.
+This wrapper takes the measuring function's parameters (:func:`ggufmtp.measure.verify.run.verify`:
+the model, a :class:`~ggufmtp.measure.core.options.VerifyOptions`, ``progress`` and ``on_record``)
+plus ``receipt``; ``tests/test_public_api.py`` checks that both signatures stay so.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .measure import stats
-from .measure import verify as _verify_mod
-from .measure.suite import DEFAULT_SUITE, Suite
-from .provenance.receipt import set_verification
+from .errors import TuneError
+from .files.hashing import sha256_file
+from .measure.core.options import VerifyOptions
+from .measure.verify import run as _verify_mod
+from .provenance.receipt import load_receipt, set_verification
 
 if TYPE_CHECKING:
     from .quant.recipe import Recipe
 
 
-def verify(
-    model: str | os.PathLike,
-    draft_n_max: int | None = None,
-    draft_n_min: int | None = None,
-    seeds: Sequence[int] = _verify_mod.DEFAULT_SEEDS,
-    suite: str | os.PathLike | Suite = DEFAULT_SUITE,
-    max_tokens: int = _verify_mod.DEFAULT_MAX_TOKENS,
-    raw: bool = False,
-    ctx_size: int | None = 4096,
-    threads: int | None = None,
-    gpu_layers: int | str | None = None,
-    parallel: int | None = 1,
-    llama_cpp_bin: str | os.PathLike | None = None,
-    progress: bool = True,
-    thresholds: Any = None,
-    limit: int | None = None,
-    sweep: Iterable[int] | None = None,
-    enforce_speedup: bool = False,
-    min_identical: float | None = None,
-    bootstrap_resamples: int = stats.DEFAULT_RESAMPLES,
-    bootstrap_seed: int = stats.DEFAULT_SEED,
-    extra_args: Sequence[str] = (),
-    on_record: Callable[[_verify_mod.Record], None] | None = None,
-    tuned: Any = None,
-    peak_bandwidth_gbs: float | None = None,
-    server_args: Sequence[str] = (),
-    mtp_server_args: Sequence[str] = (),
-    vanilla_server_args: Sequence[str] = (),
-    cache_type_k: str | None = None,
-    cache_type_v: str | None = None,
-    context_fill: int = 0,
-    *,
-    receipt: str | os.PathLike | None = None,
-) -> _verify_mod.VerifyResult:
-    """Verify MTP drafting with llama-server (see :func:`ggufmtp.measure.verify.verify`, whose
-    parameters these are). With ``receipt``, the results go into that receipt's verification
-    section; what tune, curve and profiles added there is kept."""
-    args = dict(locals())  # exactly the parameters above, forwarded by name
-    del args["receipt"]
-    if thresholds is None and receipt is not None:
+def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
+           receipt: str | os.PathLike | None = None, progress: bool = True,
+           on_record: Callable[[_verify_mod.Record], None] | None = None) -> _verify_mod.VerifyResult:
+    """Verify MTP drafting with llama-server (see :func:`ggufmtp.measure.verify.run.verify`, whose
+    parameters these are, and :class:`~ggufmtp.measure.core.options.VerifyOptions`). With
+    ``receipt``, the results go into that receipt's verification section; what tune, curve and
+    profiles added there is kept; without thresholds in ``options``, the recipe the receipt names
+    judges (and gives the draft window, unless a tuned configuration fixes it)."""
+    o = options if options is not None else VerifyOptions()
+    if o.judge.thresholds is None and receipt is not None:
         rec = verify_recipe(None, receipt)  # the receipt's recipe judges its artifact
-        args["thresholds"] = _verify_mod.Thresholds.from_recipe(rec.verify, rec.name)
-        if draft_n_max is None and tuned is None:
-            args["draft_n_max"] = rec.verify.draft_n_max
-    res = _verify_mod.verify(**args)
+        o = o.with_defaults(thresholds=_verify_mod.Thresholds.from_recipe(rec.verify, rec.name),
+                            draft_n_max=rec.verify.draft_n_max if o.tuned is None else None)
+    res = _verify_mod.verify(model, o, progress=progress, on_record=on_record)
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True)
     return res
@@ -93,3 +66,39 @@ def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | None) ->
         raise VerifyError(f"{receipt}: its recipe {named['name']!r} had sha256 {named['sha256']}; the one found now "
                           f"has {rec.sha256}: name the recipe to judge with (-r)")
     return rec
+
+
+def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = None,
+                     **sections: dict[str, Any] | None) -> dict[str, Any]:
+    """Add ``sections`` (e.g. ``tuned=...``, ``profiles=...``, ``acceptance_curve=...``) to the receipt's
+    verification section, keeping every key verify wrote (``set_verification`` replaces the whole
+    section, so it is loaded and merged first), re-seal and write it back. The receipt must already
+    hold a verification (``ggufmtp verify MODEL --receipt R``). ``model``: refuse when its size differs
+    from the verified model's."""
+    st = load_receipt(path)
+    v = (st.get("predicate") or {}).get("verification")
+    if not v:
+        raise TuneError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
+                        f"--receipt {path}` first (tune, profiles and curve add to it)")
+    if model is not None:
+        _check_same_model(path, v.get("model") or {}, Path(model))
+    old_tuned = v.get("tuned")
+    if sections.get("tuned") and isinstance(old_tuned, dict) and old_tuned.get("kind") != "ggufmtp tune":
+        sections["tuned"] = {**sections["tuned"], "verify_sweep": old_tuned}  # verify --sweep's, kept
+    merged = dict(v)
+    merged.update({k: val for k, val in sections.items() if val is not None})
+    return set_verification(path, merged)
+
+
+def _check_same_model(receipt: str | os.PathLike, verified: dict[str, Any], p: Path) -> None:
+    """TuneError unless ``p`` is the model the receipt's verification measured (its size, then its
+    sha256 when the verification names one)."""
+    if not p.is_file():
+        return
+    want = verified.get("size_bytes")
+    if want is not None and p.stat().st_size != want:
+        raise TuneError(f"{receipt}: its verification is of a {want}-byte model, not {p} ({p.stat().st_size} bytes)")
+    digest = verified.get("sha256")
+    got = sha256_file(p) if digest else None
+    if got != digest:
+        raise TuneError(f"{receipt}: its verification is of the model with sha256 {digest}, not {p} (sha256 {got})")

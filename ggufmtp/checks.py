@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+
+from .jsontypes import JsonObject
 
 __all__ = ["Check", "Status"]
 
@@ -36,6 +37,6 @@ class Check:
     def info(cls, name: str, detail: str) -> Check:
         return cls(name, True, detail, Status.INFO)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         assert self.status is not None
         return {"name": self.name, "ok": self.ok, "status": self.status.value, "detail": self.detail}

@@ -23,9 +23,9 @@ import enum
 import hashlib
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ._version import __version__
 from .constants import LLAMA_CPP_COMMIT
@@ -35,18 +35,34 @@ from .files.hashing import sha256_file
 from .fmt import ci_phrase, pct, times
 from .gguf.model import inspect_model, split_shards
 from .gguf.reader import read_header
+from .hub.manifest import PullResult
 from .hub.upload import upload as hub_upload
 from .imatrix.compute import RunImatrix, imatrix_for_run
-from .measure import verify as verify_mod
+from .jsontypes import JsonObject
+from .measure.core.options import VerifyOptions
+from .measure.verify import run as verify_mod
 from .provenance.audit import audit
 from .provenance.card import make_card
-from .provenance.receipt import load_receipt, read_receipt, receipt_for_quantize, set_verification
+from .provenance.receipt import read_receipt, receipt_for_quantize, set_verification
 from .provenance.signing import resolve_public_key, resolve_signing_key, sign_artifact
 from .quant.plan import make_plan
 from .quant.quantize import quantize
 from .quant.recipe import Recipe
 from .refs import ModelRef, is_builtin, parse_model_ref, resolve
+from .run_options import RunOptions
 from .runtime.build import installed_runtime
+from .stage_records import (
+    CardStage,
+    EvalStage,
+    FileRecord,
+    InspectStage,
+    MtpRecord,
+    PlanStage,
+    PullSource,
+    PullStage,
+    ReceiptStage,
+    VerifyStage,
+)
 
 STAGES = ("pull", "inspect", "plan", "quantize", "audit", "verify", "receipt", "eval", "card", "upload")
 
@@ -70,7 +86,7 @@ class StageRecord:
     stage: str
     key: str
     cached: bool
-    result: dict[str, Any]
+    result: JsonObject
 
     @property
     def status(self) -> StageStatus:
@@ -98,7 +114,7 @@ class RunSummary:
     stages: dict[str, StageStatus]
     speed_checked: bool | None = None  # whether the verdict judged the speedup (GPU offload)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = dataclasses.asdict(self)
         d["stages"] = {k: str(v) for k, v in self.stages.items()}
         return d
@@ -120,12 +136,12 @@ class RunResult:
     def stage(self, name: str) -> StageRecord | None:
         return next((s for s in self.stages if s.stage == name), None)
 
-    def _result(self, name: str) -> dict[str, Any]:
+    def _result(self, name: str) -> JsonObject:
         rec = self.stage(name)
         return (rec.result or {}) if rec else {}
 
     def summary_record(self) -> RunSummary:
-        ins, q = self._result("inspect"), self._result("quantize")
+        ins, q = cast(InspectStage, self._result("inspect")), self._result("quantize")
         v = self._result("verify").get("verification")
         return RunSummary(
             artifact=str(self.artifact),
@@ -135,7 +151,7 @@ class RunResult:
             bpw=q.get("bpw"),
             mtp_status=q.get("mtp", {}).get("status", ins.get("mtp_status")),
             mtp_block=q.get("mtp", {}).get("block"),
-            mtp_blocks=_mtp_blocks(q.get("mtp", {}), ins),
+            mtp_blocks=_mtp_blocks(cast(MtpRecord, q.get("mtp", {})), ins),
             acceptance=v["mtp"]["acceptance"] if v else None,
             acceptance_ci95=v["mtp"]["acceptance_ci95"] if v else None,
             speedup=v["speedup"] if v else None,
@@ -146,37 +162,39 @@ class RunResult:
             stages={s.stage: s.status for s in self.stages},
         )
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """The run in one JSON object (``ggufmtp run --json``)."""
         return self.summary_record().to_dict()
 
 
-def _mtp_blocks(q_mtp: dict[str, Any], ins: dict[str, Any]) -> list[int]:
+def _mtp_blocks(q_mtp: MtpRecord, ins: InspectStage) -> list[int]:
     """Every MTP block of the run: the quantize result's; one cached before chains were reported
     names only its first block, so then the inspect stage's list, else that block."""
     if "blocks" in q_mtp:
         return list(q_mtp["blocks"])
     if "mtp_blocks" in ins:
         return list(ins["mtp_blocks"])
-    return [q_mtp["block"]] if q_mtp.get("block") is not None else []
+    block = q_mtp.get("block")
+    return [block] if block is not None else []
 
 
 def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _file_record(path: Path) -> dict[str, Any]:
+def _file_record(path: Path) -> FileRecord:
     """The identity of a file a stage produced: its path and the sha256 of its bytes."""
     return {"path": str(path), "sha256": sha256_file(path)}
 
 
-def _intact(*keys: str) -> Callable[[dict[str, Any]], bool]:
-    """A cached result is valid while the files it recorded under ``keys`` still hold the same bytes
-    (hashed again: a file rewritten with its size and mtime restored is not intact)."""
-    def check(r: dict[str, Any]) -> bool:
+def _intact(*keys: str) -> Callable[[Mapping[str, object]], bool]:
+    """A cached result (any stage's record) is valid while the files it recorded under ``keys``
+    (:class:`FileRecord`) still hold the same bytes (hashed again: a file rewritten with its size and
+    mtime restored is not intact)."""
+    def check(r: Mapping[str, object]) -> bool:
         for k in keys:
             rec = r.get(k)
-            if not rec or not rec.get("sha256"):
+            if not isinstance(rec, dict) or not rec.get("sha256"):
                 return False
             p = Path(rec["path"])
             if not p.is_file() or sha256_file(p) != rec["sha256"]:
@@ -200,6 +218,9 @@ def _toolchain_key() -> str:
     return _key("toolchain", __version__, info.commit if info else LLAMA_CPP_COMMIT, info.variant if info else None)
 
 
+_R = TypeVar("_R", bound=Mapping[str, object])  # a stage's record (stage_records.py)
+
+
 class _StageCache:
     """Runs a stage unless ``OUT/.ggufmtp/stages/<stage>.json`` holds a successful result for the
     same key whose outputs are still intact; records what happened either way. A result that
@@ -212,9 +233,9 @@ class _StageCache:
         self.force = force
         self.records: list[StageRecord] = []
 
-    def run(self, stage: str, key: str, fn: Callable[[], dict[str, Any]],
-            still_valid: Callable[[dict[str, Any]], bool] = lambda r: True,
-            ok: Callable[[dict[str, Any]], bool] = lambda r: True) -> dict[str, Any]:
+    def run(self, stage: str, key: str, fn: Callable[[], _R], still_valid: Callable[[_R], bool] = lambda r: True,
+            ok: Callable[[_R], bool] = lambda r: True) -> _R:
+        """``fn()``'s record (a JSON object: written to the stage's file), or the one that file holds."""
         path = self.dir / f"{stage}.json"
         if not self.force and path.exists():
             rec = json.loads(path.read_text())
@@ -226,7 +247,7 @@ class _StageCache:
         path.unlink(missing_ok=True)
         result = fn()
         atomic_write_json(path, {"stage": stage, "key": key, "ok": bool(ok(result)), "result": result})
-        self.records.append(StageRecord(stage, key, False, result))
+        self.records.append(StageRecord(stage, key, False, cast(JsonObject, result)))
         return result
 
 
@@ -236,20 +257,20 @@ class _Model:
     pull's manifest (Hub), and the digest of every shard (the pull-verified one for a Hub pull)."""
 
     path: Path
-    manifest: dict[str, Any] | None
+    manifest: PullResult | None
     shards: tuple[tuple[str, str], ...]  # (file name, sha256)
 
     @property
     def resolved_commit(self) -> str | None:
-        return (self.manifest or {}).get("resolved_commit")
+        return self.manifest.resolved_commit if self.manifest else None
 
 
-def _unverified_shards(manifest: dict[str, Any]) -> list[str]:
+def _unverified_shards(manifest: PullResult) -> list[str]:
     """The model's files that the pull could not check against a Hub checksum (``verified: false``)."""
-    entry = manifest.get("model_entry")
-    shards = next((m["shards"] for m in manifest.get("gguf_models") or [] if m.get("entry") == entry), [entry])
-    files = {f["path"]: f for f in manifest.get("files") or []}
-    return [str(s) for s in shards if not (files.get(s) or {}).get("verified")]
+    entry = manifest.model_entry
+    shards = next((list(m.shards) for m in manifest.gguf_models if m.entry == entry), [entry])
+    verified = {f.path for f in manifest.files if f.verified}
+    return [str(s) for s in shards if s not in verified]
 
 
 def _resolve_model(ref: ModelRef, base_dir: Path, include: list[str] | None, token: str | None, progress: bool,
@@ -267,7 +288,7 @@ def _resolve_model(ref: ModelRef, base_dir: Path, include: list[str] | None, tok
             raise HubRefusedError(
                 f"{ref.ident}: the Hub gave no checksum for {', '.join(unverified)}, so the pull could not verify "
                 "it; pass --allow-unverified to use it anyway")
-        pulled = {Path(f["path"]).name: f["sha256"] for f in got.manifest.get("files") or []}
+        pulled = {Path(f.path).name: f.sha256 for f in got.manifest.files}
         digests = tuple((s.name, pulled.get(s.name) or sha256_file(s)) for s in shards)
     else:
         digests = tuple((s.name, sha256_file(s)) for s in shards)
@@ -299,15 +320,16 @@ class _Run:
     plan_key: str = ""
     artifact_key: str = ""
     artifact_sha256: str = ""
-    verification: dict[str, Any] | None = None
-    receipted: dict[str, Any] = dataclasses.field(default_factory=dict)
+    verification: JsonObject | None = None  # the receipt's section, as the verify stage recorded it
+    # the receipt (or eval) stage's record: set by the receipt stage, empty before it
+    receipted: ReceiptStage = dataclasses.field(default_factory=lambda: cast(ReceiptStage, {}))
 
     @property
     def model_path(self) -> Path:
         return self.model.path
 
     @property
-    def manifest(self) -> dict[str, Any] | None:
+    def manifest(self) -> PullResult | None:
         return self.model.manifest
 
     @property
@@ -329,22 +351,24 @@ def _stage_pull(r: _Run) -> None:
     revision), and the sha256 of every file. The model was made local and hashed before the run
     wrote anything (:func:`_resolve_model`); this stage is cached when none of that changed."""
     m = r.model
-    source = {"kind": str(r.ref.kind), "ident": r.ref.ident, "requested_revision": r.ref.revision,
-              "resolved_commit": m.resolved_commit, "include": r.include, "shards": [list(s) for s in m.shards]}
+    source: PullSource = {"kind": str(r.ref.kind), "ident": r.ref.ident, "requested_revision": r.ref.revision,
+                          "resolved_commit": m.resolved_commit, "include": r.include,
+                          "shards": [list(s) for s in m.shards]}
     pull_key = _key("pull", source)
-    r.cache.run("pull", pull_key, lambda: {"model_path": str(m.path), "manifest": m.manifest, "source": source})
+    manifest = m.manifest.to_dict() if m.manifest else None
+    r.cache.run("pull", pull_key, lambda: PullStage(model_path=str(m.path), manifest=manifest, source=source))
     r.model_key = _key(pull_key, _toolchain_key())
 
 
 def _stage_inspect(r: _Run) -> None:
-    def do() -> dict[str, Any]:
+    def do() -> InspectStage:
         report = inspect_model(r.model_path).to_dict()
-        return {k: report[k] for k in _INSPECT_FIELDS}
+        return cast(InspectStage, {k: report[k] for k in _INSPECT_FIELDS})
 
     r.cache.run("inspect", _key("inspect", r.model_key), do)
 
 
-def _recipe_content(recipe: Recipe) -> dict[str, Any]:
+def _recipe_content(recipe: Recipe) -> JsonObject:
     """The recipe as the receipt records it: its whole content and file name (not where it lies)."""
     d = recipe.to_dict()
     d["path"] = Path(recipe.path).name if recipe.path else None
@@ -364,7 +388,7 @@ def _stage_imatrix(r: _Run) -> None:
 
 
 def _stage_plan(r: _Run) -> None:
-    def do() -> dict[str, Any]:
+    def do() -> PlanStage:
         p = make_plan(r.model_path, r.recipe, r.imatrix, r.threads)
         if p.errors:
             raise PlanError(f"{r.model_path}: pre-flight checks failed:\n  " + "\n  ".join(p.errors), p.errors)
@@ -382,7 +406,7 @@ def _stage_plan(r: _Run) -> None:
 def _stage_quantize(r: _Run) -> None:
     """Writes the artifact, its base receipt (verification comes later) and, with a signing key,
     the receipt's signature and the artifact's (``ARTIFACT.sig``)."""
-    def do() -> dict[str, Any]:
+    def do() -> JsonObject:  # QuantizeResult.to_dict() and the artifact's FileRecord
         # the receipt is written before quantize renames the artifact into place (never one without the other)
         res = quantize(r.model_path, r.recipe, r.artifact, imatrix=r.imatrix, threads=r.threads, progress=r.progress,
                        before_publish=lambda staged: receipt_for_quantize(
@@ -403,7 +427,7 @@ def _stage_quantize(r: _Run) -> None:
 
 
 def _stage_audit(r: _Run) -> None:
-    def do() -> dict[str, Any]:
+    def do() -> JsonObject:  # AuditReport.to_dict()
         rep = audit(r.artifact, r.receipt)
         if not rep.ok:
             raise GgufmtpError(f"{r.artifact}: audit failed: "
@@ -413,17 +437,18 @@ def _stage_audit(r: _Run) -> None:
     r.cache.run("audit", _key("audit", r.artifact_key), do)
 
 
-def _stage_verify(r: _Run, verify_options: dict[str, Any]) -> None:
-    """A failing verdict is recorded, not cached as done: the next run verifies again."""
-    def do() -> dict[str, Any]:
-        opts = dict(verify_options)
-        opts.setdefault("draft_n_max", r.recipe.verify.draft_n_max)
-        opts.setdefault("thresholds", verify_mod.Thresholds.from_recipe(r.recipe.verify, r.recipe.name))
+def _stage_verify(r: _Run, verify_options: VerifyOptions) -> None:
+    """A failing verdict is recorded, not cached as done: the next run verifies again. The recipe's
+    ``[verify]`` table gives the window and the thresholds the options leave unset."""
+    def do() -> VerifyStage:
+        opts = verify_options.with_defaults(
+            draft_n_max=r.recipe.verify.draft_n_max,
+            thresholds=verify_mod.Thresholds.from_recipe(r.recipe.verify, r.recipe.name))
         # Through the module attribute, so that a patched ``verify`` (tests) is the one called.
-        res = verify_mod.verify(r.artifact, progress=r.progress, **opts)
+        res = verify_mod.verify(r.artifact, opts, progress=r.progress)
         return {"verification": res.to_receipt()}
 
-    key = _key("verify", r.artifact_key, {k: str(v) for k, v in verify_options.items()},
+    key = _key("verify", r.artifact_key, {k: str(v) for k, v in verify_options.to_dict().items()},
                dataclasses.asdict(r.recipe.verify))
     passed = r.cache.run("verify", key, do, ok=lambda res: res["verification"].get("verdict") == "pass")
     r.verification = passed["verification"]
@@ -431,20 +456,19 @@ def _stage_verify(r: _Run, verify_options: dict[str, Any]) -> None:
 
 def _stage_receipt(r: _Run) -> None:
     """The verification goes into the receipt (signed with the signing key, when there is one)."""
-    def do() -> dict[str, Any]:
+    def do() -> ReceiptStage:
         if r.verification is not None:
             set_verification(r.receipt, r.verification, signing_key=r.signing_key)
-        stmt = load_receipt(r.receipt)
-        return {"receipt": _file_record(r.receipt), "artifact_sha256": stmt["subject"][0]["digest"]["sha256"]}
+        return {"receipt": _file_record(r.receipt), "artifact_sha256": read_receipt(r.receipt).artifact.sha256}
 
     key = _key("receipt", r.artifact_key, r.verification, _secret_id(r.signing_key))
     r.receipted = r.cache.run("receipt", key, do, _receipt_holds(r))
 
 
-def _receipt_holds(r: _Run) -> Callable[[dict[str, Any]], bool]:
+def _receipt_holds(r: _Run) -> Callable[[ReceiptStage], bool]:
     """The receipt stage's result is valid while the receipt is intact, of the artifact, and holds
     this run's verification; not byte for byte, since a later stage (eval) adds its own section."""
-    def check(_: dict[str, Any]) -> bool:
+    def check(_: ReceiptStage) -> bool:
         try:
             rc = read_receipt(r.receipt)
         except GgufmtpError:
@@ -456,7 +480,7 @@ def _receipt_holds(r: _Run) -> Callable[[dict[str, Any]], bool]:
 
 def _stage_eval(r: _Run, eval_options: dict[str, Any]) -> None:
     """``--eval``: KL-divergence of the artifact against the source model, into the receipt's ``quality``."""
-    def do() -> dict[str, Any]:
+    def do() -> EvalStage:
         from .quality.sections import eval_into_receipt
 
         quality = eval_into_receipt(r.model_path, r.artifact, r.receipt, r.signing_key, r.progress, **eval_options)
@@ -467,7 +491,7 @@ def _stage_eval(r: _Run, eval_options: dict[str, Any]) -> None:
 
 
 def _stage_card(r: _Run) -> None:
-    def do() -> dict[str, Any]:
+    def do() -> CardStage:
         make_card(r.artifact, r.receipt, r.card)
         return {"card": _file_record(r.card)}
 
@@ -477,7 +501,7 @@ def _stage_card(r: _Run) -> None:
 def _stage_upload(r: _Run, repo_id: str, private: bool, dry_run: bool) -> None:
     """Through the publish gate (:mod:`ggufmtp.hub.gate`): without a passing verification of the
     artifact's bytes (or ``allow_unverified``) it raises before any request reaches the Hub."""
-    def do() -> dict[str, Any]:
+    def do() -> JsonObject:  # UploadResult.to_dict()
         res = hub_upload(repo_id, [r.artifact], [r.receipt], r.card, private=private, token=r.token,
                          dry_run=dry_run, recipe_name=r.recipe.name, artifact_sha256=r.receipted["artifact_sha256"],
                          allow_unverified=r.allow_unverified, public_key=r.public_key, progress=r.progress)
@@ -488,68 +512,46 @@ def _stage_upload(r: _Run, repo_id: str, private: bool, dry_run: bool) -> None:
     r.cache.run("upload", key, do)
 
 
-def run(recipe: str | Path, model: str, imatrix: str | Path | None = None, out_dir: str | Path = "ggufmtp-out",
-        verify: bool = True, upload: str | None = None, *, include: list[str] | None = None,
-        verify_options: dict[str, Any] | None = None, threads: int = 0, private: bool = False,
-        dry_run_upload: bool = False, token: str | None = None, force: bool = False, progress: bool = True,
-        log: Callable[[str], None] = lambda m: None, signing_key: str | Path | None = None,
-        public_key: str | Path | None = None, allow_unverified: bool = False,
-        imatrix_corpus: str | Path | None = None, imatrix_chunks: int | None = None,
-        eval_options: dict[str, Any] | None = None, base_dir: str | Path | None = None,
-        until: str | None = None) -> RunResult:
-    """Run the whole pipeline; see the module docstring. ``model`` is ``REPO_ID[@REV]``, a local
-    GGUF path, a local safetensors checkpoint directory (converted first) or ``builtin:NAME``. ``verify_options`` go
-    to :func:`ggufmtp.measure.verify.verify`.
-
-    ``signing_key`` (default ``$GGUFMTP_SIGNING_KEY``) signs the receipt and the artifact
-    (``ARTIFACT.sig``). ``upload`` publishes only an artifact with a passing verification of its
-    bytes, unless ``allow_unverified`` (the card then says so); ``public_key`` (default
-    ``$GGUFMTP_PUBLIC_KEY``) also requires valid signatures. ``allow_unverified`` also accepts
-    pulled files the Hub gave no checksum for. Nothing is written for a model that is not a GGUF.
-    ``imatrix_corpus`` (instead of ``imatrix``): compute one over this text (``builtin:calib-v1`` or
-    a file), at most ``imatrix_chunks`` chunks, with the MTP block's statistics when it has one.
-    ``base_dir`` (default ``out_dir``): where a pulled model and a converted checkpoint are kept, so
-    that several runs (a ladder's variants) share one pull and one conversion. ``until="audit"``: stop
-    after the audit (a ladder builds every variant so, then measures it with a second call)."""
-    if imatrix and imatrix_corpus:
-        raise GgufmtpError(f"give --imatrix {imatrix} or --imatrix-corpus {imatrix_corpus}, not both")
-    if until not in (None, "audit"):
-        raise GgufmtpError(f"until={until!r}: only 'audit' (or None: every stage)")
-    if upload and not verify and not allow_unverified:
-        raise HubRefusedError(f"--upload {upload} with --no-verify: only a verified artifact is published; "
-                              "verify it, or pass --allow-unverified (the card then says so)")
+def run(recipe: str | Path, model: str, options: RunOptions | None = None, *, out_dir: str | Path = "ggufmtp-out",
+        progress: bool = True, log: Callable[[str], None] = lambda m: None) -> RunResult:
+    """Run the whole pipeline into ``out_dir``; see the module docstring. ``model`` is
+    ``REPO_ID[@REV]``, a local GGUF path, a local safetensors checkpoint directory (converted
+    first) or ``builtin:NAME``; ``options``: what to make and how (:class:`RunOptions`, checked
+    when built). Nothing is written for a model that is not a GGUF."""
+    o = options if options is not None else RunOptions()
     out = Path(out_dir)
     from .hfconvert.convert import converted_for_run
 
     # a safetensors checkpoint directory is converted first (cached by its files' digests)
-    shared = Path(base_dir) if base_dir is not None else out
-    converted = converted_for_run(model, shared, progress, token) if not is_builtin(model) else None
+    shared = Path(o.base_dir) if o.base_dir is not None else out
+    converted = converted_for_run(model, shared, progress, o.token) if not is_builtin(model) else None
     rec, ref = Recipe.load(recipe), parse_model_ref(str(converted) if converted else model)
-    key = resolve_signing_key(signing_key)
-    pub = resolve_public_key(public_key) if upload else None
-    resolved = _resolve_model(ref, shared, include, token, progress, allow_unverified)
-    job = imatrix_for_run(resolved.path, imatrix_corpus, out, chunks=imatrix_chunks) if imatrix_corpus else None
+    key = resolve_signing_key(o.signing_key)
+    pub = resolve_public_key(o.public_key) if o.upload else None
+    include = list(o.include) if o.include is not None else None
+    resolved = _resolve_model(ref, shared, include, o.token, progress, o.allow_unverified)
+    job = (imatrix_for_run(resolved.path, o.imatrix_corpus, out, chunks=o.imatrix_chunks) if o.imatrix_corpus
+           else None)
     out.mkdir(parents=True, exist_ok=True)
-    r = _Run(out=out, cache=_StageCache(out, log, force), recipe=rec, model_arg=model, ref=ref, model=resolved,
-             imatrix=imatrix, imatrix_job=job, include=include, threads=threads, token=token, progress=progress,
-             log=log,
-             signing_key=key, public_key=pub, allow_unverified=allow_unverified)
+    r = _Run(out=out, cache=_StageCache(out, log, o.force), recipe=rec, model_arg=model, ref=ref, model=resolved,
+             imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
+             progress=progress, log=log, signing_key=key, public_key=pub, allow_unverified=o.allow_unverified)
     for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
         stage(r)
-    if until == "audit":
+    if o.until == "audit":
         return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=None, stages=r.cache.records)
-    if verify:
-        _stage_verify(r, dict(verify_options or {}))
+    if o.verify:
+        _stage_verify(r, o.verify_options or VerifyOptions())
     _stage_receipt(r)
-    if eval_options is not None:
-        _stage_eval(r, eval_options)
+    if o.eval_options is not None:
+        _stage_eval(r, dict(o.eval_options))
     _stage_card(r)
-    if upload:
-        _stage_upload(r, upload, private, dry_run_upload)
+    if o.upload:
+        _stage_upload(r, o.upload, o.private, o.dry_run_upload)
     return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=r.card, stages=r.cache.records)
 
 
-def format_summary(s: dict[str, Any]) -> str:
+def format_summary(s: JsonObject) -> str:
     """The summary for people (what ``ggufmtp run`` prints)."""
     def with_ci(v: float | None, ci: list | None, as_pct: bool) -> str:
         if v is None:

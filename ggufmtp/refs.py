@@ -13,9 +13,12 @@ import enum
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import GgufmtpError
+
+if TYPE_CHECKING:  # annotations only: the Hub client is imported when a pull happens
+    from .hub.manifest import PullResult
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -42,7 +45,7 @@ class ResolvedModel:
     """A reference made local: the model's path and, for a Hub pull, the pull's manifest."""
 
     path: Path
-    manifest: dict[str, Any] | None = None
+    manifest: PullResult | None = None
 
 
 def is_builtin(model: str | os.PathLike) -> bool:
@@ -96,4 +99,4 @@ def resolve(ref: ModelRef, *, local_dir: str | os.PathLike | None = None, includ
     if res.model_path is None:
         raise GgufmtpError(f"{ref.ident}: the pulled files hold {len(res.gguf_models)} GGUF models; "
                            f"choose one with --include")
-    return ResolvedModel(Path(res.model_path), res.to_dict())
+    return ResolvedModel(Path(res.model_path), res)

@@ -50,7 +50,7 @@ from ggufmtp.files.hashing import sha256_file
 from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.imatrix.compute import ComputeResult
 from ggufmtp.imatrix.format import read_imatrix
-from ggufmtp.measure.suite import load_suite
+from ggufmtp.measure.core.suite import load_suite
 from ggufmtp.pipeline import RunResult
 from ggufmtp.provenance.card import UNVERIFIED_HEADING
 from ggufmtp.provenance.receipt import load_receipt, read_receipt, receipt_for_quantize, schema_errors
@@ -168,9 +168,11 @@ class ArchArtifacts:
             self.base, recipe, self.root / f"{recipe}.gguf", imatrix=self.imatrix(), threads=2, progress=False))
 
     def _run(self, verify: bool) -> RunResult:
-        return ggufmtp.run(PIPELINE_RECIPE, str(self.base), imatrix=self.imatrix(),
-                           out_dir=self.root / ("verified" if verify else "unverified"), verify=verify,
-                           verify_options=VERIFY, threads=2, progress=False, signing_key=self.keys["priv"])
+        options = ggufmtp.RunOptions(imatrix=self.imatrix(), verify=verify,
+                                     verify_options=ggufmtp.VerifyOptions.from_dict(VERIFY), threads=2,
+                                     signing_key=self.keys["priv"])
+        return ggufmtp.run(PIPELINE_RECIPE, str(self.base), options,
+                           out_dir=self.root / ("verified" if verify else "unverified"), progress=False)
 
     def pipeline(self) -> RunResult:
         """``ggufmtp run --no-verify`` (signed): audit, receipt and card without llama-server."""

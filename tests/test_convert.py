@@ -226,7 +226,8 @@ def test_converted_model_quantizes_and_drafts_with_a_receipt_naming_the_safetens
     receipt = ggufmtp.write_receipt(q)
     base = load_receipt(receipt)["predicate"]["base_model"]
     assert any(f["path"] == "model-00001-of-00002.safetensors" for f in base["converted_from"]["files"])
-    v = ggufmtp.verify(q.output, draft_n_max=2, seeds=(42,), limit=1, max_tokens=16, progress=False, threads=2)
+    v = ggufmtp.verify(q.output, ggufmtp.VerifyOptions(draft_n_max=2, seeds=(42,), limit=1, max_tokens=16,
+                                                       server=ggufmtp.ServerOptions(threads=2)), progress=False)
     mtp = v.to_receipt()["mtp"]
     assert mtp["draft_n"] > 0 and mtp["draft_n_accepted"] / mtp["draft_n"] > 0.9
 
@@ -259,7 +260,8 @@ def test_pull_check_mtp_reads_headers_only_then_pull_and_convert_from_the_hub(hu
 def test_run_accepts_a_safetensors_hub_repo(hub_repo, tmp_path):
     import ggufmtp
 
-    r = ggufmtp.run("q8_0-mtp", "me/tiny-hf", out_dir=tmp_path / "run", verify=False, progress=False)
+    r = ggufmtp.run("q8_0-mtp", "me/tiny-hf", ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
+                    progress=False)
     converted = list((tmp_path / "run" / "converted").rglob("model-bf16.gguf"))
     assert len(converted) == 1 and inspect_model(converted[0]).mtp_status == "complete"
     record = json.loads(source_record_path(converted[0]).read_text())
@@ -270,11 +272,13 @@ def test_run_accepts_a_safetensors_hub_repo(hub_repo, tmp_path):
 def test_run_accepts_a_safetensors_directory(checkpoint, tmp_path):
     import ggufmtp
 
-    r = ggufmtp.run("q8_0-mtp", str(checkpoint), out_dir=tmp_path / "run", verify=False, progress=False)
+    r = ggufmtp.run("q8_0-mtp", str(checkpoint), ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
+                    progress=False)
     converted = list((tmp_path / "run" / "converted").rglob("model-bf16.gguf"))
     assert len(converted) == 1 and inspect_model(converted[0]).mtp_status == "complete"
     assert r.stages
     # the second run reuses the conversion (same source digests): no second converted file, same mtime
     before = converted[0].stat().st_mtime_ns
-    ggufmtp.run("q8_0-mtp", str(checkpoint), out_dir=tmp_path / "run", verify=False, progress=False)
+    ggufmtp.run("q8_0-mtp", str(checkpoint), ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
+                progress=False)
     assert converted[0].stat().st_mtime_ns == before

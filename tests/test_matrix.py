@@ -5,6 +5,7 @@ server starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -16,13 +17,14 @@ from click.testing import CliRunner
 
 from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
-from ggufmtp.measure.kvdepth import KNOWN_CACHE_TYPES, allowed_cache_types, neutral_text
-from ggufmtp.measure.matrix import MatrixSpec, parse_matrix, verify_matrix
-from ggufmtp.measure.verify import verify
+from ggufmtp.measure.core.options import ServerOptions, VerifyOptions
+from ggufmtp.measure.verify.kvdepth import KNOWN_CACHE_TYPES, allowed_cache_types, neutral_text
+from ggufmtp.measure.verify.matrix import MatrixSpec, parse_matrix, verify_matrix
+from ggufmtp.measure.verify.run import verify
 from ggufmtp.provenance.verdict import Verdict
 from ggufmtp.runtime.server import LlamaServer, ServerConfig
 
-CHEAP = dict(seeds=(42,), limit=2, max_tokens=16, threads=2, progress=False, ctx_size=1024)
+CHEAP = VerifyOptions(seeds=(42,), limit=2, max_tokens=16, ctx_size=1024, server=ServerOptions(threads=2))
 CHEAP_CLI = ("--seeds", "42", "--limit", "2", "--max-tokens", "16", "--threads", "2", "-c", "1024")
 DEPTH = 256
 
@@ -92,7 +94,7 @@ def test_the_cache_types_come_from_llama_servers_help():
 def test_bad_kv_or_depth_fails_before_any_server(tiny_mtp_model, spawned, kwargs, said):
     t0 = time.monotonic()
     with pytest.raises(VerifyError, match=said):
-        verify(tiny_mtp_model, **{**CHEAP, **kwargs})
+        verify(tiny_mtp_model, VerifyOptions.from_dict({**CHEAP.to_dict(), **kwargs}), progress=False)
     assert not _servers(spawned) and time.monotonic() - t0 < 10
 
 
@@ -100,13 +102,13 @@ def test_bad_matrix_fails_before_any_server(tiny_mtp_model, spawned):
     """Every cell is checked first: a bad KV type in the last cell, or a depth too deep for the
     context, fails before the first cell's servers start."""
     with pytest.raises(VerifyError, match="'q9_0': not a KV-cache type"):
-        verify_matrix(tiny_mtp_model, ["f16", "q9_0"], [0], **CHEAP)
+        verify_matrix(tiny_mtp_model, ["f16", "q9_0"], [0], CHEAP, progress=False)
     with pytest.raises(VerifyError, match="context depth 4096 does not fit"):
-        verify_matrix(tiny_mtp_model, ["f16"], [0, 4096], **CHEAP)
+        verify_matrix(tiny_mtp_model, ["f16"], [0, 4096], CHEAP, progress=False)
     with pytest.raises(VerifyError, match="draft-kv=q9_0: .q9_0.: not a KV-cache type"):
-        verify_matrix(tiny_mtp_model, ["f16"], [0], draft_kv_types=["q9_0"], **CHEAP)
+        verify_matrix(tiny_mtp_model, ["f16"], [0], CHEAP, draft_kv_types=["q9_0"], progress=False)
     with pytest.raises(VerifyError, match="set by the matrix's cells"):
-        verify_matrix(tiny_mtp_model, ["f16"], [0], cache_type_k="q8_0", **CHEAP)
+        verify_matrix(tiny_mtp_model, ["f16"], [0], dataclasses.replace(CHEAP, cache_type_k="q8_0"), progress=False)
     r = run_cli("verify", tiny_mtp_model, "--matrix", "kv=f16,iq9 depth=0", *CHEAP_CLI)
     assert r.exit_code == 1 and "error: --cache-type-k 'iq9': not a KV-cache type" in r.output, r.output
     r = run_cli("verify", tiny_mtp_model, "--matrix", "kv=f16", "--context-fill", 64, *CHEAP_CLI)
@@ -121,7 +123,7 @@ def test_bad_matrix_fails_before_any_server(tiny_mtp_model, spawned):
 
 @pytest.fixture(scope="module")
 def matrix(tiny_mtp_model):
-    return verify_matrix(tiny_mtp_model, ["f16", "q8_0"], [0, DEPTH], **CHEAP)
+    return verify_matrix(tiny_mtp_model, ["f16", "q8_0"], [0, DEPTH], CHEAP, progress=False)
 
 
 def test_one_cell_per_combination_with_the_cache_types_in_both_arms(matrix):
@@ -254,7 +256,7 @@ def test_the_target_cache_type_leaves_the_drafts_at_f16(llama_server_bin, tiny_m
 
 
 def test_the_draft_kv_axis_goes_to_the_mtp_arm_only(llama_server_bin, tiny_mtp_model):
-    m = verify_matrix(tiny_mtp_model, ["q8_0"], [0], draft_kv_types=[None, "q8_0"], **CHEAP)
+    m = verify_matrix(tiny_mtp_model, ["q8_0"], [0], CHEAP, draft_kv_types=[None, "q8_0"], progress=False)
     assert [(c.kv_type, c.draft_kv_type) for c in m.cells] == [("q8_0", None), ("q8_0", "q8_0")]
     plain, drafted = m.cells
     assert "--spec-draft-type-k" not in plain.mtp_server_args

@@ -27,7 +27,7 @@ from ggufmtp.cli import main
 from ggufmtp.constants import MTP_ARCHITECTURES
 from ggufmtp.errors import RecipeError
 from ggufmtp.gguf.model import GGUFModel, MTPStatus, check_mtp, format_report, inspect_model
-from ggufmtp.measure.records import ModelInfo
+from ggufmtp.measure.core.records import ModelInfo
 from ggufmtp.pipeline import RunResult, StageRecord, format_summary
 from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.card import card_text

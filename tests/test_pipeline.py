@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -21,7 +22,8 @@ from ggufmtp.provenance.signing import verify_artifact, verify_receipt
 from ggufmtp.synth.spec import SynthSpec
 
 # the least a publishable verification measures (#28), so the pipeline can upload what it verified
-VERIFY = {"seeds": (42,), "limit": 8, "max_tokens": 64}
+VERIFY = ggufmtp.VerifyOptions(seeds=(42,), limit=8, max_tokens=64)
+NO_VERIFY = ggufmtp.RunOptions(verify=False)
 TOKEN = "hf_pipelineTOKEN42"
 
 
@@ -45,8 +47,8 @@ def stages(res):
 def test_run_end_to_end_then_fully_cached(tmp_path, fake):
     out = tmp_path / "out"
     priv, pub = write_keypair(tmp_path)
-    res = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=out, verify_options=VERIFY, progress=False,
-                      signing_key=priv)
+    signed = ggufmtp.RunOptions(verify_options=VERIFY, signing_key=priv)
+    res = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", signed, out_dir=out, progress=False)
     assert set(stages(res).values()) == {"ran"}
     s = res.summary()
     assert s["mtp_status"] == "complete" and s["verdict"] == "pass"
@@ -61,12 +63,12 @@ def test_run_end_to_end_then_fully_cached(tmp_path, fake):
     assert read_receipt(res.receipt).signed
     verify_receipt(res.receipt, pub)
     verify_artifact(res.artifact, pub)
-    again = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=out, verify_options=VERIFY, progress=False,
-                        signing_key=priv)
+    again = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", signed, out_dir=out, progress=False)
     assert set(stages(again).values()) == {"cached"}
     # a passing, signed verification is published, signature included, checked against the public key
-    up = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=out, verify_options=VERIFY, progress=False,
-                     signing_key=priv, upload="me/tiny", public_key=pub, token=TOKEN)
+    up = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe",
+                     dataclasses.replace(signed, upload="me/tiny", public_key=pub, token=TOKEN), out_dir=out,
+                     progress=False)
     assert stages(up)["upload"] == "ran" and stages(up)["verify"] == "cached"
     files = fake.history("me/tiny")[0].files
     assert {res.artifact.name, res.artifact.name + ".sig", res.receipt.name, "README.md"} <= set(files)
@@ -77,7 +79,7 @@ def test_run_end_to_end_then_fully_cached(tmp_path, fake):
 
 @pytest.mark.runtime
 def test_resume_after_failure_in_verify(tmp_path, monkeypatch):
-    verify_mod = sys.modules["ggufmtp.measure.verify"]
+    verify_mod = sys.modules["ggufmtp.measure.verify.run"]
     real = verify_mod.verify
     calls = []
 
@@ -87,10 +89,12 @@ def test_resume_after_failure_in_verify(tmp_path, monkeypatch):
 
     monkeypatch.setattr(verify_mod, "verify", broken)
     with pytest.raises(ggufmtp.GgufmtpError, match="injected"):
-        ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", out_dir=tmp_path, verify_options=VERIFY, progress=False)
+        ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", ggufmtp.RunOptions(verify_options=VERIFY), out_dir=tmp_path,
+                    progress=False)
     assert calls and not (tmp_path / ".ggufmtp" / "stages" / "verify.json").exists()
     monkeypatch.setattr(verify_mod, "verify", real)
-    res = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", out_dir=tmp_path, verify_options=VERIFY, progress=False)
+    res = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", ggufmtp.RunOptions(verify_options=VERIFY), out_dir=tmp_path,
+                      progress=False)
     s = stages(res)
     assert [s[k] for k in ("pull", "inspect", "plan", "quantize", "audit")] == ["cached"] * 5
     assert s["verify"] == "ran" and s["receipt"] == "ran" and s["card"] == "ran"
@@ -98,8 +102,8 @@ def test_resume_after_failure_in_verify(tmp_path, monkeypatch):
 
 @pytest.mark.runtime
 def test_changed_recipe_reruns_quantize_not_pull(tmp_path):
-    ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", out_dir=tmp_path, verify=False, progress=False)
-    res = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir=tmp_path, verify=False, progress=False)
+    ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", NO_VERIFY, out_dir=tmp_path, progress=False)
+    res = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", NO_VERIFY, out_dir=tmp_path, progress=False)
     s = stages(res)
     assert s["pull"] == "cached" and s["inspect"] == "cached"
     assert s["plan"] == "ran" and s["quantize"] == "ran"
@@ -108,9 +112,9 @@ def test_changed_recipe_reruns_quantize_not_pull(tmp_path):
 
 @pytest.mark.runtime
 def test_deleted_artifact_is_rebuilt(tmp_path):
-    res = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", out_dir=tmp_path, verify=False, progress=False)
+    res = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", NO_VERIFY, out_dir=tmp_path, progress=False)
     res.artifact.unlink()
-    again = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", out_dir=tmp_path, verify=False, progress=False)
+    again = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", NO_VERIFY, out_dir=tmp_path, progress=False)
     assert stages(again)["quantize"] == "ran" and again.artifact.exists()
 
 
@@ -228,16 +232,16 @@ def test_cache_sees_changed_bytes_behind_restored_size_and_mtime(tmp_path, synth
     model = tmp_path / "m.gguf"
     model.write_bytes(synth_model("tiny-qwen35moe").read_bytes())
     out = tmp_path / "out"
-    first = ggufmtp.run("q8_0-mtp", str(model), out_dir=out, verify=False, progress=False)
+    first = ggufmtp.run("q8_0-mtp", str(model), NO_VERIFY, out_dir=out, progress=False)
     digest = load_receipt(first.receipt)["subject"][0]["digest"]["sha256"]
     _flip_low_byte(model)
-    s = stages(ggufmtp.run("q8_0-mtp", str(model), out_dir=out, verify=False, progress=False))
+    s = stages(ggufmtp.run("q8_0-mtp", str(model), NO_VERIFY, out_dir=out, progress=False))
     assert [s[k] for k in ("pull", "inspect", "plan", "quantize", "audit")] == ["ran"] * 5
     assert load_receipt(first.receipt)["subject"][0]["digest"]["sha256"] != digest
-    assert set(stages(ggufmtp.run("q8_0-mtp", str(model), out_dir=out, verify=False, progress=False)).values()) == {
+    assert set(stages(ggufmtp.run("q8_0-mtp", str(model), NO_VERIFY, out_dir=out, progress=False)).values()) == {
         "cached"}
     _flip_low_byte(first.artifact)  # the artifact altered behind the cache's back: rebuilt
-    s = stages(ggufmtp.run("q8_0-mtp", str(model), out_dir=out, verify=False, progress=False))
+    s = stages(ggufmtp.run("q8_0-mtp", str(model), NO_VERIFY, out_dir=out, progress=False))
     assert s["pull"] == "cached" and s["quantize"] == "ran"
     assert audit(first.artifact, first.receipt).ok
 
@@ -246,7 +250,7 @@ def test_cache_sees_changed_bytes_behind_restored_size_and_mtime(tmp_path, synth
 def test_hub_model_keyed_on_the_resolved_commit_and_refused_without_checksums(fake, synth_model, tmp_path):
     fake.commit("org/tiny", {"tiny.gguf": synth_model("tiny-qwen35moe").read_bytes()})
     out = tmp_path / "out"
-    kw = dict(out_dir=out, verify=False, progress=False, include=["*.gguf"])
+    kw = dict(out_dir=out, progress=False, options=ggufmtp.RunOptions(verify=False, include=["*.gguf"]))
     first = ggufmtp.run("q8_0-mtp", "org/tiny", **kw)
     assert set(stages(first).values()) == {"ran"}
     assert set(stages(ggufmtp.run("q8_0-mtp", "org/tiny", **kw)).values()) == {"cached"}
@@ -260,7 +264,8 @@ def test_hub_model_keyed_on_the_resolved_commit_and_refused_without_checksums(fa
     with pytest.raises(HubRefusedError, match=r"no checksum for tiny.gguf.*--allow-unverified"):
         ggufmtp.run("q8_0-mtp", "org/tiny", **{**kw, "out_dir": other})
     assert not (other / ".ggufmtp").exists()
-    res = ggufmtp.run("q8_0-mtp", "org/tiny", **{**kw, "out_dir": other}, allow_unverified=True)
+    res = ggufmtp.run("q8_0-mtp", "org/tiny", **{**kw, "out_dir": other,
+                                                  "options": dataclasses.replace(kw["options"], allow_unverified=True)})
     assert res.artifact.exists()
 
 

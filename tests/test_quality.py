@@ -179,11 +179,12 @@ def test_head_sweep_on_a_reacting_head_shows_acceptance_falling_with_precision(s
     many drafts; the trunk is byte-identical across the variants; the recipe written is Q8_0's or
     BF16's. Measured here on 2 CPU cores (8 prompts, seed 42): 89.8 / 88.6 / 77.1 / 37.6 % for
     BF16 / Q8_0 / Q6_K / Q4_K."""
+    from ggufmtp.measure.core.options import VerifyOptions
     from ggufmtp.quality.head_sweep import head_sweep, write_recommended_recipe
     from ggufmtp.quant.recipe import Recipe
 
     res = head_sweep(synth_model("tiny-qwen35moe-margin"), "q4_k_m-mtp-q8", ["Q8_0", "Q4_K"], tmp_path / "s",
-                     verify_options={"limit": 6, "seeds": (42,), "max_tokens": 96}, progress=False)
+                     verify_options=VerifyOptions(limit=6, seeds=(42,), max_tokens=96), progress=False)
     acc = {v.head_type: v.acceptance for v in res.variants}
     assert list(acc) == ["BF16", "Q8_0", "Q4_K"]
     assert abs(acc["BF16"] - acc["Q8_0"]) < 0.05 and acc["Q4_K"] < acc["Q8_0"] - 0.2

@@ -219,7 +219,7 @@ def test_audit_with_the_wrong_key_says_failed_not_verified(art, tmp_path):
 
 def test_tuned_from_reads_a_signed_receipt(art, tmp_path):
     """Finding 5: `verify --tuned-from signed.receipt.json` read the DSSE envelope as raw JSON."""
-    from ggufmtp.measure.tune import load_tuned_config
+    from ggufmtp.measure.tune.run import load_tuned_config
 
     priv, _ = write_keypair(tmp_path)
     st = honest_statement(art)
@@ -279,7 +279,7 @@ def test_a_receipt_changed_after_the_gate_is_not_committed(art, fake, monkeypatc
 
 def test_served_file_sees_an_edit_that_restores_size_and_mtime(art):
     """Finding 8: verify's unchanged check keyed on size and mtime only."""
-    from ggufmtp.measure.records import ServedFile
+    from ggufmtp.measure.core.records import ServedFile
 
     served = ServedFile.of(art)
     st = art.stat()

@@ -23,13 +23,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from ggufmtp._api import store_in_receipt
 from ggufmtp.cli import main
 from ggufmtp.errors import TuneError
-from ggufmtp.measure.curve import acceptance_curve, geometric_rates
-from ggufmtp.measure.options import TuneConfig
-from ggufmtp.measure.tune import store_in_receipt, tune
-from ggufmtp.measure.tune_rank import rank_configs, recommend_config
-from ggufmtp.measure.tune_search import (
+from ggufmtp.measure.core.options import ServerOptions, TuneConfig
+from ggufmtp.measure.profiles.curve import CurveOptions, acceptance_curve, geometric_rates
+from ggufmtp.measure.tune.options import SearchOptions, TuneOptions
+from ggufmtp.measure.tune.rank import rank_configs, recommend_config
+from ggufmtp.measure.tune.run import tune
+from ggufmtp.measure.tune.search import (
     UnitResult,
     candidate_space,
     final_rung_units,
@@ -228,20 +230,21 @@ def test_candidate_space_dimensions():
     assert g.key.endswith(" gopt=on") and TuneConfig.from_dict(g.to_dict()) == g
     assert display_command(ServerConfig(model="m.gguf", draft_mtp=True, env=g.env())).startswith(
         "GGML_CUDA_GRAPH_OPT=1 llama-server --model m.gguf")
-    from ggufmtp.measure.profiles import profile_server_config
-    from ggufmtp.measure.verify import _mtp_server_config
-    from ggufmtp.measure.workloads import WORKLOADS
+    from ggufmtp.measure.profiles.run import ProfilesOptions, profile_server_config
+    from ggufmtp.measure.profiles.workloads import WORKLOADS
+    from ggufmtp.measure.verify.run import _mtp_server_config
 
     assert _mtp_server_config({"model": "m.gguf", "extra_args": []}, 3, None, g).env == g.env()
-    pc = profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=g.to_dict(), extra_args=["-bs"])
+    pc = profile_server_config(Path("m.gguf"), WORKLOADS["A"], True,
+                               ProfilesOptions(tuned=g.to_dict(), server=ServerOptions(server_args=["-bs"])))
     assert pc.env == g.env() and pc.extra_args.count("-bs") == 1
     # fair baseline: the vanilla arm gets the configuration's non-speculative settings too (-bs, graph
     # optimisation), never its speculative ones
-    van = profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=g.to_dict())
+    van = profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, ProfilesOptions(tuned=g.to_dict()))
     assert van.env == g.env() and van.extra_args == ["-bs"] and not van.draft_mtp
     assert TuneConfig(3, backend_sampling=True, draft_backend_sampling=False).vanilla_fields({"model": "m"})["extra_args"] == ["-bs"]
     # tune: each candidate's vanilla arm has its non-speculative settings and slots
-    from ggufmtp.measure.tune_bench import ServerEvaluator
+    from ggufmtp.measure.tune.bench import ServerEvaluator
 
     ev = ServerEvaluator({"model": "m.gguf", "threads": 8, "extra_args": []}, None, None, 1024, None)
     vc = ev.vanilla_config(TuneConfig(3, backend_sampling=True, draft_backend_sampling=False, parallel=2, threads=1))
@@ -255,8 +258,9 @@ def test_candidate_space_dimensions():
     assert kw["threads"] == 1 and kw["extra_args"] == ["-bs"] and kw["env"] == {"A": "1"}
     assert (kw["draft_mtp"], kw["draft_n_max"]) == (True, 4)
     assert TuneConfig(4).server_fields({"model": "m.gguf", "threads": 8})["threads"] == 8
-    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, tuned=t1, threads=8).threads == 1
-    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, tuned=t1, threads=8).threads == 1
+    t1_8 = ProfilesOptions(tuned=t1, server=ServerOptions(threads=8))
+    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], True, t1_8).threads == 1
+    assert profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, t1_8).threads == 1
     with pytest.raises(TuneError, match="threads 0"):
         TuneConfig(3, threads=0)
     with pytest.raises(TuneError, match="threads 'x': must be an integer"):
@@ -354,8 +358,8 @@ def f20(synth_model):
 @pytest.fixture(scope="module")
 def small_tune(llama_server_bin, f20):
     cands = [TuneConfig(1), TuneConfig(3), TuneConfig(3, 1, 0.5), TuneConfig(5)]
-    return tune(f20, budget=12, limit=6, max_tokens=48, threads=2, candidates=cands, progress=False,
-                bootstrap_resamples=500)
+    return tune(f20, TuneOptions(budget=12, limit=6, max_tokens=48, search=SearchOptions(candidates=cands),
+                                 server=ServerOptions(threads=2), bootstrap_resamples=500), progress=False)
 
 
 def test_small_real_tune(small_tune, llama_server_bin, f20):
@@ -402,8 +406,8 @@ def test_small_real_tune(small_tune, llama_server_bin, f20):
 def test_real_evaluator_drops_a_configuration_whose_output_differs(llama_server_bin, f20):
     """Synthetic acceptance of every draft lets the f=0.2 head's wrong tokens through: the tuner's
     identity check must catch it and drop the configuration at its first unit."""
-    from ggufmtp.measure import tune_bench as T
-    from ggufmtp.measure.suite import load_suite
+    from ggufmtp.measure.core.suite import load_suite
+    from ggufmtp.measure.tune import bench as T
     from ggufmtp.runtime.server import LlamaServer, ServerConfig
 
     class Synth(T.ServerEvaluator):
@@ -425,8 +429,9 @@ def test_real_evaluator_drops_a_configuration_whose_output_differs(llama_server_
 
 
 def test_acceptance_curve_follows_the_set_rate(llama_server_bin, f20):
-    res = acceptance_curve(f20, rates=(0.0, 0.5, 1.0), draft_n_max=3, seeds=(1, 2), limit=3, max_tokens=64,
-                           threads=2, progress=False, bootstrap_resamples=300)
+    res = acceptance_curve(f20, CurveOptions(rates=(0.0, 0.5, 1.0), draft_n_max=3, seeds=(1, 2), limit=3,
+                                             max_tokens=64, server=ServerOptions(threads=2), bootstrap_resamples=300),
+                           progress=False)
     pts = res.points
     assert [p.acceptance_set for p in pts] == [0.0, 0.5, 1.0]
     assert [p.flag_value for p in pts] == ["synth-len 1", "synth-len 2.5", "synth-len 4"]
@@ -442,18 +447,20 @@ def test_acceptance_curve_follows_the_set_rate(llama_server_bin, f20):
     assert res.real.identical_output_fraction == 1.0 and abs(res.real.acceptance - 0.65) < 0.12
     assert "synthetic" in " ".join(res.notes) and "break-even" in res.table()
     # explicit geometric rates: the same acceptance through the other flag
-    r2 = acceptance_curve(f20, rates=(0.5,), draft_n_max=2, flag="synth-rates", seeds=(1, 2), limit=3, max_tokens=64,
-                          threads=2, include_real=False, progress=False, bootstrap_resamples=100)
+    r2 = acceptance_curve(f20, CurveOptions(rates=(0.5,), draft_n_max=2, flag="synth-rates", seeds=(1, 2), limit=3,
+                                            max_tokens=64, server=ServerOptions(threads=2), include_real=False,
+                                            bootstrap_resamples=100), progress=False)
     assert r2.points[0].flag_value.startswith("synth-rates 0.6") and abs(r2.points[0].acceptance - 0.5) < 0.12
     with pytest.raises(TuneError, match="within"):
-        acceptance_curve(f20, synth_len=(5.0,), draft_n_max=3, progress=False)
+        CurveOptions(synth_len=(5.0,), draft_n_max=3)
 
 
 @pytest.fixture(scope="module")
 def profiles_ad(llama_server_bin, f20):
-    from ggufmtp.measure.profiles import run_profiles
+    from ggufmtp.measure.profiles.run import ProfilesOptions, run_profiles
 
-    return run_profiles(f20, workloads=("A", "D"), scale=1 / 16, num_requests=4, threads=2, progress=False)
+    return run_profiles(f20, ProfilesOptions(workloads=("A", "D"), scale=1 / 16, num_requests=4,
+                                             server=ServerOptions(threads=2)), progress=False)
 
 
 def test_profiles_a_and_d_both_arms(profiles_ad):
@@ -486,7 +493,7 @@ def test_profiles_a_and_d_both_arms(profiles_ad):
 
 
 def test_decision_table_shape(profiles_ad):
-    from ggufmtp.measure.workloads import decision_table, format_decision_table
+    from ggufmtp.measure.profiles.workloads import decision_table, format_decision_table
 
     table = profiles_ad.table
     assert [r.workload for r in table] == ["A", "D"]
@@ -509,8 +516,8 @@ def test_decision_table_shape(profiles_ad):
 def test_decision_rule_on_the_h200_profiles():
     """The rule applied to the metrics the H200 measured (session 2): A gains throughput and decodes
     each request faster, D gains 3.2% throughput but each request decodes 14% slower, B and C lose."""
-    from ggufmtp.measure.profiles_stream import ServingMetrics
-    from ggufmtp.measure.workloads import ArmSettings, ProfileResult, Workload, decision_table
+    from ggufmtp.measure.profiles.stream import ServingMetrics
+    from ggufmtp.measure.profiles.workloads import ArmSettings, ProfileResult, Workload, decision_table
 
     data = json.loads((Path(__file__).parent.parent / "benchmarks/gpu/results-2026-11-21b-h200/profiles.json").read_text())
     results = [ProfileResult(Workload(**a["workload"]), a["arm"], ServingMetrics.from_dict(a["metrics"]), [],

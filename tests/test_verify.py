@@ -21,17 +21,17 @@ from click.testing import CliRunner
 
 from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
-from ggufmtp.measure import stats as stats
-from ggufmtp.measure.options import TuneConfig
-from ggufmtp.measure.suite import SUITES_DIR, SuiteError, load_suite, modes_for_template
-from ggufmtp.measure.verify import Thresholds, evaluate_verdict, recommend, verify
-from ggufmtp.measure.verify_summary import Comparison
+from ggufmtp.measure.core import stats as stats
+from ggufmtp.measure.core.options import ServerOptions, TuneConfig, VerifyOptions
+from ggufmtp.measure.core.suite import SUITES_DIR, SuiteError, load_suite, modes_for_template
+from ggufmtp.measure.verify.run import Thresholds, evaluate_verdict, recommend, verify
+from ggufmtp.measure.verify.summary import Comparison
 from ggufmtp.runtime.server import LlamaServer, ServerConfig
 from ggufmtp.synth.chain import simulate_acceptance
 from ggufmtp.synth.spec import SynthSpec, expected_acceptance
 
 K = 4
-FAST = dict(seeds=(42,), limit=6, max_tokens=64, progress=False, threads=2)
+FAST = dict(seeds=(42,), limit=6, max_tokens=64, threads=2)  # verify's options, flat (VerifyOptions.from_dict)
 KNOBS = (0.0, 0.3, 0.6)
 
 
@@ -87,7 +87,7 @@ def knob_results(llama_server_bin, knob_models):
         kw = dict(FAST)
         if f == 0.3:
             kw["seeds"] = (42, 7)
-        out[f] = verify(path, draft_n_max=K, **kw)
+        out[f] = verify(path, VerifyOptions.from_dict({**kw, "draft_n_max": K}), progress=False)
     assert not _llama_children(), "verify left llama-server processes behind"
     return out
 
@@ -146,7 +146,8 @@ def test_calibrated_head_measures_the_acceptance_it_was_calibrated_for(llama_ser
     cal = rep["calibration"]
     assert rep["spec"]["wrong_successor_fraction"] == cal["wrong_successor_fraction"] > 0
     assert abs(cal["acceptance"] - 0.6) < 0.1
-    res = verify(out, draft_n_max=K, seeds=(42,), suite=str(suite), max_tokens=48, progress=False, threads=2)
+    res = verify(out, VerifyOptions(draft_n_max=K, seeds=(42,), suite=str(suite), max_tokens=48,
+                                    server=ServerOptions(threads=2)), progress=False)
     assert res.main.acceptance == pytest.approx(cal["acceptance"], abs=1e-12), (res.main, cal)
     assert 0 < res.main.acceptance < 1
     clash = run_cli("synth", tmp_path / "x.gguf", "--target-acceptance", 0.6, "--wrong-successor-fraction", 0.2)
@@ -190,7 +191,7 @@ def test_the_served_file_is_named_by_its_digest(knob_results, knob_models, tmp_p
     """verification.model.sha256 is the digest of the bytes llama-server served; a model file that
     changes while it is served is refused, naming the file (the digest would not name what ran)."""
     from ggufmtp.files.hashing import sha256_file
-    from ggufmtp.measure.records import ServedFile
+    from ggufmtp.measure.core.records import ServedFile
 
     for f, r in knob_results.items():
         digest = sha256_file(knob_models[f])
@@ -208,7 +209,7 @@ def test_the_served_file_is_named_by_its_digest(knob_results, knob_models, tmp_p
                 fh.write(b"\0")
 
     with pytest.raises(VerifyError, match=rf"model {re.escape(str(copy))}: changed during the run \(file key"):
-        verify(copy, on_record=append_a_byte, **{**FAST, "limit": 1})
+        verify(copy, VerifyOptions.from_dict({**FAST, "limit": 1}), on_record=append_a_byte, progress=False)
     assert not _llama_children()
     # the check on its own: a touched file (same size, new mtime) is refused too
     served = ServedFile.of(copy)
@@ -221,13 +222,13 @@ def test_the_served_file_is_named_by_its_digest(knob_results, knob_models, tmp_p
 def test_no_mtp_model_fails_cleanly(llama_server_bin, synth_model):
     nomtp = synth_model("tiny-qwen35moe-nomtp")
     with pytest.raises(VerifyError, match=r"MTP block is absent.*complete MTP"):
-        verify(nomtp, **FAST)
+        verify(nomtp, VerifyOptions.from_dict(FAST), progress=False)
     r = run_cli("verify", nomtp, "--limit", 2)
     assert r.exit_code == 1
     assert "error:" in r.output and "MTP block is absent" in r.output and "Traceback" not in r.output
     incomplete = synth_model("tiny-qwen35moe-no-hnorm")
     with pytest.raises(VerifyError, match=r"incomplete.*nextn\.hnorm"):
-        verify(incomplete, **FAST)
+        verify(incomplete, VerifyOptions.from_dict(FAST), progress=False)
     assert not _llama_children()
 
 
@@ -243,7 +244,7 @@ def test_server_killed_mid_run(llama_server_bin, knob_models):
             killed.append(pid)
 
     with pytest.raises(VerifyError) as ei:
-        verify(knob_models[0.3], on_record=kill_mtp_after_three, **FAST)
+        verify(knob_models[0.3], VerifyOptions.from_dict(FAST), on_record=kill_mtp_after_three, progress=False)
     msg = str(ei.value)
     assert killed and "mtp arm" in msg and "crashed" in msg and "SIGKILL" in msg, msg
     assert not _llama_children(), "a llama-server outlived the failed verify"
@@ -262,7 +263,7 @@ def test_no_drafting_is_a_hard_error(llama_server_bin, knob_models, monkeypatch)
 
     monkeypatch.setattr(LlamaServer, "chat", chat_without_drafts)
     with pytest.raises(VerifyError, match=r"MTP server \(k=4\): speculation did not run.*no timings\.draft_n"):
-        verify(knob_models[0.3], **FAST)
+        verify(knob_models[0.3], VerifyOptions.from_dict(FAST), progress=False)
     assert not _llama_children()
 
 
@@ -276,8 +277,9 @@ def test_thinking_modes_are_reported_separately(llama_server_bin, knob_models, t
         "{{- messages[-1]['content'].rstrip(' \\t\\r\\n.?!') -}}{%- endif -%}"
         "{%- if enable_thinking is defined and enable_thinking is false -%}{{- ' right now' -}}{%- endif -%}"
         "{%- endif -%}")
-    res = verify(knob_models[0.3], seeds=(42,), limit=3, max_tokens=32, progress=False, threads=2,
-                 extra_args=["--chat-template-file", str(tpl)], thresholds=Thresholds(min_acceptance=0.99))
+    res = verify(knob_models[0.3], VerifyOptions.from_dict(dict(
+        seeds=(42,), limit=3, max_tokens=32, threads=2, extra_args=["--chat-template-file", str(tpl)],
+        thresholds=Thresholds(min_acceptance=0.99))), progress=False)
     assert res.modes == ["thinking", "no-thinking"]
     d = res.to_dict()
     assert set(d["modes"]) == {"thinking", "no-thinking"} and d["mode"] == "thinking"
@@ -497,7 +499,7 @@ def test_recommend():
 
 
 def test_step_cost_fits_a_line_through_the_windows():
-    from ggufmtp.measure.verify import format_step_cost, step_cost
+    from ggufmtp.measure.verify.run import format_step_cost, step_cost
 
     # the H200's fourth run: k=3/4/5 at 3.202/3.815/4.234 tokens per step
     rows = [_cmp(3, tokens_per_step=3.202, mtp_tokens_per_second=335.39, vanilla_tokens_per_second=218.25),
@@ -521,7 +523,8 @@ def test_step_cost_fits_a_line_through_the_windows():
 def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_models, tmp_path):
     """tune's recommendation, stored in the receipt, drives verify's MTP arm (vanilla stays default);
     verify rewrites its own results and keeps what tune added."""
-    from ggufmtp.measure.tune import TuneConfig, store_in_receipt
+    from ggufmtp._api import store_in_receipt
+    from ggufmtp.measure.core.options import TuneConfig
     from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors
     from ggufmtp.quant.quantize import quantize
 
@@ -580,7 +583,7 @@ def test_verify_a_tuned_configuration_from_the_receipt(llama_server_bin, knob_mo
 
 
 def test_tuned_configuration_errors(knob_models, tmp_path):
-    from ggufmtp.measure.tune import TuneConfig
+    from ggufmtp.measure.tune.run import TuneConfig
 
     empty = tmp_path / "tune.json"
     empty.write_text(json.dumps({"kind": "ggufmtp tune", "recommended_config": None, "best_config": None}))
@@ -591,16 +594,16 @@ def test_tuned_configuration_errors(knob_models, tmp_path):
     r = run_cli("verify", knob_models[0.0], "--tuned-from", bad)
     assert r.exit_code != 0 and f"{bad}: not a JSON receipt or tune --out JSON" in r.output
     with pytest.raises(VerifyError, match="sweep cannot be combined"):
-        verify(knob_models[0.0], tuned=TuneConfig(2), sweep=[2, 3], **FAST)
+        VerifyOptions.from_dict({**FAST, "tuned": TuneConfig(2), "sweep": [2, 3]})
     with pytest.raises(VerifyError, match="disagrees with the tuned configuration"):
-        verify(knob_models[0.0], tuned=TuneConfig(2), draft_n_max=3, **FAST)
+        VerifyOptions.from_dict({**FAST, "tuned": TuneConfig(2), "draft_n_max": 3})
     with pytest.raises(VerifyError, match="must be positive"):
-        verify(knob_models[0.0], peak_bandwidth_gbs=-1, **FAST)
+        VerifyOptions.from_dict({**FAST, "peak_bandwidth_gbs": -1})
 
 
 def test_thresholds_merge_and_abba_order():
     """The CLI's threshold merge is the library's; the paired-arm loop alternates V M, M V, ..."""
-    from ggufmtp.measure.arms import ABBA, paired
+    from ggufmtp.measure.core.arms import ABBA, paired
     from ggufmtp.provenance.verdict import Verdict
     from ggufmtp.quant.recipe import VerifyThresholds
 
@@ -652,7 +655,7 @@ def test_a_forced_mismatch_fails_the_verdict_and_exits_1(llama_server_bin, knob_
 def test_fair_baseline_gives_every_non_speculative_setting_to_both_arms(llama_server_bin, knob_models, tmp_path):
     """--server-arg reaches both arms; a tuned configuration's -bs reaches the vanilla arm too; a
     default vanilla arm (neither) then gives speedup_vs_default_vanilla beside the fair speedup."""
-    from ggufmtp.measure.tune import TuneConfig
+    from ggufmtp.measure.tune.run import TuneConfig
 
     cfg = TuneConfig(draft_n_max=3, backend_sampling=True)
     t = tmp_path / "t.json"
@@ -674,7 +677,7 @@ def test_fair_baseline_gives_every_non_speculative_setting_to_both_arms(llama_se
     # a speculative flag for the vanilla arm, or a non-speculative one for the MTP arm only
     bad = run_cli("verify", knob_models[0.0], "--server-arg", "--spec-draft-p-min 0.5", "--limit", 1)
     assert bad.exit_code == 1 and "would make the vanilla arm speculate too" in bad.output
-    from ggufmtp.measure.options import ArmArgs
+    from ggufmtp.measure.core.options import ArmArgs
 
     assert any("not speculative" in n for n in ArmArgs.of(mtp=["-bs"]).notes())
     assert not ArmArgs.of(mtp=["--spec-draft-p-min", "0.5"]).notes() and not ArmArgs().differs_from_default
@@ -738,8 +741,8 @@ def test_ci_of_a_large_constructed_set_matches_the_normal_approximation():
 def test_tune_cis_cluster_by_prompt():
     """At concurrency > 1 a unit is a batch of prompts and the batches wrap around the suite: units
     that share a prompt are ONE resampling unit (a prompt is not two observations)."""
-    from ggufmtp.measure.tune_rank import config_row, prompt_clusters
-    from ggufmtp.measure.tune_search import SearchState, UnitResult
+    from ggufmtp.measure.tune.rank import config_row, prompt_clusters
+    from ggufmtp.measure.tune.search import SearchState, UnitResult
 
     def unit(u, prompts, tokens):
         return UnitResult(unit=u, mtp_tokens=tokens, mtp_ms=100.0, van_tokens=50.0, van_ms=100.0, draft_n=10,
@@ -776,7 +779,7 @@ def test_a_mismatch_in_any_comparison_fails_and_is_never_recommended():
 
 
 def test_tuned_configuration_splits_into_shared_and_speculative_flags():
-    from ggufmtp.measure.options import ArmArgs, TuneConfig, is_speculative
+    from ggufmtp.measure.core.options import ArmArgs, TuneConfig, is_speculative
 
     cfg = TuneConfig(4, backend_sampling=True, draft_backend_sampling=False, cuda_graph_opt=True, threads=3)
     assert cfg.shared_args() == ["-bs"] and cfg.speculative_args() == ["--no-spec-draft-backend-sampling"]

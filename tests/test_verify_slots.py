@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from receipt_kit import honest_statement, synth_artifact, verification_record
 
 from ggufmtp.cli import main
-from ggufmtp.measure.slots import slot_counts
-from ggufmtp.measure.suite import load_suite
+from ggufmtp.measure.core.suite import load_suite
+from ggufmtp.measure.verify.slots import slot_counts
 from ggufmtp.provenance.audit import audit, format_audit
 from ggufmtp.provenance.receipt import seal
 from ggufmtp.provenance.verdict import Thresholds, Verdict, judge_recorded, slot_failures

@@ -104,7 +104,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def fold_to_packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The graph between the package's folders (``ggufmtp.measure.verify`` -> ``measure``);
+    """The graph between the package's folders (``ggufmtp.measure.verify.run`` -> ``measure``);
     top-level modules stay themselves."""
     def folder(m: str) -> str:
         parts = m.split(".")

@@ -34,6 +34,13 @@
 #   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP (tuned) vs vanilla, both with $PROFILE_ARGS
 #   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify with default server settings (k=$K, default 3)
 #   bash benchmarks/gpu/run_h200.sh curve     # speedup vs synthetic acceptance of this GPU
+#   bash benchmarks/gpu/run_h200.sh study     # issue #29: train the GPU model (study-train, if not done), then
+#                                             # benchmarks/learned_head_study.py on it, sized to the budget; the
+#                                             # whole study in one command (the build niced, training meanwhile):
+#                                             # BUILD_STAGE=study-build SYNTH_STAGE=study-train STAGES=study \
+#                                             #   setsid nohup bash benchmarks/gpu/run_h200.sh all &  (then `wait 560`)
+#                                             # results in $RES/study/ (train.json, train-log.jsonl, reproduce.json,
+#                                             # study.md, study.json, arms/, raw/); the models stay in $WORK/study
 #   bash benchmarks/gpu/run_h200.sh all       # build+synth in parallel, then $STAGES (default: all of the above)
 #   bash benchmarks/gpu/run_h200.sh detach    # after `all`, on the same warm machine: $STAGES, detached
 #   bash benchmarks/gpu/run_h200.sh wait N    # wait up to N s for `all` to finish, then collect
@@ -303,6 +310,77 @@ case "$STAGE" in
       cp "$WORK/ladder-$mode/README.md" "$RES/ladder-$mode-card.md" 2>/dev/null || true
     done
     cat "$RES/ladder-wall.txt" ;;
+  study-build)
+    # the CUDA build at low priority: the training beside it is launch-bound on one CPU thread
+    exec nice -n 10 bash "$0" build ;;
+  study-train)
+    # issue #29: the GPU model of the learned-head study (`ggufmtp train`, then both heads converted with
+    # the pinned converter from the carried llama.cpp tree). The model cannot come back (files <= 16 MiB):
+    # reproduce.json records what it takes to train it again (preset, steps, seed, the corpus's sha256,
+    # the trainer's sources, the hardware and library versions), train.json / train-log.jsonl the run.
+    env_setup
+    S=$WORK/study; R=$RES/study; mkdir -p "$S" "$R"
+    [ -f "$R/t0" ] || date +%s > "$R/t0"   # the study's clock: its --budget counts from here
+    C=$CARRY/corpus-stdlib-full.jsonl
+    [ -f "$C" ] || { echo "missing $C: on a machine with Python 3.11.7 run" \
+      "python3 -m ggufmtp train --preset gpu-small --write-corpus $C" >&2; exit 1; }
+    [ -f "$S/trained-bf16.gguf" ] && [ -f "$S/initial-bf16.gguf" ] && exit 0
+    P=${STUDY_PRESET:-gpu-small}; N=${STUDY_STEPS:-800}; SEED=${STUDY_SEED:-1234}
+    python3 - "$C" "$P" "$N" "$SEED" "${STUDY_DEVICE:-cuda}" > "$R/reproduce.json" <<'PY'
+import hashlib, json, pathlib, platform, subprocess, sys
+corpus, preset, steps, seed, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+def sha(p): return hashlib.sha256(pathlib.Path(p).read_bytes()).hexdigest()
+def run(*a):
+    try: return subprocess.run(a, capture_output=True, text=True, timeout=60).stdout.strip()
+    except Exception as e: return f"unavailable: {e}"
+mods = {}
+for m in ("torch", "transformers", "tokenizers", "numpy"):
+    try: mods[m] = __import__(m).__version__
+    except Exception as e: mods[m] = f"unavailable: {e}"
+try:
+    import torch; cuda = {"cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+except Exception as e: cuda = {"error": str(e)}
+first = json.loads(pathlib.Path(corpus).open().readline())
+print(json.dumps({
+    "command": f"python3 -m ggufmtp train OUT --preset {preset} --steps {steps} --seed {seed} --device {device} --corpus {pathlib.Path(corpus).name} --no-convert",
+    "preset": preset, "steps": steps, "seed": seed,
+    "corpus": {"file": pathlib.Path(corpus).name, "sha256": sha(corpus), "bytes": pathlib.Path(corpus).stat().st_size,
+               "digest": first.get("digest"), "origin": first.get("origin"),
+               "regenerate": f"python3 -m ggufmtp train --preset {preset} --write-corpus FILE (Python {(first.get('origin') or {}).get('python')})"},
+    "trainer_sources_sha256": {p.name: sha(p) for p in sorted(pathlib.Path("ggufmtp/train").glob("*.py"))},
+    "git_head": run("git", "rev-parse", "HEAD") or "no .git on this machine (working-tree copy)",
+    "python": platform.python_version(), "modules": mods, "cuda": cuda,
+    "gpu": run("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"),
+    "cpu": run("sh", "-c", "grep -m1 'model name' /proc/cpuinfo; nproc"), "os": platform.platform()}, indent=1))
+PY
+    date +"%T   study-train: training $P, $N steps" >> "$RES/progress.txt"
+    /usr/bin/time -v python3 -m ggufmtp train "$S/run" --preset "$P" --steps "$N" --seed "$SEED" --device "${STUDY_DEVICE:-cuda}" \
+      --corpus "$C" --no-convert --json > "$R/train-stdout.json" 2> "$R/train.err"
+    cp "$S/run/train.json" "$S/run/train-log.jsonl" "$R/"
+    date +"%T   study-train: converting" >> "$RES/progress.txt"
+    for h in trained initial; do  # the two conversions at once (the converter's imports dominate)
+      python3 -m ggufmtp convert "$S/run/qwen35moe-$P-$h-head" -o "$S/$h-bf16.gguf" --json \
+        > "$R/convert-$h.json" 2> "$R/convert-$h.log" &
+    done
+    wait
+    cp "$S"/trained-bf16.gguf.source.json "$S"/initial-bf16.gguf.source.json "$R/" 2>/dev/null || true
+    [ -f "$S/trained-bf16.gguf" ] && [ -f "$S/initial-bf16.gguf" ] ;;
+  study)
+    # issue #29: benchmarks/learned_head_study.py on the GPU model, every part, with a --budget that ends
+    # it $STUDY_END_S (default 1260 s = 21 min) after study-train started: with ~2 min of machine start
+    # and the collection, the run holds one H100 ~24 of its 25 minutes (estimate: the script's docstring)
+    env_setup
+    S=$WORK/study; R=$RES/study; mkdir -p "$R"
+    [ -f "$S/trained-bf16.gguf" ] && [ -f "$S/initial-bf16.gguf" ] || bash "$0" study-train
+    left=$(( $(cat "$R/t0") + ${STUDY_END_S:-1260} - $(date +%s) ))
+    [ "$left" -ge 120 ] || left=120   # late (a slow start or training): still the head rows' core
+    date +"%T   study: harness, budget ${left} s" >> "$RES/progress.txt"
+    python3 benchmarks/learned_head_study.py "$S/trained-bf16.gguf" --initial-head "$S/initial-bf16.gguf" \
+      --corpus "$CARRY/corpus-stdlib-full.jsonl" --out "$R" --work "$S/work" -ngl 999 \
+      --suite "${STUDY_SUITE:-heldout:12}" --template-suites "${STUDY_TEMPLATE_SUITES:-main,chat-v1}" --seeds "${STUDY_SEEDS:-42,1337}" --max-tokens "${STUDY_MAXTOK:-128}" \
+      --parts "${STUDY_PARTS:-head,imatrix,trunk,window,template,kv}" --budget "$left" ${STUDY_ARGS:-} \
+      > "$R/study.out" 2>&1 || true
+    tail -c 4000 "$R/study.md" ;;
   all)
     new_progress
     env_setup  # once, before the parallel stages (two concurrent pip installs into /tmp/site collide)

@@ -1,19 +1,22 @@
 """``ggufmtp verify`` options for KV-cache types and context depth (``--cache-type-k``,
 ``--cache-type-v``, ``--context-fill``) and ``verify --matrix``: one verification per cell of KV
-type x depth, one table (see :mod:`ggufmtp.measure.matrix`)."""
+type x depth, one table (see :mod:`ggufmtp.measure.verify.matrix`)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import VerifyError
 from ..fmt import pct, times
 from .app import emit_json
+
+if TYPE_CHECKING:
+    from ..measure.core.options import VerifyOptions
 
 
 def kv_depth_options(f: Callable) -> Callable:
@@ -73,12 +76,12 @@ def _progress(total: int, out_path: str | None, quiet: bool) -> Callable:
     return on_cell
 
 
-def run_matrix(model: Path, spec_text: str, verify_kwargs: dict[str, Any], single: dict[str, Any],
+def run_matrix(model: Path, spec_text: str, options: VerifyOptions, single: dict[str, Any],
                out_path: str | None, receipt_path: str | None, as_json: bool, signing_key: Any = None) -> None:
     """``verify --matrix``: every cell, then --out (every cell's full JSON), --receipt
     (``verification.matrix``), the JSON or the table; exit 1 unless every cell passes. ``single``:
     the one-run KV/depth options, which the matrix's cells replace (an error when set)."""
-    from ..measure.matrix import parse_matrix, verify_matrix
+    from ..measure.verify.matrix import parse_matrix, verify_matrix
 
     spec = parse_matrix(spec_text)
     given = [f"--{k.replace('_', '-')}" for k, v in single.items() if v]
@@ -87,8 +90,8 @@ def run_matrix(model: Path, spec_text: str, verify_kwargs: dict[str, Any], singl
                           f"(give them in the spec: kv=..., depth=...)")
     if receipt_path:
         _receipt_verification(receipt_path)  # fails now, not after the run
-    res = verify_matrix(model, spec.kv_types, spec.depths, on_cell=_progress(len(spec.cells), out_path, as_json),
-                        draft_kv_types=spec.draft_kv_types, **verify_kwargs)
+    res = verify_matrix(model, spec.kv_types, spec.depths, options, draft_kv_types=spec.draft_kv_types,
+                        on_cell=_progress(len(spec.cells), out_path, as_json), progress=not as_json)
     if out_path:
         from ..files.fsutil import atomic_write_json
 

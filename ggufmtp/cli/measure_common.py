@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .app import _int_list, _ngl, emit_json, resolve_model_arg
+from .app import _ngl, emit_json, resolve_model_arg
+
+if TYPE_CHECKING:
+    from ..measure.core.options import ServerOptions
+    from ..measure.tune.options import TuneOptions
 
 
 def _split(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
-    from ..measure.options import split_args
+    from ..measure.core.options import split_args
 
     try:
         return tuple(split_args(values))
@@ -23,7 +27,7 @@ def _split(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 
 def arm_args_options(f: Callable) -> Callable:
     """``--server-arg`` (both arms), ``--mtp-server-arg`` and ``--vanilla-server-arg`` (one arm), each
-    repeatable and shell-split (``--server-arg "-b 256"``); see ggufmtp.measure.options.ArmArgs."""
+    repeatable and shell-split (``--server-arg "-b 256"``); see ggufmtp.measure.core.options.ArmArgs."""
     f = click.option("--vanilla-server-arg", "vanilla_server_args", multiple=True, metavar="ARGS", callback=_split,
                      help="llama-server flag(s) for the vanilla arm only (repeatable; the arms then differ beyond "
                           "speculation, which the report says).")(f)
@@ -44,7 +48,7 @@ def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None,
 
         atomic_write_json(Path(out_path), out_data)
     if receipt_path:
-        from ..measure.tune import store_in_receipt
+        from .._api import store_in_receipt
 
         store_in_receipt(receipt_path, model=resolve_model_arg(model), **{section: res.to_dict()})
     if as_json:
@@ -53,19 +57,24 @@ def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None,
         click.echo(text)
 
 
-def _run_tune(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int,
-              limit: int | None, gpu_layers: str | None, threads: int | None, ctx_per_slot: int,
-              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
-              final_on_suite: bool = True, arm_args: tuple[tuple[str, ...], ...] = ((), (), ())) -> None:
-    """``ggufmtp tune`` with parsed options (also ``verify --tune``); ``arm_args``: the
-    ``--server-arg``, ``--mtp-server-arg`` and ``--vanilla-server-arg`` values."""
-    from ..measure.tune import tune
+def server_options(gpu_layers: str | None, threads: int | None, llama_cpp_bin: str | None,
+                   server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
+                   vanilla_server_args: tuple[str, ...] = ()) -> ServerOptions:
+    """The servers' settings of a measuring command (``-ngl``, ``-t``, ``--llama-cpp-bin`` and
+    :func:`arm_args_options`' flags)."""
+    from ..measure.core.options import ServerOptions
 
-    both, mtp, van = arm_args
-    res = tune(resolve_model_arg(model), concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds"),
-               suite=suite, max_tokens=max_tokens, limit=limit, gpu_layers=_ngl(gpu_layers), threads=threads,
-               ctx_per_slot=ctx_per_slot, llama_cpp_bin=llama_cpp_bin, progress=not as_json,
-               final_on_suite=final_on_suite, server_args=both, mtp_server_args=mtp, vanilla_server_args=van)
+    return ServerOptions(threads=threads, gpu_layers=_ngl(gpu_layers), llama_cpp_bin=llama_cpp_bin,
+                         server_args=server_args, mtp_server_args=mtp_server_args,
+                         vanilla_server_args=vanilla_server_args)
+
+
+def _run_tune(model: str, options: TuneOptions, receipt_path: str | None, out_path: str | None,
+              as_json: bool) -> None:
+    """``ggufmtp tune`` with parsed options (also ``verify --tune``)."""
+    from ..measure.tune.run import tune
+
+    res = tune(resolve_model_arg(model), options, progress=not as_json)
     _save_and_show(res, model, "tuned", receipt_path, out_path, as_json, res.to_dict(), res.table())
     if receipt_path and not as_json:
         click.echo(f"receipt {receipt_path}: verification.tuned written (verify's results kept)")

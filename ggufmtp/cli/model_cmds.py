@@ -29,7 +29,7 @@ def inspect(model: str, as_json: bool) -> None:
 
 def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: int):
     """synth --target-acceptance: the calibrated fraction (ggufmtp.synth.calibrate.calibrate_wrong_fraction)."""
-    from ..measure.suite import load_suite
+    from ..measure.core.suite import load_suite
     from ..synth.calibrate import calibrate_wrong_fraction, chat_last_tokens
 
     if spec.wrong_successor_fraction or spec.eh_proj_noise or not spec.mtp or spec.mtp_only:

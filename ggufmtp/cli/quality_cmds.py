@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..measure.options import DEFAULT_SEEDS
+from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
 from .app import _ngl, bin_option, emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .provenance_cmds import signing_key_option
 
@@ -78,13 +78,13 @@ def head_sweep_cmd(model: str, recipe_name: str, types: str, imatrix: str | None
     """Quantize MODEL once per MTP-head type (trunk byte-identical, checked), verify each with the
     same suite, seeds and server settings, and recommend the smallest head whose acceptance CI
     overlaps the BF16 head's. IQ types need an imatrix covering the head (the plan refuses otherwise)."""
+    from ..measure.core.options import ServerOptions, VerifyOptions
     from ..quality.head_sweep import format_sweep, head_sweep, write_recommended_recipe
     from .app import _int_list, resolve_model_arg
 
-    opts: dict = {"seeds": tuple(_int_list(seeds, "--seeds") or ())}
-    for key, value in (("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", _ngl(gpu_layers))):
-        if value is not None:
-            opts[key] = value
+    opts = VerifyOptions(seeds=tuple(_int_list(seeds, "--seeds") or ()), limit=limit,
+                         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                         server=ServerOptions(gpu_layers=_ngl(gpu_layers)))
     res = head_sweep(resolve_model_arg(model), recipe_name, [t for t in types.split(",") if t.strip()], out_dir,
                      imatrix, threads, opts, progress=not as_json, log=lambda m: click.echo(m, err=True))
     if write_recipe:

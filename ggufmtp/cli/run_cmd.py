@@ -54,7 +54,9 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: s
     --upload publishes only an artifact whose verification passed (else it stops before any
     request, exit 1); --allow-unverified publishes anyway, with the card saying so, and also
     accepts pulled files the Hub gave no checksum for."""
+    from ..measure.core.options import VerifyOptions
     from ..pipeline import run
+    from ..run_options import RunOptions
 
     vopts: dict[str, Any] = {}
     if seeds:
@@ -65,12 +67,13 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: s
         vopts["max_tokens"] = max_tokens
     if gpu_layers is not None:
         vopts["gpu_layers"] = gpu_layers
-    res = run(recipe_name, model, imatrix, out_dir, verify=not no_verify, upload=upload_repo,
-              include=list(include) or None, verify_options=vopts, threads=threads, private=private,
-              dry_run_upload=dry_run_upload, force=force, progress=not as_json,
-              log=lambda m: click.echo(m, err=True), signing_key=signing_key, public_key=public_key,
-              allow_unverified=allow_unverified, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks,
-              eval_options=None if eval_corpus is None else {"corpus": eval_corpus, "gpu_layers": gpu_layers})
+    options = RunOptions(
+        imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,
+        threads=threads, verify=not no_verify, verify_options=VerifyOptions.from_dict(vopts),
+        eval_options=None if eval_corpus is None else {"corpus": eval_corpus, "gpu_layers": gpu_layers},
+        upload=upload_repo, private=private, dry_run_upload=dry_run_upload, allow_unverified=allow_unverified,
+        public_key=public_key, signing_key=signing_key, force=force)
+    res = run(recipe_name, model, options, out_dir=out_dir, progress=not as_json, log=lambda m: click.echo(m, err=True))
     summary = res.summary_record()
     if as_json:
         emit_json(summary.to_dict())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..measure.options import DEFAULT_MAX_TOKENS
-from .app import _float_list, _int_list, _ngl, bin_option, handle_errors, json_option, main, resolve_model_arg
-from .measure_common import _run_tune, _save_and_show, arm_args_options
+from ..measure.core.options import DEFAULT_MAX_TOKENS
+from .app import _float_list, _int_list, bin_option, handle_errors, json_option, main, resolve_model_arg
+from .measure_common import _run_tune, _save_and_show, arm_args_options, server_options
 
 
 @main.command("tune")
@@ -45,9 +45,14 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
     95% CIs, recommends one and prints the exact llama-server command line. Each configuration is
     compared with a vanilla server given its non-speculative settings (fair baseline). MODEL may be
     builtin:NAME."""
-    _run_tune(model, concurrency, budget, seeds, suite, max_tokens, limit, gpu_layers, threads, ctx_per_slot,
-              receipt_path, out_path, llama_cpp_bin, as_json, final_on_suite,
-              (server_args, mtp_server_args, vanilla_server_args))
+    from ..measure.tune.options import SearchOptions, TuneOptions
+
+    options = TuneOptions(concurrency=concurrency, budget=budget, seeds=_int_list(seeds, "--seeds") or (), suite=suite,
+                          max_tokens=max_tokens, limit=limit, ctx_per_slot=ctx_per_slot,
+                          search=SearchOptions(final_on_suite=final_on_suite),
+                          server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
+                                                vanilla_server_args))
+    _run_tune(model, options, receipt_path, out_path, as_json)
 
 
 @main.command("curve", short_help="Speedup against acceptance on this hardware, for a head of any acceptance.")
@@ -81,14 +86,15 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
     """Speedup versus acceptance on this hardware, with llama-server's synthetic acceptance
     (--spec-synth-len / --spec-synth-rates; benchmarking only): what a head of any acceptance would gain
     here, separated from the head's quality. MODEL needs an MTP block (its drafter's cost is measured)."""
-    from ..measure.curve import acceptance_curve
+    from ..measure.profiles.curve import CurveOptions, acceptance_curve
 
-    res = acceptance_curve(resolve_model_arg(model), rates=_float_list(rates, "--rates") or (), draft_n_max=draft_n_max,
-                           synth_len=_float_list(synth_len, "--synth-len"), flag=flag, seeds=_int_list(seeds, "--seeds"),
-                           suite=suite, limit=limit, max_tokens=max_tokens, gpu_layers=_ngl(gpu_layers),
-                           threads=threads, llama_cpp_bin=llama_cpp_bin, include_real=not no_real,
-                           progress=not as_json, server_args=server_args, mtp_server_args=mtp_server_args,
-                           vanilla_server_args=vanilla_server_args)
+    options = CurveOptions(rates=_float_list(rates, "--rates") or (), draft_n_max=draft_n_max,
+                           synth_len=_float_list(synth_len, "--synth-len"), flag=flag,
+                           seeds=_int_list(seeds, "--seeds") or (), suite=suite, limit=limit, max_tokens=max_tokens,
+                           include_real=not no_real,
+                           server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
+                                                 vanilla_server_args))
+    res = acceptance_curve(resolve_model_arg(model), options, progress=not as_json)
     _save_and_show(res, model, "acceptance_curve", receipt_path, out_path, as_json, res.to_dict(), res.table())
 
 
@@ -124,13 +130,14 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
                  vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Serving profiles A-D (the vLLM write-up's workloads), MTP against vanilla: output tok/s, TTFT,
     TPOT, ITL (mean, median, P99), acceptance, and a decision table per workload."""
-    from ..measure.profiles import run_profiles
-    from ..measure.tune import load_tuned_config
+    from ..measure.profiles.run import ProfilesOptions, run_profiles
+    from ..measure.tune.run import load_tuned_config
 
-    tuned = load_tuned_config(tuned_from).to_dict() if tuned_from else None
-    res = run_profiles(resolve_model_arg(model), workloads=[w for w in workloads.split(",") if w.strip()],
-                       scale=scale, num_requests=num_requests, draft_n_max=draft_n_max, tuned=tuned,
-                       gpu_layers=_ngl(gpu_layers), threads=threads, llama_cpp_bin=llama_cpp_bin, repeats=repeats,
-                       noise=noise, extra_args=list(server_args), progress=not as_json,
-                       mtp_server_args=mtp_server_args, vanilla_server_args=vanilla_server_args)
+    options = ProfilesOptions(workloads=[w for w in workloads.split(",") if w.strip()], scale=scale,
+                              num_requests=num_requests, draft_n_max=draft_n_max,
+                              tuned=load_tuned_config(tuned_from) if tuned_from else None, repeats=repeats,
+                              noise=noise,
+                              server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
+                                                    vanilla_server_args))
+    res = run_profiles(resolve_model_arg(model), options, progress=not as_json)
     _save_and_show(res, model, "profiles", receipt_path, out_path, as_json, res.to_dict(requests=True), res.text())

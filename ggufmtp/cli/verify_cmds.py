@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import click
 
-from ..measure.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
-from .app import _int_list, _ngl, bin_option, emit_json, handle_errors, json_option, main, resolve_model_arg
+from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
+from .app import _int_list, bin_option, emit_json, handle_errors, json_option, main, resolve_model_arg
 from .matrix_cmd import kv_depth_options, run_matrix
-from .measure_common import _run_tune, arm_args_options
+from .measure_common import _run_tune, arm_args_options, server_options
 from .provenance_cmds import signing_key_option
 
 
@@ -86,13 +87,18 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     if tune:
         default = click.core.ParameterSource.DEFAULT
         tune_seeds = "42" if click.get_current_context().get_parameter_source("seeds") == default else seeds
-        return _run_tune(model, concurrency, budget, tune_seeds, suite, max_tokens, limit, gpu_layers, threads,
-                         ctx_size, receipt_path, out_path, llama_cpp_bin, as_json,
-                         arm_args=(server_args, mtp_server_args, vanilla_server_args))
-    from ..measure.tune import load_tuned_config
-    from ..measure.verify import Thresholds, verify
+        from ..measure.tune.options import TuneOptions
 
-    seed_list, sweep_list, ngl = _int_list(seeds, "--seeds"), _int_list(sweep, "--sweep"), _ngl(gpu_layers)
+        options = TuneOptions(concurrency=concurrency, budget=budget, seeds=_int_list(tune_seeds, "--seeds") or (),
+                              suite=suite, max_tokens=max_tokens, limit=limit, ctx_per_slot=ctx_size,
+                              server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
+                                                    vanilla_server_args))
+        return _run_tune(model, options, receipt_path, out_path, as_json)
+    from ..measure.core.options import JudgeOptions, VerifyOptions
+    from ..measure.tune.run import load_tuned_config
+    from ..measure.verify.run import Thresholds, verify
+
+    seed_list, sweep_list = _int_list(seeds, "--seeds"), _int_list(sweep, "--sweep")
     th = Thresholds()  # the project's defaults: there is always a threshold
     from .._api import verify_recipe
 
@@ -110,16 +116,16 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
         from ..provenance.receipt import refuse_other_file
 
         refuse_other_file(receipt_path, resolve_model_arg(model))  # another file's receipt fails before the run
-    kw = dict(draft_n_max=draft_n_max, draft_n_min=draft_n_min,
-              seeds=seed_list, suite=suite, max_tokens=max_tokens, raw=raw, ctx_size=ctx_size,
-              threads=threads, gpu_layers=ngl, parallel=parallel, llama_cpp_bin=llama_cpp_bin,
-              progress=not as_json, thresholds=th, limit=limit, sweep=sweep_list,
-              tuned=load_tuned_config(tuned_from) if tuned_from else None, peak_bandwidth_gbs=peak_bandwidth_gbs,
-              server_args=server_args, mtp_server_args=mtp_server_args, vanilla_server_args=vanilla_server_args)
+    options = VerifyOptions(
+        draft_n_max=draft_n_max, draft_n_min=draft_n_min, sweep=sweep_list or (),
+        tuned=load_tuned_config(tuned_from) if tuned_from else None, seeds=seed_list or (),
+        suite=suite, max_tokens=max_tokens, limit=limit, raw=raw, ctx_size=ctx_size, parallel=parallel,
+        server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args, vanilla_server_args),
+        judge=JudgeOptions(thresholds=th, peak_bandwidth_gbs=peak_bandwidth_gbs))
     kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)
     if matrix:
-        return run_matrix(resolve_model_arg(model), matrix, kw, kv_depth, out_path, receipt_path, as_json, key)
-    res = verify(resolve_model_arg(model), **kw, **kv_depth)
+        return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, out_path, receipt_path, as_json, key)
+    res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json)
     _write_and_show(res, out_path, receipt_path, as_json, key)
     if not res.ok:
         sys.exit(1)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..jsontypes import JsonObject
 from .fsutil import atomic_write_json
 
 __all__ = ["JsonMemo"]
@@ -38,7 +39,7 @@ class JsonMemo:
     def put(self, key: str, value: Any) -> bool:
         """Store ``value`` as the newest entry (the bound drops the least recently stored);
         whether the file was written."""
-        def change(entries: dict[str, Any]) -> bool:
+        def change(entries: JsonObject) -> bool:
             entries.pop(key, None)
             entries[key] = value
             return True
@@ -48,13 +49,13 @@ class JsonMemo:
         """Remove ``key``; its value, or None when it was not there."""
         popped: list[Any] = []
 
-        def change(entries: dict[str, Any]) -> bool:
+        def change(entries: JsonObject) -> bool:
             popped.append(entries.pop(key, None))
             return popped[0] is not None
         self.update(change)
         return popped[0] if popped else None
 
-    def update(self, change: Callable[[dict[str, Any]], bool]) -> bool:
+    def update(self, change: Callable[[JsonObject], bool]) -> bool:
         """Apply ``change`` to the entries under the lock; it returns whether to write them back.
         Whether the file was written (a cache that cannot be written only costs relearning)."""
         with self._lock, self._file_lock():
@@ -82,7 +83,7 @@ class JsonMemo:
                 fcntl.flock(fh, fcntl.LOCK_EX)
             yield
 
-    def _load(self) -> dict[str, Any]:
+    def _load(self) -> JsonObject:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):

@@ -22,6 +22,7 @@ from gguf.constants import Keys, LlamaFileType
 from ..constants import MTP_ARCHITECTURES, NEXTN_ARCH_FALLBACKS, NEXTN_OPTIONAL_FALLBACKS, NEXTN_REQUIRED
 from ..errors import GGUFReadError
 from ..fmt import human_bytes
+from ..jsontypes import JsonObject
 from .reader import GGUFHeader, read_header, tensor_nbytes
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
@@ -348,7 +349,7 @@ class ModelReport:
     size_bytes: int
     bpw: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = dataclasses.asdict(self)
         d["mtp_status"] = self.mtp_status.value
         return d

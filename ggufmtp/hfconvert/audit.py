@@ -18,10 +18,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from ..errors import ConvertError
 from ..gguf.model import GGUFModel
+from ..jsontypes import JsonObject
+from ..provenance.statement import SourceSection
 from .convert import converter_tree, require_convert_deps, source_record_path
 from .source import read_checkpoint
 
@@ -36,7 +38,7 @@ class TensorMatch:
     max_abs_err: float | None = None
     problem: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {k: v for k, v in {"name": self.name, "match": self.match, "type": self.type,
                                   "max_abs_err": self.max_abs_err, "problem": self.problem}.items() if v is not None}
 
@@ -61,13 +63,13 @@ class SourceAudit:
     def mismatches(self) -> list[TensorMatch]:
         return [t for t in self.tensors if not t.match]
 
-    def to_section(self) -> dict[str, Any]:
+    def to_section(self) -> JsonObject:
         return {"format": "safetensors", "name": self.source_dir.name, "repo_id": self.repo_id,
                 "revision": self.commit, "scope": self.scope, "ok": self.ok,
                 "files": [{"path": n, "sha256": d} for n, d in sorted(self.files.items())],
                 "tensors": [t.to_dict() for t in self.tensors]}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"model": str(self.model), **self.to_section(), "path": str(self.source_dir), "n_tensors": len(self.tensors),
                 "n_mismatches": len(self.mismatches)}
 
@@ -79,7 +81,25 @@ class SourceAudit:
         return "\n".join(lines + ([f"  all {len(self.tensors)} tensors match the source"] if self.ok else []))
 
 
-def _job(model: GGUFModel, source_dir: Path, trunk: int, only_mtp: bool) -> dict[str, Any]:
+class JobTensor(TypedDict):
+    type: str
+    shape: list[int]
+    offset: int
+    nbytes: int
+    mtp: bool
+
+
+class AuditJob(TypedDict):
+    """What the runner (``python -m ggufmtp.hfconvert.runner --audit``) reads: the GGUF's tensors to compare."""
+
+    gguf: str
+    source_dir: str
+    trunk_layers: int
+    only_mtp: bool
+    tensors: dict[str, JobTensor]
+
+
+def _job(model: GGUFModel, source_dir: Path, trunk: int, only_mtp: bool) -> AuditJob:
     mtp_prefixes = tuple(f"blk.{b}." for b in model.mtp_blocks)
     return {"gguf": str(model.path), "source_dir": str(source_dir), "trunk_layers": trunk, "only_mtp": only_mtp,
             "tensors": {n: {"type": t.type, "shape": list(t.shape), "offset": model.tensor_data_offsets[n],
@@ -124,7 +144,7 @@ def audit_source(model_path: str | os.PathLike, source: str | os.PathLike, *, al
 
 
 def record_source_audit(res: SourceAudit, receipt: str | os.PathLike, signing_key: str | os.PathLike | None = None
-                        ) -> dict[str, Any]:
+                        ) -> SourceSection:
     """Store a passing source audit as the receipt's ``source`` section, bound to the artifact's
     digest (``artifact_sha256``): the artifact must be the receipt's (its first subject's sha256)
     and the comparison must have found no mismatch. The one way a source audit reaches a receipt
@@ -143,4 +163,4 @@ def record_source_audit(res: SourceAudit, receipt: str | os.PathLike, signing_ke
                          f"(sha256 {digest}); the source audit is not recorded")
     section = {**res.to_section(), "artifact_sha256": digest}
     set_section(receipt, "source", section, signing_key)
-    return section
+    return cast(SourceSection, section)

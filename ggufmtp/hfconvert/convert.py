@@ -23,11 +23,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from ..errors import ConvertDependencyError, ConvertError, GgufmtpError
 from ..files.fsutil import atomic_write_json
 from ..gguf.model import GGUFModel, MTPStatus, check_mtp
+from ..jsontypes import JsonObject
+from ..provenance.statement import CheckpointFile
 from .source import NO_MTP, SOURCE_SUFFIX, SourceCheckpoint, read_checkpoint
 
 __all__ = ["ConvertResult", "convert", "OUTTYPES", "is_hf_checkpoint", "converter_tree", "require_convert_deps",
@@ -37,6 +39,18 @@ OUTTYPES = ("bf16", "f16", "q8_0")
 INSTALL_HINT = "pip install 'ggufmtp[convert]' (torch==2.13.0, transformers, sentencepiece)"
 # what a pull of a safetensors repo fetches: weights, index, config and tokenizer files
 HF_INCLUDE = ["*.safetensors", "*.json", "tokenizer.model", "*.txt", "*.jinja"]
+
+
+class SourceRecord(TypedDict):
+    """The sidecar ``MODEL.gguf.source.json`` (the receipt records it by name, as ``converted_from``)."""
+
+    format: str
+    repo_id: str | None
+    commit: str | None
+    path: str
+    converter: str
+    outtype: str
+    files: list[CheckpointFile]
 
 
 @dataclass
@@ -57,7 +71,7 @@ class ConvertResult:
     commit: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"output": str(self.output), "source": self.source, "source_dir": str(self.source_dir),
                 "repo_id": self.repo_id, "commit": self.commit, "outtype": self.outtype,
                 "architecture": self.architecture, "block_count": self.block_count,
@@ -65,7 +79,7 @@ class ConvertResult:
                 "mtp_layers_in_config": self.mtp_layers_in_config, "source_files": self.source_files,
                 "seconds": self.seconds}
 
-    def source_record(self) -> dict[str, Any]:
+    def source_record(self) -> SourceRecord:
         """The sidecar's content: what the GGUF was converted from."""
         return {"format": "safetensors", "repo_id": self.repo_id, "commit": self.commit,
                 "path": str(self.source_dir), "converter": "convert_hf_to_gguf.py (pinned llama.cpp)",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConvertError
+from ..jsontypes import JsonObject
 from .source import NO_MTP, MTPHead, SourceTensor, mtp_head
 
 __all__ = ["RemoteMTPCheck", "check_remote_mtp"]
@@ -30,7 +31,7 @@ class RemoteMTPCheck:
     shards: list[str]
     mtp: MTPHead
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit,
                 "architecture": self.architecture, "n_tensors": self.n_tensors, "shards": self.shards,
                 "has_mtp": self.mtp.present, "mtp": self.mtp.to_dict()}

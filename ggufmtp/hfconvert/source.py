@@ -19,10 +19,11 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict, cast
 
 from ..errors import ConvertError
 from ..files.hashing import sha256_file
+from ..jsontypes import JsonObject
 
 __all__ = ["SourceTensor", "MTPHead", "SourceCheckpoint", "read_checkpoint", "mtp_head", "SOURCE_SUFFIX", "NO_MTP"]
 
@@ -35,6 +36,16 @@ _MTP_LAYER = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\.")
 _DECODER_LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")
 
 
+class HFConfig(TypedDict, total=False):
+    """The keys of a checkpoint's ``config.json`` read here (it holds many more)."""
+
+    architectures: list[str]
+    num_hidden_layers: int
+    mtp_num_hidden_layers: int
+    num_nextn_predict_layers: int
+    text_config: HFConfig  # multimodal configs nest the language model's keys here
+
+
 @dataclass(frozen=True)
 class SourceTensor:
     name: str
@@ -42,7 +53,7 @@ class SourceTensor:
     shape: tuple[int, ...]
     file: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "file": self.file}
 
 
@@ -65,19 +76,19 @@ class MTPHead:
         """The MTP layer count the converter should keep (config first, else inferred)."""
         return self.layers_in_config or self.layers_in_tensors
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"present": self.present, "layers": self.layers, "layers_in_config": self.layers_in_config,
                 "layers_in_tensors": self.layers_in_tensors, "trunk_layers": self.trunk_layers,
                 "config_key": self.config_key,
                 "tensors": [t.to_dict() for t in self.tensors]}
 
 
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+def _text_config(config: HFConfig) -> HFConfig:
     """Multimodal Qwen3.5/3.6 configs nest the language model's keys under ``text_config``."""
     return {**config, **config.get("text_config", {})}
 
 
-def mtp_head(config: dict[str, Any], tensors: list[SourceTensor]) -> MTPHead:
+def mtp_head(config: HFConfig, tensors: list[SourceTensor]) -> MTPHead:
     """Which tensors form the MTP head and how many layers it has (``mtp.*`` tensors, else the
     NextN layers after the trunk)."""
     cfg = _text_config(config)
@@ -90,9 +101,10 @@ def mtp_head(config: dict[str, Any], tensors: list[SourceTensor]) -> MTPHead:
     return _nextn_layers(cfg, tensors, trunk)
 
 
-def _nextn_layers(cfg: dict[str, Any], tensors: list[SourceTensor], trunk: int | None) -> MTPHead:
+def _nextn_layers(cfg: HFConfig, tensors: list[SourceTensor], trunk: int | None) -> MTPHead:
     """GLM/DeepSeek: ``model.layers.<trunk + k>.*``; the converter keeps ``num_nextn_predict_layers``."""
-    key = "num_nextn_predict_layers" if "num_nextn_predict_layers" in cfg else "mtp_num_hidden_layers"
+    key: Literal["num_nextn_predict_layers", "mtp_num_hidden_layers"] = (
+        "num_nextn_predict_layers" if "num_nextn_predict_layers" in cfg else "mtp_num_hidden_layers")
     in_config = int(cfg[key]) if cfg.get(key) else None
     if not isinstance(trunk, int):
         return MTPHead([], in_config, 0, None, key)
@@ -106,7 +118,7 @@ class SourceCheckpoint:
     """A local safetensors checkpoint directory."""
 
     directory: Path
-    config: dict[str, Any]
+    config: HFConfig
     shards: list[str]
     tensors: list[SourceTensor]
     mtp: MTPHead
@@ -128,7 +140,7 @@ class SourceCheckpoint:
         return self.sha256
 
 
-def _load_json(path: Path) -> dict[str, Any]:
+def _load_json(path: Path) -> JsonObject:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -191,7 +203,7 @@ def read_checkpoint(directory: str | Path) -> SourceCheckpoint:
     directory = Path(directory).expanduser().resolve()
     if not directory.is_dir():
         raise ConvertError(f"{directory}: no such directory")
-    config = _load_json(directory / "config.json")
+    config = cast(HFConfig, _load_json(directory / "config.json"))
     shards = _shard_names(directory)
     tensors = [t for s in shards for t in _shard_tensors(directory / s)]
     return SourceCheckpoint(directory, config, shards, tensors, mtp_head(config, tensors))

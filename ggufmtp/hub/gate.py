@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import AuditError, HubRefusedError
+from ..jsontypes import JsonObject
 from ..provenance.audit import AuditReport, Trust, audit
 from ..provenance.card import UNVERIFIED_HEADING, unverified_reason
 from ..provenance.receipt import Receipt, read_receipt
@@ -47,7 +47,7 @@ class ArtifactCheck:
     def verified(self) -> bool:
         return self.problem is None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"artifact": self.artifact.name, "sha256": self.sha256, "receipt": self.receipt.name,
                 "receipt_signed": self.receipt_signed, "verified": self.verified, "problem": self.problem,
                 "signature": self.signature.name if self.signature else None,
@@ -65,7 +65,7 @@ class PublishCheck:
     def unverified(self) -> list[ArtifactCheck]:
         return [a for a in self.artifacts if not a.verified]
 
-    def to_dict(self) -> list[dict[str, Any]]:
+    def to_dict(self) -> list[JsonObject]:
         return [a.to_dict() for a in self.artifacts]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import HubError, HubManifestError
 from ..files.fsutil import atomic_write_json
+from ..jsontypes import JsonObject
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA", "PulledModel", "HubFile", "PullResult", "PullSource", "PulledFile",
            "read_manifest", "try_read_manifest", "write_manifest"]
@@ -47,7 +48,7 @@ class PulledFile:
     sha256: str
     verified: bool = False  # True when checked against the Hub's metadata for this commit
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"path": self.path, "size": self.size, "sha256": self.sha256, "verified": self.verified}
 
 
@@ -58,7 +59,7 @@ class PulledModel:
     entry: str  # what to hand llama.cpp: the file itself, or the first shard of a split model
     shards: tuple[str, ...]  # every file of the model, in order (one item when not split)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"entry": self.entry, "shards": list(self.shards)}
 
 
@@ -71,7 +72,7 @@ class HubFile:
     sha256: str | None  # LFS sha256
     git_oid: str | None  # git blob id (regular files)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"path": self.path, "size": self.size, "sha256": self.sha256, "git_oid": self.git_oid}
 
     @classmethod
@@ -127,7 +128,7 @@ class PullResult:
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "schema": MANIFEST_SCHEMA,
             "ggufmtp_version": __version__,
@@ -159,7 +160,7 @@ def write_manifest(result: PullResult) -> Path:
     return path
 
 
-def _load_manifest_json(p: Path) -> dict[str, Any]:
+def _load_manifest_json(p: Path) -> JsonObject:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:

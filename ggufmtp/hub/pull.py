@@ -48,7 +48,17 @@ from .files import (
 )
 from .local import pull_directory, pull_offline
 from .manifest import MANIFEST_NAME, HubFile, PulledFile, PullResult, PullSource, try_read_manifest, write_manifest
-from .transport import SilentBar, cache_dir, guard_secrets, host, hub_errors, is_offline, resolve_endpoint, storage_folder
+from .transport import (
+    HubErrorContext,
+    SilentBar,
+    cache_dir,
+    guard_secrets,
+    host,
+    hub_errors,
+    is_offline,
+    resolve_endpoint,
+    storage_folder,
+)
 
 __all__ = ["pull"]
 
@@ -82,9 +92,10 @@ class _HubPull:
         self.local_dir = Path(self.local_dir).expanduser().resolve() if self.local_dir is not None else None
 
     @property
-    def errs(self) -> dict[str, Any]:
-        """The context ``hub_errors`` needs for this pull."""
-        return dict(repo_id=self.repo_id, endpoint=self.endpoint, secrets=self.secrets, revision=self.revision)
+    def errs(self) -> HubErrorContext:
+        """The context ``hub_errors`` needs for this pull (its endpoint resolved in ``__post_init__``)."""
+        return HubErrorContext(repo_id=self.repo_id, endpoint=self.endpoint, secrets=self.secrets,
+                               revision=self.revision)
 
 
 def pull(

@@ -20,7 +20,7 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 from urllib.parse import urlsplit
 
 from ..errors import HubError, HubHTTPError, HubRefusedError
@@ -225,6 +225,16 @@ def _other_error_message(e: BaseException, what: str, endpoint: str, writing: bo
     # e.g. RevisionResolutionError, whose text embeds the transport error
     kind = HubRefusedError if _bad_header(e) else HubHTTPError
     return f"{what}: {type(e).__name__}: {e}{_BAD_HEADER_HINT if _bad_header(e) else ''}", kind
+
+
+class HubErrorContext(TypedDict):
+    """The keyword arguments of :func:`hub_errors` one pull or upload passes to each of its calls."""
+
+    repo_id: str
+    endpoint: str
+    secrets: Sequence[str]
+    revision: str | None
+    writing: NotRequired[bool]
 
 
 @contextlib.contextmanager

@@ -25,12 +25,14 @@ from .._version import __version__
 from ..errors import AuditError, HubError, HubRefusedError
 from ..files.hashing import file_digests
 from ..fmt import decimal_bytes
+from ..jsontypes import JsonObject
 from ..progress import is_disabled as progress_disabled
 from ..provenance.receipt import read_receipt
 from ..provenance.signing import resolve_public_key, signature_path
+from ..provenance.statement import Statement
 from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from .gate import PublishCheck, check_publishable
-from .transport import guard_secrets, host, hub_errors, resolve_endpoint
+from .transport import HubErrorContext, guard_secrets, host, hub_errors, resolve_endpoint
 
 __all__ = ["CommitFacts", "UploadKind", "UploadOperation", "UploadResult", "default_commit_message",
            "receipt_commit_facts", "upload"]
@@ -58,7 +60,7 @@ class UploadOperation:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", UploadKind(self.kind))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"path_in_repo": self.path_in_repo, "local_path": str(self.local_path), "size": self.size,
                 "kind": self.kind.value, "sha256": self.sha256}
 
@@ -84,7 +86,7 @@ class UploadResult:
     def total_size(self) -> int:
         return sum(op.size for op in self.operations)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "repo_id": self.repo_id,
             "revision": self.revision,
@@ -116,7 +118,7 @@ class CommitFacts:
     notes: tuple[str, ...] = ()  # one line each, for the user (the CLI prints them as ``note: ...``)
 
 
-def _statement_digests(stmt: dict[str, Any], names: list[str]) -> list[tuple[int, str]]:
+def _statement_digests(stmt: Statement, names: list[str]) -> list[tuple[int, str]]:
     """(rank, sha256) of every subject; lower rank = the subject is an earlier artifact of ``names``."""
     out = []
     subjects = stmt.get("subject")
@@ -350,7 +352,7 @@ def _commit(result: UploadResult, revision: str | None, token: str | bool | None
     repo_id, branch, ops = result.repo_id, result.revision, result.operations
     additions = [_addition(op) for op in ops]  # before any request: a changed file creates nothing
     api = HfApi(endpoint=endpoint, token=token, library_name="ggufmtp", library_version=__version__)
-    errs = dict(repo_id=repo_id, endpoint=endpoint, secrets=secrets, revision=revision, writing=True)
+    errs = HubErrorContext(repo_id=repo_id, endpoint=endpoint, secrets=secrets, revision=revision, writing=True)
     with hub_errors(f"creating repo {repo_id}", **errs):
         repo_url = api.create_repo(repo_id, private=True if result.private else None, exist_ok=True,
                                    repo_type="model")

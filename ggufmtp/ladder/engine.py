@@ -24,9 +24,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 from ..errors import GgufmtpError, LadderError
+from ..jsontypes import JsonObject
 from .spec import VariantJob
 
 __all__ = ["VariantOutcome", "Engine", "Sequential", "DaskEngine", "build_variant", "measure_variant"]
@@ -38,25 +39,28 @@ class VariantOutcome:
 
     recipe: str  # as the ladder was given it: a recipe name or a TOML file
     ok: bool
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: JsonObject = field(default_factory=dict)  # RunResult.summary(): the run's JSON
     error: str | None = None
     host: str = ""
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES of the worker that measured it
     variant: str = ""  # the recipe's name: the variant's folder
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"recipe": self.recipe, "variant": self.variant, "ok": self.ok, "summary": self.summary, "error": self.error,
                 "host": self.host, "gpu": self.gpu}
 
 
 def _run_variant(job: VariantJob, measure: bool) -> VariantOutcome:
+    from ..measure.core.options import VerifyOptions
     from ..pipeline import run
+    from ..run_options import RunOptions
 
     try:
-        res = run(job.recipe, job.model, job.imatrix, job.out_dir, verify=job.verify,
-                  verify_options=job.verify_options, threads=job.threads, progress=False, token=job.token,
-                  signing_key=job.signing_key, eval_options=job.eval_options, base_dir=job.base_dir,
-                  until=None if measure else "audit")
+        options = RunOptions(imatrix=job.imatrix, threads=job.threads, verify=job.verify,
+                             verify_options=VerifyOptions.from_dict(job.verify_options) if measure else None,
+                             token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
+                             base_dir=job.base_dir, until=None if measure else "audit")
+        res = run(job.recipe, job.model, options, out_dir=job.out_dir, progress=False)
     except GgufmtpError as e:  # the variant's failure is reported; the other variants go on
         return VariantOutcome(job.recipe, False, error=str(e), host=os.uname().nodename, variant=job.out_dir.name)
     except OSError as e:  # its folder or a file of it cannot be written (a disk full, a permission)
@@ -76,12 +80,21 @@ def measure_variant(built: VariantOutcome, job: VariantJob) -> VariantOutcome:
     return built if not built.ok else _run_variant(job, measure=True)
 
 
+class EngineInfo(TypedDict):
+    """How a ladder ran (``LadderResult.engine``): the engine, its workers, and Dask's address and GPUs."""
+
+    engine: str
+    workers: int
+    address: NotRequired[str]
+    gpus: NotRequired[int]
+
+
 class Engine(Protocol):
     def run(self, jobs: Sequence[VariantJob]) -> Iterator[VariantOutcome]:
         """Every job's final outcome, in the order they finish."""
         ...
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> EngineInfo: ...
 
 
 class Sequential:
@@ -91,7 +104,7 @@ class Sequential:
         for job in jobs:
             yield measure_variant(build_variant(job), job)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> EngineInfo:
         return {"engine": "sequential", "workers": 1}
 
 
@@ -163,5 +176,5 @@ class DaskEngine:
             if cluster is not None and not self.address:
                 cluster.close()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> EngineInfo:
         return {"engine": "dask", "address": self.address or "local", "workers": self.workers, "gpus": self.gpus}

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderError
+from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
 from ..provenance.ladder_card import make_ladder_card
 from ..refs import is_builtin, parse_model_ref, resolve
-from .engine import Engine, Sequential, VariantOutcome
+from .engine import Engine, EngineInfo, Sequential, VariantOutcome
 from .spec import LadderSpec, VariantJob
 
 __all__ = ["LadderResult", "run_ladder", "upload_ladder"]
@@ -41,7 +42,7 @@ class LadderResult:
     outcomes: list[VariantOutcome]
     card: Path | None
     imatrix: str | None
-    engine: dict[str, Any]
+    engine: EngineInfo
     seconds: float
     finished_order: list[str] = field(default_factory=list)
 
@@ -53,7 +54,7 @@ class LadderResult:
         """(artifact, receipt) of every variant that was made."""
         return [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in self.outcomes if o.ok]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"out_dir": str(self.spec.out_dir), "model": self.spec.model, "recipes": list(self.spec.recipes),
                 "imatrix": self.imatrix, "card": str(self.card) if self.card else None, "engine": self.engine,
                 "seconds": round(self.seconds, 2), "finished_order": self.finished_order, "ok": self.ok,

@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ..checks import Check, Status
 from ..errors import AuditError, GgufmtpError, GGUFReadError
 from ..files.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPCheck, check_mtp, format_blocks, split_shards
+from ..jsontypes import JsonObject
 from ..provenance.receipt import Receipt, default_receipt_path, integrity_digest, read_receipt, table_digest, verification_problem
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
+from .statement import ImatrixSection, ResultSection, Statement
 
 
 class Trust(str, enum.Enum):
@@ -80,7 +82,7 @@ class AuditReport:
                 Trust.UNSIGNED: UNSIGNED_NOTE.removeprefix("unsigned: "),
                 Trust.UNCHECKED: "signed, but nothing checked the signatures (give --public-key)"}[self.trust]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"ok": self.ok, "artifact": self.artifact, "receipt": self.receipt,
                 "signed": self.signed, "signatures_checked": self.signatures_checked,
                 "trust": self.trust.value if self.trust else None, "trust_text": self.trust_text,
@@ -191,7 +193,7 @@ def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel
     return checks
 
 
-def _statement_checks(st: dict[str, Any]) -> list[Check]:
+def _statement_checks(st: Statement) -> list[Check]:
     """The receipt against its own integrity digest (the schema was checked when it was read)."""
     recorded = (st.get("predicate", {}).get("integrity") or {}).get("sha256")
     actual = integrity_digest(st)
@@ -230,7 +232,7 @@ def _digest_check(p: Path, want: str, size: int, progress: bool) -> Check:
     return Check(f"sha256 {p.name}", got == want, got if got == want else f"receipt {want}, file {got}")
 
 
-def _verification_checks(st: dict[str, Any]) -> list[Check]:
+def _verification_checks(st: Statement) -> list[Check]:
     """A verification in the receipt must be of the artifact's bytes (the served file's sha256),
     and its verdict must be the one its own figures and thresholds give."""
     from .verdict import judge_recorded
@@ -250,7 +252,7 @@ def _verification_checks(st: dict[str, Any]) -> list[Check]:
             Check("verdict follows from the figures", follows, detail)]
 
 
-def _model_checks(model: GGUFModel, st: dict[str, Any]) -> list[Check]:
+def _model_checks(model: GGUFModel, st: Statement) -> list[Check]:
     """What the file's GGUF says against the receipt's result: tensor types, MTP block, figures, imatrix."""
     checks: list[Check] = []
     res = st.get("predicate", {}).get("result", {})
@@ -272,7 +274,7 @@ def _model_checks(model: GGUFModel, st: dict[str, Any]) -> list[Check]:
     return checks
 
 
-def _mtp_check(mtp: MTPCheck, res: dict[str, Any]) -> Check:
+def _mtp_check(mtp: MTPCheck, res: ResultSection) -> Check:
     """The file's MTP blocks against the receipt's: status, the first block, and every block when
     the receipt lists them (``mtp_blocks``; a receipt without it predates multi-block support and
     is checked on ``mtp_block``, as it was). A receipt that drops a block of a chain fails here."""
@@ -293,7 +295,7 @@ def _mtp_check(mtp: MTPCheck, res: dict[str, Any]) -> Check:
 _KV_STRING_MAX = 127
 
 
-def imatrix_check(md: dict[str, Any], im: dict[str, Any] | None) -> Check:
+def imatrix_check(md: Mapping[str, object], im: ImatrixSection | None) -> Check:
     """The file's ``quantize.imatrix.*`` metadata (written by llama.cpp from the imatrix it was
     given) against the receipt's imatrix section: both absent, or both present and agreeing."""
     keys = sorted(k for k in md if k.startswith("quantize.imatrix."))

@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ..files.fsutil import atomic_write_text
 from ..fmt import ci_phrase, num, pct, times
 from ..provenance.receipt import verification_problem
 from ..runtime.hardware import format_bandwidth
 from .quality_card import quality_lines
+from .statement import (
+    ArmSection,
+    CurveSection,
+    MatrixSection,
+    Predicate,
+    ProfilesSection,
+    ResultSection,
+    Statement,
+    SubjectEntry,
+    Verification,
+)
 
 TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
 
@@ -31,7 +42,18 @@ _ci_pct = functools.partial(ci_phrase, scale=100, digits=1, unit="%")
 _ci_x = functools.partial(ci_phrase, digits=2, unit="×")
 
 
-def _hardware(v: dict[str, Any]) -> str:
+class CardMeta(TypedDict):
+    """A card's YAML metadata (``huggingface_hub.ModelCardData``'s keyword arguments)."""
+
+    tags: list[str]
+    quantized_by: str
+    pipeline_tag: str
+    library_name: str
+    base_model: NotRequired[str]
+    license: NotRequired[str]
+
+
+def _hardware(v: Verification) -> str:
     hw = v.get("hardware") or {}
     gpu = hw.get("gpu") or hw.get("gpus")
     if isinstance(gpu, list):
@@ -41,7 +63,7 @@ def _hardware(v: dict[str, Any]) -> str:
     return f"CPU ({hw.get('cpu') or hw.get('cpu_model') or 'unknown'}, {hw.get('cores', '?')} cores)"
 
 
-def unverified_reason(statement: dict[str, Any], artifact_sha256: str | None = None) -> str | None:
+def unverified_reason(statement: Statement, artifact_sha256: str | None = None) -> str | None:
     """Why the receipt ``statement`` holds no publishable verification of the artifact with
     ``artifact_sha256`` (default: its first subject's); None when it does: verdict ``pass`` as its
     own figures and thresholds give it, of the bytes llama-server served, which are the artifact's
@@ -75,8 +97,8 @@ def _unverified_notice(problem: str | None) -> list[str]:
             "verified claim.\n"]
 
 
-def card_text(statement: dict[str, Any], artifact_name: str | None = None, quantized_by: str = "ggufmtp",
-              repo_id: str | None = None) -> tuple[dict[str, Any], str]:
+def card_text(statement: Statement, artifact_name: str | None = None, quantized_by: str = "ggufmtp",
+              repo_id: str | None = None) -> tuple[CardMeta, str]:
     """(YAML metadata, markdown body) for the artifact a receipt describes."""
     p = statement["predicate"]
     subj = statement["subject"][0]
@@ -85,8 +107,8 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
     res = p["result"]
     rec = p["recipe"]
     v = p.get("verification")
-    meta: dict[str, Any] = {"tags": list(TAGS), "quantized_by": quantized_by, "pipeline_tag": "text-generation",
-                            "library_name": "gguf"}
+    meta: CardMeta = {"tags": list(TAGS), "quantized_by": quantized_by, "pipeline_tag": "text-generation",
+                      "library_name": "gguf"}
     if src.get("type") == "hub" and src.get("repo_id"):
         meta["base_model"] = src["repo_id"]
     if src.get("license"):
@@ -103,7 +125,7 @@ def card_text(statement: dict[str, Any], artifact_name: str | None = None, quant
     return meta, "\n".join(lines)
 
 
-def _heads(res: dict[str, Any]) -> str:
+def _heads(res: ResultSection) -> str:
     """"head `blk.40` is kept", or "heads `blk.40`, `blk.41` are kept" for a chain (a receipt
     without ``mtp_blocks`` predates chains: its ``mtp_block`` is the head)."""
     blocks = res.get("mtp_blocks") or [res["mtp_block"]]
@@ -111,14 +133,14 @@ def _heads(res: dict[str, Any]) -> str:
     return f"heads {named} are kept" if len(blocks) > 1 else f"head {named} is kept"
 
 
-def _speed_checked(v: dict[str, Any]) -> bool:
+def _speed_checked(v: Verification) -> bool:
     from .verdict import Thresholds, speed_checked
 
     th = v.get("thresholds") or {}
     return speed_checked(Thresholds.coerce(dict(th)), bool((v.get("hardware") or {}).get("offloaded")))
 
 
-def _claim(v: dict[str, Any]) -> list[str]:
+def _claim(v: Verification) -> list[str]:
     """The verification in one sentence, saying exactly what was verified: acceptance always; the
     fair speedup (against vanilla with the same non-speculative settings) only where the verdict
     judged it (GPU offload); elsewhere "speed not verified on this hardware" with the measured ratio."""
@@ -147,7 +169,7 @@ def _claim(v: dict[str, Any]) -> list[str]:
             + f"); evidence: {ev.text()}.\n"]
 
 
-def _default_phrase(v: dict[str, Any]) -> str:
+def _default_phrase(v: Verification) -> str:
     """The speedup against llama-server's defaults, labelled so (empty when not measured)."""
     if "speedup_vs_default_vanilla" not in v:
         return ""
@@ -155,7 +177,7 @@ def _default_phrase(v: dict[str, Any]) -> str:
             "against vanilla with llama-server's defaults, which also counts what those settings give plain decoding)")
 
 
-def _how_to_run(name: str, v: dict[str, Any] | None) -> list[str]:
+def _how_to_run(name: str, v: Verification | None) -> list[str]:
     """The llama-server command the verification's numbers are true for, and a request."""
     lines = ["## How to run\n"]
     lines.append("```sh\n"
@@ -171,7 +193,7 @@ def _how_to_run(name: str, v: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _caveats(p: dict[str, Any]) -> list[str]:
+def _caveats(p: Predicate) -> list[str]:
     """What the numbers do not say."""
     lines = ["## Caveats\n"]
     lines.append("- Send requests through `/v1/chat/completions` (or apply the chat template yourself): raw prompts "
@@ -185,7 +207,7 @@ def _caveats(p: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _provenance(p: dict[str, Any], subj: dict[str, Any], name: str) -> list[str]:
+def _provenance(p: Predicate, subj: SubjectEntry, name: str) -> list[str]:
     """Where every input came from, with digests, and how to check the artifact."""
     src, rec, v = p["base_model"]["source"], p["recipe"], p.get("verification")
     lines = ["## Provenance\n"]
@@ -209,7 +231,7 @@ def _provenance(p: dict[str, Any], subj: dict[str, Any], name: str) -> list[str]
     return lines
 
 
-def _verified_mtp_flags(v: dict[str, Any] | None) -> list[str]:
+def _verified_mtp_flags(v: Verification | None) -> list[str]:
     """The draft flags the verification ran with (what the card's numbers are true for)."""
     st = (v or {}).get("settings") or {}
     if st.get("mtp_flags"):
@@ -220,12 +242,12 @@ def _verified_mtp_flags(v: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def _verified_mtp_env(v: dict[str, Any] | None) -> str:
+def _verified_mtp_env(v: Verification | None) -> str:
     env = ((v or {}).get("settings") or {}).get("mtp_env") or {}
     return "".join(f"{k}={val} " for k, val in sorted(env.items()))
 
 
-def _tables(v: dict[str, Any]) -> list[str]:
+def _tables(v: Verification) -> list[str]:
     out: list[str] = []
     cats = v.get("per_category") or {}
     if cats:
@@ -263,7 +285,7 @@ def _tables(v: dict[str, Any]) -> list[str]:
     return out
 
 
-def _arm_settings(v: dict[str, Any]) -> list[str]:
+def _arm_settings(v: Verification) -> list[str]:
     """The arms' exact llama-server arguments (what the speedup compares)."""
     flags = (v.get("settings") or {}).get("mtp_flags")
     van = (v.get("vanilla") or {}).get("server_args")
@@ -278,7 +300,7 @@ def _arm_settings(v: dict[str, Any]) -> list[str]:
     return out
 
 
-def _draft_line(m: dict[str, Any]) -> list[str]:
+def _draft_line(m: ArmSection) -> list[str]:
     """Mean acceptance length and acceptance by position, as llama.cpp and vLLM report them."""
     length, by_pos = m.get("mean_acceptance_length", m.get("tokens_per_step")), m.get("acceptance_by_position")
     if length is None and not by_pos:
@@ -288,7 +310,7 @@ def _draft_line(m: dict[str, Any]) -> list[str]:
                + " · ".join(f"{i + 1}: {_pct(p)}" for i, p in enumerate(by_pos)) if by_pos else "") + ".\n"]
 
 
-def _curve(c: dict[str, Any] | None) -> list[str]:
+def _curve(c: CurveSection | None) -> list[str]:
     points = (c or {}).get("points") or []
     if not points:
         return []
@@ -303,7 +325,7 @@ def _curve(c: dict[str, Any] | None) -> list[str]:
     return out + [""]
 
 
-def _profiles(pr: dict[str, Any] | None) -> list[str]:
+def _profiles(pr: ProfilesSection | None) -> list[str]:
     rows = (pr or {}).get("decision_table") or []
     if not rows:
         return []
@@ -316,7 +338,7 @@ def _profiles(pr: dict[str, Any] | None) -> list[str]:
     return out + [""]
 
 
-def _matrix(mx: dict[str, Any] | None) -> list[str]:
+def _matrix(mx: MatrixSection | None) -> list[str]:
     """``verify --matrix``: acceptance and fair speedup per KV-cache type and context depth."""
     cells = (mx or {}).get("cells") or []
     if not cells:

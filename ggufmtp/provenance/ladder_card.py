@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT
 from ..errors import AuditError
 from ..fmt import ci_phrase, human_bytes, pct, times
 from .audit import audit
-from .card import TAGS, UNVERIFIED_HEADING, unverified_reason
+from .card import TAGS, UNVERIFIED_HEADING, CardMeta, unverified_reason
 from .receipt import read_receipt
+from .statement import QualitySection, Source, Verification
 
 __all__ = ["LadderRow", "ladder_rows", "ladder_card_text", "make_ladder_card"]
 
@@ -36,10 +36,10 @@ class LadderRow:
     recipe: str
     size_bytes: int
     bpw: float | None
-    quality: dict[str, Any]  # the receipt's ``quality`` section ({} without eval)
-    verification: dict[str, Any]  # the receipt's ``verification`` ({} without one)
+    quality: QualitySection  # the receipt's ``quality`` section ({} without eval)
+    verification: Verification  # the receipt's ``verification`` ({} without one)
     unverified: str | None  # why the variant is not verified (None when it is)
-    source: dict[str, Any]
+    source: Source
 
     @property
     def verdict(self) -> str:
@@ -58,8 +58,9 @@ def ladder_rows(variants: Sequence[tuple[Path, Path]], public_key: str | Path | 
         p = st["predicate"]
         rows.append(LadderRow(artifact=Path(artifact).name, receipt=Path(receipt).name, recipe=p["recipe"]["name"],
                               size_bytes=int(p["result"]["size_bytes"]), bpw=p["result"].get("bpw"),
-                              quality=dict(p.get("quality") or {}), verification=dict(p.get("verification") or {}),
-                              unverified=unverified_reason(st), source=dict(p["base_model"]["source"])))
+                              quality=QualitySection(**(p.get("quality") or {})),
+                              verification=Verification(**(p.get("verification") or {})),
+                              unverified=unverified_reason(st), source=Source(**p["base_model"]["source"])))
     return sorted(rows, key=lambda r: -r.size_bytes)
 
 
@@ -79,10 +80,10 @@ def _row(r: LadderRow) -> str:
             f"{acc if v else 'n/a'} | {speed if v else 'n/a'} | {r.verdict} | [receipt]({r.receipt}) |")
 
 
-def ladder_card_text(rows: Sequence[LadderRow], title: str) -> tuple[dict[str, Any], str]:
+def ladder_card_text(rows: Sequence[LadderRow], title: str) -> tuple[CardMeta, str]:
     """(YAML metadata, markdown body) of the ladder's card."""
-    meta: dict[str, Any] = {"tags": list(TAGS), "quantized_by": "ggufmtp", "pipeline_tag": "text-generation",
-                            "library_name": "gguf"}
+    meta: CardMeta = {"tags": list(TAGS), "quantized_by": "ggufmtp", "pipeline_tag": "text-generation",
+                      "library_name": "gguf"}
     repo = next((r.source.get("repo_id") for r in rows if r.source.get("type") == "hub"), None)
     if repo:
         meta["base_model"] = repo

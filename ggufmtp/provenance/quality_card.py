@@ -3,9 +3,8 @@ speedup side by side, the way published quant ladders compare) and the head-prec
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..fmt import ci_phrase, human_bytes, num, pct, times
+from .statement import HeadSweepSection, Predicate
 
 
 def _pm(x: float | None, err: float | None, nd: int = 4) -> str:
@@ -14,12 +13,12 @@ def _pm(x: float | None, err: float | None, nd: int = 4) -> str:
     return f"{x:.{nd}f}" + (f" ± {err:.{nd}f}" if err is not None else "")
 
 
-def quality_lines(p: dict[str, Any]) -> list[str]:
+def quality_lines(p: Predicate) -> list[str]:
     """``## Quality`` (from ``predicate.quality``) and ``## MTP head precision`` (``head_sweep``)."""
     return _ladder(p) + _head_sweep(p.get("head_sweep"))
 
 
-def _ladder(p: dict[str, Any]) -> list[str]:
+def _ladder(p: Predicate) -> list[str]:
     q = p.get("quality")
     if not q:
         return []
@@ -38,7 +37,7 @@ def _ladder(p: dict[str, Any]) -> list[str]:
     return out
 
 
-def _head_sweep(hs: dict[str, Any] | None) -> list[str]:
+def _head_sweep(hs: HeadSweepSection | None) -> list[str]:
     rows = (hs or {}).get("variants") or []
     if not rows:
         return []

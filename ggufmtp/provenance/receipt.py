@@ -30,13 +30,14 @@ import stat
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
 from ..errors import AuditDigestMismatch, AuditError
 from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_file
+from ..jsontypes import JsonObject
 from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
 from .signing import (
     envelope_statement,
@@ -46,6 +47,25 @@ from .signing import (
     resolve_signing_key,
     sign_statement,
     verify_envelope,
+)
+from .statement import (
+    BaseModelSection,
+    ConvertedFrom,
+    Envelope,
+    FileEntry,
+    ImatrixComputed,
+    ImatrixSection,
+    Predicate,
+    PullManifest,
+    Quantizer,
+    RecipeSection,
+    ResultSection,
+    ServerSection,
+    Source,
+    Statement,
+    SubjectEntry,
+    Toolchain,
+    Verification,
 )
 
 if TYPE_CHECKING:  # annotations only: quantize and plan pull in libllama
@@ -67,22 +87,22 @@ def table_digest(types: dict[str, str]) -> str:
     return hashlib.sha256(canonical_json(types)).hexdigest()
 
 
-def integrity_digest(statement: dict[str, Any]) -> str:
+def integrity_digest(statement: Statement) -> str:
     s = json.loads(json.dumps(statement, default=str))
     s.setdefault("predicate", {})["integrity"] = {"sha256": ""}
     return hashlib.sha256(canonical_json(s)).hexdigest()
 
 
-def seal(statement: dict[str, Any]) -> dict[str, Any]:
+def seal(statement: Statement) -> Statement:
     statement["predicate"]["integrity"] = {"sha256": integrity_digest(statement)}
     return statement
 
 
-def file_entry(path: Path, sha256: str | None = None) -> dict[str, Any]:
+def file_entry(path: Path, sha256: str | None = None) -> FileEntry:
     return {"name": path.name, "size": path.stat().st_size, "sha256": sha256 or sha256_file(path)}
 
 
-def subject_entry(path: Path, sha256: str | None = None) -> dict[str, Any]:
+def subject_entry(path: Path, sha256: str | None = None) -> SubjectEntry:
     e = file_entry(path, sha256)
     return {"name": e["name"], "digest": {"sha256": e["sha256"]}, "annotations": {"size": e["size"]}}
 
@@ -94,7 +114,7 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def toolchain(server: dict[str, Any] | None = None) -> dict[str, Any]:
+def toolchain(server: ServerSection | None = None) -> Toolchain:
     """Versions and build facts of everything that touched the artifact. The llama.cpp commit is
     the one of the libllama this process loaded (its runtime record, else the ``LLAMA_COMMIT`` of
     its build); ``pinned_commit`` appears when that is not the commit ggufmtp pins."""
@@ -102,7 +122,7 @@ def toolchain(server: dict[str, Any] | None = None) -> dict[str, Any]:
     from ..runtime.libllama import loaded_libllama  # loads libllama: quantize already has
 
     lib = loaded_libllama()
-    quantizer = {
+    quantizer: Quantizer = {
         "library": "libllama via llama-cpp-python",
         "llama_cpp_commit": lib.commit or "unknown",
         "variant": lib.variant,
@@ -126,19 +146,19 @@ def toolchain(server: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-def base_model_section(model_path: Path, model_arg: str | None = None, manifest: dict[str, Any] | None = None,
-                       known: dict[str, str] | None = None) -> dict[str, Any]:
+def base_model_section(model_path: Path, model_arg: str | None = None, manifest: PullManifest | None = None,
+                       known: dict[str, str] | None = None) -> BaseModelSection:
     """Where the input came from and every input file with size and sha256 (``known``: digests of
-    these bytes by resolved path, e.g. hashed while quantize ran; else hashed now)."""
+    these bytes by resolved path, e.g. hashed while quantize ran; else the pull's (``manifest``);
+    else hashed now)."""
     from ..gguf.model import split_shards
 
     shards = split_shards(Path(model_path))
     if manifest:
-        by_name = {f["path"].split("/")[-1]: f for f in manifest.get("files", [])}
-        files = [file_entry(s, (known or {}).get(str(s.resolve())) or by_name.get(s.name, {}).get("sha256"))
-                 for s in shards]
-        source = {"type": "hub", "repo_id": manifest.get("repo_id"),
-                  "revision": manifest.get("requested_revision"), "commit": manifest.get("resolved_commit")}
+        pulled = {f.path.split("/")[-1]: f.sha256 for f in manifest.files}
+        files = [file_entry(s, (known or {}).get(str(s.resolve())) or pulled.get(s.name)) for s in shards]
+        source: Source = {"type": "hub", "repo_id": manifest.repo_id, "revision": manifest.requested_revision,
+                          "commit": manifest.resolved_commit}
     else:
         files = [file_entry(s, (known or {}).get(str(s.resolve()))) for s in shards]
         arg = model_arg or str(model_path)
@@ -151,11 +171,13 @@ def base_model_section(model_path: Path, model_arg: str | None = None, manifest:
     if isinstance(lic, str) and lic:
         source["license"] = lic
     converted = Path(str(model_path) + ".source.json")  # written by `ggufmtp convert` (hfconvert/convert.py)
-    extra = {"converted_from": _converted_from(converted)} if converted.is_file() else {}
-    return {"source": source, "files": files, **extra}
+    section: BaseModelSection = {"source": source, "files": files}
+    if converted.is_file():
+        section["converted_from"] = _converted_from(converted)
+    return section
 
 
-def _converted_from(sidecar: Path) -> dict[str, Any]:
+def _converted_from(sidecar: Path) -> ConvertedFrom:
     """The checkpoint a converted GGUF came from, as its sidecar records it, by name: the local
     directory becomes its name."""
     data = json.loads(sidecar.read_text())
@@ -165,7 +187,7 @@ def _converted_from(sidecar: Path) -> dict[str, Any]:
 
 
 def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str | None = None
-                    ) -> dict[str, Any] | None:
+                    ) -> ImatrixSection | None:
     """The receipt's imatrix section. ``sha256``: the digest the plan read (quantize used those
     bytes); a file that no longer has it is refused, naming the file and both digests."""
     if not imatrix:
@@ -183,12 +205,13 @@ def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str 
                                   path=imatrix, expected=sha256, actual=now)
     im = read_imatrix(imatrix)
     prov = ImatrixProvenance.from_imatrix(im)  # corpus, chunks, ctx, runtime commit of `imatrix compute`
+    computed = cast(ImatrixComputed, prov.to_dict()) if prov is not None else None
     return {"file": Path(imatrix).name, "sha256": now, "format": im.format,
             "datasets": list(im.datasets), "chunk_count": im.chunk_count, "entries": len(im.entries),
-            "missing": missing, "computed": prov.to_dict() if prov is not None else None}
+            "missing": missing, "computed": computed}
 
 
-def _planned_imatrix(plan: Plan, imatrix: str | Path | None) -> dict[str, Any] | None:
+def _planned_imatrix(plan: Plan, imatrix: str | Path | None) -> ImatrixSection | None:
     """The imatrix section of a quantize result: the plan's imatrix (the one quantize used) at the
     digest the plan read. An ``imatrix`` the plan did not use is refused."""
     if imatrix and not plan.imatrix:
@@ -197,8 +220,8 @@ def _planned_imatrix(plan: Plan, imatrix: str | Path | None) -> dict[str, Any] |
     return imatrix_section(chosen, plan.imatrix_missing, plan.imatrix_sha256) if chosen else None
 
 
-def build_statement(outputs: list[Path], predicate: dict[str, Any], output_sha256: dict[str, str] | None = None
-                    ) -> dict[str, Any]:
+def build_statement(outputs: list[Path], predicate: Predicate, output_sha256: dict[str, str] | None = None
+                    ) -> Statement:
     output_sha256 = output_sha256 or {}
     return {
         "_type": STATEMENT_TYPE,
@@ -214,7 +237,7 @@ def default_receipt_path(artifact: Path) -> Path:
 
 def write_receipt(result: QuantizeResult, receipt_path: str | Path | None = None,
                   imatrix: str | Path | None = None, model_arg: str | None = None,
-                  manifest: dict[str, Any] | None = None, signing_key: str | Path | None = None) -> Path:
+                  manifest: PullManifest | None = None, signing_key: str | Path | None = None) -> Path:
     """Write the receipt of a :func:`~ggufmtp.quant.quantize.quantize` result (default
     ``OUT.gguf.receipt.json``); ``imatrix`` defaults to the one the plan used. With ``signing_key``
     the receipt is a signed DSSE envelope (sign the artifact with
@@ -224,8 +247,8 @@ def write_receipt(result: QuantizeResult, receipt_path: str | Path | None = None
 
 
 def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imatrix: str | Path | None = None,
-                         receipt_path: str | Path | None = None, manifest: dict[str, Any] | None = None,
-                         verification: dict[str, Any] | None = None, signing_key: str | Path | None = None) -> Path:
+                         receipt_path: str | Path | None = None, manifest: PullManifest | None = None,
+                         verification: JsonObject | None = None, signing_key: str | Path | None = None) -> Path:
     """Write the receipt of a :class:`~ggufmtp.quant.quantize.QuantizeResult`; returns its path.
     Its imatrix is the plan's, at the digest the plan read; ``verification`` must be of these bytes;
     ``signing_key``: write a DSSE envelope signed with it."""
@@ -234,7 +257,7 @@ def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imat
     out = Path(res.output)
     gm = GGUFModel(out)
     plan = res.plan
-    predicate = {
+    predicate: Predicate = {
         "base_model": base_model_section(Path(plan.model), model_arg, manifest, res.input_sha256),
         "imatrix": _planned_imatrix(plan, imatrix),
         "recipe": _recipe_section(plan, out.name),
@@ -246,14 +269,14 @@ def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imat
     }
     statement = build_statement([out], predicate, {str(out): res.output_sha256} if res.output_sha256 else None)
     if verification is not None:
-        _refuse_unbound(statement, verification, out)
-        predicate["verification"] = verification
+        _refuse_unbound(statement, cast(Verification, verification), out)
+        predicate["verification"] = cast(Verification, verification)
     path = Path(receipt_path) if receipt_path else default_receipt_path(out)
     write_statement(path, seal(statement), signing_key)
     return path
 
 
-def _recipe_section(plan: Plan, out_name: str) -> dict[str, Any]:
+def _recipe_section(plan: Plan, out_name: str) -> RecipeSection:
     rec = plan.recipe_obj
     return {
         "name": plan.recipe,
@@ -267,7 +290,7 @@ def _recipe_section(plan: Plan, out_name: str) -> dict[str, Any]:
     }
 
 
-def _result_section(gm: GGUFModel) -> dict[str, Any]:
+def _result_section(gm: GGUFModel) -> ResultSection:
     from ..gguf.model import check_mtp
 
     mtp = check_mtp(gm)
@@ -306,9 +329,9 @@ class Receipt:
     signature is checked by ``audit --public-key``, never by reading)."""
 
     path: Path
-    statement: dict[str, Any]
+    statement: Statement
     subjects: tuple[Subject, ...]
-    envelope: dict[str, Any] | None = None
+    envelope: Envelope | None = None
 
     @property
     def signed(self) -> bool:
@@ -320,11 +343,11 @@ class Receipt:
         return self.subjects[0]
 
     @property
-    def predicate(self) -> dict[str, Any]:
+    def predicate(self) -> Predicate:
         return self.statement["predicate"]
 
     @property
-    def verification(self) -> dict[str, Any] | None:
+    def verification(self) -> Verification | None:
         return self.predicate.get("verification")
 
     @property
@@ -361,12 +384,12 @@ def read_receipt(path: str | Path) -> Receipt:
     if problems:
         raise AuditError(f"{p}: not a valid ggufmtp receipt: {'; '.join(problems[:3])}")
     subjects = tuple(Subject(s["name"], s["digest"]["sha256"], s["annotations"]["size"]) for s in data["subject"])
-    return Receipt(p, data, subjects, envelope)
+    return Receipt(p, cast(Statement, data), subjects, envelope)
 
 
-def load_receipt(path: str | Path) -> dict[str, Any]:
-    """The statement of the receipt at ``path`` (see :func:`read_receipt`)."""
-    return read_receipt(path).statement
+def load_receipt(path: str | Path) -> JsonObject:
+    """The statement of the receipt at ``path``, as JSON (:attr:`Receipt.statement` is the same, typed)."""
+    return cast(JsonObject, read_receipt(path).statement)
 
 
 def statement_problems(statement: Any) -> list[str]:
@@ -388,7 +411,7 @@ def statement_problems(statement: Any) -> list[str]:
     return errs
 
 
-def schema() -> dict[str, Any]:
+def schema() -> JsonObject:
     return json.loads(_schema_text())
 
 
@@ -415,7 +438,7 @@ def schema_errors(statement: Any) -> list[str]:
     return out
 
 
-def validate_statement(statement: dict[str, Any]) -> None:
+def validate_statement(statement: Statement) -> None:
     """AuditError unless ``statement`` is exactly a valid receipt (what :func:`read_receipt` accepts)."""
     errs = statement_problems(statement)
     if errs:
@@ -425,15 +448,16 @@ def validate_statement(statement: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- writing
 
 
-def write_statement(path: str | Path, statement: dict[str, Any], signing_key: str | Path | None = None) -> Path:
+def write_statement(path: str | Path, statement: Statement, signing_key: str | Path | None = None) -> Path:
     """Validate ``statement`` and write it atomically to ``path``: plain JSON, or with ``signing_key``
     a DSSE envelope signed with it. Local paths in its strings become file names first (they are
     sealed again when they change). AuditError naming the file when it cannot be written."""
     path = Path(path)
     clean = redact_local_paths(statement)
     if clean != statement:
-        statement.clear()
-        statement.update(seal(clean) if (clean.get("predicate") or {}).get("integrity") else clean)
+        in_place = cast(JsonObject, statement)  # the caller's statement, rewritten where it is
+        in_place.clear()
+        in_place.update(seal(clean) if (clean.get("predicate") or {}).get("integrity") else clean)
     validate_statement(statement)
     data = sign_statement(statement, signing_key) if signing_key else statement
     try:
@@ -447,7 +471,7 @@ def write_statement(path: str | Path, statement: dict[str, Any], signing_key: st
     return path
 
 
-def verification_problem(statement: dict[str, Any], verification: dict[str, Any]) -> str | None:
+def verification_problem(statement: Statement, verification: Verification) -> str | None:
     """Why ``verification`` is not bound to the receipt's artifact (None when it is): the sha256 of
     the file llama-server served (``verification.model.sha256``) must equal the digest of the
     receipt's artifact (its first subject: the file a server is given)."""
@@ -482,7 +506,7 @@ def refuse_other_file(receipt: str | Path, model: str | Path) -> None:
                                   path=model, expected=subject["digest"]["sha256"], actual=got)
 
 
-def _refuse_unbound(statement: dict[str, Any], verification: dict[str, Any], where: str | Path) -> None:
+def _refuse_unbound(statement: Statement, verification: Verification, where: str | Path) -> None:
     problem = verification_problem(statement, verification)
     if problem:
         model = verification.get("model") if isinstance(verification, dict) else None
@@ -497,7 +521,7 @@ def _intact(rf: Receipt, signing_key: str | Path | None) -> None:
     if not rf.intact:
         raise AuditError(f"{rf.path}: the receipt was edited after it was written (its integrity digest does not "
                          f"match); refusing to re-seal it")
-    if rf.signed and signing_key:
+    if rf.envelope is not None and signing_key:
         verify_envelope(rf.envelope, load_private_key(signing_key).public_key(), rf.path)
 
 
@@ -505,8 +529,8 @@ def _intact(rf: Receipt, signing_key: str | Path | None) -> None:
 ADDED_VERIFICATION_SECTIONS = ("tuned", "profiles", "acceptance_curve", "matrix")
 
 
-def set_verification(path: str | Path, verification: dict[str, Any], keep_added: bool = False,
-                     signing_key: str | Path | None = None) -> dict[str, Any]:
+def set_verification(path: str | Path, verification: JsonObject, keep_added: bool = False,
+                     signing_key: str | Path | None = None) -> Statement:
     """Fill the receipt's ``verification`` slot (re-sealing it) and write it back atomically.
 
     Refused (AuditError naming both digests) unless ``verification.model.sha256`` equals the
@@ -515,26 +539,26 @@ def set_verification(path: str | Path, verification: dict[str, Any], keep_added:
     A signed receipt stays signed: ``signing_key`` (else ``$GGUFMTP_SIGNING_KEY``) re-signs it."""
     rf = read_receipt(path)
     st = rf.statement
-    _refuse_unbound(st, verification, path)
+    _refuse_unbound(st, cast(Verification, verification), path)
     key = signing_key or (resolve_signing_key(None) if rf.signed else None)
     if rf.signed and not key:
         raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
                          f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
     _intact(rf, key)
-    old = st["predicate"].get("verification") or {}
+    old = cast(JsonObject, st["predicate"].get("verification") or {})
     if keep_added:
         kept = {k: old[k] for k in ADDED_VERIFICATION_SECTIONS if old.get(k) and not verification.get(k)}
         if (kept.get("tuned") or {}).get("kind") != "ggufmtp tune":
             kept.pop("tuned", None)  # an older verify sweep's recommendation describes an older run
         verification = {**verification, **kept}
-    st["predicate"]["verification"] = verification
+    st["predicate"]["verification"] = cast(Verification, verification)
     if verification.get("server"):
         st["predicate"]["toolchain"]["server"] = verification["server"]
     write_statement(path, seal(st), key)
     return st
 
 
-def set_section(path: str | Path, name: str, section: dict[str, Any], signing_key: str | Path | None = None) -> dict[str, Any]:
+def set_section(path: str | Path, name: str, section: JsonObject, signing_key: str | Path | None = None) -> Statement:
     """Store ``section`` as ``predicate[name]`` (e.g. ``quality``), re-sealed and re-signed like
     :func:`set_verification` (an edited or unsigned-with-key receipt is refused first)."""
     rf = read_receipt(path)
@@ -543,7 +567,7 @@ def set_section(path: str | Path, name: str, section: dict[str, Any], signing_ke
         raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
                          f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
     _intact(rf, key)
-    rf.statement["predicate"][name] = section
+    cast(JsonObject, rf.statement["predicate"])[name] = section
     write_statement(path, seal(rf.statement), key)
     return rf.statement
 

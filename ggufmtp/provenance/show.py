@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from .signing import UNSIGNED_NOTE
+from .statement import Statement
 
 
-def format_receipt(st: dict[str, Any], signed: bool | None = None) -> str:
+def format_receipt(st: Statement, signed: bool | None = None) -> str:
     """The receipt for people; ``signed`` (when known) adds what the file's signature proves."""
     p = st.get("predicate", {})
     lines = [f"receipt ({st.get('predicateType')})"]
@@ -30,7 +31,7 @@ def format_receipt(st: dict[str, Any], signed: bool | None = None) -> str:
     res = p.get("result", {})
     lines.append(f"  result    {res.get('file_type')}, {res.get('size_bytes')} bytes, {res.get('bpw')} bpw, "
                  f"{len(res.get('tensor_types', {}))} tensors (table sha256 {str(res.get('tensor_types_sha256'))[:16]}...)")
-    blocks = res.get("mtp_blocks") or [res.get("mtp_block")]  # older receipts name only the first
+    blocks: Sequence[int | None] = res.get("mtp_blocks") or [res.get("mtp_block")]  # older receipts name only the first
     lines.append(f"  MTP       {', '.join(f'blk.{b}' for b in blocks)} {res.get('mtp_status')}, "
                  f"nextn_predict_layers {res.get('nextn_predict_layers')}")
     tc = p.get("toolchain", {})

@@ -21,10 +21,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import AuditError
 from ..files.fsutil import atomic_write_text
+from ..jsontypes import JsonObject
+from .statement import Envelope, Statement
 
 ENV_SIGNING_KEY = "GGUFMTP_SIGNING_KEY"
 ENV_PUBLIC_KEY = "GGUFMTP_PUBLIC_KEY"
@@ -184,22 +186,22 @@ def is_envelope(data: Any) -> bool:
     return isinstance(data, dict) and "payloadType" in data and "payload" in data
 
 
-def sign_statement(statement: dict[str, Any], private_key: str | os.PathLike) -> dict[str, Any]:
+def sign_statement(statement: Statement, private_key: str | os.PathLike) -> Envelope:
     """The DSSE envelope (as JSON-ready dict) of ``statement``, signed with ``private_key``."""
-    from securesystemslib.dsse import Envelope
+    from securesystemslib.dsse import Envelope as DsseEnvelope
     from securesystemslib.signer import CryptoSigner
 
     key = load_private_key(private_key)
     payload = json.dumps(statement, indent=2, ensure_ascii=False, default=str).encode("utf-8") + b"\n"
-    envelope = Envelope(payload=payload, payload_type=DSSE_PAYLOAD_TYPE, signatures={})
+    envelope = DsseEnvelope(payload=payload, payload_type=DSSE_PAYLOAD_TYPE, signatures={})
     envelope.sign(CryptoSigner(key))
-    return envelope.to_dict()
+    return cast(Envelope, envelope.to_dict())
 
 
 _ENVELOPE_KEYS = {"payload", "payloadType", "signatures"}
 
 
-def envelope_statement(envelope: dict[str, Any], where: str | os.PathLike) -> Any:
+def envelope_statement(envelope: JsonObject, where: str | os.PathLike) -> Any:
     """The JSON inside a DSSE envelope's payload (not verified: see :func:`verify_envelope`). The
     envelope holds DSSE's fields and nothing else."""
     extra = sorted(set(envelope) - _ENVELOPE_KEYS)
@@ -219,17 +221,17 @@ def envelope_statement(envelope: dict[str, Any], where: str | os.PathLike) -> An
     return parse_json_bytes(raw, f"{where} (DSSE payload)")
 
 
-def verify_envelope(envelope: dict[str, Any], public_key: Any, where: str | os.PathLike) -> None:
+def verify_envelope(envelope: Envelope, public_key: Any, where: str | os.PathLike) -> None:
     """Check the DSSE signature of ``envelope`` with ``public_key`` (a PEM file, or a key object:
     the public half of a signing key); AuditError naming ``where``."""
-    from securesystemslib.dsse import Envelope
+    from securesystemslib.dsse import Envelope as DsseEnvelope
     from securesystemslib.signer import SSlibKey
 
     by_path = isinstance(public_key, (str, os.PathLike))
     key = SSlibKey.from_crypto(load_public_key(public_key) if by_path else public_key)
     name = public_key if by_path else "the signing key's public key"
     try:
-        parsed = Envelope.from_dict(copy.deepcopy(envelope))
+        parsed = DsseEnvelope.from_dict(copy.deepcopy(cast(JsonObject, envelope)))
     except Exception as e:  # KeyError, FormatError, ValueError: a malformed envelope
         raise AuditError(f"{where}: not a well-formed DSSE envelope ({_one_line(e)})") from None
     if parsed.payload_type != DSSE_PAYLOAD_TYPE:
@@ -274,8 +276,9 @@ class _Ambiguous(ValueError):
     """JSON that two readers may read differently: a repeated key, NaN or Infinity."""
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
+def _unique_keys(pairs: list[tuple[str, Any]]) -> JsonObject:
+    """The JSON parser's object hook: one JSON object, refused when a key repeats."""
+    seen: JsonObject = {}
     for k, v in pairs:
         if k in seen:
             raise _Ambiguous(f"the key {k[:80]!r} appears twice in one object (readers disagree on which counts)")

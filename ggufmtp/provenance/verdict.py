@@ -3,7 +3,7 @@ the policy that turns each thinking mode's numbers into a verdict (:func:`evalua
 lives with the receipts because it is what a receipt claims: ``verify`` judges with it, and
 ``audit``, the publish gate and the card re-judge the recorded figures with the same policy.
 
-Policy (see :mod:`ggufmtp.measure.verify`): there is always a threshold set (a recipe's ``[verify]``,
+Policy (see :mod:`ggufmtp.measure.verify.run`): there is always a threshold set (a recipe's ``[verify]``,
 else :data:`DEFAULT_THRESHOLDS`); "none" is not a verdict, and a recorded verdict without thresholds
 fails :func:`judge_recorded`. Acceptance >= ``min_acceptance``; outputs identical to vanilla in at least
 ``min_identical`` of the pairs of EVERY comparison
@@ -11,7 +11,7 @@ verify made (each mode's chat arm, ``--raw``, every sweep window; default 1.0: a
 fails, and the reason names the comparison and the first differing prompt); speedup >=
 ``min_speedup`` only when the model was offloaded to a GPU (or ``enforce_speedup``), since a small
 model on CPU is compute-bound and MTP is expected to be slower there. With several slots measured
-(``verify --parallel N``, :mod:`ggufmtp.measure.slots`), each slot count's acceptance must lie within
+(``verify --parallel N``, :mod:`ggufmtp.measure.verify.slots`), each slot count's acceptance must lie within
 the single-slot acceptance's 95% CI and its replies must equal vanilla's at the same slot count
 (:func:`slot_failures`).
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..fmt import pct, times
+from ..jsontypes import JsonObject
 
 __all__ = ["DEFAULT_THRESHOLDS", "Evidence", "Verdict", "Thresholds", "evaluate_verdict", "judge_recorded",
            "slot_failures", "speed_checked"]
@@ -96,7 +97,7 @@ class Thresholds:
             return cls(**{k: v for k, v in t.items() if k in {f.name for f in dataclasses.fields(cls)}})
         return cls.from_recipe(t)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return dataclasses.asdict(self)
 
 
@@ -140,7 +141,7 @@ class Evidence:
         return (f"{self.prompts} prompts x {self.seeds} seed(s) x up to {self.max_tokens} tokens ({ok}: needs >= "
                 f"{self.MIN_PROMPTS} prompts, >= {self.MIN_MAX_TOKENS} tokens per reply)")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"prompts": self.prompts, "seeds": self.seeds, "max_tokens": self.max_tokens,
                 "minimum": {"prompts": self.MIN_PROMPTS, "max_tokens": self.MIN_MAX_TOKENS},
                 "sufficient": self.shortfall is None}
@@ -151,7 +152,7 @@ def _count(x: Any) -> int:
 
 
 class Figures(Protocol):
-    """What the policy reads of a comparison: a live one (``measure.verify_summary.Comparison``) or a
+    """What the policy reads of a comparison: a live one (``measure.verify.summary.Comparison``) or a
     recorded one (:class:`RecordedFigures`)."""
 
     acceptance: float | None
@@ -211,7 +212,7 @@ def judge_recorded(v: Mapping[str, Any]) -> tuple[Verdict, list[str]]:
 
 def slot_failures(slots: Any, t: Thresholds) -> list[str]:
     """Why the acceptance under several slots fails (none when it holds, or nothing was measured).
-    ``slots``: the verification's ``slots`` section (:meth:`ggufmtp.measure.slots.SlotStudy.to_dict`):
+    ``slots``: the verification's ``slots`` section (:meth:`ggufmtp.measure.verify.slots.SlotStudy.to_dict`):
     the single-slot ``reference`` (acceptance and its CI) and one row per slot count."""
     if slots is None:
         return []
@@ -242,7 +243,7 @@ def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, of
     """``(verdict, reasons, notes)`` from each mode's main numbers and every other comparison's
     identity.
 
-    ``per_mode[mode]`` is the :class:`~ggufmtp.measure.verify_summary.Comparison` of the chat arm at
+    ``per_mode[mode]`` is the :class:`~ggufmtp.measure.verify.summary.Comparison` of the chat arm at
     k = draft_n_max (its ``acceptance``, ``speedup`` and ``identical_output_fraction`` are judged);
     ``others``: every other comparison of the run (``--raw``, other sweep windows), whose replies
     must equal vanilla's too. ``reasons`` are the failures (verdict FAIL iff non-empty); ``notes``

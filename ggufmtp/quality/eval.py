@@ -24,6 +24,7 @@ from ..files.digest_cache import DigestCache
 from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_cached
 from ..imatrix.corpus import DEFAULT_CORPUS, Corpus, check_corpus_text, min_tokens_for, resolve_corpus
+from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
 from ..runtime.build import binary_version, cache_root, find_binary
 from .logits import CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes, refuse_without_room, tokens_memo
@@ -62,7 +63,7 @@ class QualityResult:
     quant_seconds: float
     quant_sha256: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {**dataclasses.asdict(self.stats), "corpus": self.corpus.to_dict(), "ctx_size": self.ctx_size,
                 "chunks": self.chunks, "n_tokens": self.n_tokens, "commit": self.commit,
                 "tool": "llama-perplexity --kl-divergence",

@@ -4,7 +4,7 @@ The same model is quantized once per head type with one recipe whose ``[mtp]`` r
 type (so only the MTP block's tensors differ; its 1-D norms stay F32 as always), the trunk of every
 variant is checked byte-identical to the first one's (sha256 of each trunk tensor's bytes, read with
 the one GGUF reader), and each variant is verified with the same suite, seeds and server settings
-(:func:`ggufmtp.measure.verify.verify`, fair baseline). The unquantized head (BF16) is always part
+(:func:`ggufmtp.measure.verify.run.verify`, fair baseline). The unquantized head (BF16) is always part
 of the sweep: the recommendation is the smallest head whose acceptance 95% CI overlaps the BF16
 head's.
 """
@@ -15,12 +15,13 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from ..errors import HeadSweepError
 from ..files.fsutil import atomic_write_text
 from ..gguf.model import GGUFModel, tensor_array
-from ..measure import verify as verify_mod
+from ..jsontypes import JsonObject
+from ..measure.core.options import VerifyOptions
+from ..measure.verify import run as verify_mod
 from ..quant.quantize import quantize
 from ..quant.recipe import MTP_ROLES, Recipe, normalize_type
 
@@ -79,7 +80,7 @@ class HeadVariant:
     mean_acceptance_length: float | None
     verdict: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = dataclasses.asdict(self)
         d["path"] = str(self.path)
         return d
@@ -94,12 +95,12 @@ class HeadSweepResult:
     variants: list[HeadVariant]
     recommended: str | None
     trunk_tensors: int
-    settings: dict[str, Any]
+    settings: JsonObject  # the verify options shared (their JSON)
 
     def recommended_recipe(self) -> Recipe | None:
         return head_recipe(self.recipe, self.recommended) if self.recommended else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"model": str(self.model), "recipe": self.recipe.name, "reference": REFERENCE_TYPE,
                 "variants": [v.to_dict() for v in self.variants], "recommended": self.recommended,
                 "trunk_identical": True, "trunk_tensors": self.trunk_tensors, "settings": self.settings}
@@ -130,8 +131,8 @@ def sweep_types(types: Sequence[str]) -> list[str]:
     return out
 
 
-def _variant(head_type: str, path: Path, verify_options: dict[str, Any], progress: bool) -> HeadVariant:
-    res = verify_mod.verify(path, progress=progress, **verify_options)
+def _variant(head_type: str, path: Path, verify_options: VerifyOptions, progress: bool) -> HeadVariant:
+    res = verify_mod.verify(path, verify_options, progress=progress)
     c = res.main
     return HeadVariant(head_type=head_type, path=path, head_bytes=head_bytes(path), size_bytes=path.stat().st_size,
                        acceptance=c.acceptance, acceptance_ci95=list(c.acceptance_ci95), speedup=c.speedup,
@@ -141,7 +142,7 @@ def _variant(head_type: str, path: Path, verify_options: dict[str, Any], progres
 
 def head_sweep(model: str | Path, recipe: Recipe | str | Path, types: Sequence[str] = DEFAULT_TYPES,
                out_dir: str | Path = "head-sweep", imatrix: str | Path | None = None, threads: int = 0,
-               verify_options: dict[str, Any] | None = None, progress: bool = True,
+               verify_options: VerifyOptions | None = None, progress: bool = True,
                log: Callable[[str], None] = lambda m: None) -> HeadSweepResult:
     """Quantize ``model`` once per head type (BF16 + ``types``), check the trunks are identical,
     verify each with ``verify_options`` (the same for all) and recommend a head type.
@@ -153,10 +154,9 @@ def head_sweep(model: str | Path, recipe: Recipe | str | Path, types: Sequence[s
     if not GGUFModel(model).mtp_blocks:
         raise HeadSweepError(f"{model}: no MTP block (nextn_predict_layers is 0): there is no head to sweep")
     out = Path(out_dir)
-    opts = dict(verify_options or {})
-    opts.setdefault("draft_n_max", base.verify.draft_n_max)
     # each variant's verdict is judged by the recipe's [verify] table, as `run` judges an artifact
-    opts.setdefault("thresholds", base.verify)
+    opts = (verify_options or VerifyOptions()).with_defaults(draft_n_max=base.verify.draft_n_max,
+                                                             thresholds=base.verify)
     ref_path: Path | None = None
     ref_digests: dict[str, str] = {}
     variants: list[HeadVariant] = []
@@ -172,8 +172,8 @@ def head_sweep(model: str | Path, recipe: Recipe | str | Path, types: Sequence[s
         variants.append(_variant(t, path, opts, progress))
     return HeadSweepResult(model=model, recipe=base, variants=variants, recommended=recommend(variants),
                            trunk_tensors=len(ref_digests),
-                           settings={k: (list(v) if isinstance(v, tuple) else v) for k, v in opts.items()
-                                     if isinstance(v, (int, float, str, tuple, list, type(None)))})
+                           settings={"seeds": list(opts.seeds),
+                                     **{k: v for k, v in opts.to_dict().items() if k != "thresholds"}})
 
 
 def write_recommended_recipe(result: HeadSweepResult, path: str | Path) -> Path:

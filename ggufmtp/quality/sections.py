@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AuditDigestMismatch
+from ..jsontypes import JsonObject
 from ..provenance.receipt import load_receipt, set_section
+from ..provenance.statement import Statement
 from .eval import QualityResult
 
 
@@ -20,22 +22,23 @@ def _refuse_other_artifact(receipt: str | Path, sha256: str | None, what: str) -
                                   path=receipt, expected=have, actual=sha256)
 
 
-def store_quality(receipt: str | Path, result: QualityResult, signing_key: str | Path | None = None) -> dict[str, Any]:
+def store_quality(receipt: str | Path, result: QualityResult, signing_key: str | Path | None = None) -> Statement:
     """Write ``result`` as the receipt's ``quality`` section (the quant must be the receipt's artifact)."""
     _refuse_other_artifact(receipt, result.quant_sha256, "eval")
     return set_section(receipt, "quality", result.to_dict(), signing_key)
 
 
-def store_head_sweep(receipt: str | Path, section: dict[str, Any], signing_key: str | Path | None = None
-                     ) -> dict[str, Any]:
-    """Write a head sweep's JSON as the receipt's ``head_sweep`` section."""
+def store_head_sweep(receipt: str | Path, section: JsonObject, signing_key: str | Path | None = None
+                     ) -> Statement:
+    """Write a head sweep's JSON (``HeadSweepResult.to_dict()``) as the receipt's ``head_sweep`` section."""
     return set_section(receipt, "head_sweep", section, signing_key)
 
 
 def eval_into_receipt(base: str | Path, artifact: str | Path, receipt: str | Path,
                       signing_key: str | Path | None = None, progress: bool = True,
-                      log: Any = lambda m: None, **eval_options: Any) -> dict[str, Any]:
-    """``run --eval``: evaluate the artifact against its base and store the ``quality`` section."""
+                      log: Any = lambda m: None, **eval_options: Any) -> JsonObject:
+    """``run --eval``: evaluate the artifact against its base and store the ``quality`` section;
+    returns that section's JSON."""
     from .eval import evaluate
 
     result = evaluate(base, artifact, progress=progress, log=log, **eval_options)

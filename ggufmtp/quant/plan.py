@@ -19,7 +19,6 @@ import dataclasses
 import re
 import shlex
 from pathlib import Path
-from typing import Any
 
 import gguf
 
@@ -32,6 +31,7 @@ from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, block_prefixes, check_m
 from ..imatrix import check as imx_check
 from ..imatrix import entries as imx_entries
 from ..imatrix import format as imx
+from ..jsontypes import JsonObject
 from ..runtime.libllama import KVOverride, QuantizeParams
 from .recipe import Recipe, Rule, ftype_names, ggml_type_names
 from .worker import run_quantize_interruptible
@@ -82,7 +82,7 @@ class PlannedTensor:
     needs_imatrix: bool = False
     has_imatrix: bool | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return dataclasses.asdict(self)
 
 
@@ -100,7 +100,7 @@ class MtpSummary:
     eh_proj: str | None  # nextn.eh_proj's planned type: the tensor the draft quality hangs on most
     blocks: tuple[int, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"block": self.block, "blocks": list(self.blocks), "status": self.status, "tensors": self.tensors,
                 "bytes": self.bytes, "types": dict(self.types), "eh_proj": self.eh_proj}
 
@@ -160,7 +160,7 @@ class Plan:
                           eh_proj=next((t.to_type for t in mtp if ".nextn.eh_proj." in t.name), None),
                           blocks=tuple(self.mtp_blocks))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "model": self.model, "recipe": self.recipe, "ftype": self.ftype,
             "mtp_block": self.mtp_block, "mtp_blocks": list(self.mtp_blocks), "mtp_status": self.mtp_status,

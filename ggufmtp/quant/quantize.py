@@ -31,6 +31,7 @@ from ..files.digest_cache import DigestCache
 from ..files.fsutil import fsync_dir, fsync_path
 from ..files.hashing import sha256_file
 from ..gguf.model import GGUFModel, check_mtp, format_blocks
+from ..jsontypes import JsonObject
 from .output_header import predict_output_header
 from .plan import Plan, make_plan
 from .recipe import Recipe
@@ -101,7 +102,7 @@ class StageTimes:
         """Sum of what the command waited for: its wall time, less interpreter start and argument parsing."""
         return sum(s.waited for s in self.stages.values())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {**{k: v.to_dict() for k, v in self.stages.items()},
                 "critical_path_seconds": round(self.critical_seconds, 3)}
 
@@ -127,7 +128,7 @@ class QuantizeResult:
     output_hashed: str | None = None
     stages: StageTimes = dataclasses.field(default_factory=StageTimes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"output": str(self.output), "recipe": self.plan.recipe, "ftype": self.plan.ftype,
                 "size_bytes": self.size_bytes, "bpw": round(self.plan.bpw, 4), "seconds": round(self.seconds, 3),
                 "sha256": self.output_sha256, "output_hashed": self.output_hashed,

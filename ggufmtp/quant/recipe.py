@@ -50,6 +50,7 @@ from typing import Any
 
 from ..errors import RecipeError
 from ..files.fsutil import not_a_regular_file
+from ..jsontypes import JsonObject
 
 MTP_PLACEHOLDER = "{mtp}"
 # {mtp} (every MTP block) or {mtpN} (the N-th, from 0); group 1 is N or empty.
@@ -208,7 +209,7 @@ class Recipe:
         return dataclasses.replace(recipe, path=str(path), sha256=hashlib.sha256(data).hexdigest())
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], where: str = "recipe") -> Recipe:
+    def from_dict(cls, doc: JsonObject, where: str = "recipe") -> Recipe:
         known = {"name", "description", "ftype", "output_type", "token_embedding_type", "imatrix", "mtp",
                  "rules", "verify"}
         unknown = sorted(set(doc) - known)
@@ -330,7 +331,7 @@ class Recipe:
     def is_unquantized(self) -> bool:
         return self.ftype in UNQUANTIZED_FTYPES
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "name": self.name, "description": self.description, "ftype": self.ftype,
             "output_type": self.output_type, "token_embedding_type": self.token_embedding_type,

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 from ..files.digest_cache import DigestCache, file_key
 from ..files.hashing import CHUNK_SIZE
+from ..jsontypes import JsonObject
 from .output_header import PredictedHeader
 from .worker import BackgroundHash, lowest_priority, normal_priority
 
@@ -74,7 +75,7 @@ class StreamResult:
     def ok(self) -> bool:
         return self.status == StreamStatus.VERIFIED
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = dataclasses.asdict(self)
         d["status"] = self.status.value
         return d

@@ -27,16 +27,18 @@ import platform
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from ..errors import BandwidthError
 from ..gguf.reader import read_header, tensor_nbytes
+from ..jsontypes import JsonObject
 
 __all__ = ["HardwareInfo", "GpuInfo", "probe_hardware", "hardware_info", "server_devices", "gpu_layers_requested",
            "ActiveWeights", "active_weights", "peak_bandwidth", "PEAK_BANDWIDTH_GBS", "bandwidth_report",
-           "format_bandwidth", "BandwidthError", "PEAK_BANDWIDTH_ENV"]
+           "format_bandwidth", "BandwidthError", "PEAK_BANDWIDTH_ENV", "Bandwidth", "HardwareJson"]
 
 PEAK_BANDWIDTH_ENV = "GGUFMTP_PEAK_BANDWIDTH_GBS"
 
@@ -80,11 +82,47 @@ class ActiveWeights:
     trunk_layers: int
     file_bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
-def _arch_int(meta: dict[str, Any], arch: str, key: str) -> int | None:
+class Bandwidth(TypedDict):
+    """The ``bandwidth`` object of verify's result (:func:`bandwidth_report`)."""
+
+    active_weights: JsonObject  # ActiveWeights.to_dict()
+    active_bytes_per_token: int
+    peak_bytes_per_second: float | None
+    peak_source: str | None
+    device: str | None
+    limit_tokens_per_second: float | None
+    tokens_per_second: dict[str, float | None]
+    fraction_of_limit: dict[str, float | None]
+    note: str | None
+
+
+class GpuJson(TypedDict):
+    name: str
+    memory: str | None
+    driver: str | None
+
+
+class HardwareJson(TypedDict):
+    """:class:`HardwareInfo` in its JSON form (the ``hardware`` object of verify/tune/profiles results)."""
+
+    cpu: str | None
+    cpu_cores: int | None
+    cores: int | None
+    cpu_cores_usable: int | None
+    gpus: list[GpuJson]
+    gpu: str | None
+    server_devices: list[str]
+    gpu_layers: int | str | None
+    offloaded: bool
+    backend: str
+    os: str
+
+
+def _arch_int(meta: Mapping[str, object], arch: str, key: str) -> int | None:
     v = meta.get(f"{arch}.{key}")
     return int(v) if isinstance(v, (int, float)) else None
 
@@ -145,8 +183,8 @@ def peak_bandwidth(gpu_name: str | None, override_gbs: float | None = None) -> t
     return None, None
 
 
-def bandwidth_report(model: str | os.PathLike, hardware: dict[str, Any], tokens_per_second: dict[str, float | None],
-                     peak_gbs: float | None = None) -> dict[str, Any]:
+def bandwidth_report(model: str | os.PathLike, hardware: HardwareJson, tokens_per_second: dict[str, float | None],
+                     peak_gbs: float | None = None) -> Bandwidth:
     """The ``bandwidth`` object of verify's result: active bytes, the limit, and per arm the fraction
     reached. The peak is looked up only for offloaded runs (the GPU's memory is what is read);
     CPU runs get a fraction only with an explicit ``peak_gbs`` (or the environment variable)."""
@@ -168,8 +206,9 @@ def bandwidth_report(model: str | os.PathLike, hardware: dict[str, Any], tokens_
             "fraction_of_limit": fractions, "note": note}
 
 
-def format_bandwidth(b: dict[str, Any] | None) -> str | None:
-    """One line for verify's table."""
+def format_bandwidth(b: JsonObject | None) -> str | None:
+    """One line for verify's table, of a ``bandwidth`` object (:class:`Bandwidth`) as a result or a
+    receipt holds it."""
     if not b:
         return None
     n = b["active_bytes_per_token"]
@@ -215,11 +254,12 @@ class HardwareInfo:
     def backend(self) -> str:
         return "gpu" if self.offloaded else "cpu"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> HardwareJson:
         """The JSON form (``cores`` repeats ``cpu_cores``: ggufmtp.provenance.card reads it)."""
         return {
             "cpu": self.cpu, "cpu_cores": self.cpu_cores, "cores": self.cpu_cores,
-            "cpu_cores_usable": self.cpu_cores_usable, "gpus": [asdict(g) for g in self.gpus], "gpu": self.gpu,
+            "cpu_cores_usable": self.cpu_cores_usable,
+            "gpus": [{"name": g.name, "memory": g.memory, "driver": g.driver} for g in self.gpus], "gpu": self.gpu,
             "server_devices": list(self.server_devices), "gpu_layers": self.gpu_layers, "offloaded": self.offloaded,
             "backend": self.backend, "os": self.os,
         }
@@ -301,6 +341,6 @@ def probe_hardware(binary: Path | None, gpu_layers: int | str | None) -> Hardwar
         os=f"{platform.system()} {platform.release()} {platform.machine()}")
 
 
-def hardware_info(binary: Path | None, gpu_layers: int | str | None) -> dict[str, Any]:
+def hardware_info(binary: Path | None, gpu_layers: int | str | None) -> HardwareJson:
     """:func:`probe_hardware` in its JSON form."""
     return probe_hardware(binary, gpu_layers).to_dict()

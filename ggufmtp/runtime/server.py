@@ -38,6 +38,7 @@ from typing import Any
 from ..errors import RuntimeMissingError, ServerError
 from ..gguf.model import has_mtp_head as gguf_has_mtp
 from ..gguf.model import is_mtp_sidecar
+from ..jsontypes import JsonObject
 from ..runtime import build as runtime
 from .process import HOST, StartupWatch, describe_exit, die_with_parent, owns_listening_port, port_in_use, stall_timeout_default
 from .replies import Reply, SpecCounters, parse_prometheus, require_drafting
@@ -517,8 +518,8 @@ class LlamaServer:
     def chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0, seed: int | None = None,
              **kw: Any) -> dict:
         """POST /v1/chat/completions (non-streaming); the JSON answer, including ``timings``."""
-        body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-                                "stream": False}
+        body: JsonObject = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+                            "stream": False}
         if seed is not None:
             body["seed"] = seed
         body.update(kw)
@@ -527,8 +528,8 @@ class LlamaServer:
     def complete(self, prompt: str | list[int], n_predict: int, temperature: float = 0.0, seed: int | None = None,
                  **kw: Any) -> dict:
         """POST /completion (llama.cpp native; non-streaming)."""
-        body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
-                                "stream": False}
+        body: JsonObject = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
+                            "stream": False}
         if seed is not None:
             body["seed"] = seed
         body.update(kw)

@@ -23,9 +23,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import TrainError
+from ..jsontypes import JsonObject
 from ..runtime.build import cache_root
 from .config import TrainPreset, preset
 from .data import build_corpus
@@ -48,7 +48,7 @@ class TrainedModel:
     directory: Path
     gguf: Path
     initial_gguf: Path
-    record: dict[str, Any]
+    record: JsonObject  # train.json, as read
     cached: bool  # found in the cache (nothing was trained by this call)
 
 

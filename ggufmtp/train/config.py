@@ -17,9 +17,9 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import TrainError
+from ..jsontypes import JsonObject
 
 __all__ = ["TRAINER_VERSION", "ModelConfig", "TokenizerConfig", "DataConfig", "ScheduleConfig", "TrainPreset",
            "PRESETS", "preset", "TINY_MODULES", "MICRO_MODULES"]
@@ -94,8 +94,8 @@ class ModelConfig:
         if problems:
             raise TrainError("model config: " + "; ".join(problems))
 
-    def text_config(self, vocab_size: int, eos_token_id: int) -> dict[str, Any]:
-        """Qwen3.6's ``text_config`` (the published keys) at these dimensions."""
+    def text_config(self, vocab_size: int, eos_token_id: int) -> JsonObject:
+        """Qwen3.6's ``text_config`` (config.json's published keys) at these dimensions."""
         return {
             "model_type": "qwen3_5_moe_text", "vocab_size": vocab_size, "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
@@ -172,7 +172,7 @@ class TrainPreset:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     seed: int = 1234
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return dataclasses.asdict(self)
 
     def with_overrides(self, *, seed: int | None = None, steps: int | None = None) -> TrainPreset:

@@ -28,7 +28,7 @@ import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from ..errors import TrainError
 from ..files.fsutil import atomic_write_text
@@ -61,13 +61,31 @@ class Conversation:
         return [{"role": r, "content": c} for r, c in self.messages[:-1]]
 
 
+class CorpusOrigin(TypedDict, total=False):
+    """Where a corpus came from (a corpus file's header repeats it)."""
+
+    source: str  # stdlib
+    python: str
+    modules: int
+
+
+class CorpusSummary(CorpusOrigin):
+    """A corpus at a glance (``train --json``, ``train.json``): its sizes, digest and origin."""
+
+    train_conversations: Required[int]
+    heldout_conversations: Required[int]
+    train_chars: Required[int]
+    heldout_chars: Required[int]
+    digest: Required[str]
+
+
 @dataclass(frozen=True)
 class Corpus:
     """The train and held-out conversations and where they came from."""
 
     train: tuple[Conversation, ...]
     heldout: tuple[Conversation, ...]
-    origin: dict[str, Any] = field(default_factory=dict)
+    origin: CorpusOrigin = field(default_factory=lambda: CorpusOrigin())
 
     @property
     def digest(self) -> str:
@@ -79,7 +97,7 @@ class Corpus:
             h.update(b"\n")
         return h.hexdigest()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> CorpusSummary:
         chars = sum(len(c.render()) for c in self.train)
         return {"train_conversations": len(self.train), "heldout_conversations": len(self.heldout),
                 "train_chars": chars, "heldout_chars": sum(len(c.render()) for c in self.heldout),
@@ -180,7 +198,7 @@ def build_corpus(cfg: DataConfig) -> Corpus:
     if not train or not heldout:
         raise TrainError(f"the corpus from {root} is empty or has no held-out part ({len(train)} train, "
                          f"{len(heldout)} held out)")
-    origin = {"source": "stdlib", "python": platform.python_version(), "modules": len(files)}
+    origin: CorpusOrigin = {"source": "stdlib", "python": platform.python_version(), "modules": len(files)}
     return Corpus(tuple(train), tuple(heldout), origin)
 
 
@@ -207,7 +225,7 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
             split[r["split"]].append(Conversation(r["id"], tuple((m[0], m[1]) for m in r["messages"])))
     except (OSError, ValueError, KeyError, IndexError) as e:
         raise TrainError(f"{path}: not a ggufmtp corpus file ({e})") from None
-    corpus = Corpus(tuple(split["train"]), tuple(split["heldout"]), dict(head.get("origin") or {}))
+    corpus = Corpus(tuple(split["train"]), tuple(split["heldout"]), CorpusOrigin(**(head.get("origin") or {})))
     if corpus.digest != head.get("digest"):
         raise TrainError(f"{path}: the conversations' digest is {corpus.digest[:12]}, the file says "
                          f"{str(head.get('digest'))[:12]} (edited or truncated)")

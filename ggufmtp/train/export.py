@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ..files.fsutil import atomic_write_text
+from ..jsontypes import JsonObject
 from .config import TRAINER_VERSION, ModelConfig
 from .model import Model, config_from_text_config, new_model, require_torch
 from .tokenizer import TokenizerFiles, write_tokenizer_files
+
+if TYPE_CHECKING:  # annotations only: torch is imported when a model is built
+    from torch import Tensor
 
 __all__ = ["HF_ARCHITECTURE", "MARKER", "checkpoint_tensors", "export_checkpoint", "load_checkpoint"]
 
@@ -51,11 +55,23 @@ def _published_name(trunk_key: str) -> str:
     return "model.language_model." + trunk_key.removeprefix("model.")
 
 
-def checkpoint_tensors(model: Model, head_state: dict[str, Any] | None = None) -> dict[str, Any]:
+class TrainMarker(TypedDict):
+    """config.json's ``ggufmtp_trained`` as the trainer gives it (the export adds the trainer's
+    version and the tokenizer's digest)."""
+
+    preset: str
+    key: str
+    seed: int
+    steps: int
+    data_digest: str
+    head: str  # trained | initial
+
+
+def checkpoint_tensors(model: Model, head_state: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
     """Every tensor of the checkpoint (BF16, contiguous, on the CPU), under its published name;
     ``head_state`` replaces the head's weights (the untrained head's export)."""
     torch = require_torch()
-    out: dict[str, Any] = {}
+    out: dict[str, Tensor] = {}
     for k, v in model.trunk.state_dict().items():
         out[_published_name(k)] = v.detach().to("cpu", torch.bfloat16).contiguous()
     for k, v in (head_state if head_state is not None else model.head.state_dict()).items():
@@ -63,13 +79,14 @@ def checkpoint_tensors(model: Model, head_state: dict[str, Any] | None = None) -
     return out
 
 
-def _config(cfg: ModelConfig, tok: TokenizerFiles, vocab_size: int, marker: dict[str, Any]) -> dict[str, Any]:
+def _config(cfg: ModelConfig, tok: TokenizerFiles, vocab_size: int, marker: TrainMarker) -> JsonObject:
+    """The checkpoint's config.json."""
     return {"architectures": [HF_ARCHITECTURE], "model_type": "qwen3_5_moe",
             "text_config": cfg.text_config(vocab_size, tok.eos_id), "tie_word_embeddings": False,
             "dtype": "bfloat16", MARKER: {**marker, "trainer": TRAINER_VERSION, "tokenizer_sha256": tok.sha256}}
 
 
-def _write_shards(directory: Path, tensors: dict[str, Any], shard_bytes: int) -> list[str]:
+def _write_shards(directory: Path, tensors: dict[str, Tensor], shard_bytes: int) -> list[str]:
     """Shards of about ``shard_bytes`` (tensors whole, in order) and the index over them."""
     from ..synth.hf import write_shard_files
 
@@ -86,7 +103,7 @@ def _write_shards(directory: Path, tensors: dict[str, Any], shard_bytes: int) ->
 
 
 def export_checkpoint(directory: Path, model: Model, cfg: ModelConfig, tok: TokenizerFiles, *,
-                      marker: dict[str, Any], head_state: dict[str, Any] | None = None,
+                      marker: TrainMarker, head_state: dict[str, Tensor] | None = None,
                       shard_bytes: int = SHARD_BYTES) -> Path:
     """Write the checkpoint into ``directory`` (created); ``marker`` goes into config.json's
     ``ggufmtp_trained`` (the preset, key, seed, data digest, which head); shards of at most
@@ -109,7 +126,7 @@ def load_checkpoint(directory: Path) -> Model:
     directory = Path(directory)
     config = json.loads((directory / "config.json").read_text())
     shards = sorted(set(json.loads((directory / INDEX_NAME).read_text())["weight_map"].values()))
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, Tensor] = {}
     for shard in shards:
         tensors.update(load_file(str(directory / shard)))
     model = new_model(config_from_text_config(config["text_config"]))

@@ -28,11 +28,15 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TrainDependencyError
+from ..jsontypes import JsonObject
 from .config import ModelConfig
 from .tokenizer import TRAIN_INSTALL_HINT
+
+if TYPE_CHECKING:  # annotations only: torch is imported when a model is built
+    from torch import Tensor
 
 __all__ = ["require_torch", "Model", "build_model", "losses", "text_config_object", "config_from_text_config",
            "new_model"]
@@ -68,8 +72,8 @@ def text_config_object(cfg: ModelConfig, vocab_size: int, eos_id: int) -> Any:
     return config_from_text_config(cfg.text_config(vocab_size, eos_id))
 
 
-def config_from_text_config(text_config: dict[str, Any]) -> Any:
-    """transformers' config of a checkpoint's ``text_config`` (SDPA attention)."""
+def config_from_text_config(text_config: JsonObject) -> Any:
+    """transformers' config of a checkpoint's ``text_config`` (config.json's JSON; SDPA attention)."""
     require_torch()
     from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 
@@ -122,7 +126,7 @@ class Model:
 
     trunk: Any
     head: Any
-    initial_head: dict[str, Any]
+    initial_head: dict[str, Tensor]
 
     def parameters(self) -> list[Any]:
         return [*self.trunk.parameters(), *self.head.parameters()]
@@ -166,7 +170,8 @@ def _positions(torch: Any, batch: int, n: int, device: Any) -> Any:
     return torch.arange(n, device=device).view(1, 1, n).expand(3, batch, n)
 
 
-def losses(model: Model, ids: Any, head_state: dict[str, Any] | None = None, chain: int = 1) -> tuple[Any, list[Any]]:
+def losses(model: Model, ids: Any, head_state: dict[str, Tensor] | None = None, chain: int = 1
+           ) -> tuple[Any, list[Any]]:
     """(LM loss, [MTP loss of each draft step]) on a batch of token windows ``ids`` (batch, L).
 
     LM predicts t+1 from h[t]; the head's first step predicts t+2 from h[t] and the embedding of

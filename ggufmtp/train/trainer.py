@@ -27,14 +27,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import TrainError
 from ..files.fsutil import atomic_write_json, atomic_write_text
+from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
 from .config import TrainPreset, preset
-from .data import Corpus, build_corpus, read_corpus
-from .export import SHARD_BYTES, export_checkpoint
+from .data import Corpus, CorpusSummary, build_corpus, read_corpus
+from .export import SHARD_BYTES, TrainMarker, export_checkpoint
 from .model import Model, build_model, losses, require_torch
 from .tokenizer import TokenizerFiles, load_tokenizer, train_tokenizer
 
@@ -74,6 +75,17 @@ class TrainOptions:
     shard_mb: int | None = None  # checkpoint shards of at most this many MiB (default: 2 GiB)
 
 
+class LogLine(TypedDict):
+    """One logged step (a line of ``train-log.jsonl``, and of ``train.json``'s ``history``)."""
+
+    step: int
+    lr: float
+    lm_loss: float
+    mtp_loss: float
+    seconds: float
+    tokens_per_second: float
+
+
 @dataclass
 class TrainResult:
     """What :func:`train` made: the checkpoints (and GGUFs), the losses and the time it took."""
@@ -81,7 +93,7 @@ class TrainResult:
     out_dir: Path
     preset: TrainPreset
     key: str
-    corpus: dict[str, Any]
+    corpus: CorpusSummary
     checkpoint: Path
     initial_checkpoint: Path
     losses: dict[str, float]
@@ -91,9 +103,9 @@ class TrainResult:
     seconds: dict[str, float] = field(default_factory=dict)
     gguf: Path | None = None
     initial_gguf: Path | None = None
-    history: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    history: list[LogLine] = field(default_factory=list, repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"out_dir": str(self.out_dir), "preset": self.preset.to_dict(), "key": self.key,
                 "corpus": self.corpus, "checkpoint": str(self.checkpoint),
                 "initial_checkpoint": str(self.initial_checkpoint), "gguf": str(self.gguf) if self.gguf else None,
@@ -164,13 +176,13 @@ def _optimizer(torch: Any, model: Model, p: TrainPreset) -> Any:
 
 
 def _loop(model: Model, streams: _Streams, p: TrainPreset, device: str, progress: bool,
-          log_path: Path) -> list[dict[str, Any]]:
+          log_path: Path) -> list[LogLine]:
     """The optimizer steps; returns the logged history."""
     torch = require_torch()
     s = p.schedule
     opt = _optimizer(torch, model, p)
     batches = _batches(streams.train, torch, s.batch_size, s.seq_len, p.seed)
-    history: list[dict[str, Any]] = []
+    history: list[LogLine] = []
     acc = {"lm": 0.0, "mtp": 0.0, "n": 0}
     t0 = time.perf_counter()
     model.train(True)
@@ -201,11 +213,11 @@ def _loop(model: Model, streams: _Streams, p: TrainPreset, device: str, progress
     return history
 
 
-def _log_line(step: int, acc: dict, opt: Any, t0: float, tokens_per_step: int, log_path: Path) -> dict[str, Any]:
+def _log_line(step: int, acc: dict, opt: Any, t0: float, tokens_per_step: int, log_path: Path) -> LogLine:
     elapsed = time.perf_counter() - t0
-    row = {"step": step, "lr": opt.param_groups[0]["lr"], "lm_loss": acc["lm"] / acc["n"],
-           "mtp_loss": acc["mtp"] / acc["n"], "seconds": round(elapsed, 2),
-           "tokens_per_second": round(step * tokens_per_step / max(elapsed, 1e-9))}
+    row: LogLine = {"step": step, "lr": opt.param_groups[0]["lr"], "lm_loss": acc["lm"] / acc["n"],
+                    "mtp_loss": acc["mtp"] / acc["n"], "seconds": round(elapsed, 2),
+                    "tokens_per_second": round(step * tokens_per_step / max(elapsed, 1e-9))}
     log.info("step %d: lm %.4f  mtp %.4f  lr %.2e  %.0f tok/s", step, row["lm_loss"], row["mtp_loss"], row["lr"],
              row["tokens_per_second"])
     with open(log_path, "a", encoding="utf-8") as f:
@@ -282,6 +294,11 @@ def _prepare(opts: TrainOptions, p: TrainPreset, torch: Any) -> tuple[Corpus, To
     return corpus, tok, streams
 
 
+def _marker(p: TrainPreset, key: str, corpus: Corpus, head: str) -> TrainMarker:
+    return {"preset": p.name, "key": key, "seed": p.seed, "steps": p.schedule.steps, "data_digest": corpus.digest,
+            "head": head}
+
+
 def _padded_vocab(n: int) -> int:
     return -(-n // 64) * 64  # a multiple of 64, as Qwen pads its vocabulary (the converter adds [PAD] tokens)
 
@@ -311,12 +328,12 @@ def train(opts: TrainOptions) -> TrainResult:
         times["train"] = time.perf_counter() - t0 - times["prepare"]
         final = _final_losses(model, streams, p, opts.device)
         times["evaluate"] = time.perf_counter() - t0 - times["prepare"] - times["train"]
-    marker = {"preset": p.name, "key": key, "seed": p.seed, "steps": p.schedule.steps, "data_digest": corpus.digest}
     shard = opts.shard_mb * 1024**2 if opts.shard_mb else SHARD_BYTES
     ckpt = export_checkpoint(checkpoint_dir(out, p.name, "trained"), model, p.model, tok,
-                             marker={**marker, "head": "trained"}, shard_bytes=shard)
+                             marker=_marker(p, key, corpus, "trained"), shard_bytes=shard)
     initial = export_checkpoint(checkpoint_dir(out, p.name, "initial"), model, p.model, tok,
-                                marker={**marker, "head": "initial"}, head_state=model.initial_head, shard_bytes=shard)
+                                marker=_marker(p, key, corpus, "initial"), head_state=model.initial_head,
+                                shard_bytes=shard)
     s = p.schedule
     res = TrainResult(out, p, key, corpus.summary(), ckpt, initial, final, model.n_params(), tok.vocab_size,
                       s.steps * s.batch_size * s.seq_len, history=history)

@@ -6,7 +6,7 @@ Two real llama-servers on the same model stay up side by side: *vanilla* (no spe
 *MTP* (``--spec-type draft-mtp --spec-draft-n-max k``, ``--metrics``). Fair baseline: every
 non-speculative setting of the MTP arm (``--server-arg``, a tuned configuration's ``-bs``, threads
 and CUDA graph optimisation, KV cache types, context size, GPU layers) is the vanilla arm's too
-(:class:`ggufmtp.measure.options.ArmArgs`), so ``speedup`` is what speculation alone buys. When that
+(:class:`ggufmtp.measure.core.options.ArmArgs`), so ``speedup`` is what speculation alone buys. When that
 makes the vanilla arm differ from the run's base settings, a third, *default* vanilla arm (the base
 settings alone: llama-server's defaults for everything else) runs in the same rotation and
 ``speedup_vs_default_vanilla`` reports MTP against it. Every prompt of the suite,
@@ -14,7 +14,7 @@ under every seed (and every thinking mode, see below), goes to both, one request
 size 1, never concurrently: on a small machine two busy servers would slow each other down), in
 ABBA order: pair 0 is vanilla then MTP, pair 1 MTP then vanilla, and so on, so slow drift (thermal,
 page cache, other tenants) and any "who ran just before" effect cancel between the arms (the loop is
-:mod:`ggufmtp.measure.arms`, shared with tune, curve and profiles). Each server
+:mod:`ggufmtp.measure.core.arms`, shared with tune, curve and profiles). Each server
 answers one unrecorded warm-up request first. Requests go to ``/v1/chat/completions`` (the chat
 template applied, as the model is used) at temperature 0 with ``max_tokens`` and ``seed``, and
 ``cache_prompt: false`` so every request is independent of the ones before it. With ``raw=True``
@@ -27,7 +27,7 @@ Per request the ``timings`` give ``predicted_n`` and ``predicted_ms`` (decode to
 give the number of draft rounds and the per-position acceptance (cross-checked against the
 response's own ``draft_n``/``draft_n_accepted``).
 
-Statistics (:mod:`ggufmtp.measure.verify_summary` on :mod:`ggufmtp.measure.stats`): acceptance =
+Statistics (:mod:`ggufmtp.measure.verify.summary` on :mod:`ggufmtp.measure.core.stats`): acceptance =
 sum(accepted) / sum(drafted); speedup = MTP decode throughput / vanilla decode throughput (ratio of
 summed tokens over summed decode time); 95% percentile-bootstrap CIs resampling *prompts* (a prompt's seeds pooled, arms paired), 2000
 resamples, fixed generator seed 0. Per category and per seed the same, on that subset.
@@ -81,19 +81,18 @@ import itertools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import GgufmtpError, ServerError, TuneError, VerifyError
-from ..fmt import times
-from ..gguf.model import inspect_model
-from ..measure import stats
-from ..progress import bar as progress_bar
-from ..provenance.verdict import Thresholds, Verdict, evaluate_verdict, slot_failures
-from ..runtime.build import binary_is_ggufmtp_build, binary_version
-from ..runtime.hardware import (
+from ...errors import GgufmtpError, ServerError, VerifyError
+from ...fmt import times
+from ...gguf.model import inspect_model
+from ...progress import bar as progress_bar
+from ...provenance.verdict import Thresholds, Verdict, evaluate_verdict, slot_failures
+from ...runtime.build import binary_is_ggufmtp_build, binary_version
+from ...runtime.hardware import (
     PEAK_BANDWIDTH_ENV,
     HardwareInfo,
     bandwidth_report,
@@ -101,27 +100,20 @@ from ..runtime.hardware import (
     peak_bandwidth,
     probe_hardware,
 )
-from ..runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
-from .arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_up
+from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
+from ..core.arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_up
+from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
+from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
+from ..core.suite import Prompt, Suite, load_suite, modes_for_template
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
-from .options import (
-    DEFAULT_DRAFT_N_MAX,
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_SEEDS,
-    ArmArgs,
-    TuneConfig,
-    check_seeds,
-    tuned_window,
-)
-from .records import ArmFlags, ModelInfo, ServedFile, ServerInfo
+from .report import VerifyResult, VerifySettings, format_result
 from .slots import SlotStudy, measure_slots, slot_counts
-from .suite import DEFAULT_SUITE, Prompt, Suite, load_suite, modes_for_template
-from .verify_report import VerifyResult, VerifySettings, format_result
-from .verify_summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
+from .summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
 
 __all__ = [
     "Comparison", "Record", "Thresholds", "Verdict", "VerifyResult", "verify", "evaluate_verdict", "recommend",
     "step_cost", "format_step_cost", "summarize", "format_result", "DEFAULT_SEEDS", "DEFAULT_MAX_TOKENS",
+    "VerifyOptions",
 ]
 
 
@@ -130,7 +122,7 @@ __all__ = [
 
 
 class _Runner:
-    """Sends the suite to both servers, pair by pair in ABBA order (:mod:`ggufmtp.measure.arms`),
+    """Sends the suite to both servers, pair by pair in ABBA order (:mod:`ggufmtp.measure.core.arms`),
     and keeps every request's :class:`Record`. One runner serves every draft window of a run, so
     the alternation and the request order continue across windows."""
 
@@ -242,37 +234,18 @@ class _Plan:
     kv: KvDepth | None = None  # KV-cache types and context depth (kvdepth)
 
 
-def _plan(thresholds: Any, tuned: Any, draft_n_max: int | None, draft_n_min: int | None, sweep: Iterable[int] | None,
-          seeds: Sequence[int], max_tokens: int, min_identical: float | None, enforce_speedup: bool,
-          peak_bandwidth_gbs: float | None, suite: str | os.PathLike | Suite, limit: int | None, raw: bool,
-          server_args: Sequence[str] = (), mtp_server_args: Sequence[str] = (),
-          vanilla_server_args: Sequence[str] = ()) -> _Plan:
-    """Every option checked (VerifyError on the first bad one) before anything starts."""
-    cfg = None if tuned is None else TuneConfig.coerce(tuned)
-    try:
-        arms = ArmArgs.of(server_args, mtp_server_args, vanilla_server_args, cfg)
-    except TuneError as e:
-        raise VerifyError(str(e)) from e
-    draft_n_max, draft_n_min = tuned_window(cfg, sweep, draft_n_max, draft_n_min)
-    if peak_bandwidth_gbs is not None or os.environ.get(PEAK_BANDWIDTH_ENV):
+def _plan(o: VerifyOptions) -> _Plan:
+    """What to run, from options checked when they were built; what they cannot check alone fails
+    here, before anything starts: a peak bandwidth in the environment, the suite."""
+    if o.judge.peak_bandwidth_gbs is None and os.environ.get(PEAK_BANDWIDTH_ENV):
         try:
-            peak_bandwidth(None, peak_bandwidth_gbs)  # a bad figure fails now, not after the run
+            peak_bandwidth(None)  # a bad figure fails now, not after the run
         except GgufmtpError as e:
             raise VerifyError(str(e)) from e
-    if draft_n_max is None:
-        draft_n_max = int(getattr(thresholds, "draft_n_max", None) or DEFAULT_DRAFT_N_MAX)
-    th = Thresholds.coerce(thresholds).merged(min_identical=min_identical, enforce_speedup=enforce_speedup)
-    if not 0.0 <= th.min_identical <= 1.0:
-        raise VerifyError(f"min_identical {th.min_identical}: must be between 0 and 1")
-    seed_list = check_seeds(seeds, max_tokens)
-    ks = sorted({int(draft_n_max), *(int(k) for k in (sweep or ()))})
-    if ks[0] < 1:
-        raise VerifyError(f"draft window {ks[0]}: --spec-draft-n-max must be at least 1")
-    if draft_n_min is not None and draft_n_min > ks[0]:
-        raise VerifyError(f"draft_n_min {draft_n_min} exceeds the smallest draft window {ks[0]}")
-    st = suite if isinstance(suite, Suite) else load_suite(suite)  # a bad suite fails before anything starts
-    return _Plan(th, cfg, draft_n_max, draft_n_min, seed_list, ks, st.limit(limit), ["chat", "raw"] if raw else ["chat"],
-                 arms)
+    st = o.suite if isinstance(o.suite, Suite) else load_suite(o.suite)  # a bad suite fails before anything starts
+    draft_n_max, draft_n_min = o.window
+    return _Plan(o.judge.merged_thresholds(), o.tuned, draft_n_max, draft_n_min, list(o.seeds), o.windows,
+                 st.limit(o.limit), ["chat", "raw"] if o.raw else ["chat"], o.arm_args())
 
 
 def _check_model(path: Path) -> Any:
@@ -403,20 +376,21 @@ def _server_info(srv: _Servers) -> ServerInfo:
         thinking_modes=srv.modes, log=srv.log)
 
 
-def _settings(plan: _Plan, draft_n_max: Any, max_tokens: int, base: dict[str, Any], limit: int | None,
-              raw: bool, modes: list[str], runner: _Runner, resamples: int, boot_seed: int,
+def _settings(plan: _Plan, o: VerifyOptions, base: dict[str, Any], modes: list[str], runner: _Runner,
               fill: ContextFill | None = None) -> VerifySettings:
     cfg = plan.tuned
     return VerifySettings(
-        draft_n_max=draft_n_max, draft_n_min=plan.draft_n_min, sweep=plan.ks if len(plan.ks) > 1 else None,
-        seeds=plan.seeds, max_tokens=max_tokens, temperature=0.0, ctx_size=base["ctx_size"], threads=base["threads"],
-        gpu_layers=base["gpu_layers"], parallel=base["parallel"], limit=limit, n_prompts=len(plan.suite.prompts),
-        endpoints=["/v1/chat/completions"] + (["/completion"] if raw else []), modes=modes,
+        draft_n_max=plan.draft_n_max, draft_n_min=plan.draft_n_min, sweep=plan.ks if len(plan.ks) > 1 else None,
+        seeds=plan.seeds, max_tokens=o.max_tokens, temperature=0.0, ctx_size=base["ctx_size"],
+        threads=base["threads"], gpu_layers=base["gpu_layers"], parallel=base["parallel"], limit=o.limit,
+        n_prompts=len(plan.suite.prompts), endpoints=["/v1/chat/completions"] + (["/completion"] if o.raw else []),
+        modes=modes,
         cache_prompt=False, batch_size=1,
         interleave="both servers resident; requests alternate vanilla/MTP per prompt in ABBA order"
                    + ("; the default vanilla arm rotates with them (V M D, D M V, ...)"
                       if plan.arms.differs_from_default else ""),
-        bootstrap=VerifySettings.bootstrap_of(resamples, boot_seed), metrics_mismatches=runner.metrics_mismatches,
+        bootstrap=VerifySettings.bootstrap_of(o.judge.bootstrap_resamples, o.judge.bootstrap_seed),
+        metrics_mismatches=runner.metrics_mismatches,
         mtp_config=cfg, mtp_flags=_mtp_only_flags(cfg),
         mtp_env=cfg.env() if cfg is not None else None, server_args=plan.arms.to_dict(),
         cache_type_k=plan.kv.cache_type_k if plan.kv else None, cache_type_v=plan.kv.cache_type_v if plan.kv else None,
@@ -480,7 +454,7 @@ def _judge(res: VerifyResult, notes: list[str]) -> None:
 
 def _slots(plan: _Plan, base: dict[str, Any], parallel: int | None, mode: str, max_tokens: int,
            comparisons: Sequence[Comparison], progress: bool, boot: tuple[int, int]) -> SlotStudy | None:
-    """The slot study of ``verify --parallel N`` (:mod:`ggufmtp.measure.slots`) against the main
+    """The slot study of ``verify --parallel N`` (:mod:`ggufmtp.measure.verify.slots`) against the main
     comparison (chat, the shipped window, the first mode); None for one slot."""
     if not parallel or parallel < 2:
         return None
@@ -495,88 +469,51 @@ def _slots(plan: _Plan, base: dict[str, Any], parallel: int | None, mode: str, m
 def _with_kv_depth(plan: _Plan, base: dict[str, Any], cache_type_k: str | None, cache_type_v: str | None,
                    depth: int, max_tokens: int) -> tuple[_Plan, dict[str, Any]]:
     """The KV-cache types and context depth checked before any server starts
-    (:func:`~ggufmtp.measure.kvdepth.check_kv_depth`), in the plan and in every arm's base settings."""
+    (:func:`~ggufmtp.measure.verify.kvdepth.check_kv_depth`), in the plan and in every arm's base settings."""
     a = plan.arms
     kv = check_kv_depth(cache_type_k, cache_type_v, depth, base["model"], base["ctx_size"], base["parallel"], max_tokens,
                         plan.suite, base["llama_cpp_bin"], [*base["extra_args"], *a.both, *a.mtp, *a.vanilla])
     return dataclasses.replace(plan, kv=kv), {**base, **kv.server_fields(base["extra_args"])}
 
 
-def verify(
-    model: str | os.PathLike,
-    draft_n_max: int | None = None,
-    draft_n_min: int | None = None,
-    seeds: Sequence[int] = DEFAULT_SEEDS,
-    suite: str | os.PathLike | Suite = DEFAULT_SUITE,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    raw: bool = False,
-    ctx_size: int | None = 4096,
-    threads: int | None = None,
-    gpu_layers: int | str | None = None,
-    parallel: int | None = 1,
-    llama_cpp_bin: str | os.PathLike | None = None,
-    progress: bool = True,
-    thresholds: Any = None,
-    limit: int | None = None,
-    sweep: Iterable[int] | None = None,
-    enforce_speedup: bool = False,
-    min_identical: float | None = None,
-    bootstrap_resamples: int = stats.DEFAULT_RESAMPLES,
-    bootstrap_seed: int = stats.DEFAULT_SEED,
-    extra_args: Sequence[str] = (),
-    on_record: Callable[[Record], None] | None = None,
-    tuned: Any = None,
-    peak_bandwidth_gbs: float | None = None,
-    server_args: Sequence[str] = (),
-    mtp_server_args: Sequence[str] = (),
-    vanilla_server_args: Sequence[str] = (),
-    cache_type_k: str | None = None, cache_type_v: str | None = None, context_fill: int = 0,
-) -> VerifyResult:
-    """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) and judge the result (see the
-    module docstring).
+def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, progress: bool = True,
+           on_record: Callable[[Record], None] | None = None) -> VerifyResult:
+    """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) with ``options`` (default:
+    :class:`VerifyOptions`'s, the command line's) and judge the result (see the module docstring).
+    ``on_record`` is called after each request.
 
-    ``thresholds``: a :class:`Thresholds`, a recipe's ``VerifyThresholds``, a dict, or None (the defaults).
-    ``draft_n_max`` defaults to the thresholds' (a recipe's) ``draft_n_max``, else 4.
-    ``sweep``: windows to measure besides ``draft_n_max``. ``on_record`` is called after each request.
-    ``tuned``: a :class:`ggufmtp.measure.options.TuneConfig` (or its dict, e.g. ``tune``'s
-    recommendation) for the MTP arm, its non-speculative part for the vanilla arm too. ``server_args``,
-    ``mtp_server_args``, ``vanilla_server_args``: see :class:`~ggufmtp.measure.options.ArmArgs`;
-    ``extra_args``: base flags of every arm, the default vanilla one included. ``peak_bandwidth_gbs``: the memory's
-    peak in GB/s for the bandwidth fraction (default: a table of GPUs; see :mod:`ggufmtp.runtime.hardware`).
-    ``cache_type_k``/``cache_type_v`` (both arms), ``context_fill``: see :mod:`~ggufmtp.measure.kvdepth`.
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
     """
+    o = options if options is not None else VerifyOptions()
     t0 = time.monotonic()
-    plan = _plan(thresholds, tuned, draft_n_max, draft_n_min, sweep, seeds, max_tokens, min_identical,
-                 enforce_speedup, peak_bandwidth_gbs, suite, limit, raw, server_args, mtp_server_args,
-                 vanilla_server_args)
+    plan = _plan(o)
     path = Path(model)
     rep = _check_model(path)
-    base = dict(model=path, ctx_size=ctx_size, threads=threads, gpu_layers=gpu_layers, parallel=1,
-                llama_cpp_bin=llama_cpp_bin, metrics=True, extra_args=list(extra_args))
-    plan, base = _with_kv_depth(plan, base, cache_type_k, cache_type_v, context_fill, max_tokens)
+    base = o.server.base_fields(model=path, ctx_size=o.ctx_size, parallel=1)
+    plan, base = _with_kv_depth(plan, base, o.cache_type_k, o.cache_type_v, o.context_fill, o.max_tokens)
     served = ServedFile.of(path)  # the bytes llama-server is about to serve
-    runner, srv = _run(plan, base, max_tokens, progress, on_record)
-    comparisons = _summaries(runner.records, plan, srv.modes, bootstrap_resamples, bootstrap_seed)
-    slots = _slots(plan, base, parallel, srv.modes[0], max_tokens, comparisons, progress, (bootstrap_resamples, bootstrap_seed))
+    runner, srv = _run(plan, base, o.max_tokens, progress, on_record)
+    boot = (o.judge.bootstrap_resamples, o.judge.bootstrap_seed)
+    comparisons = _summaries(runner.records, plan, srv.modes, *boot)
+    slots = _slots(plan, base, o.parallel, srv.modes[0], o.max_tokens, comparisons, progress, boot)
     served.check_unchanged()
+    gpu_layers = o.server.gpu_layers
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
         model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks),
-        suite=plan.suite.info(),
-        settings=_settings(plan, plan.draft_n_max, max_tokens, base, limit, raw, srv.modes, runner,
-                           bootstrap_resamples, bootstrap_seed, srv.fill),
+        suite=plan.suite.info(), settings=_settings(plan, o, base, srv.modes, runner, srv.fill),
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
         records=runner.records, slots=slots)
     notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary, plan.arms, res.main)
     if len(plan.ks) > 1:
-        res.tuned = _sweep_recommendation(res, path, gpu_layers, ctx_size)
+        res.tuned = _sweep_recommendation(res, path, gpu_layers, o.ctx_size)
     try:
         res.bandwidth = bandwidth_report(path, hw.to_dict(), {"vanilla": res.main.vanilla_tokens_per_second,
-                                                              "mtp": res.main.mtp_tokens_per_second}, peak_bandwidth_gbs)
+                                                              "mtp": res.main.mtp_tokens_per_second},
+                                         o.judge.peak_bandwidth_gbs)
     except GgufmtpError as e:  # a measured run is worth more than its bandwidth line
         notes.append(f"bandwidth fraction not computed: {e}")
     _judge(res, notes)

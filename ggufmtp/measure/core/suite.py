@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import SuiteError
+from ...errors import SuiteError
 
-SUITES_DIR = Path(__file__).resolve().parent.parent / "data" / "suites"
+SUITES_DIR = Path(__file__).resolve().parents[2] / "data" / "suites"
 DEFAULT_SUITE = "chat-v1"
 ROLES = ("system", "user", "assistant")
 

@@ -23,27 +23,27 @@ import os
 import shlex
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import ServerError, TuneError
-from ..fmt import ci_text, num, pct, times
-from ..fmt import finite_or_none as _num
-from ..measure import stats
-from ..measure.arms import ABBA, WARMUP_TOKENS
-from ..measure.options import ArmArgs
-from ..measure.records import CURVE_MODEL_KEYS, CURVE_SERVER_KEYS, ModelInfo, ServerInfo
-from ..measure.suite import DEFAULT_SUITE, Prompt, Suite, modes_for_template
-from ..measure.tune_bench import DEFAULT_CTX_PER_SLOT, DEFAULT_MAX_TOKENS, Bench, check_seeds, prepare
-from ..measure.verify_summary import PairStats
-from ..progress import bar as progress_bar
-from ..runtime.hardware import HardwareInfo, probe_hardware
-from ..runtime.server import LlamaServer, ServerConfig
+from ...errors import ServerError, TuneError
+from ...fmt import ci_text, num, pct, times
+from ...fmt import finite_or_none as _num
+from ...progress import bar as progress_bar
+from ...runtime.hardware import HardwareInfo, probe_hardware
+from ...runtime.server import LlamaServer, ServerConfig
+from ..core import stats
+from ..core.arms import ABBA, WARMUP_TOKENS
+from ..core.options import ArmArgs, ServerOptions
+from ..core.records import CURVE_MODEL_KEYS, CURVE_SERVER_KEYS, ModelInfo, ServerInfo
+from ..core.suite import DEFAULT_SUITE, Prompt, Suite, modes_for_template
+from ..tune.bench import DEFAULT_CTX_PER_SLOT, DEFAULT_MAX_TOKENS, Bench, check_seeds, prepare
+from ..verify.summary import PairStats
 
-__all__ = ["DEFAULT_CURVE_RATES", "CurvePoint", "CurveResult", "acceptance_curve", "format_curve",
+__all__ = ["DEFAULT_CURVE_RATES", "CurveOptions", "CurvePoint", "CurveResult", "acceptance_curve", "format_curve",
            "geometric_rates", "synth_len_for_acceptance"]
 
 DEFAULT_CURVE_RATES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -79,7 +79,7 @@ def geometric_rates(acceptance: float, k: int) -> list[float]:
 @dataclass(frozen=True)
 class CurvePoint(PairStats):
     """One point of the curve: a set acceptance (or the real head) and what it measured (its
-    :class:`~ggufmtp.measure.verify_summary.PairStats`, draft rounds, the MTP server's command line)."""
+    :class:`~ggufmtp.measure.verify.summary.PairStats`, draft rounds, the MTP server's command line)."""
 
     acceptance_set: float | None  # the real head: its measured acceptance
     flag_value: str | None  # e.g. "synth-len 2.5"; None for the real head
@@ -216,64 +216,75 @@ class _Arms(NamedTuple):
     bar: Any
 
 
-def acceptance_curve(
-    model: str | os.PathLike,
-    rates: Sequence[float] = DEFAULT_CURVE_RATES,
-    draft_n_max: int = 3,
-    synth_len: Sequence[float] | None = None,
-    flag: str = "synth-len",
-    seeds: Sequence[int] = (42, 1337),
-    suite: str | os.PathLike | Suite = DEFAULT_SUITE,
-    limit: int | None = 8,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    gpu_layers: int | str | None = None,
-    llama_cpp_bin: str | os.PathLike | None = None,
-    threads: int | None = None,
-    ctx_size: int = DEFAULT_CTX_PER_SLOT,
-    include_real: bool = True,
-    progress: bool = True,
-    bootstrap_resamples: int = stats.DEFAULT_RESAMPLES,
-    extra_args: Sequence[str] = (),
-    server_args: Sequence[str] = (),
-    mtp_server_args: Sequence[str] = (),
-    vanilla_server_args: Sequence[str] = (),
-) -> CurveResult:
-    """Speedup versus synthetic acceptance of ``model`` (a GGUF path) on this hardware (see the
-    module docstring).
+@dataclass(frozen=True)
+class CurveOptions:
+    """What :func:`acceptance_curve` measures, checked once, when built (TuneError naming the first
+    bad setting). The defaults are ``ggufmtp curve``'s.
 
     ``rates``: target acceptances (accepted / drafted at window ``draft_n_max``), each one point.
-    ``synth_len``: instead, explicit ``--spec-synth-len`` values (mean accepted length incl. the target
-    token, in [1, k+1]). ``flag``: "synth-len" (default) or "synth-rates" (the same geometric rates
-    passed explicitly). ``include_real``: also measure the real head at the same k (identical output
-    checked). Each point: one MTP server; vanilla stays up; requests ABBA-interleaved, batch size 1.
-    ``server_args`` go to both arms (fair baseline), ``mtp_server_args`` / ``vanilla_server_args``
-    to one (see :class:`~ggufmtp.measure.options.ArmArgs`).
-    """
-    arms = ArmArgs.of(server_args, mtp_server_args, vanilla_server_args)
+    ``synth_len``: instead, explicit ``--spec-synth-len`` values (mean accepted length incl. the
+    target token, in [1, k+1]). ``flag``: "synth-len" (default) or "synth-rates" (the same geometric
+    rates passed explicitly). ``include_real``: also measure the real head at the same k (identical
+    output checked). ``seeds``, ``suite``, ``limit`` (prompts per point), ``max_tokens``: the
+    requests; ``ctx_size``: both arms'; ``bootstrap_resamples``: of the CIs. ``server``: the
+    servers' settings (:class:`~ggufmtp.measure.core.options.ServerOptions`: ``server_args`` go to
+    both arms, fair baseline; ``mtp_server_args`` / ``vanilla_server_args`` to one)."""
+
+    rates: Sequence[float] = DEFAULT_CURVE_RATES
+    draft_n_max: int = 3
+    synth_len: Sequence[float] | None = None
+    flag: str = "synth-len"
+    include_real: bool = True
+    seeds: Sequence[int] = (42, 1337)
+    suite: str | os.PathLike | Suite = DEFAULT_SUITE
+    limit: int | None = 8
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    ctx_size: int = DEFAULT_CTX_PER_SLOT
+    bootstrap_resamples: int = stats.DEFAULT_RESAMPLES
+    server: ServerOptions = field(default_factory=ServerOptions)
+
+    def __post_init__(self) -> None:
+        self.server.arm_args()  # TuneError on a speculative flag for the vanilla arm
+        k = int(self.draft_n_max)
+        if k < 1:
+            raise TuneError("draft_n_max must be at least 1")
+        if self.flag not in ("synth-len", "synth-rates"):
+            raise TuneError(f"flag {self.flag!r}: 'synth-len' or 'synth-rates'")
+        object.__setattr__(self, "seeds", tuple(check_seeds(self.seeds)))
+        self.targets()  # TuneError on a rate or a length out of range, or none
+
+    def targets(self) -> list[float]:
+        """The set acceptances of the points: ``rates``, or those ``synth_len`` values give at window k."""
+        return _targets(self.rates, self.synth_len, int(self.draft_n_max))
+
+
+def acceptance_curve(model: str | os.PathLike, options: CurveOptions | None = None, *,
+                     progress: bool = True) -> CurveResult:
+    """Speedup versus synthetic acceptance of ``model`` (a GGUF path) on this hardware, with
+    ``options`` (:class:`CurveOptions`; see the module docstring). Each point: one MTP server;
+    vanilla stays up; requests ABBA-interleaved, batch size 1."""
+    o = options if options is not None else CurveOptions()
+    arms = o.server.arm_args()
     t0 = time.monotonic()
-    k = int(draft_n_max)
-    if k < 1:
-        raise TuneError("draft_n_max must be at least 1")
-    if flag not in ("synth-len", "synth-rates"):
-        raise TuneError(f"flag {flag!r}: 'synth-len' or 'synth-rates'")
-    seeds = check_seeds(seeds)
-    specs = _point_specs(_targets(rates, synth_len, k), k, flag)
-    if include_real:
+    k = int(o.draft_n_max)
+    seeds = list(o.seeds)
+    specs = _point_specs(o.targets(), k, o.flag)
+    if o.include_real:
         specs.append(_PointSpec(None, [], None))
-    setup = prepare(model, suite, limit, llama_cpp_bin)
+    setup = prepare(model, o.suite, o.limit, o.server.llama_cpp_bin)
     if "--spec-synth-len" not in setup.flags or "--spec-synth-rates" not in setup.flags:
         raise TuneError(f"{setup.binary}: this llama-server has no --spec-synth-len/--spec-synth-rates flags; use "
                         "the knob models (ggufmtp.synth, wrong_successor_fraction) for a curve instead")
+    gpu_layers, threads = o.server.gpu_layers, o.server.threads
     hw = probe_hardware(setup.binary, gpu_layers)
-    base = dict(model=setup.path, threads=threads, gpu_layers=gpu_layers, llama_cpp_bin=llama_cpp_bin, metrics=True,
-                ctx_size=ctx_size, parallel=1, extra_args=list(extra_args))
+    base = o.server.base_fields(model=setup.path, ctx_size=o.ctx_size, parallel=1)
     notes = ["synthetic acceptance: draft tokens are accepted at random (RNG seeded by the request seed), so the "
              "output is not the model's and is not compared with vanilla; the drafting and verification cost is real"]
     notes += arms.notes()
     if not hw.offloaded:
         notes.append("CPU run: a small model is compute-bound on CPU; the curve describes this machine only")
-    measured, mode, build_info = _measure_curve(base, specs, k, setup.suite.prompts, seeds, max_tokens, progress,
-                                                bootstrap_resamples, arms)
+    measured, mode, build_info = _measure_curve(base, specs, k, setup.suite.prompts, seeds, o.max_tokens, progress,
+                                                o.bootstrap_resamples, arms)
     points = [p for p in measured if not p.real]
     real = next((p for p in measured if p.real), None)
     if real is not None and real.identical_output_fraction not in (None, 1.0):
@@ -282,7 +293,7 @@ def acceptance_curve(
         model=ModelInfo(str(setup.path), architecture=setup.report.architecture, mtp_block=setup.report.mtp_block,
                         mtp_blocks=setup.report.mtp_blocks),
         draft_n_max=k, points=points, real=real, breakeven_acceptance=_breakeven(points),
-        settings=_curve_settings(flag, seeds, max_tokens, setup.suite, mode, gpu_layers, threads),
+        settings=_curve_settings(o.flag, seeds, o.max_tokens, setup.suite, mode, gpu_layers, threads),
         hardware=hw, server=ServerInfo(build_info=build_info, binary=str(setup.binary)), notes=notes,
         seconds=time.monotonic() - t0)
 

@@ -1,7 +1,7 @@
 """The streaming client of ``ggufmtp profiles``: ``concurrency`` client threads stream
 ``/v1/chat/completions`` (Server-Sent Events) with a timestamp per chunk (:class:`RequestRecord`),
 and :func:`aggregate` turns the records into serving metrics (output tok/s; mean, median and P99 of
-TTFT, TPOT, ITL and e2e). See :mod:`ggufmtp.measure.profiles` for the method.
+TTFT, TPOT, ITL and e2e). See :mod:`ggufmtp.measure.profiles.run` for the method.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ProfileError
-from ..runtime.process import HOST
+from ...errors import ProfileError
+from ...runtime.process import HOST
 
 __all__ = ["RequestRecord", "Distribution", "ServingMetrics", "stream_chat", "run_clients", "aggregate"]
 

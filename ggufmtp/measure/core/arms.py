@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..runtime.replies import Reply
-from ..runtime.server import LlamaServer
+from ...runtime.replies import Reply
+from ...runtime.server import LlamaServer
 from .suite import Prompt, mode_request_fields
 
 __all__ = ["ABBA", "Pair", "paired", "send", "warm_up", "send_concurrently", "WARMUP_TOKENS", "VANILLA", "MTP",

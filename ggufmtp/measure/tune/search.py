@@ -1,6 +1,6 @@
 """The search of ``ggufmtp tune`` (pure: no server here): the candidate configurations, their order,
 the successive-halving schedule and the search itself, driven by an evaluator
-(:mod:`ggufmtp.measure.tune_bench` measures on llama-server; tests pass fakes).
+(:mod:`ggufmtp.measure.tune.bench` measures on llama-server; tests pass fakes).
 
 Search space
 ------------
@@ -56,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FatalTuneError, GgufmtpError, TuneError
-from ..measure.options import CUDA_GRAPH_OPT_ENV, TuneConfig
-from ..measure.records import Keyed, first_difference
+from ...errors import FatalTuneError, GgufmtpError, TuneError
+from ..core.options import CUDA_GRAPH_OPT_ENV, TuneConfig
+from ..core.records import Keyed, first_difference
 
 __all__ = [
     "N_MAX_VALUES", "N_MIN_VALUES", "P_MIN_VALUES", "DEFAULT_UNITS0", "DEFAULT_ETA", "DEFAULT_FINAL_SIZE",

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..fmt import ci_text, num, pct, times
-from ..provenance.verdict import Evidence, Thresholds, Verdict, speed_checked
-from ..runtime.hardware import HardwareInfo, format_bandwidth
+from ...fmt import ci_text, num, pct, times
+from ...provenance.verdict import Evidence, Thresholds, Verdict, speed_checked
+from ...runtime.hardware import HardwareInfo, format_bandwidth
+from ..core.options import TuneConfig
+from ..core.records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
+from ..core.suite import SuiteInfo
 from .kvdepth import ContextFill, kv_depth_text
-from .options import TuneConfig
-from .records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
 from .slots import SlotStudy
-from .suite import SuiteInfo
-from .verify_summary import (
+from .summary import (
     MAX_LISTED_MISMATCHES,
     Comparison,
     PairStats,
@@ -83,7 +83,7 @@ class VerifySettings:
 
 @dataclass
 class VerifyResult:
-    """Everything a verification found. ``comparisons``: :func:`~ggufmtp.measure.verify_summary.summarize`
+    """Everything a verification found. ``comparisons``: :func:`~ggufmtp.measure.verify.summary.summarize`
     of every (k, endpoint, mode); ``tuned``: the sweep's recommendation (only with a sweep);
     ``bandwidth``: :func:`ggufmtp.runtime.hardware.bandwidth_report` of the main comparison."""
 
@@ -105,7 +105,7 @@ class VerifyResult:
     bandwidth: dict[str, Any] | None = None
     arm_env: dict[str, dict[str, str]] = field(default_factory=dict)  # arm -> the environment it ran with
     default_vanilla_args: list[str] | None = None  # the default vanilla arm's flags, when it ran
-    slots: SlotStudy | None = None  # verify --parallel N: acceptance at each slot count (measure.slots)
+    slots: SlotStudy | None = None  # verify --parallel N: acceptance at each slot count (measure.verify.slots)
 
     @property
     def ok(self) -> bool:

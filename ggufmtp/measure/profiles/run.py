@@ -40,7 +40,7 @@ linear interpolation) of TTFT, TPOT, ITL (all gaps pooled), e2e. Acceptance = su
 draft rounds, tokens per step and per-position acceptance. Replies of the two arms are compared
 per request (identical at temperature 0 unless batching changes the numerics).
 
-The decision table (whether MTP helps each workload, and why): :mod:`ggufmtp.measure.workloads`.
+The decision table (whether MTP helps each workload, and why): :mod:`ggufmtp.measure.profiles.workloads`.
 """
 
 from __future__ import annotations
@@ -53,18 +53,21 @@ import random
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ProfileError, ServerError, TuneError
-from ..measure.arms import ABBA, MTP, VANILLA
-from ..measure.options import ArmArgs, TuneConfig
-from ..measure.profiles_stream import RequestRecord, aggregate, run_clients
-from ..measure.records import PROFILES_MODEL_KEYS, ModelInfo
-from ..measure.suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
-from ..measure.workloads import (
+from ...errors import ProfileError, ServerError, TuneError
+from ...runtime.build import find_binary
+from ...runtime.hardware import HardwareInfo, probe_hardware
+from ...runtime.server import LlamaServer, ServerConfig, display_command, gguf_has_mtp
+from ..core.arms import ABBA, MTP, VANILLA
+from ..core.options import ArmArgs, ServerOptions, TuneConfig
+from ..core.records import PROFILES_MODEL_KEYS, ModelInfo
+from ..core.suite import DEFAULT_SUITE, load_suite, mode_request_fields, modes_for_template
+from .stream import RequestRecord, aggregate, run_clients
+from .workloads import (
     DEFAULT_NOISE,
     ArmSettings,
     DecisionRow,
@@ -75,11 +78,9 @@ from ..measure.workloads import (
     format_profiles,
     get_workload,
 )
-from ..runtime.build import find_binary
-from ..runtime.hardware import HardwareInfo, probe_hardware
-from ..runtime.server import LlamaServer, ServerConfig, display_command, gguf_has_mtp
 
-__all__ = ["ProfilesResult", "build_prompts", "profile_server_config", "run_profile", "run_profiles"]
+__all__ = ["ProfilesOptions", "ProfilesResult", "build_prompts", "profile_server_config", "run_profile",
+           "run_profiles"]
 
 CTX_MARGIN = 64
 WARMUP_OUTPUT = 8
@@ -152,26 +153,63 @@ def build_prompts(srv: LlamaServer, n: int, input_tokens: int, seed: int = 0) ->
 
 
 
-def profile_server_config(model: Path, w: Workload, mtp: bool, *, draft_n_max: int | None = 3, tuned: Any = None,
-                          gpu_layers: int | str | None = None, threads: int | None = None,
-                          llama_cpp_bin: str | os.PathLike | None = None, extra_args: Sequence[str] = (),
-                          ctx_size: int | None = None, mtp_server_args: Sequence[str] = (),
-                          vanilla_server_args: Sequence[str] = ()) -> ServerConfig:
-    """One arm's server for workload ``w``. Fair baseline: ``extra_args`` (``--server-arg``) and a
-    tuned configuration's non-speculative part (``-bs``, threads, graph optimisation) go to both
-    arms; ``mtp_server_args`` / ``vanilla_server_args`` to one (see :class:`ArmArgs`)."""
+@dataclass(frozen=True)
+class ProfilesOptions:
+    """What the profiles measure, checked once, when built (ProfileError naming the first bad
+    setting). The defaults are ``ggufmtp profiles``'.
+
+    ``workloads``: names (A-D) or :class:`Workload` objects; ``scale`` multiplies their token
+    counts, ``num_requests`` replaces their number of requests. The MTP arm's flags: ``tuned`` (a
+    :class:`~ggufmtp.measure.core.options.TuneConfig` or its dict), else ``--spec-draft-n-max
+    draft_n_max``. ``seed``: of the prompts and the requests; ``repeats``: runs per arm (alternated,
+    requests pooled); ``noise``: the throughput band within which MTP is not counted as helping.
+    ``ctx_size``: instead of the workload's (slots x (input + output + 64), rounded up to 256).
+    ``server``: the servers' settings (:class:`~ggufmtp.measure.core.options.ServerOptions`; fair
+    baseline: ``server_args`` and a tuned configuration's non-speculative part go to both arms,
+    ``mtp_server_args`` / ``vanilla_server_args`` to one)."""
+
+    workloads: Sequence[str | Workload] = ("A", "B", "C", "D")
+    scale: float = 1.0
+    num_requests: int | None = None
+    draft_n_max: int | None = 3
+    tuned: TuneConfig | None = None  # or its dict
+    seed: int = 0
+    repeats: int = 1
+    noise: float = DEFAULT_NOISE
+    ctx_size: int | None = None
+    server: ServerOptions = field(default_factory=ServerOptions)
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ProfileError("repeats must be at least 1")
+        try:
+            object.__setattr__(self, "tuned", None if self.tuned is None else TuneConfig.coerce(self.tuned))
+            self.arm_args()
+        except TuneError as e:
+            raise ProfileError(str(e)) from e
+        object.__setattr__(self, "workloads", tuple(self.workloads))
+        if not self.scaled_workloads():
+            raise ProfileError("no workloads")
+
+    def scaled_workloads(self) -> list[Workload]:
+        """The workloads to run, scaled."""
+        return [get_workload(w).scaled(self.scale, self.num_requests) for w in self.workloads]
+
+    def arm_args(self) -> ArmArgs:
+        """The flags by arm, the tuned configuration's included."""
+        return self.server.arm_args(self.tuned)
+
+
+def profile_server_config(model: Path, w: Workload, mtp: bool, options: ProfilesOptions | None = None) -> ServerConfig:
+    """One arm's server for workload ``w`` (see :class:`ProfilesOptions` for the fair baseline)."""
+    o = options if options is not None else ProfilesOptions()
     per_slot = w.input_tokens + w.output_tokens + CTX_MARGIN
-    ctx = ctx_size or int(math.ceil(per_slot * w.concurrency / 256) * 256)
-    base = dict(model=model, ctx_size=ctx, threads=threads, gpu_layers=gpu_layers, parallel=w.concurrency,
-                llama_cpp_bin=llama_cpp_bin, metrics=True, extra_args=[])
-    try:
-        arms = ArmArgs.of(extra_args, mtp_server_args, vanilla_server_args,
-                          TuneConfig.coerce(tuned) if tuned is not None else None)
-    except TuneError as e:
-        raise ProfileError(str(e)) from e
+    ctx = o.ctx_size or int(math.ceil(per_slot * w.concurrency / 256) * 256)
+    base = o.server.base_fields(model=model, ctx_size=ctx, parallel=w.concurrency)
+    arms = o.arm_args()
     if not mtp:
         return ServerConfig(**arms.vanilla_fields(base))
-    return ServerConfig(**arms.mtp_fields(base, draft_n_max))
+    return ServerConfig(**arms.mtp_fields(base, o.draft_n_max))
 
 
 def _bodies(prompts: Sequence[dict[str, Any]], max_tokens: int, mode: str, seed: int) -> list[dict[str, Any]]:
@@ -203,34 +241,18 @@ def _measure(srv: LlamaServer, w: Workload, prompts: Sequence[dict[str, Any]], m
     return recs, t1 - t0, spec
 
 
-def run_profile(
-    model: str | os.PathLike,
-    workload: str | Workload,
-    mtp: bool,
-    scale: float = 1.0,
-    num_requests: int | None = None,
-    draft_n_max: int | None = 3,
-    tuned: Any = None,
-    gpu_layers: int | str | None = None,
-    threads: int | None = None,
-    llama_cpp_bin: str | os.PathLike | None = None,
-    seed: int = 0,
-    warmup: bool = True,
-    prompts: Sequence[dict[str, Any]] | None = None,
-    server: LlamaServer | None = None,
-    extra_args: Sequence[str] = (),
-    ctx_size: int | None = None,
-    mode: str | None = None,
-) -> ProfileResult:
-    """One arm of one workload (see the module docstring). ``tuned``: a :class:`ggufmtp.tune.TuneConfig`
-    (or its dict) for the MTP arm's flags, else ``--spec-draft-n-max draft_n_max``. ``server``: reuse a
-    running server (its flags must fit the workload); ``prompts``: reuse prompts from :func:`build_prompts`."""
-    w = get_workload(workload).scaled(scale, num_requests)
+def run_profile(model: str | os.PathLike, workload: str | Workload, mtp: bool, options: ProfilesOptions | None = None,
+                *, warmup: bool = True, prompts: Sequence[dict[str, Any]] | None = None,
+                server: LlamaServer | None = None, mode: str | None = None) -> ProfileResult:
+    """One arm of one workload (see the module docstring) with ``options`` (its scale, the MTP arm's
+    flags, the servers' settings, the seed). ``server``: reuse a running server (its flags must fit
+    the workload); ``prompts``: reuse prompts from :func:`build_prompts`."""
+    o = options if options is not None else ProfilesOptions()
+    w = get_workload(workload).scaled(o.scale, o.num_requests)
     path = Path(model)
     if not path.is_file():
         raise ProfileError(f"model {path}: no such file")
-    cfg = profile_server_config(path, w, mtp, draft_n_max=draft_n_max, tuned=tuned, gpu_layers=gpu_layers,
-                                threads=threads, llama_cpp_bin=llama_cpp_bin, extra_args=extra_args, ctx_size=ctx_size)
+    cfg = profile_server_config(path, w, mtp, o)
     with contextlib.ExitStack() as stack:
         if server is None:
             try:
@@ -239,7 +261,7 @@ def run_profile(
                 raise ProfileError(f"{'MTP' if mtp else 'vanilla'} server for workload {w.name}: {e}") from e
         else:
             srv = server
-        return _profile_on(srv, w, "mtp" if mtp else "vanilla", prompts, seed, warmup, mode)
+        return _profile_on(srv, w, "mtp" if mtp else "vanilla", prompts, o.seed, warmup, mode)
 
 
 def _profile_on(srv: LlamaServer, w: Workload, arm: str, prompts: Sequence[dict[str, Any]] | None, seed: int,
@@ -331,79 +353,57 @@ class ProfilesResult:
         return format_profiles(self.results, self.table, self.scale)
 
 
-def run_profiles(
-    model: str | os.PathLike,
-    workloads: Iterable[str | Workload] = ("A", "B", "C", "D"),
-    scale: float = 1.0,
-    num_requests: int | None = None,
-    draft_n_max: int | None = 3,
-    tuned: Any = None,
-    gpu_layers: int | str | None = None,
-    threads: int | None = None,
-    llama_cpp_bin: str | os.PathLike | None = None,
-    seed: int = 0,
-    repeats: int = 1,
-    noise: float = DEFAULT_NOISE,
-    extra_args: Sequence[str] = (),
-    progress: bool = True,
-    mtp_server_args: Sequence[str] = (),
-    vanilla_server_args: Sequence[str] = (),
-) -> ProfilesResult:
-    """Both arms of every workload, then :func:`decision_table`. Per workload both servers are up (only
-    one is busy at a time); prompts are built once on the vanilla server; with ``repeats`` > 1 the arms
-    alternate (V M, M V, ...) and each arm's requests are pooled. ``model``: a GGUF path."""
+def run_profiles(model: str | os.PathLike, options: ProfilesOptions | None = None, *,
+                 progress: bool = True) -> ProfilesResult:
+    """Both arms of every workload of ``options`` (:class:`ProfilesOptions`), then
+    :func:`decision_table`. Per workload both servers are up (only one is busy at a time); prompts
+    are built once on the vanilla server; with ``repeats`` > 1 the arms alternate (V M, M V, ...)
+    and each arm's requests are pooled. ``model``: a GGUF path."""
+    o = options if options is not None else ProfilesOptions()
     t0 = time.monotonic()
-    if repeats < 1:
-        raise ProfileError("repeats must be at least 1")
     path = Path(model)
     if not path.is_file():
         raise ProfileError(f"model {path}: no such file")
     if gguf_has_mtp(path) is False:
         raise ProfileError(f"model {path}: has no MTP block; profiles compare MTP against vanilla")
-    ws = [get_workload(w).scaled(scale, num_requests) for w in workloads]
-    if not ws:
-        raise ProfileError("no workloads")
+    ws = o.scaled_workloads()
     log = (lambda m: print(m, file=sys.stderr)) if progress else (lambda m: None)
-    kw = dict(draft_n_max=draft_n_max, tuned=tuned, gpu_layers=gpu_layers, threads=threads,
-              llama_cpp_bin=llama_cpp_bin, extra_args=extra_args, mtp_server_args=mtp_server_args,
-              vanilla_server_args=vanilla_server_args)
-    results = [res for w in ws for res in _both_arms(path, w, kw, seed, repeats, log)]
-    table = decision_table(results, noise)
-    hw = probe_hardware(find_binary("llama-server", llama_cpp_bin), gpu_layers)
-    notes = ArmArgs(tuple(extra_args), tuple(mtp_server_args), tuple(vanilla_server_args)).notes()
+    results = [res for w in ws for res in _both_arms(path, w, o, log)]
+    table = decision_table(results, o.noise)
+    hw = probe_hardware(find_binary("llama-server", o.server.llama_cpp_bin), o.server.gpu_layers)
+    notes = o.arm_args().notes()
     if not hw.offloaded:
         notes.append("CPU run: a small model is compute-bound on CPU; these numbers describe this machine only")
-    if scale != 1.0:
-        notes.append(f"token counts scaled by {scale:g} (the write-up's workloads are scale 1)")
+    if o.scale != 1.0:
+        notes.append(f"token counts scaled by {o.scale:g} (the write-up's workloads are scale 1)")
     return ProfilesResult(
-        model=ModelInfo(str(path), path.stat().st_size), scale=scale, results=results, table=table,
-        hardware=hw, settings=ProfilesSettings(repeats=repeats, noise=noise, seed=seed, draft_n_max=draft_n_max,
-                                               tuned=(tuned.to_dict() if hasattr(tuned, "to_dict") else tuned),
-                                               extra_args=list(extra_args), workloads={w.name: w for w in ws}),
+        model=ModelInfo(str(path), path.stat().st_size), scale=o.scale, results=results, table=table,
+        hardware=hw, settings=ProfilesSettings(repeats=o.repeats, noise=o.noise, seed=o.seed, draft_n_max=o.draft_n_max,
+                                               tuned=o.tuned.to_dict() if o.tuned is not None else None,
+                                               extra_args=[*o.server.extra_args, *o.server.server_args],
+                                               workloads={w.name: w for w in ws}),
         notes=notes, seconds=time.monotonic() - t0)
 
 
-
-def _both_arms(path: Path, w: Workload, kw: dict[str, Any], seed: int, repeats: int,
-               log: Callable[[str], None]) -> list[ProfileResult]:
+def _both_arms(path: Path, w: Workload, o: ProfilesOptions, log: Callable[[str], None]) -> list[ProfileResult]:
     """Workload ``w`` on a vanilla and an MTP server, both up; prompts built once on vanilla; with
     ``repeats`` > 1 the arms alternate (ABBA) and each arm's runs are pooled. [vanilla, mtp]."""
     with contextlib.ExitStack() as stack:
         try:
-            van = stack.enter_context(LlamaServer(profile_server_config(path, w, False, **kw)))
-            mtp = stack.enter_context(LlamaServer(profile_server_config(path, w, True, **kw)))
+            van = stack.enter_context(LlamaServer(profile_server_config(path, w, False, o)))
+            mtp = stack.enter_context(LlamaServer(profile_server_config(path, w, True, o)))
         except ServerError as e:
             raise ProfileError(f"workload {w.name}: {e}") from e
         try:
-            prompts = build_prompts(van, w.num_requests, w.input_tokens, seed)
+            prompts = build_prompts(van, w.num_requests, w.input_tokens, o.seed)
         except ServerError as e:
             raise ProfileError(f"workload {w.name}: building prompts: {e}") from e
 
         def run(arm: str, srv: LlamaServer, i: int) -> ProfileResult:
             log(f"workload {w.name} ({w.shape}, {w.num_requests} requests): {arm}"
-                + (f" run {i + 1}/{repeats}" if repeats > 1 else ""))
-            return _profile_on(srv, w, arm, prompts, seed, True, None)
+                + (f" run {i + 1}/{o.repeats}" if o.repeats > 1 else ""))
+            return _profile_on(srv, w, arm, prompts, o.seed, True, None)
 
         order = ABBA()
-        runs = [order.run(lambda: run(VANILLA, van, i), lambda: run(MTP, mtp, i)) for i in range(repeats)]  # noqa: B023 (called within this iteration)
+        runs = [order.run(lambda: run(VANILLA, van, i), lambda: run(MTP, mtp, i)) for i in range(o.repeats)]  # noqa: B023 (called within this iteration)
     return [_pool([v for v, _ in runs]), _pool([m for _, m in runs])]

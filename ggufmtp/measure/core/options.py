@@ -12,26 +12,38 @@ goes to the vanilla arm too; only the speculative ones (``--spec-*`` and the dra
 (``--server-arg``, ``--vanilla-server-arg``, a tuned configuration's ``-bs``/threads/graph
 optimisation): what a speedup "against llama-server's defaults" divides by.
 
-A leaf of :mod:`ggufmtp.measure`: it imports neither tune, verify nor profiles, so each of them can
-import it."""
+The options objects: :class:`VerifyOptions` (what ``verify`` measures with, checked once when
+built), made of :class:`ServerOptions` (the servers' settings, shared with tune, curve and profiles)
+and :class:`JudgeOptions` (thresholds and statistics). verify's defaults are written here once: the
+API, the CLI and tune read them.
+
+Part of :mod:`ggufmtp.measure.core`: it imports neither tune, verify nor profiles, so each of them
+can import it."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TuneError, VerifyError
+from ...errors import GgufmtpError, TuneError, VerifyError
+from ...provenance.verdict import Thresholds
+from ...runtime.hardware import peak_bandwidth
+from .stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+from .suite import DEFAULT_SUITE, Suite
 
-#: verify's defaults, written once: the API, the CLI and tune read them from here
+#: verify's defaults, written once: the API, the CLI and tune read them from here (and :class:`VerifyOptions`)
 DEFAULT_SEEDS = (42, 1337, 2024)
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_DRAFT_N_MAX = 4
 
-__all__ = ["CUDA_GRAPH_OPT_ENV", "TuneConfig", "ArmArgs", "is_speculative", "flag_names", "split_args"]
+__all__ = ["CUDA_GRAPH_OPT_ENV", "TuneConfig", "ArmArgs", "ServerOptions", "JudgeOptions", "VerifyOptions",
+           "is_speculative", "flag_names", "split_args"]
 
 CUDA_GRAPH_OPT_ENV = "GGML_CUDA_GRAPH_OPT"  # read by ggml-cuda at 0c1e570; off unless set to 1
 
@@ -286,3 +298,191 @@ def check_seeds(seeds: Sequence[int], max_tokens: int) -> list[int]:
     if max_tokens < 2:
         raise VerifyError(f"max_tokens {max_tokens}: must be at least 2 (a reply of one token has nothing to draft)")
     return out
+
+
+# ----------------------------------------------------------------------------- the options objects
+
+_ARG_FIELDS = ("extra_args", "server_args", "mtp_server_args", "vanilla_server_args")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The llama-server settings that verify, tune, curve and profiles share: the binary, the
+    machine's settings (every arm) and the flags by the arm that gets them (:class:`ArmArgs`).
+
+    ``llama_cpp_bin``: the llama-server binary or its directory (default: the built runtime's).
+    ``threads``, ``gpu_layers``: ``--threads`` and ``--n-gpu-layers`` of every arm. ``extra_args``:
+    base flags of every arm, the default vanilla one included; ``server_args`` (``--server-arg``):
+    every arm but the default vanilla one (non-speculative flags only: fair baseline);
+    ``mtp_server_args`` / ``vanilla_server_args``: one arm only. Argument lists are kept as tuples."""
+
+    threads: int | None = None
+    gpu_layers: int | str | None = None
+    llama_cpp_bin: str | os.PathLike | None = None
+    extra_args: Sequence[str] = ()
+    server_args: Sequence[str] = ()
+    mtp_server_args: Sequence[str] = ()
+    vanilla_server_args: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        for name in _ARG_FIELDS:
+            object.__setattr__(self, name, tuple(str(a) for a in getattr(self, name) or ()))
+
+    def arm_args(self, tuned: TuneConfig | None = None) -> ArmArgs:
+        """The flags by arm, checked (:meth:`ArmArgs.of`: TuneError on a speculative flag for the vanilla arm)."""
+        return ArmArgs.of(self.server_args, self.mtp_server_args, self.vanilla_server_args, tuned)
+
+    def base_fields(self, **fields: Any) -> dict[str, Any]:
+        """The :class:`~ggufmtp.runtime.server.ServerConfig` fields every arm starts from (``fields``
+        added: the model, the context, the slots)."""
+        return dict(threads=self.threads, gpu_layers=self.gpu_layers, llama_cpp_bin=self.llama_cpp_bin, metrics=True,
+                    extra_args=list(self.extra_args), **fields)
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """How a verification is judged. ``thresholds``: a :class:`~ggufmtp.provenance.verdict.Thresholds`,
+    a recipe's ``VerifyThresholds`` (whose ``draft_n_max`` is then the default window), their dict,
+    or None (the project's defaults: there is always a threshold); ``min_identical`` (when given)
+    and ``enforce_speedup`` go over them. ``peak_bandwidth_gbs``: the memory's peak in GB/s for the
+    bandwidth fraction (default: ``$GGUFMTP_PEAK_BANDWIDTH_GBS``, else a table of GPUs; see
+    :mod:`ggufmtp.runtime.hardware`). ``bootstrap_resamples``, ``bootstrap_seed``: the percentile
+    bootstrap of every 95% CI."""
+
+    thresholds: Any = None
+    min_identical: float | None = None
+    enforce_speedup: bool = False
+    peak_bandwidth_gbs: float | None = None
+    bootstrap_resamples: int = DEFAULT_RESAMPLES
+    bootstrap_seed: int = DEFAULT_SEED
+
+    def __post_init__(self) -> None:
+        if self.peak_bandwidth_gbs is not None:
+            try:
+                peak_bandwidth(None, self.peak_bandwidth_gbs)  # a bad figure fails now, not after the run
+            except GgufmtpError as e:
+                raise VerifyError(str(e)) from e
+        th = self.merged_thresholds()
+        if not 0.0 <= th.min_identical <= 1.0:
+            raise VerifyError(f"min_identical {th.min_identical}: must be between 0 and 1")
+
+    def merged_thresholds(self) -> Thresholds:
+        """The thresholds in force: ``thresholds`` with ``min_identical`` and ``enforce_speedup`` over them."""
+        return Thresholds.coerce(self.thresholds).merged(min_identical=self.min_identical,
+                                                         enforce_speedup=self.enforce_speedup)
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What :func:`ggufmtp.verify` measures with, checked once, when built: VerifyError naming the
+    first bad setting (TuneError for a ``tuned`` value that is no configuration), before any server
+    starts. The defaults are the command line's.
+
+    ``draft_n_max``: the draft window k (default: the thresholds' ``draft_n_max``, a recipe's, else
+    4); ``draft_n_min``: ``--spec-draft-n-min``; ``sweep``: windows to measure besides k.
+    ``tuned``: a :class:`TuneConfig` (or its dict, e.g. ``tune``'s recommendation) for the MTP arm,
+    its non-speculative part for the vanilla arm too; it fixes the window. ``seeds``, ``suite`` (a
+    shipped name, a JSONL path or a :class:`~ggufmtp.measure.core.suite.Suite`), ``limit`` (its
+    first N prompts), ``max_tokens``: the requests; ``raw``: also ``/completion`` without the chat
+    template. ``ctx_size`` (both arms), ``parallel`` (N > 1: the slot study of
+    :mod:`ggufmtp.measure.verify.slots`), ``cache_type_k``/``cache_type_v`` (both arms) and
+    ``context_fill`` (see :mod:`ggufmtp.measure.verify.kvdepth`). ``server``: the servers' settings
+    (:class:`ServerOptions`); ``judge``: thresholds and statistics (:class:`JudgeOptions`).
+    :meth:`from_dict` builds one from flat keys (a ladder file's ``[verify]`` table)."""
+
+    draft_n_max: int | None = None
+    draft_n_min: int | None = None
+    sweep: Sequence[int] = ()
+    tuned: TuneConfig | None = None  # or its dict
+    seeds: Sequence[int] = DEFAULT_SEEDS
+    suite: str | os.PathLike | Suite = DEFAULT_SUITE
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    limit: int | None = None
+    raw: bool = False
+    ctx_size: int | None = 4096
+    parallel: int | None = 1
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    context_fill: int = 0
+    server: ServerOptions = field(default_factory=ServerOptions)
+    judge: JudgeOptions = field(default_factory=JudgeOptions)
+
+    def __post_init__(self) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        set_("tuned", None if self.tuned is None else TuneConfig.coerce(self.tuned))
+        try:
+            self.arm_args()
+        except TuneError as e:
+            raise VerifyError(str(e)) from e
+        set_("sweep", tuple(int(k) for k in self.sweep or ()))
+        set_("seeds", tuple(check_seeds(self.seeds, self.max_tokens)))
+        ks = self.windows
+        if ks[0] < 1:
+            raise VerifyError(f"draft window {ks[0]}: --spec-draft-n-max must be at least 1")
+        draft_n_min = self.window[1]
+        if draft_n_min is not None and draft_n_min > ks[0]:
+            raise VerifyError(f"draft_n_min {draft_n_min} exceeds the smallest draft window {ks[0]}")
+
+    @property
+    def window(self) -> tuple[int, int | None]:
+        """(draft_n_max, draft_n_min) in force: the tuned configuration's, else as given; the window
+        defaults to the thresholds' ``draft_n_max``, else 4."""
+        draft_n_max, draft_n_min = tuned_window(self.tuned, self.sweep, self.draft_n_max, self.draft_n_min)
+        if draft_n_max is None:
+            draft_n_max = getattr(self.judge.thresholds, "draft_n_max", None) or DEFAULT_DRAFT_N_MAX
+        return int(draft_n_max), draft_n_min
+
+    @property
+    def windows(self) -> list[int]:
+        """Every draft window measured, smallest first (k and the sweep's)."""
+        return sorted({self.window[0], *self.sweep})
+
+    def arm_args(self) -> ArmArgs:
+        """The flags by arm, the tuned configuration included."""
+        return self.server.arm_args(self.tuned)
+
+    def with_defaults(self, draft_n_max: int | None = None, thresholds: Any = None) -> VerifyOptions:
+        """These options with ``draft_n_max`` and ``thresholds`` (e.g. a recipe's ``[verify]``
+        table) where they set none."""
+        out = self
+        if draft_n_max is not None and out.draft_n_max is None:
+            out = dataclasses.replace(out, draft_n_max=draft_n_max)
+        if thresholds is not None and out.judge.thresholds is None:
+            out = dataclasses.replace(out, judge=dataclasses.replace(out.judge, thresholds=thresholds))
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> VerifyOptions:
+        """Options from flat keys: the fields of this class, of :class:`ServerOptions` and of
+        :class:`JudgeOptions` (``{"seeds": [42], "gpu_layers": 99}``); VerifyError on any other key."""
+        groups: dict[str, type] = {"server": ServerOptions, "judge": JudgeOptions}
+        own = {f.name for f in dataclasses.fields(cls)} - set(groups)
+        kw: dict[str, Any] = {}
+        sub: dict[str, dict[str, Any]] = {g: {} for g in groups}
+        for k, v in d.items():
+            g = next((g for g, c in groups.items() if k in {f.name for f in dataclasses.fields(c)}), None)
+            if k not in own and g is None:
+                raise VerifyError(f"verify option {k!r}: unknown (known: {', '.join(sorted(_flat_names()))})")
+            (kw if k in own else sub[g])[k] = v  # type: ignore[index]
+        return cls(**kw, **{g: c(**sub[g]) for g, c in groups.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings that differ from the defaults, as flat keys (:meth:`from_dict`'s), in JSON form."""
+        out: dict[str, Any] = {}
+        for obj in (self, self.server, self.judge):
+            for f in dataclasses.fields(obj):
+                v = getattr(obj, f.name)
+                if f.name in ("server", "judge") or v == _default(f):
+                    continue
+                out[f.name] = (list(v) if isinstance(v, tuple) else v.to_dict() if hasattr(v, "to_dict")
+                               else v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
+        return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _flat_names() -> set[str]:
+    return {f.name for c in (VerifyOptions, ServerOptions, JudgeOptions) for f in dataclasses.fields(c)} - {"server",
+                                                                                                             "judge"}

@@ -8,7 +8,7 @@ configuration's ``-bs``, threads, graph optimisation and slots are the vanilla a
 resident one when they match the run's, else one more vanilla server, kept while consecutive
 configurations share those settings),
 then every unit is sent to both in ABBA order (unit 0 vanilla first, unit 1 MTP first, ...), as
-:mod:`ggufmtp.measure.verify` does, at temperature 0 with ``cache_prompt: false``. Speedup of a unit
+:mod:`ggufmtp.measure.verify.run` does, at temperature 0 with ``cache_prompt: false``. Speedup of a unit
 set = (sum MTP tokens / sum MTP time) / (sum vanilla tokens / sum vanilla time): time = the decode
 time of ``timings.predicted_ms`` at concurrency 1 (as verify), the wall time of the batch (first
 send to last answer) at concurrency > 1 (aggregate output tok/s, prefill included, as a serving
@@ -26,15 +26,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import FatalTuneError, GgufmtpError, TuneError
-from ..gguf.model import inspect_model
-from ..measure.arms import ABBA, WARMUP_TOKENS, send, send_concurrently
-from ..measure.options import DEFAULT_MAX_TOKENS, ArmArgs, TuneConfig
-from ..measure.suite import Prompt, Suite, load_suite
-from ..measure.tune_search import Mismatch, UnitResult
-from ..runtime import build as runtime
-from ..runtime.replies import Reply
-from ..runtime.server import LlamaServer, ServerConfig, binary_flags, build_command, flags_without
+from ...errors import FatalTuneError, GgufmtpError, TuneError
+from ...gguf.model import inspect_model
+from ...runtime import build as runtime
+from ...runtime.replies import Reply
+from ...runtime.server import LlamaServer, ServerConfig, binary_flags, build_command, flags_without
+from ..core.arms import ABBA, WARMUP_TOKENS, send, send_concurrently
+from ..core.options import DEFAULT_MAX_TOKENS, ArmArgs, TuneConfig
+from ..core.suite import Prompt, Suite, load_suite
+from .search import Mismatch, UnitResult
 
 __all__ = ["WARMUP_TOKENS", "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT", "TuneSetup", "prepare", "check_seeds", "Bench", "ServerEvaluator"]
 
@@ -120,7 +120,7 @@ class Bench:
 
 
 class ServerEvaluator:
-    """The evaluator of :func:`ggufmtp.measure.tune.tune`: vanilla server resident, one MTP server per
+    """The evaluator of :func:`ggufmtp.measure.tune.run.tune`: vanilla server resident, one MTP server per
     (config, rung)."""
 
     def __init__(self, base: dict[str, Any], van: LlamaServer, bench: Bench, ctx_per_slot: int,

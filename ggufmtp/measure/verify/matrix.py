@@ -1,12 +1,12 @@
 """``ggufmtp verify --matrix "kv=f16,q8_0,q4_0 draft-kv=f16,q8_0 depth=0,8192"``: verify once per
 cell of KV-cache type x the draft's KV-cache type x context depth, and one table of what MTP buys in each.
 
-Every cell is a full :func:`ggufmtp.measure.verify.verify` run with the same suite, seeds, draft
+Every cell is a full :func:`ggufmtp.measure.verify.run.verify` run with the same suite, seeds, draft
 window and server settings; only the cell's KV-cache type (``--cache-type-k`` and
 ``--cache-type-v``, both arms), the MTP draft context's own KV-cache type (``--spec-draft-type-k``
 and ``--spec-draft-type-v``, ``-ctkd``/``-ctvd``: the MTP arm only, the vanilla arm has no draft)
 and context depth (``context_fill``: the neutral prefix of
-:mod:`ggufmtp.measure.kvdepth`) change. A cell's servers are started for it and stopped after it,
+:mod:`ggufmtp.measure.verify.kvdepth`) change. A cell's servers are started for it and stopped after it,
 so cells never share a cache. Every cell's settings are checked (the KV types against
 llama-server's ``--help``, the deepest depth against the context size) before the first server
 starts. The matrix passes when every cell's verdict does.
@@ -27,7 +27,7 @@ The result (:class:`MatrixResult`) is typed; :meth:`MatrixResult.to_receipt` is 
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import os
 import re
 import time
@@ -36,14 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import VerifyError
-from ..fmt import ci_text, num, pct, times
-from ..provenance.verdict import Verdict
+from ...errors import VerifyError
+from ...fmt import ci_text, num, pct, times
+from ...provenance.verdict import Verdict
+from ..core.options import VerifyOptions
+from ..core.records import ModelInfo
+from ..core.suite import Suite, load_suite
 from .kvdepth import check_kv_depth
-from .records import ModelInfo
-from .suite import Suite, load_suite
-from .verify import verify
-from .verify_report import VerifyResult
+from .report import VerifyResult
+from .run import verify
 
 __all__ = ["MatrixSpec", "MatrixCell", "MatrixResult", "parse_matrix", "verify_matrix", "format_matrix",
            "MATRIX_KIND"]
@@ -247,27 +248,20 @@ class MatrixResult:
 # ----------------------------------------------------------------------------- the run
 
 
-def _verify_default(name: str) -> Any:
-    return inspect.signature(verify).parameters[name].default
-
-
-def _check_cells(model: str | os.PathLike, spec: MatrixSpec, kw: dict[str, Any]) -> None:
+def _check_cells(model: str | os.PathLike, spec: MatrixSpec, o: VerifyOptions) -> None:
     """Every cell's KV type and the deepest depth checked before any server starts."""
-    bad = [a for a in _CELL_ARGS if a in kw]
+    bad = [a for a in _CELL_ARGS if getattr(o, a)]
     if bad:
         raise VerifyError(f"{', '.join(bad)}: set by the matrix's cells; give them in the spec (kv=..., depth=...)")
-    get = lambda name: kw.get(name, _verify_default(name))  # noqa: E731
-    suite = get("suite")
-    st = (suite if isinstance(suite, Suite) else load_suite(suite)).limit(get("limit"))
-    args = [str(a) for name in _ARG_LISTS for a in kw.get(name) or ()]
+    st = (o.suite if isinstance(o.suite, Suite) else load_suite(o.suite)).limit(o.limit)
+    args = [a for name in _ARG_LISTS for a in getattr(o.server, name)]
     deepest = max(spec.depths)
+    llama_cpp_bin = o.server.llama_cpp_bin
     for kv in spec.kv_types:
-        check_kv_depth(kv, kv, deepest, model, get("ctx_size"), get("parallel"), get("max_tokens"), st,
-                       get("llama_cpp_bin"), args)
+        check_kv_depth(kv, kv, deepest, model, o.ctx_size, o.parallel, o.max_tokens, st, llama_cpp_bin, args)
     for kv in spec.draft_kv_types:  # the draft's types are checked as the target's are, and named as the draft's
         try:
-            check_kv_depth(kv, kv, 0, model, get("ctx_size"), get("parallel"), get("max_tokens"), st,
-                           get("llama_cpp_bin"), args)
+            check_kv_depth(kv, kv, 0, model, o.ctx_size, o.parallel, o.max_tokens, st, llama_cpp_bin, args)
         except VerifyError as e:
             raise VerifyError(f"--matrix draft-kv={kv}: {e}".replace("--cache-type-k ", "", 1)) from None
 
@@ -276,14 +270,21 @@ def _draft_kv_args(draft_kv: str | None) -> list[str]:
     return [] if draft_kv is None else ["--spec-draft-type-k", draft_kv, "--spec-draft-type-v", draft_kv]
 
 
+def _cell_options(o: VerifyOptions, kv: str | None, draft_kv: str | None, depth: int) -> VerifyOptions:
+    """The options of one cell: its KV types and depth, its draft KV type added to the MTP arm's flags."""
+    server = dataclasses.replace(o.server, mtp_server_args=(*o.server.mtp_server_args, *_draft_kv_args(draft_kv)))
+    return dataclasses.replace(o, cache_type_k=kv, cache_type_v=kv, context_fill=depth, server=server)
+
+
 def verify_matrix(model: str | os.PathLike, kv_types: Sequence[str | None], depths: Sequence[int],
-                  on_cell: Callable[[MatrixCell], None] | None = None,
-                  draft_kv_types: Sequence[str | None] = (None,), **verify_kwargs: Any) -> MatrixResult:
-    """:func:`~ggufmtp.measure.verify.verify` once per (KV type, draft KV type, depth), the same
-    ``verify_kwargs`` for every cell (not ``cache_type_k``/``cache_type_v``/``context_fill``: the
-    cells set them; a draft KV type is added to ``mtp_server_args``).
+                  options: VerifyOptions | None = None, *, draft_kv_types: Sequence[str | None] = (None,),
+                  on_cell: Callable[[MatrixCell], None] | None = None, progress: bool = True) -> MatrixResult:
+    """:func:`~ggufmtp.measure.verify.run.verify` once per (KV type, draft KV type, depth), the same
+    ``options`` for every cell (which set no ``cache_type_k``/``cache_type_v``/``context_fill``: the
+    cells set them; a draft KV type is added to the MTP arm's flags).
     ``on_cell`` is called after each cell. Raises VerifyError before any server starts when a KV
     type or depth cannot run, and whatever a cell's verify raises."""
+    o = options if options is not None else VerifyOptions()
     t0 = time.monotonic()
     norm = lambda types: tuple(None if k is None else str(k).strip().lower() for k in types)  # noqa: E731
     spec = MatrixSpec(norm(kv_types), tuple(int(d) for d in depths), norm(draft_kv_types))
@@ -291,12 +292,10 @@ def verify_matrix(model: str | os.PathLike, kv_types: Sequence[str | None], dept
         raise VerifyError("a matrix needs at least one KV type and one depth")
     if len(set(spec.cells)) != len(spec.cells):
         raise VerifyError("a matrix cell given twice (a KV type or a depth repeated)")
-    _check_cells(model, spec, verify_kwargs)
+    _check_cells(model, spec, o)
     cells, results = [], []
     for kv, draft_kv, depth in spec.cells:
-        kw = {**verify_kwargs, "mtp_server_args": [*(verify_kwargs.get("mtp_server_args") or ()),
-                                                   *_draft_kv_args(draft_kv)]}
-        res = verify(Path(model), cache_type_k=kv, cache_type_v=kv, context_fill=depth, **kw)
+        res = verify(Path(model), _cell_options(o, kv, draft_kv, depth), progress=progress)
         cell = MatrixCell.of(kv, depth, res, draft_kv)
         cells.append(cell)
         results.append(res)

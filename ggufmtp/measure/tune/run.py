@@ -1,14 +1,15 @@
 """``ggufmtp tune``: search the llama-server settings that matter for MTP on this hardware.
 
-:func:`tune` measures candidate :class:`~ggufmtp.measure.options.TuneConfig` configurations by
-successive halving (the search space and schedule: :mod:`ggufmtp.measure.tune_search`; the
-requests: :mod:`ggufmtp.measure.tune_bench`), ranks the final ones and recommends one
-(:mod:`ggufmtp.measure.tune_rank`). ``command`` is the exact llama-server command line that was
+:func:`tune` measures candidate :class:`~ggufmtp.measure.core.options.TuneConfig` configurations
+(with :class:`~ggufmtp.measure.tune.options.TuneOptions`: the budget, the requests, the servers) by
+successive halving (the search space and schedule: :mod:`ggufmtp.measure.tune.search`; the
+requests: :mod:`ggufmtp.measure.tune.bench`), ranks the final ones and recommends one
+(:mod:`ggufmtp.measure.tune.rank`). ``command`` is the exact llama-server command line that was
 measured (the binary named ``llama-server``, the model's path, every flag except
 ``--host``/``--port``); when no configuration beats vanilla with confidence it is the vanilla
 command, and ``mtp_command`` still gives the best MTP configuration found.
-:func:`store_in_receipt` adds tune's (and curve's, profiles') result to a receipt;
-:func:`load_tuned_config` reads a tuned configuration back.
+:func:`load_tuned_config` reads a tuned configuration back (:func:`ggufmtp._api.store_in_receipt`
+adds tune's, curve's and profiles' results to a receipt: the measurement layer writes none).
 """
 
 from __future__ import annotations
@@ -25,31 +26,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import AuditError, FatalTuneError, ServerError, TuneError
-from ..files.hashing import sha256_file
-from ..fmt import ci_text, pct, times
-from ..measure import stats
-from ..measure.options import ArmArgs, TuneConfig
-from ..measure.records import TUNE_BOOTSTRAP_KEYS, TUNE_MODEL_KEYS, TUNE_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
-from ..measure.suite import DEFAULT_SUITE, Suite, modes_for_template
-from ..measure.tune_bench import (
+from ...errors import AuditError, FatalTuneError, ServerError, TuneError
+from ...fmt import ci_text, pct, times
+from ...progress import bar as progress_bar
+from ...provenance.receipt import read_receipt
+from ...provenance.signing import is_envelope, read_json_file
+from ...runtime.hardware import HardwareInfo, probe_hardware
+from ...runtime.server import LlamaServer, ServerConfig, display_command
+from ..core.options import ArmArgs, TuneConfig
+from ..core.records import TUNE_BOOTSTRAP_KEYS, TUNE_MODEL_KEYS, TUNE_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
+from ..core.suite import modes_for_template
+from .bench import (
     DEFAULT_CTX_PER_SLOT,
     DEFAULT_MAX_TOKENS,
     WARMUP_TOKENS,
     Bench,
     ServerEvaluator,
     TuneSetup,
-    check_seeds,
     prepare,
 )
-from ..measure.tune_rank import ConfigRow, Recommendation, rank_configs, recommend_config
-from ..measure.tune_search import (
-    DEFAULT_ETA,
-    DEFAULT_FINAL_SIZE,
-    DEFAULT_UNITS0,
-    N_MAX_VALUES,
-    N_MIN_VALUES,
-    P_MIN_VALUES,
+from .options import DEFAULT_BUDGET, SearchOptions, TuneOptions
+from .rank import ConfigRow, Recommendation, rank_configs, recommend_config
+from .search import (
     ConfigStatus,
     Rung,
     SearchSpace,
@@ -63,16 +61,9 @@ from ..measure.tune_search import (
     search_anchors,
     successive_halving,
 )
-from ..progress import bar as progress_bar
-from ..provenance.receipt import load_receipt, read_receipt, set_verification
-from ..provenance.signing import is_envelope, read_json_file
-from ..runtime.hardware import HardwareInfo, probe_hardware
-from ..runtime.server import LlamaServer, ServerConfig, display_command
 
-__all__ = ["TuneError", "FatalTuneError", "TuneConfig", "TuneResult", "tune", "format_tune", "store_in_receipt",
-           "load_tuned_config", "DEFAULT_BUDGET", "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT"]
-
-DEFAULT_BUDGET = 240
+__all__ = ["TuneError", "FatalTuneError", "TuneConfig", "TuneOptions", "SearchOptions", "TuneResult", "tune",
+           "format_tune", "load_tuned_config", "DEFAULT_BUDGET", "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT"]
 
 
 # ----------------------------------------------------------------------------- result
@@ -262,67 +253,32 @@ class _Search(NamedTuple):
     mode: str
 
 
-def tune(
-    model: str | os.PathLike,
-    concurrency: int = 1,
-    budget: int = DEFAULT_BUDGET,
-    seeds: Sequence[int] = (42,),
-    suite: str | os.PathLike | Suite = DEFAULT_SUITE,
-    gpu_layers: int | str | None = None,
-    llama_cpp_bin: str | os.PathLike | None = None,
-    progress: bool = True,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    limit: int | None = None,
-    threads: int | None = None,
-    ctx_per_slot: int = DEFAULT_CTX_PER_SLOT,
-    units0: int = DEFAULT_UNITS0,
-    eta: int = DEFAULT_ETA,
-    final_size: int = DEFAULT_FINAL_SIZE,
-    final_on_suite: bool = True,
-    candidates: Sequence[TuneConfig] | None = None,
-    n_max_values: Sequence[int] = N_MAX_VALUES,
-    n_min_values: Sequence[int] = N_MIN_VALUES,
-    p_min_values: Sequence[float] = P_MIN_VALUES,
-    order_seed: int = 0,
-    mode: str | None = None,
-    extra_args: Sequence[str] = (),
-    bootstrap_resamples: int = stats.DEFAULT_RESAMPLES,
-    log: Callable[[str], None] | None = None,
-    server_args: Sequence[str] = (),
-    mtp_server_args: Sequence[str] = (),
-    vanilla_server_args: Sequence[str] = (),
-) -> TuneResult:
-    """Search MTP server settings for ``model`` (a GGUF path) at ``concurrency``.
-
-    ``budget``: evaluations (MTP requests; each paired with a vanilla request) the search may spend.
-    ``candidates``: search these configurations instead of the built-in space (their order is kept).
-    ``final_on_suite``: the final rung measures its configurations on the whole suite when that
-    costs at most half the budget (else a note says so), so the recommendation rests on the
-    prompts verify uses.
-    ``mode``: thinking mode for templates with a thinking switch (default: the first, "thinking").
-    Fair baseline: each configuration's vanilla arm has its non-speculative settings (see
-    :class:`~ggufmtp.measure.options.ArmArgs` for ``server_args`` and the one-arm flags).
-    """
+def tune(model: str | os.PathLike, options: TuneOptions | None = None, *, progress: bool = True,
+         log: Callable[[str], None] | None = None) -> TuneResult:
+    """Search MTP server settings for ``model`` (a GGUF path) with ``options`` (:class:`TuneOptions`:
+    the concurrency, the budget, the requests, the space and schedule, the servers' settings).
+    ``log``: the search's progress lines (default: stderr when ``progress``)."""
+    o = options if options is not None else TuneOptions()
     t0 = time.monotonic()
-    seeds = _check_args(concurrency, seeds, max_tokens)
-    arms = ArmArgs.of(server_args, mtp_server_args, vanilla_server_args)
-    setup = prepare(model, suite, limit, llama_cpp_bin)
+    seeds, concurrency, gpu_layers = list(o.seeds), o.concurrency, o.server.gpu_layers
+    arms = o.server.arm_args()
+    setup = prepare(model, o.suite, o.limit, o.server.llama_cpp_bin)
     hw = probe_hardware(setup.binary, gpu_layers)
-    ordered, space = _candidates(candidates, concurrency, hw, setup.flags, n_max_values, n_min_values,
-                                 p_min_values, order_seed)
+    ordered, space = _candidates(o.search, concurrency, hw, setup.flags)
     notes = _setup_notes(space, gpu_layers, hw, concurrency, len(setup.suite.prompts)) + arms.notes()
     n_prompts = len(setup.suite.prompts)
     unit_cost = len(seeds) * concurrency
-    final_units = final_rung_units(final_on_suite, len(ordered), budget, units0, eta, final_size, n_prompts,
+    s = o.search
+    final_units = final_rung_units(s.final_on_suite, len(ordered), o.budget, s.units0, s.eta, s.final_size, n_prompts,
                                    unit_cost, math.ceil(n_prompts / concurrency), notes)
-    sched = _Schedule(budget, units0, eta, final_size, n_prompts, unit_cost, final_units)
-    base = dict(model=setup.path, threads=threads, gpu_layers=gpu_layers, llama_cpp_bin=llama_cpp_bin, metrics=True,
-                extra_args=list(extra_args))
-    van_cfg = ServerConfig(**arms.vanilla_fields({**base, "parallel": concurrency, "ctx_size": ctx_per_slot * concurrency}))
+    sched = _Schedule(o.budget, s.units0, s.eta, s.final_size, n_prompts, unit_cost, final_units)
+    base = o.server.base_fields(model=setup.path)
+    van_cfg = ServerConfig(**arms.vanilla_fields({**base, "parallel": concurrency,
+                                                  "ctx_size": o.ctx_per_slot * concurrency}))
     log = log or ((lambda m: print(m, file=sys.stderr)) if progress else None)
-    run = _serve_and_search(setup, base, van_cfg, ordered, sched, seeds, mode, max_tokens, concurrency,
-                            ctx_per_slot, progress, log, notes, arms)
-    rows = rank_configs(run.sh, bootstrap_resamples)
+    run = _serve_and_search(setup, base, van_cfg, ordered, sched, seeds, o.mode, o.max_tokens, concurrency,
+                            o.ctx_per_slot, progress, log, notes, arms)
+    rows = rank_configs(run.sh, o.bootstrap_resamples)
     rec = recommend_config(rows)
     if all(r.status == ConfigStatus.DROPPED for r in rows):
         raise TuneError("every configuration was dropped: "
@@ -335,22 +291,20 @@ def tune(
         model=ModelInfo(str(setup.path), setup.path.stat().st_size, setup.report.architecture,
                         setup.report.mtp_block, mtp_blocks=setup.report.mtp_blocks),
         concurrency=concurrency, space=space,
-        schedule=_schedule_record(run, sched, len(ordered), concurrency, order_seed), rows=rows,
+        schedule=_schedule_record(run, sched, len(ordered), concurrency, s.order_seed), rows=rows,
         recommendation=rec, command=mtp_command if rec.recommended else vanilla_command, mtp_command=mtp_command,
         vanilla_command=vanilla_command,
-        settings=_settings_record(setup, seeds, max_tokens, run.mode, ctx_per_slot, threads, gpu_layers,
-                                  concurrency, bootstrap_resamples),
+        settings=_settings_record(setup, o, seeds, run.mode),
         hardware=hw, server=_server_record(setup, run, rows), notes=notes, seconds=time.monotonic() - t0,
         vanilla_commands=_vanilla_commands(run, rows))
 
 
-def _candidates(candidates: Sequence[TuneConfig] | None, concurrency: int, hw: HardwareInfo, flags: frozenset[str],
-                n_max_values: Sequence[int], n_min_values: Sequence[int], p_min_values: Sequence[float],
-                order_seed: int) -> tuple[list[TuneConfig], SearchSpace]:
+def _candidates(s: SearchOptions, concurrency: int, hw: HardwareInfo,
+                flags: frozenset[str]) -> tuple[list[TuneConfig], SearchSpace]:
     """The candidates in search order and the space's description: the given list, else the built-in space."""
-    if candidates is None:
-        return _builtin_order(concurrency, hw, flags, n_max_values, n_min_values, p_min_values, order_seed)
-    ordered = list(dict.fromkeys(candidates))
+    if s.candidates is None:
+        return _builtin_order(concurrency, hw, flags, s.n_max_values, s.n_min_values, s.p_min_values, s.order_seed)
+    ordered = list(dict.fromkeys(s.candidates))
     if not ordered:
         raise TuneError("candidates: empty")
     return ordered, SearchSpace(n_candidates=len(ordered), notes=["custom candidate list"], custom=True)
@@ -381,16 +335,6 @@ def _server_record(setup: TuneSetup, run: _Search, rows: Sequence[ConfigRow]) ->
     final = {r.key for r in rows if r.status == ConfigStatus.FINAL}
     return ServerInfo(binary=str(setup.binary), build_info=run.build_info, vanilla=run.vanilla_measured,
                       measured_commands={k: v for k, v in run.evaluator.commands.items() if k in final})
-
-
-def _check_args(concurrency: int, seeds: Sequence[int], max_tokens: int) -> list[int]:
-    """The seeds as a list, after checking the arguments a search cannot run without."""
-    if concurrency < 1:
-        raise TuneError(f"concurrency {concurrency}: must be at least 1")
-    out = check_seeds(seeds)
-    if max_tokens < 2:
-        raise TuneError(f"max_tokens {max_tokens}: must be at least 2")
-    return out
 
 
 def _builtin_order(concurrency: int, hw: HardwareInfo, flags: frozenset[str], n_max_values: Sequence[int],
@@ -486,60 +430,19 @@ def _schedule_record(run: _Search, sched: _Schedule, n_candidates: int, concurre
               f"(seed {order_seed})")
 
 
-def _settings_record(setup: TuneSetup, seeds: list[int], max_tokens: int, mode: str, ctx_per_slot: int,
-                     threads: int | None, gpu_layers: int | str | None, concurrency: int,
-                     bootstrap_resamples: int) -> TuneSettings:
+def _settings_record(setup: TuneSetup, o: TuneOptions, seeds: list[int], mode: str) -> TuneSettings:
     """The ``settings`` object of tune's JSON."""
     return TuneSettings(
         suite=setup.suite.name, suite_sha256=setup.suite.sha256, n_prompts=len(setup.suite.prompts),
-        seeds=seeds, max_tokens=max_tokens, temperature=0.0, mode=mode, ctx_per_slot=ctx_per_slot,
-        threads=threads, gpu_layers=gpu_layers, cache_prompt=False,
+        seeds=seeds, max_tokens=o.max_tokens, temperature=0.0, mode=mode, ctx_per_slot=o.ctx_per_slot,
+        threads=o.server.threads, gpu_layers=o.server.gpu_layers, cache_prompt=False,
         speedup=("decode throughput: (sum MTP tokens / sum MTP predicted_ms) / (same for vanilla)"
-                 if concurrency == 1 else
+                 if o.concurrency == 1 else
                  "aggregate output tok/s: (sum MTP tokens / sum MTP batch wall time) / (same for vanilla)"),
         interleave="vanilla resident (another vanilla server for a configuration whose non-speculative settings "
                    "differ: fair baseline); per unit ABBA order vanilla/MTP",
         bootstrap=BootstrapInfo(unit="prompt (seeds pooled; units sharing a prompt, e.g. batches at concurrency > 1, "
-                                     "pooled into one)", resamples=bootstrap_resamples))
-
-
-# ----------------------------------------------------------------------------- receipt
-
-
-def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = None,
-                     **sections: dict[str, Any] | None) -> dict[str, Any]:
-    """Add ``sections`` (e.g. ``tuned=...``, ``profiles=...``, ``acceptance_curve=...``) to the receipt's
-    verification section, keeping every key verify wrote (``set_verification`` replaces the whole
-    section, so it is loaded and merged first), re-seal and write it back. The receipt must already
-    hold a verification (``ggufmtp verify MODEL --receipt R``). ``model``: refuse when its size differs
-    from the verified model's."""
-    st = load_receipt(path)
-    v = (st.get("predicate") or {}).get("verification")
-    if not v:
-        raise TuneError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
-                        f"--receipt {path}` first (tune, profiles and curve add to it)")
-    if model is not None:
-        _check_same_model(path, v.get("model") or {}, Path(model))
-    old_tuned = v.get("tuned")
-    if sections.get("tuned") and isinstance(old_tuned, dict) and old_tuned.get("kind") != "ggufmtp tune":
-        sections["tuned"] = {**sections["tuned"], "verify_sweep": old_tuned}  # verify --sweep's, kept
-    merged = dict(v)
-    merged.update({k: val for k, val in sections.items() if val is not None})
-    return set_verification(path, merged)
-
-
-def _check_same_model(receipt: str | os.PathLike, verified: dict[str, Any], p: Path) -> None:
-    """TuneError unless ``p`` is the model the receipt's verification measured (its size, then its
-    sha256 when the verification names one)."""
-    if not p.is_file():
-        return
-    want = verified.get("size_bytes")
-    if want is not None and p.stat().st_size != want:
-        raise TuneError(f"{receipt}: its verification is of a {want}-byte model, not {p} ({p.stat().st_size} bytes)")
-    digest = verified.get("sha256")
-    got = sha256_file(p) if digest else None
-    if got != digest:
-        raise TuneError(f"{receipt}: its verification is of the model with sha256 {digest}, not {p} (sha256 {got})")
+                                     "pooled into one)", resamples=o.bootstrap_resamples))
 
 
 def load_tuned_config(path: str | os.PathLike) -> TuneConfig:

@@ -7,7 +7,7 @@ hidden state under ``-np > 1``; open at 0c1e570). So with ``parallel`` N > 1 ver
 for each slot count ``s`` of :func:`slot_counts` (2, 4, ... up to N): a vanilla and an MTP server
 with ``--parallel s`` (and ``s`` times the context, so every slot has the main run's), the suite's
 (prompt, seed) requests sent ``s`` at a time by ``s`` concurrent clients, batch by batch, the two
-arms alternating in ABBA order (:class:`~ggufmtp.measure.arms.ABBA`).
+arms alternating in ABBA order (:class:`~ggufmtp.measure.core.arms.ABBA`).
 
 Per slot count: acceptance (sum accepted / sum drafted over the replies' own ``draft_n``, with a
 95% bootstrap CI over prompts), aggregate decode throughput of each arm (tokens over the batches'
@@ -27,13 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ServerError, VerifyError
-from ..progress import bar as progress_bar
-from ..runtime.replies import Reply
-from ..runtime.server import LlamaServer, ServerConfig
-from . import stats
-from .arms import ABBA, send_concurrently, warm_up
-from .suite import Prompt
+from ...errors import ServerError, VerifyError
+from ...progress import bar as progress_bar
+from ...runtime.replies import Reply
+from ...runtime.server import LlamaServer, ServerConfig
+from ..core import stats
+from ..core.arms import ABBA, send_concurrently, warm_up
+from ..core.suite import Prompt
 
 __all__ = ["SlotRow", "SlotStudy", "slot_counts", "measure_slots"]
 

@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import GgufmtpError, RuntimeMissingError, ServerError, VerifyError
-from ..gguf.reader import read_header
-from ..runtime import build as runtime
-from ..runtime.server import LlamaServer, binary_help
-from .suite import Prompt, Suite
+from ...errors import GgufmtpError, RuntimeMissingError, ServerError, VerifyError
+from ...gguf.reader import read_header
+from ...runtime import build as runtime
+from ...runtime.server import LlamaServer, binary_help
+from ..core.suite import Prompt, Suite
 
 __all__ = ["KNOWN_CACHE_TYPES", "UNQUANTIZED_CACHE_TYPES", "NEUTRAL_TEXT", "KvDepth", "ContextFill",
            "allowed_cache_types", "check_kv_depth", "neutral_text", "fill_context", "kv_depth_text"]

@@ -3,7 +3,7 @@ comparison (:func:`summarize`: acceptance and speedup with bootstrap CIs, per ca
 per draft position, identical output), and what a draft-window sweep recommends
 (:func:`recommend`, :func:`step_cost`).
 
-Statistics (:mod:`ggufmtp.measure.stats`): acceptance = sum(accepted) / sum(drafted); speedup = MTP
+Statistics (:mod:`ggufmtp.measure.core.stats`): acceptance = sum(accepted) / sum(drafted); speedup = MTP
 decode throughput / vanilla decode throughput; 95% percentile-bootstrap CIs resampling *prompts*
 (a prompt's seeds pooled, arms paired).
 
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import VerifyError
-from ..fmt import finite_or_none as _num
-from ..measure import stats
-from .records import first_difference
+from ...errors import VerifyError
+from ...fmt import finite_or_none as _num
+from ..core import stats
+from ..core.records import first_difference
 
 __all__ = ["Record", "PairStats", "OutputMismatch", "Comparison", "ServingProfile", "StepCost", "StepCostPoint",
            "SweepRecommendation", "SweepAdvice", "summarize", "recommend", "step_cost", "format_step_cost",

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import VerifyError
-from ..files.digest_cache import FileKey, file_key
-from ..files.hashing import sha256_file
+from ...errors import VerifyError
+from ...files.digest_cache import FileKey, file_key
+from ...files.hashing import sha256_file
 
 __all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "first_difference"]
 

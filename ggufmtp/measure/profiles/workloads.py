@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ProfileError
-from ..fmt import num, pct, rel_change, signed_pct
-from ..measure.profiles_stream import RequestRecord, ServingMetrics
+from ...errors import ProfileError
+from ...fmt import num, pct, rel_change, signed_pct
+from .stream import RequestRecord, ServingMetrics
 
 __all__ = ["DEFAULT_NOISE", "Workload", "WORKLOADS", "get_workload", "ProfileSpec", "ArmSettings", "ProfileResult", "MtpHelps",
            "DecisionRow", "decision_table", "format_profiles", "format_decision_table"]

@@ -1,0 +1,73 @@
+"""The options of :func:`ggufmtp.run` (the whole pipeline, :mod:`ggufmtp.pipeline`): one frozen
+record, checked once, when built. A module of its own so that the pipeline stays within its size
+and the options need nothing of it (the ladder builds them per variant)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import GgufmtpError, HubRefusedError
+from .measure.core.options import VerifyOptions
+
+__all__ = ["RunOptions"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What :func:`ggufmtp.run` makes, and how (the defaults are ``ggufmtp run``'s).
+
+    The importance matrix: ``imatrix`` (a file), or ``imatrix_corpus`` (instead: compute one over
+    this text, ``builtin:calib-v1`` or a file, at most ``imatrix_chunks`` chunks, with the MTP
+    block's statistics when it has one). ``include``: with a Hub repo, pull only the files matching
+    these patterns; ``token``: the Hub token. ``threads``: quantization threads.
+
+    ``verify``: run the verification with ``verify_options`` (a :class:`VerifyOptions`; the
+    recipe's ``[verify]`` table gives the thresholds and the window they leave unset).
+    ``eval_options``: add the quality stage (KL-divergence against the source model) with these
+    options of :func:`ggufmtp.quality.sections.eval_into_receipt` (``corpus``, ``chunks``, ...).
+
+    ``upload``: publish to this Hub repo (``private``: create it private; ``dry_run_upload``: list
+    the operations, send nothing), only an artifact with a passing verification of its bytes,
+    unless ``allow_unverified`` (the card then says so; it also accepts pulled files the Hub gave
+    no checksum for); ``public_key`` (default ``$GGUFMTP_PUBLIC_KEY``) also requires valid
+    signatures. ``signing_key`` (default ``$GGUFMTP_SIGNING_KEY``) signs the receipt and the
+    artifact (``ARTIFACT.sig``).
+
+    ``force``: ignore cached stage results. ``base_dir`` (default the output folder): where a
+    pulled model and a converted checkpoint are kept, so that several runs (a ladder's variants)
+    share one pull and one conversion. ``until="audit"``: stop after the audit (a ladder builds
+    every variant so, then measures it with a second call).
+
+    Raises GgufmtpError for an imatrix given twice or an unknown ``until``, HubRefusedError for an
+    upload of an unverified artifact without ``allow_unverified``."""
+
+    imatrix: str | Path | None = None
+    imatrix_corpus: str | Path | None = None
+    imatrix_chunks: int | None = None
+    include: Sequence[str] | None = None
+    token: str | None = None
+    threads: int = 0
+    verify: bool = True
+    verify_options: VerifyOptions | None = None
+    eval_options: Mapping[str, Any] | None = None
+    upload: str | None = None
+    private: bool = False
+    dry_run_upload: bool = False
+    allow_unverified: bool = False
+    public_key: str | Path | None = None
+    signing_key: str | Path | None = None
+    force: bool = False
+    base_dir: str | Path | None = None
+    until: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.imatrix and self.imatrix_corpus:
+            raise GgufmtpError(f"give --imatrix {self.imatrix} or --imatrix-corpus {self.imatrix_corpus}, not both")
+        if self.until not in (None, "audit"):
+            raise GgufmtpError(f"until={self.until!r}: only 'audit' (or None: every stage)")
+        if self.upload and not self.verify and not self.allow_unverified:
+            raise HubRefusedError(f"--upload {self.upload} with --no-verify: only a verified artifact is published; "
+                                  "verify it, or pass --allow-unverified (the card then says so)")
