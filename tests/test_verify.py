@@ -793,3 +793,62 @@ def test_tuned_configuration_splits_into_shared_and_speculative_flags():
     assert default == base and arms.differs_from_default
     assert all(is_speculative(f) for f in ("--spec-synth-len", "-md", "--threads-draft", "--draft-p-min", "-ngld"))
     assert not any(is_speculative(f) for f in ("-bs", "--threads", "-fa", "-ctk", "--cache-type-k", "-ub"))
+
+
+# ----------------------------------------------------------------------------- replies that decode nothing
+
+
+def _rec(arm, prompt, n, ms, endpoint="raw"):
+    from ggufmtp.measure.verify.summary import Record
+
+    drafts = 0 if arm == "mtp" else None
+    return Record(arm=arm, k=3, endpoint=endpoint, mode="default", prompt_id=prompt, category="source", seed=42,
+                  order=0, predicted_n=n, predicted_ms=ms, prompt_n=20, draft_n=drafts, draft_n_accepted=drafts,
+                  text="x" * n)
+
+
+def test_a_reply_that_ends_at_once_decodes_nothing():
+    """``verify --raw`` reported 1,000,000 tok/s and a speedup of 1.000x when every raw reply ended
+    at once: llama-server gives such a reply ``predicted_n`` 1 (the token of the prompt pass) and
+    ``predicted_ms`` 0.001. A request of at most one token has no decode time: it adds nothing to
+    its arm's throughput, and an arm where no request decoded has none (n/a), nor a speedup."""
+    from ggufmtp.measure.verify.summary import summarize
+
+    once = [_rec("vanilla", "q1", 1, 0.001), _rec("mtp", "q1", 1, 0.001)]
+    c = summarize(once)
+    assert c.mtp_tokens_per_second is None and c.vanilla_tokens_per_second is None
+    assert c.speedup is None and c.speedup_ci95 == [None, None]
+    assert c.to_dict()["speedup"] is None and c.to_dict()["mtp_tokens_per_second"] is None
+    assert [r.to_dict()["tokens_per_second"] for r in once] == [None, None]
+    # among replies that decoded, a one-token reply adds no tokens without time to its arm's figure
+    mixed = once + [_rec("vanilla", "q2", 33, 100.0), _rec("mtp", "q2", 33, 50.0)]
+    c = summarize(mixed)
+    assert c.vanilla_tokens_per_second == pytest.approx(330.0) and c.mtp_tokens_per_second == pytest.approx(660.0)
+    assert c.speedup == pytest.approx(2.0)
+
+
+def test_raw_replies_that_end_at_once_are_reported_as_not_decoded(llama_server_bin, knob_models, monkeypatch):
+    """The same on the real server: every ``/completion`` reply cut to one token (as a raw prompt
+    the model ends at once): the raw row says n/a, not a throughput; the JSON and the receipt
+    section hold no figure for it; a note says nothing was decoded there."""
+    from ggufmtp.measure.verify import run as verify_run
+
+    real_send = verify_run.send
+
+    def send(srv, p, seed, max_tokens, mode="default", endpoint="chat"):
+        return real_send(srv, p, seed, 1 if endpoint == "raw" else max_tokens, mode, endpoint)
+
+    monkeypatch.setattr(verify_run, "send", send)
+    res = verify(knob_models[0.0], VerifyOptions.from_dict({**FAST, "limit": 2, "draft_n_max": 3, "raw": True}),
+                 progress=False)
+    raw = res.comparison(endpoint="raw")
+    assert raw is not None and {r.predicted_n for r in res.records if r.endpoint == "raw"} == {1}
+    assert raw.mtp_tokens_per_second is None and raw.vanilla_tokens_per_second is None and raw.speedup is None
+    assert res.main.speedup is not None  # the chat arm decoded: its figures stand
+    for d in (res.to_dict(), res.to_receipt()):
+        assert d["raw"]["default"]["speedup"] is None
+        assert d["raw"]["default"]["mtp"]["tokens_per_second"] is None
+        assert d["raw"]["default"]["vanilla"]["tokens_per_second"] is None
+        assert any("raw /completion" in n and "nothing was decoded" in n for n in d["notes"])
+    row = next(line for line in res.table().splitlines() if line.startswith("raw /completion"))
+    assert "1000000" not in row and "1.000×" not in row and "nothing decoded" in row, row

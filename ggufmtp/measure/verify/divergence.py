@@ -1,0 +1,255 @@
+"""Why an MTP reply differs from vanilla's: a numerics divergence or a real one.
+
+At temperature 0 speculative decoding is lossless only up to numerics: the MTP arm's target model
+evaluates the k+1 tokens of a verification step as ONE batch, the vanilla arm one token at a time,
+and on some models (Gated DeltaNet linear attention: its chunked and its recurrent algorithm;
+quantized activations) the two evaluations of the same position give logits that differ by up to a
+few tenths of a nat. Wherever vanilla's top-2 margin is smaller than that, greedy decoding can pick
+the other token, and vanilla ITSELF does so when the same prefix is evaluated as one batch.
+
+:func:`analyse_mismatches` tells the two apart on the VANILLA server, before the servers stop, with
+evidence bound to the run:
+
+- each mismatching reply is reproduced through ``/completion`` on the templated prompt
+  (``/apply-template`` with the same messages and ``chat_template_kwargs``; the raw prompt for
+  ``--raw``) as token ids, with ``n_probs: 2``: the reply must reproduce (else the mismatch is
+  *unreproducible*: unexplained); the token at the first differing character is the divergence, and
+  vanilla's top-2 margin there (nats) is recorded (:class:`MismatchAnalysis`);
+- the drift batching alone causes is calibrated on the same run (:class:`NumericsDrift`): at a
+  seeded sample of positions of each analysed reply (up to :data:`POSITIONS_PER_REPLY`, always
+  including the divergence), the prefix is evaluated as one batch (prompt ids + the reply's first j
+  tokens, ``n_predict`` 1, ``n_probs`` 2) and ``|margin_sequential - margin_batched|`` taken (the sum
+  of the two margins where the argmax flips); the drift is the maximum.
+
+A mismatch is explained by numerics when vanilla's margin at the divergence is at most the drift
+(:func:`ggufmtp.provenance.verdict.explained_by_numerics`; a batched flip at the divergence is
+covered: the divergence is always sampled, and a flip there makes the drift at least the margin).
+Nothing runs without mismatches; requests are capped (:data:`MAX_REPLIES`, :data:`MAX_BATCHED`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import ServerError
+from ...provenance.verdict import explained_by_numerics
+from ...runtime.server import LlamaServer
+from ..core.arms import MTP, VANILLA
+from ..core.suite import Prompt, Suite, mode_request_fields
+from .summary import MAX_LISTED_MISMATCHES, Comparison, Record
+
+__all__ = ["MAX_BATCHED", "MAX_REPLIES", "POSITIONS_PER_REPLY", "MismatchAnalysis", "NumericsDrift", "Numerics",
+           "analyse_mismatches", "annotate", "mismatched_pairs"]
+
+POSITIONS_PER_REPLY = 16  # batched evaluations per analysed reply (the divergence among them)
+MAX_REPLIES = 32  # distinct vanilla replies analysed per run
+MAX_BATCHED = 320  # batched evaluations per run
+
+Key = tuple[int, str, str, str, int]  # (k, endpoint, mode, prompt_id, seed)
+
+
+@dataclass(frozen=True)
+class MismatchAnalysis:
+    """One mismatch seen from the vanilla server: whether its reply reproduced through
+    ``/completion``, the token index of the divergence, vanilla's top-2 margin there (nats) and
+    whether vanilla's own one-batch evaluation of that prefix picks another token."""
+
+    reproduced: bool
+    token_index: int | None = None
+    margin_nats: float | None = None
+    batched_flip: bool | None = None
+    why: str | None = None  # why it is unexplained before any margin (unreproducible, ...)
+
+
+@dataclass(frozen=True)
+class NumericsDrift:
+    """The largest change of vanilla's top-2 margin between the sequential and the one-batch
+    evaluation of the same position, over ``positions`` sampled positions (``flips`` of them changed
+    the argmax). ``drift_nats`` is None when nothing could be measured."""
+
+    drift_nats: float | None
+    positions: int
+    flips: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"numerics_drift_nats": self.drift_nats, "numerics_positions": self.positions,
+                "numerics_flips": self.flips}
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """What :func:`analyse_mismatches` found: each analysed mismatch by its key, and the drift."""
+
+    by_key: dict[Key, MismatchAnalysis]
+    drift: NumericsDrift
+
+    def fields(self, key: Key) -> dict[str, Any]:
+        """The fields a mismatch gains (``margin_nats``, ``batched_flip``, ``explained``)."""
+        a = self.by_key.get(key)
+        if a is None:
+            return {"explained": False}
+        return {"margin_nats": a.margin_nats, "batched_flip": a.batched_flip, "token_index": a.token_index,
+                "explained": explained_by_numerics(a.margin_nats, self.drift.drift_nats)}
+
+
+def mismatched_pairs(records: Sequence[Record], ks: Sequence[int], endpoints: Sequence[str],
+                     modes: Sequence[str]) -> list[tuple[Record, Record]]:
+    """The (vanilla, MTP) pairs whose replies differ, in the order the result lists its mismatches
+    (comparison by comparison: k, endpoint, mode), at most :data:`MAX_LISTED_MISMATCHES` each and in
+    all: exactly the mismatches the JSON and the receipt list, so a recorded verdict can re-judge them."""
+    out: list[tuple[Record, Record]] = []
+    for k in ks:
+        for endpoint in endpoints:
+            for mode in modes:
+                sub = [r for r in records if (r.k, r.endpoint, r.mode) == (k, endpoint, mode)]
+                van = {(r.prompt_id, r.seed): r for r in sub if r.arm == VANILLA}
+                pairs = [(van[(r.prompt_id, r.seed)], r) for r in sub
+                         if r.arm == MTP and (r.prompt_id, r.seed) in van and van[(r.prompt_id, r.seed)].text != r.text]
+                out += pairs[:MAX_LISTED_MISMATCHES]
+    return out[:MAX_LISTED_MISMATCHES]
+
+
+def _first_difference(a: str, b: str) -> int:
+    return next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+
+
+def _align(parsed: str, raw: str) -> list[int] | None:
+    """For each character of ``parsed`` (a reply as verify records it: the chat message, reasoning
+    wrapped in ``<think>...</think>``) its index in ``raw`` (the generated text), whitespace the
+    chat parser trimmed skipped; None when ``parsed`` is not ``raw`` up to such whitespace."""
+    out, b = [], 0
+    for ch in parsed:
+        while b < len(raw) and raw[b] != ch and raw[b].isspace():
+            b += 1
+        if b < len(raw) and raw[b] == ch:
+            out.append(b)
+            b += 1
+        elif not ch.isspace():
+            return None
+        else:
+            out.append(b)
+    return out if raw[b:].strip() == "" else None
+
+
+def _margin(entry: dict[str, Any]) -> tuple[int | None, float | None]:
+    """(top token id, top-2 margin in nats) of one ``completion_probabilities`` entry."""
+    top = entry.get("top_logprobs") or []
+    if len(top) < 2:
+        return (top[0].get("id") if top else None), None
+    return top[0].get("id"), float(top[0]["logprob"]) - float(top[1]["logprob"])
+
+
+class _Analyser:
+    """The requests of one analysis on the vanilla server, with their caps."""
+
+    def __init__(self, srv: LlamaServer, suite: Suite, max_tokens: int):
+        self.srv, self.max_tokens = srv, max_tokens
+        self.prompts = {p.id: p for p in suite.prompts}
+        self.replies: dict[tuple[str, str, str], tuple[list[int], list[dict[str, Any]], str] | None] = {}
+        self.batched = 0
+        self.drifts: list[float] = []
+        self.flips = 0
+        self.sampled: set[tuple[str, str, str, int]] = set()
+
+    def prompt_ids(self, p: Prompt, mode: str, endpoint: str) -> list[int]:
+        if endpoint == "raw":
+            text = p.raw_text()
+        else:
+            text = self.srv.post_json("/apply-template", {"messages": p.chat_messages(),
+                                                          **mode_request_fields(mode)})["prompt"]
+        return self.srv.tokenize(text, add_special=True, parse_special=True)
+
+    def sequential(self, v: Record) -> tuple[list[int], list[dict[str, Any]], str] | None:
+        """(prompt ids, per-token probabilities, generated text) of vanilla's reply, once per reply."""
+        key = (v.prompt_id, v.mode, v.endpoint)
+        if key not in self.replies:
+            if len(self.replies) >= MAX_REPLIES:
+                return None
+            ids = self.prompt_ids(self.prompts[v.prompt_id], v.mode, v.endpoint)
+            r = self.srv.complete(ids, n_predict=self.max_tokens, temperature=0.0, seed=v.seed, cache_prompt=False,
+                                  n_probs=2)
+            probs = list(r.get("completion_probabilities") or [])
+            self.replies[key] = (ids, probs, "".join(str(e.get("token", "")) for e in probs))
+        return self.replies[key]
+
+    def batched_margin(self, ids: list[int], probs: list[dict[str, Any]], j: int) -> tuple[int | None, float | None]:
+        self.batched += 1
+        r = self.srv.complete(ids + [int(e["id"]) for e in probs[:j]], n_predict=1, temperature=0.0,
+                              cache_prompt=False, n_probs=2)
+        entries = r.get("completion_probabilities") or []
+        return _margin(entries[0]) if entries else (None, None)
+
+    def drift_at(self, key: tuple[str, str, str], ids: list[int], probs: list[dict[str, Any]], j: int) -> bool | None:
+        """Measure position ``j`` once (cached per reply); whether the batched argmax flips there."""
+        if (*key, j) in self.sampled or self.batched >= MAX_BATCHED:
+            return None
+        self.sampled.add((*key, j))
+        s_id, s_margin = _margin(probs[j])
+        b_id, b_margin = self.batched_margin(ids, probs, j)
+        if s_margin is None or b_margin is None:
+            return None
+        flip = b_id != s_id
+        self.flips += flip
+        self.drifts.append(s_margin + b_margin if flip else abs(s_margin - b_margin))
+        return flip
+
+    def one(self, v: Record, m: Record) -> MismatchAnalysis:
+        rep = self.sequential(v)
+        if rep is None:
+            return MismatchAnalysis(False, why=f"not analysed (more than {MAX_REPLIES} distinct replies)")
+        ids, probs, raw = rep
+        pos = _align(v.text, raw)
+        if pos is None or not probs:
+            return MismatchAnalysis(False, why="vanilla's reply did not reproduce through /completion")
+        i = _first_difference(v.text, m.text)
+        c = pos[i] if i < len(pos) else len(raw)
+        ends = list(_ends(probs))
+        j = next((t for t, e in enumerate(ends) if e > c), None)
+        if j is None:  # MTP's reply is longer: vanilla stopped there (end of generation)
+            return MismatchAnalysis(True, why="vanilla's reply ends where the MTP reply goes on")
+        key = (v.prompt_id, v.mode, v.endpoint)
+        flip = self.drift_at(key, ids, probs, j)
+        rng = random.Random(f"{v.prompt_id}/{v.mode}/{v.endpoint}")
+        others = [t for t in range(len(probs)) if t != j]
+        for t in sorted(rng.sample(others, min(len(others), POSITIONS_PER_REPLY - 1))):
+            self.drift_at(key, ids, probs, t)
+        return MismatchAnalysis(True, token_index=j, margin_nats=_margin(probs[j])[1], batched_flip=flip)
+
+
+def _ends(probs: Sequence[dict[str, Any]]):
+    n = 0
+    for e in probs:
+        n += len(str(e.get("token", "")))
+        yield n
+
+
+def analyse_mismatches(srv: LlamaServer, suite: Suite, pairs: Sequence[tuple[Record, Record]],
+                       max_tokens: int) -> Numerics | None:
+    """Analyse each mismatching (vanilla, MTP) pair on the vanilla server ``srv`` (see the module
+    docstring); None when there is none. A request that fails leaves its mismatch unexplained."""
+    if not pairs:
+        return None
+    an = _Analyser(srv, suite, max_tokens)
+    by_key: dict[Key, MismatchAnalysis] = {}
+    for v, m in pairs:
+        try:
+            a = an.one(v, m)
+        except (ServerError, KeyError, ValueError, TypeError) as e:
+            a = MismatchAnalysis(False, why=f"analysis failed: {e}")
+        by_key[(m.k, m.endpoint, m.mode, m.prompt_id, m.seed)] = a
+    drift = NumericsDrift(max(an.drifts) if an.drifts else None, len(an.drifts), an.flips)
+    return Numerics(by_key, drift)
+
+
+def annotate(comparisons: Sequence[Comparison], numerics: Numerics | None) -> None:
+    """Give each listed mismatch of ``comparisons`` its analysis (``margin_nats``, ``batched_flip``,
+    ``token_index``, ``explained``); nothing without an analysis."""
+    if numerics is None:
+        return
+    for c in comparisons:
+        c.mismatches[:] = [dataclasses.replace(x, **numerics.fields((x.k, x.endpoint, x.mode, x.prompt_id, x.seed)))
+                           for x in c.mismatches]
