@@ -18,7 +18,8 @@ The Python API mirrors the pipeline; every function returns a typed result::
 
 A function of many settings takes one options object, checked when built: :class:`VerifyOptions`
 (with :class:`ServerOptions` and :class:`JudgeOptions`) for ``verify``, :class:`RunOptions` for
-``run``. Errors are subclasses of :class:`ggufmtp.errors.GgufmtpError`.
+``run``, :class:`UploadOptions` for ``upload``, :class:`EvalOptions` for ``evaluate``. Errors are
+subclasses of :class:`ggufmtp.errors.GgufmtpError`.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ServerOptions": ("ggufmtp.measure.core.options", "ServerOptions"),
     "JudgeOptions": ("ggufmtp.measure.core.options", "JudgeOptions"),
     "RunOptions": ("ggufmtp.run_options", "RunOptions"),
+    "UploadOptions": ("ggufmtp.hub.upload", "UploadOptions"),
+    "EvalOptions": ("ggufmtp.quality.options", "EvalOptions"),
 }
 
 __all__ = ["__version__", "GgufmtpError", "Recipe", "SynthSpec", "synthesize", "inspect", "plan", "quantize",
            "audit", "verify", "write_receipt", "make_card", "pull", "upload", "run", "convert",
-           "compute_imatrix", "evaluate", "run_ladder", "VerifyOptions", "ServerOptions", "JudgeOptions", "RunOptions"]
+           "compute_imatrix", "evaluate", "run_ladder", "VerifyOptions", "ServerOptions", "JudgeOptions", "RunOptions",
+           "UploadOptions", "EvalOptions"]
 
 
 def __getattr__(name: str) -> object:
@@ -83,7 +87,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from .gguf.model import inspect_model as inspect
     from .hfconvert.convert import convert
     from .hub.pull import pull
-    from .hub.upload import upload
+    from .hub.upload import UploadOptions, upload
     from .imatrix.compute import compute_imatrix
     from .ladder.run import run_ladder
     from .measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
@@ -92,6 +96,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from .provenance.card import make_card
     from .provenance.receipt import write_receipt
     from .quality.eval import evaluate
+    from .quality.options import EvalOptions
     from .quant.plan import make_plan as plan
     from .quant.quantize import quantize
     from .quant.recipe import Recipe

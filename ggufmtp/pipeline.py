@@ -36,6 +36,7 @@ from .fmt import ci_phrase, pct, times
 from .gguf.model import inspect_model, split_shards
 from .gguf.reader import read_header
 from .hub.manifest import PullResult
+from .hub.upload import UploadOptions
 from .hub.upload import upload as hub_upload
 from .imatrix.compute import RunImatrix, imatrix_for_run
 from .jsontypes import JsonObject
@@ -45,6 +46,7 @@ from .provenance.audit import audit
 from .provenance.card import make_card
 from .provenance.receipt import read_receipt, receipt_for_quantize, set_verification
 from .provenance.signing import resolve_public_key, resolve_signing_key, sign_artifact
+from .quality.options import EvalOptions
 from .quant.plan import make_plan
 from .quant.quantize import quantize
 from .quant.recipe import Recipe
@@ -478,15 +480,16 @@ def _receipt_holds(r: _Run) -> Callable[[ReceiptStage], bool]:
     return check
 
 
-def _stage_eval(r: _Run, eval_options: dict[str, Any]) -> None:
+def _stage_eval(r: _Run, eval_options: EvalOptions) -> None:
     """``--eval``: KL-divergence of the artifact against the source model, into the receipt's ``quality``."""
     def do() -> EvalStage:
         from .quality.sections import eval_into_receipt
 
-        quality = eval_into_receipt(r.model_path, r.artifact, r.receipt, r.signing_key, r.progress, **eval_options)
+        quality = eval_into_receipt(r.model_path, r.artifact, r.receipt, eval_options, r.signing_key,
+                                    r.progress).to_dict()
         return {"quality": quality, "receipt": _file_record(r.receipt), "artifact_sha256": r.artifact_sha256}
 
-    key = _key("eval", r.artifact_key, r.receipted, {k: str(v) for k, v in eval_options.items()})
+    key = _key("eval", r.artifact_key, r.receipted, {k: str(v) for k, v in eval_options.to_dict().items()})
     r.receipted = r.cache.run("eval", key, do, _intact("receipt"))
 
 
@@ -502,9 +505,10 @@ def _stage_upload(r: _Run, repo_id: str, private: bool, dry_run: bool) -> None:
     """Through the publish gate (:mod:`ggufmtp.hub.gate`): without a passing verification of the
     artifact's bytes (or ``allow_unverified``) it raises before any request reaches the Hub."""
     def do() -> JsonObject:  # UploadResult.to_dict()
-        res = hub_upload(repo_id, [r.artifact], [r.receipt], r.card, private=private, token=r.token,
-                         dry_run=dry_run, recipe_name=r.recipe.name, artifact_sha256=r.receipted["artifact_sha256"],
-                         allow_unverified=r.allow_unverified, public_key=r.public_key, progress=r.progress)
+        options = UploadOptions(private=private, token=r.token, dry_run=dry_run, recipe_name=r.recipe.name,
+                                artifact_sha256=r.receipted["artifact_sha256"], allow_unverified=r.allow_unverified,
+                                public_key=r.public_key)
+        res = hub_upload(repo_id, [r.artifact], [r.receipt], r.card, options, progress=r.progress)
         return res.to_dict()
 
     key = _key("upload", repo_id, r.receipted, r.card.exists() and sha256_file(r.card), dry_run, private,
@@ -544,7 +548,7 @@ def run(recipe: str | Path, model: str, options: RunOptions | None = None, *, ou
         _stage_verify(r, o.verify_options or VerifyOptions())
     _stage_receipt(r)
     if o.eval_options is not None:
-        _stage_eval(r, dict(o.eval_options))
+        _stage_eval(r, o.eval_options)
     _stage_card(r)
     if o.upload:
         _stage_upload(r, o.upload, o.private, o.dry_run_upload)

@@ -4,13 +4,13 @@ and the options need nothing of it (the ladder builds them per variant)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .errors import GgufmtpError, HubRefusedError
 from .measure.core.options import VerifyOptions
+from .quality.options import EvalOptions
 
 __all__ = ["RunOptions"]
 
@@ -27,7 +27,7 @@ class RunOptions:
     ``verify``: run the verification with ``verify_options`` (a :class:`VerifyOptions`; the
     recipe's ``[verify]`` table gives the thresholds and the window they leave unset).
     ``eval_options``: add the quality stage (KL-divergence against the source model) with these
-    options of :func:`ggufmtp.quality.sections.eval_into_receipt` (``corpus``, ``chunks``, ...).
+    options (an :class:`~ggufmtp.quality.options.EvalOptions`: ``corpus``, ``chunks``, ...).
 
     ``upload``: publish to this Hub repo (``private``: create it private; ``dry_run_upload``: list
     the operations, send nothing), only an artifact with a passing verification of its bytes,
@@ -52,7 +52,7 @@ class RunOptions:
     threads: int = 0
     verify: bool = True
     verify_options: VerifyOptions | None = None
-    eval_options: Mapping[str, Any] | None = None
+    eval_options: EvalOptions | None = None
     upload: str | None = None
     private: bool = False
     dry_run_upload: bool = False

@@ -403,9 +403,9 @@ def test_hub(arch, made, cell, tmp_path, monkeypatch):
         monkeypatch.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
         with FakeHub(tokens=(TOKEN,)) as fake:
             digest = load_receipt(run.receipt)["subject"][0]["digest"]["sha256"]
-            up = ggufmtp.upload(f"me/{arch}-mtp", [run.artifact], [run.receipt], run.card, token=TOKEN,
-                                endpoint=fake.url, recipe_name=PIPELINE_RECIPE, artifact_sha256=digest,
-                                progress=False)
+            options = ggufmtp.UploadOptions(token=TOKEN, endpoint=fake.url, recipe_name=PIPELINE_RECIPE,
+                                            artifact_sha256=digest)
+            up = ggufmtp.upload(f"me/{arch}-mtp", [run.artifact], [run.receipt], run.card, options, progress=False)
             got = ggufmtp.pull(f"me/{arch}-mtp", local_dir=tmp_path / "dl", token=TOKEN, endpoint=fake.url,
                                progress=False)
         assert got.resolved_commit == up.commit_sha and got.verified

@@ -28,7 +28,7 @@ from ggufmtp.files.hashing import file_digests, git_blob_sha1, sha256_file
 from ggufmtp.hub.manifest import MANIFEST_NAME, PulledModel, read_manifest
 from ggufmtp.hub.pull import pull
 from ggufmtp.hub.transport import cache_dir, storage_folder
-from ggufmtp.hub.upload import upload
+from ggufmtp.hub.upload import UploadOptions, upload
 
 TOKEN = "hf_SECRETtoken123"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -354,8 +354,8 @@ def artifacts(tmp_path, synth_gguf):
 def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
     art, rc, card = artifacts
     digest = sha256_file(art)
-    res = upload("me/new-model", [art], [rc], card=card, token=TOKEN, endpoint=fake.url,
-                     recipe_name="hifi-q4_k_m-mtp", artifact_sha256=digest, progress=False)
+    res = upload("me/new-model", [art], [rc], card, UploadOptions(token=TOKEN, endpoint=fake.url,
+                 recipe_name="hifi-q4_k_m-mtp", artifact_sha256=digest), progress=False)
 
     assert fake.requests_to("POST", r"^/api/repos/create$")
     history = fake.history("me/new-model")
@@ -374,7 +374,7 @@ def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
     # again into the existing repo, on a new branch: create_repo(exist_ok) + create_branch, one more commit
     art.write_bytes(other_artifact(art.parent.parent / "v2").read_bytes())
     rc.write_text(json.dumps(receipt_of(art)))  # the receipt of the new bytes
-    res2 = upload("me/new-model", [art], [rc], token=TOKEN, endpoint=fake.url, revision="v2", progress=False)
+    res2 = upload("me/new-model", [art], [rc], None, UploadOptions(token=TOKEN, endpoint=fake.url, revision="v2"), progress=False)
     assert fake.head("me/new-model", "v2") == res2.commit_sha
     assert fake.history("me/new-model", "v2")[1].oid == res.commit_sha
     assert fake.head("me/new-model") == res.commit_sha  # main untouched
@@ -383,35 +383,41 @@ def test_upload_creates_the_repo_and_makes_exactly_one_commit(fake, artifacts):
 def test_upload_refuses_a_receipt_digest_matching_no_file(fake, artifacts):
     art, rc, _ = artifacts
     with pytest.raises(HubRefusedError, match="matches none of the files"):
-        upload("me/x", [art], [rc], token=TOKEN, endpoint=fake.url, artifact_sha256="0" * 64, progress=False)
+        upload("me/x", [art], [rc], None, UploadOptions(token=TOKEN, endpoint=fake.url, artifact_sha256="0" * 64), progress=False)
     assert not fake.requests  # checked before any request
 
 
 def test_upload_dry_run_makes_no_request(fake, artifacts):
     art, rc, card = artifacts
-    res = upload("me/dry", [art], [rc], card=card, token=TOKEN, endpoint=fake.url, dry_run=True,
-                     recipe_name="r", artifact_sha256=sha256_file(art))
+    res = upload("me/dry", [art], [rc], card, UploadOptions(token=TOKEN, endpoint=fake.url, dry_run=True, recipe_name="r",
+                                                         artifact_sha256=sha256_file(art)))
     assert fake.requests == []
     assert res.dry_run and res.commit_sha is None
     assert [(o.path_in_repo, o.size, o.kind) for o in res.operations] == [
         (art.name, art.stat().st_size, "artifact"), (rc.name, rc.stat().st_size, "receipt"),
         ("README.md", card.stat().st_size, "card")]
     # no endpoint reachable at all: still fine
-    upload("me/dry", [art], [rc], endpoint="http://127.0.0.1:9", dry_run=True)
+    upload("me/dry", [art], [rc], None, UploadOptions(endpoint="http://127.0.0.1:9", dry_run=True))
 
 
 def test_upload_validates_inputs(tmp_path, artifacts):
     art, rc, card = artifacts
     with pytest.raises(HubRefusedError, match="receipt"):
-        upload("me/x", [art], [], dry_run=True)
+        upload("me/x", [art], [], None, UploadOptions(dry_run=True))
     with pytest.raises(HubRefusedError, match="does not exist"):
-        upload("me/x", [tmp_path / "missing.gguf"], [rc], dry_run=True)
+        upload("me/x", [tmp_path / "missing.gguf"], [rc], None, UploadOptions(dry_run=True))
     readme = tmp_path / "README.md"
     readme.write_text("x")
     with pytest.raises(HubError, match="README.md"):
-        upload("me/x", [art], [readme], card=card, dry_run=True)
+        upload("me/x", [art], [readme], card, UploadOptions(dry_run=True))
     with pytest.raises(HubError, match="not a valid Hub repo id"):
-        upload("not/a/repo", [art], [rc], dry_run=True)
+        upload("not/a/repo", [art], [rc], None, UploadOptions(dry_run=True))
+    # the options are checked when built, before any file is read; the token never shows in their repr
+    with pytest.raises(HubRefusedError, match="uploads go to a branch name, not a commit sha"):
+        UploadOptions(revision="0123456789abcdef" * 2 + "01234567")
+    with pytest.raises(HubRefusedError, match="is not a 64-hex-digit sha256"):
+        UploadOptions(artifact_sha256="abc")
+    assert TOKEN not in repr(UploadOptions(token=TOKEN))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -442,7 +448,7 @@ def test_token_reaches_the_hub_but_never_any_output(fake, artifacts, tmp_path, c
             lambda: pull("org/private", local_dir=tmp_path / "dl2", token=TOKEN, endpoint=fake.url),
             lambda: pull("org/missing", token=TOKEN, endpoint=fake.url),
             lambda: pull("org/private", token=TOKEN + "\n", endpoint=fake.url),  # illegal header value
-            lambda: upload("me/m", [artifacts[0]], [artifacts[1]], token=TOKEN + "x", endpoint=fake.url),
+            lambda: upload("me/m", [artifacts[0]], [artifacts[1]], None, UploadOptions(token=TOKEN + "x", endpoint=fake.url)),
         ):
             with pytest.raises(HubError) as ei:
                 call()
@@ -450,7 +456,7 @@ def test_token_reaches_the_hub_but_never_any_output(fake, artifacts, tmp_path, c
             messages.append(repr(ei.value.__cause__))
 
         art, rc, card = artifacts
-        up = upload("me/m", [art], [rc], card=card, token=TOKEN, endpoint=fake.url)
+        up = upload("me/m", [art], [rc], card, UploadOptions(token=TOKEN, endpoint=fake.url))
         result = CliRunner().invoke(main, ["upload", "me/m", str(art), "--receipt", str(rc), "--json"],
                                     env={"HF_TOKEN": TOKEN, "HF_ENDPOINT": fake.url})
         assert result.exit_code == 0, result.output
@@ -566,8 +572,8 @@ def refused_both_ways(fake, files, receipts, match, card=None, allow_unverified=
                                                                    if public_key else [])
     for dry_run in (True, False):
         with pytest.raises(HubRefusedError, match=match):
-            upload("me/gated", files, receipts, card=card, token=TOKEN, endpoint=fake.url, dry_run=dry_run,
-                   progress=False, allow_unverified=allow_unverified, public_key=public_key)
+            upload("me/gated", files, receipts, card, UploadOptions(token=TOKEN, endpoint=fake.url, dry_run=dry_run,
+                   allow_unverified=allow_unverified, public_key=public_key), progress=False)
         argv = ["upload", "me/gated", *map(str, files), *(x for r in receipts for x in ("--receipt", str(r))),
                 *(["--card", str(card)] if card else []), *flags, *(["--dry-run"] if dry_run else [])]
         r = CliRunner().invoke(main, argv, env={"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN})
@@ -593,7 +599,7 @@ def test_upload_refuses_receipts_that_do_not_describe_the_artifacts(fake, artifa
     refused_both_ways(fake, [art], [listing], f"refusing to upload with receipt .*{listing.name}")
     refused_both_ways(fake, [art], [tmp_path / "missing.json"], "missing.json")
     # the two artifacts, each with its own receipt, pass
-    res = upload("me/two", [art, other], [rc, other_rc], token=TOKEN, endpoint=fake.url, progress=False)
+    res = upload("me/two", [art, other], [rc, other_rc], None, UploadOptions(token=TOKEN, endpoint=fake.url), progress=False)
     assert sorted(fake.history("me/two")[0].files) == sorted([".gitattributes", art.name, other.name, rc.name,
                                                               other_rc.name])
     assert [a["verified"] for a in res.to_dict()["artifacts"]] == [True, True]
@@ -649,14 +655,14 @@ def test_upload_with_a_public_key_requires_valid_signatures(fake, artifacts, tmp
     rc.write_text(json.dumps(sign_statement(receipt_of(art), priv)))
 
     monkeypatch.setenv("GGUFMTP_PUBLIC_KEY", str(pub))  # configured through the environment this time
-    res = upload("me/signed", [art], [rc], card=card, token=TOKEN, endpoint=fake.url, progress=False)
+    res = upload("me/signed", [art], [rc], card, UploadOptions(token=TOKEN, endpoint=fake.url), progress=False)
     files = fake.history("me/signed")[0].files
     assert f"{art.name}.sig" in files and fake.file("me/signed", f"{art.name}.sig") == (tmp_path / "out" / f"{art.name}.sig").read_bytes()
     check = res.to_dict()["artifacts"][0]
     assert check["signatures_checked"] and check["receipt_signed"] and check["signature"] == f"{art.name}.sig"
     art.write_bytes(art.read_bytes()[:-1] + b"\0")  # one byte changed: its receipt no longer describes it
     with pytest.raises(HubRefusedError, match="no receipt describes"):
-        upload("me/signed", [art], [rc], token=TOKEN, endpoint=fake.url, dry_run=True)
+        upload("me/signed", [art], [rc], None, UploadOptions(token=TOKEN, endpoint=fake.url, dry_run=True))
 
 
 def test_pull_flags_files_the_hub_gives_no_checksum_for(fake, tmp_path):

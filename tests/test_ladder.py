@@ -18,8 +18,10 @@ from ggufmtp.errors import AuditError, LadderError
 from ggufmtp.ladder.engine import DaskEngine
 from ggufmtp.ladder.run import run_ladder, upload_ladder
 from ggufmtp.ladder.spec import LadderSpec, load_ladder_file
+from ggufmtp.measure.core.options import VerifyOptions
 from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.receipt import read_receipt
+from ggufmtp.quality.options import EvalOptions
 
 MODEL = "builtin:tiny-qwen35moe-f20"
 RECIPES = ("q8_0-mtp", "q4_k_m-mtp-q8", "iq4_xs-mtp")
@@ -30,7 +32,7 @@ TOKEN = "hf_ladderTOKEN"
 
 def _spec(out: Path, recipes=RECIPES, **kw) -> LadderSpec:
     return LadderSpec(model=MODEL, recipes=tuple(recipes), out_dir=out, imatrix_corpus="builtin:calib-v1",
-                      imatrix_chunks=2, threads=1, verify_options=dict(VERIFY), eval_options=dict(EVAL), **kw)
+                      imatrix_chunks=2, threads=1, verify_options=VerifyOptions.from_dict(VERIFY), eval_options=EvalOptions(**EVAL), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +120,8 @@ def test_the_ladder_file_and_the_cli(ladder, tmp_path):
     f.write_text(f'model = "{MODEL}"\nrecipes = {json.dumps(list(RECIPES))}\nimatrix_corpus = "builtin:calib-v1"\n'
                  'imatrix_chunks = 2\nthreads = 1\n[verify]\nseeds = [42]\nlimit = 3\nmax_tokens = 24\nthreads = 1\n'
                  '[eval]\ncorpus = "builtin:calib-v1"\nchunks = 2\nctx_size = 128\nthreads = 1\n')
-    assert load_ladder_file(f)["verify_options"] == VERIFY
+    fields = load_ladder_file(f)
+    assert fields["verify_options"] == VerifyOptions.from_dict(VERIFY) and fields["eval_options"] == EvalOptions(**EVAL)
     r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output[r.output.index("{"):])
@@ -134,3 +137,15 @@ def test_the_ladder_file_and_the_cli(ladder, tmp_path):
     for args, said in ((["-m", MODEL], "at least one recipe"), (["-r", "q8_0-mtp"], "no model")):
         r = CliRunner().invoke(main, ["ladder", *args, "-o", str(tmp_path / "z")])
         assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, r.output
+
+
+def test_bad_values_in_a_ladder_file_name_the_file_and_the_table(tmp_path):
+    """The ``[verify]`` and ``[eval]`` tables become options objects when the file is read: a bad
+    value is refused then, naming the file and the table, before any variant starts."""
+    f = tmp_path / "ladder.toml"
+    for body, said in (("[verify]\nseeds = [42, 42]\n", "[verify] seeds [42, 42]: duplicates"),
+                       ("[eval]\nchunks = 0\n", "[eval] chunks 0: must be an integer of at least 1"),
+                       ("[eval]\nctx_size = 8\n", "[eval] ctx_size 8: must be an integer of at least 16")):
+        f.write_text(f'model = "{MODEL}"\nrecipes = ["q8_0-mtp"]\n' + body)
+        with pytest.raises(LadderError, match=re.escape(f"{f}: {said}")):
+            load_ladder_file(f)

@@ -11,6 +11,7 @@ import pytest
 from ggufmtp.errors import CorpusError, HeadSweepError, LogitsFileError, ModelMismatchError, QualityError
 from ggufmtp.quality import logits as logits_mod
 from ggufmtp.quality.eval import evaluate
+from ggufmtp.quality.options import EvalOptions
 from ggufmtp.quant.quantize import quantize
 from ggufmtp.synth.spec import SynthSpec
 
@@ -44,10 +45,10 @@ def q4_model(tmp_path_factory, synth_model) -> tuple[Path, Path]:
 def test_quant_has_kld_above_zero_and_base_vs_itself_zero_within_error(q4_model, kld_cache, tmp_path):
     base, q4 = q4_model
     corpus = _corpus(tmp_path / "c.txt", 3000)
-    same = evaluate(base, base, corpus, ctx_size=CTX, chunks=4, progress=False)
+    same = evaluate(base, base, EvalOptions(corpus, ctx_size=CTX, chunks=4), progress=False)
     assert same.stats.kld_mean is not None and abs(same.stats.kld_mean) <= max(3 * (same.stats.kld_mean_err or 0), 1e-6)
     assert same.stats.same_top_p == pytest.approx(1.0)
-    q = evaluate(base, q4, corpus, ctx_size=CTX, chunks=4, progress=False)
+    q = evaluate(base, q4, EvalOptions(corpus, ctx_size=CTX, chunks=4), progress=False)
     assert q.base_logits.cached  # same base, corpus, ctx and chunks: the base pass is not rerun
     assert q.stats.kld_mean > 0 and q.stats.kld_mean > 3 * (q.stats.kld_mean_err or 0)
     d = q.to_dict()
@@ -61,24 +62,24 @@ def test_quant_has_kld_above_zero_and_base_vs_itself_zero_within_error(q4_model,
 @pytest.mark.runtime
 def test_cache_hit_skips_the_base_pass_and_a_truncated_cache_file_is_refused(tiny_mtp_model, kld_cache, tmp_path):
     corpus = _corpus(tmp_path / "c.txt", 2000)
-    first = evaluate(tiny_mtp_model, tiny_mtp_model, corpus, ctx_size=CTX, chunks=3, progress=False)
+    first = evaluate(tiny_mtp_model, tiny_mtp_model, EvalOptions(corpus, ctx_size=CTX, chunks=3), progress=False)
     assert not first.base_logits.cached and first.base_logits.seconds > 0
     path = first.base_logits.path
     assert path.stat().st_size == logits_mod.logits_file_bytes(CTX, first.base_logits.header.n_vocab, 3)
     mtime = path.stat().st_mtime_ns
-    second = evaluate(tiny_mtp_model, tiny_mtp_model, corpus, ctx_size=CTX, chunks=3, progress=False)
+    second = evaluate(tiny_mtp_model, tiny_mtp_model, EvalOptions(corpus, ctx_size=CTX, chunks=3), progress=False)
     assert second.base_logits.cached and path.stat().st_mtime_ns == mtime
     with open(path, "r+b") as fh:
         fh.truncate(path.stat().st_size - 1000)
     with pytest.raises(LogitsFileError, match="truncated base-logits file"):
-        evaluate(tiny_mtp_model, tiny_mtp_model, corpus, ctx_size=CTX, chunks=3, progress=False)
+        evaluate(tiny_mtp_model, tiny_mtp_model, EvalOptions(corpus, ctx_size=CTX, chunks=3), progress=False)
 
 
 @pytest.mark.runtime
 def test_a_short_corpus_is_one_error_before_any_run(tiny_mtp_model, kld_cache, tmp_path):
     corpus = _corpus(tmp_path / "short.txt", 40)
     with pytest.raises(CorpusError, match="too short"):
-        evaluate(tiny_mtp_model, tiny_mtp_model, corpus, ctx_size=CTX, progress=False)
+        evaluate(tiny_mtp_model, tiny_mtp_model, EvalOptions(corpus, ctx_size=CTX), progress=False)
     assert not kld_cache.exists() or not list(kld_cache.glob("*"))
 
 
@@ -87,7 +88,7 @@ def test_models_of_different_vocabularies_or_architectures_are_refused(synth_mod
     corpus = _corpus(tmp_path / "c.txt", 2000)
     moe, dense = synth_model("tiny-qwen35moe"), synth_model("tiny-qwen35")
     with pytest.raises(ModelMismatchError, match="architecture qwen35moe vs qwen35"):
-        evaluate(moe, dense, corpus, ctx_size=CTX, progress=False)
+        evaluate(moe, dense, EvalOptions(corpus, ctx_size=CTX), progress=False)
 
 
 def test_logits_size_and_header_checks(tmp_path):
@@ -203,16 +204,16 @@ def test_token_count_is_remembered_per_base_corpus_and_commit(tiny_mtp_model, kl
     from ggufmtp.quality import eval as eval_mod
 
     corpus = _corpus(tmp_path / "c.txt", 2000)
-    first = evaluate(tiny_mtp_model, tiny_mtp_model, corpus, ctx_size=CTX, chunks=3, progress=False)
+    first = evaluate(tiny_mtp_model, tiny_mtp_model, EvalOptions(corpus, ctx_size=CTX, chunks=3), progress=False)
     memo = json.loads((kld_cache / "tokens.json").read_text())["entries"]
     assert list(memo.values()) == [first.n_tokens] and first.n_tokens > 3 * CTX
     counted: list[str] = []
     real = eval_mod.count_tokens
     monkeypatch.setattr(eval_mod, "count_tokens", lambda m, t: counted.append(t) or real(m, t))
-    again = evaluate(tiny_mtp_model, tiny_mtp_model, corpus, ctx_size=CTX, chunks=3, progress=False)
+    again = evaluate(tiny_mtp_model, tiny_mtp_model, EvalOptions(corpus, ctx_size=CTX, chunks=3), progress=False)
     assert again.n_tokens == first.n_tokens and counted == []
     other = _corpus(tmp_path / "d.txt", 2500)
-    third = evaluate(tiny_mtp_model, tiny_mtp_model, other, ctx_size=CTX, chunks=3, progress=False)
+    third = evaluate(tiny_mtp_model, tiny_mtp_model, EvalOptions(other, ctx_size=CTX, chunks=3), progress=False)
     assert len(counted) == 1 and third.n_tokens > first.n_tokens
 
 
@@ -224,7 +225,7 @@ def test_lost_final_lines_are_read_from_the_last_table_row_only_when_the_table_i
     from ggufmtp.quality.perplexity import parse_kld_output
 
     base, q4 = q4_model
-    q = evaluate(base, q4, _corpus(tmp_path / "c.txt", 3000), ctx_size=CTX, chunks=4, progress=False)
+    q = evaluate(base, q4, EvalOptions(_corpus(tmp_path / "c.txt", 3000), ctx_size=CTX, chunks=4), progress=False)
     # distinct values (RMS Δp, Same top p, mean KLD): a row read from the wrong column would differ
     assert len({q.stats.rms_dp, q.stats.same_top_p, q.stats.kld_mean}) == 3 and q.stats.rms_dp > 0
     log = q.base_logits.path.with_name(f"{q.base_logits.path.stem}.{q4.name}.kld.log").read_text()
@@ -232,3 +233,16 @@ def test_lost_final_lines_are_read_from_the_last_table_row_only_when_the_table_i
     assert parse_kld_output(log[:log.index(" 1.0%   Δp")], "q") == q.stats
     with pytest.raises(QualityError, match="no 'KLD' statistic"):
         parse_kld_output(log[:log.index("Median  KLD")], "q")
+
+
+def test_eval_options_are_checked_when_built():
+    """:class:`EvalOptions` refuses a setting llama-perplexity cannot run with, naming it, before
+    anything is read; its defaults are ``ggufmtp eval``'s, and ``to_dict`` is every setting."""
+    with pytest.raises(QualityError, match="ctx_size 8: must be an integer of at least 16"):
+        EvalOptions(ctx_size=8)
+    for name in ("chunks", "threads"):
+        with pytest.raises(QualityError, match=f"{name} 0: must be an integer of at least 1"):
+            EvalOptions(**{name: 0})
+    assert EvalOptions(chunks=2).to_dict() == {"corpus": "builtin:calib-v1", "ctx_size": 512, "chunks": 2,
+                                               "gpu_layers": None, "threads": None, "llama_cpp_bin": None}
+    assert EvalOptions(Path("c.txt")).to_dict()["corpus"] == "c.txt"

@@ -25,7 +25,7 @@ from ggufmtp.cli import main
 from ggufmtp.errors import AuditError, HubRefusedError, VerifyError
 from ggufmtp.files.hashing import sha256_file
 from ggufmtp.hub import upload as upload_mod
-from ggufmtp.hub.upload import upload
+from ggufmtp.hub.upload import UploadOptions, upload
 from ggufmtp.provenance import audit as audit_mod
 from ggufmtp.provenance import verdict as verdict_mod
 from ggufmtp.provenance.audit import audit, format_audit
@@ -77,7 +77,7 @@ def card_for(art: Path, statement: dict) -> Path:
 
 
 def dry_upload(art: Path, rc: Path, card: Path | None = None, public_key: Path | None = None, **kw):
-    return upload("me/model", [art], [rc], card=card, dry_run=True, progress=False, public_key=public_key, **kw)
+    return upload("me/model", [art], [rc], card, UploadOptions(dry_run=True, public_key=public_key, **kw), progress=False)
 
 
 def cli_upload_dry(art: Path, rc: Path, public_key: Path | None = None):
@@ -254,7 +254,7 @@ def test_bytes_changed_after_the_gate_are_not_committed(art, fake, monkeypatch):
 
     monkeypatch.setattr(upload_mod, "check_publishable", gate_then_swap)
     with pytest.raises(HubRefusedError, match=f"{art.name} changed after the publish gate checked it"):
-        upload("me/model", [art], [rc], card=card, token=TOKEN, endpoint=fake.url, progress=False)
+        upload("me/model", [art], [rc], card, UploadOptions(token=TOKEN, endpoint=fake.url), progress=False)
     assert fake.repos == {}  # nothing created, nothing committed
 
 
@@ -270,7 +270,7 @@ def test_a_receipt_changed_after_the_gate_is_not_committed(art, fake, monkeypatc
 
     monkeypatch.setattr(upload_mod, "check_publishable", gate_then_edit)
     with pytest.raises(HubRefusedError, match="changed after the publish gate"):
-        upload("me/model", [art], [rc], token=TOKEN, endpoint=fake.url, progress=False)
+        upload("me/model", [art], [rc], None, UploadOptions(token=TOKEN, endpoint=fake.url), progress=False)
     assert fake.repos == {}
 
 

@@ -92,13 +92,14 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     bytes gated. The commit message names the recipe and the artifact's
     sha256 (from the receipt). Tokens come from HF_TOKEN or `hf auth login`, never from the command line.
     """
-    from ..hub.upload import receipt_commit_facts, upload
+    from ..hub.upload import UploadOptions, receipt_commit_facts, upload
 
     # Facts for the commit message only; the upload itself refuses receipts it cannot parse.
     facts = receipt_commit_facts(receipts, artifacts)
-    res = upload(repo_id, list(artifacts), list(receipts), card=card, private=private, revision=revision,
-                 dry_run=dry_run, recipe_name=facts.recipe_name, artifact_sha256=facts.artifact_sha256,
-                 allow_unverified=allow_unverified, public_key=public_key)
+    options = UploadOptions(private=private, revision=revision, dry_run=dry_run, recipe_name=facts.recipe_name,
+                            artifact_sha256=facts.artifact_sha256, allow_unverified=allow_unverified,
+                            public_key=public_key)
+    res = upload(repo_id, list(artifacts), list(receipts), card, options)
     if as_json:
         emit_json(res.to_dict())
         return

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -12,28 +14,35 @@ from .app import emit_json, handle_errors, json_option, main
 from .hub_cmds import allow_unverified_option
 from .provenance_cmds import public_key_option, signing_key_option
 
+if TYPE_CHECKING:
+    from ..ladder.spec import LadderSpec
 
-def _spec(ladder_file: str | None, cli: dict[str, Any]) -> Any:
-    """The ladder's spec: the ladder file's settings, overridden by what the command line gives."""
+
+def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, object], eval_corpus: str | None
+          ) -> LadderSpec:
+    """The ladder's spec: the ladder file's settings, overridden by what the command line gives
+    (``given``: :class:`LadderSpec` fields; ``vopts``: verify options, as flat keys)."""
     from ..errors import LadderError
     from ..ladder.spec import LadderSpec, load_ladder_file
+    from ..measure.core.options import VerifyOptions
     from ..provenance.signing import resolve_signing_key
+    from ..quality.options import EvalOptions
 
-    fields: dict[str, Any] = load_ladder_file(ladder_file) if ladder_file else {}
-    for k, v in cli.items():
-        if v not in (None, (), {}):
-            fields[k] = {**fields.get(k, {}), **v} if isinstance(v, dict) else v
+    fields: dict[str, Any] = dict(load_ladder_file(ladder_file)) if ladder_file else {}
+    fields.update({k: v for k, v in given.items() if v not in (None, ())})
     if not fields.get("model"):
         raise LadderError("no model: give -m MODEL or model = \"...\" in the ladder file")
     fields.setdefault("recipes", ())  # none at all: LadderSpec.check says so
-    eval_options = fields.pop("eval_options", None)
-    if cli.get("eval_corpus"):
-        eval_options = {**(eval_options or {}), "corpus": fields.pop("eval_corpus")}
-    fields.pop("eval_corpus", None)
-    if eval_options is not None and cli.get("verify_options", {}).get("gpu_layers") is not None:
-        eval_options.setdefault("gpu_layers", cli["verify_options"]["gpu_layers"])
+    if vopts:
+        fields["verify_options"] = VerifyOptions.from_dict({**fields.get("verify_options", VerifyOptions()).to_dict(),
+                                                            **vopts})
+    ev = fields.pop("eval_options", None)
+    if eval_corpus:
+        ev = dataclasses.replace(ev or EvalOptions(), corpus=eval_corpus)
+    if ev is not None and ev.gpu_layers is None and vopts.get("gpu_layers") is not None:
+        ev = dataclasses.replace(ev, gpu_layers=vopts["gpu_layers"])
     key = resolve_signing_key(fields.pop("signing_key", None))
-    return LadderSpec(**fields, eval_options=eval_options, signing_key=key).check()
+    return LadderSpec(**fields, eval_options=ev, signing_key=key).check()
 
 
 @main.command("ladder", short_help="Every variant of a model (one per recipe) with one comparison card.")
@@ -87,8 +96,7 @@ def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | N
                                ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers)) if v is not None}
     spec = _spec(ladder_file, {"model": model, "recipes": recipes, "out_dir": Path(out_dir), "imatrix": imatrix,
                                "imatrix_corpus": imatrix_corpus, "imatrix_chunks": imatrix_chunks, "threads": threads,
-                               "verify": False if no_verify else None, "verify_options": vopts,
-                               "eval_corpus": eval_corpus, "signing_key": signing_key})
+                               "verify": False if no_verify else None, "signing_key": signing_key}, vopts, eval_corpus)
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None
     res = run_ladder(spec, engine, progress=not as_json, log=log)

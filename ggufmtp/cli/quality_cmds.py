@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
+from ..quality.options import MIN_CTX, EvalOptions
 from .app import _ngl, bin_option, emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .provenance_cmds import signing_key_option
 
@@ -15,9 +16,9 @@ receipt_option = click.option("--receipt", "receipt_path", type=click.Path(dir_o
 @main.command("eval")
 @click.argument("base", metavar="BASE.gguf")
 @click.argument("quant", metavar="QUANT.gguf")
-@click.option("--corpus", default="builtin:calib-v1", show_default=True,
+@click.option("--corpus", default=EvalOptions.corpus, show_default=True,
               help="Evaluation text: a UTF-8 file or builtin:NAME.")
-@click.option("--ctx-size", "-c", type=click.IntRange(min=16), default=512, show_default=True,
+@click.option("--ctx-size", "-c", type=click.IntRange(min=MIN_CTX), default=EvalOptions.ctx_size, show_default=True,
               help="Tokens per chunk (llama-perplexity -c); the second half of each chunk is scored.")
 @click.option("--chunks", type=click.IntRange(min=1), default=None, help="Evaluate the first N chunks only.")
 @click.option("--gpu-layers", "-ngl", default=None, help="Layers offloaded to the GPU (e.g. 999).")
@@ -39,8 +40,9 @@ def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | No
     from ..quality.eval import evaluate, format_quality
     from .app import resolve_model_arg
 
-    res = evaluate(resolve_model_arg(base), resolve_model_arg(quant), corpus, ctx_size, chunks, _ngl(gpu_layers),
-                   threads, progress=not as_json, llama_cpp_bin=llama_cpp_bin,
+    options = EvalOptions(corpus=corpus, ctx_size=ctx_size, chunks=chunks, gpu_layers=_ngl(gpu_layers),
+                          threads=threads, llama_cpp_bin=llama_cpp_bin)
+    res = evaluate(resolve_model_arg(base), resolve_model_arg(quant), options, progress=not as_json,
                    log=lambda m: click.echo(m, err=True))
     if receipt_path:
         from ..quality.sections import store_quality

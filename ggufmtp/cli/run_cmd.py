@@ -56,6 +56,7 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: s
     accepts pulled files the Hub gave no checksum for."""
     from ..measure.core.options import VerifyOptions
     from ..pipeline import run
+    from ..quality.options import EvalOptions
     from ..run_options import RunOptions
 
     vopts: dict[str, Any] = {}
@@ -70,7 +71,7 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: s
     options = RunOptions(
         imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,
         threads=threads, verify=not no_verify, verify_options=VerifyOptions.from_dict(vopts),
-        eval_options=None if eval_corpus is None else {"corpus": eval_corpus, "gpu_layers": gpu_layers},
+        eval_options=None if eval_corpus is None else EvalOptions(corpus=eval_corpus, gpu_layers=gpu_layers),
         upload=upload_repo, private=private, dry_run_upload=dry_run_upload, allow_unverified=allow_unverified,
         public_key=public_key, signing_key=signing_key, force=force)
     res = run(recipe_name, model, options, out_dir=out_dir, progress=not as_json, log=lambda m: click.echo(m, err=True))

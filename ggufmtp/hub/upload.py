@@ -1,15 +1,16 @@
 """Publish artifacts to the Hugging Face Hub: one commit carrying artifact(s), receipt(s) and the card.
 
 On the wire this is ``huggingface_hub``'s ``create_repo`` / ``create_branch`` / ``create_commit``.
-The inputs are checked before any request (``_UploadRequest.__post_init__``, then the planned
-operations), the files are hashed, then the publish gate (``hub/gate.py``: exactly ``ggufmtp audit``
-of every artifact against its receipt, a publishable verification, signatures when a public key
-is configured) decides; a dry run does all of that too, so it refuses exactly what the real upload
-refuses. The bytes sent are the bytes gated: the digest huggingface_hub computes for each file
-as it prepares the upload (the LFS oid the Hub checks the upload against) must equal the digest
-the gate approved, or nothing is committed. The default commit message names the
-recipe and the artifact's sha256 as the receipt states them (``receipt_commit_facts``). An
-artifact's signature ``ARTIFACT.sig`` is uploaded alongside it when present.
+The inputs are checked before any request (:class:`UploadOptions` when built,
+``_UploadRequest.__post_init__``, then the planned operations), the files are hashed, then the
+publish gate (``hub/gate.py``: exactly ``ggufmtp audit`` of every artifact against its receipt, a
+publishable verification, signatures when a public key is configured) decides; a dry run does all of
+that too, so it refuses exactly what the real upload refuses. The bytes sent are the bytes gated:
+the digest huggingface_hub computes for each file as it prepares the upload (the LFS oid the Hub
+checks the upload against) must equal the digest the gate approved, or nothing is committed. The
+default commit message names the recipe and the artifact's sha256 as the receipt states them
+(``receipt_commit_facts``). An artifact's signature ``ARTIFACT.sig`` is uploaded alongside it when
+present.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from .gate import PublishCheck, check_publishable
 from .transport import HubErrorContext, guard_secrets, host, hub_errors, resolve_endpoint
 
-__all__ = ["CommitFacts", "UploadKind", "UploadOperation", "UploadResult", "default_commit_message",
+__all__ = ["CommitFacts", "UploadKind", "UploadOperation", "UploadOptions", "UploadResult", "default_commit_message",
            "receipt_commit_facts", "upload"]
 
 
@@ -191,6 +192,40 @@ def _as_paths(items: str | os.PathLike | Iterable[str | os.PathLike] | None) -> 
     return [Path(i) for i in items]
 
 
+@dataclass(frozen=True)
+class UploadOptions:
+    """How :func:`upload` publishes (the defaults are ``ggufmtp upload``'s), checked once, when
+    built: HubRefusedError naming the bad setting, before anything is read or sent.
+
+    ``private``: create the repo private (no effect on an existing repo); ``revision``: the branch
+    to commit to (created when missing; default main; never a commit sha); ``token``: the Hub token
+    (default ``$HF_TOKEN`` or ``hf auth login``'s; never shown in the repr); ``dry_run``: run every
+    check (hashing the files) and list the operations, without any network access;
+    ``commit_message``: instead of the default one, which names ``recipe_name`` and
+    ``artifact_sha256`` (the sha256 the receipt states; it must be one of the artifacts');
+    ``endpoint``: another Hub (default ``$HF_ENDPOINT``, else huggingface.co). The publish gate
+    (:mod:`ggufmtp.hub.gate`): ``allow_unverified`` publishes without a passing verification of
+    the artifact's bytes (the card must say so); ``public_key`` (default ``$GGUFMTP_PUBLIC_KEY``)
+    requires valid signatures."""
+
+    private: bool = False
+    revision: str | None = None
+    token: str | bool | None = field(default=None, repr=False)
+    dry_run: bool = False
+    commit_message: str | None = None
+    recipe_name: str | None = None
+    artifact_sha256: str | None = None
+    endpoint: str | None = None
+    allow_unverified: bool = False
+    public_key: str | os.PathLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.revision is not None and (not self.revision or COMMIT_RE.match(self.revision)):
+            raise HubRefusedError(f"--revision {self.revision!r}: uploads go to a branch name, not a commit sha")
+        if self.artifact_sha256 is not None and not SHA256_RE.match(self.artifact_sha256):
+            raise HubRefusedError(f"artifact sha256 {self.artifact_sha256!r} is not a 64-hex-digit sha256")
+
+
 @dataclass
 class _UploadRequest:
     """An upload's inputs, refused in ``__post_init__`` before anything is read or sent."""
@@ -199,8 +234,6 @@ class _UploadRequest:
     artifacts: list[Path]
     receipts: list[Path]
     card: Path | None
-    revision: str | None
-    artifact_sha256: str | None
 
     def __post_init__(self) -> None:
         from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -209,10 +242,6 @@ class _UploadRequest:
             validate_repo_id(self.repo_id)
         except HFValidationError as e:
             raise HubRefusedError(f"{self.repo_id!r} is not a valid Hub repo id (namespace/name): {e}") from None
-        if self.revision is not None and (not self.revision or COMMIT_RE.match(self.revision)):
-            raise HubRefusedError(f"--revision {self.revision!r}: uploads go to a branch name, not a commit sha")
-        if self.artifact_sha256 is not None and not SHA256_RE.match(self.artifact_sha256):
-            raise HubRefusedError(f"artifact sha256 {self.artifact_sha256!r} is not a 64-hex-digit sha256")
         if not self.artifacts:
             raise HubRefusedError("nothing to upload: pass at least one artifact file")
         if not self.receipts:
@@ -260,52 +289,35 @@ def _check_artifact_digest(ops: list[UploadOperation], artifact_sha256: str | No
                               f"uploaded ({listing}): the receipt describes another file; re-run the receipt step")
 
 
-def upload(
-    repo_id: str,
-    files: Sequence[str | os.PathLike],
-    receipt: str | os.PathLike | Sequence[str | os.PathLike],
-    card: str | os.PathLike | None = None,
-    private: bool = False,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    dry_run: bool = False,
-    commit_message: str | None = None,
-    *,
-    recipe_name: str | None = None,
-    artifact_sha256: str | None = None,
-    endpoint: str | None = None,
-    progress: bool = True,
-    allow_unverified: bool = False,
-    public_key: str | os.PathLike | None = None,
-) -> UploadResult:
-    """Publish artifact(s), their receipt(s) and the model card (as README.md) in ONE commit.
+def upload(repo_id: str, files: Sequence[str | os.PathLike], receipt: str | os.PathLike | Sequence[str | os.PathLike],
+           card: str | os.PathLike | None = None, options: UploadOptions | None = None, *,
+           progress: bool = True) -> UploadResult:
+    """Publish artifact(s) ``files``, their receipt(s) and the model ``card`` (as README.md) in ONE
+    commit to ``repo_id``, as ``options`` say (an :class:`UploadOptions`; default: ``ggufmtp upload``'s).
 
-    Creates the repo if needed (``private`` only applies to a new repo) and the branch
-    ``revision`` if it does not exist. The default commit message names ``recipe_name`` and
-    ``artifact_sha256`` (which must be the sha256 of one of ``files``). Before anything is sent,
-    every artifact must pass the publish gate (:mod:`ggufmtp.hub.gate`): a receipt describing its
-    bytes, a passing verification of them unless ``allow_unverified`` (the card must then say
-    so), and valid signatures when ``public_key`` (default ``$GGUFMTP_PUBLIC_KEY``) is set.
-    ``dry_run`` runs every check (hashing the files) and lists the operations, without any
-    network access.
+    Creates the repo if needed and the branch ``options.revision`` if it does not exist. Before
+    anything is sent, every artifact must pass the publish gate (:mod:`ggufmtp.hub.gate`): a
+    receipt describing its bytes, a passing verification of them unless ``allow_unverified`` (the
+    card must then say so), and valid signatures when a public key is set. A dry run runs every
+    check (hashing the files) and lists the operations, without any network access.
     """
-    req = _UploadRequest(repo_id, _as_paths(files), _as_paths(receipt), Path(card) if card is not None else None,
-                         revision, artifact_sha256)
-    key = resolve_public_key(public_key)
+    o = options if options is not None else UploadOptions()
+    req = _UploadRequest(repo_id, _as_paths(files), _as_paths(receipt), Path(card) if card is not None else None)
+    key = resolve_public_key(o.public_key)
     ops = _hashed(req.operations(), progress)
-    checks = check_publishable({o.local_path: str(o.sha256) for o in ops if o.kind == UploadKind.ARTIFACT},
-                               [o.local_path for o in ops if o.kind == UploadKind.RECEIPT],
-                               next((o.local_path for o in ops if o.kind == UploadKind.CARD), None),
-                               allow_unverified=allow_unverified, public_key=key)
-    _check_artifact_digest(ops, artifact_sha256)
-    endpoint = resolve_endpoint(endpoint)
+    checks = check_publishable({op.local_path: str(op.sha256) for op in ops if op.kind == UploadKind.ARTIFACT},
+                               [op.local_path for op in ops if op.kind == UploadKind.RECEIPT],
+                               next((op.local_path for op in ops if op.kind == UploadKind.CARD), None),
+                               allow_unverified=o.allow_unverified, public_key=key)
+    _check_artifact_digest(ops, o.artifact_sha256)
+    endpoint = resolve_endpoint(o.endpoint)
     result = UploadResult(
-        repo_id=repo_id, revision=revision or "main", dry_run=dry_run, private=private,
-        commit_message=commit_message or _commit_message(ops, recipe_name, artifact_sha256),
+        repo_id=repo_id, revision=o.revision or "main", dry_run=o.dry_run, private=o.private,
+        commit_message=o.commit_message or _commit_message(ops, o.recipe_name, o.artifact_sha256),
         commit_description=_commit_description(ops, checks), operations=ops, endpoint_host=host(endpoint),
         checks=checks)
-    if not dry_run:
-        _push(result, revision, token, endpoint, progress)
+    if not o.dry_run:
+        _push(result, o.revision, o.token, endpoint, progress)
     return result
 
 

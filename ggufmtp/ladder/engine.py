@@ -51,13 +51,12 @@ class VariantOutcome:
 
 
 def _run_variant(job: VariantJob, measure: bool) -> VariantOutcome:
-    from ..measure.core.options import VerifyOptions
     from ..pipeline import run
     from ..run_options import RunOptions
 
     try:
         options = RunOptions(imatrix=job.imatrix, threads=job.threads, verify=job.verify,
-                             verify_options=VerifyOptions.from_dict(job.verify_options) if measure else None,
+                             verify_options=job.verify_options if measure else None,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
                              base_dir=job.base_dir, until=None if measure else "audit")
         res = run(job.recipe, job.model, options, out_dir=job.out_dir, progress=False)

@@ -131,13 +131,14 @@ def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, 
                   progress: bool = True, endpoint: str | None = None) -> Any:
     """Every made variant, its receipt and the ladder's card in ONE commit, through the publish gate
     (:func:`ggufmtp.hub.upload.upload`); LadderError when a variant failed or nothing was made."""
-    from ..hub.upload import upload
+    from ..hub.upload import UploadOptions, upload
 
     failed = [o.recipe for o in result.outcomes if not o.ok]
     if failed or result.card is None:
         raise LadderError(f"the ladder has variants that failed ({', '.join(failed) or 'all'}); "
                           "fix them and rerun the ladder before publishing it")
     arts: Sequence[tuple[Path, Path]] = result.variants()
-    return upload(repo_id, [a for a, _ in arts], [r for _, r in arts], result.card, private=private, token=token,
-                  dry_run=dry_run, commit_message=f"ggufmtp ladder: {len(arts)} MTP GGUF variants",
-                  allow_unverified=allow_unverified, public_key=public_key, progress=progress, endpoint=endpoint)
+    options = UploadOptions(private=private, token=token, dry_run=dry_run,
+                            commit_message=f"ggufmtp ladder: {len(arts)} MTP GGUF variants", endpoint=endpoint,
+                            allow_unverified=allow_unverified, public_key=public_key)
+    return upload(repo_id, [a for a, _ in arts], [r for _, r in arts], result.card, options, progress=progress)

@@ -25,12 +25,14 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from ..errors import LadderError
+from ..errors import LadderError, QualityError, VerifyError
+from ..measure.core.options import VerifyOptions
+from ..quality.options import EvalOptions
 from ..quant.recipe import Recipe
 
-__all__ = ["LadderSpec", "VariantJob", "load_ladder_file"]
+__all__ = ["LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
 
 _FILE_KEYS = {"model", "recipes", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "verify", "eval"}
 _VERIFY_KEYS = {"seeds", "limit", "max_tokens", "gpu_layers", "threads", "ctx_size"}
@@ -49,8 +51,8 @@ class LadderSpec:
     imatrix_chunks: int | None = None
     threads: int = 0
     verify: bool = True
-    verify_options: dict[str, Any] = field(default_factory=dict)
-    eval_options: dict[str, Any] | None = None
+    verify_options: VerifyOptions = field(default_factory=VerifyOptions)
+    eval_options: EvalOptions | None = None  # None: no eval
     signing_key: Path | None = None
     token: str | None = None
 
@@ -75,7 +77,7 @@ class LadderSpec:
 
 @dataclass(frozen=True)
 class VariantJob:
-    """One variant's work as it travels to a worker (plain, picklable values only)."""
+    """One variant's work as it travels to a worker (picklable values only: paths, strings, frozen options)."""
 
     recipe: str
     model: str
@@ -84,19 +86,33 @@ class VariantJob:
     imatrix: str | None
     threads: int
     verify: bool
-    verify_options: dict[str, Any]
-    eval_options: dict[str, Any] | None
+    verify_options: VerifyOptions
+    eval_options: EvalOptions | None
     signing_key: str | None
     token: str | None
     uses_gpu: bool
 
     @classmethod
     def of(cls, spec: LadderSpec, recipe: str, imatrix: str | None) -> VariantJob:
-        gpu = bool(spec.verify_options.get("gpu_layers")) or bool((spec.eval_options or {}).get("gpu_layers"))
+        ev = spec.eval_options
+        gpu = bool(spec.verify_options.server.gpu_layers) or bool(ev is not None and ev.gpu_layers)
         return cls(recipe=recipe, model=spec.model, out_dir=spec.variant_dir(recipe), base_dir=spec.out_dir,
-                   imatrix=imatrix, threads=spec.threads, verify=spec.verify, verify_options=dict(spec.verify_options),
-                   eval_options=None if spec.eval_options is None else dict(spec.eval_options),
-                   signing_key=str(spec.signing_key) if spec.signing_key else None, token=spec.token, uses_gpu=gpu)
+                   imatrix=imatrix, threads=spec.threads, verify=spec.verify, verify_options=spec.verify_options,
+                   eval_options=ev, signing_key=str(spec.signing_key) if spec.signing_key else None,
+                   token=spec.token, uses_gpu=gpu)
+
+
+class LadderFields(TypedDict, total=False):
+    """What a ladder file sets, as :class:`LadderSpec` fields (:func:`load_ladder_file`)."""
+
+    model: str
+    recipes: tuple[str, ...]
+    imatrix: str
+    imatrix_corpus: str
+    imatrix_chunks: int
+    threads: int
+    verify_options: VerifyOptions
+    eval_options: EvalOptions
 
 
 def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dict[str, Any] | None:
@@ -111,8 +127,10 @@ def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dic
     return dict(t)
 
 
-def load_ladder_file(path: str | Path) -> dict[str, Any]:
-    """The ladder file's settings as :class:`LadderSpec` fields (LadderError naming the file and the problem)."""
+def load_ladder_file(path: str | Path) -> LadderFields:
+    """The ladder file's settings as :class:`LadderSpec` fields, its ``[verify]`` and ``[eval]``
+    tables as :class:`~ggufmtp.measure.core.options.VerifyOptions` and
+    :class:`~ggufmtp.quality.options.EvalOptions` (LadderError naming the file and the problem)."""
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
@@ -126,13 +144,17 @@ def load_ladder_file(path: str | Path) -> dict[str, Any]:
     recipes = data.get("recipes", [])
     if not isinstance(recipes, list) or not all(isinstance(r, str) for r in recipes):
         raise LadderError(f"{p}: recipes must be a list of recipe names or files")
-    out: dict[str, Any] = {k: data[k] for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads")
-                           if k in data}
-    out["recipes"] = tuple(recipes)
-    verify = _table(data, "verify", _VERIFY_KEYS, p)
-    if verify is not None:
-        if "seeds" in verify:
-            verify["seeds"] = tuple(int(s) for s in verify["seeds"])
-        out["verify_options"] = verify
-    out["eval_options"] = _table(data, "eval", _EVAL_KEYS, p)
-    return {k: v for k, v in out.items() if v is not None}
+    out = LadderFields(recipes=tuple(recipes))
+    for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads"):
+        if data.get(k) is not None:
+            out[k] = data[k]
+    verify, ev, table = _table(data, "verify", _VERIFY_KEYS, p), _table(data, "eval", _EVAL_KEYS, p), "verify"
+    try:
+        if verify is not None:
+            out["verify_options"] = VerifyOptions.from_dict(verify)
+        table = "eval"
+        if ev is not None:
+            out["eval_options"] = EvalOptions(**ev)
+    except (VerifyError, QualityError, TypeError, ValueError) as e:
+        raise LadderError(f"{p}: [{table}] {e}") from None
+    return out

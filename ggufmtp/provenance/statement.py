@@ -266,6 +266,26 @@ class IdenticalOutputs(TypedDict, total=False):
     pairs: int
 
 
+class MismatchEntry(TypedDict, total=False):
+    """One differing reply (``verification.mismatches[]``); the numerics fields from
+    :mod:`ggufmtp.measure.verify.divergence` (absent in older receipts)."""
+
+    prompt_id: str
+    seed: int
+    mode: str
+    endpoint: str
+    k: int
+    first_difference_at: int
+    vanilla: str
+    mtp: str
+    vanilla_tokens: int
+    mtp_tokens: int
+    token_index: int | None
+    margin_nats: float | None
+    batched_flip: bool | None
+    explained: bool | None
+
+
 class TunedSection(TypedDict, total=False):
     kind: str
     command: str
@@ -322,6 +342,10 @@ class Verification(TypedDict, total=False):
     speedup_vs_default_vanilla_ci95: list[float] | None
     identical_output_fraction: float | None
     identical_outputs: IdenticalOutputs
+    mismatches: list[MismatchEntry]
+    numerics_drift_nats: float | None
+    numerics_positions: int
+    numerics_flips: int
     thresholds: ThresholdsSection
     settings: VerifySettings
     hardware: HardwareSection

@@ -14,6 +14,13 @@ model on CPU is compute-bound and MTP is expected to be slower there. With sever
 (``verify --parallel N``, :mod:`ggufmtp.measure.verify.slots`), each slot count's acceptance must lie within
 the single-slot acceptance's 95% CI and its replies must equal vanilla's at the same slot count
 (:func:`slot_failures`).
+
+Numerics: a differing reply counts against ``min_identical`` only when it is not *explained by
+numerics* (:func:`explained_by_numerics`: vanilla's top-2 margin at the divergence, ``margin_nats``,
+is at most the run's ``numerics_drift_nats``, the largest margin change that evaluating a prefix as
+one batch instead of token by token caused on the same run, :mod:`ggufmtp.measure.verify.divergence`).
+The rule is recomputed from those two numbers, never read from a recorded ``explained`` flag; a
+mismatch without them (an older receipt, an unreproducible or unanalysed reply) is unexplained.
 """
 
 from __future__ import annotations
@@ -27,8 +34,8 @@ from typing import Any, Protocol
 from ..fmt import pct, times
 from ..jsontypes import JsonObject
 
-__all__ = ["DEFAULT_THRESHOLDS", "Evidence", "Verdict", "Thresholds", "evaluate_verdict", "judge_recorded",
-           "slot_failures", "speed_checked"]
+__all__ = ["DEFAULT_THRESHOLDS", "Evidence", "Verdict", "Thresholds", "evaluate_verdict", "explained_by_numerics",
+           "judge_recorded", "slot_failures", "speed_checked"]
 
 
 class Verdict(str, enum.Enum):
@@ -182,6 +189,37 @@ class RecordedFigures:
                    _number(d.get("identical_output_fraction")), _count(io.get("identical")), _count(io.get("pairs")))
 
 
+@dataclass(frozen=True)
+class RecordedMismatch:
+    """One listed mismatch as a receipt records it (the fields the policy reads)."""
+
+    prompt_id: str | None
+    seed: int | None
+    mode: str | None
+    endpoint: str | None
+    k: int | None
+    first_difference_at: int | None
+    margin_nats: float | None = None
+    batched_flip: bool | None = None
+
+    @classmethod
+    def of(cls, d: Any) -> RecordedMismatch:
+        d = d if isinstance(d, Mapping) else {}
+        seed, k, at = (d.get(x) if isinstance(d.get(x), int) else None for x in ("seed", "k", "first_difference_at"))
+        return cls(_text(d.get("prompt_id")), seed, _text(d.get("mode")), _text(d.get("endpoint")), k, at,
+                   _number(d.get("margin_nats")), d.get("batched_flip") if isinstance(d.get("batched_flip"), bool) else None)
+
+
+def _text(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def explained_by_numerics(margin_nats: float | None, drift_nats: float | None) -> bool:
+    """Whether a differing reply is explained by numerics: vanilla's top-2 margin at the divergence
+    is at most the drift that batching alone caused on the same run. Either unknown: not explained."""
+    return margin_nats is not None and drift_nats is not None and margin_nats <= drift_nats
+
+
 def _number(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
@@ -194,20 +232,40 @@ def speed_checked(thresholds: Thresholds, offloaded: bool) -> bool:
 def judge_recorded(v: Mapping[str, Any]) -> tuple[Verdict, list[str]]:
     """The verdict the policy gives the figures a receipt's ``verification`` records (each mode's
     acceptance, speedup and identical output, the identical output over every comparison, the
-    thresholds and whether the model was offloaded), with its reasons. A record without thresholds
-    fails: "none" is not a verdict."""
+    listed mismatches with their margins and the run's numerics drift, the thresholds and whether
+    the model was offloaded), with its reasons. A record without thresholds fails: "none" is not a
+    verdict."""
     th_d = v.get("thresholds")
     if not isinstance(th_d, Mapping) or not isinstance(th_d.get("min_acceptance"), (int, float)):
         return Verdict.FAIL, ["the verification records no acceptance threshold: a verdict without thresholds "
                               "is not a verdict"]
     th = Thresholds.coerce(dict(th_d))
     hw = v.get("hardware") if isinstance(v.get("hardware"), Mapping) else {}
-    modes = v.get("modes") if isinstance(v.get("modes"), Mapping) and v.get("modes") else {"default": v}
-    per_mode = {str(m): RecordedFigures.of(d) for m, d in modes.items() if isinstance(d, Mapping)}
-    overall = RecordedFigures.of(v)
-    verdict, reasons, _ = evaluate_verdict(per_mode, th, bool(hw.get("offloaded")), [overall])
+    listed = [RecordedMismatch.of(x) for x in v.get("mismatches") or [] if isinstance(v.get("mismatches"), list)]
+    overall = dataclasses.replace(RecordedFigures.of(v), mismatches=listed)
+    modes = v.get("modes") if isinstance(v.get("modes"), Mapping) and v.get("modes") else None
+    per_mode = ({str(m): _recorded_mode(str(m), d, v, listed) for m, d in modes.items() if isinstance(d, Mapping)}
+                if modes else {"default": overall})
+    drift = _number(v.get("numerics_drift_nats"))
+    verdict, reasons, _ = evaluate_verdict(per_mode, th, bool(hw.get("offloaded")), [overall], drift,
+                                           _count(v.get("numerics_positions")))
     reasons += slot_failures(v.get("slots"), th)
     return (Verdict.FAIL if reasons else verdict), reasons
+
+
+def _recorded_mode(mode: str, d: Mapping[str, Any], v: Mapping[str, Any],
+                   listed: Sequence[RecordedMismatch]) -> RecordedFigures:
+    """A mode's recorded figures: its chat comparison at the shipped window (pairs = prompts x
+    seeds of the settings) and the listed mismatches that belong to it."""
+    f = RecordedFigures.of(d)
+    ev = Evidence.of_settings(v.get("settings") if isinstance(v.get("settings"), Mapping) else None)
+    st = v.get("settings") if isinstance(v.get("settings"), Mapping) else {}
+    pairs = ev.prompts * ev.seeds
+    if not pairs or f.identical_output_fraction is None:
+        return f
+    k = st.get("draft_n_max")
+    own = [m for m in listed if m.mode == mode and m.endpoint in ("chat", None) and (k is None or m.k == k)]
+    return dataclasses.replace(f, identical=round(f.identical_output_fraction * pairs), n_pairs=pairs, mismatches=own)
 
 
 def slot_failures(slots: Any, t: Thresholds) -> list[str]:
@@ -239,30 +297,35 @@ def slot_failures(slots: Any, t: Thresholds) -> list[str]:
 
 
 def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool,
-                     others: Sequence[Figures] = ()) -> tuple[Verdict, list[str], list[str]]:
+                     others: Sequence[Figures] = (), drift_nats: float | None = None,
+                     drift_positions: int = 0) -> tuple[Verdict, list[str], list[str]]:
     """``(verdict, reasons, notes)`` from each mode's main numbers and every other comparison's
     identity.
 
     ``per_mode[mode]`` is the :class:`~ggufmtp.measure.verify.summary.Comparison` of the chat arm at
-    k = draft_n_max (its ``acceptance``, ``speedup`` and ``identical_output_fraction`` are judged);
+    k = draft_n_max (its ``acceptance``, ``speedup`` and identical output are judged);
     ``others``: every other comparison of the run (``--raw``, other sweep windows), whose replies
-    must equal vanilla's too. ``reasons`` are the failures (verdict FAIL iff non-empty); ``notes``
-    explain what was not checked and why.
+    must equal vanilla's too. ``drift_nats``: the run's numerics drift (measured on
+    ``drift_positions`` positions); a differing reply whose ``margin_nats`` is at most it is explained
+    by numerics and does not count against ``min_identical``. ``reasons`` are the failures (verdict
+    FAIL iff non-empty); ``notes`` explain what was not checked and why.
     """
     t = thresholds
     speed_applies = speed_checked(t, offloaded)
     reasons: list[str] = []
+    notes: list[str] = []
+    drift = (drift_nats, drift_positions)
     if t.min_acceptance is None:
         reasons.append("no acceptance threshold set: a verdict without thresholds is not a verdict")
     for mode, m in per_mode.items():
-        reasons += _mode_failures("" if len(per_mode) == 1 else f" [{mode}]", m, t, speed_applies)
+        reasons += _mode_failures("" if len(per_mode) == 1 else f" [{mode}]", m, t, speed_applies, drift, notes)
     for c in others:
         if not any(c is m for m in per_mode.values()):
-            reasons += _identity_failure(f" [{_where(c)}]", c, t)
-    notes = _unchecked_notes(t, speed_applies, offloaded)
+            reasons += _identity_failure(f" [{_where(c)}]", c, t, drift, notes)
+    notes += _unchecked_notes(t, speed_applies, offloaded)
     if t.min_identical < 1.0:
         notes.append(f"identical output required in only {pct(t.min_identical)} of the pairs (--min-identical): "
-                     "replies that differ from vanilla are tolerated up to that share")
+                     "replies that differ from vanilla without a numerics explanation are tolerated up to that share")
     return (Verdict.FAIL if reasons else Verdict.PASS), reasons, notes
 
 
@@ -275,24 +338,44 @@ def _where(c: Any) -> str:
                      + ([c.mode] if c.mode != "default" else []))
 
 
-def _identity_failure(tag: str, m: Figures, t: Thresholds) -> list[str]:
-    """The reason a comparison fails the identity requirement (none when it meets it)."""
+def _nats(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g} nats"
+
+
+def _identity_failure(tag: str, m: Figures, t: Thresholds, drift: tuple[float | None, int],
+                      notes: list[str]) -> list[str]:
+    """The reason a comparison fails the identity requirement (none when it meets it); a note when
+    differences were forgiven as numerics. Only unexplained differences count against ``min_identical``."""
     ident = m.identical_output_fraction
-    if ident is not None and ident >= t.min_identical:
+    n_mis = m.n_pairs - m.identical if m.n_pairs else 0
+    why = [x for x in m.mismatches if explained_by_numerics(getattr(x, "margin_nats", None), drift[0])][:n_mis]
+    unexplained = n_mis - len(why)
+    ok_frac = ident + len(why) / m.n_pairs if ident is not None and m.n_pairs else ident
+    if ok_frac is not None and ok_frac >= t.min_identical:
+        if why:
+            notes.append(f"identical output{tag}: {m.identical}/{m.n_pairs} ({pct(ident)}); "
+                         + (f"the {len(why)} differences are" if len(why) > 1 else "the difference is")
+                         + f" numerics (vanilla's margin at each <= {_nats(drift[0])}, the drift batching alone "
+                         f"causes on this model, measured on {drift[1]} positions)"
+                         + (f"; {unexplained} unexplained, within --min-identical" if unexplained else ""))
         return []
-    first = m.mismatches[0] if m.mismatches else None
-    where = (f"; first: prompt {first.prompt_id!r} seed {first.seed} differs at character {first.first_difference_at}"
-             if first else "")
-    return [f"identical output{tag}: {m.identical}/{m.n_pairs} MTP replies ({pct(ident)}) equal the vanilla replies "
-            f"(required {pct(t.min_identical)}); speculative decoding at temperature 0 must be lossless{where}"]
+    first = next((x for x in m.mismatches if x not in why), None)
+    where = (f"; first: prompt {first.prompt_id!r} seed {first.seed} differs at character "
+             f"{first.first_difference_at}, unexplained (vanilla's margin there {_nats(getattr(first, 'margin_nats', None))}, "
+             f"numerics drift {_nats(drift[0])})" if first else "")
+    forgiven = f", {len(why)} more explained by numerics" if why else ""
+    return [f"identical output{tag}: {m.identical}/{m.n_pairs} MTP replies ({pct(ident)}) equal the vanilla replies"
+            f"{forgiven}; {unexplained} unexplained difference(s) (required {pct(t.min_identical)} without one); "
+            f"speculative decoding at temperature 0 must be lossless{where}"]
 
 
-def _mode_failures(tag: str, m: Figures, t: Thresholds, speed_applies: bool) -> list[str]:
+def _mode_failures(tag: str, m: Figures, t: Thresholds, speed_applies: bool, drift: tuple[float | None, int],
+                   notes: list[str]) -> list[str]:
     out = []
     acc = m.acceptance
     if t.min_acceptance is not None and (acc is None or acc < t.min_acceptance):
         out.append(f"acceptance{tag} {pct(acc)} is below the minimum {pct(t.min_acceptance)}")
-    out += _identity_failure(tag, m, t)
+    out += _identity_failure(tag, m, t, drift, notes)
     sp = m.speedup
     if t.min_speedup is not None and speed_applies and (sp is None or sp < t.min_speedup):
         out.append(f"speedup{tag} {times(sp)} is below the minimum {times(t.min_speedup)}")

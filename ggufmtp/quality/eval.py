@@ -23,15 +23,14 @@ from ..errors import QualityError
 from ..files.digest_cache import DigestCache
 from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_cached
-from ..imatrix.corpus import DEFAULT_CORPUS, Corpus, check_corpus_text, min_tokens_for, resolve_corpus
+from ..imatrix.corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
 from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
 from ..runtime.build import binary_version, cache_root, find_binary
 from .logits import CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes, refuse_without_room, tokens_memo
 from .models import count_tokens, model_identity, refuse_different_models
+from .options import EvalOptions
 from .perplexity import KLDStats, parse_base_ppl, parse_kld_output, perplexity_argv, run_perplexity
-
-DEFAULT_CTX = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,29 +176,30 @@ def _kld_stats(argv: list[str], bl: Any, quant: Path, progress: bool, attempts: 
     raise AssertionError("unreachable")
 
 
-def evaluate(base: str | Path, quant: str | Path, corpus: str | os.PathLike = DEFAULT_CORPUS,
-             ctx_size: int = DEFAULT_CTX, chunks: int | None = None, gpu_layers: int | str | None = None,
-             threads: int | None = None, progress: bool = True, llama_cpp_bin: str | os.PathLike | None = None,
+def evaluate(base: str | Path, quant: str | Path, options: EvalOptions | None = None, *, progress: bool = True,
              log: Callable[[str], None] = lambda m: None, hash_quant: bool = True) -> QualityResult:
-    """KL-divergence of ``quant`` against ``base`` on ``corpus`` (a path or ``builtin:NAME``).
+    """KL-divergence of ``quant`` against ``base`` with ``options`` (an :class:`EvalOptions`: the
+    corpus, a path or ``builtin:NAME``, the context, the chunks, llama-perplexity's settings;
+    default: ``ggufmtp eval``'s). ``hash_quant``: record the quant's sha256 in the result.
 
     Raises ModelMismatchError (different architecture or vocabulary), CorpusError (fewer than two
     chunks of ``ctx_size`` tokens), LogitsFileError (no room, or a truncated cached file) before any
     llama-perplexity process starts, QualityError when llama-perplexity fails."""
+    o = options if options is not None else EvalOptions()
     base, quant = Path(base), Path(quant)
     ident = model_identity(base)
     refuse_different_models(ident, model_identity(quant))
-    corp = resolve_corpus(corpus)
-    commit = binary_version(find_binary("llama-perplexity", llama_cpp_bin)).get("commit")
-    n_tokens, n_chunk = _plan_chunks(corp, base, ctx_size, chunks, commit)
-    bl = base_logits(base, corp, ctx_size, n_chunk, ident.n_vocab, chunks_arg=n_chunk, gpu_layers=gpu_layers,
-                     threads=threads, progress=progress, llama_cpp_bin=llama_cpp_bin, commit=commit, log=log)
+    corp = resolve_corpus(o.corpus)
+    commit = binary_version(find_binary("llama-perplexity", o.llama_cpp_bin)).get("commit")
+    n_tokens, n_chunk = _plan_chunks(corp, base, o.ctx_size, o.chunks, commit)
+    bl = base_logits(base, corp, o.ctx_size, n_chunk, ident.n_vocab, chunks_arg=n_chunk, gpu_layers=o.gpu_layers,
+                     threads=o.threads, progress=progress, llama_cpp_bin=o.llama_cpp_bin, commit=commit, log=log)
     _remember_tokens(_tokens_key(bl.base_sha256, corp, commit), n_tokens)
-    argv = perplexity_argv(quant, corp.path, ctx_size, None, gpu_layers, threads,
-                           ["--kl-divergence-base", str(bl.path), "--kl-divergence"], llama_cpp_bin)
+    argv = perplexity_argv(quant, corp.path, o.ctx_size, None, o.gpu_layers, o.threads,
+                           ["--kl-divergence-base", str(bl.path), "--kl-divergence"], o.llama_cpp_bin)
     t0 = time.perf_counter()
     stats = _kld_stats(argv, bl, quant, progress)
-    return QualityResult(base=base, quant=quant, corpus=corp, ctx_size=ctx_size, chunks=bl.header.n_chunk,
+    return QualityResult(base=base, quant=quant, corpus=corp, ctx_size=o.ctx_size, chunks=bl.header.n_chunk,
                          n_tokens=n_tokens, commit=commit, stats=stats, base_logits=bl,
                          quant_seconds=time.perf_counter() - t0,
                          quant_sha256=_sha256(quant, False) if hash_quant else None)

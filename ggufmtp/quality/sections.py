@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..errors import AuditDigestMismatch
 from ..jsontypes import JsonObject
 from ..provenance.receipt import load_receipt, set_section
 from ..provenance.statement import Statement
 from .eval import QualityResult
+from .options import EvalOptions
 
 
 def _refuse_other_artifact(receipt: str | Path, sha256: str | None, what: str) -> None:
@@ -34,13 +35,13 @@ def store_head_sweep(receipt: str | Path, section: JsonObject, signing_key: str 
     return set_section(receipt, "head_sweep", section, signing_key)
 
 
-def eval_into_receipt(base: str | Path, artifact: str | Path, receipt: str | Path,
+def eval_into_receipt(base: str | Path, artifact: str | Path, receipt: str | Path, options: EvalOptions | None = None,
                       signing_key: str | Path | None = None, progress: bool = True,
-                      log: Any = lambda m: None, **eval_options: Any) -> JsonObject:
-    """``run --eval``: evaluate the artifact against its base and store the ``quality`` section;
-    returns that section's JSON."""
+                      log: Callable[[str], None] = lambda m: None) -> QualityResult:
+    """``run --eval``: evaluate the artifact against its base with ``options`` and store the
+    result as the receipt's ``quality`` section (its ``to_dict()``); returns the result."""
     from .eval import evaluate
 
-    result = evaluate(base, artifact, progress=progress, log=log, **eval_options)
+    result = evaluate(base, artifact, options, progress=progress, log=log)
     store_quality(receipt, result, signing_key)
-    return result.to_dict()
+    return result

@@ -16,7 +16,9 @@ Choices (documented in the README's verify section):
 - Speedup = (sum MTP tokens / sum MTP decode time) / (sum vanilla tokens / sum vanilla decode time),
   resampling prompt PAIRS (the vanilla and MTP requests of a prompt stay together), i.e. the ratio
   of aggregate decode throughputs. Per-prompt ratios are not averaged: a few very short replies
-  would dominate such a mean.
+  would dominate such a mean. A request of at most one token decoded nothing (:func:`decoded`) and
+  adds nothing to its arm's sums; an arm where no request decoded has no throughput (None), and
+  then there is no speedup.
 - Percentile interval at 95%, 2000 resamples by default, generator ``numpy.random.PCG64(seed)``
   with a fixed seed (0): the same data always gives the same interval.
 - Fewer than 2 units: no interval (``(None, None)``).
@@ -53,6 +55,15 @@ class Estimate:
 def _finite_or_none(x: float) -> float | None:
     x = float(x)
     return x if np.isfinite(x) else None
+
+
+def decoded(predicted_n: float, predicted_ms: float) -> tuple[float, float]:
+    """A request's share of its arm's decode throughput: ``(tokens, ms)`` from llama-server's
+    ``timings.predicted_n`` / ``predicted_ms``, and ``(0, 0)`` for a request of at most one token.
+    The first token comes from the prompt pass: ``predicted_ms`` times what follows it (and is at
+    least 0.001 ms), so a reply that ended at once decoded nothing, and counted it would be a token
+    without time (1,000,000 tok/s on its own)."""
+    return (float(predicted_n), float(predicted_ms)) if predicted_n > 1 else (0.0, 0.0)
 
 
 def bootstrap_sums(units: np.ndarray | Sequence[Sequence[float]],

@@ -46,8 +46,8 @@ __all__ = ["MAX_BATCHED", "MAX_REPLIES", "POSITIONS_PER_REPLY", "MismatchAnalysi
            "analyse_mismatches", "annotate", "mismatched_pairs"]
 
 POSITIONS_PER_REPLY = 16  # batched evaluations per analysed reply (the divergence among them)
-MAX_REPLIES = 32  # distinct vanilla replies analysed per run
-MAX_BATCHED = 320  # batched evaluations per run
+MAX_REPLIES = 64  # distinct vanilla replies analysed per run
+MAX_BATCHED = 640  # batched evaluations per run
 
 Key = tuple[int, str, str, str, int]  # (k, endpoint, mode, prompt_id, seed)
 

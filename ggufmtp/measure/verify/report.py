@@ -17,6 +17,7 @@ from ...runtime.hardware import HardwareInfo, format_bandwidth
 from ..core.options import TuneConfig
 from ..core.records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
 from ..core.suite import SuiteInfo
+from .divergence import NumericsDrift
 from .kvdepth import ContextFill, kv_depth_text
 from .slots import SlotStudy
 from .summary import (
@@ -29,7 +30,7 @@ from .summary import (
     format_step_cost,
 )
 
-__all__ = ["ModelInfo", "ServerInfo", "VerifySettings", "VerifyResult", "format_result"]
+__all__ = ["ModelInfo", "ServerInfo", "VerifySettings", "VerifyResult", "format_result", "undecoded_arms"]
 
 
 INTERLEAVE = "both servers resident; requests alternate vanilla/MTP per prompt in ABBA order"
@@ -106,6 +107,7 @@ class VerifyResult:
     arm_env: dict[str, dict[str, str]] = field(default_factory=dict)  # arm -> the environment it ran with
     default_vanilla_args: list[str] | None = None  # the default vanilla arm's flags, when it ran
     slots: SlotStudy | None = None  # verify --parallel N: acceptance at each slot count (measure.verify.slots)
+    numerics: NumericsDrift | None = None  # the drift batching causes, measured when replies differed (divergence)
 
     @property
     def ok(self) -> bool:
@@ -153,6 +155,7 @@ class VerifyResult:
             "model": self.model.to_dict(), "mode": self.modes[0],
             **_mode_numbers(c), **self._identity_numbers(), **self._default_vanilla(c),
             "mismatches": [m.to_dict() for x in self.comparisons for m in x.mismatches][:MAX_LISTED_MISMATCHES],
+            **(self.numerics.to_dict() if self.numerics is not None else {}),
             "per_category": _rows(c.per_category), "per_seed": _rows(c.per_seed),
             "modes": {m: self._mode_dict(m) for m in self.modes},
             "raw": ({m: self._mode_dict(m, "raw") for m in self.modes}
@@ -368,9 +371,18 @@ def _default_line(c: Comparison) -> list[str]:
 
 
 def _row_line(name: str, r: PairStats) -> str:
+    idle = undecoded_arms(r)
     return (f"{name:<18} {pct(r.acceptance, 2) + ' ' + _ci_pct(r.acceptance_ci95):<26} "
             f"{num(r.mtp_tokens_per_second):>10} {num(r.vanilla_tokens_per_second):>14}  "
-            f"{times(r.speedup)} {ci_text(r.speedup_ci95)}")
+            f"{times(r.speedup)} {ci_text(r.speedup_ci95)}"
+            + (f"  (nothing decoded on the {idle}: every reply ended at its first token)" if idle else ""))
+
+
+def undecoded_arms(r: PairStats) -> str:
+    """``"MTP arm"``, ``"vanilla arm"`` or ``"MTP and vanilla arms"``: the arms of ``r`` where no
+    request decoded (no throughput, so no speedup); ``""`` when both did."""
+    arms = [a for a, tps in (("MTP", r.mtp_tokens_per_second), ("vanilla", r.vanilla_tokens_per_second)) if tps is None]
+    return f"{' and '.join(arms)} arm{'s' if len(arms) > 1 else ''}" if arms else ""
 
 
 def _mode_lines(res: VerifyResult, mode: str) -> list[str]:
@@ -412,7 +424,9 @@ def _draft_lines(c: Comparison, raw: Comparison | None) -> list[str]:
     out.append(f"identical output vs vanilla: {c.identical}/{c.n_pairs} requests ({pct(c.identical_output_fraction)}), "
                f"{c.identical_prompts}/{c.n_prompts} prompts ({pct(c.identical_prompts_fraction)})"
                + (f"; {c.mismatch_count} mismatches, first: {first.prompt_id} seed "
-                  f"{first.seed} at char {first.first_difference_at}" if first else ""))
+                  f"{first.seed} at char {first.first_difference_at}" if first else "")
+               + (f" ({n} explained by numerics: vanilla's margin <= the batching drift)"
+                  if (n := sum(bool(x.explained) for x in c.mismatches)) else ""))
     if raw is not None and raw.mismatch_count:
         out.append(f"raw arm identical output: {raw.identical}/{raw.n_pairs}")
     return out

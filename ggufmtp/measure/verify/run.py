@@ -40,7 +40,14 @@ Correctness: at temperature 0 speculative decoding is lossless, so every MTP rep
 vanilla reply to the same request, in every comparison verify makes (chat, ``--raw``, every sweep
 window, every mode); ``mismatch_count`` and ``identical_output_fraction`` count the same pairs (all
 of them), and ``identical_prompts_fraction`` the prompts whose every reply matched (the seeds do not
-change greedy text, so prompts are the independent unit).
+change greedy text, so prompts are the independent unit). Lossless holds up to numerics: the MTP
+arm's target evaluates k+1 tokens as one batch, vanilla one at a time, and on some models (Gated
+DeltaNet: chunked vs recurrent; quantized activations) the logits of the same position then differ
+by up to ~0.2 nats, so a near-tie can go the other way. Before the servers stop, each differing reply
+is analysed on the vanilla server (:mod:`ggufmtp.measure.verify.divergence`): vanilla's top-2 margin
+at the divergence (``margin_nats``) against the drift one-batch evaluation causes on the same run
+(``numerics_drift_nats``); a difference whose margin is within the drift is *explained* and does not
+count against ``min_identical``.
 
 Thinking: when the chat template reads ``enable_thinking`` (Qwen3.x, GLM-4.5), the suite runs
 twice, with ``chat_template_kwargs.enable_thinking`` true and false; the two modes are reported
@@ -52,8 +59,9 @@ Verdict policy
   not a verdict.
 - Acceptance (point estimate, chat arm, k = ``draft_n_max``, every mode) >= ``min_acceptance``
   always applies when a threshold is set (recipe ``[verify]`` or ``--min-acceptance``).
-- Outputs identical to vanilla in at least ``min_identical`` of the pairs of EVERY comparison
-  (default 1.0: one differing reply anywhere fails the verdict, naming where).
+- Outputs identical to vanilla, or different only by numerics (margin <= drift), in at least
+  ``min_identical`` of the pairs of EVERY comparison (default 1.0: one unexplained differing reply
+  anywhere fails the verdict, naming where and vanilla's margin there).
 - Speedup (point estimate) >= ``min_speedup`` applies only when the model is offloaded to a GPU
   (``gpu_layers`` > 0 and llama-server lists a GPU device): a small model on CPU is compute-bound,
   not memory-bound, and MTP is slower there, so on CPU the speedup is reported with a note.
@@ -105,8 +113,9 @@ from ..core.arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
 from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
 from ..core.suite import Prompt, Suite, load_suite, modes_for_template
+from .divergence import Numerics, analyse_mismatches, annotate, mismatched_pairs
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
-from .report import VerifyResult, VerifySettings, format_result
+from .report import VerifyResult, VerifySettings, format_result, undecoded_arms
 from .slots import SlotStudy, measure_slots, slot_counts
 from .summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
 
@@ -299,6 +308,7 @@ class _Servers:
     binary: Path | None = None
     log: str = ""
     fill: ContextFill | None = None  # the neutral prefix of a context depth
+    numerics: Numerics | None = None  # the mismatches seen from the vanilla server (divergence)
 
 
 def _vanilla_servers(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any],
@@ -347,6 +357,9 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
                 for mode in modes:
                     _check_drafting(mtp, _warm_up(mtp, plan.suite.prompts[0], mode, "MTP", k), k)
                 runner.run_k(k, van, mtp, default)
+        # before the vanilla server stops: is each differing reply a numerics divergence?
+        out.numerics = analyse_mismatches(van, plan.suite, mismatched_pairs(runner.records, plan.ks, plan.endpoints,
+                                                                            modes), max_tokens)
     return runner, out
 
 
@@ -411,6 +424,12 @@ def _notes(runner: _Runner, comparisons: Sequence[Comparison], gpu_layers: int |
     nodraft = sum(c.requests_without_drafts for c in comparisons)
     if nodraft:
         notes.append(f"{nodraft} MTP request(s) drafted nothing (e.g. replies of one or two tokens)")
+    for c in comparisons:
+        if idle := undecoded_arms(c):
+            where = ", ".join([f"k={c.k}", "raw /completion" if c.endpoint == "raw" else "chat"]
+                              + ([c.mode] if c.mode != "default" else []))
+            notes.append(f"{where}: nothing was decoded on the {idle} (every reply ended at its first token): "
+                         "no decode throughput and no speedup there (n/a): not measured")
     if gpu_layers_requested(gpu_layers) and not hw.offloaded:
         notes.append(f"gpu_layers {gpu_layers} requested but this llama-server lists no GPU device "
                      f"({binary}): it ran on CPU; build one with `ggufmtp runtime build --cuda`")
@@ -446,8 +465,10 @@ def _judge(res: VerifyResult, notes: list[str]) -> None:
     """Set the verdict, its reasons and notes (``notes`` after the policy's own)."""
     per_mode = {mode: res.comparison(mode=mode) for mode in res.modes}
     assert all(c is not None for c in per_mode.values())
+    drift = res.numerics
     verdict, reasons, policy_notes = evaluate_verdict(per_mode, res.thresholds, res.hardware.offloaded,  # type: ignore[arg-type]
-                                                      res.comparisons)
+                                                      res.comparisons, drift.drift_nats if drift else None,
+                                                      drift.positions if drift else 0)
     reasons += slot_failures(res.slots.to_dict() if res.slots else None, res.thresholds)
     res.verdict, res.reasons, res.notes = Verdict.FAIL if reasons else verdict, reasons, policy_notes + notes
 
@@ -496,6 +517,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     runner, srv = _run(plan, base, o.max_tokens, progress, on_record)
     boot = (o.judge.bootstrap_resamples, o.judge.bootstrap_seed)
     comparisons = _summaries(runner.records, plan, srv.modes, *boot)
+    annotate(comparisons, srv.numerics)
     slots = _slots(plan, base, o.parallel, srv.modes[0], o.max_tokens, comparisons, progress, boot)
     served.check_unchanged()
     gpu_layers = o.server.gpu_layers
@@ -506,7 +528,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
-        records=runner.records, slots=slots)
+        records=runner.records, slots=slots, numerics=srv.numerics.drift if srv.numerics else None)
     notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary, plan.arms, res.main)
     if len(plan.ks) > 1:
         res.tuned = _sweep_recommendation(res, path, gpu_layers, o.ctx_size)

@@ -32,7 +32,7 @@ __all__ = ["Record", "PairStats", "OutputMismatch", "Comparison", "ServingProfil
            "BALANCED_TOLERANCE", "MAX_LISTED_MISMATCHES"]
 
 BALANCED_TOLERANCE = 0.05
-MAX_LISTED_MISMATCHES = 20
+MAX_LISTED_MISMATCHES = 64
 
 
 
@@ -60,7 +60,9 @@ class Record:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.predicted_n / self.predicted_ms * 1000.0 if self.predicted_ms > 0 else float("nan")
+        """Decode throughput; NaN (None in the JSON) for a request that decoded nothing (:func:`~ggufmtp.measure.core.stats.decoded`)."""
+        n, ms = stats.decoded(self.predicted_n, self.predicted_ms)
+        return n / ms * 1000.0 if ms > 0 else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -123,6 +125,13 @@ class OutputMismatch:
     mtp: str
     vanilla_tokens: int
     mtp_tokens: int
+    # from the vanilla server (measure.verify.divergence): the divergence's token index, vanilla's
+    # top-2 margin there (nats), whether vanilla's own one-batch evaluation flips it, and whether the
+    # margin is within the run's numerics drift (None: not analysed)
+    token_index: int | None = None
+    margin_nats: float | None = None
+    batched_flip: bool | None = None
+    explained: bool | None = None
 
     @classmethod
     def of(cls, v: Record, m: Record) -> OutputMismatch:
@@ -189,16 +198,17 @@ class Comparison(PairStats):
 
 
 def _units(pairs: Sequence[tuple[Record, Record]]) -> dict[str, list[float]]:
-    """Per prompt (seeds pooled): [accepted, drafted, MTP tokens, MTP ms, vanilla tokens, vanilla ms]."""
+    """Per prompt (seeds pooled): [accepted, drafted, MTP tokens, MTP ms, vanilla tokens, vanilla ms]
+    (the tokens and ms of the requests that decoded: :func:`~ggufmtp.measure.core.stats.decoded`)."""
     units: dict[str, list[float]] = {}
     for v, m in pairs:
         u = units.setdefault(m.prompt_id, [0.0] * 6)
         u[0] += m.draft_n_accepted or 0
         u[1] += m.draft_n or 0
-        u[2] += m.predicted_n
-        u[3] += m.predicted_ms
-        u[4] += v.predicted_n
-        u[5] += v.predicted_ms
+        for i, (n, ms) in ((2, stats.decoded(m.predicted_n, m.predicted_ms)),
+                           (4, stats.decoded(v.predicted_n, v.predicted_ms))):
+            u[i] += n
+            u[i + 1] += ms
     return units
 
 
