@@ -34,6 +34,8 @@
 #   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP (tuned) vs vanilla, both with $PROFILE_ARGS
 #   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify with default server settings (k=$K, default 3)
 #   bash benchmarks/gpu/run_h200.sh curve     # speedup vs synthetic acceptance of this GPU
+#   bash benchmarks/gpu/run_h200.sh numerics  # verify's numerics analysis on the trained model, GPU (SYNTH_STAGE=synth-and-train
+#                                             # STAGES="numerics imatrix" ... all: with #34's real-scale imatrix cost)
 #   bash benchmarks/gpu/run_h200.sh study     # issue #29: train the GPU model (study-train, if not done), then
 #                                             # benchmarks/learned_head_study.py on it, sized to the budget; the
 #                                             # whole study in one command (the build niced, training meanwhile):
@@ -381,6 +383,24 @@ PY
       --parts "${STUDY_PARTS:-head,imatrix,trunk,window,template,kv}" --budget "$left" ${STUDY_ARGS:-} \
       > "$R/study.out" 2>&1 || true
     tail -c 4000 "$R/study.md" ;;
+  numerics)
+    # verify's numerics analysis on a GPU (learned-head study, run A's model): the trained model
+    # (study-train, if not done) at hifi-q4_k_m-mtp, verified on the study's held-out suite; every
+    # difference from vanilla analysed on the vanilla server (measure/verify/divergence.py)
+    env_setup
+    S=$WORK/study; mkdir -p "$RES/study"
+    [ -f "$S/trained-bf16.gguf" ] || bash "$0" study-train
+    python3 -m ggufmtp --no-progress quantize "$S/trained-bf16.gguf" -r hifi-q4_k_m-mtp -o "$S/numerics-q4km.gguf" \
+      --json > "$RES/numerics-quantize.json" 2> "$RES/numerics-quantize.log" || true
+    python3 -m ggufmtp --no-progress verify "$S/numerics-q4km.gguf" -ngl 999 --seeds 42,1337 --max-tokens 128 \
+      --draft-n-max 3 --suite benchmarks/gpu/results-2026-11-26-h100-study/study/inputs/suite-heldout.jsonl \
+      --out "$RES/numerics-gpu.json" > "$RES/numerics-gpu.txt" 2> "$RES/numerics-gpu.log" || true
+    cat "$RES/numerics-gpu.txt" ;;
+  synth-and-train)
+    # the 72 GB model (synth) and the study's trained model at once, beside the build
+    bash "$0" synth > "$RES/stage-synth-only.out" 2>&1 & s=$!
+    bash "$0" study-train > "$RES/stage-study-train.out" 2>&1 || true
+    wait $s ;;
   all)
     new_progress
     env_setup  # once, before the parallel stages (two concurrent pip installs into /tmp/site collide)
