@@ -22,6 +22,8 @@ from ggufmtp.imatrix import check as imc
 from ggufmtp.imatrix import format as imx
 from ggufmtp.imatrix.compute import KEY_PREFIX, ImatrixProvenance, compute_imatrix, llama_imatrix_command, merge_entries
 from ggufmtp.imatrix.corpus import BUILTIN_CORPORA, DEFAULT_CORPUS, check_corpus_text, min_tokens_for, resolve_corpus
+from ggufmtp.imatrix.mtp import mtp_imatrix_command
+from ggufmtp.imatrix.settings import CollectMode, ImatrixSettings
 from ggufmtp.runtime.build import find_binary
 
 CTX = 128  # small chunks keep llama-imatrix fast on the tiny model
@@ -116,9 +118,28 @@ def test_merge_refuses_overlap():
 
 def test_command_line_has_no_repack_and_optional_flags():
     cmd = llama_imatrix_command(Path("/b/llama-imatrix"), Path("m.gguf"), Path("c.txt"), Path("o.gguf"),
-                                chunks=3, ctx_size=256, gpu_layers=99, threads=2)
+                                ImatrixSettings(chunks=3, ctx_size=256, gpu_layers=99, threads=2))
     assert cmd == ["/b/llama-imatrix", "-m", "m.gguf", "-f", "c.txt", "-o", "o.gguf", "-c", "256", "--no-repack",
                    "--chunks", "3", "-ngl", "99", "-t", "2"]
+    both = mtp_imatrix_command(Path("t"), Path("m.gguf"), Path("c.txt"), Path("o.gguf"), ImatrixSettings(),
+                               mode=CollectMode.BOTH, dump_hidden=Path("h.gguf"))
+    assert both[-4:] == ["--no-repack", "--with-trunk", "--dump-hidden", "h.gguf"]
+    assert "--trunk" in mtp_imatrix_command(Path("t"), Path("m"), Path("c"), Path("o"), ImatrixSettings(),
+                                            mode=CollectMode.TRUNK)
+    assert mtp_imatrix_command(Path("t"), Path("m"), Path("c"), Path("o"), ImatrixSettings())[-1] == "--no-repack"
+
+
+@pytest.mark.parametrize(("fields", "message"), [({"chunks": 0}, "chunks must be at least 1, got 0"),
+                                                 ({"ctx_size": 0}, "ctx_size must be at least 1, got 0"),
+                                                 ({"threads": -1}, "threads must be at least 1, got -1")])
+def test_settings_are_checked_when_built(fields, message, tmp_path):
+    with pytest.raises(ImatrixError, match=f"^{message}$"):
+        ImatrixSettings(**fields)
+    model = tmp_path / "m.gguf"  # refused before the model is read
+    model.write_bytes(b"GGUF")
+    cli = "--" + message.replace("_", "-", 1)  # compute_imatrix names the command line's option
+    with pytest.raises(ImatrixError, match=f"^{cli}$"):
+        compute_imatrix(model, DEFAULT_CORPUS, tmp_path / "o.gguf", **fields)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -265,7 +286,7 @@ def test_mtp_statistics_are_merged_into_the_same_file(computed, computed_mtp, ti
 
 def test_mtp_in_one_pass_is_the_two_pass_result_byte_for_byte(computed, computed_mtp, tiny_mtp_model, tmp_path):
     """#34: `compute --mtp` loads the model once and runs the trunk once (the collector's
-    with_trunk). Its file is the one the two-pass way wrote (llama-imatrix's file with the head-only
+    CollectMode.BOTH). Its file is the one the two-pass way wrote (llama-imatrix's file with the head-only
     collector's entries merged in): the same entries, values and counts bit for bit (both sum the
     same float32 squares in the same order: llama-imatrix's collect loop and the native tool's are
     the same code path over the same graph), the same metadata, the same bytes."""
@@ -275,7 +296,7 @@ def test_mtp_in_one_pass_is_the_two_pass_result_byte_for_byte(computed, computed
 
     corpus = resolve_corpus(DEFAULT_CORPUS)
     trunk = imx.read_imatrix(computed.path)  # llama-imatrix, as computed without --mtp
-    head = collect_mtp_statistics(tiny_mtp_model, corpus, chunks=3, ctx_size=CTX, threads=2)
+    head = collect_mtp_statistics(tiny_mtp_model, corpus, ImatrixSettings(chunks=3, ctx_size=CTX, threads=2))
     two_pass = _with_provenance(merge_entries(trunk, head), corpus, computed_mtp.provenance)
     digest = imx.write_imatrix(two_pass, tmp_path / "two-pass.gguf")
     one = imx.read_imatrix(computed_mtp.path)

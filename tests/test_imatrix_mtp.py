@@ -25,15 +25,20 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
+from ggufmtp.constants import MTP_ARCHITECTURES
 from ggufmtp.errors import CorpusError, ImatrixError
 from ggufmtp.imatrix.format import read_imatrix
 from ggufmtp.imatrix.mtp import MTP_IMATRIX_TOOL, collect_mtp_statistics
+from ggufmtp.imatrix.settings import CollectMode, ImatrixSettings
 from ggufmtp.runtime import build as rt
+from ggufmtp.synth.archs.registry import arch_names
+from ggufmtp.synth.spec import SynthSpec
 
 pytestmark = pytest.mark.runtime
 
 CTX = 64
 CHUNKS = 3
+SETTINGS = ImatrixSettings(chunks=CHUNKS, ctx_size=CTX, threads=2)
 MTP = 4  # the MTP block of the 4-layer synthetic models
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards hex jolly crabs; "
          "def f(x): return x * 2 + 1 # 3.14 = pi, and chat: hello! how are you?").split()
@@ -57,7 +62,7 @@ def noisy_model(synth_model) -> Path:
 @pytest.fixture(scope="module")
 def head_run(noisy_model, corpus, tmp_path_factory):
     dump = tmp_path_factory.mktemp("dump") / "hidden.gguf"
-    im = collect_mtp_statistics(noisy_model, corpus, chunks=CHUNKS, ctx_size=CTX, threads=2, dump_hidden=dump)
+    im = collect_mtp_statistics(noisy_model, corpus, SETTINGS, dump_hidden=dump)
     r = gguf.GGUFReader(str(dump))
     t = {x.name: x for x in r.tensors}
     tokens = np.asarray(t["tokens"].data, dtype=np.int64)
@@ -150,7 +155,7 @@ def llama_imatrix_ref(tiny_mtp_model, corpus, tmp_path_factory):
 
 
 def test_trunk_mode_equals_llama_imatrix(tiny_mtp_model, corpus, llama_imatrix_ref):
-    ours = collect_mtp_statistics(tiny_mtp_model, corpus, chunks=CHUNKS, ctx_size=CTX, threads=2, trunk=True)
+    ours = collect_mtp_statistics(tiny_mtp_model, corpus, SETTINGS, mode=CollectMode.TRUNK)
     ref = llama_imatrix_ref
     assert list(ours.entries) == list(ref.entries) and len(ref.entries) > 40
     assert not any(n.startswith(f"blk.{MTP}.") for n in ours.entries)  # trunk layers only
@@ -166,8 +171,8 @@ def test_trunk_mode_equals_llama_imatrix(tiny_mtp_model, corpus, llama_imatrix_r
 
 def test_with_trunk_is_llama_imatrix_plus_the_head(tiny_mtp_model, corpus, llama_imatrix_ref):
     """One pass (collector on both contexts) = llama-imatrix's entries + the MTP-only run's entries."""
-    both = collect_mtp_statistics(tiny_mtp_model, corpus, chunks=CHUNKS, ctx_size=CTX, threads=2, with_trunk=True)
-    head = collect_mtp_statistics(tiny_mtp_model, corpus, chunks=CHUNKS, ctx_size=CTX, threads=2)
+    both = collect_mtp_statistics(tiny_mtp_model, corpus, SETTINGS, mode=CollectMode.BOTH)
+    head = collect_mtp_statistics(tiny_mtp_model, corpus, SETTINGS)
     assert head.entries and all(n.startswith(f"blk.{MTP}.") for n in head.entries)
     assert set(both.entries) == set(llama_imatrix_ref.entries) | set(head.entries)
     assert list(both.entries) == sorted(both.entries, key=str.encode)  # llama-imatrix's order
@@ -175,8 +180,38 @@ def test_with_trunk_is_llama_imatrix_plus_the_head(tiny_mtp_model, corpus, llama
         for name, want in src.entries.items():
             np.testing.assert_array_equal(both.entries[name].counts, want.counts, err_msg=name)
             np.testing.assert_allclose(both.entries[name].values, want.values, rtol=1e-6, err_msg=name)
-    with pytest.raises(ImatrixError, match="exclude each other"):
-        collect_mtp_statistics(tiny_mtp_model, corpus, ctx_size=CTX, trunk=True, with_trunk=True)
+
+
+# Whether the MTP context keeps every position an output, where the reason is known (else one per batch).
+HEAD_ALL_OUTPUTS = {"qwen35moe": (False, "its LM head is output.weight, which is not collected"),
+                    "glm4moe": (True, "its own nextn.shared_head_head is collected"),
+                    "qwen3next": (True, "its MTP graph gathers the output rows before the MTP FFN")}
+
+
+@pytest.mark.parametrize("arch", sorted(a for a in arch_names() if a in MTP_ARCHITECTURES))
+def test_one_output_per_batch_changes_no_statistic(synth_model, corpus, tmp_path, arch):
+    """#34: the trunk (and the MTP context where its graph allows it) asks for one output per batch
+    instead of every token, which skips the LM head over the vocabulary and nothing that is
+    collected: on every MTP architecture, the file equals the every-token-an-output run's byte for
+    byte (the C++ tool's TRUNK_ROWS_KEPT / HEAD_ROWS_KEPT are claims about each graph; this checks them)."""
+    model, exe = synth_model(SynthSpec(arch=arch)), rt.find_binary(MTP_IMATRIX_TOOL)
+    got = {}
+    for extra in ([], ["--all-outputs"]):
+        out = tmp_path / f"im{len(extra)}.gguf"
+        cmd = [str(exe), "-m", str(model), "-f", str(corpus), "-o", str(out), "-c", str(CTX), "--chunks", str(CHUNKS),
+               "-t", "2", "--no-repack", "--with-trunk", "--profile", *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        profile = json.loads(r.stderr.split(f"{MTP_IMATRIX_TOOL}: profile: ")[1].splitlines()[0])
+        got[bool(extra)] = out.read_bytes(), profile
+    (cut, p_cut), (full, p_full) = got[False], got[True]
+    assert p_cut["trunk_all_outputs"] is False  # every MTP architecture's trunk gathers rows after h_nextn
+    if arch in HEAD_ALL_OUTPUTS:
+        assert p_cut["head_all_outputs"] is HEAD_ALL_OUTPUTS[arch][0], HEAD_ALL_OUTPUTS[arch][1]
+    assert (p_full["trunk_all_outputs"], p_full["head_all_outputs"]) == (True, True)
+    for k in ("trunk_collect_calls", "trunk_collect_floats", "head_collect_calls", "head_collect_floats", "tokens"):
+        assert p_cut[k] == p_full[k] > 0, k
+    assert cut == full
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,7 +279,7 @@ def test_shifted_pairing_does_not_match(head_run, noisy_model):
 def test_model_without_mtp_is_one_clear_error(synth_model, corpus):
     model = synth_model("tiny-qwen35moe-nomtp")
     with pytest.raises(ImatrixError, match=r"has no MTP \(NextN\) block") as ei:
-        collect_mtp_statistics(model, corpus, chunks=1, ctx_size=CTX, threads=2)
+        collect_mtp_statistics(model, corpus, ImatrixSettings(chunks=1, ctx_size=CTX, threads=2))
     assert str(model) in str(ei.value) and "\n" not in str(ei.value)
 
 
@@ -269,16 +304,16 @@ def test_short_corpus_is_one_clear_error(tiny_mtp_model, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("the quick brown fox " * 40)  # 800 bytes, fewer than 2 * 300 tokens
     with pytest.raises(CorpusError, match=r"short\.txt: too short: it tokenizes to \d+ tokens") as ei:
-        collect_mtp_statistics(tiny_mtp_model, short, ctx_size=300, threads=2)
+        collect_mtp_statistics(tiny_mtp_model, short, ImatrixSettings(ctx_size=300, threads=2))
     assert "\n" not in str(ei.value)
     with pytest.raises(CorpusError, match="empty"):
         (tmp_path / "empty.txt").write_text("")
-        collect_mtp_statistics(tiny_mtp_model, tmp_path / "empty.txt", ctx_size=CTX)
+        collect_mtp_statistics(tiny_mtp_model, tmp_path / "empty.txt", ImatrixSettings(ctx_size=CTX))
 
 
 def test_missing_model_is_one_clear_error(corpus, tmp_path):
     with pytest.raises(ImatrixError, match="no such file"):
-        collect_mtp_statistics(tmp_path / "nope.gguf", corpus, ctx_size=CTX)
+        collect_mtp_statistics(tmp_path / "nope.gguf", corpus, ImatrixSettings(ctx_size=CTX))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #                                             # skips the CUDA build: ~3 min build and synth, 6 x ~4 min; the tenth
 #                                             # run held its machine 27 min (a machine goes back after 30)
 #   bash benchmarks/gpu/run_h200.sh imatrix   # #18/#34: llama-imatrix alone; compute vs compute --mtp, interleaved
+#                                             # (IBASE_SRC=old/mtp_imatrix.cpp: + --mtp with that collector)
 #   bash benchmarks/gpu/run_h200.sh qgap      # issue #34: where in-process quantization loses time (benchmarks/
 #                                             # quantize_gap.py: cli, bare ctypes call, + log callback, + worker
 #                                             # thread, + input hash, + output hash, ggufmtp), $QRUNS interleaved
@@ -169,9 +170,25 @@ case "$STAGE" in
     Q=$(python3 -m ggufmtp runtime path)
     $T "$RES/imatrix-time-cli.txt" "$Q/llama-imatrix" -m "$M" -f "$C" -o "$WORK/im-cli.gguf" -c 512 \
       --chunks "${ICHUNKS:-16}" -ngl 999 --no-repack > "$RES/imatrix-cli.log" 2>&1 || true
-    # issue #34: `compute --mtp` (one pass since #34) against `compute`, interleaved, $IRUNS pairs
+    # issue #34: `compute --mtp` (one pass since #34) against `compute`, interleaved, $IRUNS pairs;
+    # IBASE_SRC=FILE (an earlier mtp_imatrix.cpp): a third arm, --mtp with that collector, in the rotation
+    base=()
+    if [ -n "${IBASE_SRC:-}" ]; then
+      python3 -c "from ggufmtp.runtime.build import find_binary as f; f('ggufmtp-mtp-imatrix')"  # today's, compiled
+      rm -rf "$GGUFMTP_CACHE-base"; cp -a "$GGUFMTP_CACHE" "$GGUFMTP_CACHE-base"
+      GGUFMTP_CACHE=$GGUFMTP_CACHE-base python3 - "$IBASE_SRC" <<'PY'
+import subprocess, sys
+from ggufmtp.runtime import build as b
+name = b.MTP_IMATRIX_TOOL
+info = b.installed_runtime()  # the copy: its runtime.json records today's source, so nothing recompiles it
+argv = b.native_compile_argv(name, info.bin_dir, b.source_tree(), info.binary(name))
+argv[argv.index(str(b.NATIVE_DIR / b.NATIVE_TOOLS[name]))] = sys.argv[1]
+subprocess.run(argv, check=True)
+PY
+      base=(--baseline-cache "$GGUFMTP_CACHE-base")
+    fi
     python3 benchmarks/imatrix_mtp_cost.py --model "$M" --chunks "${ICHUNKS:-16}" --gpu-layers 999 \
-      --runs "${IRUNS:-3}" --json "$RES/imatrix_mtp_cost.json" > "$RES/imatrix_mtp_cost.txt" 2>&1 || true
+      --runs "${IRUNS:-3}" "${base[@]}" --json "$RES/imatrix_mtp_cost.json" > "$RES/imatrix_mtp_cost.txt" 2>&1 || true
     $T "$RES/imatrix-time-mtp.txt" python3 -m ggufmtp imatrix compute "$M" --corpus builtin:calib-v1 \
       -o "$WORK/im-mtp.gguf" --chunks "${ICHUNKS:-16}" -ngl 999 --mtp --no-progress --json \
       > "$RES/imatrix-mtp.json" 2> "$RES/imatrix-mtp.log" || true

@@ -37,6 +37,7 @@ from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
 from .entries import DEFAULT_CHUNK_SIZE, STANDARD_KEYS, Imatrix, name_order
 from .format import read_imatrix, write_imatrix
 from .mtp import llama_imatrix_command
+from .settings import CollectMode, ImatrixSettings
 
 __all__ = ["ComputeResult", "ImatrixProvenance", "RunImatrix", "compute_imatrix", "imatrix_for_run",
            "llama_imatrix_command", "merge_entries"]
@@ -272,19 +273,16 @@ def _with_provenance(im: Imatrix, corpus: Corpus, prov: ImatrixProvenance) -> Im
                                gguf_kv_order=order + list(kv), path=None, sha256=None)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Settings:
-    chunks: int | None
-    ctx_size: int
-    gpu_layers: int | None
-    threads: int | None
+def _settings(chunks: int | None, ctx_size: int, gpu_layers: int | None, threads: int | None) -> ImatrixSettings:
+    """The settings, a bad one named as the command line's option (``--ctx-size``, not ``ctx_size``)."""
+    try:
+        return ImatrixSettings(chunks, ctx_size, gpu_layers, threads)
+    except ImatrixError as e:
+        name, rest = str(e).split(" ", 1)
+        raise ImatrixError(f"--{name.replace('_', '-')} {rest}") from None
 
 
-def _check_settings(chunks: int | None, ctx_size: int, out: Path) -> None:
-    if chunks is not None and chunks < 1:
-        raise ImatrixError(f"--chunks must be at least 1, got {chunks}")
-    if ctx_size < 1:
-        raise ImatrixError(f"--ctx-size must be at least 1, got {ctx_size}")
+def _check_output(out: Path) -> None:
     if not out.parent.is_dir():  # like write_imatrix: never creates folders
         raise ImatrixError(f"cannot write imatrix file {out}: folder {out.parent} does not exist")
     if out.is_dir():
@@ -296,21 +294,19 @@ def _check_settings(chunks: int | None, ctx_size: int, out: Path) -> None:
         raise ImatrixError(f"cannot write imatrix file {out}: {e.strerror or e}") from None
 
 
-def _one_pass(model: Path, corpus: Corpus, s: _Settings, progress: bool) -> Imatrix:
+def _one_pass(model: Path, corpus: Corpus, s: ImatrixSettings, progress: bool) -> Imatrix:
     """The trunk's statistics and the MTP block's from one model load and one run of the trunk: the
-    collector (:mod:`ggufmtp.imatrix.mtp`) with ``with_trunk``, whose trunk entries are
+    collector (:mod:`ggufmtp.imatrix.mtp`) in ``CollectMode.BOTH``, whose trunk entries are
     llama-imatrix's (``tests/test_imatrix_mtp.py``) and whose head entries are the head-only run's."""
     from .mtp import collect_mtp_statistics
 
-    return collect_mtp_statistics(model, corpus, chunks=s.chunks, ctx_size=s.ctx_size, gpu_layers=s.gpu_layers,
-                                  threads=s.threads, with_trunk=True, progress=progress)
+    return collect_mtp_statistics(model, corpus, s, mode=CollectMode.BOTH, progress=progress)
 
 
-def _trunk_imatrix(binary: Path, model: Path, corpus: Corpus, s: _Settings, work: Path,
+def _trunk_imatrix(binary: Path, model: Path, corpus: Corpus, s: ImatrixSettings, work: Path,
                    progress: bool) -> tuple[Imatrix, _Run]:
     tmp_out = work / "imatrix.gguf"
-    cmd = llama_imatrix_command(binary, model, corpus.path, tmp_out, chunks=s.chunks, ctx_size=s.ctx_size,
-                                gpu_layers=s.gpu_layers, threads=s.threads)
+    cmd = llama_imatrix_command(binary, model, corpus.path, tmp_out, s)
     run = _run_llama_imatrix(cmd, progress, s.chunks)
     if run.rc != 0 or not tmp_out.is_file():
         raise _failure(run, model, corpus, s.ctx_size)
@@ -326,7 +322,7 @@ class _Outcome:
     mtp_entries: int
 
 
-def _compute(binary: Path, model: Path, corpus: Corpus, s: _Settings, mtp: bool, work: Path,
+def _compute(binary: Path, model: Path, corpus: Corpus, s: ImatrixSettings, mtp: bool, work: Path,
              progress: bool) -> _Outcome:
     """``mtp``: one pass of the collector (trunk and head); else llama-imatrix itself."""
     t0 = time.monotonic()
@@ -352,11 +348,11 @@ def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus
     if not model.is_file():
         raise ImatrixError(f"model file {model} does not exist" if not model.exists()
                            else f"model {model} is not a regular file")
-    _check_settings(chunks, ctx_size, out)
+    s = _settings(chunks, ctx_size, gpu_layers, threads)
+    _check_output(out)
     corp = corpus if isinstance(corpus, Corpus) else resolve_corpus(corpus)
     check_corpus_text(corp, min_tokens=min_tokens_for(ctx_size))
     exe = find_binary("llama-imatrix", binary)
-    s = _Settings(chunks, ctx_size, gpu_layers, threads)
     work = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))  # llama-imatrix's own periodic saves land here
     try:
         got = _compute(exe, model, corp, s, mtp, work, progress)

@@ -10,9 +10,9 @@ every matrix of the MTP block (per expert for ``_exps``), the sums of squared ac
 token counts llama-imatrix keeps. The result is an :class:`~ggufmtp.imatrix.entries.Imatrix`
 whose entries can be merged into a llama-imatrix file unchanged.
 
-``trunk=True`` runs the same collector on the trunk's layers instead: its numbers equal
+``mode=CollectMode.TRUNK`` runs the same collector on the trunk's layers instead: its numbers equal
 llama-imatrix's (tests/test_imatrix_mtp.py checks it), the proof that collection, chunking and
-counts are llama-imatrix's. ``with_trunk=True`` collects both in one pass (trunk entries from the
+counts are llama-imatrix's. ``CollectMode.BOTH`` collects both in one pass (trunk entries from the
 trunk context, the MTP block from the MTP context): the whole imatrix, with the trunk run once
 instead of once by llama-imatrix and once more for the head. ``dump_hidden`` also writes the trunk hidden states and
 tokens (GGUF: ``tokens`` I32 [N], ``hidden`` F32 [n_embd, N], chunk-major) for an independent check.
@@ -32,10 +32,11 @@ from ..files.fsutil import not_a_regular_file
 from ..runtime.build import MTP_IMATRIX_TOOL, find_binary
 from ..runtime.process import describe_exit, die_with_parent, stop_process
 from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
-from .entries import DEFAULT_CHUNK_SIZE, Imatrix
+from .entries import Imatrix
 from .format import read_imatrix
+from .settings import CollectMode, ImatrixSettings
 
-__all__ = ["MTP_IMATRIX_TOOL", "collect_mtp_statistics", "mtp_imatrix_command"]
+__all__ = ["MTP_IMATRIX_TOOL", "CollectMode", "ImatrixSettings", "collect_mtp_statistics", "mtp_imatrix_command"]
 
 # Exit codes of the tool (enum exit_code in mtp_imatrix.cpp).
 _EXIT_BAD_CORPUS = 2
@@ -47,32 +48,30 @@ _ERROR_PREFIX = f"{MTP_IMATRIX_TOOL}: error: "
 _TAIL_LINES = 40
 
 
-def llama_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, *, chunks: int | None,
-                          ctx_size: int, gpu_layers: int | None, threads: int | None) -> list[str]:
+def llama_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, settings: ImatrixSettings) -> list[str]:
     """The ``llama-imatrix`` command line (the MTP tool takes the same options). ``--no-repack``: the
     CPU AMX repack path crashes on these VMs for quantized models (llama-cpp-facts.md), and
     repacking changes nothing that is collected."""
-    cmd = [str(binary), "-m", str(model), "-f", str(corpus), "-o", str(out), "-c", str(ctx_size), "--no-repack"]
-    if chunks is not None:
-        cmd += ["--chunks", str(chunks)]
-    if gpu_layers is not None:
-        cmd += ["-ngl", str(gpu_layers)]
-    if threads is not None:
-        cmd += ["-t", str(threads)]
+    s = settings
+    cmd = [str(binary), "-m", str(model), "-f", str(corpus), "-o", str(out), "-c", str(s.ctx_size), "--no-repack"]
+    if s.chunks is not None:
+        cmd += ["--chunks", str(s.chunks)]
+    if s.gpu_layers is not None:
+        cmd += ["-ngl", str(s.gpu_layers)]
+    if s.threads is not None:
+        cmd += ["-t", str(s.threads)]
     return cmd
 
 
-def mtp_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, *, chunks: int | None, ctx_size: int,
-                        gpu_layers: int | None, threads: int | None, trunk: bool = False,
-                        with_trunk: bool = False, dump_hidden: Path | None = None) -> list[str]:
-    """The tool's command line: llama-imatrix's options plus its own ``--trunk`` / ``--with-trunk`` /
-    ``--dump-hidden``."""
-    cmd = llama_imatrix_command(binary, model, corpus, out, chunks=chunks, ctx_size=ctx_size,
-                                gpu_layers=gpu_layers, threads=threads)
-    if trunk:
-        cmd.append("--trunk")
-    if with_trunk:
-        cmd.append("--with-trunk")
+_MODE_FLAGS: dict[CollectMode, tuple[str, ...]] = {CollectMode.HEAD: (), CollectMode.TRUNK: ("--trunk",),
+                                                   CollectMode.BOTH: ("--with-trunk",)}
+
+
+def mtp_imatrix_command(binary: Path, model: Path, corpus: Path, out: Path, settings: ImatrixSettings, *,
+                        mode: CollectMode = CollectMode.HEAD, dump_hidden: Path | None = None) -> list[str]:
+    """The tool's command line: llama-imatrix's options plus its own ``--trunk`` / ``--with-trunk``
+    (from ``mode``) and ``--dump-hidden``."""
+    cmd = [*llama_imatrix_command(binary, model, corpus, out, settings), *_MODE_FLAGS[CollectMode(mode)]]
     if dump_hidden is not None:
         cmd += ["--dump-hidden", str(dump_hidden)]
     return cmd
@@ -144,41 +143,35 @@ def _as_corpus(corpus: str | os.PathLike | Corpus) -> Corpus:
     return corpus if isinstance(corpus, Corpus) else resolve_corpus(corpus)
 
 
-def collect_mtp_statistics(model: str | os.PathLike, corpus: str | os.PathLike | Corpus, *,
-                           chunks: int | None = None, ctx_size: int = DEFAULT_CHUNK_SIZE,
-                           gpu_layers: int | None = None, threads: int | None = None, trunk: bool = False,
-                           with_trunk: bool = False, progress: bool = False, dump_hidden: str | os.PathLike | None = None,
+def collect_mtp_statistics(model: str | os.PathLike, corpus: str | os.PathLike | Corpus,
+                           settings: ImatrixSettings | None = None, *, mode: CollectMode = CollectMode.HEAD,
+                           progress: bool = False, dump_hidden: str | os.PathLike | None = None,
                            binary: str | os.PathLike | None = None) -> Imatrix:
     """Statistics for every matrix of the MTP block of ``model`` over ``corpus`` (a path,
     ``builtin:NAME`` or a resolved :class:`Corpus`), as a GGUF-kind :class:`Imatrix`
     (``chunk_size = ctx_size``, ``chunk_count`` = chunks processed, ``datasets`` = the corpus path).
 
-    ``chunks``: at most this many chunks (default: all the corpus holds); ``gpu_layers`` /
-    ``threads``: llama.cpp's ``-ngl`` / ``-t`` (None: its defaults). ``trunk=True`` collects the
-    trunk layers instead (the proof mode); ``with_trunk=True`` the trunk layers and the MTP block in
-    one pass (equal to llama-imatrix's file plus the head's entries). ``binary``: the tool, a directory holding it, or None for
-    the built runtime's (compiled on first use). Raises CorpusError for an unusable corpus,
-    ImatrixError for a model without an MTP block or a failed run.
+    ``settings``: chunks, context size, GPU layers, threads (None: llama-imatrix's defaults over the
+    whole corpus). ``mode``: :class:`CollectMode` (``TRUNK``: the trunk layers instead, the proof
+    mode; ``BOTH``: the trunk layers and the MTP block in one pass, llama-imatrix's file plus the
+    head's entries). ``binary``: the tool, a directory holding it, or None for the built runtime's
+    (compiled on first use). Raises CorpusError for an unusable corpus, ImatrixError for a model
+    without an MTP block or a failed run.
     """
+    s = settings if settings is not None else ImatrixSettings()
+    mode = CollectMode(mode)
     model = Path(model)
     problem = not_a_regular_file(model)
     if problem is not None:
         raise ImatrixError(f"model {model}: {problem}")
-    if chunks is not None and chunks < 1:
-        raise ImatrixError(f"chunks must be at least 1, got {chunks}")
-    if ctx_size < 1:
-        raise ImatrixError(f"ctx_size must be at least 1, got {ctx_size}")
-    if trunk and with_trunk:
-        raise ImatrixError("trunk=True (trunk layers only) and with_trunk=True (trunk and MTP block) exclude each other")
     corp = _as_corpus(corpus)
-    check_corpus_text(corp, min_tokens=min_tokens_for(ctx_size))
+    check_corpus_text(corp, min_tokens=min_tokens_for(s.ctx_size))
     exe = find_binary(MTP_IMATRIX_TOOL, binary)
     with tempfile.TemporaryDirectory(prefix="ggufmtp-mtp-imatrix-") as work:
         out = Path(work) / "mtp-imatrix.gguf"
-        cmd = mtp_imatrix_command(exe, model, corp.path, out, chunks=chunks, ctx_size=ctx_size,
-                                  gpu_layers=gpu_layers, threads=threads, trunk=trunk, with_trunk=with_trunk,
+        cmd = mtp_imatrix_command(exe, model, corp.path, out, s, mode=mode,
                                   dump_hidden=Path(dump_hidden) if dump_hidden is not None else None)
-        run = _run_tool(cmd, progress, chunks, "trunk imatrix" if trunk else "MTP imatrix")
+        run = _run_tool(cmd, progress, s.chunks, "trunk imatrix" if mode is CollectMode.TRUNK else "MTP imatrix")
         if run.rc != 0 or not out.is_file():
             raise _failure(run, model, corp)
         im = read_imatrix(out)

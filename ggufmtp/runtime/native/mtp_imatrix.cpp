@@ -14,10 +14,26 @@
 // `_exps`). The file it writes has llama-imatrix's GGUF layout (`<name>.in_sum2`, `<name>.counts`,
 // general.type = imatrix, imatrix.datasets / chunk_count / chunk_size).
 //
-// Differences from draft-mtp, on purpose: every MTP position is marked as an output, so the
-// head's own projection (`blk.N.nextn.shared_head_head`, when the model has one) sees every
-// position too; this changes no other matrix's input (the graph gathers output rows only after
-// the final norm).
+// Outputs (logits) are asked for only where a collected matrix needs them. llama-imatrix marks
+// every token as an output: its trunk graph gathers the output rows inside the last layer (before
+// that layer's FFN), so only then does the last layer see every token; it also computes the
+// perplexity from the logits. This tool asks the trunk for h_nextn unmasked (see below), and the
+// pinned graphs of the MTP architectures then gather the output rows only after h_nextn, right
+// before the LM head: every trunk matrix sees every token whatever the outputs, and only the LM
+// head (`output.weight`, which llama-imatrix does not collect either) depends on them. So the trunk
+// marks one output per batch (its last token) and skips the LM head over the vocabulary for all
+// the others: the same statistics for less work (at Qwen3.6-35B-A3B's shape the LM head, 2048 x
+// 248,320, is 17% of the trunk's multiply-adds per token). The MTP context does the same where its
+// graph gathers the output rows only after the MTP block, right before the LM head (HEAD_ROWS_KEPT),
+// and that LM head is `output.weight`: a model with its own `blk.N.nextn.shared_head_head` keeps
+// every MTP position as an output, so that matrix sees every position (draft-mtp asks for fewer).
+// --all-outputs marks every token of both contexts as an output, as before (for comparisons).
+//
+// The trunk context is llama-imatrix's: the MTP mode (params.speculative.types = DRAFT_MTP, which
+// loads the MTP tensors) would also give it n_rs_seq = draft.n_max, i.e. a hybrid trunk (qwen35moe's
+// gated delta net layers) that writes draft.n_max + 1 recurrent state snapshots per sequence and
+// ubatch so that a rejected draft can be rolled back; nothing is rolled back here, so
+// draft.n_max = 0 (n_rs_seq = 0, as llama-imatrix).
 //
 // --trunk: the same collector on the trunk context for the trunk layers (no MTP context). Its
 // output must equal llama-imatrix's on the same corpus / chunks / ctx: that is the proof that the
@@ -27,6 +43,11 @@
 // separate llama-imatrix run is not needed.
 // --dump-hidden FILE: also write the trunk hidden states and the tokens (a GGUF with tensors
 // `tokens` I32 [N] and `hidden` F32 [n_embd, N], chunk-major) for an independent numpy check.
+// --profile: print where the time went (one JSON line after "profile: "): model load and context
+// creation, the trunk's and the MTP context's decode time and, inside them, the collector's time,
+// calls and activation floats summed, the multiply-adds of the matrix products each context
+// computed (counted where the context has the collector, i.e. both with --with-trunk); process CPU
+// time. benchmarks/imatrix_mtp_cost.py records it.
 //
 // Facts about the pinned llama.cpp (0c1e570) this relies on:
 // - llama_set_embeddings_nextn / llama_get_embeddings_nextn(_ith) / llama_set_nextn_layer_offset
@@ -43,6 +64,13 @@
 //   hidden state) for every token, returned in batch order (llama_context reorders after ubatch
 //   splits), exactly what draft-mtp reads.
 // - mparams.load_mtp follows params.speculative.types containing DRAFT_MTP.
+// - Trunk graphs (src/models/*.cpp) of the MTP architectures gather the output rows
+//   (inp_out_ids) inside the last layer only when `cparams.embeddings_nextn_masked` (or when
+//   embeddings_nextn is off); with embeddings_nextn unmasked they gather them after h_nextn, right
+//   before the LM head (deepseek4: before hc_head, whose hc_head_fn is no blk.* matrix). MTP graphs
+//   gather them after the MTP block (before the head norm and the LM head) in every MTP
+//   architecture but qwen3next (before the MTP FFN, always) and nemotron_h_moe (before the MTP FFN
+//   when masked, as here).
 
 #include "arg.h"
 #include "common.h"
@@ -55,12 +83,15 @@
 #include "llama-ext.h"  // src/: the staging API (C++ linkage)
 
 #include <algorithm>
+#include <chrono>
 #include <cstdarg>
 #include <clocale>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -107,6 +138,12 @@ struct Collector {
     std::vector<char> src1_data;
     std::vector<char> ids;
     std::mutex mutex;
+    // --profile: time spent collecting and rows summed, per context (0 trunk, 1 MTP)
+    int    phase = 0;
+    double collect_s[2] = { 0, 0 };
+    int64_t calls[2] = { 0, 0 };
+    int64_t floats[2] = { 0, 0 };
+    double  macs[2] = { 0, 0 };  // multiply-adds of every MUL_MAT / MUL_MAT_ID the context computes
 
     bool wanted(const std::string & wname) const {
         if (wname.rfind("blk.", 0) != 0) {
@@ -147,7 +184,13 @@ bool Collector::collect(ggml_tensor * t, bool ask) {
     const std::string wname = filter_tensor_name(src0->name);
 
     if (ask) {
-        if (t->op != GGML_OP_MUL_MAT_ID && t->op != GGML_OP_MUL_MAT) return false;
+        if (t->op == GGML_OP_MUL_MAT) {
+            macs[phase] += (double) src0->ne[0] * src0->ne[1] * (double) (ggml_nelements(src1) / src1->ne[0]);
+        } else if (t->op == GGML_OP_MUL_MAT_ID) {
+            macs[phase] += (double) src0->ne[0] * src0->ne[1] * (double) (t->src[2]->ne[0] * t->src[2]->ne[1]);
+        } else {
+            return false;
+        }
         if (!wanted(wname)) return false;
         if (t->op == GGML_OP_MUL_MAT_ID) return true;
         // llama-imatrix ignores small batches (< 16 tokens) and non-F32 activations
@@ -155,6 +198,7 @@ bool Collector::collect(ggml_tensor * t, bool ask) {
     }
 
     std::lock_guard<std::mutex> lock(mutex);
+    const auto t0 = std::chrono::steady_clock::now();
     const bool is_host = ggml_backend_buffer_is_host(src1->buffer);
     if (!is_host) {
         src1_data.resize(ggml_nbytes(src1));
@@ -167,6 +211,9 @@ bool Collector::collect(ggml_tensor * t, bool ask) {
     } else {
         add_dense_rows(t, wname, data);
     }
+    calls[phase] += 1;
+    floats[phase] += t->op == GGML_OP_MUL_MAT_ID ? t->src[2]->ne[0] * src1->ne[2] * src1->ne[0] : ggml_nelements(src1);
+    collect_s[phase] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return true;
 }
 
@@ -330,6 +377,8 @@ struct HiddenDump {
 struct ToolArgs {
     bool        trunk = false;
     bool        with_trunk = false;
+    bool        profile = false;
+    bool        all_outputs = false;
     std::string dump_hidden;
 };
 
@@ -341,6 +390,10 @@ static ToolArgs take_tool_args(int & argc, char ** argv) {
             out.trunk = true;
         } else if (strcmp(argv[i], "--with-trunk") == 0) {
             out.with_trunk = true;
+        } else if (strcmp(argv[i], "--profile") == 0) {
+            out.profile = true;
+        } else if (strcmp(argv[i], "--all-outputs") == 0) {
+            out.all_outputs = true;
         } else if (strcmp(argv[i], "--dump-hidden") == 0) {
             if (i + 1 >= argc) {
                 fail(EXIT_USAGE, "--dump-hidden needs a file name");
@@ -356,7 +409,7 @@ static ToolArgs take_tool_args(int & argc, char ** argv) {
 
 static void print_usage(int, char ** argv) {
     LOG("\nexample usage:\n\n    %s -m model.gguf -f corpus.txt -o mtp-imatrix.gguf [-c 512] [--chunks N]"
-        " [-ngl N] [-t N] [--trunk | --with-trunk] [--dump-hidden hidden.gguf]\n\n", argv[0]);
+        " [-ngl N] [-t N] [--trunk | --with-trunk] [--dump-hidden hidden.gguf] [--profile] [--all-outputs]\n\n", argv[0]);
 }
 
 // Everything one collection run needs.
@@ -367,9 +420,24 @@ struct Run {
     llama_context * ctx_dft = nullptr;  // null in --trunk mode
     int32_t n_embd   = 0;
     int32_t n_heads  = 1;  // chained MTP heads (step35); 1 for qwen35 / qwen35moe
+    bool trunk_all_outputs = true;  // else only the last token of a batch is an output
+    bool head_all_outputs  = true;
     Collector  collector;
     HiddenDump dump;
+    // --profile
+    double trunk_s = 0, head_s = 0;
+    int64_t trunk_tokens = 0;
 };
+
+static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static double cpu_s() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
 
 // common_speculative_impl_draft_mtp::process for one trunk batch: token k carries h_{k-1} of its
 // sequence, the first token of a sequence in this batch carries pending_h (zeros at a chunk start).
@@ -389,7 +457,7 @@ static void feed_mtp(Run & run, const common_batch & trunk_batch, common_batch &
     mtp_batch.clear();
     for (int32_t k = 0; k < n_tokens; ++k) {
         const auto & tk = trunk_batch.tokens[k];
-        const int32_t idx = mtp_batch.add(tk.id, tk.pos[0], tk.seq_id, true);
+        const int32_t idx = mtp_batch.add(tk.id, tk.pos[0], tk.seq_id, run.head_all_outputs || k == n_tokens - 1);
         const float * h_row = k == beg[tk.seq_id] ? pending_h[tk.seq_id].data() : h_tgt + (size_t) (k - 1) * run.n_embd;
         mtp_batch.set_embd(idx, { h_row, 1, (size_t) run.n_embd });
     }
@@ -403,9 +471,13 @@ static void feed_mtp(Run & run, const common_batch & trunk_batch, common_batch &
             }
             llama_set_nextn_layer_offset(run.ctx_dft, head);
         }
+        run.collector.phase = 1;
+        const double t0 = now_s();
         if (llama_process(run.ctx_dft, LLAMA_PROCESS_TYPE_DECODE, mtp_batch.get()) != 0) {
             fail(EXIT_COMPUTE, "the MTP context failed to evaluate a batch");
         }
+        llama_synchronize(run.ctx_dft);
+        run.head_s += now_s() - t0;
     }
     if (run.n_heads > 1) {
         llama_set_nextn_layer_offset(run.ctx_dft, 0);
@@ -477,13 +549,19 @@ static int32_t compute(Run & run, int32_t n_ctx) {
                     tokens[seq_start] = llama_vocab_bos(vocab);
                 }
                 for (int k = 0; k < batch_size; ++k) {
-                    batch.add(tokens[seq_start + k], j * n_batch + k, seq, true);
+                    const bool last = seq == n_seq_batch - 1 && k == batch_size - 1;
+                    batch.add(tokens[seq_start + k], j * n_batch + k, seq, run.trunk_all_outputs || last);
                 }
                 tokens[seq_start] = token_org;
             }
+            run.collector.phase = 0;
+            const double t0 = now_s();
             if (llama_process(run.ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get()) != 0) {
                 fail(EXIT_COMPUTE, "the trunk failed to evaluate a batch");
             }
+            llama_synchronize(run.ctx_tgt);
+            run.trunk_s += now_s() - t0;
+            run.trunk_tokens += batch.size();
             if (!run.args.dump_hidden.empty()) {
                 keep_hidden(run, batch);
             }
@@ -498,12 +576,68 @@ static int32_t compute(Run & run, int32_t n_ctx) {
     return n_chunk;
 }
 
+// The MTP architectures of the pinned llama.cpp whose trunk graph, with embeddings_nextn unmasked,
+// gathers the output rows only after h_nextn (see the facts above): for them the trunk's outputs
+// change no blk.* matrix's input.
+static const std::set<std::string> TRUNK_ROWS_KEPT = {
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe", "hy_v3",
+    "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
+};
+// ... and whose MTP graph gathers them only after the MTP block, before the head norm and LM head.
+static const std::set<std::string> HEAD_ROWS_KEPT = {
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe", "hy_v3",
+    "mimo2", "qwen35", "qwen35moe", "step35",
+};
+
+static std::string model_arch(const llama_model * model) {
+    char buf[128] = { 0 };
+    return llama_model_meta_val_str(model, "general.architecture", buf, sizeof(buf)) > 0 ? buf : "";
+}
+
+// Whether the model file (all its splits) holds a tensor whose name ends with `suffix`.
+static bool model_has_tensor_ending(const std::string & path, const std::string & suffix) {
+    auto scan = [&](const std::string & file, int * n_split) {
+        gguf_init_params gp = { /*no_alloc*/ true, /*ctx*/ nullptr };
+        gguf_context * g = gguf_init_from_file(file.c_str(), gp);
+        if (g == nullptr) {
+            fail(EXIT_LOAD, "%s: cannot read its tensor names", file.c_str());
+        }
+        bool found = false;
+        for (int64_t i = 0; i < gguf_get_n_tensors(g) && !found; ++i) {
+            const std::string name = gguf_get_tensor_name(g, i);
+            found = name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+        }
+        if (n_split != nullptr) {
+            const int64_t k = gguf_find_key(g, "split.count");
+            *n_split = k >= 0 ? (int) gguf_get_val_u16(g, k) : 1;
+        }
+        gguf_free(g);
+        return found;
+    };
+    int n_split = 1;
+    if (scan(path, &n_split)) {
+        return true;
+    }
+    char prefix[4096];
+    if (n_split > 1 && llama_split_prefix(prefix, sizeof(prefix), path.c_str(), 0, n_split) > 0) {
+        for (int i = 1; i < n_split; ++i) {
+            char split[4096];
+            llama_split_path(split, sizeof(split), prefix, i, n_split);
+            if (scan(split, nullptr)) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 // Model + trunk context (+ MTP context unless --trunk), with the collector on the context whose
 // blocks are collected.
 static void init_contexts(Run & run, common_init_result_ptr & init, common_speculative_init_result_ptr & spec) {
     common_params & params = run.params;
     if (!run.args.trunk) {
         params.speculative.types = { COMMON_SPECULATIVE_TYPE_DRAFT_MTP };  // => load_mtp, fit with the MTP ctx
+        params.speculative.draft.n_max = 0;  // => n_rs_seq = 0: no rollback snapshots (see the top)
     }
     const bool collect_trunk = run.args.trunk || run.args.with_trunk;
     params.cb_eval = collect_trunk ? collect_cb : nullptr;
@@ -518,6 +652,8 @@ static void init_contexts(Run & run, common_init_result_ptr & init, common_specu
     const int32_t n_nextn = llama_model_n_layer_nextn(model);
     run.n_embd = llama_model_n_embd_out(model);
     llama_set_embeddings_nextn(run.ctx_tgt, true, /*masked*/ false);
+    const std::string arch = model_arch(model);
+    run.trunk_all_outputs = run.args.all_outputs || n_nextn <= 0 || TRUNK_ROWS_KEPT.count(arch) == 0;
     if (run.args.trunk) {
         run.collector.layer_lo = 0;
         run.collector.layer_hi = n_trunk;
@@ -542,6 +678,8 @@ static void init_contexts(Run & run, common_init_result_ptr & init, common_specu
     }
     run.n_heads = std::max(1, (int) n_nextn);
     llama_set_embeddings_nextn(run.ctx_dft, true, /*masked*/ true);
+    run.head_all_outputs = run.args.all_outputs || HEAD_ROWS_KEPT.count(arch) == 0
+        || model_has_tensor_ending(params.model.path, ".nextn.shared_head_head.weight");
 }
 
 int main(int argc, char ** argv) {
@@ -576,13 +714,16 @@ int main(int argc, char ** argv) {
     params.n_batch    = std::min(params.n_batch, params.n_ctx);
     params.warmup     = false;
 
+    const double t_start = now_s();
     llama_backend_init();
     llama_numa_init(params.numa);
     common_init_result_ptr init;
     common_speculative_init_result_ptr spec;
     init_contexts(run, init, spec);
+    const double t_init = now_s() - t_start, cpu_init = cpu_s();
 
     const int32_t n_chunk = compute(run, n_ctx);
+    const double t_compute = now_s() - t_start - t_init, cpu_compute = cpu_s() - cpu_init;
     if (run.collector.stats.empty()) {
         fail(EXIT_COMPUTE, "no statistics were collected for blocks %d..%d", run.collector.layer_lo, run.collector.layer_hi - 1);
     }
@@ -592,6 +733,19 @@ int main(int argc, char ** argv) {
     }
     fprintf(stderr, TOOL ": wrote %zu entries for blocks %d..%d to %s\n", run.collector.stats.size(),
             run.collector.layer_lo, run.collector.layer_hi - 1, params.out_file.c_str());
+    if (run.args.profile) {
+        const Collector & c = run.collector;
+        fprintf(stderr, TOOL ": profile: {\"init_s\": %.3f, \"compute_s\": %.3f, \"compute_cpu_s\": %.3f, "
+                "\"trunk_s\": %.3f, \"trunk_collect_s\": %.3f, \"trunk_collect_calls\": %lld, \"trunk_collect_floats\": %lld, "
+                "\"head_s\": %.3f, \"head_collect_s\": %.3f, \"head_collect_calls\": %lld, \"head_collect_floats\": %lld, "
+                "\"trunk_matmul_macs\": %.0f, \"head_matmul_macs\": %.0f, "
+                "\"tokens\": %lld, \"trunk_all_outputs\": %s, \"head_all_outputs\": %s, \"total_s\": %.3f, \"cpu_s\": %.3f}\n",
+                t_init, t_compute, cpu_compute, run.trunk_s, c.collect_s[0], (long long) c.calls[0], (long long) c.floats[0],
+                run.head_s, c.collect_s[1], (long long) c.calls[1], (long long) c.floats[1], c.macs[0], c.macs[1],
+                (long long) run.trunk_tokens,
+                run.trunk_all_outputs ? "true" : "false", run.ctx_dft && run.head_all_outputs ? "true" : "false",
+                now_s() - t_start, cpu_s());
+    }
     spec.reset();
     init.reset();
     llama_backend_free();
