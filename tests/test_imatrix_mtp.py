@@ -352,6 +352,29 @@ def test_runtime_compiles_missing_or_stale_tool(tmp_path):
     assert not list(copy.bin_dir.glob(f".{MTP_IMATRIX_TOOL}-*"))  # no temp file left
 
 
+def test_two_versions_sharing_a_runtime_keep_their_own_tool(tmp_path, monkeypatch):
+    """Two ggufmtp versions (two venvs, a checkout beside an install) share ~/.cache/ggufmtp. Each
+    compiles the tool from its own source; neither may replace the other's under it (a process that
+    found its tool current would run the other version's), nor recompile each time the other ran."""
+    info = rt.ensure_native_tools(rt.installed_runtime())
+    root = tmp_path / "rt"
+    shutil.copytree(info.bin_dir.parent, root, symlinks=True)
+    ours = rt.RuntimeInfo.load(root).binary(MTP_IMATRIX_TOOL)
+    mine = ours.read_bytes()
+    other = tmp_path / "other-version"  # the same tool as another version ships it
+    other.mkdir()
+    source = rt.NATIVE_DIR / rt.NATIVE_TOOLS[MTP_IMATRIX_TOOL]
+    (other / source.name).write_text(source.read_text() + "\n// another version\n")
+    with monkeypatch.context() as m:
+        m.setattr(rt, "NATIVE_DIR", other)
+        theirs = rt.ensure_native_tools(rt.RuntimeInfo.load(root)).binary(MTP_IMATRIX_TOOL)
+    assert ours.read_bytes() == mine, "the other version's compile replaced our tool"
+    assert theirs != ours and theirs.is_file()
+    logs: list[str] = []
+    assert rt.ensure_native_tools(rt.RuntimeInfo.load(root), logs.append).binary(MTP_IMATRIX_TOOL) == ours
+    assert logs == []  # and current for us without a recompile
+
+
 def test_a_fresh_install_comes_with_the_tool(tmp_path):
     """What `runtime build` does after CMake on a fresh machine: the install (staging dir, then
     rename) compiles the tool against the freshly copied libraries and records its source."""
