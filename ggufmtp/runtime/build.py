@@ -8,8 +8,9 @@ and every receipt share one llama.cpp commit.
 ggufmtp's own C++ tools (``NATIVE_TOOLS``, sources in ``ggufmtp/runtime/native/``, e.g.
 ``ggufmtp-mtp-imatrix``) are compiled against that runtime's libraries and the headers of the same
 source tree, and installed into its bin dir (rpath ``$ORIGIN``). ``runtime.json`` records each
-tool's source sha256: a runtime built before a tool existed, or with an older source, gets it
-compiled on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp. It also
+tool's source sha256, and each build is a file named for it (``native_file_name``): a runtime built
+before a tool existed, or holding another version's build, gets this version's compiled beside it
+on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp. It also
 records the architectures whose graph in that source drafts with MTP (``mtp_architectures``, read by
 :mod:`.mtp_graphs`), which ``doctor`` and the tests compare with ggufmtp's own list.
 
@@ -107,7 +108,7 @@ class RuntimeInfo:
     mtp_reader: int = 0  # the mtp_graphs reader version that recorded them
 
     def binary(self, name: str) -> Path:
-        return self.bin_dir / name
+        return self.bin_dir / (native_file_name(name) if name in NATIVE_TOOLS else name)
 
     @classmethod
     def load(cls, root: Path) -> RuntimeInfo | None:
@@ -446,6 +447,14 @@ def _cxx() -> str:
     raise RuntimeBuildError("no C++ compiler found (set $CXX or install g++): ggufmtp's native tools need one")
 
 
+def native_file_name(name: str) -> str:
+    """The file a runtime holds tool ``name`` in, named for its source and flags: two ggufmtp
+    versions sharing one runtime (two venvs, a checkout beside an install) each keep their own
+    build, none replaces the other's under a running process, and neither recompiles after the
+    other ran. The names ggufmtp prints (progress, errors) stay ``name``."""
+    return f"{name}-{native_source_sha256(name)[:16]}"
+
+
 def native_compile_argv(name: str, bin_dir: Path, src: Path, out: Path) -> list[str]:
     """The compiler command for one tool: the headers of the pinned source tree (``src/`` for the
     staging header ``llama-ext.h``), the runtime's own shared libraries, rpath ``$ORIGIN``."""
@@ -474,7 +483,7 @@ def compile_native_tool(name: str, bin_dir: Path, src: Path, log: Callable[[str]
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
             raise RuntimeBuildError(f"compiling {NATIVE_DIR / NATIVE_TOOLS[name]} failed:\n{tail}")
         os.chmod(tmp, 0o755)
-        os.replace(tmp, bin_dir / name)
+        os.replace(tmp, bin_dir / native_file_name(name))
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -482,9 +491,8 @@ def compile_native_tool(name: str, bin_dir: Path, src: Path, log: Callable[[str]
 
 
 def _native_current(info: RuntimeInfo, name: str) -> bool:
-    exe = info.binary(name)
-    return (exe.is_file() and os.access(exe, os.X_OK)
-            and info.native_tools.get(name) == native_source_sha256(name))
+    exe = info.binary(name)  # named for this version's source: its existence says it is current
+    return exe.is_file() and os.access(exe, os.X_OK)
 
 
 @contextlib.contextmanager
