@@ -609,3 +609,53 @@ def test_cli_tune_alias_profiles_and_curve(tmp_path, llama_server_bin, f20):
     assert c["points"][0]["acceptance"] == 1.0 and c["real"] is None and c["draft_n_max"] == 3
     r = CliRunner().invoke(main, ["tune", str(m), "--budget", "1", "--threads", "2"])
     assert r.exit_code == 1 and "too small" in r.output
+
+
+# ------------------------------------------------------------------------------------------------
+# a reply that ends at once decodes nothing: tune and curve as verify (stats.decoded)
+# ------------------------------------------------------------------------------------------------
+
+
+def _reply(n: int, ms: float):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(predicted_n=n, predicted_ms=ms, text="x" * n, draft_n=0, draft_n_accepted=0)
+
+
+# llama-server's timings for a reply that ended at once (its one token from the prompt pass), and one that decoded
+ENDS_AT_ONCE, DECODED_VAN, DECODED_MTP = (1, 0.001), (33, 100.0), (33, 50.0)
+
+
+def test_tune_counts_no_decode_for_a_reply_that_ends_at_once():
+    """verify stopped counting a one-token reply's token without time (1,000,000 tok/s on its own,
+    048e595); tune's units counted it still: 34 tokens in 50.001 ms where 33 were decoded in 50."""
+    from types import SimpleNamespace
+
+    from ggufmtp.measure.tune.bench import ServerEvaluator
+
+    p1, p2 = SimpleNamespace(id="q1"), SimpleNamespace(id="q2")
+    van = [(p1, 42, _reply(*ENDS_AT_ONCE)), (p2, 42, _reply(*DECODED_VAN))]
+    mtp = [(p1, 42, _reply(*ENDS_AT_ONCE)), (p2, 42, _reply(*DECODED_MTP))]
+    evaluator = SimpleNamespace(order=SimpleNamespace(run=lambda a, b: (a(), b())), bar=None,
+                                bench=SimpleNamespace(concurrency=1, run=lambda srv, u: (mtp, 1.0)),
+                                _vanilla=lambda srv, u: (van, 1.0))
+    r = ServerEvaluator._pair(evaluator, None, None, 0)
+    assert (r.mtp_tokens, r.mtp_ms, r.van_tokens, r.van_ms) == (33, 50.0, 33, 100.0)
+    assert r.identical and r.requests == 2
+
+
+def test_curve_counts_no_decode_for_a_reply_that_ends_at_once():
+    """The same in the acceptance curve's per-prompt sums: the prompt whose replies end at once
+    adds nothing to either arm's throughput."""
+    from types import SimpleNamespace
+
+    from ggufmtp.measure.profiles.curve import _run_pairs
+
+    p1, p2 = SimpleNamespace(id="q1"), SimpleNamespace(id="q2")
+    van, mtp = object(), object()
+    timings = {(van, "q1"): ENDS_AT_ONCE, (mtp, "q1"): ENDS_AT_ONCE, (van, "q2"): DECODED_VAN, (mtp, "q2"): DECODED_MTP}
+    bench = SimpleNamespace(one=lambda srv, p, s: _reply(*timings[srv, p.id]))
+    arms = SimpleNamespace(prompts=[p1, p2], seeds=[42], order=SimpleNamespace(run=lambda a, b: (a(), b())),
+                           bench=bench, van=van, bar=SimpleNamespace(update=lambda n: None))
+    units, identical = _run_pairs(arms, mtp)
+    assert units == [[0, 0, 0, 0, 0, 0], [33, 50.0, 33, 100.0, 0, 0]] and identical == 2
