@@ -26,8 +26,9 @@ Choices (documented in the README's verify section):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -64,6 +65,26 @@ def decoded(predicted_n: float, predicted_ms: float) -> tuple[float, float]:
     least 0.001 ms), so a reply that ended at once decoded nothing, and counted it would be a token
     without time (1,000,000 tok/s on its own)."""
     return (float(predicted_n), float(predicted_ms)) if predicted_n > 1 else (0.0, 0.0)
+
+
+class Timed(Protocol):
+    """A reply with llama-server's decode timings (``Reply``, a verify ``Record``)."""
+
+    @property
+    def predicted_n(self) -> float: ...
+
+    @property
+    def predicted_ms(self) -> float: ...
+
+
+def decoded_sums(replies: Iterable[Timed]) -> tuple[float, float]:
+    """Tokens and ms decoded by ``replies`` (anything with ``predicted_n`` / ``predicted_ms``), each
+    counted through :func:`decoded`."""
+    n = ms = 0.0
+    for r in replies:
+        dn, dms = decoded(r.predicted_n, r.predicted_ms)
+        n, ms = n + dn, ms + dms
+    return n, ms
 
 
 def bootstrap_sums(units: np.ndarray | Sequence[Sequence[float]],

@@ -397,7 +397,8 @@ def _run_pairs(arms: _Arms, mtp: LlamaServer) -> tuple[list[list[float]], int]:
             s = s0 * 1000 + pi
             v, m = arms.order.run(lambda: arms.bench.one(arms.van, p, s), lambda: arms.bench.one(mtp, p, s))  # noqa: B023 (called within this iteration)
             arms.bar.update(2)
-            u[0] += m.predicted_n; u[1] += m.predicted_ms; u[2] += v.predicted_n; u[3] += v.predicted_ms  # noqa: E702
+            (mn, mms), (vn, vms) = stats.decoded_sums([m]), stats.decoded_sums([v])  # as verify
+            u[0] += mn; u[1] += mms; u[2] += vn; u[3] += vms  # noqa: E702
             u[4] += m.draft_n_accepted or 0; u[5] += m.draft_n or 0  # noqa: E702
             identical += int(m.text == v.text)
         units.append(u)

@@ -31,6 +31,7 @@ from ...gguf.model import inspect_model
 from ...runtime import build as runtime
 from ...runtime.replies import Reply
 from ...runtime.server import LlamaServer, ServerConfig, binary_flags, build_command, flags_without
+from ..core import stats
 from ..core.arms import ABBA, WARMUP_TOKENS, send, send_concurrently
 from ..core.options import DEFAULT_MAX_TOKENS, ArmArgs, TuneConfig
 from ..core.suite import Prompt, Suite, load_suite
@@ -203,12 +204,11 @@ class ServerEvaluator:
         mism = next((Mismatch.of(a.text, b.text, p.id, s) for (p, s, a), (_, _, b) in zip(van, mt)
                      if a.text != b.text), None)
         if self.bench.concurrency > 1:  # aggregate output tok/s over the batch's wall time
-            m_ms, v_ms = mt_ms, van_ms
-        else:  # decode throughput, as verify
-            m_ms, v_ms = sum(r.predicted_ms for _, _, r in mt), sum(r.predicted_ms for _, _, r in van)
+            (m_n, m_ms), (v_n, v_ms) = (sum(r.predicted_n for *_, r in mt), mt_ms), (sum(r.predicted_n for *_, r in van), van_ms)
+        else:  # decode throughput, as verify (a reply that ended at once decoded nothing)
+            (m_n, m_ms), (v_n, v_ms) = stats.decoded_sums(r for *_, r in mt), stats.decoded_sums(r for *_, r in van)
         return UnitResult(
-            unit=u, mtp_tokens=sum(r.predicted_n for _, _, r in mt), mtp_ms=m_ms,
-            van_tokens=sum(r.predicted_n for _, _, r in van), van_ms=v_ms, identical=mism is None,
+            unit=u, mtp_tokens=m_n, mtp_ms=m_ms, van_tokens=v_n, van_ms=v_ms, identical=mism is None,
             draft_n=sum(r.draft_n or 0 for _, _, r in mt),
             draft_n_accepted=sum(r.draft_n_accepted or 0 for _, _, r in mt), requests=len(mt), mismatch=mism,
             prompt_ids=tuple(dict.fromkeys(p.id for p, _, _ in mt)))
