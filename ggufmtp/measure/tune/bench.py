@@ -32,9 +32,11 @@ from ...runtime import build as runtime
 from ...runtime.replies import Reply
 from ...runtime.server import LlamaServer, ServerConfig, binary_flags, build_command, flags_without
 from ..core import stats
-from ..core.arms import ABBA, WARMUP_TOKENS, send, send_concurrently
+from ..core.arms import ABBA, MTP, VANILLA, WARMUP_TOKENS, send, send_concurrently
 from ..core.options import DEFAULT_MAX_TOKENS, ArmArgs, TuneConfig
 from ..core.suite import Prompt, Suite, load_suite
+from ..verify.divergence import analyse_mismatches
+from ..verify.summary import Record
 from .search import Mismatch, UnitResult
 
 __all__ = ["WARMUP_TOKENS", "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT", "TuneSetup", "prepare", "check_seeds", "Bench", "ServerEvaluator"]
@@ -125,8 +127,9 @@ class ServerEvaluator:
     (config, rung)."""
 
     def __init__(self, base: dict[str, Any], van: LlamaServer, bench: Bench, ctx_per_slot: int,
-                 warm_prompt: Prompt, bar=None, arms: ArmArgs | None = None):
+                 warm_prompt: Prompt, bar=None, arms: ArmArgs | None = None, suite: Suite | None = None):
         self.base, self.van, self.bench = base, van, bench
+        self.suite = suite  # given: a differing reply gets verify's numerics analysis (else it drops the config)
         self.ctx_per_slot = ctx_per_slot
         self.warm_prompt = warm_prompt
         self.bar = bar
@@ -192,7 +195,7 @@ class ServerEvaluator:
                                 f"log {mtp.log_path}")
             for u in units:
                 out.append(self._pair(van, mtp, u))
-                if not out[-1].identical:
+                if not out[-1].lossless:
                     break
         return out
 
@@ -201,17 +204,43 @@ class ServerEvaluator:
         (van, van_ms), (mt, mt_ms) = self.order.run(lambda: self._vanilla(vsrv, u), lambda: self.bench.run(mtp, u))
         if self.bar is not None:
             self.bar.update(len(mt))
-        mism = next((Mismatch.of(a.text, b.text, p.id, s) for (p, s, a), (_, _, b) in zip(van, mt)
-                     if a.text != b.text), None)
+        mism, explained = self._mismatch(vsrv, [(p, s, a, b) for (p, s, a), (_, _, b) in zip(van, mt) if a.text != b.text])
         if self.bench.concurrency > 1:  # aggregate output tok/s over the batch's wall time
             (m_n, m_ms), (v_n, v_ms) = (sum(r.predicted_n for *_, r in mt), mt_ms), (sum(r.predicted_n for *_, r in van), van_ms)
         else:  # decode throughput, as verify (a reply that ended at once decoded nothing)
             (m_n, m_ms), (v_n, v_ms) = stats.decoded_sums(r for *_, r in mt), stats.decoded_sums(r for *_, r in van)
         return UnitResult(
-            unit=u, mtp_tokens=m_n, mtp_ms=m_ms, van_tokens=v_n, van_ms=v_ms, identical=mism is None,
+            unit=u, mtp_tokens=m_n, mtp_ms=m_ms, van_tokens=v_n, van_ms=v_ms, identical=mism is None, explained=explained,
             draft_n=sum(r.draft_n or 0 for _, _, r in mt),
             draft_n_accepted=sum(r.draft_n_accepted or 0 for _, _, r in mt), requests=len(mt), mismatch=mism,
             prompt_ids=tuple(dict.fromkeys(p.id for p, _, _ in mt)))
+
+
+    def _mismatch(self, vsrv: LlamaServer, differing: Sequence[tuple[Prompt, int, Reply, Reply]]) -> tuple[Mismatch | None, bool]:
+        """The unit's first differing reply and whether every difference is explained by numerics:
+        verify's analysis (:func:`~ggufmtp.measure.verify.divergence.analyse_mismatches`) on the
+        vanilla server, judged by the same rule, when the evaluator has the suite."""
+        if not differing:
+            return None, False
+        p, s, a, b = differing[0]
+        first = Mismatch.of(a.text, b.text, p.id, s)
+        if self.suite is None:
+            return first, False
+        mode = self.bench.mode
+        numerics = analyse_mismatches(vsrv, self.suite, [(_record(VANILLA, p_, s_, a_, mode), _record(MTP, p_, s_, b_, mode))
+                                                         for p_, s_, a_, b_ in differing], self.bench.max_tokens)
+        assert numerics is not None
+        fields = [numerics.fields((0, "chat", mode, p_.id, s_)) for p_, s_, _, _ in differing]
+        first = dataclasses.replace(first, margin_nats=fields[0].get("margin_nats"),
+                                    drift_nats=numerics.drift.drift_nats, explained=fields[0]["explained"])
+        return first, all(f["explained"] for f in fields)
+
+
+def _record(arm: str, p: Prompt, seed: int, r: Reply, mode: str) -> Record:
+    """A tune reply as a verify record (k 0, endpoint chat): what the numerics analysis reads."""
+    return Record(arm=arm, k=0, endpoint="chat", mode=mode, prompt_id=p.id, category=p.category, seed=seed, order=0,
+                  predicted_n=r.predicted_n, predicted_ms=r.predicted_ms, prompt_n=r.prompt_n, draft_n=r.draft_n,
+                  draft_n_accepted=r.draft_n_accepted, text=r.text)
 
 
 def _settings_key(cfg: ServerConfig) -> tuple:

@@ -32,7 +32,8 @@ from .search import ConfigStatus, Mismatch, SearchState, SHResult, UnitResult, r
 __all__ = ["RULE", "ConfigRow", "Recommendation", "config_row", "rank_configs", "recommend_config", "prompt_clusters"]
 
 RULE = ("best = highest speedup point estimate among the final rung's configurations, all with output identical "
-        "to vanilla (ties: the simpler: smaller k, n-min 0, p-min 0, backend sampling off, more slots); recommended "
+        "to vanilla or differing only where verify's numerics analysis explains it (ties: the simpler: smaller k, "
+        "n-min 0, p-min 0, backend sampling off, more slots); recommended "
         "when its 95% bootstrap CI lower bound > 1.0, else run without MTP; 'clear' when that lower bound also "
         "exceeds every other final configuration's CI upper bound")
 
@@ -60,6 +61,7 @@ class ConfigRow:
     mtp_tokens_per_second: float | None = None
     vanilla_tokens_per_second: float | None = None
     identical: bool | None = None
+    lossless: bool | None = None  # identical, or differing only where numerics explain it
     mismatch: Mismatch | None = None  # the first non-identical reply
     ci_units: int | None = None  # the bootstrap's resampling units (prompt clusters); None when not measured
 
@@ -78,7 +80,7 @@ class ConfigRow:
             d.update(draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted)
         d.update(mtp_tokens_per_second=self.mtp_tokens_per_second,
                  vanilla_tokens_per_second=self.vanilla_tokens_per_second, identical=self.identical,
-                 ci_units=self.ci_units)
+                 lossless=self.lossless, ci_units=self.ci_units)
         if self.mismatch is not None:
             d["mismatch"] = self.mismatch.to_dict()
         return d
@@ -139,6 +141,7 @@ def config_row(st: SearchState, resamples: int = stats.DEFAULT_RESAMPLES,
     row.mtp_tokens_per_second = _num(tot[0] / tot[1] * 1000) if tot[1] > 0 else None
     row.vanilla_tokens_per_second = _num(tot[2] / tot[3] * 1000) if tot[3] > 0 else None
     row.identical = all(r.identical for r in rs)
+    row.lossless = all(r.lossless for r in rs)
     row.mismatch = next((r.mismatch for r in rs if r.mismatch), None)
     row.ci_units = int(x.shape[0])
     return row
@@ -184,10 +187,10 @@ def rank_configs(sh: SHResult, resamples: int = stats.DEFAULT_RESAMPLES,
 
 def recommend_config(rows: Sequence[ConfigRow]) -> Recommendation:
     """The recommendation from :func:`rank_configs` rows (see :data:`RULE`)."""
-    final = [r for r in rows if r.status == ConfigStatus.FINAL and r.identical]
+    final = [r for r in rows if r.status == ConfigStatus.FINAL and r.lossless]
     if not final:
         return Recommendation(best=None, recommended=None, mtp_beats_vanilla=False, clear=False, within_noise_of=[],
-                              why="no configuration reached the final rung with output identical to vanilla")
+                              why="no configuration reached the final rung with output identical to vanilla (up to numerics)")
     final.sort(key=lambda r: (-rank_value(r.speedup), r.config.complexity()))
     best, others = final[0], final[1:]
     lo = (best.speedup_ci95 or _NO_CI)[0]

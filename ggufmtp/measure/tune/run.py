@@ -377,7 +377,7 @@ def _serve_and_search(setup: TuneSetup, base: dict[str, Any], van_cfg: ServerCon
         stack.callback(bench.close)
         bench.one(van, setup.suite.prompts[0], 0, WARMUP_TOKENS)  # warm-up
         bar = stack.enter_context(progress_bar(total, "tune", "req", enabled=progress))
-        ev = ServerEvaluator(base, van, bench, ctx_per_slot, setup.suite.prompts[0], bar, arms)
+        ev = ServerEvaluator(base, van, bench, ctx_per_slot, setup.suite.prompts[0], bar, arms, setup.suite)
         stack.callback(ev.close)
         sh = successive_halving(ordered, ev, sched.budget, sched.units0, sched.eta, sched.final_size,
                                 sched.max_units, sched.unit_cost, log=log, final_units=sched.final_units)

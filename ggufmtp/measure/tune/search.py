@@ -217,6 +217,12 @@ class Mismatch:
     first_difference_at: int
     vanilla: str
     mtp: str
+    # verify's numerics analysis on the vanilla server (ggufmtp.measure.verify.divergence), when it ran:
+    # vanilla's top-2 margin where the replies part, the drift batching alone caused, and whether
+    # the one is within the other (explained_by_numerics)
+    margin_nats: float | None = None
+    drift_nats: float | None = None
+    explained: bool = False
 
     @classmethod
     def of(cls, vanilla: str, mtp: str, prompt_id: str, seed: int) -> Mismatch:
@@ -243,6 +249,12 @@ class UnitResult:
     requests: int = 1  # evaluations (MTP requests) this unit cost
     mismatch: Mismatch | None = None
     prompt_ids: tuple[str, ...] = ()  # the suite prompts of the unit (several at concurrency > 1)
+    explained: bool = False  # every differing reply of the unit is explained by numerics
+
+    @property
+    def lossless(self) -> bool:
+        """Output identical to vanilla's, or differing only where numerics explain it (as verify judges)."""
+        return self.identical or self.explained
 
 
 Evaluator = Callable[[TuneConfig, Sequence[int]], list[UnitResult]]
@@ -465,7 +477,7 @@ def _drop_reason(err: Exception | None, res: Sequence[UnitResult], todo: Sequenc
     """Why a configuration leaves the search after a measurement (None: it stays)."""
     if err is not None:
         return f"failed: {str(err).splitlines()[0][:300]}"
-    if any(not r.identical for r in res):
+    if any(not r.lossless for r in res):
         return "output differs from vanilla"
     if len(res) < len(todo):
         return "measured fewer units than asked (budget or evaluator)"
