@@ -178,3 +178,57 @@ def test_the_schema_takes_the_new_fields_and_older_receipts():
     jsonschema.validate({k: v for k, v in base.items() if k not in ("margin_nats", "explained")}, item)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(dict(base, margin_nats="small"), item)
+
+
+# ----------------------------------------------------------------------------- vanilla ends, MTP goes on
+
+
+class _EndsServer:
+    """A vanilla server whose greedy reply is "abc" and then its end-of-generation token (listed by
+    llama-server's ``completion_probabilities`` with token text ""), nearly tied with " d"."""
+
+    ENTRIES = [("a", -0.1, "x", -3.0), ("b", -0.1, "x", -3.0), ("c", -0.1, "x", -3.0), ("", -0.70, " d", -0.71)]
+
+    def __init__(self, batched_eos_margin: float):
+        self.batched_eos_margin = batched_eos_margin
+
+    def post_json(self, path, body):
+        return {"prompt": "q"}
+
+    def tokenize(self, text, add_special=True, parse_special=True):
+        return [1]
+
+    def complete(self, ids, n_predict, **kw):
+        entries = [{"id": i, "token": t, "top_logprobs": [{"id": i, "token": t, "logprob": lp},
+                                                          {"id": 99, "token": alt, "logprob": alt_lp}]}
+                   for i, (t, lp, alt, alt_lp) in enumerate(self.ENTRIES)]
+        if n_predict != 1:
+            return {"completion_probabilities": entries}
+        e = dict(entries[len(ids) - 1])  # the one-batch evaluation of the prefix
+        if e["token"] == "":
+            e["top_logprobs"] = [dict(e["top_logprobs"][0], logprob=-0.70),
+                                 dict(e["top_logprobs"][1], logprob=-0.70 - self.batched_eos_margin)]
+        return {"completion_probabilities": [e]}
+
+
+def test_vanilla_ending_at_a_near_tie_where_mtp_goes_on_is_analysed():
+    """Vanilla's reply ends (its end-of-generation token won by 0.01 nats) where the MTP reply goes
+    on: the divergence is that token, its margin is measured like any other, and it is explained
+    when the batching drift covers it; before, it was left unexplained whatever its margin."""
+    from ggufmtp.measure.core.suite import Prompt, Suite
+    from ggufmtp.measure.verify.divergence import analyse_mismatches
+    from ggufmtp.measure.verify.summary import Record
+
+    suite = dataclasses.replace(load_suite("chat-v1"), prompts=(Prompt("p", "general", ({"role": "user", "content": "q"},)),))
+    assert isinstance(suite, Suite)
+
+    def rec(arm, text):
+        return Record(arm=arm, k=3, endpoint="chat", mode="default", prompt_id="p", category="general", seed=42, order=0,
+                      predicted_n=len(text), predicted_ms=1.0, prompt_n=1, draft_n=None, draft_n_accepted=None, text=text)
+
+    key = (3, "chat", "default", "p", 42)
+    for batched_margin, explained in ((0.05, True), (0.012, False)):
+        numerics = analyse_mismatches(_EndsServer(batched_margin), suite, [(rec("vanilla", "abc"), rec("mtp", "abc d"))], 64)
+        a = numerics.by_key[key]
+        assert a.reproduced and a.token_index == 3 and a.margin_nats == pytest.approx(0.01), a
+        assert numerics.fields(key)["explained"] is explained, (numerics.drift, a)
