@@ -13,8 +13,10 @@ evidence bound to the run:
 - each mismatching reply is reproduced through ``/completion`` on the templated prompt
   (``/apply-template`` with the same messages and ``chat_template_kwargs``; the raw prompt for
   ``--raw``) as token ids, with ``n_probs: 2``: the reply must reproduce (else the mismatch is
-  *unreproducible*: unexplained); the token at the first differing character is the divergence, and
-  vanilla's top-2 margin there (nats) is recorded (:class:`MismatchAnalysis`);
+  *unreproducible*: unexplained); the token at the first differing character is the divergence (where
+  vanilla's reply ends and the MTP reply goes on: vanilla's end-of-generation token, which
+  ``completion_probabilities`` lists with the text ""), and vanilla's top-2 margin there (nats) is
+  recorded (:class:`MismatchAnalysis`);
 - the drift batching alone causes is calibrated on the same run (:class:`NumericsDrift`): at a
   seeded sample of positions of each analysed reply (up to :data:`POSITIONS_PER_REPLY`, always
   including the divergence), the prefix is evaluated as one batch (prompt ids + the reply's first j
@@ -209,7 +211,9 @@ class _Analyser:
         c = pos[i] if i < len(pos) else len(raw)
         ends = list(_ends(probs))
         j = next((t for t, e in enumerate(ends) if e > c), None)
-        if j is None:  # MTP's reply is longer: vanilla stopped there (end of generation)
+        if j is None:  # MTP's reply is longer: vanilla's end-of-generation token (text "", listed) is the divergence
+            j = next((t for t, e in enumerate(probs) if ends[t] == c and not str(e.get("token", ""))), None)
+        if j is None:  # vanilla stopped there without such a token (a stop string, the token limit)
             return MismatchAnalysis(True, why="vanilla's reply ends where the MTP reply goes on")
         key = (v.prompt_id, v.mode, v.endpoint)
         flip = self.drift_at(key, ids, probs, j)
