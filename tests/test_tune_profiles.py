@@ -695,3 +695,16 @@ def test_curve_counts_no_decode_for_a_reply_that_ends_at_once():
                            bench=bench, van=van, bar=SimpleNamespace(update=lambda n: None))
     units, identical = _run_pairs(arms, mtp)
     assert units == [[0, 0, 0, 0, 0, 0], [33, 50.0, 33, 100.0, 0, 0]] and identical == 2
+
+
+def test_a_drop_names_why_the_difference_was_not_analysed():
+    """On an H100 with GGML_CUDA_GRAPH_OPT=1, vanilla's own greedy replies vary from request to
+    request, so its reply does not reproduce for the numerics analysis: the drop says so."""
+    from ggufmtp.measure.tune.search import Mismatch, UnitResult, _drop_reason
+
+    why = "vanilla's reply did not reproduce through /completion"
+    m = Mismatch("p", 42, 37, "abc", "abd", why=why)
+    assert _drop_reason(None, [UnitResult(0, 1, 1, 1, 1, identical=False, mismatch=m)], [0]) == \
+        f"output differs from vanilla ({why})"
+    explained = dataclasses.replace(m, why=None, margin_nats=0.01, drift_nats=0.2, explained=True)
+    assert _drop_reason(None, [UnitResult(0, 1, 1, 1, 1, identical=False, explained=True, mismatch=explained)], [0]) is None

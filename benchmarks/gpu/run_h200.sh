@@ -35,6 +35,9 @@
 #   bash benchmarks/gpu/run_h200.sh profiles  # serving workloads A-D, MTP (tuned) vs vanilla, both with $PROFILE_ARGS
 #   bash benchmarks/gpu/run_h200.sh verify    # ggufmtp verify with default server settings (k=$K, default 3)
 #   bash benchmarks/gpu/run_h200.sh curve     # speedup vs synthetic acceptance of this GPU
+#   bash benchmarks/gpu/run_h200.sh tune-trained  # tune on the trained model (after numerics): explained differences kept
+#                                             # (SYNTH_STAGE=study-train STAGES="numerics tune-trained" ... all)
+#   bash benchmarks/gpu/run_h200.sh gopt-determinism  # vanilla's replies with GGML_CUDA_GRAPH_OPT off/on, 3x each
 #   bash benchmarks/gpu/run_h200.sh numerics  # verify's numerics analysis on the trained model, GPU (SYNTH_STAGE=synth-and-train
 #                                             # STAGES="numerics imatrix" ... all: with #34's real-scale imatrix cost)
 #   bash benchmarks/gpu/run_h200.sh study     # issue #29: train the GPU model (study-train, if not done), then
@@ -413,6 +416,23 @@ PY
       --draft-n-max 3 --suite benchmarks/gpu/results-2026-11-26-h100-study/study/inputs/suite-heldout.jsonl \
       --out "$RES/numerics-gpu.json" > "$RES/numerics-gpu.txt" 2> "$RES/numerics-gpu.log" || true
     cat "$RES/numerics-gpu.txt" ;;
+  tune-trained)
+    # tune on the learned head (after `numerics`, which makes the Q4_K_M file): a configuration whose
+    # replies differ from vanilla only where the numerics analysis explains it stays in the search
+    env_setup
+    S=$WORK/study
+    [ -f "$S/numerics-q4km.gguf" ] || bash "$0" numerics
+    python3 -m ggufmtp --no-progress tune "$S/numerics-q4km.gguf" -ngl 999 --seeds 42 --max-tokens 128 \
+      --budget "${TBUDGET:-160}" --suite benchmarks/gpu/results-2026-11-26-h100-study/study/inputs/suite-heldout.jsonl \
+      --out "$RES/tune-trained.json" > "$RES/tune-trained.txt" 2> "$RES/tune-trained.log" || true
+    tail -30 "$RES/tune-trained.txt" ;;
+  gopt-determinism)
+    # is vanilla deterministic with GGML_CUDA_GRAPH_OPT=1? (after `numerics`: the trained Q4_K_M file)
+    env_setup
+    S=$WORK/study
+    [ -f "$S/numerics-q4km.gguf" ] || bash "$0" numerics
+    python3 benchmarks/gpu/gopt_determinism.py "$S/numerics-q4km.gguf" \
+      benchmarks/gpu/results-2026-11-26-h100-study/study/inputs/suite-heldout.jsonl "$RES/gopt.json" | tee "$RES/gopt.txt" ;;
   synth-and-train)
     # the 72 GB model (synth) and the study's trained model at once, beside the build
     bash "$0" synth > "$RES/stage-synth-only.out" 2>&1 & s=$!

@@ -231,8 +231,8 @@ class ServerEvaluator:
                                                          for p_, s_, a_, b_ in differing], self.bench.max_tokens)
         assert numerics is not None
         fields = [numerics.fields((0, "chat", mode, p_.id, s_)) for p_, s_, _, _ in differing]
-        first = dataclasses.replace(first, margin_nats=fields[0].get("margin_nats"),
-                                    drift_nats=numerics.drift.drift_nats, explained=fields[0]["explained"])
+        first = dataclasses.replace(first, margin_nats=fields[0].get("margin_nats"), drift_nats=numerics.drift.drift_nats,
+                                    explained=fields[0]["explained"], why=numerics.by_key[(0, "chat", mode, p.id, s)].why)
         return first, all(f["explained"] for f in fields)
 
 

@@ -223,6 +223,7 @@ class Mismatch:
     margin_nats: float | None = None
     drift_nats: float | None = None
     explained: bool = False
+    why: str | None = None  # why the analysis has no margin (the reply did not reproduce, a cap, ...)
 
     @classmethod
     def of(cls, vanilla: str, mtp: str, prompt_id: str, seed: int) -> Mismatch:
@@ -477,8 +478,10 @@ def _drop_reason(err: Exception | None, res: Sequence[UnitResult], todo: Sequenc
     """Why a configuration leaves the search after a measurement (None: it stays)."""
     if err is not None:
         return f"failed: {str(err).splitlines()[0][:300]}"
-    if any(not r.lossless for r in res):
-        return "output differs from vanilla"
+    lost = next((r for r in res if not r.lossless), None)
+    if lost is not None:  # with the analysis's reason where it has no margin (e.g. vanilla's reply did not reproduce)
+        why = lost.mismatch.why if lost.mismatch is not None else None
+        return "output differs from vanilla" + (f" ({why})" if why else "")
     if len(res) < len(todo):
         return "measured fewer units than asked (budget or evaluator)"
     return None
