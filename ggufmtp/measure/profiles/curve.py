@@ -397,7 +397,7 @@ def _run_pairs(arms: _Arms, mtp: LlamaServer) -> tuple[list[list[float]], int]:
             s = s0 * 1000 + pi
             v, m = arms.order.run(lambda: arms.bench.one(arms.van, p, s), lambda: arms.bench.one(mtp, p, s))  # noqa: B023 (called within this iteration)
             arms.bar.update(2)
-            (mn, mms), (vn, vms) = stats.decoded_sums([m]), stats.decoded_sums([v])  # as verify
+            (mn, mms), (vn, vms) = stats.decoded(m.predicted_n, m.predicted_ms), stats.decoded(v.predicted_n, v.predicted_ms)
             u[0] += mn; u[1] += mms; u[2] += vn; u[3] += vms  # noqa: E702
             u[4] += m.draft_n_accepted or 0; u[5] += m.draft_n or 0  # noqa: E702
             identical += int(m.text == v.text)

@@ -41,6 +41,7 @@ from ...errors import ServerError
 from ...provenance.verdict import explained_by_numerics
 from ...runtime.server import LlamaServer
 from ..core.arms import MTP, VANILLA
+from ..core.records import first_difference
 from ..core.suite import Prompt, Suite, mode_request_fields
 from .summary import MAX_LISTED_MISMATCHES, Comparison, Record
 
@@ -113,10 +114,6 @@ def mismatched_pairs(records: Sequence[Record], ks: Sequence[int], endpoints: Se
                          if r.arm == MTP and (r.prompt_id, r.seed) in van and van[(r.prompt_id, r.seed)].text != r.text]
                 out += pairs[:MAX_LISTED_MISMATCHES]
     return out[:MAX_LISTED_MISMATCHES]
-
-
-def _first_difference(a: str, b: str) -> int:
-    return next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
 
 
 def _align(parsed: str, raw: str) -> list[int] | None:
@@ -207,7 +204,7 @@ class _Analyser:
         pos = _align(v.text, raw)
         if pos is None or not probs:
             return MismatchAnalysis(False, why="vanilla's reply did not reproduce through /completion")
-        i = _first_difference(v.text, m.text)
+        i = first_difference(v.text, m.text)[0]
         c = pos[i] if i < len(pos) else len(raw)
         ends = list(_ends(probs))
         j = next((t for t, e in enumerate(ends) if e > c), None)
