@@ -232,3 +232,20 @@ def test_vanilla_ending_at_a_near_tie_where_mtp_goes_on_is_analysed():
         a = numerics.by_key[key]
         assert a.reproduced and a.token_index == 3 and a.margin_nats == pytest.approx(0.01), a
         assert numerics.fields(key)["explained"] is explained, (numerics.drift, a)
+
+
+def test_llama_server_lists_the_end_of_generation_token_with_empty_text(llama_server_bin):
+    """What the analysis of a reply where vanilla ends relies on (and _EndsServer imitates): the
+    pinned llama-server's ``completion_probabilities`` include the end-of-generation token as the
+    last entry, with the text "" and its top-2 alternatives."""
+    from ggufmtp.refs import builtin_model_path
+    from ggufmtp.runtime.server import LlamaServer, ServerConfig
+
+    with LlamaServer(ServerConfig(model=builtin_model_path("tiny-qwen35moe-trained"), threads=2, ctx_size=2048)) as s:
+        t = s.post_json("/apply-template", {"messages": [{"role": "user", "content": "Say hi."}]})["prompt"]
+        r = s.complete(s.tokenize(t, add_special=True, parse_special=True), n_predict=200, temperature=0.0, seed=1,
+                       cache_prompt=False, n_probs=2)
+    probs = r["completion_probabilities"]
+    assert r["stop_type"] == "eos" and len(probs) == r["tokens_predicted"] < 200
+    assert probs[-1]["token"] == "" and len(probs[-1]["top_logprobs"]) == 2
+    assert "".join(e["token"] for e in probs) == r["content"]

@@ -14,7 +14,8 @@ from .measure_common import _run_tune, _save_and_show, arm_args_options, server_
 @click.option("--concurrency", "-C", type=click.IntRange(min=1), default=1, show_default=True,
               help="Concurrent clients to tune for (slots are searched for > 1).")
 @click.option("--budget", type=click.IntRange(min=1), default=240, show_default=True,
-              help="Evaluations (MTP requests, each paired with a vanilla request) the search may spend.")
+              help="Evaluations (MTP requests, each paired with a vanilla request) the search may spend "
+                   "(the numerics analysis of differing replies is not counted).")
 @click.option("--seeds", default="42", show_default=True, help="Comma-separated request seeds.")
 @click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=DEFAULT_MAX_TOKENS, show_default=True, help="Tokens per reply.")
@@ -41,7 +42,8 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
 
     Searches --spec-draft-n-max 1-8, --spec-draft-n-min, --spec-draft-p-min, backend sampling of the
     target (-bs) and drafter (GPU only), GGML_CUDA_GRAPH_OPT=1 (CUDA only) and --parallel slots
-    (concurrency > 1); keeps only settings whose output equals vanilla, ranks them by speedup with
+    (concurrency > 1); keeps only settings whose output equals vanilla's, or differs only where
+    verify's numerics analysis explains it (a near-tie within the batching drift), ranks them by speedup with
     95% CIs, recommends one and prints the exact llama-server command line. Each configuration is
     compared with a vanilla server given its non-speculative settings (fair baseline). MODEL may be
     builtin:NAME."""
