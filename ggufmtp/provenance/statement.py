@@ -283,7 +283,12 @@ class MismatchEntry(TypedDict, total=False):
     token_index: int | None
     margin_nats: float | None
     batched_flip: bool | None
+    vanilla_token: str | None
+    mtp_token: str | None
+    runner_up_token: str | None
+    batched_token: str | None
     explained: bool | None
+    unexplained_why: str | None
 
 
 class TunedSection(TypedDict, total=False):

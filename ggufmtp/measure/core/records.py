@@ -19,6 +19,7 @@ from typing import Any
 from ...errors import VerifyError
 from ...files.digest_cache import FileKey, file_key
 from ...files.hashing import sha256_file
+from ...provenance.verdict import EXCERPT_BEFORE
 
 __all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "first_difference"]
 
@@ -156,7 +157,7 @@ class ServedFile:
 
 
 def first_difference(a: str, b: str) -> tuple[int, str, str]:
-    """Where two replies first differ, with 30 characters before it to 50 after, of each."""
+    """Where two replies first differ, with 30 characters before it (``EXCERPT_BEFORE``) to 50 after, of each."""
     i = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
-    lo = max(0, i - 30)
+    lo = max(0, i - EXCERPT_BEFORE)
     return i, a[lo:i + 50], b[lo:i + 50]

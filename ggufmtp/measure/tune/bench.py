@@ -232,7 +232,7 @@ class ServerEvaluator:
         assert numerics is not None
         fields = [numerics.fields((0, "chat", mode, p_.id, s_)) for p_, s_, _, _ in differing]
         first = dataclasses.replace(first, margin_nats=fields[0].get("margin_nats"), drift_nats=numerics.drift.drift_nats,
-                                    explained=fields[0]["explained"], why=numerics.by_key[(0, "chat", mode, p.id, s)].why)
+                                    explained=fields[0]["explained"], why=fields[0].get("unexplained_why"))
         return first, all(f["explained"] for f in fields)
 
 

@@ -23,9 +23,13 @@ evidence bound to the run:
   tokens, ``n_predict`` 1, ``n_probs`` 2) and ``|margin_sequential - margin_batched|`` taken (the sum
   of the two margins where the argmax flips); the drift is the maximum.
 
-A mismatch is explained by numerics when vanilla's margin at the divergence is at most the drift
-(:func:`ggufmtp.provenance.verdict.explained_by_numerics`; a batched flip at the divergence is
-covered: the divergence is always sampled, and a flip there makes the drift at least the margin).
+The tokens at the divergence are recorded too: vanilla's (top-1), its runner-up, vanilla's own
+one-batch argmax there, and the MTP reply's (whichever of the runner-up and the batched argmax the
+MTP reply continues with; else its text there). A mismatch is explained by numerics when vanilla's
+margin at the divergence is at most the drift and the MTP token is the runner-up or the batched
+argmax, within the bounds of :func:`ggufmtp.provenance.verdict.numerics_failure` (a batched flip at
+the divergence is covered: the divergence is always sampled, and a flip there makes the drift at
+least the margin).
 Nothing runs without mismatches; requests are capped (:data:`MAX_REPLIES`, :data:`MAX_BATCHED`).
 """
 
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ServerError
-from ...provenance.verdict import explained_by_numerics
+from ...provenance.verdict import EXCERPT_BEFORE, Divergence, numerics_failure, token_covers
 from ...runtime.server import LlamaServer
 from ..core.arms import MTP, VANILLA
 from ..core.records import first_difference
@@ -53,6 +57,7 @@ MAX_REPLIES = 64  # distinct vanilla replies analysed per run
 MAX_BATCHED = 640  # batched evaluations per run
 
 Key = tuple[int, str, str, str, int]  # (k, endpoint, mode, prompt_id, seed)
+TOKEN_FIELDS = ("vanilla_token", "mtp_token", "runner_up_token", "batched_token")
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class MismatchAnalysis:
     margin_nats: float | None = None
     batched_flip: bool | None = None
     why: str | None = None  # why it is unexplained before any margin (unreproducible, ...)
+    divergence: Divergence | None = None  # the margin, the tokens and the texts the rule reads
 
 
 @dataclass(frozen=True)
@@ -95,8 +101,12 @@ class Numerics:
         a = self.by_key.get(key)
         if a is None:
             return {"explained": False}
+        d = a.divergence
+        why = (numerics_failure(d, self.drift.drift_nats, self.drift.positions) if d is not None
+               else a.why or "not analysed")
+        tokens = {x: getattr(d, x) for x in TOKEN_FIELDS} if d is not None else {}
         return {"margin_nats": a.margin_nats, "batched_flip": a.batched_flip, "token_index": a.token_index,
-                "explained": explained_by_numerics(a.margin_nats, self.drift.drift_nats)}
+                **tokens, "explained": why is None, "unexplained_why": why}
 
 
 def mismatched_pairs(records: Sequence[Record], ks: Sequence[int], endpoints: Sequence[str],
@@ -132,6 +142,12 @@ def _align(parsed: str, raw: str) -> list[int] | None:
         else:
             out.append(b)
     return out if raw[b:].strip() == "" else None
+
+
+def _top2_texts(entry: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(top token's text, runner-up's text) of one ``completion_probabilities`` entry."""
+    top = list(entry.get("top_logprobs") or []) + [{}, {}]
+    return tuple(str(t["token"]) if "token" in t else None for t in top[:2])  # type: ignore[return-value]
 
 
 def _margin(entry: dict[str, Any]) -> tuple[int | None, float | None]:
@@ -175,26 +191,30 @@ class _Analyser:
             self.replies[key] = (ids, probs, "".join(str(e.get("token", "")) for e in probs))
         return self.replies[key]
 
-    def batched_margin(self, ids: list[int], probs: list[dict[str, Any]], j: int) -> tuple[int | None, float | None]:
+    def batched_entry(self, ids: list[int], probs: list[dict[str, Any]], j: int) -> dict[str, Any]:
+        """Vanilla's one-batch evaluation of the prefix before token ``j`` ({} when it lists nothing)."""
         self.batched += 1
         r = self.srv.complete(ids + [int(e["id"]) for e in probs[:j]], n_predict=1, temperature=0.0,
                               cache_prompt=False, n_probs=2)
         entries = r.get("completion_probabilities") or []
-        return _margin(entries[0]) if entries else (None, None)
+        return entries[0] if entries else {}
 
-    def drift_at(self, key: tuple[str, str, str], ids: list[int], probs: list[dict[str, Any]], j: int) -> bool | None:
-        """Measure position ``j`` once (cached per reply); whether the batched argmax flips there."""
+    def drift_at(self, key: tuple[str, str, str], ids: list[int], probs: list[dict[str, Any]],
+                 j: int) -> tuple[bool, str | None] | None:
+        """Measure position ``j`` once (cached per reply): whether the batched argmax flips there, and
+        the batched argmax's text."""
         if (*key, j) in self.sampled or self.batched >= MAX_BATCHED:
             return None
         self.sampled.add((*key, j))
         s_id, s_margin = _margin(probs[j])
-        b_id, b_margin = self.batched_margin(ids, probs, j)
+        entry = self.batched_entry(ids, probs, j)
+        b_id, b_margin = _margin(entry) if entry else (None, None)
         if s_margin is None or b_margin is None:
             return None
         flip = b_id != s_id
         self.flips += flip
         self.drifts.append(s_margin + b_margin if flip else abs(s_margin - b_margin))
-        return flip
+        return flip, _top2_texts(entry)[0]
 
     def one(self, v: Record, m: Record) -> MismatchAnalysis:
         rep = self.sequential(v)
@@ -213,12 +233,29 @@ class _Analyser:
         if j is None:  # vanilla stopped there without such a token (a stop string, the token limit)
             return MismatchAnalysis(True, why="vanilla's reply ends where the MTP reply goes on")
         key = (v.prompt_id, v.mode, v.endpoint)
-        flip = self.drift_at(key, ids, probs, j)
+        at_j = self.drift_at(key, ids, probs, j)
+        flip, batched = at_j if at_j is not None else (None, None)
         rng = random.Random(f"{v.prompt_id}/{v.mode}/{v.endpoint}")
         others = [t for t in range(len(probs)) if t != j]
         for t in sorted(rng.sample(others, min(len(others), POSITIONS_PER_REPLY - 1))):
             self.drift_at(key, ids, probs, t)
-        return MismatchAnalysis(True, token_index=j, margin_nats=_margin(probs[j])[1], batched_flip=flip)
+        margin = _margin(probs[j])[1]
+        return MismatchAnalysis(True, token_index=j, margin_nats=margin, batched_flip=flip,
+                                divergence=_divergence(v.text, m.text, margin, probs[j], batched))
+
+
+def _divergence(vanilla: str, mtp: str, margin: float | None, entry: dict[str, Any],
+                batched: str | None) -> Divergence:
+    """The divergence as the rule reads it: the replies' excerpts at the first difference, vanilla's
+    margin and tokens there, and the MTP reply's token: the runner-up or the batched argmax when the
+    MTP reply continues with it, else the MTP reply's text there (up to 8 characters past it)."""
+    i, v_ex, m_ex = first_difference(vanilla, mtp)
+    top, runner_up = _top2_texts(entry)
+    at = min(i, EXCERPT_BEFORE)
+    mtp_token = next((t for t in (runner_up, batched) if t != top and token_covers(m_ex, at, t)), None)
+    return Divergence(i, v_ex, m_ex, margin, vanilla_token=str(entry.get("token", top or "")),
+                      mtp_token=mtp_token if mtp_token is not None else m_ex[at:at + 8],
+                      runner_up_token=runner_up, batched_token=batched)
 
 
 def _ends(probs: Sequence[dict[str, Any]]):

@@ -131,7 +131,14 @@ class OutputMismatch:
     token_index: int | None = None
     margin_nats: float | None = None
     batched_flip: bool | None = None
+    # the tokens there (texts; "" is an end-of-generation token): vanilla's, the MTP reply's,
+    # vanilla's runner-up and vanilla's one-batch argmax (provenance.verdict.numerics_failure)
+    vanilla_token: str | None = None
+    mtp_token: str | None = None
+    runner_up_token: str | None = None
+    batched_token: str | None = None
     explained: bool | None = None
+    unexplained_why: str | None = None
 
     @classmethod
     def of(cls, v: Record, m: Record) -> OutputMismatch:
