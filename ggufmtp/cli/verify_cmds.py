@@ -35,6 +35,15 @@ from .provenance_cmds import signing_key_option
               help="Minimum fraction of MTP replies identical to vanilla, in every comparison (chat, --raw, each "
                    "sweep window); the default 1 fails the verdict on any differing reply.")
 @click.option("--enforce-speedup", is_flag=True, help="Check the speedup threshold on CPU runs too.")
+@click.option("--reference", default=None, metavar="MODEL",
+              help="Judge the head against this model (the BF16 base, or a Q8_0 variant where BF16 does not fit): "
+                   "served with the MTP arm's settings in the same rotation; the head is preserved when the paired "
+                   "acceptance difference's 95% CI lower bound is above -(--head-margin). The absolute "
+                   "--min-acceptance is then off unless --absolute-acceptance.")
+@click.option("--head-margin", type=click.FloatRange(0, 0.5), default=0.03, show_default=True,
+              help="Non-inferiority margin of the head against --reference (0.03 = 3 acceptance points).")
+@click.option("--absolute-acceptance", is_flag=True,
+              help="With --reference, also require the minimum acceptance (--min-acceptance or the recipe's).")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for both servers (e.g. 999).")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
 @click.option("--ctx-size", "-c", type=click.IntRange(min=256), default=4096, show_default=True, help="--ctx-size.")
@@ -72,12 +81,14 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                concurrency: int = 1, signing_key: str | None = None, server_args: tuple[str, ...] = (),
                mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = (),
                cache_type_k: str | None = None, cache_type_v: str | None = None, context_fill: int = 0,
-               matrix: str | None = None) -> None:
+               matrix: str | None = None, reference: str | None = None, head_margin: float = 0.03,
+               absolute_acceptance: bool = False) -> None:
     """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
 
     Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
     seed), per-position acceptance, and whether MTP output equals vanilla output at temperature 0.
-    Exits 1 when the verdict fails. The speedup threshold applies only with GPU offload (or
+    Exits 1 when the verdict fails. The verdict names three findings: the head (preserved against
+    --reference, or meeting the minimum acceptance without one), lossless output, and speed. The speedup threshold applies only with GPU offload (or
     --enforce-speedup). With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
     fraction of the memory-bandwidth limit each arm reached. Fair baseline: every non-speculative
     setting (--server-arg, a tuned -bs/threads) goes to the vanilla arm too; when that differs from
@@ -120,8 +131,10 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
         draft_n_max=draft_n_max, draft_n_min=draft_n_min, sweep=sweep_list or (),
         tuned=load_tuned_config(tuned_from) if tuned_from else None, seeds=seed_list or (),
         suite=suite, max_tokens=max_tokens, limit=limit, raw=raw, ctx_size=ctx_size, parallel=parallel,
+        reference=resolve_model_arg(reference) if reference else None,
         server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args, vanilla_server_args),
-        judge=JudgeOptions(thresholds=th, peak_bandwidth_gbs=peak_bandwidth_gbs))
+        judge=JudgeOptions(thresholds=th, peak_bandwidth_gbs=peak_bandwidth_gbs, head_margin=head_margin,
+                           absolute_acceptance=absolute_acceptance))
     kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)
     if matrix:
         return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, out_path, receipt_path, as_json, key)

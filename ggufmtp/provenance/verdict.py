@@ -47,9 +47,10 @@ from typing import Any, Protocol
 from ..fmt import pct, times
 from ..jsontypes import JsonObject
 
-__all__ = ["DEFAULT_THRESHOLDS", "EXCERPT_BEFORE", "MAX_DRIFT_NATS", "MAX_EXPLAINED_SHARE", "MIN_DRIFT_POSITIONS", "Divergence", "Evidence",
-           "Verdict", "Thresholds", "evaluate_verdict", "explained_by_numerics", "judge_recorded", "numerics_failure",
-           "slot_failures", "speed_checked", "token_covers"]
+__all__ = ["DEFAULT_THRESHOLDS", "Divergence", "EXCERPT_BEFORE", "Evidence", "Finding", "Findings", "HeadBasis",
+           "Judgment", "MAX_DRIFT_NATS", "MAX_EXPLAINED_SHARE", "MIN_DRIFT_POSITIONS", "OVERALL_RULE",
+           "Thresholds", "Verdict", "evaluate_verdict", "explained_by_numerics", "judge", "judge_record",
+           "judge_recorded", "numerics_failure", "slot_failures", "speed_checked", "token_covers"]
 
 
 class Verdict(str, enum.Enum):
@@ -80,6 +81,9 @@ class Thresholds:
     min_identical: float = 1.0
     enforce_speedup: bool = False
     source: str = DEFAULT_SOURCE
+    # with a reference measured, the head is judged against it and ``min_acceptance`` only when this
+    # is on (``--absolute-acceptance``); without a reference, ``min_acceptance`` judges it as before
+    absolute_acceptance: bool = False
 
     @classmethod
     def from_recipe(cls, table: Any, name: str | None = None) -> Thresholds:
@@ -307,33 +311,93 @@ def speed_checked(thresholds: Thresholds, offloaded: bool) -> bool:
 
 
 def judge_recorded(v: Mapping[str, Any]) -> tuple[Verdict, list[str]]:
-    """The verdict the policy gives the figures a receipt's ``verification`` records (each mode's
+    """``(verdict, reasons)`` of :func:`judge_record`."""
+    j = judge_record(v)
+    return j.verdict, j.reasons
+
+
+def judge_record(v: Mapping[str, Any]) -> Judgment:
+    """The judgment the policy gives the figures a receipt's ``verification`` records (each mode's
     acceptance, speedup and identical output, the identical output over every comparison, the
-    listed mismatches with their margins and the run's numerics drift, the thresholds and whether
-    the model was offloaded), with its reasons. A record without thresholds fails: "none" is not a
-    verdict."""
+    listed mismatches with their margins and the run's numerics drift, the head's pairs with the
+    reference, the thresholds and whether the model was offloaded). A record without thresholds
+    fails: "none" is not a verdict. So does a record whose figures are not what verify writes: a
+    mode that is not an object, a headline that is not the judged (first) mode's, a point estimate
+    outside its own CI, a head section that does not parse or whose totals are not the mode's."""
     th_d = v.get("thresholds")
     if not isinstance(th_d, Mapping) or not isinstance(th_d.get("min_acceptance"), (int, float)):
-        return Verdict.FAIL, ["the verification records no acceptance threshold: a verdict without thresholds "
-                              "is not a verdict"]
+        return Judgment(["the verification records no acceptance threshold: a verdict without thresholds "
+                         "is not a verdict"], [], [], [], HeadBasis.NONE, False)
     th = Thresholds.coerce(dict(th_d))
     hw = v.get("hardware") if isinstance(v.get("hardware"), Mapping) else {}
     listed = [RecordedMismatch.of(x) for x in v.get("mismatches") or [] if isinstance(v.get("mismatches"), list)]
     overall = dataclasses.replace(RecordedFigures.of(v), mismatches=listed)
     modes = v.get("modes") if isinstance(v.get("modes"), Mapping) and v.get("modes") else None
-    per_mode = ({str(m): _recorded_mode(str(m), d, v, listed) for m, d in modes.items() if isinstance(d, Mapping)}
-                if modes else {"default": overall})
+    per_mode = {str(m): _recorded_mode(str(m), d, v, listed) for m, d in modes.items()} if modes else {"default": overall}
+    head, head_problems = _recorded_head(v, modes)
     drift = _number(v.get("numerics_drift_nats"))
-    verdict, reasons, _ = evaluate_verdict(per_mode, th, bool(hw.get("offloaded")), [overall], drift,
-                                           _count(v.get("numerics_positions")))
-    reasons += slot_failures(v.get("slots"), th)
-    return (Verdict.FAIL if reasons else verdict), reasons
+    j = judge(per_mode, th, bool(hw.get("offloaded")), [overall], drift, _count(v.get("numerics_positions")), head)
+    j.head.extend(head_problems)
+    j.lossless.extend(_shape_failures(v, modes) + slot_failures(v.get("slots"), th))
+    return j
+
+
+def _shape_failures(v: Mapping[str, Any], modes: Mapping[str, Any] | None) -> list[str]:
+    """What makes recorded figures unjudgeable: a mode that is not an object, a headline that is
+    not the first mode's figures, a point estimate outside its own CI."""
+    out = [f"the verification's mode {m!r} is not an object" for m, d in (modes or {}).items()
+           if not isinstance(d, Mapping)]
+    if out or not modes:
+        return out
+    first = next(iter(modes.values()))
+    for name, get in (("acceptance", lambda d: _path(d, "mtp", "acceptance")), ("speedup", lambda d: d.get("speedup"))):
+        if get(v) != get(first):
+            out.append(f"the headline {name} {get(v)!r} is not the judged mode's {get(first)!r}")
+    for where, d in (("headline", v), *((f"mode {m!r}", d) for m, d in modes.items())):
+        for name, x, ci in (("acceptance", _path(d, "mtp", "acceptance"), _path(d, "mtp", "acceptance_ci95")),
+                            ("speedup", d.get("speedup"), d.get("speedup_ci95"))):
+            lo, hi = (ci + [None, None])[:2] if isinstance(ci, list) else (None, None)
+            x, lo, hi = _number(x), _number(lo), _number(hi)
+            if x is not None and lo is not None and hi is not None and not lo - 1e-9 <= x <= hi + 1e-9:
+                out.append(f"{where}: {name} {x:.4g} lies outside its own 95% CI [{lo:.4g}, {hi:.4g}]")
+    return out
+
+
+def _path(d: Any, *keys: str) -> Any:
+    for k in keys:
+        d = d.get(k) if isinstance(d, Mapping) else None
+    return d
+
+
+def _recorded_head(v: Mapping[str, Any], modes: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """The head's findings re-derived from the recorded pairs (None: no reference was measured),
+    and why the section cannot be trusted: it does not parse, or its artifact totals are not the
+    judged mode's ``draft_n``/``draft_n_accepted``."""
+    if v.get("head") is None:
+        return None, []
+    from .head import HeadComparison
+
+    try:
+        hc = HeadComparison.of_dict(v.get("head"))
+    except ValueError as e:
+        return {}, [f"the head section is not what verify writes: {e}"]
+    problems = []
+    for mode in hc.modes:
+        d = (modes or {}).get(mode, v if mode == "default" else None)
+        pairs = [p for p in hc.pairs if p.mode == mode]
+        drafted, accepted = sum(p.drafted for p in pairs), sum(p.accepted for p in pairs)
+        if (_path(d, "mtp", "draft_n"), _path(d, "mtp", "draft_n_accepted")) != (drafted, accepted):
+            problems.append(f"head [{mode}]: the pairs' totals ({accepted}/{drafted}) are not the mode's recorded "
+                            "draft counts")
+    return hc.findings(), problems
 
 
 def _recorded_mode(mode: str, d: Mapping[str, Any], v: Mapping[str, Any],
                    listed: Sequence[RecordedMismatch]) -> RecordedFigures:
     """A mode's recorded figures: its chat comparison at the shipped window (pairs = prompts x
     seeds of the settings) and the listed mismatches that belong to it."""
+    if not isinstance(d, Mapping):
+        return RecordedFigures(None, None, None)
     f = RecordedFigures.of(d)
     ev = Evidence.of_settings(v.get("settings") if isinstance(v.get("settings"), Mapping) else None)
     st = v.get("settings") if isinstance(v.get("settings"), Mapping) else {}
@@ -373,37 +437,145 @@ def slot_failures(slots: Any, t: Thresholds) -> list[str]:
     return out
 
 
+class Finding(str, enum.Enum):
+    """One of a verdict's three findings; its value is the JSON string."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    NOT_VERIFIED = "not verified"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class HeadBasis(str, enum.Enum):
+    """What the head was judged by: the paired comparison with a reference, an absolute minimum, both."""
+
+    REFERENCE = "reference"
+    MINIMUM = "minimum"
+    BOTH = "reference and minimum"
+    NONE = "none"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The overall rule, written once (docs/verdicts.md quotes it).
+OVERALL_RULE = ("pass when all three findings hold: the head is preserved (its acceptance non-inferior to the "
+                "reference's, or at least the absolute minimum where no reference was measured), the output is "
+                "lossless (identical to vanilla up to sound numerics), and the speed meets its minimum where it is "
+                "verified (GPU offload; 'not verified' otherwise, which does not fail the verdict)")
+
+
+@dataclass(frozen=True)
+class Findings:
+    """A verdict's three named findings: the head (preserved against the reference, or meeting the
+    absolute minimum), lossless output, and speed ("not verified" without GPU offload)."""
+
+    head: Finding
+    head_basis: HeadBasis
+    lossless: Finding
+    speed: Finding
+
+    def text(self) -> str:
+        """``head preserved (vs reference); lossless; speed not verified``."""
+        head = {Finding.PASS: "head preserved", Finding.FAIL: "head NOT preserved",
+                Finding.NOT_VERIFIED: "head not judged"}[self.head]
+        basis = {HeadBasis.REFERENCE: " (vs reference)", HeadBasis.MINIMUM: " (absolute minimum)",
+                 HeadBasis.BOTH: " (vs reference and absolute minimum)", HeadBasis.NONE: ""}[self.head_basis]
+        lossless = "lossless" if self.lossless == Finding.PASS else "NOT lossless"
+        speed = {Finding.PASS: "speed verified", Finding.FAIL: "speed below minimum",
+                 Finding.NOT_VERIFIED: "speed not verified"}[self.speed]
+        return f"{head}{basis}; {lossless}; {speed}"
+
+    def to_dict(self) -> JsonObject:
+        return {"head": self.head.value, "head_basis": self.head_basis.value, "lossless": self.lossless.value,
+                "speed": self.speed.value}
+
+
+@dataclass(frozen=True)
+class Judgment:
+    """The policy's answer: the failures by finding, the notes, and what they make."""
+
+    head: list[str]
+    lossless: list[str]
+    speed: list[str]
+    notes: list[str]
+    head_basis: HeadBasis
+    speed_applies: bool
+
+    @property
+    def reasons(self) -> list[str]:
+        return self.head + self.lossless + self.speed
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.FAIL if self.reasons else Verdict.PASS
+
+    @property
+    def findings(self) -> Findings:
+        def f(failures: list[str], judged: bool = True) -> Finding:
+            return Finding.FAIL if failures else Finding.PASS if judged else Finding.NOT_VERIFIED
+        return Findings(f(self.head, self.head_basis != HeadBasis.NONE), self.head_basis, f(self.lossless),
+                        f(self.speed, self.speed_applies))
+
+
 def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool,
                      others: Sequence[Figures] = (), drift_nats: float | None = None,
                      drift_positions: int = 0) -> tuple[Verdict, list[str], list[str]]:
-    """``(verdict, reasons, notes)`` from each mode's main numbers and every other comparison's
-    identity.
+    """``(verdict, reasons, notes)`` of :func:`judge` (without a reference)."""
+    j = judge(per_mode, thresholds, offloaded, others, drift_nats, drift_positions)
+    return j.verdict, j.reasons, j.notes
+
+
+def judge(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool,
+          others: Sequence[Figures] = (), drift_nats: float | None = None, drift_positions: int = 0,
+          head: Mapping[str, Any] | None = None) -> Judgment:
+    """The :class:`Judgment` of each mode's main numbers and every other comparison's identity.
 
     ``per_mode[mode]`` is the :class:`~ggufmtp.measure.verify.summary.Comparison` of the chat arm at
     k = draft_n_max (its ``acceptance``, ``speedup`` and identical output are judged);
     ``others``: every other comparison of the run (``--raw``, other sweep windows), whose replies
     must equal vanilla's too. ``drift_nats``: the run's numerics drift (measured on
     ``drift_positions`` positions); a differing reply whose ``margin_nats`` is at most it is explained
-    by numerics and does not count against ``min_identical``. ``reasons`` are the failures (verdict
-    FAIL iff non-empty); ``notes`` explain what was not checked and why.
+    by numerics and does not count against ``min_identical``. ``head``: each mode's
+    :class:`~ggufmtp.provenance.head.HeadFinding` against the reference, when one was measured (then
+    ``min_acceptance`` applies only with ``absolute_acceptance``). The failures (verdict FAIL iff
+    any) are kept by finding; ``notes`` explain what was not checked and why.
     """
     t = thresholds
     speed_applies = speed_checked(t, offloaded)
-    reasons: list[str] = []
-    notes: list[str] = []
+    heads, lossless, speed, notes = [], [], [], []  # type: tuple[list[str], list[str], list[str], list[str]]
     drift = (drift_nats, drift_positions)
-    if t.min_acceptance is None:
-        reasons.append("no acceptance threshold set: a verdict without thresholds is not a verdict")
+    minimum = t.min_acceptance is not None and (not head or t.absolute_acceptance)
+    basis = (HeadBasis.BOTH if head and minimum else HeadBasis.REFERENCE if head
+             else HeadBasis.MINIMUM if minimum else HeadBasis.NONE)
+    if basis == HeadBasis.NONE:
+        heads.append("no acceptance threshold set: a verdict without thresholds is not a verdict (and no reference "
+                     "was measured: the head is not judged)")
+    elif head and t.min_acceptance is not None and not minimum:
+        notes.append(f"the head is judged against the reference; the absolute minimum {pct(t.min_acceptance)} "
+                     f"({t.source}) is not applied (--absolute-acceptance applies it too)")
     for mode, m in per_mode.items():
-        reasons += _mode_failures("" if len(per_mode) == 1 else f" [{mode}]", m, t, speed_applies, drift, notes)
+        tag = "" if len(per_mode) == 1 else f" [{mode}]"
+        if minimum and (m.acceptance is None or m.acceptance < t.min_acceptance):  # type: ignore[operator]
+            heads.append(f"acceptance{tag} {pct(m.acceptance)} is below the minimum {pct(t.min_acceptance)}")
+        if head:
+            hf = head.get(mode)
+            heads += [f"head{tag}: no pairs with the reference in this mode"] if hf is None else \
+                [r for r in [hf.reason(tag)] if r]
+        lossless += _identity_failure(tag, m, t, drift, notes)
+        sp = m.speedup
+        if t.min_speedup is not None and speed_applies and (sp is None or sp < t.min_speedup):
+            speed.append(f"speedup{tag} {times(sp)} is below the minimum {times(t.min_speedup)}")
     for c in others:
         if not any(c is m for m in per_mode.values()):
-            reasons += _identity_failure(f" [{_where(c)}]", c, t, drift, notes)
+            lossless += _identity_failure(f" [{_where(c)}]", c, t, drift, notes)
     notes += _unchecked_notes(t, speed_applies, offloaded)
     if t.min_identical < 1.0:
         notes.append(f"identical output required in only {pct(t.min_identical)} of the pairs (--min-identical): "
                      "replies that differ from vanilla without a numerics explanation are tolerated up to that share")
-    return (Verdict.FAIL if reasons else Verdict.PASS), reasons, notes
+    return Judgment(heads, lossless, speed, notes, basis, speed_applies and t.min_speedup is not None)
 
 
 def _where(c: Any) -> str:
@@ -452,19 +624,6 @@ def _identity_failure(tag: str, m: Figures, t: Thresholds, drift: tuple[float | 
     return [f"identical output{tag}: {m.identical}/{m.n_pairs} MTP replies ({pct(ident)}) equal the vanilla replies"
             f"{forgiven}; {unexplained} unexplained difference(s) (required {pct(t.min_identical)} without one); "
             f"speculative decoding at temperature 0 must be lossless{where}"]
-
-
-def _mode_failures(tag: str, m: Figures, t: Thresholds, speed_applies: bool, drift: tuple[float | None, int],
-                   notes: list[str]) -> list[str]:
-    out = []
-    acc = m.acceptance
-    if t.min_acceptance is not None and (acc is None or acc < t.min_acceptance):
-        out.append(f"acceptance{tag} {pct(acc)} is below the minimum {pct(t.min_acceptance)}")
-    out += _identity_failure(tag, m, t, drift, notes)
-    sp = m.speedup
-    if t.min_speedup is not None and speed_applies and (sp is None or sp < t.min_speedup):
-        out.append(f"speedup{tag} {times(sp)} is below the minimum {times(t.min_speedup)}")
-    return out
 
 
 def _unchecked_notes(t: Thresholds, speed_applies: bool, offloaded: bool) -> list[str]:

@@ -46,11 +46,12 @@ from ...runtime.server import LlamaServer
 from .suite import Prompt, mode_request_fields
 
 __all__ = ["ABBA", "Pair", "paired", "send", "warm_up", "send_concurrently", "WARMUP_TOKENS", "VANILLA", "MTP",
-           "DEFAULT_VANILLA"]
+           "DEFAULT_VANILLA", "REFERENCE"]
 
 VANILLA = "vanilla"
 MTP = "mtp"
 DEFAULT_VANILLA = "vanilla-default"  # verify's third arm: vanilla with llama-server's defaults
+REFERENCE = "reference"  # verify --reference: the reference model's MTP server (measure.verify.reference)
 WARMUP_TOKENS = 24  # tokens of the unrecorded warm-up reply each server answers first
 
 T = TypeVar("T")

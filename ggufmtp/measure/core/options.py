@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import GgufmtpError, TuneError, VerifyError
+from ...provenance.head import DEFAULT_MARGIN as DEFAULT_HEAD_MARGIN
 from ...provenance.verdict import Thresholds
 from ...runtime.hardware import peak_bandwidth
 from .stats import DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -347,7 +348,9 @@ class JudgeOptions:
     and ``enforce_speedup`` go over them. ``peak_bandwidth_gbs``: the memory's peak in GB/s for the
     bandwidth fraction (default: ``$GGUFMTP_PEAK_BANDWIDTH_GBS``, else a table of GPUs; see
     :mod:`ggufmtp.runtime.hardware`). ``bootstrap_resamples``, ``bootstrap_seed``: the percentile
-    bootstrap of every 95% CI."""
+    bootstrap of every 95% CI. ``head_margin``: the non-inferiority margin of the head against a
+    reference (:mod:`ggufmtp.provenance.head`); ``absolute_acceptance``: with a reference, judge
+    the thresholds' ``min_acceptance`` too (without one it always applies)."""
 
     thresholds: Any = None
     min_identical: float | None = None
@@ -355,8 +358,14 @@ class JudgeOptions:
     peak_bandwidth_gbs: float | None = None
     bootstrap_resamples: int = DEFAULT_RESAMPLES
     bootstrap_seed: int = DEFAULT_SEED
+    head_margin: float = DEFAULT_HEAD_MARGIN
+    absolute_acceptance: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.head_margin, (int, float)) or isinstance(self.head_margin, bool) \
+                or not 0 <= self.head_margin <= 0.5:
+            raise VerifyError(f"head_margin {self.head_margin!r}: the non-inferiority margin is a fraction "
+                              "between 0 and 0.5 (0.03 = 3 acceptance points)")
         if self.peak_bandwidth_gbs is not None:
             try:
                 peak_bandwidth(None, self.peak_bandwidth_gbs)  # a bad figure fails now, not after the run
@@ -368,8 +377,9 @@ class JudgeOptions:
 
     def merged_thresholds(self) -> Thresholds:
         """The thresholds in force: ``thresholds`` with ``min_identical`` and ``enforce_speedup`` over them."""
-        return Thresholds.coerce(self.thresholds).merged(min_identical=self.min_identical,
-                                                         enforce_speedup=self.enforce_speedup)
+        th = Thresholds.coerce(self.thresholds).merged(min_identical=self.min_identical,
+                                                       enforce_speedup=self.enforce_speedup)
+        return dataclasses.replace(th, absolute_acceptance=th.absolute_acceptance or self.absolute_acceptance)
 
 
 @dataclass(frozen=True)
@@ -386,7 +396,9 @@ class VerifyOptions:
     first N prompts), ``max_tokens``: the requests; ``raw``: also ``/completion`` without the chat
     template. ``ctx_size`` (both arms), ``parallel`` (N > 1: the slot study of
     :mod:`ggufmtp.measure.verify.slots`), ``cache_type_k``/``cache_type_v`` (both arms) and
-    ``context_fill`` (see :mod:`ggufmtp.measure.verify.kvdepth`). ``server``: the servers' settings
+    ``context_fill`` (see :mod:`ggufmtp.measure.verify.kvdepth`). ``reference``: a model served
+    with the MTP arm's settings in the same rotation, against which the head is judged
+    (:mod:`ggufmtp.measure.verify.reference`). ``server``: the servers' settings
     (:class:`ServerOptions`); ``judge``: thresholds and statistics (:class:`JudgeOptions`).
     :meth:`from_dict` builds one from flat keys (a ladder file's ``[verify]`` table)."""
 
@@ -404,6 +416,7 @@ class VerifyOptions:
     cache_type_k: str | None = None
     cache_type_v: str | None = None
     context_fill: int = 0
+    reference: str | os.PathLike | None = None
     server: ServerOptions = field(default_factory=ServerOptions)
     judge: JudgeOptions = field(default_factory=JudgeOptions)
 

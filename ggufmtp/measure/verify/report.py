@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ...fmt import ci_text, num, pct, times
-from ...provenance.verdict import Evidence, Thresholds, Verdict, speed_checked
+from ...provenance.head import HeadComparison
+from ...provenance.verdict import Evidence, Findings, Thresholds, Verdict, speed_checked
 from ...runtime.hardware import HardwareInfo, format_bandwidth
 from ..core.options import TuneConfig
 from ..core.records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
@@ -108,6 +109,8 @@ class VerifyResult:
     default_vanilla_args: list[str] | None = None  # the default vanilla arm's flags, when it ran
     slots: SlotStudy | None = None  # verify --parallel N: acceptance at each slot count (measure.verify.slots)
     numerics: NumericsDrift | None = None  # the drift batching causes, measured when replies differed (divergence)
+    head: HeadComparison | None = None  # the head against the reference (verify --reference)
+    findings: Findings | None = None  # the verdict's three findings (head, lossless, speed)
 
     @property
     def ok(self) -> bool:
@@ -166,6 +169,8 @@ class VerifyResult:
             "hardware": self.hardware.to_dict(), "settings": self.settings.to_dict(),
             "thresholds": self.thresholds.to_dict(), "evidence": self.evidence.to_dict(),
             "speed_checked": self.speed_checked, "slots": self.slots.to_dict() if self.slots else None,
+            "head": self.head.to_dict() if self.head is not None else None,
+            "findings": self.findings.to_dict() if self.findings is not None else None,
             "seconds": round(self.seconds, 2),
         }
         self._add_server_args(d)
@@ -308,6 +313,11 @@ def format_result(res: VerifyResult) -> str:
     lines.append("  verified: " + (f"acceptance {pct(c.acceptance)} and speed {times(c.speedup)} vanilla" if res.speed_checked
                                    else f"MTP head: acceptance {pct(c.acceptance)}; speed not verified on this "
                                         f"hardware: {times(c.speedup)} vanilla"))
+    if res.findings is not None:
+        lines.append(f"  findings: {res.findings.text()}")
+    if res.head is not None:
+        lines += [f"  head{'' if len(res.modes) == 1 else f' [{m}]'}: {f.text()} against {res.head.reference.name}"
+                  for m, f in res.head.findings().items()]
     lines.append(f"  evidence: {res.evidence.text()}")
     lines += [f"  FAIL {r}" for r in res.reasons]
     lines += [f"  note: {n}" for n in res.notes]

@@ -98,7 +98,7 @@ from ...errors import GgufmtpError, ServerError, VerifyError
 from ...fmt import times
 from ...gguf.model import inspect_model
 from ...progress import bar as progress_bar
-from ...provenance.verdict import Thresholds, Verdict, evaluate_verdict, slot_failures
+from ...provenance.verdict import Thresholds, Verdict, evaluate_verdict, judge, slot_failures
 from ...runtime.build import binary_is_ggufmtp_build, binary_version
 from ...runtime.hardware import (
     PEAK_BANDWIDTH_ENV,
@@ -109,12 +109,13 @@ from ...runtime.hardware import (
     probe_hardware,
 )
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
-from ..core.arms import ABBA, DEFAULT_VANILLA, MTP, VANILLA, paired, send, warm_up
+from ..core.arms import ABBA, DEFAULT_VANILLA, MTP, REFERENCE, VANILLA, paired, send, warm_up
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
 from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
 from ..core.suite import Prompt, Suite, load_suite, modes_for_template
 from .divergence import Numerics, analyse_mismatches, annotate, mismatched_pairs
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
+from .reference import ReferenceArm, head_comparison
 from .report import VerifyResult, VerifySettings, format_result, undecoded_arms
 from .slots import SlotStudy, measure_slots, slot_counts
 from .summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
@@ -147,12 +148,14 @@ class _Runner:
         self._seq = 0  # position in the overall request sequence
         self._counters = None  # the MTP server's speculative counters after its last request
 
-    def run_k(self, k: int, van: LlamaServer, mtp: LlamaServer, default: LlamaServer | None = None) -> None:
+    def run_k(self, k: int, van: LlamaServer, mtp: LlamaServer, default: LlamaServer | None = None,
+              ref: LlamaServer | None = None) -> None:
         """Every (seed, mode, prompt, endpoint) of the suite on both servers (and the default vanilla
-        server, when there is one, in the same rotation), MTP window ``k``."""
+        server and the reference's MTP server, when there are, in the same rotation), MTP window ``k``."""
         counters = mtp.spec_counters()
         self._counters = counters if counters.available else None
-        others = [lambda it: self.one(DEFAULT_VANILLA, default, k, *it)] if default is not None else []
+        others = [lambda it, arm=arm, srv=srv: self.one(arm, srv, k, *it)
+                  for arm, srv in ((DEFAULT_VANILLA, default), (REFERENCE, ref)) if srv is not None]
         for _ in paired(self._items(k), lambda it: self.one(VANILLA, van, k, *it),
                         lambda it: self.one(MTP, mtp, k, *it), self.abba, *others):
             pass
@@ -241,6 +244,7 @@ class _Plan:
     endpoints: list[str]
     arms: ArmArgs
     kv: KvDepth | None = None  # KV-cache types and context depth (kvdepth)
+    reference: ReferenceArm | None = None  # the model the head is judged against (measure.verify.reference)
 
 
 def _plan(o: VerifyOptions) -> _Plan:
@@ -339,7 +343,7 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
         suite, out.fill = fill_context(plan.suite, van, plan.kv.depth if plan.kv else 0)
         plan = dataclasses.replace(plan, suite=suite)
         total = (len(plan.ks) * len(plan.seeds) * len(modes) * len(plan.suite.prompts) * len(plan.endpoints)
-                 * (3 if default is not None else 2))
+                 * (2 + (default is not None) + (plan.reference is not None)))
         bar = stack.enter_context(progress_bar(total, "verify", "req", enabled=progress))
         for mode in modes:
             _warm_up(van, plan.suite.prompts[0], mode, "vanilla", None)
@@ -347,7 +351,9 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
                 _warm_up(default, plan.suite.prompts[0], mode, "default vanilla", None)
         runner = _Runner(plan.suite, plan.seeds, modes, plan.endpoints, max_tokens, bar, on_record)
         for k in plan.ks:
-            with LlamaServer(_mtp_server_config(base, k, plan.draft_n_min, plan.tuned, plan.arms)) as mtp:
+            with LlamaServer(_mtp_server_config(base, k, plan.draft_n_min, plan.tuned, plan.arms)) as mtp, \
+                    contextlib.ExitStack() as ref_stack:
+                ref = _reference_server(ref_stack, plan, base, k, modes)
                 out.mtp_flags[str(k)] = flags_without(mtp.command)
                 out.env[MTP] = dict(mtp.config.env or {})
                 try:
@@ -356,11 +362,24 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
                     raise VerifyError(f"MTP server (k={k}): GET /props failed: {e}") from e
                 for mode in modes:
                     _check_drafting(mtp, _warm_up(mtp, plan.suite.prompts[0], mode, "MTP", k), k)
-                runner.run_k(k, van, mtp, default)
+                runner.run_k(k, van, mtp, default, ref)
         # before the vanilla server stops: is each differing reply a numerics divergence?
         out.numerics = analyse_mismatches(van, plan.suite, mismatched_pairs(runner.records, plan.ks, plan.endpoints,
                                                                             modes), max_tokens)
     return runner, out
+
+
+def _reference_server(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any], k: int,
+                      modes: list[str]) -> LlamaServer | None:
+    """The reference's MTP server at window ``k`` (the MTP arm's configuration, the model changed),
+    up and drafting; None without a reference."""
+    if plan.reference is None:
+        return None
+    ref = stack.enter_context(LlamaServer(_mtp_server_config({**base, "model": plan.reference.path}, k,
+                                                             plan.draft_n_min, plan.tuned, plan.arms)))
+    for mode in modes:
+        _check_drafting(ref, _warm_up(ref, plan.suite.prompts[0], mode, "reference MTP", k), k)
+    return ref
 
 
 def _parse_build_commit(build_info: str | None) -> str | None:
@@ -466,11 +485,11 @@ def _judge(res: VerifyResult, notes: list[str]) -> None:
     per_mode = {mode: res.comparison(mode=mode) for mode in res.modes}
     assert all(c is not None for c in per_mode.values())
     drift = res.numerics
-    verdict, reasons, policy_notes = evaluate_verdict(per_mode, res.thresholds, res.hardware.offloaded,  # type: ignore[arg-type]
-                                                      res.comparisons, drift.drift_nats if drift else None,
-                                                      drift.positions if drift else 0)
-    reasons += slot_failures(res.slots.to_dict() if res.slots else None, res.thresholds)
-    res.verdict, res.reasons, res.notes = Verdict.FAIL if reasons else verdict, reasons, policy_notes + notes
+    j = judge(per_mode, res.thresholds, res.hardware.offloaded, res.comparisons,  # type: ignore[arg-type]
+              drift.drift_nats if drift else None, drift.positions if drift else 0,
+              res.head.findings() if res.head is not None else None)
+    j.lossless.extend(slot_failures(res.slots.to_dict() if res.slots else None, res.thresholds))
+    res.verdict, res.reasons, res.notes, res.findings = j.verdict, j.reasons, j.notes + notes, j.findings
 
 
 def _slots(plan: _Plan, base: dict[str, Any], parallel: int | None, mode: str, max_tokens: int,
@@ -514,12 +533,19 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     base = o.server.base_fields(model=path, ctx_size=o.ctx_size, parallel=1)
     plan, base = _with_kv_depth(plan, base, o.cache_type_k, o.cache_type_v, o.context_fill, o.max_tokens)
     served = ServedFile.of(path)  # the bytes llama-server is about to serve
+    if o.reference is not None:
+        _check_model(Path(o.reference))
+        plan = dataclasses.replace(plan, reference=ReferenceArm.of(o.reference, path))
     runner, srv = _run(plan, base, o.max_tokens, progress, on_record)
     boot = (o.judge.bootstrap_resamples, o.judge.bootstrap_seed)
     comparisons = _summaries(runner.records, plan, srv.modes, *boot)
     annotate(comparisons, srv.numerics)
     slots = _slots(plan, base, o.parallel, srv.modes[0], o.max_tokens, comparisons, progress, boot)
     served.check_unchanged()
+    head = None
+    if plan.reference is not None:
+        plan.reference.served.check_unchanged()
+        head = head_comparison(runner.records, plan.reference, plan.draft_n_max, o.judge.head_margin, *boot)
     gpu_layers = o.server.gpu_layers
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
@@ -528,7 +554,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
-        records=runner.records, slots=slots, numerics=srv.numerics.drift if srv.numerics else None)
+        records=runner.records, slots=slots, numerics=srv.numerics.drift if srv.numerics else None, head=head)
     notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary, plan.arms, res.main)
     if len(plan.ks) > 1:
         res.tuned = _sweep_recommendation(res, path, gpu_layers, o.ctx_size)
