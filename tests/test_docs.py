@@ -1,11 +1,14 @@
 """The README and the docs site stay true: the README fits on a few screens and starts with the
 two commands, every ggufmtp command and option in them exists, the site builds with warnings as
-errors (its CLI reference is generated from the commands when it builds), and the Python API
-example runs exactly as written. The README's quickstart is run, line by line, by
-tests/test_wheel.py from the installed wheel."""
+errors (its CLI reference is generated from the commands when it builds) and renders (signatures
+and cross-references on the API page, the CLI's help text as ``--help`` shows it), the demo's
+output in the docs is what ``ggufmtp run`` prints, and the Python API example runs exactly as
+written. The README's quickstart is run, line by line, by tests/test_wheel.py from the installed
+wheel."""
 
 from __future__ import annotations
 
+import html
 import re
 import shlex
 import subprocess
@@ -58,14 +61,81 @@ def test_documented_commands_and_options_exist():
     assert checked >= 20
 
 
-def test_the_docs_site_builds_with_warnings_as_errors(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The docs site, built once with warnings as errors."""
+    out = tmp_path_factory.mktemp("docs") / "site"
     p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                        "-d", str(tmp_path / "site")], capture_output=True, text=True, timeout=300)
+                        "-d", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    return out
+
+
+def _text(page: str) -> str:
+    """What a reader sees of an HTML page: tags dropped, entities decoded, whitespace collapsed."""
+    page = re.sub(r"<(script|style)\b.*?</\1>", " ", page, flags=re.S)
+    page = re.sub(r"</?(?:code|em|strong|a|span)\b[^>]*>", "", page)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+def test_the_docs_site_builds_with_warnings_as_errors(site):
+    cli = (site / "reference" / "cli" / "index.html").read_text()
     ctx = click.Context(main)
     assert all(f"ggufmtp {name}" in cli for name in main.list_commands(ctx)), "a command is missing from the CLI page"
-    assert "Publish artifact(s)" in (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert "Publish artifact(s)" in (site / "reference" / "api" / "index.html").read_text()
+
+
+ROLE = re.compile(r":(?:class|func|data|meth|attr|mod|exc|obj):`")
+
+
+def test_the_api_reference_has_signatures_headings_and_cross_references(site):
+    """Every name ``ggufmtp`` exports has a heading and its signature; the docstrings' Sphinx roles
+    are links or code, never shown as written (#42: 0 signatures, roles shown literally)."""
+    import ggufmtp
+
+    api = (site / "reference" / "api" / "index.html").read_text()
+    public = [n for n in ggufmtp.__all__ if n != "__version__"]
+    missing = [n for n in public if f'id="ggufmtp.{n}"' not in api]
+    assert not missing, f"no heading on the API page for {missing}"
+    signatures = api.count('class="doc-signature')
+    assert signatures >= len(public), f"{signatures} signatures for {len(public)} public names"
+    assert "-&gt;" in api and '<span class="n">model</span>' in api, "signatures without annotations or parameters"
+    assert api.count('class="autorefs autorefs-internal"') >= 20, "the docstrings' roles link nowhere"
+    for page in site.rglob("*.html"):
+        text = _text(page.read_text())
+        assert not ROLE.search(text), f"{page.relative_to(site)}: a literal role: {ROLE.search(text)}"
+        assert "typed result::" not in text
+
+
+def _commands(cmd: click.Command, path: str = "ggufmtp"):
+    yield path, cmd
+    if isinstance(cmd, click.Group):
+        for name, sub in cmd.commands.items():
+            yield from _commands(sub, f"{path} {name}")
+
+
+def test_the_cli_reference_shows_the_help_as_given(site):
+    """The CLI page: no ``Sentinel.UNSET`` for an option without a default (click >= 8.3's marker,
+    printed 121 times, #42), the defaults ``--help`` shows, and every command's and option's help
+    text whole (``DIR/<recipe>/`` was taken for an HTML tag and lost)."""
+    page = (site / "reference" / "cli" / "index.html").read_text()
+    assert "Sentinel" not in page and "UNSET" not in page
+    assert "DIR/&lt;recipe&gt;/" in page
+    text = _text(page)
+    checked = 0
+    for path, cmd in _commands(main):
+        helps = [cmd.help.split("\f", 1)[0].replace("\b", "")] if cmd.help else []
+        helps += [p.help for p in cmd.params if isinstance(p, click.Option) and p.help]
+        for h in helps:  # a `code span` in the help is shown as code
+            assert " ".join(re.sub(r"`([^`]+)`", r"\1", h).split()) in text, f"{path}: help text lost: {h!r}"
+            checked += 1
+    assert checked >= 250
+    rows = [re.findall(r"<td>(.*?)</td>", row, re.S) for row in re.findall(r"<tr>(.*?)</tr>", page, re.S)]
+    defaults = {(r[0], r[-1]) for r in rows if r}
+    assert ("<code>--recipe</code>, <code>-r</code>", "<em>required</em>") in defaults  # plan's
+    assert ("<code>--emit</code>", "<code>table</code>") in defaults  # plan's, shown by --help
+    assert ("<code>--no-verify</code>", "") in defaults  # a flag that shows no default
+    assert not {d for _, d in defaults if "None" in d}
 
 
 @pytest.mark.runtime
