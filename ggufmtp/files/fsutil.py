@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_parts", "current_umask",
-           "fsync_dir", "fsync_path", "json_text", "not_a_regular_file"]
+           "fsync_dir", "fsync_path", "json_text", "not_a_regular_file", "read_regular_file", "MAX_TEXT_FILE_BYTES"]
+
+# The most a hand-written text file ggufmtp reads (ladder file, recipe, card, manifest, sidecar) may
+# hold: far beyond any real one, so a mistaken path (a model, /dev/zero's like) is one clear error.
+MAX_TEXT_FILE_BYTES = 16 * 1024 * 1024
 
 
 def current_umask() -> int:
@@ -165,10 +169,37 @@ def not_a_regular_file(path: str | os.PathLike) -> str | None:
         return "no such file"
     except OSError as e:
         return f"cannot read ({e.strerror or e})"
-    if stat.S_ISREG(mode):
-        return None
+    return None if stat.S_ISREG(mode) else _not_regular(mode)
+
+
+def _not_regular(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "is a directory"
     kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
             else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a plain file")
     return f"is {kind}, not a regular file"
+
+
+def read_regular_file(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``: the one reader
+    of the small files ggufmtp is handed (receipts, keys, ladder files, recipes, cards, sidecars).
+
+    A FIFO, socket, device (a symlink to ``/dev/zero``) or directory is refused before any read,
+    and the file is opened non-blocking and checked again by its descriptor, so nothing can make
+    the read wait for a writer or run without end. Raises ``OSError`` naming ``path``, its
+    ``strerror`` saying why (``no such file``, ``is a FIFO, not a regular file``, ``larger than
+    ...``), for callers to wrap in their own error."""
+    problem = not_a_regular_file(path)
+    if problem == "no such file":
+        raise FileNotFoundError(errno.ENOENT, problem, str(path))
+    if problem is not None:
+        raise OSError(errno.EISDIR if problem == "is a directory" else errno.EINVAL, problem, str(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if not stat.S_ISREG(mode):  # replaced between the check and the open
+            raise OSError(errno.EINVAL, _not_regular(mode), str(path))
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes:,} bytes, too large for what it should be", str(path))
+    return data

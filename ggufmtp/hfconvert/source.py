@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal, TypedDict, cast
 
 from ..errors import ConvertError
+from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..files.hashing import sha256_file
 from ..jsontypes import JsonObject
 
@@ -142,7 +143,7 @@ class SourceCheckpoint:
 
 def _load_json(path: Path) -> JsonObject:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_file(path, MAX_TEXT_FILE_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise ConvertError(f"{path}: no such file (a Hugging Face checkpoint has config.json next to its "
                            f"safetensors)") from None

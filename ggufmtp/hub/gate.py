@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AuditError, HubRefusedError
+from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..jsontypes import JsonObject
 from ..provenance.audit import AuditReport, Trust, audit
 from ..provenance.card import UNVERIFIED_HEADING, unverified_reason
@@ -109,9 +110,9 @@ def _check_card(card: Path | None, unverified: list[ArtifactCheck]) -> None:
     if card is None or not unverified:
         return
     try:
-        text = card.read_text(encoding="utf-8", errors="replace")
+        text = read_regular_file(card, MAX_TEXT_FILE_BYTES).decode("utf-8", errors="replace")
     except OSError as e:
-        raise HubRefusedError(f"cannot read the card {card}: {e}") from None
+        raise HubRefusedError(f"cannot read the card {card}: {e.strerror or type(e).__name__}") from None
     if UNVERIFIED_HEADING not in text:
         names = ", ".join(a.artifact.name for a in unverified)
         raise HubRefusedError(f"the card {card} does not state that {names} is not verified (no "

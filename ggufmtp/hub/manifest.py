@@ -19,7 +19,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import HubError, HubManifestError
-from ..files.fsutil import atomic_write_json
+from ..files.fsutil import MAX_TEXT_FILE_BYTES, atomic_write_json, read_regular_file
 from ..jsontypes import JsonObject
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA", "PulledModel", "HubFile", "PullResult", "PullSource", "PulledFile",
@@ -162,10 +162,12 @@ def write_manifest(result: PullResult) -> Path:
 
 def _load_manifest_json(p: Path) -> JsonObject:
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_file(p, MAX_TEXT_FILE_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise HubManifestError(f"no pull manifest at {p}: run `ggufmtp pull` first") from None
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        raise HubManifestError(f"cannot read pull manifest {p}: {e.strerror or type(e).__name__}") from None
+    except ValueError as e:
         raise HubManifestError(f"cannot read pull manifest {p}: {e}") from None
     if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
         raise HubManifestError(f"{p} is not a ggufmtp pull manifest (schema {MANIFEST_SCHEMA!r} expected)")

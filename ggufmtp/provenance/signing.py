@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..errors import AuditError
-from ..files.fsutil import atomic_write_text
+from ..files.fsutil import atomic_write_text, read_regular_file
 from ..jsontypes import JsonObject
 from .statement import Envelope, Statement
 
@@ -67,11 +67,7 @@ def _resolve(option: str | os.PathLike | None, env: str, load) -> Path | None:
 
 def _key_bytes(path: Path, what: str) -> bytes:
     try:
-        if path.is_dir():
-            raise AuditError(f"{what} {path}: is a directory, not a PEM key file")
-        if path.stat().st_size > _MAX_KEY_BYTES:
-            raise AuditError(f"{what} {path}: too large to be a PEM key file")
-        return path.read_bytes()
+        return read_regular_file(path, _MAX_KEY_BYTES)
     except OSError as e:
         raise AuditError(f"{what} {path}: cannot read it ({e.strerror or type(e).__name__})") from None
 
@@ -260,11 +256,7 @@ def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
     malformed or absurdly nested file (never a traceback)."""
     p = Path(path)
     try:
-        if p.is_dir():
-            raise AuditError(f"{p}: is a directory, not a {what}")
-        if p.stat().st_size > MAX_JSON_BYTES:
-            raise AuditError(f"{p}: {p.stat().st_size} bytes is too large for a {what}")
-        raw = p.read_bytes()
+        raw = read_regular_file(p, MAX_JSON_BYTES)
     except FileNotFoundError:
         raise AuditError(f"{p}: no such {what}") from None
     except OSError as e:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RecipeError
-from ..files.fsutil import not_a_regular_file
+from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..jsontypes import JsonObject
 
 MTP_PLACEHOLDER = "{mtp}"
@@ -192,10 +192,10 @@ class Recipe:
     def load(cls, name_or_path: str | Path) -> Recipe:
         """Load a recipe file, or a shipped recipe by name (``hifi-q4_k_m-mtp``)."""
         path = resolve_recipe_path(name_or_path)
-        problem = not_a_regular_file(path)
-        if problem is not None:  # open() of a FIFO would wait for a writer
-            raise RecipeError(f"{path}: {problem}")
-        data = path.read_bytes()
+        try:
+            data = read_regular_file(path, MAX_TEXT_FILE_BYTES)
+        except OSError as e:
+            raise RecipeError(f"{path}: {e.strerror or type(e).__name__}") from None
         try:
             doc = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -396,9 +396,9 @@ def shipped_recipes() -> list[str]:
 def resolve_recipe_path(name_or_path: str | Path) -> Path:
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
-        if not p.is_file():
+        if not p.exists():
             raise RecipeError(f"{p}: no such recipe file")
-        return p
+        return p  # a directory, FIFO or device: Recipe.load says which
     shipped = recipes_dir() / f"{name_or_path}.toml"
     if shipped.is_file():
         return shipped
