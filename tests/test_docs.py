@@ -138,6 +138,40 @@ def test_the_cli_reference_shows_the_help_as_given(site):
     assert not {d for _, d in defaults if "None" in d}
 
 
+def _demo_block(text: str, heading: str) -> list[str]:
+    return re.search(heading + r".*?```text\n(.*?)```", text, re.S).group(1).splitlines()
+
+
+def _summary_of(lines: list[str]) -> dict:
+    """The summary record ``ggufmtp run`` printed these lines from (its numbers read back)."""
+    row = {line[:11].strip(): line[12:] for line in lines}
+    number = r"([\d.]+)"
+    size = re.fullmatch(r"([\d,]+) bytes, ([\d.]+) bpw", row["size"])
+    acc = re.match(rf"{number}% \(95% CI {number}-{number}%\)", row["acceptance"])
+    speed = re.match(rf"{number}x \(95% CI {number}-{number}x\)", row["speedup"])
+    blocks, status = row["MTP"].rsplit(" ", 1)
+    return {"artifact": row["artifact"], "receipt": row["receipt"], "card": row["card"],
+            "size_bytes": int(size[1].replace(",", "")), "bpw": float(size[2]),
+            "mtp_status": status, "mtp_block": None, "mtp_blocks": [int(b.removeprefix("blk.")) for b in blocks.split(", ")],
+            "acceptance": float(acc[1]) / 100, "acceptance_ci95": [float(acc[2]) / 100, float(acc[3]) / 100],
+            "speedup": float(speed[1]), "speedup_ci95": [float(speed[2]), float(speed[3])],
+            "verdict": row["verdict"].split()[0], "uploaded": None, "speed_checked": False,  # make demo: no GPU offload
+            "stages": dict(s.rsplit(" ", 1) for s in row["stages"].split(", "))}
+
+
+def test_the_demo_output_in_the_docs_is_what_run_prints():
+    """getting-started.md's ``make demo`` output is ``ggufmtp run``'s summary as it prints it today
+    (#42: it showed "verdict pass" beside 0.95x without saying the speed was not verified), and the
+    README shows the same run."""
+    from ggufmtp.pipeline import format_summary
+
+    block = _demo_block((ROOT / "docs" / "getting-started.md").read_text(), "## The demo")
+    assert format_summary(_summary_of(block)).splitlines() == block
+    assert "imatrix ran" in block[-1] and "--imatrix-corpus" in (ROOT / "Makefile").read_text()
+    readme = _demo_block(README, "## Quickstart")
+    assert readme == block[:len(readme)], "the README and getting-started.md show different demo runs"
+
+
 @pytest.mark.runtime
 def test_python_api_example_runs_as_written(tmp_path):
     code = re.search(r"# Python API.*?```python\n(.*?)```", (ROOT / "docs" / "reference" / "api.md").read_text(),

@@ -56,3 +56,40 @@ def test_a_special_file_is_refused_at_once(reader, kind, tmp_path):
     ran = expect_clean_failure(argv, tmp_path, (made[0].name, word), timeout=30,
                                verdict=reader.startswith("audit"))
     assert ran.seconds < 30
+
+
+# ----------------------------------------------------------------------------- 2. ladder file types
+
+LADDER_HEAD = 'recipes = ["q8_0-mtp"]\n'
+LADDER_TYPES = {  # name: (the file's text, the key the error must name)
+    "model-integer": ('model = 5\n' + LADDER_HEAD, "model"),
+    "model-array": ('model = ["a", "b"]\n' + LADDER_HEAD, "model"),
+    "model-date": ('model = 1979-05-27\n' + LADDER_HEAD, "model"),
+    "model-table": ('model = {repo = "x"}\n' + LADDER_HEAD, "model"),
+    "imatrix-table": ('model = "builtin:tiny"\nimatrix = {file = "x"}\n' + LADDER_HEAD, "imatrix"),
+    "imatrix-corpus-integer": ('model = "builtin:tiny"\nimatrix_corpus = 3\n' + LADDER_HEAD, "imatrix_corpus"),
+    "recipes-string": ('model = "builtin:tiny"\nrecipes = "q8_0-mtp"\n', "recipes"),
+    "recipes-of-integers": ('model = "builtin:tiny"\nrecipes = [1, 2]\n', "recipes"),
+    "threads-string": ('model = "builtin:tiny"\nthreads = "8"\n' + LADDER_HEAD, "threads"),
+    "threads-boolean": ('model = "builtin:tiny"\nthreads = true\n' + LADDER_HEAD, "threads"),
+    "chunks-float": ('model = "builtin:tiny"\nimatrix_chunks = 2.5\n' + LADDER_HEAD, "imatrix_chunks"),
+    "verify-seeds-string": ('model = "builtin:tiny"\n' + LADDER_HEAD + '[verify]\nseeds = "42"\n', "seeds"),
+    "verify-seeds-floats": ('model = "builtin:tiny"\n' + LADDER_HEAD + '[verify]\nseeds = [1.5]\n', "seeds"),
+    "verify-gpu-layers-table": ('model = "builtin:tiny"\n' + LADDER_HEAD + '[verify]\ngpu_layers = {a = 1}\n',
+                                "gpu_layers"),
+    "verify-max-tokens-date": ('model = "builtin:tiny"\n' + LADDER_HEAD + '[verify]\nmax_tokens = 1979-05-27\n',
+                               "max_tokens"),
+    "verify-limit-boolean": ('model = "builtin:tiny"\n' + LADDER_HEAD + '[verify]\nlimit = true\n', "limit"),
+    "eval-corpus-integer": ('model = "builtin:tiny"\n' + LADDER_HEAD + '[eval]\ncorpus = 5\n', "corpus"),
+    "eval-chunks-string": ('model = "builtin:tiny"\n' + LADDER_HEAD + '[eval]\nchunks = "4"\n', "chunks"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LADDER_TYPES))
+def test_a_ladder_file_value_of_the_wrong_type_is_one_error_naming_the_file_and_the_key(name, tmp_path):
+    text, key = LADDER_TYPES[name]
+    f = tmp_path / "ladder.toml"
+    f.write_text(text)
+    ran = expect_clean_failure(["ladder", "--ladder", f, "-o", tmp_path / "out"], tmp_path, ("ladder.toml", key),
+                               timeout=60)
+    assert "must be" in ran.err, ran.err

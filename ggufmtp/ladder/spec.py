@@ -22,13 +22,19 @@ Command-line options override the file's values.
 
 from __future__ import annotations
 
+import collections.abc
+import datetime
+import os
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from ..errors import LadderError, QualityError, VerifyError
-from ..measure.core.options import VerifyOptions
+from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
+from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
 from ..quant.recipe import Recipe
 
@@ -127,13 +133,66 @@ def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dic
     return dict(t)
 
 
+# The type each top-level key must have (TOML gives bool for int's subclass, dates, tables, arrays).
+_FILE_TYPES: dict[str, Any] = {"model": str, "recipes": list[str], "imatrix": str, "imatrix_corpus": str,
+                               "imatrix_chunks": int, "threads": int}
+_TOML_NAMES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
+               (dict, "a table"), (datetime.datetime, "a date-time"), (datetime.date, "a date"),
+               (datetime.time, "a time"))
+
+
+def _toml_kind(value: Any) -> str:
+    return next((name for t, name in _TOML_NAMES if isinstance(value, t)), type(value).__name__)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a TOML value fits the type annotation ``hint`` (an option's field type)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin in (list, tuple, collections.abc.Sequence):
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value) if args else isinstance(value, list)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return hint in (str, bool) and isinstance(value, hint)
+
+
+def _wanted(hint: Any) -> str:
+    """``hint`` in words: ``an integer``, ``an array of integers``, ``an integer or a string``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_wanted(a) for a in args if a is not type(None) and a is not os.PathLike)
+    if origin in (list, tuple, collections.abc.Sequence):
+        return "an array of " + _wanted(args[0]).split(" ", 1)[1] + "s"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
+
+
+def _check_types(table: dict[str, Any], hints: dict[str, Any], where: str) -> None:
+    """LadderError naming ``where`` and the first key whose value does not have its type."""
+    for key, value in table.items():
+        hint = hints.get(key)
+        if hint is not None and not _fits(value, hint):
+            raise LadderError(f"{where}{key} must be {_wanted(hint)}, not {_toml_kind(value)} ({str(value)[:60]})")
+
+
+def _option_hints(*classes: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for cls in classes:
+        out.update(typing.get_type_hints(cls))
+    return out
+
+
 def load_ladder_file(path: str | Path) -> LadderFields:
     """The ladder file's settings as :class:`LadderSpec` fields, its ``[verify]`` and ``[eval]``
     tables as :class:`~ggufmtp.measure.core.options.VerifyOptions` and
     :class:`~ggufmtp.quality.options.EvalOptions` (LadderError naming the file and the problem)."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_regular_file(p, MAX_TEXT_FILE_BYTES).decode("utf-8"))
     except OSError as e:
         raise LadderError(f"{p}: cannot read the ladder file ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -141,14 +200,16 @@ def load_ladder_file(path: str | Path) -> LadderFields:
     bad = sorted(set(data) - _FILE_KEYS)
     if bad:
         raise LadderError(f"{p}: unknown keys {', '.join(bad)} (known: {', '.join(sorted(_FILE_KEYS))})")
-    recipes = data.get("recipes", [])
-    if not isinstance(recipes, list) or not all(isinstance(r, str) for r in recipes):
-        raise LadderError(f"{p}: recipes must be a list of recipe names or files")
-    out = LadderFields(recipes=tuple(recipes))
+    _check_types(data, _FILE_TYPES, f"{p}: ")
+    out = LadderFields(recipes=tuple(data.get("recipes", [])))
     for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads"):
         if data.get(k) is not None:
             out[k] = data[k]
     verify, ev, table = _table(data, "verify", _VERIFY_KEYS, p), _table(data, "eval", _EVAL_KEYS, p), "verify"
+    if verify is not None:
+        _check_types(verify, _option_hints(ServerOptions, JudgeOptions, VerifyOptions), f"{p}: [verify] ")
+    if ev is not None:
+        _check_types(ev, _option_hints(EvalOptions), f"{p}: [eval] ")
     try:
         if verify is not None:
             out["verify_options"] = VerifyOptions.from_dict(verify)
