@@ -26,6 +26,9 @@ class RunOptions:
 
     ``verify``: run the verification with ``verify_options`` (a :class:`VerifyOptions`; the
     recipe's ``[verify]`` table gives the thresholds and the window they leave unset).
+    ``reference_base``: judge the head against the run's source model (the BF16 checkpoint, served
+    as verify's reference arm, :mod:`ggufmtp.provenance.head`) unless ``verify_options`` names
+    another reference; off, the head is judged by the recipe's absolute minimum.
     ``eval_options``: add the quality stage (KL-divergence against the source model) with these
     options (an :class:`~ggufmtp.quality.options.EvalOptions`: ``corpus``, ``chunks``, ...).
 
@@ -52,6 +55,7 @@ class RunOptions:
     threads: int = 0
     verify: bool = True
     verify_options: VerifyOptions | None = None
+    reference_base: bool = True
     eval_options: EvalOptions | None = None
     upload: str | None = None
     private: bool = False

@@ -39,6 +39,37 @@ def arm_args_options(f: Callable) -> Callable:
                              "every non-speculative setting is the vanilla arm's too (fair baseline).")(f)
 
 
+def verify_judging_options(f: Callable) -> Callable:
+    """The window and the head's judgment of the commands that verify as a stage (``run``,
+    ``ladder``): ``--draft-n-max``, ``--reference``/``--no-reference``, ``--head-margin``,
+    ``--absolute-acceptance``, as ``verify`` spells them."""
+    f = click.option("--absolute-acceptance", is_flag=True,
+                     help="Also require the recipe's absolute minimum acceptance when a reference is measured.")(f)
+    f = click.option("--head-margin", type=click.FloatRange(0, 0.5), default=None,
+                     help="Non-inferiority margin of the head against the reference (default 0.03: 3 points).")(f)
+    f = click.option("--no-reference", is_flag=True,
+                     help="Judge the head by the recipe's absolute minimum acceptance, not against the source model "
+                          "(e.g. when the BF16 source does not fit the GPU beside the variant: or --reference a Q8_0).")(f)
+    f = click.option("--reference", default=None, metavar="MODEL",
+                     help="Judge the head against this model instead of the source model (e.g. a Q8_0 variant).")(f)
+    return click.option("--draft-n-max", "--spec-draft-n-max", type=click.IntRange(min=1), default=None,
+                        help="Draft window k of the verification (default: the recipe's, else 4).")(f)
+
+
+def verify_option_dict(judging: dict[str, Any]) -> dict[str, Any]:
+    """The flat :class:`~ggufmtp.measure.core.options.VerifyOptions` keys of :func:`verify_judging_options`'
+    and :func:`arm_args_options`' values that were given."""
+    out: dict[str, Any] = {k: judging[k] for k in ("draft_n_max", "head_margin") if judging.get(k) is not None}
+    if judging.get("reference"):
+        out["reference"] = resolve_model_arg(judging["reference"])
+    if judging.get("absolute_acceptance"):
+        out["absolute_acceptance"] = True
+    for k in ("server_args", "mtp_server_args", "vanilla_server_args"):
+        if judging.get(k):
+            out[k] = tuple(judging[k])
+    return out
+
+
 def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None, out_path: str | None,
                    as_json: bool, out_data: dict[str, Any], text: str) -> None:
     """The common tail of tune, curve and profiles: the full JSON to --out, ``res.to_dict()`` as

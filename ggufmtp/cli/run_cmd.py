@@ -9,6 +9,7 @@ import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .hub_cmds import allow_unverified_option
+from .measure_common import arm_args_options, verify_judging_options, verify_option_dict
 from .provenance_cmds import public_key_option, signing_key_option
 
 
@@ -37,6 +38,8 @@ from .provenance_cmds import public_key_option, signing_key_option
 @click.option("--gpu-layers", type=int, default=None, help="Layers offloaded to the GPU during verification.")
 @click.option("--threads", "-t", type=int, default=0, help="Threads for quantization.")
 @click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
+@verify_judging_options
+@arm_args_options
 @signing_key_option
 @public_key_option
 @allow_unverified_option
@@ -47,13 +50,18 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: s
             no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
             limit: int | None, max_tokens: int | None, gpu_layers: int | None, threads: int, force: bool,
             eval_corpus: str | None,
-            signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool) -> None:
+            signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool,
+            **judging: Any) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
     receipt, card, upload. Reruns resume from the first stage whose inputs changed or that failed.
 
     --upload publishes only an artifact whose verification passed (else it stops before any
     request, exit 1); --allow-unverified publishes anyway, with the card saying so, and also
-    accepts pulled files the Hub gave no checksum for."""
+    accepts pulled files the Hub gave no checksum for.
+
+    The verdict judges the quantization: the head against the source model (served as verify's
+    reference arm with the same settings; --reference another model, --no-reference for the
+    recipe's absolute minimum instead), lossless output, and speed where it is verified."""
     from ..measure.core.options import VerifyOptions
     from ..pipeline import run
     from ..quality.options import EvalOptions
@@ -68,9 +76,11 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: s
         vopts["max_tokens"] = max_tokens
     if gpu_layers is not None:
         vopts["gpu_layers"] = gpu_layers
+    vopts.update(verify_option_dict(judging))
     options = RunOptions(
         imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,
         threads=threads, verify=not no_verify, verify_options=VerifyOptions.from_dict(vopts),
+        reference_base=not judging.get("no_reference"),
         eval_options=None if eval_corpus is None else EvalOptions(corpus=eval_corpus, gpu_layers=gpu_layers),
         upload=upload_repo, private=private, dry_run_upload=dry_run_upload, allow_unverified=allow_unverified,
         public_key=public_key, signing_key=signing_key, force=force)

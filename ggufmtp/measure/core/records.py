@@ -19,7 +19,7 @@ from typing import Any
 from ...errors import VerifyError
 from ...files.digest_cache import FileKey, file_key
 from ...files.hashing import sha256_file
-from ...provenance.verdict import EXCERPT_BEFORE
+from ...provenance.numerics import EXCERPT_BEFORE
 
 __all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "first_difference"]
 

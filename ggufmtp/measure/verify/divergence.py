@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ServerError
-from ...provenance.verdict import EXCERPT_BEFORE, Divergence, numerics_failure, token_covers
+from ...provenance.numerics import EXCERPT_BEFORE, Divergence, numerics_failure, token_covers
 from ...runtime.server import LlamaServer
 from ..core.arms import MTP, VANILLA
 from ..core.records import first_difference
