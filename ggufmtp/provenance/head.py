@@ -97,7 +97,7 @@ class HeadFinding:
     def text(self) -> str:
         lo, hi = self.difference_ci95
         return (f"{pct(self.acceptance)} vs reference {pct(self.reference_acceptance)}, difference "
-                f"{_points(self.difference)} (95% CI {_points(lo)} to {_points(hi)}; margin {_points(self.margin)})")
+                f"{_points(self.difference)} (95% CI {_points(lo)} to {_points(hi)}; margin {self.margin * 100:.1f} points)")
 
     def to_dict(self) -> JsonObject:
         return {"acceptance": self.acceptance, "reference_acceptance": self.reference_acceptance,
