@@ -430,35 +430,44 @@ def test_real_evaluator_drops_a_configuration_whose_output_differs(llama_server_
     assert sh.evaluations == 2 and not sh.final
 
 
-def test_tune_keeps_a_configuration_whose_only_difference_is_numerics(llama_server_bin, tmp_path):
-    """The trained model at Q2_K diverges from vanilla on math-03 at a near-tie that vanilla's own
-    one-batch evaluation flips (tests/test_verify_numerics.py). verify passes it; tune dropped the
-    configuration as "output differs". With verify's analysis, the unit is lossless up to numerics."""
-    import dataclasses as dc
+def test_tune_keeps_a_configuration_whose_only_difference_is_numerics(llama_server_bin, f20):
+    """One MTP reply of a unit departs from vanilla's at a near-tie that vanilla's own one-batch
+    evaluation flips: verify passes it; tune dropped the configuration as "output differs". With
+    verify's analysis, the unit is lossless up to numerics. The near-tie is designed, as in
+    tests/test_verify_numerics.py (tests/numerics_kit.py): the MTP reply of seed 42 is changed where
+    the unit records it, and the analysis reads the real vanilla server with the designed answers at
+    that divergence; the search, the analysis and the keep decision are tune's own."""
+    from numerics_kit import NEAR_TIE, NearTieVanilla, designed_mtp_text
 
     from ggufmtp.measure.core.suite import load_suite
     from ggufmtp.measure.tune import bench as T
-    from ggufmtp.quant.quantize import quantize
-    from ggufmtp.quant.recipe import Recipe
-    from ggufmtp.refs import builtin_model_path
     from ggufmtp.runtime.server import LlamaServer, ServerConfig
 
-    q = quantize(builtin_model_path("tiny-qwen35moe-trained"),
-                 Recipe.from_dict({"name": "q2_k-numerics", "ftype": "Q2_K", "imatrix": "none"}), tmp_path / "q2k.gguf",
-                 progress=False)
-    st = load_suite("chat-v1")
-    st = dc.replace(st, prompts=tuple(p for p in st.prompts if p.id == "math-03"))
-    base = dict(model=q.output, threads=2, metrics=True, extra_args=[])
-    with LlamaServer(ServerConfig(**base, parallel=1, ctx_size=4096)) as van:
-        bench = T.Bench(st.prompts, [42], "default", 384, 1)
-        ev = T.ServerEvaluator(base, van, bench, 4096, st.prompts[0], suite=st)
+    class DesignedMtpReply(T.Bench):
+        def run(self, srv, unit):
+            out, ms = super().run(srv, unit)
+            if "--spec-type" in srv.command:  # the MTP arm: seed 42's reply departs from vanilla's, seed 7's does not
+                out = [(p, s, dataclasses.replace(r, text=designed_mtp_text(r.text)) if s == 42 else r) for p, s, r in out]
+            return out, ms
+
+    class NearTieEvaluator(T.ServerEvaluator):
+        def _mismatch(self, vsrv, differing):
+            assert [s for _, s, _, _ in differing] == [42], "the synthetic model's replies differ by themselves"
+            return super()._mismatch(NearTieVanilla(vsrv, differing[0][2].text, differing[0][3].text), differing)
+
+    st = load_suite().limit(1)
+    base = dict(model=f20, threads=2, metrics=True, extra_args=[])
+    with LlamaServer(ServerConfig(**base, parallel=1, ctx_size=2048)) as van:
+        bench = DesignedMtpReply(st.prompts, [42, 7], "default", 32, 1)
+        ev = NearTieEvaluator(base, van, bench, 2048, st.prompts[0], suite=st)
         sh = successive_halving([TuneConfig(3)], ev, budget=1, units0=1, final_size=1, max_units=1)
     s = sh.states[0]
     r = s.results[0]
-    assert not r.identical, "no divergence: the near-tie did not occur with tune's server settings"
+    assert not r.identical and r.requests == 2
     assert r.explained and r.lossless and s.status != "dropped", s.reason
     m = r.mismatch
-    assert m.prompt_id == "math-03" and m.explained and 0 <= m.margin_nats <= m.drift_nats < 0.2
+    assert m.prompt_id == st.prompts[0].id and m.seed == 42 and m.explained and m.why is None
+    assert m.margin_nats == pytest.approx(NEAR_TIE, abs=1e-6) and m.margin_nats <= m.drift_nats < 1.0
     row = rank_configs(sh, 200)[0]
     assert row.identical is False and row.lossless is True and row.to_dict()["mismatch"]["explained"] is True
 

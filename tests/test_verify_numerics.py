@@ -1,13 +1,13 @@
 """verify tells a numerics divergence from a real one (ggufmtp.measure.verify.divergence).
 
-The real cases run the pinned llama-server: the CPU-trained model (``builtin:tiny-qwen35moe-trained``,
-cached) quantized to Q2_K, whose greedy reply to chat-v1's math-03 diverges between the MTP arm and
-vanilla at character 277 at k=3 over 384 tokens, where vanilla's top-2 margin is a near-tie (about
-5e-4 nats) and vanilla's OWN one-batch evaluation of that prefix picks the other token (found by a
-search: Q4_K_M, Q3_K_M, IQ4_XS, Q2_K x k=3/4 x 12 held-out prompts x 160 tokens diverged nowhere;
-Q2_K, k=3, chat-v1 at 384 tokens diverged on math-03, the search stopped there);
-and a real divergence (``--spec-synth-len``: wrong drafts accepted) that must stay unexplained. The
-judging itself is tested on recorded data, as ``audit`` re-judges a receipt.
+Whether evaluating a prefix as one batch flips vanilla's argmax is a CPU's rounding, so no real
+run can be relied on to diverge at a near-tie. The near-tie is designed instead (tests/numerics_kit.py):
+a real verify run on the synthetic model (identical replies in both arms), one MTP reply changed
+where the run records it, and the vanilla server's answers the analysis reads designed at that
+divergence (vanilla's margin 0.01 nats, its own one-batch evaluation of the prefix picking the MTP
+reply's token), everything else the real server's. A real divergence (``--spec-synth-len``: wrong
+drafts accepted) must stay unexplained. The judging itself is tested on recorded data, as ``audit``
+re-judges a receipt; the llama-server protocol the stand-ins imitate is pinned on the real server.
 """
 
 from __future__ import annotations
@@ -17,11 +17,19 @@ import dataclasses
 import json
 
 import pytest
+from numerics_kit import BATCHED_MARGIN, NEAR_TIE, NearTieVanilla, designed_mtp_text
 
 from ggufmtp.measure.core.options import VerifyOptions
 from ggufmtp.measure.core.suite import load_suite
 from ggufmtp.measure.verify.run import verify
-from ggufmtp.provenance.verdict import Thresholds, Verdict, explained_by_numerics, judge_recorded
+from ggufmtp.provenance.verdict import (
+    MIN_DRIFT_POSITIONS,
+    Divergence,
+    Thresholds,
+    Verdict,
+    explained_by_numerics,
+    judge_recorded,
+)
 from ggufmtp.synth.spec import SynthSpec
 
 TH = Thresholds(min_acceptance=0.3, min_speedup=1.1, source="test")
@@ -31,61 +39,83 @@ TH = Thresholds(min_acceptance=0.3, min_speedup=1.1, source="test")
 
 
 @pytest.fixture(scope="module")
-def near_tie(llama_server_bin, tmp_path_factory):
-    """The trained model at Q2_K (with its quantize receipt) and verify's result on math-03."""
-    from ggufmtp.provenance.receipt import receipt_for_quantize
-    from ggufmtp.quant.quantize import quantize
-    from ggufmtp.quant.recipe import Recipe
-    from ggufmtp.refs import builtin_model_path
+def designed_near_tie(llama_server_bin, tiny_mtp_model):
+    """A real verify run of the synthetic model on two prompts whose second MTP reply departs from
+    vanilla's at a designed near-tie: the reply is changed where the run records it (``on_record``),
+    and the analysis reads the real vanilla server through :class:`NearTieVanilla`."""
+    from ggufmtp.measure.verify import run as verify_run
+    from ggufmtp.measure.verify.divergence import analyse_mismatches
 
-    d = tmp_path_factory.mktemp("numerics")
-    q = quantize(builtin_model_path("tiny-qwen35moe-trained"),
-                 Recipe.from_dict({"name": "q2_k-numerics", "ftype": "Q2_K", "imatrix": "none"}), d / "q2k.gguf",
-                 progress=False)
-    suite = load_suite("chat-v1")
-    suite = dataclasses.replace(suite, prompts=tuple(p for p in suite.prompts if p.id == "math-03"))
-    res = verify(q.output, VerifyOptions.from_dict(dict(suite=suite, seeds=(42,), max_tokens=384, threads=2,
-                                                        draft_n_max=3, thresholds=TH)), progress=False)
-    return {"out": q.output, "receipt": receipt_for_quantize(q), "result": res}
+    suite = load_suite().limit(2)
+    differs = suite.prompts[1].id
+    seen: list[NearTieVanilla] = []
+
+    def on_record(rec):
+        if rec.arm == "mtp" and rec.prompt_id == differs:
+            rec.text = designed_mtp_text(rec.text)
+
+    def analyse(van, st, pairs, max_tokens):
+        assert [m.prompt_id for _, m in pairs] == [differs], "the synthetic model's replies differ by themselves"
+        seen.append(NearTieVanilla(van, pairs[0][0].text, pairs[0][1].text))
+        return analyse_mismatches(seen[-1], st, pairs, max_tokens)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verify_run, "analyse_mismatches", analyse)
+        res = verify(tiny_mtp_model, VerifyOptions.from_dict(dict(suite=suite, seeds=(42,), max_tokens=32, threads=2,
+                                                                   draft_n_max=3, thresholds=TH)),
+                     progress=False, on_record=on_record)
+    return {"model": tiny_mtp_model, "result": res, "prompt_id": differs, "vanilla": seen[0]}
 
 
-def test_a_near_tie_divergence_is_explained_by_numerics_and_passes(near_tie):
+def test_a_near_tie_divergence_is_explained_by_numerics_and_passes(designed_near_tie):
     """Fails on the code before the analysis: the one differing reply failed the verdict."""
-    res = near_tie["result"]
+    res, stand_in = designed_near_tie["result"], designed_near_tie["vanilla"]
     d = res.to_dict()
     assert d["verdict"] == "pass", d["reasons"]
-    assert d["mismatch_count"] == 1, d["mismatches"]
+    assert d["mismatch_count"] == 1 and d["identical_outputs"] == {"identical": 1, "pairs": 2}, d["mismatches"]
     m = d["mismatches"][0]
-    assert (m["prompt_id"], m["k"], m["endpoint"]) == ("math-03", 3, "chat")
-    assert m["explained"] is True and m["batched_flip"] is True and m["token_index"] > 0
-    assert 0 <= m["margin_nats"] <= d["numerics_drift_nats"] < 0.2
-    assert d["numerics_positions"] >= 2 and d["numerics_flips"] >= 1
-    assert any(n.startswith("identical output: 0/1 (0.0 %); the difference is numerics (vanilla's margin")
-               and "measured on" in n for n in d["notes"]), d["notes"]
+    assert (m["prompt_id"], m["k"], m["endpoint"]) == (designed_near_tie["prompt_id"], 3, "chat")
+    # the analysis found the designed token, read its margin and saw the batched flip there
+    assert m["token_index"] == stand_in.j > 0 and stand_in.requests["designed_batched"] == 1
+    assert m["explained"] is True and m["batched_flip"] is True and m.get("unexplained_why") is None, m
+    assert m["margin_nats"] == pytest.approx(NEAR_TIE, abs=1e-6)
+    assert m["mtp_token"] == m["runner_up_token"] == m["batched_token"] == stand_in.tokens[1]["token"]
+    assert m["vanilla_token"] == stand_in.tokens[0]["token"] != m["mtp_token"]
+    # the drift: the designed flip's (NEAR_TIE + BATCHED_MARGIN) at least, the real positions' changes beside it
+    assert NEAR_TIE + BATCHED_MARGIN - 1e-6 <= d["numerics_drift_nats"] < 1.0
+    assert d["numerics_positions"] >= MIN_DRIFT_POSITIONS and d["numerics_flips"] >= 1
+    assert any("numerics" in n and "measured on" in n for n in d["notes"]), d["notes"]
     assert "explained by numerics" in res.table()
     # the audit's re-judgement of the recorded figures agrees
     assert judge_recorded(res.to_receipt()) == (Verdict.PASS, [])
 
 
-def test_audit_recomputes_explained_from_the_margin_not_the_flag(near_tie, tmp_path):
+def test_audit_recomputes_explained_from_the_margin_not_the_flag(designed_near_tie, tmp_path):
     """A receipt whose margin was edited above the drift (``explained`` left true) no longer follows
     from its figures; an older receipt without the fields counts the difference as unexplained."""
     import shutil
 
-    from ggufmtp.provenance.audit import audit
-    from ggufmtp.provenance.receipt import set_verification
+    from receipt_kit import honest_statement
 
-    out, rc = tmp_path / near_tie["out"].name, tmp_path / "r.json"
-    shutil.copy(near_tie["out"], out)
-    shutil.copy(near_tie["receipt"], rc)
-    set_verification(rc, near_tie["result"].to_receipt())
+    from ggufmtp.provenance.audit import audit
+
+    model = designed_near_tie["model"]
+    out, rc = tmp_path / model.name, tmp_path / "r.json"
+    shutil.copy(model, out)
+    rc.write_text(json.dumps(honest_statement(out, verification=designed_near_tie["result"].to_receipt())))
     assert audit(out, rc).ok, [c.detail for c in audit(out, rc).checks if not c.ok]
     st = json.loads(rc.read_text())
     v = st["predicate"]["verification"]
+    assert v["mismatches"][0]["explained"] is True
     v["mismatches"][0]["margin_nats"] = v["numerics_drift_nats"] + 0.5  # explained stays true
     rc.write_text(json.dumps(st))
     check = next(c for c in audit(out, rc).checks if c.name == "verdict follows from the figures")
     assert not check.ok and "give 'fail'" in check.detail and "unexplained" in check.detail
+    for key in ("margin_nats", "mtp_token", "runner_up_token", "batched_token"):  # an older receipt's mismatch
+        v["mismatches"][0].pop(key)
+    rc.write_text(json.dumps(st))
+    check = next(c for c in audit(out, rc).checks if c.name == "verdict follows from the figures")
+    assert not check.ok and "unexplained" in check.detail
 
 
 def test_a_real_divergence_stays_unexplained_and_fails(llama_server_bin, synth_model):
@@ -109,9 +139,13 @@ def test_a_real_divergence_stays_unexplained_and_fails(llama_server_bin, synth_m
 def _recorded(margins: list[float | None], drift: float | None, pairs: int = 4) -> dict:
     """A receipt's verification with ``len(margins)`` differing replies of ``pairs`` (one mode)."""
     same = pairs - len(margins)
+    # vanilla says "12", the MTP reply vanilla's runner-up "13" (the tokens the analysis records)
     mism = [{"prompt_id": f"p{i}", "seed": 42, "mode": "default", "endpoint": "chat", "k": 3,
-             "first_difference_at": 10 + i, "vanilla": "a", "mtp": "b", "vanilla_tokens": 5, "mtp_tokens": 5}
-            | ({} if mg is None else {"margin_nats": mg, "batched_flip": False, "explained": True, "token_index": 2})
+             "first_difference_at": 23, "vanilla": "The sum of 5 and 7 is 12.", "mtp": "The sum of 5 and 7 is 13.",
+             "vanilla_tokens": 9, "mtp_tokens": 9}
+            | ({} if mg is None else {"margin_nats": mg, "batched_flip": False, "explained": True, "token_index": 8,
+                                      "vanilla_token": "2", "mtp_token": "3", "runner_up_token": "3",
+                                      "batched_token": "2"})
             for i, mg in enumerate(margins)]
     v = {"verdict": "pass", "mtp": {"acceptance": 0.8}, "speedup": 1.0, "identical_output_fraction": same / pairs,
          "identical_outputs": {"identical": same, "pairs": pairs}, "mismatch_count": len(margins),
@@ -125,9 +159,13 @@ def _recorded(margins: list[float | None], drift: float | None, pairs: int = 4) 
 
 
 def test_explained_by_numerics_rule():
-    assert explained_by_numerics(0.05, 0.21) and explained_by_numerics(0.21, 0.21)
-    assert not explained_by_numerics(0.3, 0.21)
-    assert not explained_by_numerics(None, 0.21) and not explained_by_numerics(0.0, None)
+    def d(margin):
+        return Divergence(23, "The sum of 5 and 7 is 12.", "The sum of 5 and 7 is 13.", margin, vanilla_token="2",
+                          mtp_token="3", runner_up_token="3")
+
+    assert explained_by_numerics(d(0.05), 0.21, 32) and explained_by_numerics(d(0.21), 0.21, 32)
+    assert not explained_by_numerics(d(0.3), 0.21, 32)
+    assert not explained_by_numerics(d(None), 0.21, 32) and not explained_by_numerics(d(0.0), None, 32)
 
 
 def test_recorded_differences_within_the_drift_pass():
@@ -184,10 +222,11 @@ def test_the_schema_takes_the_new_fields_and_older_receipts():
 
 
 class _EndsServer:
-    """A vanilla server whose greedy reply is "abc" and then its end-of-generation token (listed by
-    llama-server's ``completion_probabilities`` with token text ""), nearly tied with " d"."""
+    """A vanilla server whose greedy reply is "abcdefghij" (ten tokens: enough positions for a drift
+    calibration) and then its end-of-generation token (listed by llama-server's
+    ``completion_probabilities`` with token text ""), nearly tied with " d"."""
 
-    ENTRIES = [("a", -0.1, "x", -3.0), ("b", -0.1, "x", -3.0), ("c", -0.1, "x", -3.0), ("", -0.70, " d", -0.71)]
+    ENTRIES = [(ch, -0.1, "x", -3.0) for ch in "abcdefghij"] + [("", -0.70, " d", -0.71)]
 
     def __init__(self, batched_eos_margin: float):
         self.batched_eos_margin = batched_eos_margin
@@ -228,9 +267,10 @@ def test_vanilla_ending_at_a_near_tie_where_mtp_goes_on_is_analysed():
 
     key = (3, "chat", "default", "p", 42)
     for batched_margin, explained in ((0.05, True), (0.012, False)):
-        numerics = analyse_mismatches(_EndsServer(batched_margin), suite, [(rec("vanilla", "abc"), rec("mtp", "abc d"))], 64)
+        pair = (rec("vanilla", "abcdefghij"), rec("mtp", "abcdefghij d"))
+        numerics = analyse_mismatches(_EndsServer(batched_margin), suite, [pair], 64)
         a = numerics.by_key[key]
-        assert a.reproduced and a.token_index == 3 and a.margin_nats == pytest.approx(0.01), a
+        assert a.reproduced and a.token_index == 10 and a.margin_nats == pytest.approx(0.01), a
         assert numerics.fields(key)["explained"] is explained, (numerics.drift, a)
 
 
@@ -249,3 +289,31 @@ def test_llama_server_lists_the_end_of_generation_token_with_empty_text(llama_se
     assert r["stop_type"] == "eos" and len(probs) == r["tokens_predicted"] < 200
     assert probs[-1]["token"] == "" and len(probs[-1]["top_logprobs"]) == 2
     assert "".join(e["token"] for e in probs) == r["content"]
+
+
+def test_llama_server_answers_as_the_designed_vanilla_imitates(llama_server_bin, tiny_mtp_model):
+    """What NearTieVanilla (tests/numerics_kit.py) keeps of the real answers and rewrites: the pinned
+    llama-server lists each generated token first in its own ``top_logprobs`` (the greedy argmax,
+    log-probabilities descending), its listing spells the chat reply, and the one-token evaluation
+    of a prefix (the analysis' batched request) lists one entry with its top-2. On the synthetic
+    model every margin is many nats, so the batched argmax is the listed token on any machine."""
+    from ggufmtp.measure.core.arms import send
+    from ggufmtp.runtime.server import LlamaServer, ServerConfig
+
+    p = load_suite().prompts[0]
+    with LlamaServer(ServerConfig(model=tiny_mtp_model, threads=2, ctx_size=2048)) as s:
+        chat = send(s, p, 42, 32, "default", "chat").text
+        ids = s.tokenize(s.post_json("/apply-template", {"messages": p.chat_messages()})["prompt"],
+                         add_special=True, parse_special=True)
+        probs = s.complete(ids, n_predict=32, temperature=0.0, seed=42, cache_prompt=False,
+                           n_probs=2)["completion_probabilities"]
+        j = 5
+        batched = s.complete(ids + [e["id"] for e in probs[:j]], n_predict=1, temperature=0.0, cache_prompt=False,
+                             n_probs=2)["completion_probabilities"]
+    assert "".join(e["token"] for e in probs).startswith(chat) and len(probs) == 32
+    for e in probs:
+        top = e["top_logprobs"]
+        assert len(top) == 2 and (top[0]["id"], top[0]["token"]) == (e["id"], e["token"])
+        assert top[0]["logprob"] - top[1]["logprob"] > 1.0
+    assert len(batched) == 1 and len(batched[0]["top_logprobs"]) == 2
+    assert batched[0]["id"] == batched[0]["top_logprobs"][0]["id"] == probs[j]["id"]
