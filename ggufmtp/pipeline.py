@@ -47,6 +47,7 @@ from .provenance.card import make_card
 from .provenance.receipt import read_receipt, receipt_for_quantize, set_verification
 from .provenance.signing import resolve_public_key, resolve_signing_key, sign_artifact
 from .quality.options import EvalOptions
+from .quant.naming import model_name, variant_file_name
 from .quant.plan import make_plan
 from .quant.quantize import quantize
 from .quant.recipe import Recipe
@@ -315,6 +316,7 @@ class _Run:
     token: str | None
     progress: bool
     log: Callable[[str], None]
+    name: str = "model"  # the model's name in release file names (quant/naming.py)
     signing_key: Path | None = None
     public_key: Path | None = None
     allow_unverified: bool = False
@@ -336,8 +338,7 @@ class _Run:
 
     @property
     def artifact(self) -> Path:
-        stem = self.model_path.name.split("-00001-of-")[0].removesuffix(".gguf")
-        return self.out / f"{stem}-{self.recipe.name}.gguf"
+        return self.out / variant_file_name(self.name, self.recipe.release_tag)
 
     @property
     def receipt(self) -> Path:
@@ -539,7 +540,8 @@ def run(recipe: str | Path, model: str, options: RunOptions | None = None, *, ou
     out.mkdir(parents=True, exist_ok=True)
     r = _Run(out=out, cache=_StageCache(out, log, o.force), recipe=rec, model_arg=model, ref=ref, model=resolved,
              imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
-             progress=progress, log=log, signing_key=key, public_key=pub, allow_unverified=o.allow_unverified)
+             progress=progress, log=log, name=model_name(model, resolved.path, converted=converted is not None),
+             signing_key=key, public_key=pub, allow_unverified=o.allow_unverified)
     for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
         stage(r)
     if o.until == "audit":

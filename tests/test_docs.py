@@ -120,7 +120,7 @@ def test_the_cli_reference_shows_the_help_as_given(site):
     text whole (``DIR/<recipe>/`` was taken for an HTML tag and lost)."""
     page = (site / "reference" / "cli" / "index.html").read_text()
     assert "Sentinel" not in page and "UNSET" not in page
-    assert "DIR/&lt;recipe&gt;/" in page
+    assert "DIR/&lt;TAG&gt;/" in page
     text = _text(page)
     checked = 0
     for path, cmd in _commands(main):

@@ -52,7 +52,8 @@ def test_three_variants_on_two_workers_one_card_from_the_receipts(ladder):
     assert len(rows) == 3
     for o in res.outcomes:
         art, rc = Path(o.summary["artifact"]), Path(o.summary["receipt"])
-        assert art.parent == out / o.recipe and audit(art, rc).ok
+        assert art.parent == out / o.variant and audit(art, rc).ok  # the release names: <TAG>/<Model>-<TAG>.gguf
+        assert art.name == f"tiny-qwen35moe-f20-{o.variant}.gguf"
         st = read_receipt(rc).statement
         assert st["predicate"]["imatrix"]["sha256"]  # the shared imatrix, bound in every receipt
         v, q = st["predicate"]["verification"], st["predicate"]["quality"]
@@ -67,14 +68,14 @@ def test_a_rerun_resumes_every_variant_and_a_failed_one_does_not_stop_the_others
     """In sequence this time: the three made variants come from their stage caches (nothing
     quantized or verified again); a fourth whose folder cannot be made fails alone, named."""
     out, res = ladder
-    (out / "hifi-q4_k_m-mtp").write_text("a file where the variant's folder goes")
+    (out / "Q4_K_M_HiFi").write_text("a file where the variant's folder goes")
     try:
         again = run_ladder(dataclasses.replace(_spec(out), recipes=(*RECIPES, "hifi-q4_k_m-mtp")), progress=False)
     finally:
-        (out / "hifi-q4_k_m-mtp").unlink()
+        (out / "Q4_K_M_HiFi").unlink()
     assert not again.ok and again.engine["engine"] == "sequential"
     failed = [o for o in again.outcomes if not o.ok]
-    assert [o.recipe for o in failed] == ["hifi-q4_k_m-mtp"] and "hifi-q4_k_m-mtp" in (failed[0].error or "")
+    assert [o.recipe for o in failed] == ["hifi-q4_k_m-mtp"] and "Q4_K_M_HiFi" in (failed[0].error or "")
     for o in again.outcomes[:3]:
         assert o.ok and set(o.summary["stages"].values()) == {"cached"}, o.summary["stages"]
     assert len([r for r in (out / "README.md").read_text().splitlines() if r.startswith("| `")]) == 3
@@ -125,7 +126,8 @@ def test_the_ladder_file_and_the_cli(ladder, tmp_path):
     r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output[r.output.index("{"):])
-    assert d["ok"] and [v["recipe"] for v in d["variants"]] == [v["variant"] for v in d["variants"]] == list(RECIPES)
+    assert d["ok"] and [v["recipe"] for v in d["variants"]] == list(RECIPES)
+    assert [v["variant"] for v in d["variants"]] == ["Q8_0", "Q4_K_M_HeadQ8", "IQ4_XS"]
     assert all(set(v["summary"]["stages"].values()) == {"cached"} for v in d["variants"])
     for bad, said in (("recipes = 3\n", "recipes must be a list"), ("colour = 1\n", "unknown keys colour"),
                       ("[verify]\nspeed = 1\n", "unknown keys speed"), ("model = \n", "not a TOML ladder file")):

@@ -108,6 +108,9 @@ def test_changed_recipe_reruns_quantize_not_pull(tmp_path):
     assert s["pull"] == "cached" and s["inspect"] == "cached"
     assert s["plan"] == "ran" and s["quantize"] == "ran"
     assert "verify" not in s
+    # release names (quant/naming.py): the model's name without its cache digest, the recipe's tag
+    assert sorted(p.name for p in tmp_path.glob("*.gguf")) == ["tiny-qwen35moe-Q4_K_M_HiFi.gguf",
+                                                               "tiny-qwen35moe-Q8_0.gguf"]
 
 
 @pytest.mark.runtime

@@ -51,7 +51,7 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--ladder", "ladder_file", default=None, type=click.Path(dir_okay=False),
               help="A ladder file (TOML: model, recipes, imatrix, [verify], [eval]); options given here override it.")
 @click.option("-o", "--out-dir", default="ggufmtp-ladder", show_default=True, type=click.Path(file_okay=False),
-              help="Output directory: DIR/<recipe>/ per variant, DIR/README.md the ladder's card.")
+              help="Output directory: DIR/<TAG>/ per variant (the recipe's release tag), DIR/README.md the ladder's card.")
 @click.option("--imatrix", default=None, help="An imatrix for every variant.")
 @click.option("--imatrix-corpus", default=None,
               help="Instead of --imatrix: compute one, once, over this text (with the MTP head's statistics).")
@@ -86,7 +86,8 @@ def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | N
                public_key: str | None, allow_unverified: bool, as_json: bool) -> None:
     """Make every variant of a model, one per recipe: the shared stages once (the model pulled or
     converted, the imatrix with the MTP head, the base model's logits), then per variant quantize,
-    audit, verify, receipt and (with --eval) KLD, each in DIR/<recipe>/ and resumable; then
+    audit, verify, receipt and (with --eval) KLD, each in DIR/<TAG>/ as <Model>-<TAG>.gguf (TAG: the
+    recipe's release tag; the names llama.cpp's -hf REPO:TAG resolves) and resumable; then
     DIR/README.md, one table of size, bpw, PPL, KLD, acceptance and speedup from the variants'
     audited receipts. Exit 1 when a variant failed or a verdict is fail."""
     from ..ladder.engine import DaskEngine

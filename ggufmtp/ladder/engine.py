@@ -43,7 +43,7 @@ class VariantOutcome:
     error: str | None = None
     host: str = ""
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES of the worker that measured it
-    variant: str = ""  # the recipe's name: the variant's folder
+    variant: str = ""  # the recipe's release tag: the variant's folder
 
     def to_dict(self) -> JsonObject:
         return {"recipe": self.recipe, "variant": self.variant, "ok": self.ok, "summary": self.summary, "error": self.error,

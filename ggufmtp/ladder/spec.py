@@ -36,6 +36,7 @@ from ..errors import LadderError, QualityError, VerifyError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
+from ..quant.naming import ambiguous_tags, variant_file_name, variant_folder
 from ..quant.recipe import Recipe
 
 __all__ = ["LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
@@ -47,7 +48,7 @@ _EVAL_KEYS = {"corpus", "chunks", "ctx_size", "gpu_layers", "threads"}
 
 @dataclass(frozen=True)
 class LadderSpec:
-    """Every variant of ``model``, one per recipe, into ``out_dir`` (``out_dir/<recipe>/``)."""
+    """Every variant of ``model``, one per recipe, into ``out_dir`` (``out_dir/<tag>/``, the recipe's release tag)."""
 
     model: str
     recipes: tuple[str, ...]
@@ -71,14 +72,23 @@ class LadderSpec:
             raise LadderError(f"recipe {', '.join(dup)} given twice")
         if self.imatrix and self.imatrix_corpus:
             raise LadderError(f"give imatrix {self.imatrix} or imatrix_corpus {self.imatrix_corpus}, not both")
-        names = [Recipe.load(r).name for r in self.recipes]  # RecipeError naming a bad one, before any work
+        loaded = [Recipe.load(r) for r in self.recipes]  # RecipeError naming a bad one, before any work
+        names = [r.name for r in loaded]
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
             raise LadderError(f"recipes {', '.join(self.recipes)} name the variant {', '.join(clash)} twice")
+        # the variants' names with a stand-in model name: the tags alone must tell the files apart
+        names_in_repo = [(r.release_tag, f"{variant_folder(r.release_tag)}/{variant_file_name('M', r.release_tag)}")
+                         for r in loaded]
+        problems = ambiguous_tags(names_in_repo)
+        if problems:
+            tags = ", ".join(f"{given} -> {r.release_tag}" for given, r in zip(self.recipes, loaded, strict=True))
+            raise LadderError(f"the recipes' tags ({tags}) would not name distinct variants for llama.cpp's "
+                              f"-hf REPO:TAG: {'; '.join(problems)}")
         return self
 
     def variant_dir(self, recipe: str) -> Path:
-        return self.out_dir / Recipe.load(recipe).name
+        return self.out_dir / variant_folder(Recipe.load(recipe).release_tag)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,127 @@
+"""Release file names, made here and nowhere else: names llama.cpp's ``-hf owner/repo:TAG`` resolves.
+
+The field's convention, and what the pinned llama.cpp's downloader expects (``common/download.cpp``
+at 0c1e570; docs/reference/names.md quotes the rules):
+
+* a variant is ``<Model>-<TAG>.gguf`` (:func:`variant_file_name`), in a folder named ``<TAG>`` when
+  a ladder makes several (:func:`variant_folder`). ``Model`` is the model's name without its
+  precision or a cache hash (:func:`model_name`: ``Qwen3.6-35B-A3B``, not
+  ``Qwen3.6-35B-A3B-BF16``); ``TAG`` the recipe's declared ``tag`` (``Q4_K_M-HiFi``), by default its
+  ftype (``Q8_0``, ``IQ4_XS``);
+* an MTP sidecar (an MTP-only GGUF) is ``mtp-<Model>-<TYPE>.gguf`` (:func:`sidecar_file_name`).
+
+Why: ``find_best_model`` (download.cpp:655) takes the first file whose path matches the regex
+``TAG[.-]`` (case-insensitive, searched anywhere in the path) among the *model* files, and
+``gguf_filename_is_model`` (download.cpp:637) drops every file whose name contains ``mmproj``,
+``imatrix``, ``mtp-``, ``eagle3-``, ``dflash-`` or ``dspark-``; ``find_best_mtp`` (download.cpp:613)
+takes a file whose *path* contains ``mtp-`` as the MTP sidecar. So a variant name (or folder)
+holding ``mtp-`` is invisible as a model and may be served as another variant's draft, and two tags
+of one repo where one's pattern matches the other's file (``Q4_K_M`` and ``Q4_K_M-HiFi``) make
+``:Q4_K_M`` pick whichever the listing gives first. :func:`tag_problem` and
+:func:`ambiguous_tags` refuse both before anything is made.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["NOT_A_MODEL", "SIDECAR_KEYWORD", "ambiguous_tags", "model_name", "name_problem", "selects",
+           "sidecar_file_name", "tag_problem", "variant_file_name", "variant_folder"]
+
+# gguf_filename_is_model (common/download.cpp:637): a file whose name holds one of these is no model
+NOT_A_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+SIDECAR_KEYWORD = "mtp-"  # find_best_mtp (common/download.cpp:613): a path holding it is an MTP sidecar
+# A tag is typed after the colon of `-hf owner/repo:TAG` and becomes a regex (download.cpp:666):
+# letters, digits and `_`, in parts joined by `-` (no regex metacharacter, no `:`, no `.`).
+_TAG_RE = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
+_SPLIT_RE = re.compile(r"-\d{5}-of-\d{5}$")
+# what a source file's name carries that a release name does not: its precision, a cache digest
+_SOURCE_SUFFIX_RE = re.compile(r"[-_.](?:BF16|F16|F32|[0-9a-f]{12})$", re.IGNORECASE)
+_MTP_WORD_RE = re.compile(r"(?:^|[-_.])mtp(?=$|[-_.])", re.IGNORECASE)
+
+
+def tag_problem(tag: str) -> str | None:
+    """Why ``tag`` cannot name a variant (None when it can)."""
+    if not _TAG_RE.fullmatch(tag):
+        return (f"tag {tag!r} must be letters, digits and '_' in parts joined by '-' (e.g. Q4_K_M, "
+                "Q4_K_M-HiFi): llama.cpp reads it after the ':' of -hf owner/repo:TAG and searches it as a regex")
+    bad = next((k for k in NOT_A_MODEL if k in f"{tag}.gguf".lower()), None)
+    if bad:
+        return (f"tag {tag!r} contains {bad!r}: llama.cpp's -hf never takes a file whose name holds it as a model "
+                "(common/download.cpp, gguf_filename_is_model)")
+    return None
+
+
+def name_problem(path_in_repo: str) -> str | None:
+    """Why a model file at ``path_in_repo`` would not resolve as a model (None when it would)."""
+    name = path_in_repo.rsplit("/", 1)[-1]
+    bad = next((k for k in NOT_A_MODEL if k in name.lower()), None)
+    if bad:
+        return f"{name} contains {bad!r}: llama.cpp's -hf skips it as a model (common/download.cpp, gguf_filename_is_model)"
+    if SIDECAR_KEYWORD in path_in_repo.lower():
+        return (f"{path_in_repo}: its folder contains {SIDECAR_KEYWORD!r}: llama.cpp's -hf takes it as an MTP "
+                "sidecar (common/download.cpp, find_best_mtp)")
+    return None
+
+
+def model_name(reference: str, model_file: str | Path | None = None, *, converted: bool = False) -> str:
+    """The model's name as release names carry it: ``builtin:NAME`` gives NAME; a GGUF (a local file
+    or one pulled from a Hub repo) its file name; a converted safetensors checkpoint (``converted``)
+    its repo's or folder's name. Split suffixes, ``.gguf``, a trailing precision (BF16, F16, F32)
+    or cache digest and the word ``mtp`` are left out (``Qwen3.6-35B-A3B-BF16-00001-of-00002.gguf``
+    -> ``Qwen3.6-35B-A3B``)."""
+    if reference.startswith("builtin:"):
+        name = reference.removeprefix("builtin:")
+    elif converted or model_file is None:
+        name = Path(reference.partition("@")[0].rstrip("/")).name
+    else:
+        name = Path(model_file).name
+    name = _SPLIT_RE.sub("", name.removesuffix(".gguf").removesuffix(".GGUF"))
+    while (stripped := _SOURCE_SUFFIX_RE.sub("", name)) != name:
+        name = stripped
+    name = _MTP_WORD_RE.sub("", name).strip("-_.")
+    return name or "model"
+
+
+def variant_file_name(model: str, tag: str) -> str:
+    """``<Model>-<TAG>.gguf``: the variant file of ``model`` (:func:`model_name`) made by the recipe tagged ``tag``."""
+    return f"{model}-{tag}.gguf"
+
+
+def variant_folder(tag: str) -> str:
+    """The folder of a ladder's variant: its tag (never the recipe's name, which may hold ``mtp-``)."""
+    return tag
+
+
+def sidecar_file_name(model: str, type_name: str) -> str:
+    """``mtp-<Model>-<TYPE>.gguf``: the MTP-only GGUF llama.cpp's ``-hf`` serves as the draft of ``model``'s variants."""
+    return f"{SIDECAR_KEYWORD}{model}-{type_name}.gguf"
+
+
+def selects(tag: str, path_in_repo: str) -> bool:
+    """Whether llama.cpp's model search for ``tag`` (the regex ``TAG[.-]``, case-insensitive, searched
+    in the path: common/download.cpp:666) matches ``path_in_repo``."""
+    return re.search(re.escape(tag) + r"[.-]", path_in_repo, re.IGNORECASE) is not None
+
+
+def ambiguous_tags(variants: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per problem among ``(tag, path_in_repo)`` of one repo's variants: a tag given twice,
+    or a tag whose search also matches another variant's file (llama.cpp would serve whichever the
+    listing gives first), or a file that is not a model to llama.cpp."""
+    out = []
+    tags = [t.upper() for t, _ in variants]
+    for tag in sorted({t for t in tags if tags.count(t) > 1}):
+        out.append(f"tag {tag} is given twice (tags are compared ignoring case, as llama.cpp does)")
+    for tag, path in variants:
+        if tags.count(tag.upper()) > 1:
+            continue
+        others = [p for t, p in variants if p != path and selects(tag, p)]
+        if others:
+            out.append(f"-hf REPO:{tag} would match {', '.join(others)} as well as {path} "
+                       f"(llama.cpp searches TAG[.-] in every path): give one of them another tag")
+        problem = name_problem(path)
+        if problem:
+            out.append(problem)
+    return out
