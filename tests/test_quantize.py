@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -155,7 +156,12 @@ def test_quantize_audit_mismatch_is_an_error(tiny, tmp_path):
 
 
 def _cli_equivalent(plan, out, cwd):
+    """llama-quantize with the emitted flags; the imatrix given by its name from its folder, as
+    ggufmtp writes ``quantize.imatrix.file`` (a file name: no local path in a published GGUF)."""
     argv = plan.llama_quantize_argv(str(out), binary=str(runtime.find_binary("llama-quantize")))
+    if plan.imatrix:
+        argv[argv.index(str(plan.imatrix))] = Path(plan.imatrix).name
+        cwd = Path(plan.imatrix).parent
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
@@ -182,7 +188,7 @@ def test_parity_with_llama_quantize(recipe, arch, tiny, imatrices, tmp_path):
     assert len(a) == len(b) and a == b, f"{recipe}: ggufmtp output differs from llama-quantize's"
     md = GGUFModel(ours).metadata
     if im is not None:
-        assert md["quantize.imatrix.file"] == str(im)
+        assert md["quantize.imatrix.file"] == im.name  # the name only, never a local path
         assert md["quantize.imatrix.entries_count"] == len(imx.read_imatrix(im).entries)
     assert inspect_model(ours).mtp_status == "complete"
 

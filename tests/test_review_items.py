@@ -7,11 +7,17 @@ never a hung test run) and asserts one clear error, no traceback, nothing left b
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
+from receipt_kit import honest_statement, synth_artifact, verification_record
 from test_bad_inputs import expect_clean_failure
+
+from ggufmtp.errors import AuditError
+from ggufmtp.files.hashing import sha256_file
+from ggufmtp.provenance.receipt import load_receipt, read_receipt, seal, set_verification
 
 # ----------------------------------------------------------------------------- 1. regular files, bounded reads
 
@@ -93,3 +99,57 @@ def test_a_ladder_file_value_of_the_wrong_type_is_one_error_naming_the_file_and_
     ran = expect_clean_failure(["ladder", "--ladder", f, "-o", tmp_path / "out"], tmp_path, ("ladder.toml", key),
                                timeout=60)
     assert "must be" in ran.err, ran.err
+
+
+# ----------------------------------------------------------------------------- 3. no local path, values and keys
+
+
+def test_no_local_path_reaches_a_receipt_in_a_value_or_a_key(tmp_path, monkeypatch):
+    """A path outside the usual roots (``--chat-template-file /proc/self/cwd/chat.jinja``, given to
+    verify as a server argument) was kept in the receipt, and keys were never looked at."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chat.jinja").write_text("{{ messages }}")
+    template = "/proc/self/cwd/chat.jinja"  # absolute, exists, under none of the usual roots
+    art = synth_artifact(tmp_path / "a")
+    rc = tmp_path / "a" / (art.name + ".receipt.json")
+    rc.write_text(json.dumps(honest_statement(art, None)))
+    v = verification_record(sha256_file(art), art.stat().st_size)
+    v["settings"]["server_args"] = {"both": ["--chat-template-file", template], "mtp": [f"--x={template}"]}
+    v["settings"][template] = "a key naming a file"
+    v["settings"]["endpoint"] = "/v1/chat/completions"  # a server's endpoint is not a path
+    set_verification(rc, v)
+    assert "/proc/self" not in rc.read_text()
+    settings = load_receipt(rc)["predicate"]["verification"]["settings"]
+    assert settings["server_args"] == {"both": ["--chat-template-file", "chat.jinja"], "mtp": ["--x=chat.jinja"]}
+    assert settings["chat.jinja"] == "a key naming a file" and settings["endpoint"] == "/v1/chat/completions"
+    # a receipt edited to hold a path in a key is refused when read
+    st = load_receipt(rc)
+    st["predicate"]["verification"]["settings"][template] = 1
+    rc.write_text(json.dumps(seal(st)))
+    with pytest.raises(AuditError, match="local path"):
+        read_receipt(rc)
+
+
+def test_quantize_writes_the_imatrix_file_name_into_the_gguf(synth_model, tmp_path):
+    """``quantize.imatrix.file`` held the imatrix's absolute path (llama-quantize writes what it is
+    given); a GGUF ggufmtp writes carries file names only, and its receipt audits."""
+    from ggufmtp.gguf.model import GGUFModel
+    from ggufmtp.imatrix import check as imc
+    from ggufmtp.imatrix import format as imx
+
+    model = synth_model("tiny-qwen35moe")
+    im = tmp_path / "deep" / "folder" / "trunk.imatrix.gguf"
+    im.parent.mkdir(parents=True)
+    imx.write_imatrix(imc.synthetic_imatrix(imc.read_model_tensors(model), seed=3, mtp_blocks=[]), im)
+    out = tmp_path / "q.gguf"
+    from test_bad_inputs import _env, run_cli
+
+    env, _ = _env(tmp_path)
+    ran = run_cli(["quantize", model, "-r", "hifi-q4_k_m-mtp", "--imatrix", im, "-o", out, "--no-progress"],
+                  tmp_path, env, timeout=300)
+    assert ran.rc == 0, ran.err[-2000:]
+    md = GGUFModel(out).metadata
+    assert md["quantize.imatrix.file"] == "trunk.imatrix.gguf"
+    assert str(tmp_path) not in out.read_bytes()[:1 << 20].decode("latin-1")
+    ran = run_cli(["audit", out], tmp_path, env, timeout=120)
+    assert ran.rc == 0, ran.out[-2000:]

@@ -30,6 +30,7 @@ from ..gguf.model import GGUFModel, MTPCheck, check_mtp, format_blocks, split_sh
 from ..jsontypes import JsonObject
 from ..provenance.receipt import Receipt, default_receipt_path, integrity_digest, read_receipt, table_digest, verification_problem
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
+from .names import dataset_name
 from .statement import ImatrixSection, ResultSection, Statement
 
 
@@ -313,7 +314,8 @@ def imatrix_check(md: Mapping[str, object], im: ImatrixSection | None) -> Check:
         diffs.append(f"chunks_count: file {md['quantize.imatrix.chunks_count']}, receipt {im.get('chunk_count')}")
     datasets = im.get("datasets") or []
     dataset = md.get("quantize.imatrix.dataset")
-    if isinstance(dataset, str) and len(dataset.encode()) < _KV_STRING_MAX and dataset not in datasets:
+    if (isinstance(dataset, str) and len(dataset.encode()) < _KV_STRING_MAX
+            and dataset_name(dataset) not in {dataset_name(str(d)) for d in datasets}):
         diffs.append(f"dataset: file {dataset[:80]!r}, receipt {datasets[:3]}")
     file = md.get("quantize.imatrix.file")
     if isinstance(file, str) and len(file.encode()) < _KV_STRING_MAX and Path(file).name != im.get("file"):

@@ -30,6 +30,19 @@ _ROOTS = ("home", "root", "tmp", "Users", "var", "mnt", "opt", "srv", "data", "w
 _PATH_RE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=:(\[,]))(?:/(?:" + "|".join(_ROOTS) + r")(?=/)|~/|[A-Za-z]:[\\/])[^\s'\",;)\]]*")
 
 
+# Any other absolute path ("/srv2/x/tmpl.jinja"): local when its top folder exists on this machine
+# and it goes deeper, or it exists itself (a server's endpoints, /v1/chat/completions, do not).
+_ANY_ABS_RE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=:(\[,]))/[^\s'\",;)\]/]+(?:/[^\s'\",;)\]]*)?")
+
+
+def _is_local(path: str) -> bool:
+    top = path.split("/")[1]
+    try:
+        return (os.path.isdir("/" + top) and path.rstrip("/").count("/") > 1) or os.path.exists(path)
+    except (OSError, ValueError):  # a name too long or with a NUL: not a path here
+        return False
+
+
 def _machine_folders() -> tuple[str, ...]:
     folders = {str(Path.home()), tempfile.gettempdir(), os.getcwd()}
     return tuple(sorted((f for f in folders if f not in ("", "/")), key=len, reverse=True))
@@ -48,30 +61,61 @@ def _leaves(obj: Any) -> Iterator[tuple[str, Any]]:
             yield at or "/", node
 
 
+def _keys(obj: Any) -> Iterator[tuple[str, str]]:
+    """(JSON pointer, key) of every object key in parsed JSON, without recursion."""
+    stack = [(obj, "")]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, dict):
+            yield from ((f"{at}/{k}", k) for k in node if isinstance(k, str))
+            stack.extend((v, f"{at}/{k}") for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{at}/{i}") for i, v in enumerate(node))
+
+
+def _holds_path(text: str, machine: tuple[str, ...]) -> bool:
+    return bool(_PATH_RE.search(text) or any(f + "/" in text or text == f for f in machine)
+                or any(_is_local(m.group(0)) for m in _ANY_ABS_RE.finditer(text)))
+
+
 def local_paths(obj: Any) -> list[tuple[str, str]]:
-    """(JSON pointer, string) of every string in ``obj`` that holds an absolute local path."""
+    """(JSON pointer, string) of every string in ``obj``, object keys included, that holds an
+    absolute local path."""
     machine = _machine_folders()
-    return sorted((at, v) for at, v in _leaves(obj) if isinstance(v, str)
-                  and (_PATH_RE.search(v) or any(f + "/" in v or v == f for f in machine)))
+    strings = [(at, v) for at, v in _leaves(obj) if isinstance(v, str)] + list(_keys(obj))
+    return sorted((at, v) for at, v in strings if _holds_path(v, machine))
+
+
+def _scrub(text: str, machine: tuple[str, ...]) -> str:
+    for f in machine:
+        text = re.sub(re.escape(f) + r"/[^\s'\",;)\]]*", lambda m: Path(m.group(0)).name, text)
+        if text == f:
+            return Path(f).name
+    text = _PATH_RE.sub(lambda m: Path(m.group(0).rstrip("/\\")).name or m.group(0), text)
+    return _ANY_ABS_RE.sub(lambda m: Path(m.group(0)).name if _is_local(m.group(0)) else m.group(0), text)
 
 
 def redact_local_paths(obj: Any) -> Any:
-    """``obj`` with every absolute local path in its strings replaced by the file's name (the JSON
-    edge of every receipt write: notes and messages may quote a path, a receipt never does)."""
+    """``obj`` with every absolute local path in its strings and object keys replaced by the file's
+    name (the JSON edge of every receipt write: notes and messages may quote a path, a receipt never
+    does; a key may name a file)."""
     machine = _machine_folders()
 
-    def scrub(text: str) -> str:
-        for f in machine:
-            text = re.sub(re.escape(f) + r"/[^\s'\",;)\]]*", lambda m: Path(m.group(0)).name, text)
-            if text == f:
-                return Path(f).name
-        return _PATH_RE.sub(lambda m: Path(m.group(0).rstrip("/\\")).name or m.group(0), text)
+    def redact(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {(_scrub(k, machine) if isinstance(k, str) else k): redact(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [redact(v) for v in node]
+        return _scrub(node, machine) if isinstance(node, str) else node
 
-    if isinstance(obj, dict):
-        return {k: redact_local_paths(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact_local_paths(v) for v in obj]
-    return scrub(obj) if isinstance(obj, str) else obj
+    return redact(obj)
+
+
+def dataset_name(text: str) -> str:
+    """How ggufmtp writes an imatrix's dataset (GGUF metadata, receipts): an absolute path becomes
+    its file name (``/data/c.txt`` -> ``c.txt``), anything else (``builtin:calib-v1``) stays."""
+    absolute = text.startswith(("/", "~")) or bool(re.match(r"[A-Za-z]:[\\/]", text))
+    return re.split(r"[\\/]", text.rstrip("/\\"))[-1] or text if absolute else text
 
 
 def non_finite_numbers(obj: Any) -> list[tuple[str, float]]:

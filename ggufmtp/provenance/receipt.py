@@ -38,7 +38,7 @@ from ..errors import AuditDigestMismatch, AuditError
 from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_file
 from ..jsontypes import JsonObject
-from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
+from .names import dataset_name, local_paths, non_finite_numbers, plain_file_name, redact_local_paths
 from .signing import (
     envelope_statement,
     is_envelope,
@@ -207,7 +207,7 @@ def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str 
     prov = ImatrixProvenance.from_imatrix(im)  # corpus, chunks, ctx, runtime commit of `imatrix compute`
     computed = cast(ImatrixComputed, prov.to_dict()) if prov is not None else None
     return {"file": Path(imatrix).name, "sha256": now, "format": im.format,
-            "datasets": list(im.datasets), "chunk_count": im.chunk_count, "entries": len(im.entries),
+            "datasets": [dataset_name(d) for d in im.datasets], "chunk_count": im.chunk_count, "entries": len(im.entries),
             "missing": missing, "computed": computed}
 
 
