@@ -3,13 +3,46 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option, resolve_model_arg
 from .provenance_cmds import signing_key_option
+
+if TYPE_CHECKING:
+    from ..quant.flags import QuantizeFlags
+    from ..quant.recipe import Recipe
+
+
+def llama_quantize_flag_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """llama-quantize's per-tensor flags, with its names and meaning (:mod:`ggufmtp.quant.flags`)."""
+    for opt in reversed([
+        click.option("--tensor-type", "tensor_types", multiple=True, metavar="PATTERN=TYPE",
+                     help="As llama-quantize: tensors whose name matches PATTERN (regex, unanchored; the first "
+                          "match wins) get TYPE. Repeatable; ahead of the recipe's rules."),
+        click.option("--output-tensor-type", metavar="TYPE", default=None, help="As llama-quantize: output.weight's type."),
+        click.option("--token-embedding-type", metavar="TYPE", default=None,
+                     help="As llama-quantize: token_embd.weight's type."),
+        click.option("--pure", is_flag=True, help="As llama-quantize: no k-quant mix; the type's default type "
+                                                  "wherever no rule applies."),
+        click.option("--leave-output-tensor", is_flag=True, help="As llama-quantize: leave output.weight unquantized."),
+        click.option("--allow-requantize", is_flag=True,
+                     help="As llama-quantize: allow requantizing tensors that are already quantized."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def quantize_flags(tensor_types: tuple[str, ...], output_tensor_type: str | None, token_embedding_type: str | None,
+                   pure: bool, leave_output_tensor: bool, allow_requantize: bool) -> QuantizeFlags:
+    """The values of :func:`llama_quantize_flag_options`, read (RecipeError naming a malformed one)."""
+    from ..quant.flags import QuantizeFlags
+
+    return QuantizeFlags.build(tensor_types, output_tensor_type, token_embedding_type, pure=pure,
+                               leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize)
 
 
 @main.group()
@@ -37,7 +70,7 @@ def recipe_list(as_json: bool) -> None:
 @json_option
 @handle_errors
 def recipe_show(recipe_name: str, as_json: bool) -> None:
-    """Show a recipe (a shipped name or a .toml path) with its rules in the order they apply."""
+    """Show a recipe (a shipped name, a .toml path or a llama-quantize type) with its rules in the order they apply."""
     from ..quant.recipe import Recipe
 
     r = Recipe.load(recipe_name)
@@ -52,6 +85,11 @@ def recipe_show(recipe_name: str, as_json: bool) -> None:
                f"MTP block {'required' if r.mtp_required else 'optional'}")
     for i, rule in enumerate(r.all_rules()):
         click.echo(f"  #{i} {rule.source:<20} {rule.pattern:<50} -> {rule.type}")
+    if r.mtp_floor:
+        click.echo(f"  then every other MTP tensor planned below {r.mtp_floor} is raised to {r.mtp_floor} (mtp.floor)")
+    switches = [k for k in ("pure", "leave_output_tensor", "allow_requantize") if getattr(r, k)]
+    if switches:
+        click.echo(f"llama-quantize switches: {', '.join(switches)}")
     click.echo(f"verify: acceptance >= {pct(th.min_acceptance)}, speedup >= {times(th.min_speedup)} (judged with GPU "
                f"offload), identical output >= {pct(th.min_identical)}, draft window k={r.verify.draft_n_max}"
                f"{'' if th.source == f'recipe {r.name}' else f' (thresholds from {th.source})'}")
@@ -62,17 +100,30 @@ def recipe_show(recipe_name: str, as_json: bool) -> None:
 @click.option("--name", default="from-flags", show_default=True, help="Recipe name.")
 @click.option("--mtp-block", "mtp_blocks", type=int, multiple=True,
               help="Turn blk.N. in patterns into the {mtp} placeholder (repeat for every MTP block: "
-                   "blk.N. alone becomes {mtpI}, the I-th).")
+                   "blk.N. alone becomes {mtpI}, the I-th). Default: the MTP blocks of the line's input "
+                   "model, read from it when it is here.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the TOML here.")
 @handle_errors
 def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, ...], output: str | None) -> None:
-    """Make a recipe from llama-quantize flags, e.g.
+    """Make a recipe from a llama-quantize command line, e.g.
 
     ggufmtp recipe from-flags -- --tensor-type 'blk\\.40\\.nextn\\.eh_proj=q8_0' in.gguf out.gguf Q4_K_M
-    """
+
+    The MTP blocks come from the line's input model when it is here (else --mtp-block): their
+    indices in patterns become {mtp} and the recipe requires the block ([mtp] required = true);
+    with neither, patterns stay as written and the block is optional."""
+    from ..quant.flags import LlamaQuantizeLine, mtp_blocks_of
     from ..quant.recipe import Recipe
 
-    text = Recipe.from_flags(list(flags), name=name, mtp_block=list(mtp_blocks) or None).to_toml()
+    blocks: list[int] | None = list(mtp_blocks) or None
+    if blocks is None:
+        pos = LlamaQuantizeLine.parse(list(flags)).positional
+        found = mtp_blocks_of(pos[0]) if len(pos) > 1 else None
+        if found is None:
+            click.echo("note: no input model here to read the MTP block from; patterns kept as written, "
+                       "[mtp] required = false (--mtp-block N sets it)", err=True)
+        blocks = found or None
+    text = Recipe.from_flags(list(flags), name=name, mtp_block=blocks).to_toml()
     if output:
         from ..files.fsutil import atomic_write_text
 
@@ -88,16 +139,21 @@ def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, 
               help="llama-quantize: print the exact equivalent llama-quantize command line instead.")
 @click.option("--out", "out_name", default="OUT.gguf", show_default=True, help="Output name for --emit llama-quantize.")
 @click.option("--all", "show_all", is_flag=True, help="Show every tensor (default: the first 40 and the MTP block).")
+@llama_quantize_flag_options
 @json_option
 @handle_errors
 def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name: str, show_all: bool,
-         as_json: bool) -> None:
+         as_json: bool, **flag_values: Any) -> None:
     """Dry-run RECIPE on MODEL: per-tensor types as llama.cpp will choose them, with reasons.
 
+    RECIPE may be a llama-quantize type (-r Q4_K_M: with ggufmtp's head defaults; Q4_K_M-plain:
+    llama-quantize's own); llama-quantize's flags apply as in `quantize`.
     Exits 1 when a pre-flight check fails (listed as errors)."""
     from ..quant.plan import format_plan, make_plan
+    from ..quant.recipe import Recipe
 
-    p = make_plan(resolve_model_arg(model), recipe_name, imatrix)
+    rec = Recipe.load(recipe_name).with_flags(quantize_flags(**flag_values))
+    p = make_plan(resolve_model_arg(model), rec, imatrix)
     if as_json:
         emit_json(p.to_dict())
     elif emit == "llama-quantize":
@@ -111,27 +167,55 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
         sys.exit(1)
 
 
-@main.command(short_help="Quantize MODEL with RECIPE (in-process libllama), audit it and write its receipt.")
+@main.command(short_help="Quantize MODEL with a recipe or a llama-quantize type (in-process libllama), audit it "
+                         "and write its receipt.")
 @click.argument("model")
-@recipe_option
+@click.argument("positional", nargs=-1, metavar="[OUT] [TYPE] [NTHREADS]")
+@click.option("--recipe", "-r", "recipe_name", default=None,
+              help="Shipped recipe name (see `ggufmtp recipe list`), a .toml file, or a llama-quantize type "
+                   "(Q4_K_M, IQ4_XS, ...): with ggufmtp's head defaults.")
 @imatrix_option
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output GGUF.")
-@click.option("--threads", "-t", type=int, default=0, help="Quantization threads (0: all cores).")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False), help="Output GGUF (or the positional OUT).")
+@click.option("--threads", "-t", type=int, default=None,
+              help="Quantization threads (0: all cores; or the positional NTHREADS).  [default: 0]")
 @click.option("--receipt", type=click.Path(dir_okay=False), default=None,
               help="Receipt path (default: OUTPUT.receipt.json).")
 @click.option("--no-receipt", is_flag=True, help="Do not write a receipt.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@llama_quantize_flag_options
 @signing_key_option
 @json_option
 @handle_errors
-def quantize(model: str, recipe_name: str, imatrix: str | None, output: str, threads: int, receipt: str | None,
-             no_receipt: bool, no_progress: bool, signing_key: str | None, as_json: bool) -> None:
-    """Quantize MODEL with RECIPE into OUTPUT (in-process libllama), audit it, write its receipt
-    (with a signing key: a signed receipt and OUTPUT.sig)."""
+def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, imatrix: str | None,
+             output: str | None, threads: int | None, receipt: str | None, no_receipt: bool, no_progress: bool,
+             signing_key: str | None, as_json: bool, **flag_values: Any) -> None:
+    """Quantize MODEL into OUT (in-process libllama), audit it and write its receipt (with a signing
+    key: a signed receipt and OUT.sig). What to make, two ways:
+
+    \b
+    -r RECIPE  a shipped recipe, a .toml file or any llama-quantize type (-r Q4_K_M,
+               -r IQ4_XS): ggufmtp's head defaults apply (the MTP block required and
+               kept, nextn.eh_proj at Q8_0, the rest of the block at least Q4_K; a
+               recipe's own [mtp] table) and the recipe's [verify] thresholds.
+    IN OUT TYPE [NTHREADS]
+               llama-quantize's own command line: llama-quantize's bytes (its
+               per-tensor types, no head defaults, the MTP block optional), plus the
+               audit and the receipt.
+
+    llama-quantize's flags (--tensor-type, --output-tensor-type, --token-embedding-type, --pure,
+    --leave-output-tensor, --allow-requantize, --imatrix) mean what they mean there, with either
+    form; with -r they override the recipe's rules. For example:
+
+    \b
+    ggufmtp quantize in.gguf -r Q4_K_M -o out.gguf
+    ggufmtp quantize --tensor-type 'attn_v=q6_k' --pure in.gguf out.gguf Q4_K_M 8
+    """
     from ..provenance.receipt import default_receipt_path, receipt_for_quantize
     from ..provenance.signing import resolve_signing_key, sign_artifact, signature_path
     from ..quant.quantize import quantize as run
 
+    rec, output, threads = _quantize_inputs(model, positional, recipe_name, output, threads,
+                                            quantize_flags(**flag_values))
     key = resolve_signing_key(signing_key)  # a bad key fails before any work
 
     rpath = None if no_receipt else Path(receipt) if receipt else default_receipt_path(Path(output))
@@ -147,7 +231,7 @@ def quantize(model: str, recipe_name: str, imatrix: str | None, output: str, thr
         if rpath is not None:
             receipt_for_quantize(staged, model_arg=model, imatrix=imatrix, receipt_path=rpath, signing_key=key)
 
-    res = run(resolve_model_arg(model), recipe_name, output, imatrix=imatrix, threads=threads,
+    res = run(resolve_model_arg(model), rec, output, imatrix=imatrix, threads=threads,
               progress=not no_progress and not as_json,
               before_publish=write_receipt if rpath or key else None)
     out: dict[str, Any] = res.to_dict()
@@ -167,3 +251,30 @@ def quantize(model: str, recipe_name: str, imatrix: str | None, output: str, thr
         click.echo(f"receipt {out['receipt']}" + (" (signed)" if key else ""))
     if "signature" in out:
         click.echo(f"signature {out['signature']}")
+
+
+def _quantize_inputs(model: str, positional: tuple[str, ...], recipe_name: str | None, output: str | None,
+                     threads: int | None, flags: QuantizeFlags) -> tuple[Recipe, str, int]:
+    """The recipe (with the flags applied), output and thread count of a ``quantize`` line: ``-r``
+    or llama-quantize's ``IN [OUT] TYPE [NTHREADS]``, each said once."""
+    from ..errors import RecipeError
+    from ..quant.flags import Positional
+    from ..quant.recipe import Recipe
+
+    pos = Positional.parse([model, *positional])
+    if recipe_name and pos.type:
+        raise RecipeError(f"the type is given twice (-r {recipe_name} and {pos.type}): -r applies ggufmtp's head "
+                          f"defaults, the positional TYPE is llama-quantize's own; give one")
+    if not recipe_name and not pos.type:
+        raise RecipeError("nothing to make: give -r RECIPE (or -r TYPE), or llama-quantize's IN OUT TYPE")
+    if output and pos.out and output != pos.out:
+        raise RecipeError(f"two outputs: -o {output} and {pos.out}; give one")
+    out = output or pos.out
+    if out is None and pos.type:  # llama-quantize IN TYPE: ggml-model-<TYPE>.gguf beside the input
+        out = str((Path(model).parent if Path(model).exists() else Path(".")) / f"ggml-model-{pos.type}.gguf")
+    if out is None:
+        raise RecipeError("no output: give -o OUT (or the positional OUT)")
+    if threads is not None and pos.threads is not None and threads != pos.threads:
+        raise RecipeError(f"two thread counts: -t {threads} and {pos.threads}; give one")
+    rec = Recipe.load(recipe_name) if recipe_name else Recipe.for_type(pos.type or "", head_defaults=False)
+    return rec.with_flags(flags), out, threads if threads is not None else pos.threads or 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -32,21 +33,13 @@ from ..imatrix import check as imx_check
 from ..imatrix import entries as imx_entries
 from ..imatrix import format as imx
 from ..jsontypes import JsonObject
-from ..provenance.names import dataset_name
 from ..runtime.libllama import KVOverride, QuantizeParams
+from .qtypes import FTYPE_DEFAULT_TYPE, bits_per_weight
 from .recipe import Recipe, Rule, ftype_names, ggml_type_names
 from .worker import run_quantize_interruptible
 
-# llama_ftype_get_default_type (src/llama-quant.cpp)
-FTYPE_DEFAULT_TYPE = {
-    "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q8_0": "Q8_0", "F16": "F16",
-    "BF16": "BF16", "F32": "F32", "Q1_0": "Q1_0", "Q2_0": "Q2_0", "MXFP4_MOE": "MXFP4",
-    "Q2_K_S": "Q2_K", "Q2_K": "Q2_K", "IQ3_XS": "IQ3_S", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K",
-    "Q3_K_L": "Q3_K", "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K",
-    "Q6_K": "Q6_K", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS",
-    "IQ2_S": "IQ2_XS", "IQ2_M": "IQ2_S", "IQ3_XXS": "IQ3_XXS", "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M",
-    "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "IQ3_S": "IQ3_S", "IQ3_M": "IQ3_S",
-}
+# ggml types llama.cpp does not count as quantized (ggml_is_quantized): no --allow-requantize needed
+_UNQUANTIZED_TYPES = frozenset({"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"})
 
 _TENSOR_LINE = re.compile(
     r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-\s+\[([^\]]*)\],\s+type =\s*(\S+),\s+size =\s*[\d.]+ MiB"
@@ -187,6 +180,9 @@ class Plan:
             argv += ["--token-embedding-type", r.token_embedding_type.lower()]
         for rule in self.rules:
             argv += ["--tensor-type", f"{rule.llama_pattern}={rule.type.lower()}"]
+        if r is not None:
+            argv += [flag for flag, on in (("--leave-output-tensor", r.leave_output_tensor), ("--pure", r.pure),
+                                           ("--allow-requantize", r.allow_requantize)) if on]
         argv += [Path(self.model).name if by_name else self.model, out, self.ftype]
         if threads:
             argv.append(str(threads))
@@ -206,10 +202,9 @@ def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: imx_entries.Imat
     data = None
     if imatrix is not None:
         data = imx_entries.to_quantize_data(imatrix)
-        # file names only: a published GGUF carries no local path (llama-quantize writes what it was given)
-        kv.append(KVOverride("quantize.imatrix.file", Path(imatrix_arg or str(imatrix.path)).name))
+        kv.append(KVOverride("quantize.imatrix.file", imatrix_arg or str(imatrix.path)))
         if imatrix.datasets:
-            kv.append(KVOverride("quantize.imatrix.dataset", dataset_name(imatrix.datasets[0])))
+            kv.append(KVOverride("quantize.imatrix.dataset", imatrix.datasets[0]))
         kv.append(KVOverride("quantize.imatrix.entries_count", len(data)))
         if imatrix.chunk_count and imatrix.chunk_count > 0:
             kv.append(KVOverride("quantize.imatrix.chunks_count", imatrix.chunk_count))
@@ -222,6 +217,9 @@ def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: imx_entries.Imat
         imatrix=data,
         kv_overrides=kv,
         dry_run=dry_run,
+        pure=recipe.pure,
+        quantize_output_tensor=not recipe.leave_output_tensor,
+        allow_requantize=recipe.allow_requantize,
     )
 
 
@@ -251,13 +249,15 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
     _check_recipe(rec, rules, found)
     imatrix_sha256 = sha256_file(imatrix) if imatrix and not_a_regular_file(imatrix) is None else None
     im = _read_imatrix(imatrix, rec, gm, found)
-    params = quantize_params(rec, rules, im, str(imatrix) if imatrix else None, threads, dry_run=True)
-    tensors, fallbacks, _log = _dry_run(gm, params)
+    mtp_prefixes = block_prefixes(blocks)
+    rules, params, tensors, fallbacks = _dry_run_with_floor(
+        gm, rec, rules, mtp_prefixes, lambda rs: quantize_params(rec, rs, im, str(imatrix) if imatrix else None,
+                                                                 threads, dry_run=True))
+    found.errors += _requantize_errors(model, rec, tensors)
     names = [t.name for t in tensors]
     for r in rules:
         if not any(re.search(r.llama_pattern, n) for n in names):
             found.warnings.append(f"rule {r.source} {r.pattern!r} -> {r.type} matches no tensor")
-    mtp_prefixes = block_prefixes(blocks)
     missing_stats = _annotate(tensors, rec, rules, fallbacks, im, mtp_prefixes)
     _check_imatrix_coverage(missing_stats, rec, im, imatrix, mtp_prefixes, found)
     return Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=blocks[0] if blocks else None,
@@ -266,6 +266,54 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
                 imatrix=str(imatrix) if imatrix else None, imatrix_missing=missing_stats,
                 imatrix_sha256=imatrix_sha256,
                 params=dataclasses.replace(params, dry_run=False), recipe_obj=rec)
+
+
+def _dry_run_with_floor(gm: GGUFModel, rec: Recipe, rules: list[Rule], mtp_prefixes: tuple[str, ...],
+                        params_for: Callable[[list[Rule]], QuantizeParams]
+                        ) -> tuple[list[Rule], QuantizeParams, list[PlannedTensor], dict[str, str]]:
+    """llama.cpp's dry run; with ``[mtp] floor``, again with a rule for each MTP tensor that no rule
+    names and that the first run planned below the floor (the type's mix may keep others higher:
+    only those below are raised, by exact name, so the emitted llama-quantize line does the same)."""
+    params = params_for(rules)
+    tensors, fallbacks, _log = _dry_run(gm, params)
+    for _ in range(len(tensors)):  # a pass raises every tensor below; the next only confirms
+        extra = _floor_rules(rec, rules, tensors, mtp_prefixes)
+        if not extra:
+            break
+        rules = rules + extra
+        params = params_for(rules)
+        tensors, fallbacks, _log = _dry_run(gm, params)
+    return rules, params, tensors, fallbacks
+
+
+def _floor_rules(rec: Recipe, rules: list[Rule], tensors: list[PlannedTensor], mtp_prefixes: tuple[str, ...]
+                 ) -> list[Rule]:
+    """``mtp.floor`` rules (anchored exact names) for MTP tensors planned below ``rec.mtp_floor``
+    (bits per weight) that no rule names."""
+    if rec.mtp_floor is None or rec.is_unquantized or not mtp_prefixes:
+        return []
+    floor = bits_per_weight(rec.mtp_floor)
+    out = []
+    for t in tensors:
+        if (not t.name.startswith(mtp_prefixes) or bits_per_weight(t.to_type) >= floor
+                or not imx_check.is_quantizable(t.name, t.shape, quantize_output_tensor=not rec.leave_output_tensor)
+                or any(re.search(r.llama_pattern, t.name) for r in rules)):
+            continue
+        out.append(Rule("^" + t.name.replace(".", r"\.") + "$", rec.mtp_floor, "mtp.floor"))
+    return out
+
+
+def _requantize_errors(model: str | Path, rec: Recipe, tensors: list[PlannedTensor]) -> list[str]:
+    """llama.cpp refuses to requantize an already quantized tensor without ``allow_requantize``,
+    and only when it reaches it (the dry run does not check): say so before any work."""
+    if rec.allow_requantize:
+        return []
+    again = [t for t in tensors if t.from_type not in _UNQUANTIZED_TYPES and t.to_type != t.from_type]
+    if not again:
+        return []
+    types = sorted({t.from_type for t in again})
+    return [f"{model}: {len(again)} tensor(s) are already quantized ({', '.join(types)}: {again[0].name} ...); "
+            f"llama.cpp requantizes them only with --allow-requantize (allow_requantize = true in a recipe)"]
 
 
 def _mtp_errors(model: str | Path, rec: Recipe, mtp: MTPCheck, arch: str) -> list[str]:
@@ -379,6 +427,8 @@ def _dry_run(gm: GGUFModel, params: QuantizeParams) -> tuple[list[PlannedTensor]
 
 
 def _reason(t: PlannedTensor, rec: Recipe, rules: list[Rule], fallbacks: dict[str, str]) -> str:
+    if rec.leave_output_tensor and t.name == "output.weight":
+        return "not quantized (leave_output_tensor)"
     if not imx_check.is_quantizable(t.name, t.shape):
         return "not quantized (1-D, norm, router or conv)"
     fb = f", shape fallback to {fallbacks[t.name]}" if t.name in fallbacks else ""
@@ -394,7 +444,7 @@ def _reason(t: PlannedTensor, rec: Recipe, rules: list[Rule], fallbacks: dict[st
     if t.name in fallbacks:
         return f"shape fallback to {fallbacks[t.name]}"
     if t.to_type == default:
-        return f"{rec.ftype} default"
+        return f"{rec.ftype} default" + (" (pure)" if rec.pure else "")
     return f"{rec.ftype} mix"
 
 

@@ -14,19 +14,29 @@ chain. A rule whose placeholder names a block the model lacks is dropped, like a
 a model without MTP; ``plan`` warns when the model has MTP blocks but fewer than a ``{mtpN}`` needs
 (the recipe was written for a longer chain: the rest of it still applies).
 
+Any type llama-quantize accepts is a recipe too (:meth:`Recipe.for_type`): ``-r Q4_K_M`` is that
+type with the MTP block required and ggufmtp's head defaults (``nextn.eh_proj`` Q8_0, every other
+MTP tensor at least Q4_K: ``[mtp] floor``) and the default ``[verify]`` thresholds; ``Q4_K_M-plain``
+is llama-quantize's own Q4_K_M (no head defaults, MTP block optional). llama-quantize's per-tensor
+flags become a recipe's ``overrides`` and switches (:mod:`ggufmtp.quant.flags`).
+
 Example::
 
     name = "hifi-q4_k_m-mtp"
     description = "Q4_K_M, MTP eh_proj kept at Q8_0"
     ftype = "Q4_K_M"
-    tag = "Q4_K_M_HiFi"               # optional: the release name <Model>-<tag>.gguf (default: the ftype)
     # output_type = "Q6_K"            # optional: --output-tensor-type
     # token_embedding_type = "Q4_K"   # optional: --token-embedding-type
     imatrix = "recommended"           # "required" | "recommended" | "none"
 
+    # pure = true                     # optional: --pure; leave_output_tensor, allow_requantize alike
+
     [mtp]
     required = true                   # refuse models without a complete MTP block
     eh_proj = "Q8_0"                  # roles: eh_proj, attention, routed_experts, shared_expert, rest
+    # floor = "Q4_K"                  # MTP tensors no rule names, planned below this type, are raised to it
+
+    # [[overrides]]                   # rules before the [mtp] roles (what llama-quantize flags become)
 
     [[rules]]                         # ordered; {mtp} = the MTP block index(es), {mtp0} the first
     pattern = 'ffn_down_exps'
@@ -43,16 +53,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-import shlex
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..jsontypes import JsonObject
-from .naming import tag_problem
+from .qtypes import FTYPE_DEFAULT_TYPE, QUANT_OPTIONS, REFUSED_QUANT_OPTIONS, match_quant_option, valid_quant_types
+
+if TYPE_CHECKING:
+    from .flags import QuantizeFlags
 
 MTP_PLACEHOLDER = "{mtp}"
 # {mtp} (every MTP block) or {mtpN} (the N-th, from 0); group 1 is N or empty.
@@ -67,6 +79,9 @@ MTP_ROLES: dict[str, str] = {
     "rest": r"blk\.{mtp}\.",
 }
 IMATRIX_MODES = ("required", "recommended", "none")
+# ggufmtp's head defaults for a llama-quantize type given as a recipe (Recipe.for_type)
+HEAD_EH_PROJ_TYPE = "Q8_0"
+HEAD_FLOOR_TYPE = "Q4_K"
 UNQUANTIZED_FTYPES = ("F32", "F16", "BF16")
 
 
@@ -96,10 +111,14 @@ def normalize_type(name: str, where: str) -> str:
 
 
 def normalize_ftype(name: str, where: str) -> str:
-    up = str(name).strip().upper()
-    if up not in ftype_names():
-        raise RecipeError(f"{where}: unknown ftype {name!r} (known: {', '.join(sorted(ftype_names()))})")
-    return up
+    """The ftype a llama-quantize type name stands for (case-insensitive; ``Q4_K`` is ``Q4_K_M``, as
+    llama-quantize reads it); RecipeError naming the valid ones otherwise."""
+    option = match_quant_option(str(name))
+    if option in REFUSED_QUANT_OPTIONS:
+        raise RecipeError(f"{where}: {name!r}: {REFUSED_QUANT_OPTIONS[option]}")
+    if option is None or QUANT_OPTIONS[option] not in ftype_names():
+        raise RecipeError(f"{where}: unknown ftype {name!r} (llama-quantize's types: {', '.join(valid_quant_types())})")
+    return QUANT_OPTIONS[option]
 
 
 def validate_pattern(pattern: str, where: str) -> None:
@@ -186,14 +205,22 @@ class Recipe:
     mtp_roles: tuple[tuple[str, str], ...] = ()  # (role, type) in MTP_ROLES order
     rules: tuple[Rule, ...] = ()
     verify: VerifyThresholds = VerifyThresholds()
+    overrides: tuple[Rule, ...] = ()  # ahead of the [mtp] roles: llama-quantize flags given with a recipe win
+    mtp_floor: str | None = None  # [mtp] floor: MTP tensors no rule names are raised to at least this type
+    pure: bool = False  # llama-quantize --pure
+    leave_output_tensor: bool = False  # --leave-output-tensor
+    allow_requantize: bool = False  # --allow-requantize
     path: str | None = None
     sha256: str | None = None
-    tag: str | None = None  # the variant's name in a release (Q4_K_M_HiFi); None: the ftype (quant/naming.py)
 
     # --- loading --------------------------------------------------------------------------
     @classmethod
     def load(cls, name_or_path: str | Path) -> Recipe:
-        """Load a recipe file, or a shipped recipe by name (``hifi-q4_k_m-mtp``)."""
+        """Load a recipe file, a shipped recipe by name (``hifi-q4_k_m-mtp``), or a llama-quantize
+        type: ``Q4_K_M`` with ggufmtp's head defaults, ``Q4_K_M-plain`` without (:meth:`for_type`)."""
+        typed = _type_recipe(name_or_path)
+        if typed is not None:
+            return typed
         path = resolve_recipe_path(name_or_path)
         try:
             data = read_regular_file(path, MAX_TEXT_FILE_BYTES)
@@ -214,7 +241,8 @@ class Recipe:
     @classmethod
     def from_dict(cls, doc: JsonObject, where: str = "recipe") -> Recipe:
         known = {"name", "description", "ftype", "output_type", "token_embedding_type", "imatrix", "mtp",
-                 "rules", "verify", "tag"}
+                 "overrides", "pure", "leave_output_tensor", "allow_requantize",
+                 "rules", "verify"}
         unknown = sorted(set(doc) - known)
         if unknown:
             raise RecipeError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -222,26 +250,18 @@ class Recipe:
             if key not in doc:
                 raise RecipeError(f"{where}: missing required key {key!r}")
         ftype = normalize_ftype(doc["ftype"], f"{where}: ftype")
-        tag = str(doc["tag"]) if doc.get("tag") is not None else None
-        if tag is not None and (problem := tag_problem(tag)):
-            raise RecipeError(f"{where}: {problem}")
         imatrix = str(doc.get("imatrix", "recommended"))
         if imatrix not in IMATRIX_MODES:
             raise RecipeError(f"{where}: imatrix must be one of {', '.join(IMATRIX_MODES)}, not {imatrix!r}")
         mtp = dict(doc.get("mtp", {}))
         mtp_required = bool(mtp.pop("required", True))
+        floor = normalize_type(mtp.pop("floor"), f"{where}: mtp.floor") if mtp.get("floor") else None
         bad_roles = sorted(set(mtp) - set(MTP_ROLES))
         if bad_roles:
             raise RecipeError(f"{where}: [mtp] unknown role(s) {', '.join(bad_roles)} "
-                              f"(roles: {', '.join(MTP_ROLES)}, required)")
+                              f"(roles: {', '.join(MTP_ROLES)}, required, floor)")
         roles = tuple((role, normalize_type(mtp[role], f"{where}: mtp.{role}")) for role in MTP_ROLES if role in mtp)
-        rules = []
-        for i, r in enumerate(doc.get("rules", [])):
-            w = f"{where}: rules[{i}]"
-            if not isinstance(r, dict) or "pattern" not in r or "type" not in r:
-                raise RecipeError(f"{w}: each rule needs 'pattern' and 'type'")
-            validate_pattern(str(r["pattern"]), w)
-            rules.append(Rule(str(r["pattern"]), normalize_type(r["type"], w)))
+        rules = _parse_rules(doc.get("rules", []), where, "rules")
         v = dict(doc.get("verify", {}))
         verify = VerifyThresholds(
             min_acceptance=_opt_float(v.get("min_acceptance")),
@@ -258,65 +278,86 @@ class Recipe:
             imatrix=imatrix,
             mtp_required=mtp_required,
             mtp_roles=roles,
-            rules=tuple(rules),
+            rules=rules,
             verify=verify,
-            tag=tag,
+            overrides=_parse_rules(doc.get("overrides", []), where, "overrides"),
+            mtp_floor=floor,
+            pure=_flag(doc, "pure", where),
+            leave_output_tensor=_flag(doc, "leave_output_tensor", where),
+            allow_requantize=_flag(doc, "allow_requantize", where),
         )
 
     @classmethod
     def from_flags(cls, argv: list[str] | str, name: str = "from-flags",
                    mtp_block: int | Sequence[int] | None = None) -> Recipe:
-        """A recipe equivalent to a llama-quantize command line (flags, optionally with
-        ``IN OUT FTYPE [THREADS]``). With ``mtp_block``, ``blk.N.`` in patterns becomes ``{mtp}``;
+        """A recipe equivalent to a llama-quantize command line (flags, with ``IN [OUT] TYPE
+        [NTHREADS]`` or the type alone). With ``mtp_block``, ``blk.N.`` in patterns becomes ``{mtp}``;
         with several blocks (a list), ``blk.(N|M).`` becomes ``{mtp}`` and ``blk.M.`` ``{mtp1}``."""
+        from .flags import LlamaQuantizeLine, Positional
+
         blocks = as_mtp_blocks(mtp_block)
-        args = shlex.split(argv) if isinstance(argv, str) else list(argv)
-        if args and Path(args[0]).name.startswith("llama-quantize"):
-            args = args[1:]
-        out_type = tok_type = None
-        rules: list[Rule] = []
-        positional: list[str] = []
-        imatrix = "none"
-        it = iter(args)
-        for a in it:
-            if a in ("--output-tensor-type", "--token-embedding-type", "--tensor-type", "--imatrix"):
-                try:
-                    val = next(it)
-                except StopIteration:
-                    raise RecipeError(f"llama-quantize flags: {a} needs a value") from None
-                if a == "--output-tensor-type":
-                    out_type = normalize_type(val, a)
-                elif a == "--token-embedding-type":
-                    tok_type = normalize_type(val, a)
-                elif a == "--imatrix":
-                    imatrix = "required"
-                else:
-                    pat, sep, typ = val.partition("=")
-                    if not sep or not pat or not typ:
-                        raise RecipeError(f"llama-quantize flags: malformed --tensor-type {val!r} (want PATTERN=TYPE)")
-                    pat = _with_mtp_placeholders(pat.lower(), blocks)
-                    validate_pattern(pat, f"--tensor-type {val!r}")
-                    rules.append(Rule(pat, normalize_type(typ, f"--tensor-type {val!r}")))
-            elif a in ("--allow-requantize", "--leave-output-tensor", "--pure", "--keep-split", "--dry-run",
-                       "--tensor-type-file", "--include-weights", "--exclude-weights", "--prune-layers",
-                       "--override-kv"):
-                raise RecipeError(f"llama-quantize flags: {a} has no recipe equivalent")
-            elif a.startswith("-"):
-                raise RecipeError(f"llama-quantize flags: unknown flag {a}")
-            else:
-                positional.append(a)
-        ftypes = [p for p in positional if p.upper() in ftype_names()]
-        if not ftypes:
-            raise RecipeError("llama-quantize flags: no ftype given (e.g. Q4_K_M)")
-        return cls(name=name, ftype=ftypes[-1].upper(), output_type=out_type, token_embedding_type=tok_type,
-                   imatrix=imatrix if imatrix == "required" else "recommended", mtp_required=bool(blocks),
-                   rules=tuple(rules), description="made from llama-quantize flags")
+        line = LlamaQuantizeLine.parse(argv)
+        pos = line.positional
+        typ = (match_quant_option(pos[0]) if len(pos) == 1 else Positional.parse(pos).type) if pos else None
+        if typ is None:
+            raise RecipeError("llama-quantize flags: no type given (e.g. Q4_K_M)")
+        rules = tuple(Rule(_with_mtp_placeholders(r.pattern, blocks), r.type) for r in line.flags.tensor_types)
+        flags = dataclasses.replace(line.flags, tensor_types=())
+        base = cls(name=name, ftype=normalize_ftype(typ, "llama-quantize flags"), rules=rules,
+                   imatrix="required" if line.imatrix else "recommended", mtp_required=bool(blocks),
+                   description="made from llama-quantize flags")
+        return base.with_flags(flags)
+
+    @classmethod
+    def for_type(cls, type_name: str, head_defaults: bool = True) -> Recipe:
+        """The recipe of a llama-quantize type (``Q4_K_M``, ``q4_k``, ``IQ2_XXS``, ...). With
+        ``head_defaults``: the MTP block required, ``nextn.eh_proj`` at Q8_0 and every other MTP
+        tensor at least Q4_K (the learned-head study in ``benchmarks/README.md``: heads down to Q4_K
+        draft as well as BF16's; only those below are raised, the type's mix may keep others higher);
+        without: llama-quantize's own (named ``<TYPE>-plain``, MTP block optional). Either way the
+        default ``[verify]`` thresholds, and ``imatrix = "required"`` where the type needs one."""
+        from ..imatrix.check import needs_imatrix
+
+        option = match_quant_option(type_name)
+        if option in REFUSED_QUANT_OPTIONS:
+            raise RecipeError(f"{type_name}: {REFUSED_QUANT_OPTIONS[option]}")
+        if option is None:
+            raise RecipeError(f"{type_name}: not a llama-quantize type (types: {', '.join(valid_quant_types())})")
+        ftype = QUANT_OPTIONS[option]
+        imatrix = ("required" if needs_imatrix(FTYPE_DEFAULT_TYPE[ftype], ftype)
+                   else "none" if ftype in ("Q8_0", *UNQUANTIZED_FTYPES) else "recommended")
+        if not head_defaults:
+            return cls(name=f"{ftype}-plain", ftype=ftype, imatrix=imatrix, mtp_required=False,
+                       description=f"llama-quantize {ftype}: its own per-tensor types, no MTP head defaults")
+        quantized = ftype not in UNQUANTIZED_FTYPES  # an F16/BF16/F32 ftype ignores every override
+        return cls(name=ftype, ftype=ftype, imatrix=imatrix, mtp_required=True,
+                   mtp_roles=(("eh_proj", HEAD_EH_PROJ_TYPE),) if quantized else (),
+                   mtp_floor=HEAD_FLOOR_TYPE if quantized else None,
+                   description=f"llama-quantize {ftype} with the MTP block kept and ggufmtp's head defaults" +
+                               (f" (nextn.eh_proj {HEAD_EH_PROJ_TYPE}, the rest at least {HEAD_FLOOR_TYPE})"
+                                if quantized else ""))
+
+    def with_flags(self, flags: QuantizeFlags) -> Recipe:
+        """This recipe with llama-quantize's per-tensor flags applied as llama-quantize means them:
+        ``--tensor-type`` rules ahead of every rule of the recipe (first match wins, so they override
+        it), ``--output-tensor-type``/``--token-embedding-type`` replacing the recipe's, ``--pure``,
+        ``--leave-output-tensor``, ``--allow-requantize`` switched on. The name, file and digest stay
+        the recipe's (its ``[verify]`` still judges); the plan and receipt list the rules as applied."""
+        if not flags.given:
+            return self
+        return dataclasses.replace(
+            self, overrides=flags.tensor_types + self.overrides,
+            output_type=flags.output_type or self.output_type,
+            token_embedding_type=flags.token_embedding_type or self.token_embedding_type,
+            pure=self.pure or flags.pure, leave_output_tensor=self.leave_output_tensor or flags.leave_output_tensor,
+            allow_requantize=self.allow_requantize or flags.allow_requantize)
 
     # --- resolution -----------------------------------------------------------------------
     def all_rules(self) -> list[Rule]:
-        """MTP role rules (in role order) then the recipe's rules: the override order."""
+        """The overrides (llama-quantize flags), MTP role rules (in role order), then the recipe's
+        rules: the override order (``[mtp] floor`` rules are added by the plan, after all of them)."""
         mtp = [Rule(MTP_ROLES[role], typ, f"mtp.{role}") for role, typ in self.mtp_roles]
-        return mtp + list(self.rules)
+        return list(self.overrides) + mtp + list(self.rules)
 
     def resolved_rules(self, mtp_blocks: int | Sequence[int] | None) -> list[Rule]:
         """The override rules for a model with these MTP blocks (one index, a list, or None), in
@@ -335,34 +376,37 @@ class Recipe:
         return [r for r in self.all_rules() if n and r.max_mtp_index() >= n]
 
     @property
-    def release_tag(self) -> str:
-        """The variant's tag in release names (``<Model>-<TAG>.gguf``): the declared ``tag``, else the ftype."""
-        return self.tag or self.ftype
-
-    @property
     def is_unquantized(self) -> bool:
         return self.ftype in UNQUANTIZED_FTYPES
 
     def to_dict(self) -> JsonObject:
         return {
-            "name": self.name, "description": self.description, "ftype": self.ftype, "tag": self.release_tag,
+            "name": self.name, "description": self.description, "ftype": self.ftype,
             "output_type": self.output_type, "token_embedding_type": self.token_embedding_type,
-            "imatrix": self.imatrix, "mtp": {"required": self.mtp_required, **dict(self.mtp_roles)},
+            "imatrix": self.imatrix, "mtp": {"required": self.mtp_required, **dict(self.mtp_roles),
+                                             **({"floor": self.mtp_floor} if self.mtp_floor else {})},
+            "overrides": [{"pattern": r.pattern, "type": r.type} for r in self.overrides],
             "rules": [{"pattern": r.pattern, "type": r.type} for r in self.rules],
+            "pure": self.pure, "leave_output_tensor": self.leave_output_tensor,
+            "allow_requantize": self.allow_requantize,
             "verify": dataclasses.asdict(self.verify), "path": self.path, "sha256": self.sha256,
         }
 
     def to_toml(self) -> str:
         """The recipe as a TOML document (what ``recipe from-flags`` writes)."""
         lines = [f"name = {_q(self.name)}", f"description = {_q(self.description)}", f"ftype = {_q(self.ftype)}"]
-        if self.tag:
-            lines.append(f"tag = {_q(self.tag)}")
         if self.output_type:
             lines.append(f"output_type = {_q(self.output_type)}")
         if self.token_embedding_type:
             lines.append(f"token_embedding_type = {_q(self.token_embedding_type)}")
-        lines += [f"imatrix = {_q(self.imatrix)}", "", "[mtp]", f"required = {str(self.mtp_required).lower()}"]
+        lines.append(f"imatrix = {_q(self.imatrix)}")
+        lines += [f"{key} = true" for key in ("pure", "leave_output_tensor", "allow_requantize") if getattr(self, key)]
+        lines += ["", "[mtp]", f"required = {str(self.mtp_required).lower()}"]
         lines += [f"{role} = {_q(t)}" for role, t in self.mtp_roles]
+        if self.mtp_floor:
+            lines.append(f"floor = {_q(self.mtp_floor)}")
+        for r in self.overrides:
+            lines += ["", "[[overrides]]", f"pattern = {_lit(r.pattern)}", f"type = {_q(r.type)}"]
         for r in self.rules:
             lines += ["", "[[rules]]", f"pattern = {_lit(r.pattern)}", f"type = {_q(r.type)}"]
         lines += ["", "[verify]", f"draft_n_max = {self.verify.draft_n_max}"]
@@ -383,6 +427,39 @@ def _with_mtp_placeholders(pattern: str, blocks: list[int]) -> str:
         for i, b in enumerate(blocks):
             pattern = pattern.replace(rf"blk\.{b}\.", rf"blk\.{{mtp{i}}}\.")
     return pattern
+
+
+def _parse_rules(items: Any, where: str, key: str) -> tuple[Rule, ...]:
+    """``[[rules]]`` or ``[[overrides]]``: each a pattern (placeholders allowed) and a type."""
+    rules = []
+    for i, r in enumerate(items):
+        w = f"{where}: {key}[{i}]"
+        if not isinstance(r, dict) or "pattern" not in r or "type" not in r:
+            raise RecipeError(f"{w}: each rule needs 'pattern' and 'type'")
+        validate_pattern(str(r["pattern"]), w)
+        rules.append(Rule(str(r["pattern"]), normalize_type(r["type"], w), "flags" if key == "overrides" else "rules"))
+    return tuple(rules)
+
+
+def _flag(doc: JsonObject, key: str, where: str) -> bool:
+    v = doc.get(key, False)
+    if not isinstance(v, bool):
+        raise RecipeError(f"{where}: {key} must be true or false, not {v!r}")
+    return v
+
+
+def _type_recipe(name_or_path: str | Path) -> Recipe | None:
+    """The recipe of a llama-quantize type name (``Q4_K_M``, ``Q4_K_M-plain``), unless a recipe file
+    or a shipped recipe has that name; None when it names no type."""
+    text = str(name_or_path)
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists() or (recipes_dir() / f"{text}.toml").is_file():
+        return None
+    plain = text.lower().endswith("-plain")
+    base = text[: -len("-plain")] if plain else text
+    if match_quant_option(base) is None:
+        return None
+    return Recipe.for_type(base, head_defaults=not plain)
 
 
 def _opt_float(v: Any) -> float | None:
@@ -416,5 +493,6 @@ def resolve_recipe_path(name_or_path: str | Path) -> Path:
     shipped = recipes_dir() / f"{name_or_path}.toml"
     if shipped.is_file():
         return shipped
-    raise RecipeError(f"{name_or_path}: no such recipe file or shipped recipe "
-                      f"(shipped: {', '.join(shipped_recipes()) or 'none'})")
+    raise RecipeError(f"{name_or_path}: no such recipe file, shipped recipe or llama-quantize type "
+                      f"(shipped: {', '.join(shipped_recipes()) or 'none'}; types, with ggufmtp's head defaults "
+                      f"or as <TYPE>-plain: {', '.join(valid_quant_types())})")

@@ -111,6 +111,9 @@ class QuantizeParams:
     imatrix: dict[str, np.ndarray] | None = None
     kv_overrides: list[KVOverride] = dataclasses.field(default_factory=list)
     dry_run: bool = False
+    pure: bool = False  # --pure: the ftype's default type everywhere the overrides leave
+    quantize_output_tensor: bool = True  # False: --leave-output-tensor
+    allow_requantize: bool = False  # --allow-requantize
 
 
 class _Built:
@@ -122,6 +125,9 @@ class _Built:
         self.params.ftype = p.ftype
         self.params.nthread = p.nthread
         self.params.dry_run = p.dry_run
+        self.params.pure = p.pure
+        self.params.quantize_output_tensor = p.quantize_output_tensor
+        self.params.allow_requantize = p.allow_requantize
         if p.output_tensor_type is not None:
             self.params.output_tensor_type = p.output_tensor_type
         if p.token_embedding_type is not None:
