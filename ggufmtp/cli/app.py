@@ -107,7 +107,8 @@ def resolve_model_arg(model: str) -> str:
 
 
 recipe_option = click.option("--recipe", "-r", "recipe_name", required=True,
-                             help="Shipped recipe name (see `ggufmtp recipe list`) or a .toml file.")
+                             help="Shipped recipe name (see `ggufmtp recipe list`), a .toml file, or a "
+                                  "llama-quantize type (Q4_K_M: with ggufmtp's head defaults; Q4_K_M-plain: without).")
 imatrix_option = click.option("--imatrix", type=click.Path(dir_okay=False), default=None,
                               help="Importance matrix (.dat or GGUF imatrix).")
 

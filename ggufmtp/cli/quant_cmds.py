@@ -179,7 +179,7 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
 @click.option("--threads", "-t", type=int, default=None,
               help="Quantization threads (0: all cores; or the positional NTHREADS).  [default: 0]")
 @click.option("--receipt", type=click.Path(dir_okay=False), default=None,
-              help="Receipt path (default: OUTPUT.receipt.json).")
+              help="Receipt path (default: OUT.receipt.json).")
 @click.option("--no-receipt", is_flag=True, help="Do not write a receipt.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @llama_quantize_flag_options
