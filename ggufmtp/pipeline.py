@@ -46,6 +46,7 @@ from .provenance.audit import audit
 from .provenance.card import make_card
 from .provenance.receipt import read_receipt, receipt_for_quantize, set_verification
 from .provenance.signing import resolve_public_key, resolve_signing_key, sign_artifact
+from .provenance.verdict import Findings
 from .quality.options import EvalOptions
 from .quant.naming import model_name, variant_file_name
 from .quant.plan import make_plan
@@ -116,6 +117,8 @@ class RunSummary:
     uploaded: str | None
     stages: dict[str, StageStatus]
     speed_checked: bool | None = None  # whether the verdict judged the speedup (GPU offload)
+    findings: JsonObject | None = None  # the verdict's three findings (provenance.verdict.Findings)
+    head: JsonObject | None = None  # the judged mode's head against the reference (provenance.head)
 
     def to_dict(self) -> JsonObject:
         d = dataclasses.asdict(self)
@@ -161,6 +164,8 @@ class RunResult:
             speedup_ci95=v["speedup_ci95"] if v else None,
             verdict=v["verdict"] if v else None,
             speed_checked=v.get("speed_checked") if v else None,
+            findings=v.get("findings") if v else None,
+            head=next(iter(((v.get("head") or {}).get("findings") or {}).values()), None) if v else None,
             uploaded=self._result("upload").get("commit_url") if self.stage("upload") else None,
             stages={s.stage: s.status for s in self.stages},
         )
@@ -440,9 +445,13 @@ def _stage_audit(r: _Run) -> None:
     r.cache.run("audit", _key("audit", r.artifact_key), do)
 
 
-def _stage_verify(r: _Run, verify_options: VerifyOptions) -> None:
+def _stage_verify(r: _Run, verify_options: VerifyOptions, reference_base: bool = True) -> None:
     """A failing verdict is recorded, not cached as done: the next run verifies again. The recipe's
-    ``[verify]`` table gives the window and the thresholds the options leave unset."""
+    ``[verify]`` table gives the window and the thresholds the options leave unset; the head is
+    judged against the source model (``reference_base``) unless the options name a reference."""
+    if reference_base and verify_options.reference is None:
+        verify_options = dataclasses.replace(verify_options, reference=r.model_path)
+
     def do() -> VerifyStage:
         opts = verify_options.with_defaults(
             draft_n_max=r.recipe.verify.draft_n_max,
@@ -452,7 +461,7 @@ def _stage_verify(r: _Run, verify_options: VerifyOptions) -> None:
         return {"verification": res.to_receipt()}
 
     key = _key("verify", r.artifact_key, {k: str(v) for k, v in verify_options.to_dict().items()},
-               dataclasses.asdict(r.recipe.verify))
+               dataclasses.asdict(r.recipe.verify), r.model_key if verify_options.reference == r.model_path else None)
     passed = r.cache.run("verify", key, do, ok=lambda res: res["verification"].get("verdict") == "pass")
     r.verification = passed["verification"]
 
@@ -547,7 +556,7 @@ def run(recipe: str | Path, model: str, options: RunOptions | None = None, *, ou
     if o.until == "audit":
         return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=None, stages=r.cache.records)
     if o.verify:
-        _stage_verify(r, o.verify_options or VerifyOptions())
+        _stage_verify(r, o.verify_options or VerifyOptions(), o.reference_base)
     _stage_receipt(r)
     if o.eval_options is not None:
         _stage_eval(r, o.eval_options)
@@ -573,9 +582,8 @@ def format_summary(s: JsonObject) -> str:
         ("acceptance", with_ci(s["acceptance"], s["acceptance_ci95"], True)),
         ("speedup", with_ci(s["speedup"], s["speedup_ci95"], False)
          + (" vanilla: speed not verified on this hardware (no GPU offload)" if s.get("speed_checked") is False else "")),
-        ("verdict", (s["verdict"] or "not verified")
-         + (" (MTP head verified; speed not verified on this hardware)" if s.get("speed_checked") is False and s["verdict"]
-            else "")),
+        *([("head", _head_text(s["head"]))] if s.get("head") else []),
+        ("verdict", (s["verdict"] or "not verified") + _findings_text(s)),
         ("receipt", s["receipt"]),
         ("card", s["card"] or "-"),
     ]
@@ -583,6 +591,22 @@ def format_summary(s: JsonObject) -> str:
         rows.append(("uploaded", s["uploaded"]))
     rows.append(("stages", ", ".join(f"{k} {v}" for k, v in s["stages"].items())))
     return "\n".join(f"{k:<11} {v}" for k, v in rows)
+
+
+def _findings_text(s: JsonObject) -> str:
+    """`` (head preserved (vs reference); lossless; speed not verified)`` from the summary's findings."""
+    f = Findings.of_dict(s.get("findings"))
+    if f is not None:
+        return f" ({f.text()})"
+    return " (MTP head verified; speed not verified on this hardware)" if s.get("speed_checked") is False and \
+        s["verdict"] else ""
+
+
+def _head_text(h: JsonObject) -> str:
+    lo, hi = (list(h.get("difference_ci95") or []) + [None, None])[:2]
+    pts = lambda x: "n/a" if x is None else f"{x * 100:+.1f}"  # noqa: E731
+    return (f"{pct(h.get('acceptance'), space=False)} vs reference {pct(h.get('reference_acceptance'), space=False)}: "
+            f"{pts(h.get('difference'))} points (95% CI {pts(lo)} to {pts(hi)}; margin {h.get('margin', 0) * 100:.1f})")
 
 
 def clean(out_dir: str | Path) -> None:

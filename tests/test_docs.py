@@ -156,7 +156,26 @@ def _summary_of(lines: list[str]) -> dict:
             "acceptance": float(acc[1]) / 100, "acceptance_ci95": [float(acc[2]) / 100, float(acc[3]) / 100],
             "speedup": float(speed[1]), "speedup_ci95": [float(speed[2]), float(speed[3])],
             "verdict": row["verdict"].split()[0], "uploaded": None, "speed_checked": False,  # make demo: no GPU offload
-            "stages": dict(s.rsplit(" ", 1) for s in row["stages"].split(", "))}
+            "stages": dict(s.rsplit(" ", 1) for s in row["stages"].split(", ")),
+            "head": _head_of(row["head"]), "findings": _findings_of(row["verdict"])}
+
+
+def _head_of(text: str) -> dict:
+    n = r"([+-]?[\d.]+)"
+    m = re.fullmatch(rf"{n}% vs reference {n}%: {n} points \(95% CI {n} to {n}; margin {n}\)", text)
+    acc, ref, diff, lo, hi, margin = (float(x) / 100 for x in m.groups())
+    return {"acceptance": acc, "reference_acceptance": ref, "difference": diff, "difference_ci95": [lo, hi],
+            "margin": margin}
+
+
+def _findings_of(verdict: str) -> dict:
+    """The findings a verdict line names (the demo's: the head against the source model, on CPU)."""
+    from ggufmtp.provenance.verdict import Finding, Findings, HeadBasis
+
+    for f in (Findings(h, b, lo, sp) for h in Finding for b in HeadBasis for lo in Finding for sp in Finding):
+        if verdict.endswith(f"({f.text()})"):
+            return f.to_dict()
+    raise AssertionError(f"no findings in {verdict!r}")
 
 
 def test_the_demo_output_in_the_docs_is_what_run_prints():

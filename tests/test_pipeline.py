@@ -157,7 +157,8 @@ def test_summary_json_and_text_from_stage_records(tmp_path):
     s = res.summary()
     assert list(s) == ["artifact", "receipt", "card", "size_bytes", "bpw", "mtp_status", "mtp_block", "mtp_blocks",
                        "acceptance",
-                       "acceptance_ci95", "speedup", "speedup_ci95", "verdict", "uploaded", "stages", "speed_checked"]
+                       "acceptance_ci95", "speedup", "speedup_ci95", "verdict", "uploaded", "stages", "speed_checked",
+                       "findings", "head"]
     assert s["stages"] == {"pull": "cached", "quantize": "ran", "verify": "ran"}
     assert json.loads(json.dumps(s)) == s and records[0].status is StageStatus.CACHED
     text = res.summary_record().format().splitlines()

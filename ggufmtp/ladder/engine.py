@@ -57,6 +57,7 @@ def _run_variant(job: VariantJob, measure: bool) -> VariantOutcome:
     try:
         options = RunOptions(imatrix=job.imatrix, threads=job.threads, verify=job.verify,
                              verify_options=job.verify_options if measure else None,
+                             reference_base=job.reference_base,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
                              base_dir=job.base_dir, until=None if measure else "audit")
         res = run(job.recipe, job.model, options, out_dir=job.out_dir, progress=False)

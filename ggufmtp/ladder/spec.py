@@ -42,7 +42,8 @@ from ..quant.recipe import Recipe
 __all__ = ["LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
 
 _FILE_KEYS = {"model", "recipes", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "verify", "eval"}
-_VERIFY_KEYS = {"seeds", "limit", "max_tokens", "gpu_layers", "threads", "ctx_size"}
+_VERIFY_KEYS = {"seeds", "limit", "max_tokens", "gpu_layers", "threads", "ctx_size", "draft_n_max", "reference",
+                "head_margin", "absolute_acceptance", "server_args", "mtp_server_args", "vanilla_server_args"}
 _EVAL_KEYS = {"corpus", "chunks", "ctx_size", "gpu_layers", "threads"}
 
 
@@ -62,6 +63,7 @@ class LadderSpec:
     eval_options: EvalOptions | None = None  # None: no eval
     signing_key: Path | None = None
     token: str | None = None
+    reference_base: bool = True  # judge each head against the source model (RunOptions.reference_base)
 
     def check(self) -> LadderSpec:
         """The spec with its recipes resolved; LadderError naming the first problem."""
@@ -107,6 +109,7 @@ class VariantJob:
     signing_key: str | None
     token: str | None
     uses_gpu: bool
+    reference_base: bool = True
 
     @classmethod
     def of(cls, spec: LadderSpec, recipe: str, imatrix: str | None) -> VariantJob:
@@ -115,7 +118,7 @@ class VariantJob:
         return cls(recipe=recipe, model=spec.model, out_dir=spec.variant_dir(recipe), base_dir=spec.out_dir,
                    imatrix=imatrix, threads=spec.threads, verify=spec.verify, verify_options=spec.verify_options,
                    eval_options=ev, signing_key=str(spec.signing_key) if spec.signing_key else None,
-                   token=spec.token, uses_gpu=gpu)
+                   token=spec.token, uses_gpu=gpu, reference_base=spec.reference_base)
 
 
 class LadderFields(TypedDict, total=False):
