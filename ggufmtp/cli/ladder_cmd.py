@@ -94,29 +94,37 @@ def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | N
     DIR/README.md, one table of size, bpw, PPL, KLD, acceptance and speedup from the variants'
     audited receipts. Exit 1 when a variant failed or a verdict is fail. Each verdict judges the
     quantization: the head against the source model (or --reference), lossless output, speed."""
+    from ..errors import LadderError
     from ..ladder.engine import DaskEngine
     from ..ladder.run import run_ladder, upload_ladder
 
     vopts = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
                                ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers)) if v is not None}
-    spec = _spec(ladder_file, {"model": model, "recipes": recipes, "out_dir": Path(out_dir), "imatrix": imatrix,
     vopts.update(verify_option_dict(judging))
+    spec = _spec(ladder_file, {"model": model, "recipes": recipes, "out_dir": Path(out_dir), "imatrix": imatrix,
                                "imatrix_corpus": imatrix_corpus, "imatrix_chunks": imatrix_chunks, "threads": threads,
                                "verify": False if no_verify else None, "signing_key": signing_key,
                                "reference_base": False if judging.get("no_reference") else None}, vopts, eval_corpus)
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None
     res = run_ladder(spec, engine, progress=not as_json, log=log)
-    out = res.to_dict()
-    if upload_repo and res.ok:
-        out["upload"] = upload_ladder(res, upload_repo, private=private, dry_run=dry_run_upload,
-                                      allow_unverified=allow_unverified, public_key=public_key,
-                                      progress=not as_json).to_dict()
+    out, refused = res.to_dict(), None
+    if upload_repo:
+        try:
+            out["upload"] = upload_ladder(res, upload_repo, private=private, dry_run=dry_run_upload,
+                                          allow_unverified=allow_unverified, public_key=public_key,
+                                          progress=not as_json).to_dict()
+        except LadderError as e:  # a variant failed: the upload is refused, naming it; nothing is sent
+            refused = f"not uploaded to {upload_repo}: {e}"
+            out["upload"] = {"error": refused}
     if as_json:
         emit_json(out)
     else:
-        click.echo(_format(res) + (f"\nuploaded: {out['upload'].get('commit_url')}" if "upload" in out else ""))
-    if not res.ok or any(o.summary.get("verdict") == "fail" for o in res.outcomes):
+        click.echo(_format(res) + (f"\nuploaded: {out['upload'].get('commit_url')}"
+                                   if upload_repo and refused is None else ""))
+    if refused is not None:
+        click.echo(f"error: {refused}", err=True)
+    if not res.ok or refused is not None or any(o.summary.get("verdict") == "fail" for o in res.outcomes):
         sys.exit(1)
 
 
