@@ -377,7 +377,7 @@ class HeadBasis(str, enum.Enum):
         return self.value
 
 
-# The overall rule, written once (docs/verdicts.md quotes it).
+# The overall rule, written once (docs/concepts/verification.md says it in words).
 OVERALL_RULE = ("pass when all three findings hold: the head is preserved (its acceptance non-inferior to the "
                 "reference's, or at least the absolute minimum where no reference was measured), the output is "
                 "lossless (identical to vanilla up to sound numerics), and the speed meets its minimum where it is "
