@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import ggufmtp
 from ggufmtp.cli import main
 from ggufmtp.errors import PlanError, RecipeError
 from ggufmtp.gguf.model import GGUFModel, check_mtp
@@ -142,7 +143,7 @@ def test_a_llama_quantize_line_gives_llama_quantize_bytes(line, model, tmp_path)
     ours = _ggufmtp(argv(str(tmp_path / "ours.gguf")))
     _llama_quantize(argv(str(tmp_path / "theirs.gguf")), tmp_path)
     assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "theirs.gguf").read_bytes(), line
-    assert all(c["ok"] for c in ours["checks"]) and Path(ours["receipt"]).is_file()
+    assert all(c["ok"] for c in ours["checks"]) and ggufmtp.audit(tmp_path / "ours.gguf", ours["receipt"]).ok
     receipt = json.loads(Path(ours["receipt"]).read_text())
     recorded = shlex.split(receipt["predicate"]["recipe"]["llama_quantize_command"])
     assert sorted(a for a in shlex.split(line) if a.startswith("--")) == sorted(a for a in recorded if a.startswith("--"))
