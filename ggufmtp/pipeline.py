@@ -32,7 +32,6 @@ from .constants import LLAMA_CPP_COMMIT
 from .errors import GgufmtpError, HubRefusedError, PlanError
 from .files.fsutil import atomic_write_json
 from .files.hashing import sha256_file
-from .fmt import ci_phrase, pct, times
 from .gguf.model import inspect_model, split_shards
 from .gguf.reader import read_header
 from .hub.manifest import PullResult
@@ -46,7 +45,6 @@ from .provenance.audit import audit
 from .provenance.card import make_card
 from .provenance.receipt import read_receipt, receipt_for_quantize, set_verification
 from .provenance.signing import resolve_public_key, resolve_signing_key, sign_artifact
-from .provenance.verdict import Findings
 from .quality.options import EvalOptions
 from .quant.naming import model_name, variant_file_name
 from .quant.plan import make_plan
@@ -54,6 +52,7 @@ from .quant.quantize import quantize
 from .quant.recipe import Recipe
 from .refs import ModelRef, is_builtin, parse_model_ref, resolve
 from .run_options import RunOptions
+from .run_summary import format_summary
 from .runtime.build import installed_runtime
 from .stage_records import (
     CardStage,
@@ -564,49 +563,6 @@ def run(recipe: str | Path, model: str, options: RunOptions | None = None, *, ou
     if o.upload:
         _stage_upload(r, o.upload, o.private, o.dry_run_upload)
     return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=r.card, stages=r.cache.records)
-
-
-def format_summary(s: JsonObject) -> str:
-    """The summary for people (what ``ggufmtp run`` prints)."""
-    def with_ci(v: float | None, ci: list | None, as_pct: bool) -> str:
-        if v is None:
-            return "-"
-        if as_pct:
-            return pct(v, space=False) + ci_phrase(ci, scale=100, digits=1, unit="%", sep="-")
-        return times(v, nd=2, sign="x") + ci_phrase(ci, digits=2, unit="x", sep="-")
-
-    rows = [
-        ("artifact", s["artifact"]),
-        ("size", f"{s['size_bytes']:,} bytes, {s['bpw']:.3f} bpw" if s.get("size_bytes") else "-"),
-        ("MTP", ", ".join(f"blk.{b}" for b in s.get("mtp_blocks") or [s["mtp_block"]]) + f" {s['mtp_status']}"),
-        ("acceptance", with_ci(s["acceptance"], s["acceptance_ci95"], True)),
-        ("speedup", with_ci(s["speedup"], s["speedup_ci95"], False)
-         + (" vanilla: speed not verified on this hardware (no GPU offload)" if s.get("speed_checked") is False else "")),
-        *([("head", _head_text(s["head"]))] if s.get("head") else []),
-        ("verdict", (s["verdict"] or "not verified") + _findings_text(s)),
-        ("receipt", s["receipt"]),
-        ("card", s["card"] or "-"),
-    ]
-    if s.get("uploaded"):
-        rows.append(("uploaded", s["uploaded"]))
-    rows.append(("stages", ", ".join(f"{k} {v}" for k, v in s["stages"].items())))
-    return "\n".join(f"{k:<11} {v}" for k, v in rows)
-
-
-def _findings_text(s: JsonObject) -> str:
-    """`` (head preserved (vs reference); lossless; speed not verified)`` from the summary's findings."""
-    f = Findings.of_dict(s.get("findings"))
-    if f is not None:
-        return f" ({f.text()})"
-    return " (MTP head verified; speed not verified on this hardware)" if s.get("speed_checked") is False and \
-        s["verdict"] else ""
-
-
-def _head_text(h: JsonObject) -> str:
-    lo, hi = (list(h.get("difference_ci95") or []) + [None, None])[:2]
-    pts = lambda x: "n/a" if x is None else f"{x * 100:+.1f}"  # noqa: E731
-    return (f"{pct(h.get('acceptance'), space=False)} vs reference {pct(h.get('reference_acceptance'), space=False)}: "
-            f"{pts(h.get('difference'))} points (95% CI {pts(lo)} to {pts(hi)}; margin {h.get('margin', 0) * 100:.1f})")
 
 
 def clean(out_dir: str | Path) -> None:
