@@ -149,6 +149,17 @@ def test_a_llama_quantize_line_gives_llama_quantize_bytes(line, model, tmp_path)
     assert sorted(a for a in shlex.split(line) if a.startswith("--")) == sorted(a for a in recorded if a.startswith("--"))
 
 
+def test_a_line_with_an_imatrix_gives_llama_quantize_bytes(model, tmp_path, monkeypatch):
+    """An IQ type with ``--imatrix`` (named from its folder, as a receipt names it): the same bytes,
+    ``quantize.imatrix.*`` metadata included."""
+    imx.write_imatrix(imc.synthetic_imatrix(imc.read_model_tensors(model), seed=3, mtp_blocks=[]), tmp_path / "im.gguf")
+    monkeypatch.chdir(tmp_path)
+    _ggufmtp(["--imatrix", "im.gguf", str(model), "ours.gguf", "IQ2_XXS"])
+    _llama_quantize(["--imatrix", "im.gguf", str(model), "theirs.gguf", "IQ2_XXS"], tmp_path)
+    assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "theirs.gguf").read_bytes()
+    assert GGUFModel(tmp_path / "ours.gguf").type_table()["blk.4.nextn.eh_proj.weight"] == "IQ2_XXS"  # no head defaults
+
+
 def test_a_recipe_with_flags_and_its_emitted_line_give_the_same_bytes(model, tmp_path):
     """-r TYPE (head defaults, floor rules included) composed with flags; the plan's emitted
     llama-quantize line, run by the binary, makes the very same file."""
