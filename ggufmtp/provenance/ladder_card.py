@@ -21,8 +21,10 @@ from ..errors import AuditError
 from ..fmt import ci_phrase, human_bytes, pct, times
 from .audit import audit
 from .card import TAGS, UNVERIFIED_HEADING, CardMeta, unverified_reason
+from .head import HeadComparison
 from .receipt import read_receipt
 from .statement import QualitySection, Source, Verification
+from .verdict import judge_record
 
 __all__ = ["LadderRow", "ladder_rows", "ladder_card_text", "make_ladder_card"]
 
@@ -77,7 +79,29 @@ def _row(r: LadderRow) -> str:
         speed += " (CPU: not judged)"
     return (f"| `{r.recipe}` | [{r.artifact}]({r.artifact}) | {human_bytes(r.size_bytes)} | {_cell(r.bpw, 3)} | "
             f"{_cell(q.get('ppl'), 4)} | {_cell(q.get('kld_mean'), 6)} | {pct(q.get('same_top_p'), 2, space=False)} | "
-            f"{acc if v else 'n/a'} | {speed if v else 'n/a'} | {r.verdict} | [receipt]({r.receipt}) |")
+            f"{acc if v else 'n/a'} | {_head_cell(v)} | {speed if v else 'n/a'} | {_verdict_cell(r)} | "
+            f"[receipt]({r.receipt}) |")
+
+
+def _head_cell(v: Verification) -> str:
+    """The head against its reference as audit re-derives it from the pairs (n/a: none measured)."""
+    if not v or v.get("head") is None:
+        return "n/a"
+    try:
+        f = next(iter(HeadComparison.of_dict(v.get("head")).findings().values()))
+    except ValueError:
+        return "n/a"
+    lo, hi = f.difference_ci95
+    pts = lambda x: "n/a" if x is None else f"{x * 100:+.1f}"  # noqa: E731
+    return f"{pts(f.difference)} pts ({pts(lo)} to {pts(hi)}): {'preserved' if f.preserved else 'NOT preserved'}"
+
+
+def _verdict_cell(r: LadderRow) -> str:
+    """The verdict with its findings as audit re-derives them; "not verified" for an unverified row."""
+    if r.unverified or not r.verification:
+        return "not verified"
+    j = judge_record(r.verification)
+    return f"{j.verdict.value} ({j.findings.text()})"
 
 
 def ladder_card_text(rows: Sequence[LadderRow], title: str) -> tuple[CardMeta, str]:
@@ -94,8 +118,9 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str) -> tuple[CardMeta, s
              "receipt after its bytes were audited against it; PPL and KLD are against the base model "
              "(`llama-perplexity --kl-divergence`), acceptance and speedup against vanilla llama-server "
              "given the same settings, with 95% confidence intervals.\n",
-             "| variant | file | size | bpw | PPL | mean KLD | Same top p | acceptance | speedup | verdict | receipt |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | file | size | bpw | PPL | mean KLD | Same top p | acceptance | head vs reference (95% CI) | "
+             "speedup | verdict | receipt |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(r) for r in rows]
     unverified = [r for r in rows if r.unverified]
     if unverified:
