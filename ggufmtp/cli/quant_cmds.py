@@ -54,7 +54,7 @@ def recipe() -> None:
 @json_option
 @handle_errors
 def recipe_list(as_json: bool) -> None:
-    """List the shipped recipes."""
+    """List the shipped recipes (and the llama-quantize types, which are recipes too)."""
     from ..quant.recipe import Recipe, shipped_recipes
 
     recipes = [Recipe.load(n) for n in shipped_recipes()]
@@ -63,6 +63,11 @@ def recipe_list(as_json: bool) -> None:
         return
     for r in recipes:
         click.echo(f"{r.name:<18} {r.ftype:<8} {r.description}")
+    from ..quant.qtypes import valid_quant_types
+
+    click.echo(f"\nAny llama-quantize type is a recipe too: -r Q4_K_M is that type with ggufmtp's head defaults "
+               f"(MTP block required, nextn.eh_proj Q8_0, the rest at least Q4_K), -r Q4_K_M-plain llama-quantize's "
+               f"own. Types: {', '.join(valid_quant_types())}")
 
 
 @recipe.command("show")
