@@ -7,6 +7,7 @@ import click
 from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
 from ..quality.options import MIN_CTX, EvalOptions
 from .app import _ngl, bin_option, emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
+from .measure_common import arm_args_options
 from .provenance_cmds import signing_key_option
 
 receipt_option = click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
@@ -69,6 +70,9 @@ def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | No
 @click.option("--max-tokens", type=click.IntRange(min=2), default=None, help="Tokens per verification reply.")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for the servers (e.g. 999).")
 @click.option("--threads", "-t", type=click.IntRange(min=0), default=0, help="Threads for quantization.")
+@click.option("--draft-n-max", "--spec-draft-n-max", type=click.IntRange(min=1), default=None,
+              help="Draft window k of every variant's verification (default: the recipe's, else 4).")
+@arm_args_options
 @receipt_option
 @signing_key_option
 @json_option
@@ -76,17 +80,19 @@ def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | No
 def head_sweep_cmd(model: str, recipe_name: str, types: str, imatrix: str | None, out_dir: str,
                    write_recipe: str | None, seeds: str, limit: int | None, max_tokens: int | None,
                    gpu_layers: str | None, threads: int, receipt_path: str | None, signing_key: str | None,
-                   as_json: bool) -> None:
+                   as_json: bool, draft_n_max: int | None = None, server_args: tuple[str, ...] = (),
+                   mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Quantize MODEL once per MTP-head type (trunk byte-identical, checked), verify each with the
-    same suite, seeds and server settings, and recommend the smallest head whose acceptance CI
+    same suite, seeds, window (--draft-n-max) and server settings (--server-arg), and recommend the smallest head whose acceptance CI
     overlaps the BF16 head's. IQ types need an imatrix covering the head (the plan refuses otherwise)."""
     from ..measure.core.options import ServerOptions, VerifyOptions
     from ..quality.head_sweep import format_sweep, head_sweep, write_recommended_recipe
     from .app import _int_list, resolve_model_arg
 
-    opts = VerifyOptions(seeds=tuple(_int_list(seeds, "--seeds") or ()), limit=limit,
+    opts = VerifyOptions(seeds=tuple(_int_list(seeds, "--seeds") or ()), limit=limit, draft_n_max=draft_n_max,
                          max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                         server=ServerOptions(gpu_layers=_ngl(gpu_layers)))
+                         server=ServerOptions(gpu_layers=_ngl(gpu_layers), server_args=server_args,
+                                              mtp_server_args=mtp_server_args, vanilla_server_args=vanilla_server_args))
     res = head_sweep(resolve_model_arg(model), recipe_name, [t for t in types.split(",") if t.strip()], out_dir,
                      imatrix, threads, opts, progress=not as_json, log=lambda m: click.echo(m, err=True))
     if write_recipe:
