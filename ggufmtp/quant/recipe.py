@@ -25,6 +25,7 @@ Example::
     name = "hifi-q4_k_m-mtp"
     description = "Q4_K_M, MTP eh_proj kept at Q8_0"
     ftype = "Q4_K_M"
+    tag = "Q4_K_M_HiFi"               # optional: the release name <Model>-<tag>.gguf (default: the ftype)
     # output_type = "Q6_K"            # optional: --output-tensor-type
     # token_embedding_type = "Q4_K"   # optional: --token-embedding-type
     imatrix = "recommended"           # "required" | "recommended" | "none"
@@ -61,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RecipeError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..jsontypes import JsonObject
+from .naming import tag_problem
 from .qtypes import FTYPE_DEFAULT_TYPE, QUANT_OPTIONS, REFUSED_QUANT_OPTIONS, match_quant_option, valid_quant_types
 
 if TYPE_CHECKING:
@@ -212,6 +214,7 @@ class Recipe:
     allow_requantize: bool = False  # --allow-requantize
     path: str | None = None
     sha256: str | None = None
+    tag: str | None = None  # the variant's name in a release (Q4_K_M_HiFi); None: the ftype (quant/naming.py)
 
     # --- loading --------------------------------------------------------------------------
     @classmethod
@@ -242,7 +245,7 @@ class Recipe:
     def from_dict(cls, doc: JsonObject, where: str = "recipe") -> Recipe:
         known = {"name", "description", "ftype", "output_type", "token_embedding_type", "imatrix", "mtp",
                  "overrides", "pure", "leave_output_tensor", "allow_requantize",
-                 "rules", "verify"}
+                 "rules", "verify", "tag"}
         unknown = sorted(set(doc) - known)
         if unknown:
             raise RecipeError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -250,6 +253,9 @@ class Recipe:
             if key not in doc:
                 raise RecipeError(f"{where}: missing required key {key!r}")
         ftype = normalize_ftype(doc["ftype"], f"{where}: ftype")
+        tag = str(doc["tag"]) if doc.get("tag") is not None else None
+        if tag is not None and (problem := tag_problem(tag)):
+            raise RecipeError(f"{where}: {problem}")
         imatrix = str(doc.get("imatrix", "recommended"))
         if imatrix not in IMATRIX_MODES:
             raise RecipeError(f"{where}: imatrix must be one of {', '.join(IMATRIX_MODES)}, not {imatrix!r}")
@@ -285,6 +291,7 @@ class Recipe:
             pure=_flag(doc, "pure", where),
             leave_output_tensor=_flag(doc, "leave_output_tensor", where),
             allow_requantize=_flag(doc, "allow_requantize", where),
+            tag=tag,
         )
 
     @classmethod
@@ -376,12 +383,17 @@ class Recipe:
         return [r for r in self.all_rules() if n and r.max_mtp_index() >= n]
 
     @property
+    def release_tag(self) -> str:
+        """The variant's tag in release names (``<Model>-<TAG>.gguf``): the declared ``tag``, else the ftype."""
+        return self.tag or self.ftype
+
+    @property
     def is_unquantized(self) -> bool:
         return self.ftype in UNQUANTIZED_FTYPES
 
     def to_dict(self) -> JsonObject:
         return {
-            "name": self.name, "description": self.description, "ftype": self.ftype,
+            "name": self.name, "description": self.description, "ftype": self.ftype, "tag": self.release_tag,
             "output_type": self.output_type, "token_embedding_type": self.token_embedding_type,
             "imatrix": self.imatrix, "mtp": {"required": self.mtp_required, **dict(self.mtp_roles),
                                              **({"floor": self.mtp_floor} if self.mtp_floor else {})},
@@ -395,6 +407,8 @@ class Recipe:
     def to_toml(self) -> str:
         """The recipe as a TOML document (what ``recipe from-flags`` writes)."""
         lines = [f"name = {_q(self.name)}", f"description = {_q(self.description)}", f"ftype = {_q(self.ftype)}"]
+        if self.tag:
+            lines.append(f"tag = {_q(self.tag)}")
         if self.output_type:
             lines.append(f"output_type = {_q(self.output_type)}")
         if self.token_embedding_type:
