@@ -134,6 +134,36 @@ def test_audit_source_never_writes_and_add_source_records_a_bound_pass(checkpoin
     assert audit(art, rc).ok
 
 
+def test_add_source_refuses_a_checkpoint_with_the_same_head_on_another_trunk(checkpoint, converted, tmp_path):
+    """#40: `receipt add-source` recorded any checkpoint whose MTP block matched, though the
+    receipt's base model was converted from another one (`base_model.converted_from`): a trunk
+    tensor changed is the same head on another model."""
+    from receipt_kit import honest_statement
+
+    from ggufmtp.provenance.audit import audit
+    from ggufmtp.provenance.receipt import _converted_from, seal
+
+    art = tmp_path / converted.name
+    shutil.copy(converted, art)
+    st = honest_statement(art, None)
+    st["predicate"]["base_model"]["converted_from"] = _converted_from(source_record_path(converted))
+    rc = tmp_path / (art.name + ".receipt.json")
+    rc.write_text(json.dumps(seal(st)))
+    before = rc.read_bytes()
+    other = tmp_path / "other-trunk"
+    shutil.copytree(checkpoint, other)
+    trunk = next(n for n in json.loads((other / INDEX_NAME).read_text())["weight_map"] if not n.startswith("mtp."))
+    _tamper_source(other, trunk)
+    r = _cli(["audit", art, "--source", other])
+    assert r.exit_code == 0, r.output  # the MTP block alone matches
+    r = _cli(["receipt", "add-source", art, "--source", other])
+    assert r.exit_code == 1 and "converted from" in r.stderr and "safetensors" in r.stderr, r.output
+    assert rc.read_bytes() == before
+    r = _cli(["receipt", "add-source", art, "--source", checkpoint])
+    assert r.exit_code == 0, r.output
+    assert audit(art, rc).ok
+
+
 def _tamper_source(directory: Path, name: str) -> None:
     import torch
     from safetensors.torch import load_file, save_file

@@ -153,3 +153,75 @@ def test_quantize_writes_the_imatrix_file_name_into_the_gguf(synth_model, tmp_pa
     assert str(tmp_path) not in out.read_bytes()[:1 << 20].decode("latin-1")
     ran = run_cli(["audit", out], tmp_path, env, timeout=120)
     assert ran.rc == 0, ran.out[-2000:]
+
+
+# ----------------------------------------------------------------------------- 4. the source section
+
+CKPT_FILE = "model-00001-of-00001.safetensors"
+
+
+def _source_receipt(tmp_path: Path, change=None) -> tuple[Path, Path]:
+    """An artifact and its receipt with a base model converted from a checkpoint and an honest
+    ``source`` section; ``change(statement)`` edits the statement before it is sealed."""
+    art = synth_artifact(tmp_path / "s")
+    st = honest_statement(art, None)
+    files = [{"path": "config.json", "sha256": "c0" * 32}, {"path": CKPT_FILE, "sha256": "d1" * 32}]
+    st["predicate"]["base_model"]["converted_from"] = {"format": "safetensors", "name": "ckpt", "repo_id": None,
+                                                      "commit": None, "files": files}
+    st["predicate"]["source"] = {"format": "safetensors", "name": "ckpt", "repo_id": None, "revision": None,
+                                 "scope": "mtp", "ok": True, "files": [dict(f) for f in files],
+                                 "tensors": [{"name": "blk.4.nextn.eh_proj.weight", "match": True, "type": "F32"}],
+                                 "artifact_sha256": sha256_file(art)}
+    if change is not None:
+        change(st)
+    rc = art.with_name(art.name + ".receipt.json")
+    rc.write_text(json.dumps(seal(st)))
+    return art, rc
+
+
+def _src(st):
+    return st["predicate"]["source"]
+
+
+FORGED_SOURCES = {
+    "bound-to-other-bytes": (lambda st: _src(st).update(artifact_sha256="ab" * 32), "not the artifact's"),
+    "a-mismatch-recorded-as-a-pass": (lambda st: _src(st)["tensors"].append(
+        {"name": "blk.4.nextn.enorm.weight", "match": False}), "do not match"),
+    "another-trunk": (lambda st: _src(st)["files"][1].update(sha256="e2" * 32), "converted from"),
+    "a-shard-missing": (lambda st: _src(st)["files"].pop(1), "missing"),
+    "no-tensor": (lambda st: _src(st).update(tensors=[]), "tensors"),
+    "only-the-required-fields": (lambda st: st["predicate"].update(source={
+        "format": "safetensors", "ok": True, "artifact_sha256": _src(st)["artifact_sha256"]}), "source"),
+    "files-not-a-list": (lambda st: _src(st).update(files="x"), "files"),
+    "converted-from-files-not-a-list": (lambda st: st["predicate"]["base_model"]["converted_from"].update(
+        files={"a": 1}), "converted_from"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGED_SOURCES))
+def test_audit_fails_a_broken_or_forged_source_section(name, tmp_path):
+    from ggufmtp.provenance.audit import audit
+
+    art, rc = _source_receipt(tmp_path)
+    assert audit(art, rc).ok, [c for c in audit(art, rc).failures]
+    change, word = FORGED_SOURCES[name]
+    art, rc = _source_receipt(tmp_path, change)
+    report = audit(art, rc)
+    assert not report.ok
+    assert any(word in c.detail for c in report.failures), [c.detail for c in report.failures]
+
+
+def test_a_malformed_conversion_record_is_refused_naming_it(tmp_path):
+    """The ``.source.json`` sidecar of a converted GGUF is read strictly (it was copied into the
+    receipt as it was, whatever it held)."""
+    from ggufmtp.provenance.receipt import _converted_from
+
+    sidecar = tmp_path / "m.gguf.source.json"
+    good = {"format": "safetensors", "repo_id": None, "commit": None, "path": "/somewhere/ckpt",
+            "converter": "convert_hf_to_gguf.py", "outtype": "bf16", "files": [{"path": CKPT_FILE, "sha256": "d1" * 32}]}
+    sidecar.write_text(json.dumps(good))
+    assert _converted_from(sidecar)["name"] == "ckpt"
+    for bad in ({**good, "files": "x"}, {**good, "extra": 1}, [1, 2], {**good, "files": [{"path": 1}]}):
+        sidecar.write_text(json.dumps(bad))
+        with pytest.raises(AuditError, match="m.gguf.source.json"):
+            _converted_from(sidecar)

@@ -151,6 +151,7 @@ def record_source_audit(res: SourceAudit, receipt: str | os.PathLike, signing_ke
     (``ggufmtp receipt add-source``; ``audit --source`` never writes). Returns the section."""
     from ..errors import AuditError
     from ..files.hashing import sha256_file
+    from ..provenance.audit import checkpoint_difference
     from ..provenance.receipt import read_receipt, set_section
 
     rc = read_receipt(receipt)
@@ -162,5 +163,11 @@ def record_source_audit(res: SourceAudit, receipt: str | os.PathLike, signing_ke
         raise AuditError(f"{receipt}: describes {rc.artifact.name} (sha256 {rc.artifact.sha256}), not {res.model} "
                          f"(sha256 {digest}); the source audit is not recorded")
     section = {**res.to_section(), "artifact_sha256": digest}
+    converted = (rc.predicate["base_model"].get("converted_from") or {}).get("files")
+    problem = checkpoint_difference({f["path"]: f["sha256"] for f in converted},
+                                    {f["path"]: f["sha256"] for f in section["files"]}) if converted else None
+    if problem:
+        raise AuditError(f"{res.source_dir}: not the checkpoint {receipt} records the base model was converted from "
+                         f"(base_model.converted_from): {problem}; the source audit is not recorded")
     set_section(receipt, "source", section, signing_key)
     return cast(SourceSection, section)

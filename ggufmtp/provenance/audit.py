@@ -9,7 +9,8 @@ verification is of these bytes and that its verdict follows from its own figures
 (:func:`~ggufmtp.provenance.verdict.judge_recorded`), every tensor's type, the
 tensor table digest, the MTP blocks (every one a receipt lists; an older receipt, which names
 only ``mtp_block``, is checked on that), the recorded result figures and the imatrix the file's
-``quantize.imatrix.*`` metadata names. Without a receipt: what the file alone can show (it reads
+``quantize.imatrix.*`` metadata names, and a ``source`` section (``receipt add-source``; see
+:func:`source_problems`). Without a receipt: what the file alone can show (it reads
 as a GGUF, its MTP block, its ``quantize.imatrix.*`` metadata).
 
 ``upload`` (and ``run --upload``) run exactly this audit and refuse on any failure. An audit
@@ -189,6 +190,10 @@ def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel
                      progress: bool) -> list[Check]:
     st = rf.statement
     checks = _statement_checks(st) + _file_checks(artifact, shards, rf, progress) + _verification_checks(st)
+    if st["predicate"].get("source") is not None:
+        problems = source_problems(st)
+        checks.append(Check("source section", not problems, "; ".join(problems) or
+                            "a passing comparison with the checkpoint, bound to the artifact's sha256"))
     if model is not None:
         checks += _model_checks(model, st)
     return checks
@@ -251,6 +256,46 @@ def _verification_checks(st: Statement) -> list[Check]:
     return [Check("verification of these bytes", problem is None,
                   problem or f"served file sha256 {v['model']['sha256']} is the artifact's"),
             Check("verdict follows from the figures", follows, detail)]
+
+
+def source_problems(st: Statement) -> list[str]:
+    """What is wrong with the receipt's ``source`` section (``receipt add-source``; empty when it
+    holds): it must be bound to the artifact's sha256, compare at least one tensor and find every
+    one matching, and, where the receipt records the checkpoint its base model was converted from
+    (``base_model.converted_from``), be a comparison with that checkpoint's files."""
+    src = st["predicate"].get("source")
+    if src is None:
+        return []
+    out = []
+    want = st["subject"][0]["digest"]["sha256"]
+    if src.get("artifact_sha256") != want:
+        out.append(f"bound to sha256 {src.get('artifact_sha256')}, not the artifact's {want}")
+    tensors = src.get("tensors") or []
+    bad = [t.get("name") for t in tensors if t.get("match") is not True]
+    if not tensors:
+        out.append("it compares no tensor")
+    elif bad:
+        out.append(f"{len(bad)} of its {len(tensors)} tensors do not match ({', '.join(map(str, bad[:3]))}), yet "
+                   f"it is recorded as a pass")
+    converted = st["predicate"]["base_model"].get("converted_from") or {}
+    if converted.get("files"):
+        problem = checkpoint_difference({f["path"]: f["sha256"] for f in converted["files"]},
+                                        {f["path"]: f["sha256"] for f in src.get("files") or []})
+        if problem:
+            out.append(f"not the checkpoint the base model was converted from ({converted.get('name')}): {problem}")
+    return out
+
+
+def checkpoint_difference(converted: Mapping[str, str], compared: Mapping[str, str]) -> str | None:
+    """How the checkpoint files ``compared`` (name -> sha256) differ from those a GGUF was
+    ``converted`` from (None: the same files, or more files that are not weights)."""
+    changed = [f"{n} (sha256 {compared[n][:12]}..., converted from {d[:12]}...)"
+               for n, d in sorted(converted.items()) if n in compared and compared[n] != d]
+    missing = sorted(n for n in converted if n not in compared)
+    extra = sorted(n for n in compared if n not in converted and n.endswith(".safetensors"))
+    parts = ([f"{len(changed)} file(s) differ: {', '.join(changed[:2])}"] if changed else []) + \
+        ([f"missing {', '.join(missing[:3])}"] if missing else []) + ([f"extra {', '.join(extra[:3])}"] if extra else [])
+    return "; ".join(parts) or None
 
 
 def _model_checks(model: GGUFModel, st: Statement) -> list[Check]:

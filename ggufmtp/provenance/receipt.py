@@ -178,12 +178,18 @@ def base_model_section(model_path: Path, model_arg: str | None = None, manifest:
 
 
 def _converted_from(sidecar: Path) -> ConvertedFrom:
-    """The checkpoint a converted GGUF came from, as its sidecar records it, by name: the local
-    directory becomes its name."""
-    data = json.loads(sidecar.read_text())
+    """The checkpoint a converted GGUF came from, as its sidecar records it, by name (strictly: an
+    AuditError naming the sidecar unless it has the schema's ``converted_from`` shape)."""
+    import jsonschema
+    data = read_json_file(sidecar, "conversion record")
     if isinstance(data, dict) and "path" in data:
         data = {**{k: v for k, v in data.items() if k != "path"}, "name": Path(str(data["path"])).name}
-    return data
+    sub = schema()["properties"]["predicate"]["properties"]["base_model"]["properties"]["converted_from"]
+    if (e := jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(
+            {**sub, "$defs": schema()["$defs"]}).iter_errors(data))) is not None:
+        raise AuditError(f"{sidecar}: not a conversion record as `ggufmtp convert` writes it "
+                         f"({'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message[:160]})")
+    return cast(ConvertedFrom, data)
 
 
 def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str | None = None
