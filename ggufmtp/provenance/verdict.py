@@ -396,10 +396,12 @@ class Findings:
 
     def text(self) -> str:
         """``head preserved (vs reference); lossless; speed not verified``."""
-        head = {Finding.PASS: "head preserved", Finding.FAIL: "head NOT preserved",
-                Finding.NOT_VERIFIED: "head not judged"}[self.head]
-        basis = {HeadBasis.REFERENCE: " (vs reference)", HeadBasis.MINIMUM: " (absolute minimum)",
-                 HeadBasis.BOTH: " (vs reference and absolute minimum)", HeadBasis.NONE: ""}[self.head_basis]
+        ok = self.head == Finding.PASS
+        head = {HeadBasis.REFERENCE: "head preserved" if ok else "head NOT preserved",
+                HeadBasis.MINIMUM: "head meets the minimum" if ok else "head below the minimum",
+                HeadBasis.BOTH: "head preserved and meets the minimum" if ok else "head NOT preserved or below the minimum",
+                HeadBasis.NONE: "head not judged"}[self.head_basis]
+        basis = " (vs reference)" if self.head_basis in (HeadBasis.REFERENCE, HeadBasis.BOTH) else ""
         lossless = "lossless" if self.lossless == Finding.PASS else "NOT lossless"
         speed = {Finding.PASS: "speed verified", Finding.FAIL: "speed below minimum",
                  Finding.NOT_VERIFIED: "speed not verified"}[self.speed]

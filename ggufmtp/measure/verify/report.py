@@ -307,14 +307,17 @@ def format_result(res: VerifyResult) -> str:
         lines.append(bw)
     lines.append("")
     t = res.thresholds
-    lines.append(f"verdict: {res.verdict.value.upper()}  (thresholds from {t.source}: min acceptance "
-                 f"{pct(t.min_acceptance)}, min speedup {times(t.min_speedup)}, identical output >= {pct(t.min_identical)})")
+    head_rule = (f"head non-inferior to {res.head.reference.name} within {res.head.margin * 100:.1f} points"
+                 + (f" and acceptance >= {pct(t.min_acceptance)}" if t.absolute_acceptance else "")
+                 if res.head is not None else f"min acceptance {pct(t.min_acceptance)}")
+    lines.append(f"verdict: {res.verdict.value.upper()}"
+                 + (f" -- {res.findings.text()}" if res.findings is not None else "")
+                 + f"  (thresholds from {t.source}: {head_rule}, min speedup {times(t.min_speedup)}, identical "
+                 f"output >= {pct(t.min_identical)})")
     c = res.main
     lines.append("  verified: " + (f"acceptance {pct(c.acceptance)} and speed {times(c.speedup)} vanilla" if res.speed_checked
                                    else f"MTP head: acceptance {pct(c.acceptance)}; speed not verified on this "
                                         f"hardware: {times(c.speedup)} vanilla"))
-    if res.findings is not None:
-        lines.append(f"  findings: {res.findings.text()}")
     if res.head is not None:
         lines += [f"  head{'' if len(res.modes) == 1 else f' [{m}]'}: {f.text()} against {res.head.reference.name}"
                   for m, f in res.head.findings().items()]
