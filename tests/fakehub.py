@@ -24,7 +24,8 @@ Endpoints (``{repo}`` is ``name`` or ``namespace/name``, ``{rev}`` a branch or a
     POST /{repo}.git/info/lfs/objects/batch      git-LFS batch API (basic transfer + verify action)
     PUT  (cdn) /upload/{sha256}                  the LFS upload itself (Content-Length or chunked)
     POST /{repo}.git/info/lfs/objects/verify     checks size and sha256 of what was PUT
-    POST /api/models/{repo}/commit/{rev}         NDJSON commit (header, file, lfsFile, deletedFile)
+    POST /api/models/{repo}/commit/{rev}         NDJSON commit (header, file, lfsFile, deletedFile);
+                                                 ``?create_pr=1``: onto a new ``refs/pr/N`` from ``rev``
     GET  /api/models/{repo}/xet-{read,write}-token/{rev}   501: this fake does not speak Xet
 
 Xet is never advertised: no ``X-Xet-Hash`` header / ``xet-auth`` link on ``/resolve`` and no
@@ -693,10 +694,12 @@ class FakeHub:
     def _commit_endpoint(self, req, repo, repo_id, rev, query) -> _Response:
         self._check_write(req)
         repo = self._check_read(repo, repo_id, req)
-        if query.get("create_pr"):
-            raise HubHTTPError(400, "fakehub does not support pull requests")
         if rev not in repo.branches:
             raise HubHTTPError(404, f"Invalid rev id: {rev} (commits go to a branch)", "RevisionNotFound")
+        pr_num = None
+        if query.get("create_pr"):  # a pull request against branch `rev`: its own ref refs/pr/N from rev's head
+            pr_num = 1 + sum(b.startswith("refs/pr/") for b in repo.branches)
+            base, rev = rev, f"refs/pr/{pr_num}"
         if not req.headers.get("content-type", "").startswith("application/x-ndjson"):
             raise HubHTTPError(400, "commit payload must be application/x-ndjson")
         header, changes, prebuilt, deleted_folders = None, {}, {}, []
@@ -728,13 +731,16 @@ class FakeHub:
                 raise HubHTTPError(400, f"unknown commit operation {key!r}")
         if header is None or not header.get("summary"):
             raise HubHTTPError(400, "commit header with a summary is required")
+        if pr_num is not None:
+            repo.branches[rev] = repo.branches[base]
         parent = header.get("parentCommit")
         if parent and not repo.branches[rev].startswith(parent):
             raise HubHTTPError(412, f"parent commit {parent} is not the head of {rev}")
         oid = self._commit(repo, rev, changes, header["summary"], header.get("description", ""), prebuilt,
                            tuple(deleted_folders))
         return _Response(200, {"success": True, "commitOid": oid, "commitUrl": f"{self.url}/{repo_id}/commit/{oid}",
-                               "hookOutput": "", "pullRequestUrl": None})
+                               "hookOutput": "",
+                               "pullRequestUrl": f"{self.url}/{repo_id}/discussions/{pr_num}" if pr_num else None})
 
 
 def _read_body(handler: BaseHTTPRequestHandler) -> bytes:

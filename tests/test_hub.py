@@ -622,7 +622,7 @@ def test_upload_refuses_an_unverified_artifact_unless_allowed_and_the_card_says_
     rc.write_text(json.dumps(receipt_of(art, "fail")))
     refused_both_ways(fake, [art], [rc], "does not state that .* is not verified", card, allow_unverified=True)
 
-    card.write_text(card.read_text() + f"\n{UNVERIFIED_HEADING}\n\nverification failed\n")
+    card.write_text(card.read_text() + f"\n{UNVERIFIED_HEADING}\n\n{art.name}: verification failed\n")
     runner, env = CliRunner(), {"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN}
     argv = ["upload", "me/gated", str(art), "--receipt", str(rc), "--card", str(card), "--allow-unverified"]
     r = runner.invoke(main, [*argv, "--dry-run", "--json"], env=env)
@@ -677,3 +677,58 @@ def test_pull_flags_files_the_hub_gives_no_checksum_for(fake, tmp_path):
     r = CliRunner().invoke(main, ["pull", "org/model", "--local-dir", str(tmp_path / "dl")],
                            env={"HF_ENDPOINT": fake.url})
     assert r.exit_code == 0 and "1 file(s) have no Hub checksum to compare with (sha256 recorded): model.gguf" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# hf upload's conventions (#41): --commit-message, --create-pr, --revision, --path-in-repo
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_upload_into_a_folder_as_a_pull_request_with_its_own_message(fake, artifacts):
+    """As ``hf upload --create-pr``: the commit goes onto a pull request against the branch (main
+    here), which is left as it was and no branch is created; the files go into the folder, the card
+    stays the repo's README.md."""
+    art, rc, card = artifacts
+    first = upload("me/pr", [art], [rc], card, UploadOptions(token=TOKEN, endpoint=fake.url), progress=False)
+    res = upload("me/pr", [art], [rc], card, UploadOptions(token=TOKEN, endpoint=fake.url, create_pr=True,
+                 path_in_repo="/Q4_K_M/", commit_message="Add the Q4_K_M variant"), progress=False)
+    assert res.pr_url == f"{fake.url}/me/pr/discussions/1" and res.to_dict()["pr_url"] == res.pr_url
+    assert fake.head("me/pr") == first.commit_sha  # main untouched
+    pr = fake.history("me/pr", "refs/pr/1")
+    assert pr[0].oid == res.commit_sha and pr[1].oid == first.commit_sha and pr[0].message == "Add the Q4_K_M variant"
+    assert {f"Q4_K_M/{art.name}", f"Q4_K_M/{rc.name}", "README.md"} <= set(pr[0].files)
+    assert fake.file("me/pr", f"Q4_K_M/{art.name}", "refs/pr/1") == art.read_bytes()
+    assert not fake.requests_to("POST", r"/branch/")
+    # a pull request against a branch that does not exist: the Hub's error, and no branch made for it
+    with pytest.raises(HubError, match="v9"):
+        upload("me/pr", [art], [rc], None, UploadOptions(token=TOKEN, endpoint=fake.url, create_pr=True,
+                                                          revision="v9"), progress=False)
+    assert "v9" not in fake.repos["me/pr"].branches and not fake.requests_to("POST", r"/branch/")
+
+
+def test_bad_upload_conventions_are_refused_before_anything_is_read(tmp_path):
+    for bad, said in (("../up", "relative path"), ("a//b", "relative path"), ("a\\b", "relative path"),
+                      ("mtp-heads", "'mtp-'"), ("x/Foo-mtp-bar", "'mtp-'")):
+        with pytest.raises(HubRefusedError, match=re.escape(f"--path-in-repo {bad!r}") + ".*" + re.escape(said)):
+            UploadOptions(path_in_repo=bad)
+    with pytest.raises(HubRefusedError, match="--commit-message is empty"):
+        UploadOptions(commit_message="  ")
+    assert UploadOptions(path_in_repo="/").folder == "" and UploadOptions(path_in_repo="a/b/").folder == "a/b/"
+
+
+def test_cli_upload_takes_hf_uploads_options(fake, artifacts):
+    art, rc, card = artifacts
+    env = {"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN}
+    argv = ["upload", "me/cli-pr", str(art), "--receipt", str(rc), "--card", str(card)]
+    r = CliRunner().invoke(main, [*argv, "--revision", "dev", "--commit-message", "first", "--path-in-repo", "Q8_0"],
+                           env=env)
+    assert r.exit_code == 0, r.output
+    assert fake.history("me/cli-pr", "dev")[0].message == "first"
+    assert f"Q8_0/{art.name}" in fake.history("me/cli-pr", "dev")[0].files
+    r = CliRunner().invoke(main, [*argv, "--revision", "dev", "--create-pr", "--dry-run"], env=env)
+    assert r.exit_code == 0 and "would open a pull request of" in r.output, r.output
+    r = CliRunner().invoke(main, [*argv, "--revision", "dev", "--create-pr"], env=env)
+    assert r.exit_code == 0 and f"pull request: {fake.url}/me/cli-pr/discussions/1" in r.output, r.output
+    assert fake.history("me/cli-pr", "refs/pr/1")[1].message == "first"  # opened against dev
+    r = CliRunner().invoke(main, [*argv, "--path-in-repo", "../x"], env=env)
+    assert r.exit_code == 1 and r.output.startswith("error: --path-in-repo '../x'") and "Traceback" not in r.output

@@ -83,6 +83,25 @@ def test_a_rerun_resumes_every_variant_and_a_failed_one_does_not_stop_the_others
         upload_ladder(again, "me/ladder", dry_run=True)
 
 
+def test_ladder_upload_with_a_failed_variant_names_it_exits_1_and_sends_nothing(ladder, tmp_path):
+    """``ladder --upload`` when a variant failed: the upload is refused with an error naming the
+    variant, its folder and why, and the command exits 1 (it used to skip the upload silently)."""
+    out, _ = ladder
+    f = tmp_path / "ladder.toml"
+    f.write_text(f'model = "{MODEL}"\nimatrix_corpus = "builtin:calib-v1"\nimatrix_chunks = 2\nthreads = 1\n'
+                 '[verify]\nseeds = [42]\nlimit = 3\nmax_tokens = 24\nthreads = 1\n'
+                 '[eval]\ncorpus = "builtin:calib-v1"\nchunks = 2\nctx_size = 128\nthreads = 1\n')
+    (out / "Q4_K_M_HiFi").write_text("a file where the variant's folder goes")
+    try:
+        r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), *(a for x in (*RECIPES, "hifi-q4_k_m-mtp")
+                                                                      for a in ("-r", x)),
+                                      "-o", str(out), "--upload", "me/ladder", "--dry-run-upload"])
+    finally:
+        (out / "Q4_K_M_HiFi").unlink()
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "error: not uploaded to me/ladder: the ladder has variants that failed (hifi-q4_k_m-mtp in Q4_K_M_HiFi/" in r.stderr
+
+
 def test_a_receipt_edited_after_the_ladder_keeps_the_card_from_being_written(ladder, tmp_path):
     from ggufmtp.provenance.ladder_card import make_ladder_card
 

@@ -75,22 +75,31 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local
               help="Model card, uploaded as README.md.")
 @click.option("--private", is_flag=True, help="Create the repo private (no effect on an existing repo).")
 @click.option("--revision", default=None, metavar="BRANCH", help="Branch to commit to (created if missing; "
-              "default main).")
+              "default main); with --create-pr, the existing branch the pull request targets.")
+@click.option("--commit-message", default=None, metavar="TEXT",
+              help="The commit's summary (default: names the artifact, its recipe and sha256).")
+@click.option("--create-pr", is_flag=True, help="Open a pull request with the commit instead of committing to the branch.")
+@click.option("--path-in-repo", default=None, metavar="FOLDER",
+              help="Folder of the repo for the artifacts, their signatures and receipts (default the top); "
+              "the card stays the repo's README.md.")
 @click.option("--dry-run", is_flag=True, help="Run every check and list what would be uploaded; touch no network.")
 @public_key_option
 @allow_unverified_option
 @json_option
 @handle_errors
 def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, ...], card: Path | None, private: bool,
-               revision: str | None, dry_run: bool, public_key: str | None, allow_unverified: bool,
-               as_json: bool) -> None:
+               revision: str | None, commit_message: str | None, create_pr: bool, path_in_repo: str | None,
+               dry_run: bool, public_key: str | None, allow_unverified: bool, as_json: bool) -> None:
     """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit.
 
     Every artifact must pass `ggufmtp audit ARTIFACT --receipt R` (with the public key, when one is
     set: valid signatures; ARTIFACT.sig is uploaded alongside) and have a publishable verification
     bound to its bytes (else --allow-unverified, and the card must say so). The bytes sent are the
     bytes gated. The commit message names the recipe and the artifact's
-    sha256 (from the receipt). Tokens come from HF_TOKEN or `hf auth login`, never from the command line.
+    sha256 (from the receipt) unless --commit-message gives one. As `hf upload`: --revision commits to
+    a branch (created when missing), --create-pr opens a pull request instead (against --revision,
+    default main), --path-in-repo puts the files in a folder of the repo. Tokens come from HF_TOKEN or
+    `hf auth login`, never from the command line.
     """
     from ..hub.upload import UploadOptions, receipt_commit_facts, upload
 
@@ -98,12 +107,14 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     facts = receipt_commit_facts(receipts, artifacts)
     options = UploadOptions(private=private, revision=revision, dry_run=dry_run, recipe_name=facts.recipe_name,
                             artifact_sha256=facts.artifact_sha256, allow_unverified=allow_unverified,
-                            public_key=public_key)
+                            public_key=public_key, commit_message=commit_message, create_pr=create_pr,
+                            path_in_repo=path_in_repo)
     res = upload(repo_id, list(artifacts), list(receipts), card, options)
     if as_json:
         emit_json(res.to_dict())
         return
-    head = "dry run, nothing sent: would commit" if res.dry_run else "committed"
+    head = ("dry run, nothing sent: would " + ("open a pull request of" if create_pr else "commit") if res.dry_run
+            else "opened a pull request of" if create_pr else "committed")
     click.echo(f"{head} {len(res.operations)} file(s), {decimal_bytes(res.total_size)}, to "
                f"{res.repo_id} @ {res.revision} on {res.endpoint_host}")
     for op in res.operations:
@@ -114,3 +125,5 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     click.echo(f"  message: {res.commit_message}")
     if res.commit_sha:
         click.echo(f"  commit: {res.commit_sha}  {res.commit_url or ''}".rstrip())
+    if res.pr_url:
+        click.echo(f"  pull request: {res.pr_url}")

@@ -31,6 +31,7 @@ from ..progress import is_disabled as progress_disabled
 from ..provenance.receipt import read_receipt
 from ..provenance.signing import resolve_public_key, signature_path
 from ..provenance.statement import Statement
+from ..quant.naming import name_problem
 from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from .gate import PublishCheck, check_publishable
 from .transport import HubErrorContext, guard_secrets, host, hub_errors, resolve_endpoint
@@ -80,6 +81,7 @@ class UploadResult:
     endpoint_host: str
     commit_sha: str | None = None
     commit_url: str | None = None
+    pr_url: str | None = None  # with create_pr: the pull request the commit opened
     repo_url: str | None = None
     checks: PublishCheck | None = None  # what the publish gate found
 
@@ -98,6 +100,7 @@ class UploadResult:
             "commit_description": self.commit_description,
             "commit_sha": self.commit_sha,
             "commit_url": self.commit_url,
+            "pr_url": self.pr_url,
             "repo_url": self.repo_url,
             "total_size": self.total_size,
             "operations": [op.to_dict() for op in self.operations],
@@ -198,7 +201,11 @@ class UploadOptions:
     built: HubRefusedError naming the bad setting, before anything is read or sent.
 
     ``private``: create the repo private (no effect on an existing repo); ``revision``: the branch
-    to commit to (created when missing; default main; never a commit sha); ``token``: the Hub token
+    to commit to (created when missing; default main; never a commit sha); ``create_pr``: open a
+    pull request with the commit instead of committing to the branch (``revision``, which must then
+    exist, is the branch it targets), as ``hf upload --create-pr``; ``path_in_repo``: the folder of
+    the repo the artifacts, their signatures and receipts go into (default the top; the card is
+    always the repo's ``README.md``); ``token``: the Hub token
     (default ``$HF_TOKEN`` or ``hf auth login``'s; never shown in the repr); ``dry_run``: run every
     check (hashing the files) and list the operations, without any network access;
     ``commit_message``: instead of the default one, which names ``recipe_name`` and
@@ -218,12 +225,39 @@ class UploadOptions:
     endpoint: str | None = None
     allow_unverified: bool = False
     public_key: str | os.PathLike | None = None
+    create_pr: bool = False
+    path_in_repo: str | None = None
 
     def __post_init__(self) -> None:
         if self.revision is not None and (not self.revision or COMMIT_RE.match(self.revision)):
             raise HubRefusedError(f"--revision {self.revision!r}: uploads go to a branch name, not a commit sha")
         if self.artifact_sha256 is not None and not SHA256_RE.match(self.artifact_sha256):
             raise HubRefusedError(f"artifact sha256 {self.artifact_sha256!r} is not a 64-hex-digit sha256")
+        if self.commit_message is not None and not self.commit_message.strip():
+            raise HubRefusedError("--commit-message is empty: give the commit a summary, or leave the option out")
+        if self.path_in_repo is not None:
+            problem = _folder_problem(self.path_in_repo)
+            if problem:
+                raise HubRefusedError(f"--path-in-repo {self.path_in_repo!r}: {problem}")
+
+    @property
+    def folder(self) -> str:
+        """``path_in_repo`` as a prefix (``""`` or ``"a/b/"``)."""
+        folder = (self.path_in_repo or "").strip("/")
+        return f"{folder}/" if folder not in ("", ".") else ""
+
+
+def _folder_problem(path: str) -> str | None:
+    """Why ``path`` cannot be the folder of an upload (None when it can): a relative POSIX path with
+    no empty, ``.`` or ``..`` part, and no ``mtp-`` (llama.cpp's -hf takes every file under it as an MTP sidecar)."""
+    folder = path.strip("/")
+    if folder in ("", "."):
+        return None
+    if "\\" in path or any(p in ("", ".", "..") for p in folder.split("/")):  # leading/trailing '/': as hf's
+        return "a folder of the repo is a relative path like 'Q4_K_M' or 'gguf/Q4_K_M' (no '..', '.', '//' or '\\')"
+    if any(ord(c) < 32 or ord(c) == 127 for c in folder):
+        return "control characters are not allowed"
+    return name_problem(f"{folder}/model.gguf")
 
 
 @dataclass
@@ -234,6 +268,7 @@ class _UploadRequest:
     artifacts: list[Path]
     receipts: list[Path]
     card: Path | None
+    folder: str = ""  # UploadOptions.folder: where artifacts, signatures and receipts go
 
     def __post_init__(self) -> None:
         from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -249,10 +284,11 @@ class _UploadRequest:
 
     def operations(self) -> list[UploadOperation]:
         """The files of the commit (not hashed yet); refuses a missing file or two files with one name."""
-        planned = [(p.name, p, UploadKind.ARTIFACT) for p in self.artifacts]
-        planned += [(sig.name, sig, UploadKind.SIGNATURE) for p in self.artifacts
+        at = self.folder
+        planned = [(at + p.name, p, UploadKind.ARTIFACT) for p in self.artifacts]
+        planned += [(at + sig.name, sig, UploadKind.SIGNATURE) for p in self.artifacts
                      if (sig := signature_path(p)).is_file()]
-        planned += [(p.name, p, UploadKind.RECEIPT) for p in self.receipts]
+        planned += [(at + p.name, p, UploadKind.RECEIPT) for p in self.receipts]
         if self.card is not None:
             planned.append(("README.md", self.card, UploadKind.CARD))
         seen: dict[str, Path] = {}
@@ -302,7 +338,8 @@ def upload(repo_id: str, files: Sequence[str | os.PathLike], receipt: str | os.P
     check (hashing the files) and lists the operations, without any network access.
     """
     o = options if options is not None else UploadOptions()
-    req = _UploadRequest(repo_id, _as_paths(files), _as_paths(receipt), Path(card) if card is not None else None)
+    req = _UploadRequest(repo_id, _as_paths(files), _as_paths(receipt), Path(card) if card is not None else None,
+                         o.folder)
     key = resolve_public_key(o.public_key)
     ops = _hashed(req.operations(), progress)
     checks = check_publishable({op.local_path: str(op.sha256) for op in ops if op.kind == UploadKind.ARTIFACT},
@@ -317,12 +354,11 @@ def upload(repo_id: str, files: Sequence[str | os.PathLike], receipt: str | os.P
         commit_description=_commit_description(ops, checks), operations=ops, endpoint_host=host(endpoint),
         checks=checks)
     if not o.dry_run:
-        _push(result, o.revision, o.token, endpoint, progress)
+        _push(result, o, endpoint, progress)
     return result
 
 
-def _push(result: UploadResult, revision: str | None, token: str | bool | None, endpoint: str,
-          progress: bool) -> None:
+def _push(result: UploadResult, o: UploadOptions, endpoint: str, progress: bool) -> None:
     """Send the commit, with huggingface_hub's progress bars off unless ``progress``; fills in the commit."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -331,8 +367,8 @@ def _push(result: UploadResult, revision: str | None, token: str | bool | None, 
     if restore_bars:
         disable_progress_bars()
     try:
-        with guard_secrets(token) as secrets:
-            _commit(result, revision, token, endpoint, secrets)
+        with guard_secrets(o.token) as secrets:
+            _commit(result, o, endpoint, secrets)
     finally:
         if restore_bars:
             enable_progress_bars()
@@ -356,24 +392,28 @@ def _addition(op: UploadOperation) -> Any:
     return add
 
 
-def _commit(result: UploadResult, revision: str | None, token: str | bool | None, endpoint: str,
-            secrets: Sequence[str]) -> None:
-    """create_repo (exist_ok), create_branch when not main, then one create_commit."""
+def _commit(result: UploadResult, o: UploadOptions, endpoint: str, secrets: Sequence[str]) -> None:
+    """create_repo (exist_ok), create_branch when not main (unless a pull request targets it, as
+    ``hf upload --create-pr``), then one create_commit."""
     from huggingface_hub import HfApi
 
-    repo_id, branch, ops = result.repo_id, result.revision, result.operations
+    repo_id, branch, ops, revision = result.repo_id, result.revision, result.operations, o.revision
     additions = [_addition(op) for op in ops]  # before any request: a changed file creates nothing
-    api = HfApi(endpoint=endpoint, token=token, library_name="ggufmtp", library_version=__version__)
+    api = HfApi(endpoint=endpoint, token=o.token, library_name="ggufmtp", library_version=__version__)
     errs = HubErrorContext(repo_id=repo_id, endpoint=endpoint, secrets=secrets, revision=revision, writing=True)
     with hub_errors(f"creating repo {repo_id}", **errs):
         repo_url = api.create_repo(repo_id, private=True if result.private else None, exist_ok=True,
                                    repo_type="model")
-    if branch != "main":
+    if branch != "main" and not o.create_pr:
         with hub_errors(f"creating branch {branch} in {repo_id}", **errs):
             api.create_branch(repo_id, branch=branch, exist_ok=True, repo_type="model")
-    with hub_errors(f"committing {len(ops)} file(s) to {repo_id} @ {branch}", **errs):
+    what = (f"opening a pull request of {len(ops)} file(s) on {repo_id} @ {branch}" if o.create_pr
+            else f"committing {len(ops)} file(s) to {repo_id} @ {branch}")
+    with hub_errors(what, **errs):
         info = api.create_commit(repo_id, additions, commit_message=result.commit_message,
-                                 commit_description=result.commit_description, revision=revision, repo_type="model")
+                                 commit_description=result.commit_description, revision=revision, repo_type="model",
+                                 create_pr=o.create_pr)
     result.commit_sha = getattr(info, "oid", None)
     result.commit_url = getattr(info, "commit_url", None)
+    result.pr_url = getattr(info, "pr_url", None)
     result.repo_url = str(repo_url)

@@ -133,9 +133,9 @@ def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, 
     (:func:`ggufmtp.hub.upload.upload`); LadderError when a variant failed or nothing was made."""
     from ..hub.upload import UploadOptions, upload
 
-    failed = [o.recipe for o in result.outcomes if not o.ok]
+    failed = [f"{o.recipe} in {o.variant or '?'}/: {o.error}" for o in result.outcomes if not o.ok]
     if failed or result.card is None:
-        raise LadderError(f"the ladder has variants that failed ({', '.join(failed) or 'all'}); "
+        raise LadderError(f"the ladder has variants that failed ({'; '.join(failed) or 'all'}); "
                           "fix them and rerun the ladder before publishing it")
     arts: Sequence[tuple[Path, Path]] = result.variants()
     options = UploadOptions(private=private, token=token, dry_run=dry_run,
