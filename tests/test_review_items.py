@@ -225,3 +225,66 @@ def test_a_malformed_conversion_record_is_refused_naming_it(tmp_path):
         sidecar.write_text(json.dumps(bad))
         with pytest.raises(AuditError, match="m.gguf.source.json"):
             _converted_from(sidecar)
+
+
+# ----------------------------------------------------------------------------- 5. the publish gate
+
+VACUOUS = {"min_acceptance": 0.0, "min_speedup": 0.0, "min_identical": 0.0, "enforce_speedup": False,
+           "source": "flags"}
+
+
+def _gated(tmp_path: Path, verification="pass", **figures) -> tuple[Path, Path, str]:
+    art = synth_artifact(tmp_path / "g")
+    rc = art.with_name(art.name + ".receipt.json")
+    rc.write_text(json.dumps(honest_statement(art, verification, **figures)))
+    return art, rc, sha256_file(art)
+
+
+def _card(tmp_path: Path, text: str) -> Path:
+    card = tmp_path / "README.md"
+    card.write_text("---\nlibrary_name: gguf\n---\n# my model\n\n" + text)
+    return card
+
+
+def test_the_gate_refuses_thresholds_that_judge_nothing_unless_the_card_says_so(tmp_path):
+    """Thresholds 0/0/0 passed the gate: a verdict "pass" that claims nothing."""
+    from ggufmtp.errors import HubRefusedError
+    from ggufmtp.hub.gate import check_publishable
+    from ggufmtp.provenance.card import card_text
+
+    heading = "## Thresholds that judge nothing"
+    art, rc, sha = _gated(tmp_path, thresholds=dict(VACUOUS), identical=0.0)
+    for card in (None, _card(tmp_path, "A fine model.\n"),
+                 _card(tmp_path, f"<!--\n{heading}\nmin_acceptance min_speedup min_identical\n-->\n"),
+                 _card(tmp_path, f"{heading}\n\nmin_acceptance is 0.\n")):  # two of three unsaid
+        with pytest.raises(HubRefusedError, match="judge nothing.*min_identical"):
+            check_publishable({art: sha}, [rc], card)
+    from ggufmtp.provenance.vacuous import VACUOUS_HEADING
+
+    assert VACUOUS_HEADING == heading
+    # the card ggufmtp writes says so, naming each: published
+    _, body = card_text(load_receipt(rc))
+    assert VACUOUS_HEADING in body
+    assert check_publishable({art: sha}, [rc], _card(tmp_path, body)).unverified == []
+    # the recipe's thresholds judge something: no statement needed
+    art2, rc2, sha2 = _gated(tmp_path / "2")
+    assert check_publishable({art2: sha2}, [rc2], None).unverified == []
+
+
+def test_a_card_names_every_unverified_artifact_where_a_reader_sees_it(tmp_path):
+    """The gate took a card whose only "## Not verified" was inside an HTML comment, or that never
+    named the unverified file."""
+    from ggufmtp.errors import HubRefusedError
+    from ggufmtp.hub.gate import check_publishable
+    from ggufmtp.provenance.card import UNVERIFIED_HEADING
+
+    art, rc, sha = _gated(tmp_path, None)
+    for card in (_card(tmp_path, f"<!-- {UNVERIFIED_HEADING} {art.name} -->\nAll good.\n"),
+                 _card(tmp_path, f"<!-- {UNVERIFIED_HEADING}\n\n{art.name}\n"),  # never closed: all hidden
+                 _card(tmp_path, f"{UNVERIFIED_HEADING}\n\nSome file was not checked.\n"),
+                 None):
+        with pytest.raises(HubRefusedError, match=f"{art.name} is not verified"):
+            check_publishable({art: sha}, [rc], card, allow_unverified=True)
+    ok = check_publishable({art: sha}, [rc], _card(tmp_path, f"{UNVERIFIED_HEADING}\n\n`{art.name}`: no runtime "
+                                                             f"verification.\n"), allow_unverified=True)
+    assert [a.artifact for a in ok.unverified] == [art]

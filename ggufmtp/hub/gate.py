@@ -7,8 +7,11 @@ unsealed receipt, bytes that are not the recorded ones, a verdict its own figure
 signature that does not verify when a public key is configured by ``--public-key`` /
 ``$GGUFMTP_PUBLIC_KEY``), then a publishable verification of those bytes (verdict ``pass``, bound to
 the digest, with at least the minimum evidence of :class:`~ggufmtp.provenance.verdict.Evidence`) unless
-``allow_unverified``, in which case the card must say so
-(:data:`~ggufmtp.provenance.card.UNVERIFIED_HEADING`). A dry run goes through the same gate, so it
+``allow_unverified``, in which case the card must say so where a reader sees it
+(:data:`~ggufmtp.provenance.card.UNVERIFIED_HEADING` and each such file's name, outside HTML
+comments). A passing verification whose thresholds judge nothing (a minimum of 0:
+:func:`~ggufmtp.provenance.vacuous.vacuous_thresholds`) is refused unless the card says so too
+(:data:`~ggufmtp.provenance.vacuous.VACUOUS_HEADING`, naming each threshold). A dry run goes through the same gate, so it
 refuses exactly what the real upload refuses.
 """
 
@@ -25,6 +28,7 @@ from ..provenance.audit import AuditReport, Trust, audit
 from ..provenance.card import UNVERIFIED_HEADING, unverified_reason
 from ..provenance.receipt import Receipt, read_receipt
 from ..provenance.signing import signature_path
+from ..provenance.vacuous import VACUOUS_HEADING, vacuous_thresholds, visible_text
 
 __all__ = ["ArtifactCheck", "PublishCheck", "check_publishable"]
 
@@ -106,17 +110,35 @@ def _audited(art: Path, rc: Receipt, public_key: Path | None) -> AuditReport:
     return report
 
 
-def _check_card(card: Path | None, unverified: list[ArtifactCheck]) -> None:
-    if card is None or not unverified:
-        return
+def _card_text(card: Path) -> str:
+    """What a reader of the card sees (its HTML comments dropped)."""
     try:
-        text = read_regular_file(card, MAX_TEXT_FILE_BYTES).decode("utf-8", errors="replace")
+        return visible_text(read_regular_file(card, MAX_TEXT_FILE_BYTES).decode("utf-8", errors="replace"))
     except OSError as e:
         raise HubRefusedError(f"cannot read the card {card}: {e.strerror or type(e).__name__}") from None
-    if UNVERIFIED_HEADING not in text:
-        names = ", ".join(a.artifact.name for a in unverified)
-        raise HubRefusedError(f"the card {card} does not state that {names} is not verified (no "
-                              f"{UNVERIFIED_HEADING!r} section): regenerate it with `ggufmtp card` from the receipt")
+
+
+def _check_card(card: Path | None, unverified: list[ArtifactCheck], vacuous: dict[Path, dict[str, str]]) -> None:
+    """The card must say, where a reader sees it, which artifacts are not verified (its
+    ``## Not verified`` section and each one's name) and which thresholds judge nothing (its
+    ``## Thresholds that judge nothing`` section and each one's key)."""
+    if not unverified and not vacuous:
+        return
+    text = _card_text(card) if card is not None else ""
+    unnamed = [a.artifact.name for a in unverified if a.artifact.name not in text]
+    if unverified and (card is None or UNVERIFIED_HEADING not in text or unnamed):
+        names = ", ".join(unnamed or [a.artifact.name for a in unverified])
+        where = (f"the card {card} does not state" if card is not None else "there is no card (--card) stating")
+        raise HubRefusedError(f"{where} that {names} is not verified (a visible {UNVERIFIED_HEADING!r} section "
+                              f"naming each such file; HTML comments do not count): regenerate it with `ggufmtp "
+                              f"card` from the receipt")
+    for art, found in vacuous.items():
+        unsaid = [k for k in found if card is None or VACUOUS_HEADING not in text or k not in text]
+        if unsaid:
+            raise HubRefusedError(f"refusing to publish {art}: its verification's thresholds judge nothing ("
+                                  f"{'; '.join(found[k] for k in unsaid)}), and "
+                                  f"{f'the card {card}' if card is not None else 'no card (--card)'} does not say so "
+                                  f"(a visible {VACUOUS_HEADING!r} section naming each; `ggufmtp card` writes it)")
 
 
 def check_publishable(artifacts: Mapping[Path, str], receipts: Sequence[Path], card: Path | None = None, *,
@@ -126,6 +148,7 @@ def check_publishable(artifacts: Mapping[Path, str], receipts: Sequence[Path], c
     parsed = [_parsed(Path(r)) for r in receipts]
     matched = _match(artifacts, parsed)
     checks = []
+    vacuous: dict[Path, dict[str, str]] = {}
     for art, sha in artifacts.items():
         rc = matched[art]
         report = _audited(art, rc, public_key)
@@ -135,6 +158,8 @@ def check_publishable(artifacts: Mapping[Path, str], receipts: Sequence[Path], c
         sig = signature_path(art)
         checks.append(ArtifactCheck(art, sha, rc.path, rc.signed, problem, sig if sig.is_file() else None,
                                     report.trust == Trust.VERIFIED, report.trust))
+        if problem is None and (found := vacuous_thresholds(rc.verification)):
+            vacuous[art] = found
     result = PublishCheck(tuple(checks), allow_unverified)
-    _check_card(card, result.unverified)
+    _check_card(card, result.unverified, vacuous)
     return result

@@ -26,6 +26,7 @@ from .statement import (
     SubjectEntry,
     Verification,
 )
+from .vacuous import vacuous_notice
 from .verdict import OVERALL_RULE, HeadBasis, judge_record
 
 TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
@@ -118,7 +119,7 @@ def card_text(statement: Statement, artifact_name: str | None = None, quantized_
     lines = [title, f"MTP runtime GGUF: the multi-token-prediction (NextN) {_heads(res)} "
              f"({res['mtp_status']}) so `llama-server --spec-type draft-mtp` can draft with it. "
              f"Recipe `{rec['name']}` ({rec['ftype']}), {res['bpw']} bits per weight, {res['size_bytes']:,} bytes.\n"]
-    lines += _unverified_notice(unverified_reason(statement))
+    lines += _unverified_notice(unverified_reason(statement)) + vacuous_notice(v)
     if v:
         lines += _claim(v) + _tables(v)
     lines += quality_lines(p)
