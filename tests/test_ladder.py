@@ -148,7 +148,7 @@ def test_the_ladder_file_and_the_cli(ladder, tmp_path):
     assert d["ok"] and [v["recipe"] for v in d["variants"]] == list(RECIPES)
     assert [v["variant"] for v in d["variants"]] == ["Q8_0", "Q4_K_M_HeadQ8", "IQ4_XS"]
     assert all(set(v["summary"]["stages"].values()) == {"cached"} for v in d["variants"])
-    for bad, said in (("recipes = 3\n", "recipes must be a list"), ("colour = 1\n", "unknown keys colour"),
+    for bad, said in (("recipes = 3\n", "recipes must be an array of strings"), ("colour = 1\n", "unknown keys colour"),
                       ("[verify]\nspeed = 1\n", "unknown keys speed"), ("model = \n", "not a TOML ladder file")):
         f.write_text(bad)
         r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), "-o", str(tmp_path / "x")])
