@@ -1,6 +1,9 @@
 """ggufmtp: produce, audit and verify MTP (NextN) runtime GGUF models for llama.cpp.
 
-The Python API mirrors the pipeline; every function returns a typed result::
+The Python API mirrors the pipeline; every function returns a typed result, exported here with
+the functions (``ggufmtp.Plan``, ``ggufmtp.AuditReport``, ...), and the package ships ``py.typed``
+so a user's type checker sees the annotations. A model argument is what the command line takes:
+a path or ``builtin:NAME`` (``run`` and ``run_ladder`` also pull ``owner/repo[@rev]``)::
 
     import ggufmtp
 
@@ -58,12 +61,29 @@ _LAZY: dict[str, tuple[str, str]] = {
     "RunOptions": ("ggufmtp.run_options", "RunOptions"),
     "UploadOptions": ("ggufmtp.hub.upload", "UploadOptions"),
     "EvalOptions": ("ggufmtp.quality.options", "EvalOptions"),
+    "LadderSpec": ("ggufmtp.ladder.spec", "LadderSpec"),
+    # what the functions return (each function's return annotation names one of these, or Path)
+    "SynthResult": ("ggufmtp.synth.writer", "SynthResult"),
+    "ModelReport": ("ggufmtp.gguf.model", "ModelReport"),
+    "Plan": ("ggufmtp.quant.plan", "Plan"),
+    "QuantizeResult": ("ggufmtp.quant.quantize", "QuantizeResult"),
+    "AuditReport": ("ggufmtp.provenance.audit", "AuditReport"),
+    "VerifyResult": ("ggufmtp.measure.verify.report", "VerifyResult"),
+    "PullResult": ("ggufmtp.hub.manifest", "PullResult"),
+    "UploadResult": ("ggufmtp.hub.upload", "UploadResult"),
+    "RunResult": ("ggufmtp.pipeline", "RunResult"),
+    "ConvertResult": ("ggufmtp.hfconvert.convert", "ConvertResult"),
+    "ComputeResult": ("ggufmtp.imatrix.compute", "ComputeResult"),
+    "QualityResult": ("ggufmtp.quality.eval", "QualityResult"),
+    "LadderResult": ("ggufmtp.ladder.run", "LadderResult"),
 }
 
 __all__ = ["__version__", "GgufmtpError", "Recipe", "SynthSpec", "synthesize", "inspect", "plan", "quantize",
            "audit", "verify", "write_receipt", "make_card", "pull", "upload", "run", "convert",
            "compute_imatrix", "evaluate", "run_ladder", "VerifyOptions", "ServerOptions", "JudgeOptions", "RunOptions",
-           "UploadOptions", "EvalOptions"]
+           "UploadOptions", "EvalOptions", "LadderSpec", "SynthResult", "ModelReport", "Plan", "QuantizeResult",
+           "AuditReport", "VerifyResult", "PullResult", "UploadResult", "RunResult", "ConvertResult", "ComputeResult",
+           "QualityResult", "LadderResult"]
 
 
 def __getattr__(name: str) -> object:
@@ -84,22 +104,27 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names above are lazy
     from ._api import verify
+    from .gguf.model import ModelReport
     from .gguf.model import inspect_model as inspect
-    from .hfconvert.convert import convert
+    from .hfconvert.convert import ConvertResult, convert
+    from .hub.manifest import PullResult
     from .hub.pull import pull
-    from .hub.upload import UploadOptions, upload
-    from .imatrix.compute import compute_imatrix
-    from .ladder.run import run_ladder
+    from .hub.upload import UploadOptions, UploadResult, upload
+    from .imatrix.compute import ComputeResult, compute_imatrix
+    from .ladder.run import LadderResult, run_ladder
+    from .ladder.spec import LadderSpec
     from .measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
-    from .pipeline import run
-    from .provenance.audit import audit
+    from .measure.verify.report import VerifyResult
+    from .pipeline import RunResult, run
+    from .provenance.audit import AuditReport, audit
     from .provenance.card import make_card
     from .provenance.receipt import write_receipt
-    from .quality.eval import evaluate
+    from .quality.eval import QualityResult, evaluate
     from .quality.options import EvalOptions
+    from .quant.plan import Plan
     from .quant.plan import make_plan as plan
-    from .quant.quantize import quantize
+    from .quant.quantize import QuantizeResult, quantize
     from .quant.recipe import Recipe
     from .run_options import RunOptions
     from .synth.spec import SynthSpec
-    from .synth.writer import synthesize
+    from .synth.writer import SynthResult, synthesize

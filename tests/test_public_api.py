@@ -23,7 +23,10 @@ from ggufmtp.synth.hf import synthesize_hf
 FUNCTIONS = ("synthesize", "inspect", "plan", "quantize", "audit", "verify", "write_receipt", "make_card", "pull",
              "upload", "run", "convert", "compute_imatrix", "evaluate", "run_ladder")
 CLASSES = ("Recipe", "SynthSpec", "GgufmtpError", "VerifyOptions", "ServerOptions", "JudgeOptions", "RunOptions",
-           "UploadOptions", "EvalOptions")
+           "UploadOptions", "EvalOptions", "LadderSpec")
+# what the functions return, exported beside them (#42): a user can name the type of a result
+RESULTS = ("SynthResult", "ModelReport", "Plan", "QuantizeResult", "AuditReport", "VerifyResult", "PullResult",
+           "UploadResult", "RunResult", "ConvertResult", "ComputeResult", "QualityResult", "LadderResult")
 MAX_PARAMETERS = 10  # issue #32: a function of more settings takes an options object
 
 
@@ -44,11 +47,11 @@ def test_public_names_are_lazy_listed_and_typed():
                            "if m.startswith('ggufmtp.') and m not in ('ggufmtp._version', 'ggufmtp.errors')))"],
                           capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]", "import ggufmtp should load no stage module"
-    assert set(ggufmtp.__all__) == set(FUNCTIONS) | set(CLASSES) | {"__version__"}
+    assert set(ggufmtp.__all__) == set(FUNCTIONS) | set(CLASSES) | set(RESULTS) | {"__version__"}
     assert set(ggufmtp.__all__) <= set(dir(ggufmtp))
     for name in FUNCTIONS:
         assert inspect.isfunction(getattr(ggufmtp, name)), name
-    for name in CLASSES:
+    for name in CLASSES + RESULTS:
         assert inspect.isclass(getattr(ggufmtp, name)), name
     assert isinstance(ggufmtp.__version__, str)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
@@ -76,6 +79,17 @@ def test_public_functions_have_real_signatures():
     assert shape(ggufmtp.run)[:3] == [("recipe", P.POSITIONAL_OR_KEYWORD, P.empty),
                                       ("model", P.POSITIONAL_OR_KEYWORD, P.empty),
                                       ("options", P.POSITIONAL_OR_KEYWORD, None)]
+
+
+def test_every_result_type_is_exported():
+    """Each public function returns a class ``ggufmtp`` exports (the one its annotation names), or a Path."""
+    for name in FUNCTIONS:
+        f = getattr(ggufmtp, name)
+        returned = str(inspect.signature(f).return_annotation).rpartition(".")[2]
+        assert returned == "Path" or returned in RESULTS, (name, returned)
+        if returned != "Path":  # the very class, not one of the same name
+            annotation = str(inspect.signature(f).return_annotation)
+            assert eval(annotation, vars(sys.modules[f.__module__])) is getattr(ggufmtp, returned), name
 
 
 def _public_functions() -> dict[str, object]:

@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DATA = ("ggufmtp/data/recipes/hifi-q4_k_m-mtp.toml", "ggufmtp/data/suites/chat-v1.jsonl",
                 "ggufmtp/data/corpora/calib-v1.txt", "ggufmtp/data/receipt.schema.json",
-                "ggufmtp/runtime/native/mtp_imatrix.cpp")
+                "ggufmtp/runtime/native/mtp_imatrix.cpp", "ggufmtp/py.typed")
 
 
 def _tracked_tree(dest: Path) -> Path:
@@ -102,6 +102,49 @@ def test_the_installed_wheel_is_not_the_checkout(installed):
     r = _run(installed, "recipe", "list", "--json")
     assert r.returncode == 0, r.stderr
     assert {x["name"] for x in json.loads(r.stdout)} >= {"hifi-q4_k_m-mtp", "q8_0-mtp", "iq4_xs-mtp"}
+
+
+# A user's script against the installed wheel (#42): with py.typed the annotations reach mypy, so a
+# correct script checks clean and each wrong argument below is an error on its own line.
+USER_SCRIPT_OK = """\
+from pathlib import Path
+
+import ggufmtp
+
+
+def main() -> None:
+    p: ggufmtp.Plan = ggufmtp.plan("builtin:tiny-qwen35moe", "q8_0-mtp")
+    q: ggufmtp.QuantizeResult = ggufmtp.quantize(Path("in.gguf"), "q8_0-mtp", "out.gguf", progress=False)
+    a: ggufmtp.AuditReport = ggufmtp.audit(q.output, "out.gguf.receipt.json")
+    v: ggufmtp.VerifyResult = ggufmtp.verify(q.output, ggufmtp.VerifyOptions(draft_n_max=2), receipt="r.json")
+    print(p.ok, a.ok, v.verdict)
+"""
+USER_SCRIPT_WRONG = """\
+import ggufmtp
+
+ggufmtp.plan(4, "q8_0-mtp")
+ggufmtp.quantize("in.gguf", "q8_0-mtp", "out.gguf", progress="yes")
+ggufmtp.audit("out.gguf", receipt=3.5)
+ggufmtp.verify("out.gguf", {"draft_n_max": 2})
+n: int = ggufmtp.plan("in.gguf", "q8_0-mtp").model
+"""
+
+
+def test_the_wheel_s_annotations_reach_a_user_s_mypy(installed, tmp_path):
+    """mypy (this environment's, run by the fresh environment's interpreter, so it finds the installed
+    wheel and no checkout) on a user's script: clean when correct, one error per wrong line."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "MYPYPATH")}
+    # ggufmtp's modules are followed; the third-party ones they import are not (Any): a minute less
+    config = tmp_path / "mypy.ini"
+    config.write_text("[mypy]\nfollow_imports = skip\n\n[mypy-ggufmtp.*]\nfollow_imports = normal\n")
+    for name, text in (("ok.py", USER_SCRIPT_OK), ("wrong.py", USER_SCRIPT_WRONG)):
+        (tmp_path / name).write_text(text)
+    p = subprocess.run([str(installed["py"]), "-m", "mypy", "--no-incremental", "--no-error-summary", "--config-file",
+                        str(config), "--cache-dir", str(tmp_path / "mypy-cache"), "ok.py", "wrong.py"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    errors = [m for m in p.stdout.splitlines() if ": error:" in m]
+    assert not [m for m in errors if not m.startswith("wrong.py:")], p.stdout + p.stderr  # ok.py checks clean
+    assert {int(m.split(":")[1]) for m in errors} == {3, 4, 5, 6, 7}, p.stdout + p.stderr
 
 
 def readme_quickstart() -> list[list[str]]:
