@@ -732,3 +732,19 @@ def test_cli_upload_takes_hf_uploads_options(fake, artifacts):
     assert fake.history("me/cli-pr", "refs/pr/1")[1].message == "first"  # opened against dev
     r = CliRunner().invoke(main, [*argv, "--path-in-repo", "../x"], env=env)
     assert r.exit_code == 1 and r.output.startswith("error: --path-in-repo '../x'") and "Traceback" not in r.output
+
+
+def test_upload_notes_an_artifact_llama_cpp_would_not_take_as_a_model(fake, artifacts, capsys):
+    """A name holding ``mtp-`` (ggufmtp's own names never do) is uploaded, with a note: llama.cpp's
+    ``-hf`` skips it as a model and may serve it as another file's MTP draft."""
+    art, rc, card = artifacts
+    odd = art.with_name("model-mtp-q8.gguf")
+    odd.write_bytes(other_artifact(art.parent.parent / "odd").read_bytes())  # other bytes: its own receipt
+    orc = odd.with_name(odd.name + ".receipt.json")
+    orc.write_text(json.dumps(receipt_of(odd)))
+    res = upload("me/odd-name", [art, odd], [rc, orc], None, UploadOptions(dry_run=True), progress=False)
+    assert len(res.notes) == 1 and "model-mtp-q8.gguf contains 'mtp-'" in res.notes[0]
+    assert res.to_dict()["notes"] == list(res.notes)
+    r = CliRunner().invoke(main, ["upload", "me/odd-name", str(odd), "--receipt", str(orc), "--dry-run"],
+                           env={"HF_ENDPOINT": fake.url})
+    assert r.exit_code == 0 and "note: model-mtp-q8.gguf contains 'mtp-'" in r.stderr, r.output

@@ -110,6 +110,8 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
                             public_key=public_key, commit_message=commit_message, create_pr=create_pr,
                             path_in_repo=path_in_repo)
     res = upload(repo_id, list(artifacts), list(receipts), card, options)
+    for note in res.notes:
+        click.echo(f"note: {note}", err=True)
     if as_json:
         emit_json(res.to_dict())
         return

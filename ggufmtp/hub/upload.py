@@ -26,6 +26,7 @@ from .._version import __version__
 from ..errors import AuditError, HubError, HubRefusedError
 from ..files.hashing import file_digests
 from ..fmt import decimal_bytes
+from ..gguf.model import is_mtp_sidecar
 from ..jsontypes import JsonObject
 from ..progress import is_disabled as progress_disabled
 from ..provenance.receipt import read_receipt
@@ -84,6 +85,7 @@ class UploadResult:
     pr_url: str | None = None  # with create_pr: the pull request the commit opened
     repo_url: str | None = None
     checks: PublishCheck | None = None  # what the publish gate found
+    notes: tuple[str, ...] = ()  # artifacts llama.cpp's -hf would not take as models (their names)
 
     @property
     def total_size(self) -> int:
@@ -105,6 +107,7 @@ class UploadResult:
             "total_size": self.total_size,
             "operations": [op.to_dict() for op in self.operations],
             "artifacts": self.checks.to_dict() if self.checks else [],
+            "notes": list(self.notes),
         }
 
 
@@ -316,6 +319,14 @@ def _hashed(ops: list[UploadOperation], progress: bool) -> list[UploadOperation]
     return out
 
 
+def _name_notes(ops: list[UploadOperation]) -> tuple[str, ...]:
+    """One note per artifact whose name or folder llama.cpp's ``-hf`` would not resolve as a model
+    (:func:`ggufmtp.quant.naming.name_problem`), an MTP-only sidecar excepted (``mtp-`` names it as one)."""
+    return tuple(f"{problem}; release names: <Model>-<TAG>.gguf (docs/reference/names.md)"
+                 for op in ops if op.kind == UploadKind.ARTIFACT
+                 and (problem := name_problem(op.path_in_repo)) and not is_mtp_sidecar(op.local_path))
+
+
 def _check_artifact_digest(ops: list[UploadOperation], artifact_sha256: str | None) -> None:
     """Refuse a receipt sha256 that is none of the artifacts': the receipt describes another file."""
     artifacts = [o for o in ops if o.kind == UploadKind.ARTIFACT]
@@ -352,7 +363,7 @@ def upload(repo_id: str, files: Sequence[str | os.PathLike], receipt: str | os.P
         repo_id=repo_id, revision=o.revision or "main", dry_run=o.dry_run, private=o.private,
         commit_message=o.commit_message or _commit_message(ops, o.recipe_name, o.artifact_sha256),
         commit_description=_commit_description(ops, checks), operations=ops, endpoint_host=host(endpoint),
-        checks=checks)
+        checks=checks, notes=_name_notes(ops))
     if not o.dry_run:
         _push(result, o, endpoint, progress)
     return result

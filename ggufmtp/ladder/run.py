@@ -24,7 +24,9 @@ from typing import Any
 from ..errors import LadderError
 from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
+from ..provenance.card_page import PageOptions
 from ..provenance.ladder_card import make_ladder_card
+from ..quant.naming import model_name
 from ..refs import is_builtin, parse_model_ref, resolve
 from .engine import Engine, EngineInfo, Sequential, VariantOutcome
 from .spec import LadderSpec, VariantJob
@@ -117,13 +119,13 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, progress: bool = 
             bar.update(1)
     outcomes = [done[r] for r in spec.recipes]
     made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
-    card = make_ladder_card(made, spec.out_dir / "README.md", _title(spec)) if made else None
+    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by)
+    card = make_ladder_card(made, spec.out_dir / "README.md", options=options) if made else None
     return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done))
 
 
 def _title(spec: LadderSpec) -> str:
-    name = spec.model.removeprefix("builtin:").rstrip("/").split("/")[-1].removesuffix(".gguf")
-    return f"{name} MTP GGUF ladder"
+    return f"{model_name(spec.model)} MTP GGUF ladder"
 
 
 def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, dry_run: bool = False,
