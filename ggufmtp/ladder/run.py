@@ -24,7 +24,6 @@ from typing import Any
 from ..errors import LadderError
 from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
-from ..provenance.card_page import PageOptions
 from ..provenance.ladder_card import make_ladder_card
 from ..quant.naming import model_name
 from ..refs import is_builtin, parse_model_ref, resolve
@@ -119,8 +118,7 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, progress: bool = 
             bar.update(1)
     outcomes = [done[r] for r in spec.recipes]
     made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
-    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by)
-    card = make_ladder_card(made, spec.out_dir / "README.md", options=options) if made else None
+    card = make_ladder_card(made, spec.out_dir / "README.md", _title(spec)) if made else None
     return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done))
 
 
