@@ -20,6 +20,7 @@ from .files.hashing import sha256_file
 from .measure.core.options import VerifyOptions
 from .measure.verify import run as _verify_mod
 from .provenance.receipt import load_receipt, set_verification
+from .refs import local_model_arg
 
 if TYPE_CHECKING:
     from .quant.recipe import Recipe
@@ -38,7 +39,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
         rec = verify_recipe(None, receipt)  # the receipt's recipe judges its artifact
         o = o.with_defaults(thresholds=_verify_mod.Thresholds.from_recipe(rec.verify, rec.name),
                             draft_n_max=rec.verify.draft_n_max if o.tuned is None else None)
-    res = _verify_mod.verify(model, o, progress=progress, on_record=on_record)
+    res = _verify_mod.verify(local_model_arg(model), o, progress=progress, on_record=on_record)
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True)
     return res

@@ -1,7 +1,9 @@
 """The one model-reference resolver: ``builtin:NAME``, a local path, or a Hub repo ``owner/name[@rev]``.
 
-Library functions take paths; only the command line and :mod:`ggufmtp.pipeline` accept these
-references and turn them into paths here. A built-in model is synthesized once and cached
+The command line and the public functions that read a model (``inspect``, ``plan``, ``quantize``,
+``verify``, ``evaluate``, ``compute_imatrix``) take a path or ``builtin:NAME`` and make it a path
+with :func:`local_model_arg`; :mod:`ggufmtp.pipeline` (``run``) and the ladder also pull a Hub
+repo (:func:`resolve`). A built-in model is synthesized once and cached
 (:func:`ggufmtp.synth.builtin.builtin_path`; ``*-trained`` ones are trained once,
 :func:`ggufmtp.train.builtin.trained_builtin_path`); a Hub repo is pulled, pinned to a commit.
 """
@@ -78,10 +80,11 @@ def builtin_model_path(name: str) -> Path:
     return builtin_path(name)
 
 
-def local_model_arg(model: str) -> str:
-    """A model argument of a command that needs a file: ``builtin:NAME`` becomes the synthesized
-    model's path; anything else is passed on unchanged (the command checks it, with its own error)."""
-    return str(builtin_model_path(model)) if is_builtin(model) else model
+def local_model_arg(model: str | os.PathLike) -> str:
+    """A model argument of a command or function that needs a file: ``builtin:NAME`` becomes the
+    synthesized model's path; anything else is passed on unchanged, as a string (the caller checks
+    it, with its own error)."""
+    return str(builtin_model_path(str(model))) if is_builtin(model) else os.fspath(model)
 
 
 def resolve(ref: ModelRef, *, local_dir: str | os.PathLike | None = None, include: Sequence[str] | None = None,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import ggufmtp
+from ggufmtp.errors import GgufmtpError
 from ggufmtp.measure.verify import run as verify_mod
 from ggufmtp.synth.hf import synthesize_hf
 
@@ -90,6 +91,33 @@ def test_every_result_type_is_exported():
         if returned != "Path":  # the very class, not one of the same name
             annotation = str(inspect.signature(f).return_annotation)
             assert eval(annotation, vars(sys.modules[f.__module__])) is getattr(ggufmtp, returned), name
+
+
+def test_every_function_that_reads_a_model_takes_a_builtin_name(tmp_path):
+    """The command line's model references (#42): ``builtin:NAME`` is resolved by :mod:`ggufmtp.refs`
+    in every function that reads a model, before any other work (an unknown name is the resolver's
+    error, not "no such file"); ``inspect`` reads the built-in model itself."""
+    calls = {
+        "inspect": lambda m: ggufmtp.inspect(m),
+        "plan": lambda m: ggufmtp.plan(m, "q8_0-mtp"),
+        "quantize": lambda m: ggufmtp.quantize(m, "q8_0-mtp", tmp_path / "q.gguf", progress=False),
+        "verify": lambda m: ggufmtp.verify(m, progress=False),
+        "evaluate (base)": lambda m: ggufmtp.evaluate(m, tmp_path / "q.gguf", progress=False),
+        "evaluate (quant)": lambda m: ggufmtp.evaluate(tmp_path / "q.gguf", m, progress=False),
+        "compute_imatrix": lambda m: ggufmtp.compute_imatrix(m, "builtin:calib-v1", tmp_path / "im.gguf"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(GgufmtpError, match="unknown built-in model 'builtin:no-such-model'"):
+            call("builtin:no-such-model")
+        assert not any(tmp_path.iterdir()), name
+    assert ggufmtp.inspect("builtin:tiny-qwen35moe").mtp_status == "complete"
+
+
+@pytest.mark.runtime
+def test_plan_takes_a_builtin_name():
+    """The issue's case: plan read ``builtin:tiny-qwen35moe`` as a file name (GGUFReadError)."""
+    p = ggufmtp.plan("builtin:tiny-qwen35moe", "q8_0-mtp")
+    assert p.ok and p.mtp_summary().tensors > 0
 
 
 def _public_functions() -> dict[str, object]:

@@ -23,6 +23,7 @@ from ..constants import MTP_ARCHITECTURES, NEXTN_ARCH_FALLBACKS, NEXTN_OPTIONAL_
 from ..errors import GGUFReadError
 from ..fmt import human_bytes
 from ..jsontypes import JsonObject
+from ..refs import local_model_arg
 from .reader import GGUFHeader, read_header, tensor_nbytes
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
@@ -356,8 +357,8 @@ class ModelReport:
 
 
 def inspect_model(path: str | Path) -> ModelReport:
-    """Read ``path`` (any shard of a split model works) and report its MTP structure."""
-    model = GGUFModel(path)
+    """Read ``path`` (any shard of a split model works, or ``builtin:NAME``) and report its MTP structure."""
+    model = GGUFModel(local_model_arg(path))
     mtp = check_mtp(model)
     return ModelReport(
         path=str(model.path),

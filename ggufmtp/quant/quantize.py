@@ -32,6 +32,7 @@ from ..files.fsutil import fsync_dir, fsync_path
 from ..files.hashing import sha256_file
 from ..gguf.model import GGUFModel, check_mtp, format_blocks
 from ..jsontypes import JsonObject
+from ..refs import local_model_arg
 from .output_header import predict_output_header
 from .plan import Plan, make_plan
 from .recipe import Recipe
@@ -220,7 +221,7 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
 
     Raises :class:`PlanError` if pre-flight checks fail (before any work), :class:`QuantizeError`
     if libllama fails or the result differs from the plan."""
-    model, out, clock = Path(model), Path(out), StageTimes()
+    model, out, clock = Path(local_model_arg(model)), Path(out), StageTimes()
     if plan is None:
         with clock.measure("plan"):
             plan = make_plan(model, recipe, imatrix, threads, mtp_optional=mtp_optional)
