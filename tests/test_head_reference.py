@@ -63,7 +63,8 @@ def test_a_worse_head_is_flagged_by_the_paired_ci(synth_model, llama_server_bin)
     assert d["verdict"] == "fail" and d["findings"]["head"] == "fail" and d["findings"]["lossless"] == "pass"
     f = d["head"]["findings"]["default"]
     assert f["difference_ci95"][0] < -0.03 and not f["preserved"], f
-    assert any(r.startswith("head not preserved") and "non-inferiority margin" in r for r in d["reasons"]), d["reasons"]
+    assert any(r.startswith("head degraded") and "-3.0 points, the non-inferiority margin" in r
+               for r in d["reasons"]), d["reasons"]
     # the same figures with the absolute minimum asked for too: both bases named
     assert judge_record(d).findings.head_basis.value == "reference"
 
@@ -128,3 +129,20 @@ def test_head_comparison_parses_strictly():
     d["pairs"][0]["accepted"] = 11  # more accepted than drafted
     with pytest.raises(ValueError, match="more tokens than it drafted"):
         HeadComparison.of_dict(d)
+
+
+def test_a_wide_interval_is_not_shown_preserved_and_says_so():
+    """The finding tells "degraded" (the whole CI below -margin) from "not shown" (too little
+    evidence to exclude a loss of the margin): both fail the head, only the second asks for more."""
+    from ggufmtp.provenance.head import HeadPair, judge_head
+
+    def pairs(acc, ref):
+        return [HeadPair(f"p{i}", 42, "default", 10, a, 10, r) for i, (a, r) in enumerate(zip(acc, ref, strict=True))]
+
+    wide = judge_head(pairs([9, 5, 9, 5, 7, 7], [9, 9, 5, 5, 7, 7]), "default", 0.03, 2000, 0)
+    assert wide.difference == 0.0 and wide.difference_ci95[0] < -0.03 < wide.difference_ci95[1]
+    assert not wide.preserved and wide.reason().startswith("head not shown preserved") and "narrow it" in wide.reason()
+    worse = judge_head(pairs([5, 4, 5, 4, 5, 4], [9, 9, 9, 9, 9, 9]), "default", 0.03, 2000, 0)
+    assert worse.difference_ci95[1] < -0.03 and worse.reason().startswith("head degraded")
+    same = judge_head(pairs([9, 8, 9, 8, 9, 8], [9, 8, 9, 8, 9, 8]), "default", 0.03, 2000, 0)
+    assert same.preserved and same.reason() is None and same.difference_ci95 == (0.0, 0.0)

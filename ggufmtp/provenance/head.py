@@ -90,9 +90,14 @@ class HeadFinding:
         if lo is None:
             return (f"head{tag}: the paired acceptance difference has no confidence interval ({self.n_prompts} "
                     "prompt(s) drafted on both): non-inferiority cannot be shown")
-        return (f"head{tag} not preserved: acceptance {pct(self.acceptance)} against the reference's "
-                f"{pct(self.reference_acceptance)}, difference {_points(self.difference)} (95% CI "
-                f"{_points(lo)} to {_points(hi)}) reaches below -{_points(self.margin)}, the non-inferiority margin")
+        figures = (f"acceptance {pct(self.acceptance)} against the reference's {pct(self.reference_acceptance)}, "
+                   f"difference {_points(self.difference)} (95% CI {_points(lo)} to {_points(hi)})")
+        margin = f"-{self.margin * 100:.1f} points, the non-inferiority margin"
+        if hi is not None and hi < -self.margin:
+            return f"head{tag} degraded: {figures}: the whole interval lies below {margin}"
+        return (f"head{tag} not shown preserved: {figures} reaches below {margin} (an interval "
+                f"{(hi - lo) * 100 if hi is not None else float('nan'):.1f} points wide: more prompts or longer replies "
+                "narrow it)")
 
     def text(self) -> str:
         lo, hi = self.difference_ci95
