@@ -288,3 +288,66 @@ def test_a_card_names_every_unverified_artifact_where_a_reader_sees_it(tmp_path)
     ok = check_publishable({art: sha}, [rc], _card(tmp_path, f"{UNVERIFIED_HEADING}\n\n`{art.name}`: no runtime "
                                                              f"verification.\n"), allow_unverified=True)
     assert [a.artifact for a in ok.unverified] == [art]
+
+
+# ----------------------------------------------------------------------------- 6. receipt sign
+
+
+def _ec_key(path: Path, mode: int) -> Path:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.chmod(mode)
+    return path
+
+
+def _sign(tmp_path: Path, rc: Path, key: Path):
+    from test_bad_inputs import _env, run_cli
+
+    env, _ = _env(tmp_path)
+    return run_cli(["receipt", "sign", rc, "--signing-key", key], tmp_path, env, timeout=120)
+
+
+def _lie_about_the_verdict(st) -> None:
+    st["predicate"]["verification"]["mtp"]["acceptance"] = 0.12  # "pass" recorded, its figures fail it
+
+
+def _retype_a_tensor(st) -> None:
+    types = st["predicate"]["result"]["tensor_types"]
+    name = next(iter(types))
+    types[name] = "Q4_K" if types[name] != "Q4_K" else "Q8_0"
+
+
+@pytest.mark.parametrize("edit", [_lie_about_the_verdict, _retype_a_tensor], ids=["verdict", "tensor-type"])
+def test_receipt_sign_refuses_a_receipt_its_own_audit_fails(edit, tmp_path):
+    """`receipt sign` signed any sealed receipt whose files had the recorded digests, a "pass" its
+    own figures fail included: the audit runs first."""
+    art = synth_artifact(tmp_path / "r")
+    st = honest_statement(art, "pass")
+    edit(st)
+    rc = art.with_name(art.name + ".receipt.json")
+    rc.write_text(json.dumps(seal(st)))  # sealed: the checksum holds
+    before = rc.read_bytes()
+    ran = _sign(tmp_path, rc, _ec_key(tmp_path / "key.pem", 0o600))
+    assert ran.rc == 1 and "audit fails" in ran.err and "Traceback" not in ran.err, ran.err
+    assert rc.read_bytes() == before and not art.with_name(art.name + ".sig").exists()
+
+
+def test_a_private_key_others_can_read_is_used_with_one_warning_line(tmp_path):
+    art = synth_artifact(tmp_path / "w")
+    rc = art.with_name(art.name + ".receipt.json")
+    rc.write_text(json.dumps(honest_statement(art, "pass")))
+    ran = _sign(tmp_path, rc, _ec_key(tmp_path / "open.pem", 0o644))
+    assert ran.rc == 0, ran.err
+    warnings = [line for line in ran.err.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("warning:") and "open.pem" in warnings[0], ran.err
+    assert "anyone" in warnings[0] and "0644" in warnings[0]
+    rc.write_text(json.dumps(honest_statement(art, "pass")))
+    ran = _sign(tmp_path, rc, _ec_key(tmp_path / "group.pem", 0o640))
+    assert ran.rc == 0 and "group" in ran.err, ran.err
+    rc.write_text(json.dumps(honest_statement(art, "pass")))
+    ran = _sign(tmp_path, rc, _ec_key(tmp_path / "private.pem", 0o600))
+    assert ran.rc == 0 and ran.err.strip() == "", ran.err

@@ -48,8 +48,9 @@ def receipt_show(receipt_path: str, as_json: bool) -> None:
 def receipt_sign(receipt_path: str, signing_key: str | None, artifact: str | None) -> None:
     """Sign an existing receipt (DSSE envelope) and its artifact (model-signing, ARTIFACT.sig).
 
-    Only an intact receipt is signed: its checksum must hold and the artifact's sha256 must be the
-    recorded one."""
+    Only a receipt its own audit passes is signed (`ggufmtp audit ARTIFACT --receipt RECEIPT`: its
+    checksum, the artifact's sha256, the verdict its figures give, ...). A key file others can
+    read is used with a warning."""
     from ..errors import AuditError
     from ..provenance.receipt import sign_receipt
     from ..provenance.signing import ENV_SIGNING_KEY, resolve_signing_key

@@ -580,27 +580,21 @@ def set_section(path: str | Path, name: str, section: JsonObject, signing_key: s
 
 def sign_receipt(path: str | Path, signing_key: str | Path, artifact: str | Path | None = None) -> list[Path]:
     """Sign an existing receipt (rewritten as a DSSE envelope) and its artifact files (``X.sig``
-    beside each; ``artifact``: the first subject's file, default beside the receipt). Only an
-    intact receipt of these exact bytes is signed: its checksum must hold, and every subject file's
-    sha256 must be the recorded one (a signature must never launder an edit). Returns the
-    signatures written."""
+    beside each; ``artifact``: the first subject's file, default beside the receipt). Only a
+    receipt its own audit passes is signed (``ggufmtp audit ARTIFACT --receipt PATH``: its checksum,
+    every subject file's sha256, the verdict its figures give, the tensors...): a signature must
+    never launder an edit or vouch for a failing receipt. Returns the signatures written."""
+    from .audit import audit
     from .signing import sign_artifact
 
     rf = read_receipt(path)
     _intact(rf, signing_key)
-    validate_statement(rf.statement)
     folder = Path(artifact).parent if artifact else rf.path.parent
-    files = []
-    for i, subj in enumerate(rf.statement["subject"]):
-        f = Path(artifact) if artifact and i == 0 else folder / Path(subj["name"]).name
-        try:
-            got = sha256_file(f)
-        except OSError as e:
-            raise AuditError(f"{f}: cannot read the artifact the receipt describes ({e.strerror or e})") from None
-        if got != subj["digest"]["sha256"]:
-            raise AuditDigestMismatch(f"{f}: sha256 {got} is not the receipt's {subj['digest']['sha256']}; not signing",
-                                      path=f, expected=subj["digest"]["sha256"], actual=got)
-        files.append(f)
+    files = [Path(artifact) if artifact and i == 0 else folder / Path(s.name).name for i, s in enumerate(rf.subjects)]
+    report = audit(files[0], rf.path)
+    if not report.ok:
+        raise AuditError(f"{rf.path}: its audit fails ({len(report.failures)} check(s)): " + "; ".join(
+            f"{c.name}: {c.detail}" for c in report.failures[:3]) + "; not signing")
     signatures = [sign_artifact(f, signing_key) for f in files]
     write_statement(rf.path, rf.statement, signing_key)
     return signatures

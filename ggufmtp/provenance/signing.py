@@ -18,6 +18,7 @@ import base64
 import binascii
 import copy
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -27,6 +28,8 @@ from ..errors import AuditError
 from ..files.fsutil import atomic_write_text, read_regular_file
 from ..jsontypes import JsonObject
 from .statement import Envelope, Statement
+
+log = logging.getLogger(__name__)
 
 ENV_SIGNING_KEY = "GGUFMTP_SIGNING_KEY"
 ENV_PUBLIC_KEY = "GGUFMTP_PUBLIC_KEY"
@@ -79,6 +82,7 @@ def load_private_key(path: str | os.PathLike):
 
     path = Path(path)
     data = _key_bytes(path, "signing key")
+    _warn_if_readable(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:
@@ -90,6 +94,22 @@ def load_private_key(path: str | os.PathLike):
                          f"P-256, P-384 or P-521)")
     _check_curve(key.curve.name, path, "signing key")
     return key
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_if_readable(path: Path) -> None:
+    """One warning line (stderr, once per key file) when others than the owner may read a private key."""
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return
+    if mode & 0o077 and str(path) not in _WARNED:
+        _WARNED.add(str(path))
+        who = "anyone" if mode & 0o007 else "its group"
+        log.warning(f"warning: signing key {path} can be read by {who} (mode {mode:04o}); "
+                    f"`chmod 600 {path.name}` keeps it private")
 
 
 def load_public_key(path: str | os.PathLike):
