@@ -54,9 +54,12 @@ def test_every_shipped_recipe_declares_a_tag_that_names_a_model():
     ("unsloth/Qwen3.6-35B-A3B-GGUF", "/c/Qwen3.6-35B-A3B-BF16-00001-of-00002.gguf", False, "Qwen3.6-35B-A3B"),
     ("Qwen/Qwen3.6-35B-A3B@main", "/c/converted/k/model-bf16.gguf", True, "Qwen3.6-35B-A3B"),
     ("/data/x.gguf", "/data/Foo-MTP-F16.gguf", False, "Foo"),
+    ("/data/x.gguf", "/data/tiny-nomtp-BF16.gguf", False, "tiny-nomtp_"),
+    ("/data/x.gguf", "/data/Bar-NoMTP-v2.gguf", False, "Bar-NoMTP_-v2"),
 ])
 def test_the_model_name_drops_precision_hash_and_mtp(reference, file, converted, name):
     assert model_name(reference, file, converted=converted) == name
+    assert name_problem(variant_file_name(name, "Q8_0")) is None
     assert sidecar_file_name(name, "Q8_0") == f"mtp-{name}-Q8_0.gguf"
 
 

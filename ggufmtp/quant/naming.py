@@ -71,7 +71,7 @@ def model_name(reference: str, model_file: str | Path | None = None, *, converte
     or one pulled from a Hub repo) its file name; a converted safetensors checkpoint (``converted``)
     its repo's or folder's name. Split suffixes, ``.gguf``, a trailing precision (BF16, F16, F32)
     or cache digest and the word ``mtp`` are left out (``Qwen3.6-35B-A3B-BF16-00001-of-00002.gguf``
-    -> ``Qwen3.6-35B-A3B``)."""
+    -> ``Qwen3.6-35B-A3B``); no release name made from it holds ``mtp-``."""
     if reference.startswith("builtin:"):
         name = reference.removeprefix("builtin:")
     elif converted or model_file is None:
@@ -82,7 +82,8 @@ def model_name(reference: str, model_file: str | Path | None = None, *, converte
     while (stripped := _SOURCE_SUFFIX_RE.sub("", name)) != name:
         name = stripped
     name = _MTP_WORD_RE.sub("", name).strip("-_.")
-    return name or "model"
+    # a word ending in mtp ("nomtp") would still make "mtp-" before a separator or the tag's "-"
+    return re.sub(r"(mtp)(?=-|$)", r"\1_", name, flags=re.IGNORECASE) or "model"
 
 
 def variant_file_name(model: str, tag: str) -> str:
