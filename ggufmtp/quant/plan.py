@@ -33,6 +33,7 @@ from ..imatrix import check as imx_check
 from ..imatrix import entries as imx_entries
 from ..imatrix import format as imx
 from ..jsontypes import JsonObject
+from ..provenance.names import dataset_name
 from ..refs import local_model_arg
 from ..runtime.libllama import KVOverride, QuantizeParams
 from .qtypes import FTYPE_DEFAULT_TYPE, bits_per_weight
@@ -203,9 +204,10 @@ def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: imx_entries.Imat
     data = None
     if imatrix is not None:
         data = imx_entries.to_quantize_data(imatrix)
-        kv.append(KVOverride("quantize.imatrix.file", imatrix_arg or str(imatrix.path)))
+        # file names only: a published GGUF carries no local path (llama-quantize writes what it was given)
+        kv.append(KVOverride("quantize.imatrix.file", Path(imatrix_arg or str(imatrix.path)).name))
         if imatrix.datasets:
-            kv.append(KVOverride("quantize.imatrix.dataset", imatrix.datasets[0]))
+            kv.append(KVOverride("quantize.imatrix.dataset", dataset_name(imatrix.datasets[0])))
         kv.append(KVOverride("quantize.imatrix.entries_count", len(data)))
         if imatrix.chunk_count and imatrix.chunk_count > 0:
             kv.append(KVOverride("quantize.imatrix.chunks_count", imatrix.chunk_count))
