@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 
 __all__ = ["ci_text", "finite_or_none", "pct", "times", "num", "signed_pct", "rel_change", "ci_phrase",
-           "human_bytes", "decimal_bytes"]
+           "human_bytes", "decimal_bytes", "significant", "divergence"]
 
 NA = "n/a"
 
@@ -89,3 +89,31 @@ def decimal_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= step
     return f"{n} B"
+
+
+def significant(x: float | None, digits: int = 3, missing: str = NA) -> str:
+    """A number for people, to ``digits`` significant digits: ``8.1234`` -> ``"8.12"``, ``123.45`` ->
+    ``"123"``; past 1e5 or below 1e-3 in scientific form: ``23112138541.8518`` -> ``"2.31e10"``."""
+    if x is None or not math.isfinite(float(x)):
+        return missing
+    x = float(x)
+    if x == 0:
+        return "0"
+    if not 1e-3 <= abs(x) < 1e5:
+        mantissa, exp = f"{x:.{digits - 1}e}".split("e")
+        return f"{mantissa}e{int(exp)}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    out = f"{round(x, decimals):.{decimals}f}"
+    return "0" if float(out) == 0 else out
+
+
+def divergence(x: float | None, nd: int = 6, tolerance: float = 1e-4, missing: str = NA) -> str:
+    """A KL divergence (never negative): a negative within ``tolerance`` of 0 is numerical error and
+    reads ``0``; no negative zero (``-0.000000`` -> ``"0.000000"``)."""
+    if x is None or not math.isfinite(float(x)):
+        return missing
+    x = float(x)
+    if -tolerance < x < 0:
+        x = 0.0
+    out = f"{x:.{nd}f}"
+    return out[1:] if out.startswith("-") and float(out) == 0 else out

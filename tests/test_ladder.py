@@ -15,6 +15,7 @@ from fakehub import FakeHub, isolate_hf_client
 
 from ggufmtp.cli import main
 from ggufmtp.errors import AuditError, LadderError
+from ggufmtp.fmt import divergence
 from ggufmtp.ladder.engine import DaskEngine
 from ggufmtp.ladder.run import run_ladder, upload_ladder
 from ggufmtp.ladder.spec import LadderSpec, load_ladder_file
@@ -48,8 +49,8 @@ def test_three_variants_on_two_workers_one_card_from_the_receipts(ladder):
     assert [o.recipe for o in res.outcomes] == list(RECIPES) and sorted(res.finished_order) == sorted(RECIPES)
     assert res.imatrix is not None and Path(res.imatrix).parent == out  # computed once, shared
     card = (out / "README.md").read_text()
-    rows = [line for line in card.splitlines() if line.startswith("| `")]
-    assert len(rows) == 3
+    rows = [line for line in card.splitlines() if line.startswith("| [")]  # a published file's row links it
+    assert len(rows) == 3 and card.startswith("---") and "\n# tiny-qwen35moe-f20 MTP GGUF\n" in card
     for o in res.outcomes:
         art, rc = Path(o.summary["artifact"]), Path(o.summary["receipt"])
         assert art.parent == out / o.variant and audit(art, rc).ok  # the release names: <TAG>/<Model>-<TAG>.gguf
@@ -57,9 +58,10 @@ def test_three_variants_on_two_workers_one_card_from_the_receipts(ladder):
         st = read_receipt(rc).statement
         assert st["predicate"]["imatrix"]["sha256"]  # the shared imatrix, bound in every receipt
         v, q = st["predicate"]["verification"], st["predicate"]["quality"]
-        row = next(r for r in rows if r.startswith(f"| `{o.recipe}`"))
+        row = next(r for r in rows if r.startswith(f"| [{art.name}]"))
         acc = f"{100 * v['mtp']['acceptance']:.1f}%"
-        assert acc in row and f"{q['kld_mean']:.6f}" in row and art.name in row and rc.name in row, row
+        assert acc in row and divergence(q['kld_mean']) in row and f"| {o.variant} |" in row, row
+        assert f"llama-server -hf OWNER/REPO:{o.variant}" in card or f"`:{o.variant}`" in card  # its tag resolves it
     assert len({read_receipt(Path(o.summary['receipt'])).statement["predicate"]["imatrix"]["sha256"]
                 for o in res.outcomes}) == 1
 
@@ -78,7 +80,7 @@ def test_a_rerun_resumes_every_variant_and_a_failed_one_does_not_stop_the_others
     assert [o.recipe for o in failed] == ["hifi-q4_k_m-mtp"] and "Q4_K_M_HiFi" in (failed[0].error or "")
     for o in again.outcomes[:3]:
         assert o.ok and set(o.summary["stages"].values()) == {"cached"}, o.summary["stages"]
-    assert len([r for r in (out / "README.md").read_text().splitlines() if r.startswith("| `")]) == 3
+    assert len([r for r in (out / "README.md").read_text().splitlines() if r.startswith("| [")]) == 3
     with pytest.raises(LadderError, match="hifi-q4_k_m-mtp"):
         upload_ladder(again, "me/ladder", dry_run=True)
 
@@ -132,6 +134,7 @@ def test_the_ladder_goes_up_in_one_commit_through_the_gate(ladder, tmp_path, mon
         assert commit.oid == up.commit_sha and set(commit.files) == names | {"README.md", ".gitattributes"}
         assert len(fake.requests_to("POST", r"/commit/main$")) == 1
         assert fake.file("me/ladder", "README.md") == (out / "README.md").read_bytes()
+        assert b"llama-server -hf me/ladder:" in fake.file("me/ladder", "README.md")  # the card names its repo
 
 
 def test_the_ladder_file_and_the_cli(ladder, tmp_path):

@@ -74,6 +74,8 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--upload", "upload_repo", default=None, help="Publish every variant, its receipt and the card in one commit.")
 @click.option("--private", is_flag=True, help="Create the Hub repo private.")
 @click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
+@click.option("--quantized-by", default=None,
+              help="The card's quantized_by (default: the ladder file's quantized_by, else ggufmtp).")
 @verify_judging_options
 @arm_args_options
 @signing_key_option
@@ -85,15 +87,16 @@ def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | N
                imatrix: str | None, imatrix_corpus: str | None, imatrix_chunks: int | None, eval_corpus: str | None,
                no_verify: bool, seeds: str | None, limit: int | None, max_tokens: int | None,
                gpu_layers: int | None, threads: int | None, workers: int | None, gpus: int, scheduler: str | None,
-               upload_repo: str | None, private: bool, dry_run_upload: bool, signing_key: str | None,
-               public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
+               upload_repo: str | None, private: bool, dry_run_upload: bool, quantized_by: str | None,
+               signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
     """Make every variant of a model, one per recipe: the shared stages once (the model pulled or
     converted, the imatrix with the MTP head, the base model's logits), then per variant quantize,
     audit, verify, receipt and (with --eval) KLD, each in DIR/<TAG>/ as <Model>-<TAG>.gguf (TAG: the
     recipe's release tag; the names llama.cpp's -hf REPO:TAG resolves) and resumable; then
-    DIR/README.md, one table of size, bpw, PPL, KLD, acceptance and speedup from the variants'
-    audited receipts. Exit 1 when a variant failed or a verdict is fail. Each verdict judges the
-    quantization: the head against the source model (or --reference), lossless output, speed."""
+    DIR/README.md, the model's page: one table of size, bpw, PPL, KLD, acceptance and speedup from the
+    variants' audited receipts, which file to pick, the download and run lines (naming the --upload
+    repo). Exit 1 when a variant failed or a verdict is fail. Each verdict judges the quantization:
+    the head against the source model (or --reference), lossless output, speed."""
     from ..errors import LadderError
     from ..ladder.engine import DaskEngine
     from ..ladder.run import run_ladder, upload_ladder
@@ -104,7 +107,8 @@ def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | N
     spec = _spec(ladder_file, {"model": model, "recipes": recipes, "out_dir": Path(out_dir), "imatrix": imatrix,
                                "imatrix_corpus": imatrix_corpus, "imatrix_chunks": imatrix_chunks, "threads": threads,
                                "verify": False if no_verify else None, "signing_key": signing_key,
-                               "reference_base": False if judging.get("no_reference") else None}, vopts, eval_corpus)
+                               "reference_base": False if judging.get("no_reference") else None,
+                               "quantized_by": quantized_by, "repo_id": upload_repo}, vopts, eval_corpus)
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None
     res = run_ladder(spec, engine, progress=not as_json, log=log)

@@ -148,11 +148,17 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
               help="Where to write the card (default: README.md beside the artifact).")
 @click.option("--quantized-by", default="ggufmtp", show_default=True, help="The card's quantized_by field.")
 @click.option("--license", "license_", default=None, help="License (default: inherited from the base model).")
+@click.option("--repo", "repo_id", default=None, metavar="OWNER/REPO",
+              help="The Hub repo the card's hf download and llama-server -hf lines name (default: OWNER/REPO).")
 @handle_errors
-def card(artifact: str, receipt_path: str | None, output: str | None, quantized_by: str, license_: str | None) -> None:
-    """Write a Hugging Face model card for ARTIFACT from its receipt (and its verification)."""
+def card(artifact: str, receipt_path: str | None, output: str | None, quantized_by: str, license_: str | None,
+         repo_id: str | None) -> None:
+    """Write a Hugging Face model card for ARTIFACT from its receipt (and its verification): the
+    model's page (title, files table, which file to pick, download and run lines, prompt format),
+    then the evidence, stating only what audit judges."""
     from ..provenance.card import make_card
     from ..provenance.receipt import default_receipt_path
 
-    path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by, license_)
+    path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by, license_,
+                     repo_id)
     click.echo(str(path))

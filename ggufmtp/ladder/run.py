@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import LadderError
 from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
+from ..provenance.card_page import PageOptions
 from ..provenance.ladder_card import make_ladder_card
 from ..quant.naming import model_name
 from ..refs import is_builtin, parse_model_ref, resolve
@@ -118,7 +119,8 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, progress: bool = 
             bar.update(1)
     outcomes = [done[r] for r in spec.recipes]
     made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
-    card = make_ladder_card(made, spec.out_dir / "README.md", _title(spec)) if made else None
+    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by)
+    card = make_ladder_card(made, spec.out_dir / "README.md", options=options) if made else None
     return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done))
 
 
@@ -138,6 +140,9 @@ def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, 
         raise LadderError(f"the ladder has variants that failed ({'; '.join(failed) or 'all'}); "
                           "fix them and rerun the ladder before publishing it")
     arts: Sequence[tuple[Path, Path]] = result.variants()
+    if result.spec.repo_id != repo_id:  # the card's download and run lines name the repo it goes to
+        make_ladder_card(arts, result.card, public_key=public_key,
+                         options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by))
     options = UploadOptions(private=private, token=token, dry_run=dry_run,
                             commit_message=f"ggufmtp ladder: {len(arts)} MTP GGUF variants", endpoint=endpoint,
                             allow_unverified=allow_unverified, public_key=public_key)

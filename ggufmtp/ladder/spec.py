@@ -8,6 +8,7 @@ A ladder file is TOML::
     imatrix_corpus = "builtin:calib-v1"   # or: imatrix = "imatrix.gguf"
     imatrix_chunks = 64
     threads = 8                            # quantization threads per variant
+    quantized_by = "me"                    # the card's quantized_by (default: ggufmtp)
 
     [verify]                               # as `ggufmtp run`: seeds, limit, max_tokens, gpu_layers
     seeds = [42, 1337, 2024]
@@ -41,7 +42,8 @@ from ..quant.recipe import Recipe
 
 __all__ = ["LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
 
-_FILE_KEYS = {"model", "recipes", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "verify", "eval"}
+_FILE_KEYS = {"model", "recipes", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by", "verify",
+              "eval"}
 _VERIFY_KEYS = {"seeds", "limit", "max_tokens", "gpu_layers", "threads", "ctx_size", "draft_n_max", "reference",
                 "head_margin", "absolute_acceptance", "server_args", "mtp_server_args", "vanilla_server_args"}
 _EVAL_KEYS = {"corpus", "chunks", "ctx_size", "gpu_layers", "threads"}
@@ -64,6 +66,8 @@ class LadderSpec:
     signing_key: Path | None = None
     token: str | None = None
     reference_base: bool = True  # judge each head against the source model (RunOptions.reference_base)
+    quantized_by: str = "ggufmtp"  # the card's quantized_by
+    repo_id: str | None = None  # the Hub repo the card's download and run lines name (ladder --upload REPO)
 
     def check(self) -> LadderSpec:
         """The spec with its recipes resolved; LadderError naming the first problem."""
@@ -132,6 +136,7 @@ class LadderFields(TypedDict, total=False):
     threads: int
     verify_options: VerifyOptions
     eval_options: EvalOptions
+    quantized_by: str
 
 
 def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dict[str, Any] | None:
@@ -148,7 +153,7 @@ def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dic
 
 # The type each top-level key must have (TOML gives bool for int's subclass, dates, tables, arrays).
 _FILE_TYPES: dict[str, Any] = {"model": str, "recipes": list[str], "imatrix": str, "imatrix_corpus": str,
-                               "imatrix_chunks": int, "threads": int}
+                               "imatrix_chunks": int, "threads": int, "quantized_by": str}
 _TOML_NAMES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
                (dict, "a table"), (datetime.datetime, "a date-time"), (datetime.date, "a date"),
                (datetime.time, "a time"))
@@ -215,7 +220,7 @@ def load_ladder_file(path: str | Path) -> LadderFields:
         raise LadderError(f"{p}: unknown keys {', '.join(bad)} (known: {', '.join(sorted(_FILE_KEYS))})")
     _check_types(data, _FILE_TYPES, f"{p}: ")
     out = LadderFields(recipes=tuple(data.get("recipes", [])))
-    for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads"):
+    for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by"):
         if data.get(k) is not None:
             out[k] = data[k]
     verify, ev, table = _table(data, "verify", _VERIFY_KEYS, p), _table(data, "eval", _EVAL_KEYS, p), "verify"

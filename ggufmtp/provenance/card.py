@@ -8,12 +8,29 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import NotRequired, TypedDict
 
 from ..files.fsutil import atomic_write_text
-from ..fmt import ci_phrase, num, pct, times
+from ..fmt import ci_phrase, human_bytes, num, pct, times
 from ..provenance.receipt import verification_problem
 from ..runtime.hardware import format_bandwidth
+from .card_page import (
+    TAGS,
+    CardMeta,
+    FileRow,
+    PageOptions,
+    card_title,
+    enough_evidence,
+    files_table,
+    page_meta,
+    pick_lines,
+    prompt_format_lines,
+    read_chat_template,
+    run_lines,
+    verified_mtp_env,
+    verified_mtp_flags,
+    without_ci,
+)
+from .head import HeadFinding
 from .quality_card import quality_lines
 from .statement import (
     ArmSection,
@@ -29,7 +46,7 @@ from .statement import (
 from .vacuous import vacuous_notice
 from .verdict import OVERALL_RULE, HeadBasis, judge_record
 
-TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
+__all__ = ["TAGS", "UNVERIFIED_HEADING", "CardMeta", "card_text", "make_card", "unverified_reason"]
 
 # The heading of the section a card carries when its artifact has no passing verification bound to
 # it; ``upload --allow-unverified`` requires it in the card it publishes.
@@ -42,17 +59,6 @@ _x = functools.partial(times, nd=2)
 _tps = functools.partial(num, nd=1)
 _ci_pct = functools.partial(ci_phrase, scale=100, digits=1, unit="%")
 _ci_x = functools.partial(ci_phrase, digits=2, unit="×")
-
-
-class CardMeta(TypedDict):
-    """A card's YAML metadata (``huggingface_hub.ModelCardData``'s keyword arguments)."""
-
-    tags: list[str]
-    quantized_by: str
-    pipeline_tag: str
-    library_name: str
-    base_model: NotRequired[str]
-    license: NotRequired[str]
 
 
 def _hardware(v: Verification) -> str:
@@ -99,32 +105,38 @@ def _unverified_notice(problem: str | None) -> list[str]:
             "verified claim.\n"]
 
 
-def card_text(statement: Statement, artifact_name: str | None = None, quantized_by: str = "ggufmtp",
-              repo_id: str | None = None) -> tuple[CardMeta, str]:
-    """(YAML metadata, markdown body) for the artifact a receipt describes."""
+def card_text(statement: Statement, artifact_name: str | None = None, options: PageOptions | None = None,
+              chat_template: str | None = None) -> tuple[CardMeta, str]:
+    """(YAML metadata, markdown body) for the artifact a receipt describes: the model page
+    (:mod:`.card_page`: title, files table, which file, download and run lines, prompt format), then
+    the evidence. ``chat_template``: the GGUF's ``tokenizer.chat_template`` where known."""
+    o = options or PageOptions()
     p = statement["predicate"]
     subj = statement["subject"][0]
     name = artifact_name or subj["name"]
-    src = p["base_model"]["source"]
     res = p["result"]
     rec = p["recipe"]
     v = p.get("verification")
-    meta: CardMeta = {"tags": list(TAGS), "quantized_by": quantized_by, "pipeline_tag": "text-generation",
-                      "library_name": "gguf"}
-    if src.get("type") == "hub" and src.get("repo_id"):
-        meta["base_model"] = src["repo_id"]
-    if src.get("license"):
-        meta["license"] = src["license"]
-    title = f"# {name}\n"
-    lines = [title, f"MTP runtime GGUF: the multi-token-prediction (NextN) {_heads(res)} "
-             f"({res['mtp_status']}) so `llama-server --spec-type draft-mtp` can draft with it. "
-             f"Recipe `{rec['name']}` ({rec['ftype']}), {res['bpw']} bits per weight, {res['size_bytes']:,} bytes.\n"]
-    lines += _unverified_notice(unverified_reason(statement)) + vacuous_notice(v)
-    if v:
-        lines += _claim(v) + _tables(v)
+    unverified = unverified_reason(statement)
+    row = FileRow.of(statement, name, name + ".receipt.json", chat_template)
+    shown = v if not v or enough_evidence(v) else without_ci(v)  # no 95% CI below the evidence minimum
+    lines = [f"# {card_title(row.model)}\n", f"`{name}`: an MTP runtime GGUF of {row.model}. The "
+             f"multi-token-prediction (NextN) {_heads(res)} ({res['mtp_status']}) so `llama-server --spec-type "
+             f"draft-mtp` can draft with it. Recipe `{rec['name']}` ({rec['ftype']}), "
+             f"{_bits(res.get('bpw'))} bits per weight, {human_bytes(res['size_bytes'])}.\n"]
+    lines += _unverified_notice(unverified) + vacuous_notice(v)
+    lines += files_table([row]) + pick_lines([row]) + _how_to_run(name, v, [row], o)
+    modes = (v or {}).get("modes")
+    lines += prompt_format_lines(chat_template, list(modes) if isinstance(modes, dict) else [])
+    if shown:
+        lines += _claim(shown, v, unverified) + _tables(shown)
     lines += quality_lines(p)
-    lines += _how_to_run(name, v) + _caveats(p) + _provenance(p, subj, name)
-    return meta, "\n".join(lines)
+    lines += _caveats(p) + _provenance(p, subj, name)
+    return page_meta([row], o), "\n".join(lines)
+
+
+def _bits(bpw: object) -> str:
+    return f"{bpw:.2f}" if isinstance(bpw, (int, float)) else "n/a"
 
 
 def _heads(res: ResultSection) -> str:
@@ -142,10 +154,13 @@ def _speed_checked(v: Verification) -> bool:
     return speed_checked(Thresholds.coerce(dict(th)), bool((v.get("hardware") or {}).get("offloaded")))
 
 
-def _claim(v: Verification) -> list[str]:
+def _claim(v: Verification, judged_v: Verification, unverified: str | None) -> list[str]:
     """The verification in one sentence, saying exactly what was verified: acceptance always; the
     fair speedup (against vanilla with the same non-speculative settings) only where the verdict
-    judged it (GPU offload); elsewhere "speed not verified on this hardware" with the measured ratio."""
+    judged it (GPU offload); elsewhere "speed not verified on this hardware" with the measured ratio.
+    ``v`` is what is shown (without CIs below the evidence minimum), ``judged_v`` the recorded
+    section the verdict is re-derived from; with ``unverified`` (why it is no publishable
+    verification) the sentence says "measured" and the verdict "not verified", never "pass"."""
     from .verdict import Evidence
 
     m, suite, settings = v["mtp"], v.get("suite", {}), v.get("settings", {})
@@ -157,14 +172,19 @@ def _claim(v: Verification) -> list[str]:
     where = (f" on {suite.get('n_prompts', 'the')} prompts of suite `{suite.get('name')}`, {_hardware(v)}, "
              f"k={settings.get('draft_n_max')}, seeds {', '.join(str(s) for s in settings.get('seeds', []))}. ")
     th = v.get("thresholds") or {}
-    if _speed_checked(v):
+    if unverified:
+        head = (f"Measured in llama-server (not a verified claim: see {UNVERIFIED_HEADING.lstrip('# ')}): "
+                f"{acceptance}" + (f" and {speed}" if _speed_checked(v) else "") + where)
+    elif _speed_checked(v):
         head = f"Runtime-verified in llama-server: {acceptance} and {speed}{where}"
     else:
         head = (f"MTP head verified in llama-server: {acceptance}{where}**Speed not verified on this hardware**: "
                 f"{_x(v.get('speedup'))} vanilla{_ci_x(v.get('speedup_ci95'))} (no GPU offload, where a small model "
                 f"is compute-bound; the speedup threshold was not applied). ")
     ev = Evidence.of_settings(settings)
-    j = judge_record(v)  # what audit judges: the card states the findings as the audit re-derives them
+    j = judge_record(judged_v)  # what audit judges: the card states the findings as the audit re-derives them
+    verdict = (f"**not verified** (its figures alone: {j.findings.text()})" if unverified and j.verdict.value == "pass"
+               else f"**{j.verdict.value}** ({j.findings.text()})")
     basis = (f"the head non-inferior to the reference within {_head_margin(v)}"
              if j.findings.head_basis in (HeadBasis.REFERENCE, HeadBasis.BOTH) else "")
     minimum = (f"acceptance >= {_pct(th.get('min_acceptance'))}"
@@ -173,8 +193,8 @@ def _claim(v: Verification) -> list[str]:
                        if x)
     return ["## One-line claim\n",
             head + f"Output identical to vanilla decoding for {_pct(v.get('identical_output_fraction'))} of requests"
-            f"{_numerics_phrase(v)}. Verdict: **{j.verdict.value}** ({j.findings.text()}) against thresholds from "
-            f"{th.get('source', 'nowhere')} ({judged}); evidence: {ev.text()}.\n"] + _head_lines(v) + \
+            f"{_numerics_phrase(v)}. Verdict: {verdict} against thresholds from "
+            f"{th.get('source', 'nowhere')} ({judged}); evidence: {ev.text()}.\n"] + _head_lines(v, enough_evidence(v)) + \
         [f"Rule: {OVERALL_RULE}.\n"]
 
 
@@ -184,8 +204,9 @@ def _head_margin(v: Verification) -> str:
     return f"{m * 100:.1f} acceptance points" if isinstance(m, (int, float)) else "its margin"
 
 
-def _head_lines(v: Verification) -> list[str]:
-    """The head against its reference, as audit re-derives it from the recorded pairs."""
+def _head_lines(v: Verification, with_ci: bool = True) -> list[str]:
+    """The head against its reference, as audit re-derives it from the recorded pairs (its 95% CI
+    only ``with_ci``: not below the evidence minimum)."""
     from .head import HeadComparison
 
     if v.get("head") is None:
@@ -196,7 +217,15 @@ def _head_lines(v: Verification) -> list[str]:
         return []
     ref = f"`{hc.reference.name}` (sha256 `{hc.reference.sha256[:16]}`)"
     return [f"Head against the reference {ref}, paired by prompt and seed at k={hc.k}: "
-            + "; ".join(f"{'' if m == 'default' else m + ': '}{f.text()}" for m, f in hc.findings().items()) + ".\n"]
+            + "; ".join(f"{'' if m == 'default' else m + ': '}{f.text() if with_ci else _head_text(f)}"
+                        for m, f in hc.findings().items()) + ".\n"]
+
+
+def _head_text(f: HeadFinding) -> str:
+    """:meth:`HeadFinding.text` without the CI (below the evidence minimum)."""
+    d = "n/a" if f.difference is None else f"{f.difference * 100:+.1f} points"
+    return (f"{_pct(f.acceptance)} vs reference {_pct(f.reference_acceptance)}, difference {d} "
+            f"({'preserved' if f.preserved else 'NOT preserved'}; margin {f.margin * 100:.1f} points)")
 
 
 def _numerics_phrase(v: Verification) -> str:
@@ -221,12 +250,13 @@ def _default_phrase(v: Verification) -> str:
             "against vanilla with llama-server's defaults, which also counts what those settings give plain decoding)")
 
 
-def _how_to_run(name: str, v: Verification | None) -> list[str]:
-    """The llama-server command the verification's numbers are true for, and a request."""
-    lines = ["## How to run\n"]
+def _how_to_run(name: str, v: Verification | None, rows: list[FileRow], options: PageOptions) -> list[str]:
+    """Download and run from the Hub (:func:`.card_page.run_lines`), the llama-server command on the
+    downloaded file the verification's numbers are true for, and a request."""
+    lines = ["## How to run\n", *run_lines(rows, options), "With the downloaded file:\n"]
     lines.append("```sh\n"
-                 f"{_verified_mtp_env(v)}llama-server -m {name} -ngl 999 -c 4096 \\\n"
-                 f"  --spec-type draft-mtp {' '.join(_verified_mtp_flags(v))}\n"
+                 f"{verified_mtp_env(v)}llama-server -m {name} -ngl 999 -c 4096 \\\n"
+                 f"  --spec-type draft-mtp {' '.join(verified_mtp_flags(v))}\n"
                  "```\n")
     lines.append("Request (through the chat template):\n\n```sh\n"
                  "curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{\n"
@@ -275,22 +305,6 @@ def _provenance(p: Predicate, subj: SubjectEntry, name: str) -> list[str]:
     return lines
 
 
-def _verified_mtp_flags(v: Verification | None) -> list[str]:
-    """The draft flags the verification ran with (what the card's numbers are true for)."""
-    st = (v or {}).get("settings") or {}
-    if st.get("mtp_flags"):
-        return list(st["mtp_flags"])
-    out = ["--spec-draft-n-max", str(st.get("draft_n_max") or 3)]
-    if st.get("draft_n_min") is not None:
-        out += ["--spec-draft-n-min", str(st["draft_n_min"])]
-    return out
-
-
-def _verified_mtp_env(v: Verification | None) -> str:
-    env = ((v or {}).get("settings") or {}).get("mtp_env") or {}
-    return "".join(f"{k}={val} " for k, val in sorted(env.items()))
-
-
 def _tables(v: Verification) -> list[str]:
     out: list[str] = []
     cats = v.get("per_category") or {}
@@ -335,7 +349,7 @@ def _arm_settings(v: Verification) -> list[str]:
     van = (v.get("vanilla") or {}).get("server_args")
     out = []
     if flags:
-        out.append(f"MTP arm run with the tuned flags `{_verified_mtp_env(v)}{' '.join(flags)}`; the vanilla arm with "
+        out.append(f"MTP arm run with the tuned flags `{verified_mtp_env(v)}{' '.join(flags)}`; the vanilla arm with "
                    "their non-speculative part too.\n")
     if van is not None:
         out.append(f"Arms: vanilla `{' '.join(van)}`; MTP `{' '.join((v.get('mtp') or {}).get('server_args') or [])}`"
@@ -401,10 +415,12 @@ def _matrix(mx: MatrixSection | None) -> list[str]:
 
 
 def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | None = None,
-              quantized_by: str = "ggufmtp", license: str | None = None) -> Path:
+              quantized_by: str = "ggufmtp", license: str | None = None, repo_id: str | None = None) -> Path:
     """Write the model card (default: README.md beside the artifact); returns its path. A receipt
     edited after it was written (its integrity digest does not hold) is refused: a card states
-    only what an intact receipt claims (``audit`` and ``upload`` re-check the bytes)."""
+    only what an intact receipt claims (``audit`` and ``upload`` re-check the bytes). ``repo_id``:
+    the Hub repo the card's download and run lines name; ``license`` overrides the inherited one;
+    the prompt format is read from the artifact's chat template where it reads as a GGUF."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..errors import AuditError
@@ -415,9 +431,8 @@ def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | No
     if not rc.intact:
         raise AuditError(f"{receipt}: the receipt was edited after it was written (its integrity digest does not "
                          f"match); no card is written from it (check it: ggufmtp audit {Path(artifact).name})")
-    meta, body = card_text(st, Path(artifact).name, quantized_by)
-    if license:
-        meta["license"] = license
+    options = PageOptions(repo_id=repo_id, quantized_by=quantized_by, license=license)
+    meta, body = card_text(st, Path(artifact).name, options, read_chat_template(artifact))
     data = ModelCardData(**meta)
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
     out = Path(output) if output else Path(artifact).with_name("README.md")

@@ -3,14 +3,20 @@ speedup side by side, the way published quant ladders compare) and the head-prec
 
 from __future__ import annotations
 
-from ..fmt import ci_phrase, human_bytes, num, pct, times
+from ..fmt import ci_phrase, divergence, human_bytes, num, pct, significant, times
 from .statement import HeadSweepSection, Predicate
 
 
-def _pm(x: float | None, err: float | None, nd: int = 4) -> str:
+def _pm(x: float | None, err: float | None) -> str:
+    """A perplexity for people (3 significant digits, ``2.31e10`` when huge) and its error."""
     if x is None:
         return "n/a"
-    return f"{x:.{nd}f}" + (f" ± {err:.{nd}f}" if err is not None else "")
+    return significant(x) + (f" ± {significant(err, 2)}" if err is not None else "")
+
+
+def _kld(x: float | None, err: float | None) -> str:
+    """A KL divergence (a tiny negative from numerical error reads 0) and its error."""
+    return divergence(x) + (f" ± {divergence(err)}" if x is not None and err is not None else "")
 
 
 def quality_lines(p: Predicate) -> list[str]:
@@ -31,8 +37,8 @@ def _ladder(p: Predicate) -> list[str]:
            "| size | bpw | PPL | PPL(base) | mean KLD | KLD 99.9% | Same top p | acceptance | speedup |",
            "|---|---|---|---|---|---|---|---|---|",
            f"| {human_bytes(res.get('size_bytes', 0))} | {res.get('bpw')} | {_pm(q.get('ppl'), q.get('ppl_err'))} | "
-           f"{_pm(q.get('ppl_base'), q.get('ppl_base_err'))} | {_pm(q.get('kld_mean'), q.get('kld_mean_err'), 6)} | "
-           f"{_pm(q.get('kld_p99_9'), None)} | {pct(q.get('same_top_p'), 2, space=False)} | "
+           f"{_pm(q.get('ppl_base'), q.get('ppl_base_err'))} | {_kld(q.get('kld_mean'), q.get('kld_mean_err'))} | "
+           f"{divergence(q.get('kld_p99_9'), 4)} | {pct(q.get('same_top_p'), 2, space=False)} | "
            f"{pct(m.get('acceptance'), 1, space=False)} | {times(v.get('speedup'), 2)} |", ""]
     return out
 
