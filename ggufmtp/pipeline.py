@@ -396,7 +396,7 @@ def _stage_imatrix(r: _Run) -> None:
 
 def _stage_plan(r: _Run) -> None:
     def do() -> PlanStage:
-        p = make_plan(r.model_path, r.recipe, r.imatrix, r.threads)
+        p = make_plan(r.model_path, r.recipe, r.imatrix, threads=r.threads)
         if p.errors:
             raise PlanError(f"{r.model_path}: pre-flight checks failed:\n  " + "\n  ".join(p.errors), p.errors)
         d = p.to_dict()
@@ -435,7 +435,7 @@ def _stage_quantize(r: _Run) -> None:
 
 def _stage_audit(r: _Run) -> None:
     def do() -> JsonObject:  # AuditReport.to_dict()
-        rep = audit(r.artifact, r.receipt)
+        rep = audit(r.artifact, r.receipt, progress=r.progress)
         if not rep.ok:
             raise GgufmtpError(f"{r.artifact}: audit failed: "
                                + "; ".join(f"{c.name}: {c.detail}" for c in rep.failures))

@@ -75,7 +75,7 @@ def test_receipt_is_a_valid_in_toto_statement(artifact):
 def test_clean_audit_passes(copy):
     out, rc = copy
     r = audit(out, rc)
-    assert r.ok, failed(r)
+    assert r.ok and not r.partial and r.unchecked == [], failed(r)
     res = CliRunner().invoke(main, ["audit", str(out), "--receipt", str(rc), "--json"])
     d = json.loads(res.output)
     assert res.exit_code == 0 and d["ok"] is True and all(c["ok"] for c in d["checks"])
@@ -152,7 +152,7 @@ def test_audit_without_receipt(copy):
     out, rc = copy
     rc.unlink()
     r = audit(out)
-    assert r.ok and r.receipt is None
+    assert r.ok and r.receipt is None and r.partial
     names = [c.name for c in r.checks]
     assert "MTP block" in names and "quantize.imatrix metadata" in names
     assert "entries_count" in next(c.detail for c in r.checks if c.name == "quantize.imatrix metadata")
@@ -207,3 +207,21 @@ def test_set_verification_keeps_what_tune_curve_and_profiles_added(tmp_path):
     set_verification(r, {**v, "tuned": None})
     assert "profiles" not in load_receipt(r)["predicate"]["verification"]
     assert schema_errors(load_receipt(r)) == []
+
+
+def test_audit_without_a_receipt_says_what_it_did_not_check(tmp_path):
+    """#42: with no receipt, three file checks pass, and the report (its JSON, the command's text)
+    says every receipt-bound check was not run: ``partial``, ``unchecked``; with one, none is left out."""
+    from ggufmtp.provenance.audit import RECEIPT_CHECKS
+
+    model = synthesize(tmp_path / "m.gguf", SynthSpec(), progress=False).path
+    r = audit(model)
+    assert r.ok and r.partial and r.unchecked == list(RECEIPT_CHECKS) and r.receipt is None
+    assert r.to_dict()["partial"] is True and r.to_dict()["unchecked"] == list(RECEIPT_CHECKS)
+    res = CliRunner().invoke(main, ["audit", str(model)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert all(f"NOT checked: {u}" in res.output for u in RECEIPT_CHECKS)
+    assert lines[-1].startswith("PASS (partial: ") and "give --receipt" in lines[-1]
+    as_json = json.loads(CliRunner().invoke(main, ["audit", str(model), "--json"]).output)
+    assert as_json["ok"] and as_json["partial"] and len(as_json["unchecked"]) == len(RECEIPT_CHECKS)

@@ -102,7 +102,7 @@ def _match(artifacts: Mapping[Path, str], receipts: list[Receipt]) -> dict[Path,
 
 def _audited(art: Path, rc: Receipt, public_key: Path | None) -> AuditReport:
     """``ggufmtp audit ART --receipt RC [--public-key K]``; HubRefusedError naming every failure."""
-    report = audit(art, rc.path, public_key=public_key)
+    report = audit(art, rc.path, progress=False, public_key=public_key)
     if not report.ok:
         failed = "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
         raise HubRefusedError(f"refusing to upload {art}: `ggufmtp audit` fails ({len(report.failures)} check(s)): "

@@ -100,12 +100,12 @@ class _HubPull:
 
 def pull(
     repo_id: str,
+    *,
     revision: str | None = None,
     include: str | Sequence[str] | None = None,
     local_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
     progress: bool = True,
-    *,
     endpoint: str | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> PullResult:

@@ -338,7 +338,7 @@ def _compute(binary: Path, model: Path, corpus: Corpus, s: ImatrixSettings, mtp:
 
 def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus, out: str | os.PathLike, *,
                     chunks: int | None = None, ctx_size: int = DEFAULT_CHUNK_SIZE, gpu_layers: int | None = None,
-                    threads: int | None = None, mtp: bool = False, progress: bool = False,
+                    threads: int | None = None, mtp: bool = False, progress: bool = True,
                     binary: str | os.PathLike | None = None) -> ComputeResult:
     """Compute the imatrix of ``model`` over ``corpus`` (a path, ``builtin:NAME`` or a Corpus) and
     write it to ``out`` (GGUF) atomically. ``chunks``: at most this many chunks of ``ctx_size``

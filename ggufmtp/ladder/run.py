@@ -100,7 +100,7 @@ def _shared_imatrix(spec: LadderSpec, progress: bool) -> str | None:
     return str(done["path"])
 
 
-def run_ladder(spec: LadderSpec, engine: Engine | None = None, progress: bool = True,
+def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool = True,
                log: Callable[[str], None] = lambda m: None) -> LadderResult:
     """Make every variant of ``spec`` on ``engine`` (default: in sequence), then the card from their
     audited receipts. A failed variant is in the result (``ok`` False, its error), not raised."""

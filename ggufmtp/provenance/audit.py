@@ -50,17 +50,26 @@ _SYMBOL = {Status.PASS: "✓", Status.FAIL: "✗", Status.INFO: "·"}
 @dataclasses.dataclass
 class AuditReport:
     """The checks of one audit. ``signed``: whether the receipt is a DSSE envelope (None: no
-    receipt read); ``signatures_checked``: whether a public key checked the signatures."""
+    receipt read); ``signatures_checked``: whether a public key checked the signatures;
+    ``unchecked``: the checks this audit did not run (without a receipt, every one a receipt brings:
+    ``ok`` then speaks for the file alone, and ``partial`` is True)."""
 
     artifact: str
     receipt: str | None
     checks: list[Check]
     signed: bool | None = None
     signatures_checked: bool = False
+    unchecked: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
+        """Every check that ran passed (see ``partial`` for whether all of them ran)."""
         return all(c.ok for c in self.checks)
+
+    @property
+    def partial(self) -> bool:
+        """Some checks were not run (``unchecked`` names them): no receipt was read."""
+        return bool(self.unchecked)
 
     @property
     def failures(self) -> list[Check]:
@@ -85,16 +94,22 @@ class AuditReport:
                 Trust.UNCHECKED: "signed, but nothing checked the signatures (give --public-key)"}[self.trust]
 
     def to_dict(self) -> JsonObject:
-        return {"ok": self.ok, "artifact": self.artifact, "receipt": self.receipt,
+        return {"ok": self.ok, "partial": self.partial, "unchecked": list(self.unchecked),
+                "artifact": self.artifact, "receipt": self.receipt,
                 "signed": self.signed, "signatures_checked": self.signatures_checked,
                 "trust": self.trust.value if self.trust else None, "trust_text": self.trust_text,
                 "checks": [c.to_dict() for c in self.checks]}
 
 
 SIGNATURE_CHECK = "signature"  # the names of signature checks start with it
+# What an audit without a receipt cannot check (AuditReport.unchecked): everything bound to one.
+RECEIPT_CHECKS = ("receipt integrity and signatures", "every file's size and sha256 (against the receipt)",
+                  "tensor types and the tensor table digest (against the receipt)",
+                  "MTP blocks (against the receipt)", "imatrix and result figures (against the receipt)",
+                  "verification: of these bytes, its verdict from its figures")
 
 
-def audit(artifact: str | Path, receipt: str | Path | None = None, progress: bool = False,
+def audit(artifact: str | Path, receipt: str | Path | None = None, *, progress: bool = True,
           public_key: str | Path | None = None, signature: str | Path | None = None) -> AuditReport:
     """Audit ``artifact`` (any shard of a split model). ``receipt`` defaults to
     ``ARTIFACT.receipt.json`` when that file exists. ``public_key``: also require and check the
@@ -120,7 +135,8 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, progress: boo
         except GgufmtpError as e:
             checks.append(Check("readable GGUF", False, str(e)))
     report = AuditReport(str(artifact), str(receipt) if receipt else None, checks,
-                         signatures_checked=public_key is not None)
+                         signatures_checked=public_key is not None,
+                         unchecked=[] if receipt is not None else list(RECEIPT_CHECKS))
     if receipt is not None:
         try:
             rf = read_receipt(receipt)
@@ -372,6 +388,9 @@ def format_audit(r: AuditReport) -> str:
     lines = [f"audit {r.artifact}" + (f" against {r.receipt}" if r.receipt else " (no receipt: file-only checks)")]
     for c in r.checks:
         lines.append(f"  {_SYMBOL[c.status]} {c.name}: {c.detail}")
+    lines += [f"  - NOT checked: {u}" for u in r.unchecked]
     verdict = "PASS" if r.ok else f"FAIL ({len(r.failures)} check(s) failed)"
+    if r.partial:
+        verdict += f" (partial: {len(r.unchecked)} check(s) not run, without a receipt; give --receipt)"
     lines.append(verdict + (f" (trust: {r.trust.value}: {r.trust_text})" if r.trust else ""))
     return "\n".join(lines)

@@ -242,7 +242,7 @@ def default_receipt_path(artifact: Path) -> Path:
 
 
 def write_receipt(result: QuantizeResult, receipt_path: str | Path | None = None,
-                  imatrix: str | Path | None = None, model_arg: str | None = None,
+                  *, imatrix: str | Path | None = None, model_arg: str | None = None,
                   manifest: PullManifest | None = None, signing_key: str | Path | None = None) -> Path:
     """Write the receipt of a :func:`~ggufmtp.quant.quantize.quantize` result (default
     ``OUT.gguf.receipt.json``); ``imatrix`` defaults to the one the plan used. With ``signing_key``
@@ -591,7 +591,7 @@ def sign_receipt(path: str | Path, signing_key: str | Path, artifact: str | Path
     _intact(rf, signing_key)
     folder = Path(artifact).parent if artifact else rf.path.parent
     files = [Path(artifact) if artifact and i == 0 else folder / Path(s.name).name for i, s in enumerate(rf.subjects)]
-    report = audit(files[0], rf.path)
+    report = audit(files[0], rf.path, progress=False)
     if not report.ok:
         raise AuditError(f"{rf.path}: its audit fails ({len(report.failures)} check(s)): " + "; ".join(
             f"{c.name}: {c.detail}" for c in report.failures[:3]) + "; not signing")

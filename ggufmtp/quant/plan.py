@@ -235,7 +235,7 @@ class _Preflight:
 
 
 def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Path | None = None,
-              threads: int = 0, mtp_optional: bool = False) -> Plan:
+              *, threads: int = 0, mtp_optional: bool = False) -> Plan:
     """Plan ``recipe`` on ``model`` (dry run in libllama); never raises for pre-flight problems,
     which land in ``Plan.errors``. Raises for unreadable inputs. ``model``: a path or ``builtin:NAME``."""
     rec = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)

@@ -207,7 +207,7 @@ def audit_against_plan(path: Path, plan: Plan, source: GGUFModel) -> list[Check]
 
 
 def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, imatrix: str | Path | None = None,
-             threads: int = 0, progress: bool = True, plan: Plan | None = None, mtp_optional: bool = False,
+             *, threads: int = 0, progress: bool = True, plan: Plan | None = None, mtp_optional: bool = False,
              before_publish: Callable[[QuantizeResult], Any] | None = None) -> QuantizeResult:
     """Quantize ``model`` with ``recipe`` into ``out`` (atomically), then audit the result.
 
@@ -224,7 +224,7 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
     model, out, clock = Path(local_model_arg(model)), Path(out), StageTimes()
     if plan is None:
         with clock.measure("plan"):
-            plan = make_plan(model, recipe, imatrix, threads, mtp_optional=mtp_optional)
+            plan = make_plan(model, recipe, imatrix, threads=threads, mtp_optional=mtp_optional)
     _refuse_before_work(model, out, plan)
     _refuse_changed_imatrix(plan)
     _make_folder(out.parent, out)

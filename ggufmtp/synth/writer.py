@@ -79,7 +79,7 @@ def plan(spec: SynthSpec) -> list[TensorPlan]:
     return TensorBuilder(spec).plans()
 
 
-def synthesize(out: str | os.PathLike, spec: SynthSpec = SynthSpec(), progress: bool = True,
+def synthesize(out: str | os.PathLike, spec: SynthSpec = SynthSpec(), *, progress: bool = True,
                sha256: bool = True) -> SynthResult:
     """Write the model described by ``spec`` to ``out``, streamed tensor by tensor (bounded memory)
     through :func:`ggufmtp.files.fsutil.atomic_write_parts`: an interruption leaves nothing behind.
