@@ -33,6 +33,9 @@ from .models import count_tokens, model_identity, refuse_different_models
 from .options import EvalOptions
 from .perplexity import KLDStats, parse_base_ppl, parse_kld_output, perplexity_argv, run_perplexity
 
+# the public functions (tests/test_public_api.py holds them to at most ten parameters each)
+__all__ = ["BaseLogits", "QualityResult", "base_logits", "evaluate", "format_quality"]
+
 
 @dataclasses.dataclass(frozen=True)
 class BaseLogits:
@@ -111,13 +114,15 @@ def _plan_chunks(corpus: Corpus, base: Path, ctx_size: int, chunks: int | None, 
     return n_tokens, min(chunks, available) if chunks and chunks > 0 else available
 
 
-def base_logits(base: Path, corpus: Corpus, ctx_size: int, n_chunk: int, n_vocab: int, *, chunks_arg: int,
-                gpu_layers: int | str | None = None, threads: int | None = None, progress: bool = True,
-                llama_cpp_bin: str | os.PathLike | None = None, commit: str | None = None,
-                log: Callable[[str], None] = lambda m: None) -> BaseLogits:
-    """The base pass, from the cache when an intact file for the same inputs is there."""
+def base_logits(base: Path, corpus: Corpus, n_chunk: int, n_vocab: int, options: EvalOptions, *,
+                commit: str | None = None, progress: bool = True, log: Callable[[str], None] = lambda m: None
+                ) -> BaseLogits:
+    """The base pass over ``n_chunk`` chunks (``evaluate`` plans them from ``options.chunks`` and the
+    corpus) with ``options``' context size and llama-perplexity settings, from the cache when an
+    intact file for the same inputs is there."""
+    ctx_size = options.ctx_size
     base_sha = _sha256(base, progress)
-    key = CacheKey(base_sha, corpus.sha256, ctx_size, chunks_arg, commit or "unknown")
+    key = CacheKey(base_sha, corpus.sha256, ctx_size, n_chunk, commit or "unknown")
     path, record = cached_paths(key)
     if path.is_file() and record.is_file():
         head = check_logits_file(path, n_vocab)  # a truncated cache file is an error, never silently reused
@@ -128,8 +133,8 @@ def base_logits(base: Path, corpus: Corpus, ctx_size: int, n_chunk: int, n_vocab
         f"({need / 2**30:.2f} GiB) in {path}")
     refuse_without_room(path.parent, need)
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    argv = perplexity_argv(base, corpus.path, ctx_size, chunks_arg, gpu_layers, threads,
-                           ["--kl-divergence-base", str(partial)], llama_cpp_bin)
+    argv = perplexity_argv(base, corpus.path, ctx_size, n_chunk, options.gpu_layers, options.threads,
+                           ["--kl-divergence-base", str(partial)], options.llama_cpp_bin)
     try:
         with _bar(n_chunk, "base logits", progress) as bar:
             run = run_perplexity(argv, path.with_suffix(".base.log"), lambda d: bar.update(d - bar.n), True)
@@ -193,8 +198,7 @@ def evaluate(base: str | Path, quant: str | Path, options: EvalOptions | None = 
     corp = resolve_corpus(o.corpus)
     commit = binary_version(find_binary("llama-perplexity", o.llama_cpp_bin)).get("commit")
     n_tokens, n_chunk = _plan_chunks(corp, base, o.ctx_size, o.chunks, commit)
-    bl = base_logits(base, corp, o.ctx_size, n_chunk, ident.n_vocab, chunks_arg=n_chunk, gpu_layers=o.gpu_layers,
-                     threads=o.threads, progress=progress, llama_cpp_bin=o.llama_cpp_bin, commit=commit, log=log)
+    bl = base_logits(base, corp, n_chunk, ident.n_vocab, o, commit=commit, progress=progress, log=log)
     _remember_tokens(_tokens_key(bl.base_sha256, corp, commit), n_tokens)
     argv = perplexity_argv(quant, corp.path, o.ctx_size, None, o.gpu_layers, o.threads,
                            ["--kl-divergence-base", str(bl.path), "--kl-divergence"], o.llama_cpp_bin)
