@@ -141,12 +141,12 @@ def test_add_source_refuses_a_checkpoint_with_the_same_head_on_another_trunk(che
     from receipt_kit import honest_statement
 
     from ggufmtp.provenance.audit import audit
-    from ggufmtp.provenance.receipt import _converted_from, seal
+    from ggufmtp.provenance.receipt import converted_from, seal
 
     art = tmp_path / converted.name
     shutil.copy(converted, art)
     st = honest_statement(art, None)
-    st["predicate"]["base_model"]["converted_from"] = _converted_from(source_record_path(converted))
+    st["predicate"]["base_model"]["converted_from"] = converted_from(converted)
     rc = tmp_path / (art.name + ".receipt.json")
     rc.write_text(json.dumps(seal(st)))
     before = rc.read_bytes()

@@ -214,17 +214,32 @@ def test_audit_fails_a_broken_or_forged_source_section(name, tmp_path):
 def test_a_malformed_conversion_record_is_refused_naming_it(tmp_path):
     """The ``.source.json`` sidecar of a converted GGUF is read strictly (it was copied into the
     receipt as it was, whatever it held)."""
-    from ggufmtp.provenance.receipt import _converted_from
+    from ggufmtp.provenance.receipt import converted_from
 
     sidecar = tmp_path / "m.gguf.source.json"
+    assert converted_from(tmp_path / "m.gguf") is None
     good = {"format": "safetensors", "repo_id": None, "commit": None, "path": "/somewhere/ckpt",
             "converter": "convert_hf_to_gguf.py", "outtype": "bf16", "files": [{"path": CKPT_FILE, "sha256": "d1" * 32}]}
     sidecar.write_text(json.dumps(good))
-    assert _converted_from(sidecar)["name"] == "ckpt"
+    assert converted_from(tmp_path / "m.gguf")["name"] == "ckpt"
     for bad in ({**good, "files": "x"}, {**good, "extra": 1}, [1, 2], {**good, "files": [{"path": 1}]}):
         sidecar.write_text(json.dumps(bad))
         with pytest.raises(AuditError, match="m.gguf.source.json"):
-            _converted_from(sidecar)
+            converted_from(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize("sidecar", ["not-json", "wrong-shape", "fifo"])
+def test_quantize_refuses_a_bad_conversion_record_before_any_work(sidecar, synth_model, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.symlink_to(synth_model("tiny-qwen35moe"))
+    record = tmp_path / "m.gguf.source.json"
+    if sidecar == "fifo":
+        os.mkfifo(record)
+    else:
+        record.write_text("{broken" if sidecar == "not-json" else json.dumps({"format": "safetensors", "files": 5}))
+    ran = expect_clean_failure(["quantize", model, "-r", "q8_0-mtp", "-o", tmp_path / "out" / "q.gguf",
+                                "--no-progress"], tmp_path, ("m.gguf.source.json",), timeout=120)
+    assert "Quantizing" not in ran.out
 
 
 # ----------------------------------------------------------------------------- 5. the publish gate

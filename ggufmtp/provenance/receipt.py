@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import platform
 import stat
 import sys
@@ -170,17 +171,20 @@ def base_model_section(model_path: Path, model_arg: str | None = None, manifest:
     lic = GGUFModel(model_path).metadata.get("general.license")
     if isinstance(lic, str) and lic:
         source["license"] = lic
-    converted = Path(str(model_path) + ".source.json")  # written by `ggufmtp convert` (hfconvert/convert.py)
     section: BaseModelSection = {"source": source, "files": files}
-    if converted.is_file():
-        section["converted_from"] = _converted_from(converted)
+    if (conv := converted_from(model_path)) is not None:
+        section["converted_from"] = conv
     return section
 
 
-def _converted_from(sidecar: Path) -> ConvertedFrom:
-    """The checkpoint a converted GGUF came from, as its sidecar records it, by name (strictly: an
-    AuditError naming the sidecar unless it has the schema's ``converted_from`` shape)."""
+def converted_from(model_path: str | Path) -> ConvertedFrom | None:
+    """The checkpoint a converted GGUF came from, as the sidecar ``MODEL.source.json`` that `ggufmtp
+    convert` writes records it, by name (None: no sidecar). Read strictly, and before any work
+    (``quantize``): an AuditError naming the sidecar unless it has the schema's ``converted_from`` shape."""
     import jsonschema
+    sidecar = Path(str(model_path) + ".source.json")  # hfconvert/convert.py source_record_path
+    if not os.path.lexists(sidecar):
+        return None
     data = read_json_file(sidecar, "conversion record")
     if isinstance(data, dict) and "path" in data:
         data = {**{k: v for k, v in data.items() if k != "path"}, "name": Path(str(data["path"])).name}

@@ -374,6 +374,9 @@ def _refuse_before_work(model: Path, out: Path, plan: Plan) -> None:
         raise QuantizeError(f"{out}: is a directory")
     if out.resolve() == model.resolve():
         raise QuantizeError(f"{out}: output would overwrite the input")
+    from ..provenance.receipt import converted_from
+
+    converted_from(model)  # the receipt copies the conversion record: a bad one is refused before any work
 
 
 def _refuse_changed_imatrix(plan: Plan) -> None:
