@@ -115,10 +115,13 @@ def receipt_schema() -> None:
                    "(the pinned converter's name map and transforms). Writes nothing: `ggufmtp receipt "
                    "add-source` records a passing comparison in the receipt.")
 @click.option("--all", "all_tensors", is_flag=True, help="With --source: every tensor, not only the MTP block.")
+@click.option("--sidecar", "sidecar", type=click.Path(dir_okay=False), default=None,
+              help="An MTP-only sidecar to serve with ARTIFACT as its trunk (llama-server -md): check that it "
+                   "fits ARTIFACT and that its receipt binds it to ARTIFACT or ARTIFACT's source.")
 @json_option
 @handle_errors
 def audit(artifact: str, receipt_path: str | None, public_key: str | None, signature: str | None,
-          source: str | None, all_tensors: bool, as_json: bool) -> None:
+          source: str | None, all_tensors: bool, as_json: bool, sidecar: str | None = None) -> None:
     """Check the signatures (with a public key), then recompute sha256s, re-read tensor types, the
     MTP block and the imatrix metadata, and check the verification is of these bytes.
 
@@ -133,7 +136,7 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
     from ..provenance.signing import resolve_public_key
 
     report = run(artifact, receipt_path, progress=not as_json, public_key=resolve_public_key(public_key),
-                 signature=signature)
+                 signature=signature, sidecar=sidecar)
     if as_json:
         emit_json(report.to_dict())
     else:

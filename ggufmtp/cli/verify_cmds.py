@@ -44,6 +44,9 @@ from .provenance_cmds import signing_key_option
               help="Non-inferiority margin of the head against --reference (0.03 = 3 acceptance points).")
 @click.option("--absolute-acceptance", is_flag=True,
               help="With --reference, also require the minimum acceptance (--min-acceptance or the recipe's).")
+@click.option("--sidecar", default=None, metavar="SIDECAR",
+              help="MODEL is a trunk and SIDECAR its MTP-only GGUF (`ggufmtp sidecar`): the MTP arm drafts with "
+                   "--spec-draft-model (-md) SIDECAR, the vanilla arm serves MODEL alone; they must pair.")
 @click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for both servers (e.g. 999).")
 @click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
 @click.option("--ctx-size", "-c", type=click.IntRange(min=256), default=4096, show_default=True, help="--ctx-size.")
@@ -82,7 +85,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = (),
                cache_type_k: str | None = None, cache_type_v: str | None = None, context_fill: int = 0,
                matrix: str | None = None, reference: str | None = None, head_margin: float = 0.03,
-               absolute_acceptance: bool = False) -> None:
+               absolute_acceptance: bool = False, sidecar: str | None = None) -> None:
     """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
 
     Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
@@ -134,6 +137,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
         tuned=load_tuned_config(tuned_from) if tuned_from else None, seeds=seed_list or (),
         suite=suite, max_tokens=max_tokens, limit=limit, raw=raw, ctx_size=ctx_size, parallel=parallel,
         reference=resolve_model_arg(reference) if reference else None,
+        sidecar=resolve_model_arg(sidecar) if sidecar else None,
         server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args, vanilla_server_args),
         judge=JudgeOptions(thresholds=th, peak_bandwidth_gbs=peak_bandwidth_gbs, head_margin=head_margin,
                            absolute_acceptance=absolute_acceptance))

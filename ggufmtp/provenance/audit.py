@@ -10,8 +10,11 @@ verification is of these bytes and that its verdict follows from its own figures
 tensor table digest, the MTP blocks (every one a receipt lists; an older receipt, which names
 only ``mtp_block``, is checked on that), the recorded result figures and the imatrix the file's
 ``quantize.imatrix.*`` metadata names, and a ``source`` section (``receipt add-source``; see
-:func:`source_problems`). Without a receipt: what the file alone can show (it reads
-as a GGUF, its MTP block, its ``quantize.imatrix.*`` metadata).
+:func:`source_problems`). A split model's file (``ggufmtp sidecar``: a receipt with a ``pair``
+section) must have its role's MTP status (an MTP-only sidecar, or a trunk without the block), and
+``--sidecar`` checks that a sidecar pairs with the audited trunk (:mod:`ggufmtp.provenance.pair`).
+Without a receipt: what the file alone can show (it reads as a GGUF, its MTP block or an MTP-only
+sidecar's, its ``quantize.imatrix.*`` metadata).
 
 ``upload`` (and ``run --upload``) run exactly this audit and refuse on any failure. An audit
 never writes.
@@ -27,11 +30,12 @@ from pathlib import Path
 from ..checks import Check, Status
 from ..errors import AuditError, GgufmtpError, GGUFReadError
 from ..files.hashing import sha256_file
-from ..gguf.model import GGUFModel, MTPCheck, check_mtp, format_blocks, split_shards
+from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, check_mtp, format_blocks, split_shards
 from ..jsontypes import JsonObject
 from ..provenance.receipt import Receipt, default_receipt_path, integrity_digest, read_receipt, table_digest, verification_problem
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
 from .names import dataset_name
+from .pair import expected_status, pair_problem, pair_section_problems
 from .statement import ImatrixSection, ResultSection, Statement
 
 
@@ -110,11 +114,13 @@ RECEIPT_CHECKS = ("receipt integrity and signatures", "every file's size and sha
 
 
 def audit(artifact: str | Path, receipt: str | Path | None = None, *, progress: bool = True,
-          public_key: str | Path | None = None, signature: str | Path | None = None) -> AuditReport:
+          public_key: str | Path | None = None, signature: str | Path | None = None,
+          sidecar: str | Path | None = None) -> AuditReport:
     """Audit ``artifact`` (any shard of a split model). ``receipt`` defaults to
     ``ARTIFACT.receipt.json`` when that file exists. ``public_key``: also require and check the
     receipt's DSSE signature and the artifact's model-signing signature (``signature``, default
-    ``ARTIFACT.sig``; for a split model each shard's)."""
+    ``ARTIFACT.sig``; for a split model each shard's). ``sidecar``: an MTP-only sidecar to be
+    served with ``artifact`` as its trunk; it must pair with it (:func:`~ggufmtp.provenance.pair.pair_problem`)."""
     artifact = Path(artifact)
     if receipt is None and default_receipt_path(artifact).exists():
         receipt = default_receipt_path(artifact)
@@ -137,6 +143,13 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, *, progress: 
     report = AuditReport(str(artifact), str(receipt) if receipt else None, checks,
                          signatures_checked=public_key is not None,
                          unchecked=[] if receipt is not None else list(RECEIPT_CHECKS))
+    if sidecar is not None:
+        try:
+            problem = pair_problem(artifact, sidecar)
+        except GgufmtpError as e:
+            problem = str(e)
+        checks.append(Check(f"pairs with {Path(sidecar).name}", problem is None,
+                            problem or "the sidecar's head fits this trunk and its receipt binds them"))
     if receipt is not None:
         try:
             rf = read_receipt(receipt)
@@ -149,13 +162,16 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, *, progress: 
         checks += _signature_checks(artifact, rf, public_key, signature)
         checks += _against_receipt(artifact, shards, model, rf, progress)
     elif model is not None:
-        checks += _standalone(model)
+        checks += _standalone(model, trunk=sidecar is not None)
     return report
 
 
-def _standalone(model: GGUFModel) -> list[Check]:
+def _standalone(model: GGUFModel, trunk: bool = False) -> list[Check]:
+    """What the file alone shows: a complete MTP block, or a complete MTP-only sidecar; ``trunk``:
+    audited as a sidecar's trunk (no MTP block is fine)."""
     mtp = check_mtp(model)
-    out = [Check("MTP block", mtp.status == "complete",
+    ok = mtp.status in (MTPStatus.COMPLETE, MTPStatus.SIDECAR) or (trunk and mtp.status == MTPStatus.ABSENT)
+    out = [Check("MTP block", ok,
                  f"{mtp.status}" + (f" ({format_blocks(mtp.blocks)})" if mtp.blocks else "")
                  + (f"; missing {', '.join(mtp.missing)}" if mtp.missing else ""))]
     md = model.metadata
@@ -206,6 +222,11 @@ def _against_receipt(artifact: Path, shards: list[Path] | None, model: GGUFModel
                      progress: bool) -> list[Check]:
     st = rf.statement
     checks = _statement_checks(st) + _file_checks(artifact, shards, rf, progress) + _verification_checks(st)
+    if st["predicate"].get("pair") is not None:
+        problems = pair_section_problems(st)
+        pair = st["predicate"]["pair"]
+        checks.append(Check("pair section", not problems, "; ".join(problems) or
+                            f"a {pair['role']} split from {pair['made_from']['name']}"))
     if st["predicate"].get("source") is not None:
         problems = source_problems(st)
         checks.append(Check("source section", not problems, "; ".join(problems) or
@@ -327,7 +348,7 @@ def _model_checks(model: GGUFModel, st: Statement) -> list[Check]:
     digest_ok = table_digest(want_types) == res.get("tensor_types_sha256")
     checks.append(Check("tensor table digest", digest_ok,
                         "matches" if digest_ok else "receipt's tensor_types does not match its own digest"))
-    checks.append(_mtp_check(check_mtp(model), res))
+    checks.append(_mtp_check(check_mtp(model), res, expected_status(st)))
     figures = {"file_type": model.file_type, "nextn_predict_layers": model.nextn_predict_layers,
                "size_bytes": model.size_bytes, "bpw": round(model.bpw, 4)}
     bad = [f"{k}: receipt {res.get(k)}, file {v}" for k, v in figures.items() if res.get(k) != v]
@@ -336,10 +357,12 @@ def _model_checks(model: GGUFModel, st: Statement) -> list[Check]:
     return checks
 
 
-def _mtp_check(mtp: MTPCheck, res: ResultSection) -> Check:
+def _mtp_check(mtp: MTPCheck, res: ResultSection, expected: MTPStatus = MTPStatus.COMPLETE) -> Check:
     """The file's MTP blocks against the receipt's: status, the first block, and every block when
     the receipt lists them (``mtp_blocks``; a receipt without it predates multi-block support and
-    is checked on ``mtp_block``, as it was). A receipt that drops a block of a chain fails here."""
+    is checked on ``mtp_block``, as it was). A receipt that drops a block of a chain fails here.
+    ``expected``: the status the artifact must have (complete; a split model's sidecar or trunk:
+    :func:`~ggufmtp.provenance.pair.expected_status`)."""
     listed = res.get("mtp_blocks")
     ok = mtp.status == res.get("mtp_status") and mtp.block == res.get("mtp_block")
     if listed is not None:
@@ -349,7 +372,7 @@ def _mtp_check(mtp: MTPCheck, res: ResultSection) -> Check:
     else:
         detail = (f"file {format_blocks(mtp.blocks) or 'no block'} {mtp.status}; receipt "
                   f"{format_blocks(listed) if isinstance(listed, list) else listed} {res.get('mtp_status')}")
-    return Check("MTP block", ok and mtp.status == "complete",
+    return Check("MTP block", ok and mtp.status == expected,
                  detail + (f"; missing {', '.join(mtp.missing)}" if mtp.missing else ""))
 
 

@@ -430,6 +430,23 @@ class Integrity(TypedDict):
     sha256: str
 
 
+class NamedDigest(TypedDict):
+    name: str
+    sha256: str
+
+
+class PairSection(TypedDict):
+    """A file of a split model (``ggufmtp sidecar``, :mod:`ggufmtp.provenance.pair`): its role, the
+    full model it was split from, the base model's file digests (what every trunk of the model
+    comes from) and the other file written with it."""
+
+    role: str  # sidecar | trunk
+    made_from: NamedDigest
+    source_sha256: list[str]
+    trunk: NamedDigest | None
+    sidecar: NamedDigest | None
+
+
 class Predicate(TypedDict):
     base_model: BaseModelSection
     imatrix: ImatrixSection | None
@@ -443,6 +460,7 @@ class Predicate(TypedDict):
     quality: NotRequired[QualitySection]
     head_sweep: NotRequired[HeadSweepSection]
     source: NotRequired[SourceSection]
+    pair: NotRequired[PairSection]
 
 
 class Statement(TypedDict):

@@ -208,6 +208,7 @@ class ArmArgs:
     mtp: tuple[str, ...] = ()
     vanilla: tuple[str, ...] = ()
     tuned: TuneConfig | None = None
+    draft_model: str | None = None  # an MTP-only sidecar the MTP arm drafts with (-md), the trunk being the model
 
     @classmethod
     def of(cls, both: Iterable[str] = (), mtp: Iterable[str] = (), vanilla: Iterable[str] = (),
@@ -254,12 +255,14 @@ class ArmArgs:
 
     def mtp_fields(self, base: Mapping[str, Any], k: int, draft_n_min: int | None = None) -> dict[str, Any]:
         """The MTP server at window ``k``: base, ``both``, the tuned configuration (or ``k`` and
-        ``draft_n_min``), ``mtp``."""
+        ``draft_n_min``), ``mtp``, and the sidecar as the draft model when there is one."""
         kw = self._append(base, self.both)
         if self.tuned is not None:
             kw = self.tuned.server_fields(kw)
         else:
             kw.update(draft_mtp=True, draft_n_max=k, draft_n_min=draft_n_min)
+        if self.draft_model is not None:
+            kw["draft_model"] = self.draft_model
         return self._append(kw, self.mtp)
 
     @staticmethod
@@ -398,7 +401,9 @@ class VerifyOptions:
     :mod:`ggufmtp.measure.verify.slots`), ``cache_type_k``/``cache_type_v`` (both arms) and
     ``context_fill`` (see :mod:`ggufmtp.measure.verify.kvdepth`). ``reference``: a model served
     with the MTP arm's settings in the same rotation, against which the head is judged
-    (:mod:`ggufmtp.measure.verify.reference`). ``server``: the servers' settings
+    (:mod:`ggufmtp.measure.verify.reference`). ``sidecar``: an MTP-only GGUF the MTP arm drafts
+    with (``--spec-draft-model``/``-md``), the model being its trunk; the vanilla arm serves the
+    trunk alone (:mod:`ggufmtp.provenance.pair` checks they pair). ``server``: the servers' settings
     (:class:`ServerOptions`); ``judge``: thresholds and statistics (:class:`JudgeOptions`).
     :meth:`from_dict` builds one from flat keys (a ladder file's ``[verify]`` table)."""
 
@@ -417,6 +422,7 @@ class VerifyOptions:
     cache_type_v: str | None = None
     context_fill: int = 0
     reference: str | os.PathLike | None = None
+    sidecar: str | os.PathLike | None = None
     server: ServerOptions = field(default_factory=ServerOptions)
     judge: JudgeOptions = field(default_factory=JudgeOptions)
 
@@ -451,8 +457,9 @@ class VerifyOptions:
         return sorted({self.window[0], *self.sweep})
 
     def arm_args(self) -> ArmArgs:
-        """The flags by arm, the tuned configuration included."""
-        return self.server.arm_args(self.tuned)
+        """The flags by arm, the tuned configuration included; the sidecar as the MTP arm's draft model."""
+        arms = self.server.arm_args(self.tuned)
+        return arms if self.sidecar is None else dataclasses.replace(arms, draft_model=str(self.sidecar))
 
     def with_defaults(self, draft_n_max: int | None = None, thresholds: Any = None) -> VerifyOptions:
         """These options with ``draft_n_max`` and ``thresholds`` (e.g. a recipe's ``[verify]``

@@ -46,18 +46,22 @@ class ModelInfo(Keyed):
     file_type: Any = None
     sha256: str | None = None
     mtp_blocks: list[int] | None = None
+    sidecar: dict[str, str] | None = None  # the MTP-only sidecar served with it (-md): name and sha256
 
     def to_dict(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
         d = super().to_dict(keys)
         if self.mtp_blocks is None:  # not named by the caller: the JSON such a record always had
             d.pop("mtp_blocks", None)
+        if self.sidecar is None:
+            d.pop("sidecar", None)
         return d
 
     @property
     def mtp_where(self) -> str:
         """``blk.4``, or ``blk.40, blk.41`` for a chain: the MTP blocks as reports name them."""
         blocks = self.mtp_blocks or [self.mtp_block]
-        return ", ".join(f"blk.{b}" for b in blocks)
+        where = ", ".join(f"blk.{b}" for b in blocks)
+        return f"{where} of sidecar {self.sidecar['name']}" if self.sidecar else where
 
 
 # The keys of ``model`` in each command's JSON.

@@ -34,7 +34,12 @@ resamples, fixed generator seed 0. Per category and per seed the same, on that s
 
 Identity: the model file is hashed (sha256) before the servers start, and its size and mtime are
 checked unchanged after the run (else :class:`VerifyError`), so ``model.sha256`` names the bytes
-llama-server served; a receipt refuses a verification whose digest is not its subject's.
+llama-server served; a receipt refuses a verification whose digest is not its subject's. With a
+``sidecar`` (an MTP-only GGUF, ``ggufmtp sidecar``) the model is its trunk: the MTP arm runs
+``-m TRUNK --spec-draft-model SIDECAR --spec-type draft-mtp`` (``-md`` is the short form), the
+vanilla arm the trunk alone; the pair must fit and be bound by the sidecar's receipt
+(:func:`~ggufmtp.provenance.pair.pair_problem`), and ``model.sidecar`` names the sidecar's sha256,
+checked unchanged like the trunk's.
 
 Correctness: at temperature 0 speculative decoding is lossless, so every MTP reply must equal the
 vanilla reply to the same request, in every comparison verify makes (chat, ``--raw``, every sweep
@@ -275,6 +280,18 @@ def _check_model(path: Path) -> Any:
     return rep
 
 
+def _check_pair(trunk: Path, sidecar: Path) -> Any:
+    """A trunk served with an MTP-only sidecar: VerifyError unless they pair
+    (:func:`~ggufmtp.provenance.pair.pair_problem`); the trunk's report with the sidecar's MTP blocks."""
+    from ...provenance.pair import pair_problem
+
+    problem = pair_problem(trunk, sidecar)
+    if problem:
+        raise VerifyError(f"--sidecar: {problem}")
+    rep, head = inspect_model(trunk), inspect_model(sidecar)
+    return dataclasses.replace(rep, mtp_block=head.mtp_block, mtp_blocks=head.mtp_blocks)
+
+
 def _mtp_server_config(base: dict[str, Any], k: int, draft_n_min: int | None, cfg: TuneConfig | None,
                        arms: ArmArgs | None = None) -> ServerConfig:
     arms = arms if arms is not None else ArmArgs(tuned=cfg)
@@ -375,8 +392,9 @@ def _reference_server(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, 
     up and drafting; None without a reference."""
     if plan.reference is None:
         return None
+    arms = dataclasses.replace(plan.arms, draft_model=None)  # the reference drafts with its own head
     ref = stack.enter_context(LlamaServer(_mtp_server_config({**base, "model": plan.reference.path}, k,
-                                                             plan.draft_n_min, plan.tuned, plan.arms)))
+                                                             plan.draft_n_min, plan.tuned, arms)))
     for mode in modes:
         _check_drafting(ref, _warm_up(ref, plan.suite.prompts[0], mode, "reference MTP", k), k)
     return ref
@@ -529,10 +547,11 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     t0 = time.monotonic()
     plan = _plan(o)
     path = Path(model)
-    rep = _check_model(path)
+    rep = _check_model(path) if o.sidecar is None else _check_pair(path, Path(o.sidecar))
     base = o.server.base_fields(model=path, ctx_size=o.ctx_size, parallel=1)
     plan, base = _with_kv_depth(plan, base, o.cache_type_k, o.cache_type_v, o.context_fill, o.max_tokens)
     served = ServedFile.of(path)  # the bytes llama-server is about to serve
+    side = ServedFile.of(o.sidecar) if o.sidecar is not None else None
     if o.reference is not None:
         _check_model(Path(o.reference))
         plan = dataclasses.replace(plan, reference=ReferenceArm.of(o.reference, path))
@@ -542,6 +561,8 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     annotate(comparisons, srv.numerics)
     slots = _slots(plan, base, o.parallel, srv.modes[0], o.max_tokens, comparisons, progress, boot)
     served.check_unchanged()
+    if side is not None:
+        side.check_unchanged()
     head = None
     if plan.reference is not None:
         plan.reference.served.check_unchanged()
@@ -549,7 +570,8 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     gpu_layers = o.server.gpu_layers
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
-        model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks),
+        model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks,
+                        {"name": side.path.name, "sha256": side.sha256} if side else None),
         suite=plan.suite.info(), settings=_settings(plan, o, base, srv.modes, runner, srv.fill),
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
