@@ -502,12 +502,13 @@ def _stage_eval(r: _Run, eval_options: EvalOptions) -> None:
     r.receipted = r.cache.run("eval", key, do, _intact("receipt"))
 
 
-def _stage_card(r: _Run) -> None:
+def _stage_card(r: _Run, repo_id: str | None) -> None:
+    """The card; its download and run lines name ``repo_id``, the repo ``--upload`` publishes to."""
     def do() -> CardStage:
-        make_card(r.artifact, r.receipt, r.card)
+        make_card(r.artifact, r.receipt, r.card, repo_id=repo_id)
         return {"card": _file_record(r.card)}
 
-    r.cache.run("card", _key("card", r.receipted["receipt"], __version__), do, _intact("card"))
+    r.cache.run("card", _key("card", r.receipted["receipt"], __version__, repo_id), do, _intact("card"))
 
 
 def _stage_upload(r: _Run, repo_id: str, private: bool, dry_run: bool) -> None:
@@ -559,7 +560,7 @@ def run(recipe: str | Path, model: str, options: RunOptions | None = None, *, ou
     _stage_receipt(r)
     if o.eval_options is not None:
         _stage_eval(r, o.eval_options)
-    _stage_card(r)
+    _stage_card(r, o.upload)
     if o.upload:
         _stage_upload(r, o.upload, o.private, o.dry_run_upload)
     return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=r.card, stages=r.cache.records)

@@ -74,6 +74,7 @@ def test_run_end_to_end_then_fully_cached(tmp_path, fake):
     assert {res.artifact.name, res.artifact.name + ".sig", res.receipt.name, "README.md"} <= set(files)
     assert fake.file("me/tiny", res.receipt.name) == res.receipt.read_bytes()
     assert UNVERIFIED_HEADING not in fake.file("me/tiny", "README.md").decode()
+    assert "llama-server -hf me/tiny:" in fake.file("me/tiny", "README.md").decode()  # the card names its repo
     assert up.summary()["uploaded"].endswith(fake.history("me/tiny")[0].oid)
 
 

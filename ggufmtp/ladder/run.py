@@ -26,7 +26,6 @@ from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
 from ..provenance.card_page import PageOptions
 from ..provenance.ladder_card import make_ladder_card
-from ..quant.naming import model_name
 from ..refs import is_builtin, parse_model_ref, resolve
 from .engine import Engine, EngineInfo, Sequential, VariantOutcome
 from .spec import LadderSpec, VariantJob
@@ -122,10 +121,6 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by)
     card = make_ladder_card(made, spec.out_dir / "README.md", options=options) if made else None
     return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done))
-
-
-def _title(spec: LadderSpec) -> str:
-    return f"{model_name(spec.model)} MTP GGUF ladder"
 
 
 def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, dry_run: bool = False,
