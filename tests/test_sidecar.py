@@ -142,3 +142,21 @@ def test_default_name_is_the_sidecar_name(synth_model, tmp_path, monkeypatch):
     assert Path(json.loads(r.output)["sidecar"]).name == "mtp-tiny-qwen35moe-BF16.gguf"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mtp-tiny-qwen35moe-BF16.gguf",
                                                           "mtp-tiny-qwen35moe-BF16.gguf.receipt.json"]
+
+
+def test_sidecar_of_a_quantized_variant_carries_its_receipt(pair, tmp_path):
+    """Cut from the full Q8_0 variant as it is (no -r): the same head bytes as the -r sidecar, the
+    variant's recipe and source in its receipt, and it pairs with the -r trunk (same source)."""
+    side, trunk, full = pair
+    out = tmp_path / "mtp-cut-Q8_0.gguf"
+    r = CliRunner().invoke(main, ["sidecar", str(full), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    a, b = GGUFModel(out), GGUFModel(side)
+    assert a.type_table() == b.type_table()
+    assert all(np.array_equal(tensor_array(a, n), tensor_array(b, n)) for n in a.tensors)
+    got, variant = read_receipt(default_receipt_path(out)), read_receipt(default_receipt_path(full))
+    assert got.predicate["recipe"] == variant.predicate["recipe"]
+    assert got.predicate["pair"]["made_from"] == {"name": full.name, "sha256": variant.artifact.sha256}
+    assert audit(out).ok
+    report = audit(trunk, sidecar=out)
+    assert report.ok, [c.to_dict() for c in report.failures]
