@@ -160,3 +160,16 @@ def test_sidecar_of_a_quantized_variant_carries_its_receipt(pair, tmp_path):
     assert audit(out).ok
     report = audit(trunk, sidecar=out)
     assert report.ok, [c.to_dict() for c in report.failures]
+
+
+def test_signed_pair_verifies_with_the_public_key(synth_model, tmp_path):
+    from fakehub import write_keypair
+
+    priv, pub = write_keypair(tmp_path, "signer")
+    side, trunk = tmp_path / "mtp-t-BF16.gguf", tmp_path / "t-BF16.gguf"
+    r = CliRunner().invoke(main, ["sidecar", str(synth_model("tiny-qwen35moe")), "-o", str(side),
+                                  "--trunk-only", str(trunk), "--signing-key", str(priv)])
+    assert r.exit_code == 0, r.output
+    for p in (side, trunk):
+        report = audit(p, public_key=pub)
+        assert report.ok and report.trust is not None and report.trust.value == "verified", report.failures

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, resolve_model_arg
+from .provenance_cmds import signing_key_option
 
 
 @main.command(short_help="Write MODEL's MTP head as an MTP-only GGUF for llama-server -md (and the trunk), "
@@ -25,10 +26,12 @@ from .app import emit_json, handle_errors, imatrix_option, json_option, main, re
 @click.option("--trunk-only", "trunk_out", default=None, type=click.Path(dir_okay=False),
               help="Also write the trunk without the MTP block here (a variant's name, e.g. MODEL-Q8_0.gguf).")
 @click.option("--no-receipt", is_flag=True, help="Write no receipts.")
+@signing_key_option
 @json_option
 @handle_errors
 def sidecar(model: str, output: str | None, recipe_name: str | None, type_name: str | None, imatrix: str | None,
-            threads: int, trunk_out: str | None, no_receipt: bool, as_json: bool) -> None:
+            threads: int, trunk_out: str | None, no_receipt: bool, as_json: bool, signing_key: str | None = None
+            ) -> None:
     """Write MODEL's MTP head as an MTP-only sidecar GGUF, as `convert_hf_to_gguf.py --mtp` lays it out
     (every key/value, token_embd, output_norm, output and the MTP block), to serve beside a trunk with
     `llama-server -m TRUNK -md SIDECAR --spec-type draft-mtp`. With --trunk-only the trunk is
@@ -46,13 +49,18 @@ def sidecar(model: str, output: str | None, recipe_name: str | None, type_name: 
     if recipe_name and type_name and recipe_name != type_name:
         raise RecipeError(f"the type is given twice (-r {recipe_name} and --type {type_name}); give one")
     recipe = recipe_name or type_name
+    from ..provenance.signing import resolve_signing_key
+
+    if signing_key and no_receipt:
+        raise click.UsageError("--signing-key signs the receipts and the files: it cannot go with --no-receipt")
+    key = None if no_receipt else resolve_signing_key(signing_key)  # a bad key fails before any work
     path = Path(resolve_model_arg(model))
     if output is None:
         tag = Recipe.load(recipe).release_tag if recipe else (GGUFModel(path).file_type or "F16")
         output = sidecar_default_name(model, path, tag)
     res = make_sidecar(path, output, SidecarOptions(recipe=recipe, imatrix=imatrix, threads=threads,
                                                     trunk_out=Path(trunk_out) if trunk_out else None,
-                                                    receipts=not no_receipt, progress=not as_json),
+                                                    receipts=not no_receipt, progress=not as_json, signing_key=key),
                        model_arg=model)
     if as_json:
         emit_json(res.to_dict())

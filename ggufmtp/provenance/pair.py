@@ -100,10 +100,13 @@ def _kept_recipe(gm: GGUFModel) -> RecipeSection:
             "token_embedding_type": None, "rules": [], "llama_quantize_command": ""}
 
 
-def write_pair_receipts(src: PairSources, sidecar: tuple[Path, Path], trunk: tuple[Path, Path] | None
-                        ) -> tuple[Path, Path | None]:
+def write_pair_receipts(src: PairSources, sidecar: tuple[Path, Path], trunk: tuple[Path, Path] | None,
+                        signing_key: str | Path | None = None) -> tuple[Path, Path | None]:
     """Write the receipts of a sidecar (and trunk), given as ``(staged file, final path)``: each at
-    ``FINAL.receipt.json``, naming the other file's digest. Returns their paths."""
+    ``FINAL.receipt.json``, naming the other file's digest; with ``signing_key`` each receipt is a
+    signed DSSE envelope and each file gets ``FINAL.sig``. Returns the receipts' paths."""
+    from .signing import sign_artifact, signature_path
+
     predicate, full_sha = _base(src)
     source = sorted({f["sha256"] for f in predicate["base_model"]["files"]})
     digests = {role: sha256_file(staged) for role, (staged, _) in
@@ -122,7 +125,9 @@ def write_pair_receipts(src: PairSources, sidecar: tuple[Path, Path], trunk: tup
                              "sidecar": side_named if role == "trunk" else None}
         p = cast(Predicate, {**predicate, "result": _result_section(GGUFModel(staged)), "pair": pair})
         st = build_statement([staged], p, {str(staged): digests[role]})
-        paths.append(write_statement(default_receipt_path(final), seal(st)))
+        if signing_key is not None:
+            sign_artifact(staged, signing_key, signature=signature_path(final))
+        paths.append(write_statement(default_receipt_path(final), seal(st), signing_key))
     return cast(Path, paths[0]), paths[1]
 
 

@@ -57,7 +57,7 @@ class SidecarOptions:
     """What ``ggufmtp sidecar`` makes. ``recipe``: quantize the model with it first (a shipped
     recipe, a .toml file or a llama-quantize type), else the model's tensors are kept as they are;
     ``imatrix``/``threads``: for that quantization; ``trunk_out``: also write the trunk there;
-    ``receipts``: write a receipt beside each file (``FILE.receipt.json``)."""
+    ``receipts``: write a receipt beside each file (``FILE.receipt.json``); ``signing_key``: signed."""
 
     recipe: str | None = None
     imatrix: str | None = None
@@ -65,6 +65,7 @@ class SidecarOptions:
     trunk_out: Path | None = None
     receipts: bool = True
     progress: bool = False
+    signing_key: Path | None = None  # sign the receipts (DSSE) and the files (FILE.sig)
 
 
 @dataclasses.dataclass
@@ -213,7 +214,8 @@ def make_sidecar(model: str | Path, out: str | Path, options: SidecarOptions | N
             write_part(full, staged_trunk, Role.TRUNK)
         receipts = (write_pair_receipts(PairSources(model, model_arg or str(model), full, quantized, o.imatrix),
                                         (staged_sidecar, out),
-                                        (staged_trunk, trunk_out) if staged_trunk and trunk_out else None)
+                                        (staged_trunk, trunk_out) if staged_trunk and trunk_out else None,
+                                        o.signing_key)
                     if o.receipts else (None, None))
         if staged_trunk is not None and trunk_out is not None:
             os.replace(staged_trunk, trunk_out)
