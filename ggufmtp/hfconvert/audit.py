@@ -24,7 +24,7 @@ from ..errors import ConvertError
 from ..gguf.model import GGUFModel
 from ..jsontypes import JsonObject
 from ..provenance.statement import SourceSection
-from .convert import converter_tree, require_convert_deps, source_record_path
+from .convert import converter_tree, require_convert_deps
 from .source import read_checkpoint
 
 __all__ = ["TensorMatch", "SourceAudit", "audit_source"]
@@ -108,10 +108,9 @@ def _job(model: GGUFModel, source_dir: Path, trunk: int, only_mtp: bool) -> Audi
 
 
 def _recorded_source(model_path: Path) -> tuple[str | None, str | None]:
-    rec = source_record_path(model_path)
-    if not rec.is_file():
-        return None, None
-    data = json.loads(rec.read_text())
+    from ..provenance.receipt import converted_from
+
+    data = converted_from(model_path) or {}
     return data.get("repo_id"), data.get("commit")
 
 
