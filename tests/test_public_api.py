@@ -128,9 +128,7 @@ POSITIONAL: dict[str, tuple[str, ...] | None] = {
               "pull": ("repo_id",), "upload": ("repo_id", "files", "receipt", "card", "options"),
               "run": ("recipe", "model", "options"), "convert": ("source", "output"),
               "compute_imatrix": ("model", "corpus", "out"), "evaluate": ("base", "quant", "options"),
-              "run_ladder": ("spec", "engine"),
-              # its module and its command were being reworked in parallel: not checked yet
-              "make_card": None}
+              "run_ladder": ("spec", "engine"), "make_card": ("artifact", "receipt", "output")}
 
 
 def test_options_are_keyword_only_and_progress_has_one_default():

@@ -162,6 +162,6 @@ def card(artifact: str, receipt_path: str | None, output: str | None, quantized_
     from ..provenance.card import make_card
     from ..provenance.receipt import default_receipt_path
 
-    path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by, license_,
-                     repo_id)
+    path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by=quantized_by,
+                     license=license_, repo_id=repo_id)
     click.echo(str(path))

@@ -414,7 +414,7 @@ def _matrix(mx: MatrixSection | None) -> list[str]:
     return out + [""]
 
 
-def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | None = None,
+def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | None = None, *,
               quantized_by: str = "ggufmtp", license: str | None = None, repo_id: str | None = None) -> Path:
     """Write the model card (default: README.md beside the artifact); returns its path. A receipt
     edited after it was written (its integrity digest does not hold) is refused: a card states
