@@ -80,7 +80,7 @@ def test_sidecar_and_trunk_receipts_audit_and_bind_the_pair(pair):
         assert report.ok, [c.to_dict() for c in report.failures]
 
 
-def test_pair_verifies_like_the_full_model(pair, tmp_path):
+def test_pair_verifies_like_the_full_model(pair, tmp_path, synth_model):
     side, trunk, full = pair
     whole = verify(full, CHEAP, progress=False)
     split = verify(trunk, dataclasses.replace(CHEAP, sidecar=side), progress=False)
@@ -102,6 +102,14 @@ def test_pair_verifies_like_the_full_model(pair, tmp_path):
     report = audit(trunk, receipt, sidecar=side)
     assert report.ok, [c.to_dict() for c in report.failures]
     assert json.loads(receipt.read_text())["predicate"]["verification"]["model"]["sidecar"]["name"] == side.name
+    alone = audit(trunk, receipt)
+    assert alone.ok and any(c.name == "verified with a sidecar" and side.name in c.detail for c in alone.checks)
+    # another sidecar of the same source pairs with the trunk, but the verification is not of it
+    bf16 = tmp_path / "mtp-tiny-BF16.gguf"
+    r = CliRunner().invoke(main, ["sidecar", str(synth_model("tiny-qwen35moe-f20")), "-o", str(bf16)])
+    assert r.exit_code == 0, r.output
+    report = audit(trunk, receipt, sidecar=bf16)
+    assert [c.name for c in report.failures] == ["verification of this pair"], report.failures
 
 
 def test_wrong_trunk_is_refused_with_one_error(pair, synth_model):

@@ -161,9 +161,30 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, *, progress: 
         report.signed = rf.signed
         checks += _signature_checks(artifact, rf, public_key, signature)
         checks += _against_receipt(artifact, shards, model, rf, progress)
+        checks += _verified_sidecar(rf, sidecar)
     elif model is not None:
         checks += _standalone(model, trunk=sidecar is not None)
     return report
+
+
+def _verified_sidecar(rf: Receipt, sidecar: str | Path | None) -> list[Check]:
+    """A verification made with a sidecar (``verify --sidecar``) is of that pair: audited with
+    ``--sidecar``, it must be that file; without, the report says which sidecar it needs."""
+    v = rf.predicate.get("verification") or {}
+    named = (v.get("model") or {}).get("sidecar")
+    if named is None:
+        return []
+    if sidecar is None:
+        return [Check.info("verified with a sidecar", f"{named['name']} (sha256 {named['sha256']}): audit the pair "
+                                                     f"with --sidecar")]
+    try:
+        got = sha256_file(sidecar)
+    except OSError as e:
+        return [Check("verification of this pair", False, f"{sidecar}: cannot read ({e.strerror or e})")]
+    return [Check("verification of this pair", got == named["sha256"],
+                  f"the verification drafted with {named['name']}" if got == named["sha256"] else
+                  f"the verification drafted with {named['name']} (sha256 {named['sha256']}), not "
+                  f"{Path(sidecar).name} (sha256 {got}): its acceptance is not this sidecar's")]
 
 
 def _standalone(model: GGUFModel, trunk: bool = False) -> list[Check]:

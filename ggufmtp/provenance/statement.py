@@ -256,9 +256,15 @@ class SuiteSection(TypedDict, total=False):
     n_prompts: int
 
 
+class NamedDigest(TypedDict):
+    name: str
+    sha256: str
+
+
 class ServedModel(TypedDict, total=False):
     sha256: str | None
     name: str
+    sidecar: NamedDigest  # the MTP-only sidecar the MTP arm drafted with (verify --sidecar)
 
 
 class IdenticalOutputs(TypedDict, total=False):
@@ -427,11 +433,6 @@ class SourceSection(TypedDict):
 
 
 class Integrity(TypedDict):
-    sha256: str
-
-
-class NamedDigest(TypedDict):
-    name: str
     sha256: str
 
 
