@@ -21,7 +21,7 @@ import datetime as _dt
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from ..errors import GgufmtpError
+from ..errors import AuditError
 from ..files.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPStatus, check_mtp
 from .receipt import (
@@ -69,7 +69,7 @@ def _model_receipt(model: Path) -> Receipt | None:
         return None
     rf = read_receipt(path)
     if not rf.intact or rf.artifact.name != model.name or rf.artifact.sha256 != sha256_file(model):
-        raise GgufmtpError(f"{path}: the receipt beside {model.name} does not describe its bytes (edited, or of "
+        raise AuditError(f"{path}: the receipt beside {model.name} does not describe its bytes (edited, or of "
                            f"another file); fix or remove it")
     return rf
 

@@ -192,7 +192,7 @@ def make_sidecar(model: str | Path, out: str | Path, options: SidecarOptions | N
     model, out = Path(model), Path(out)
     trunk_out = Path(o.trunk_out) if o.trunk_out else None
     _refuse_paths(model, out, trunk_out)
-    gm = _check_source(model)
+    _check_source(model)
     work = _stage_dir(out)
     try:
         full, quantized = model, None
@@ -224,11 +224,8 @@ def make_sidecar(model: str | Path, out: str | Path, options: SidecarOptions | N
         fsync_dir(out.parent)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    sc = GGUFModel(out)
-    head = check_mtp(sc)
-    del gm
-    return SidecarResult(out, receipts[0], trunk_out, receipts[1], list(head.blocks),
-                         {n: t for n, t in head.tensors.items()})
+    head = check_mtp(GGUFModel(out))
+    return SidecarResult(out, receipts[0], trunk_out, receipts[1], list(head.blocks), dict(head.tensors))
 
 
 def _refuse_paths(model: Path, out: Path, trunk_out: Path | None) -> None:
