@@ -181,3 +181,18 @@ def test_signed_pair_verifies_with_the_public_key(synth_model, tmp_path):
     for p in (side, trunk):
         report = audit(p, public_key=pub)
         assert report.ok and report.trust is not None and report.trust.value == "verified", report.failures
+
+
+def test_trunk_keeps_arrays_that_are_not_per_layer(synth_model, tmp_path):
+    """3 trunk layers + the MTP block: block_count 4, as long as M-RoPE's dimension_sections, which
+    is not per layer and stays whole; the pair serves and drafts."""
+    model = synth_model(SynthSpec(layers=3))
+    side, trunk = tmp_path / "mtp-three-BF16.gguf", tmp_path / "three-BF16.gguf"
+    r = CliRunner().invoke(main, ["sidecar", str(model), "-o", str(side), "--trunk-only", str(trunk)])
+    assert r.exit_code == 0, r.output
+    full, t = GGUFModel(model), GGUFModel(trunk)
+    key = "qwen35moe.rope.dimension_sections"
+    assert full.block_count == len(full.metadata[key]) == 4
+    assert t.metadata[key] == full.metadata[key] and t.block_count == 3
+    res = verify(trunk, dataclasses.replace(CHEAP, sidecar=side, limit=1, max_tokens=16), progress=False)
+    assert res.to_dict()["mtp"]["draft_n"] > 0

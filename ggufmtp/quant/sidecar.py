@@ -158,14 +158,20 @@ def write_part(src: Path, out: Path, role: Role) -> None:
     fsync_path(out)
 
 
+# <arch>.* arrays that are not per layer, whatever their length (M-RoPE's sections: 4 entries)
+_NOT_PER_LAYER = (Keys.Rope.DIMENSION_SECTIONS,)
+
+
 def _trunk_value(key: str, value: object, arch: str, block_count: int, trunk_layers: int) -> object | None:
     """A key's value in the trunk-only file (None: left out), as ``convert_hf_to_gguf.py --no-mtp``
-    writes it: the trunk's block count, no ``nextn_predict_layers``, per-layer arrays cut to the trunk."""
+    writes it: the trunk's block count, no ``nextn_predict_layers``, per-layer arrays (an ``<arch>.``
+    array with ``block_count`` entries) cut to the trunk."""
     if key == Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch):
         return None
     if key == Keys.LLM.BLOCK_COUNT.format(arch=arch):
         return trunk_layers
-    if key.startswith(f"{arch}.") and isinstance(value, list) and len(value) == block_count:
+    per_layer = key.startswith(f"{arch}.") and key not in {k.format(arch=arch) for k in _NOT_PER_LAYER}
+    if per_layer and isinstance(value, list) and len(value) == block_count:
         return value[:trunk_layers]
     return value
 
