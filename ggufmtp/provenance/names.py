@@ -31,14 +31,14 @@ _PATH_RE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=:(\[,]))(?:/(?:" + "|".join(_ROOTS)
 
 
 # Any other absolute path ("/srv2/x/tmpl.jinja"): local when its top folder exists on this machine
-# and it goes deeper, or it exists itself (a server's endpoints, /v1/chat/completions, do not).
+# and it goes deeper (a server's endpoints, /v1/chat/completions, do not; "/usr" alone is a word).
 _ANY_ABS_RE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=:(\[,]))/[^\s'\",;)\]/]+(?:/[^\s'\",;)\]]*)?")
 
 
 def _is_local(path: str) -> bool:
     top = path.split("/")[1]
     try:
-        return (os.path.isdir("/" + top) and path.rstrip("/").count("/") > 1) or os.path.exists(path)
+        return path.rstrip("/").count("/") > 1 and os.path.isdir("/" + top)
     except (OSError, ValueError):  # a name too long or with a NUL: not a path here
         return False
 
