@@ -44,7 +44,26 @@ SPECIAL_READERS = {
     "sign-key": lambda d, s: ["receipt", "sign", d / "r.json", "--signing-key", s("key.pem")],
     "ladder-file": lambda d, s: ["ladder", "--ladder", s("ladder.toml"), "-o", d / "out"],
     "recipe": lambda d, s: ["plan", d / "x.gguf", "-r", s("r.toml")],
+    "signature": lambda d, s: ["audit", d / "x.gguf", "--receipt", _honest(d), "--public-key", _public_key(d),
+                               "--signature", s("x.gguf.sig")],
 }
+
+
+def _honest(d: Path) -> Path:
+    art = synth_artifact(d, "x.gguf")
+    rc = d / "x.receipt.json"
+    rc.write_text(json.dumps(honest_statement(art, "pass")))
+    return rc
+
+
+def _public_key(d: Path) -> Path:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    pub = d / "pub.pem"
+    pub.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return pub
 
 
 @pytest.mark.parametrize("kind", sorted(SPECIAL_MAKERS))
@@ -60,7 +79,7 @@ def test_a_special_file_is_refused_at_once(reader, kind, tmp_path):
 
     argv = SPECIAL_READERS[reader](tmp_path, special)
     ran = expect_clean_failure(argv, tmp_path, (made[0].name, word), timeout=30,
-                               verdict=reader.startswith("audit"))
+                               verdict=reader.startswith("audit") or reader == "signature")
     assert ran.seconds < 30
 
 

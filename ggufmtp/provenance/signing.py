@@ -178,8 +178,12 @@ def verify_artifact(artifact: str | os.PathLike, public_key: str | os.PathLike,
     artifact, public_key = Path(artifact), Path(public_key)
     load_public_key(public_key)
     sig = Path(signature) if signature else signature_path(artifact)
-    if not sig.is_file():
+    if not os.path.lexists(sig):
         raise AuditError(f"{artifact}: no signature at {sig} (sign it with --signing-key)")
+    try:  # a bundle is a small JSON file: anything else is refused before the verifier reads it
+        read_regular_file(sig, MAX_JSON_BYTES)
+    except OSError as e:
+        raise AuditError(f"{artifact}: signature {sig}: {e.strerror or type(e).__name__}") from None
     if not artifact.is_file():
         raise AuditError(f"{artifact}: no such artifact")
     try:
