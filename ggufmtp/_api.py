@@ -13,17 +13,26 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import TuneError
 from .files.hashing import sha256_file
+from .gguf.model import ModelReport, inspect_model
+from .imatrix.compute import ComputeResult
+from .imatrix.compute import compute_imatrix as _compute
+from .imatrix.corpus import Corpus
+from .imatrix.entries import DEFAULT_CHUNK_SIZE
 from .measure.core.options import VerifyOptions
 from .measure.verify import run as _verify_mod
 from .provenance.receipt import load_receipt, set_verification
+from .quality.eval import QualityResult
+from .quality.eval import evaluate as _evaluate
+from .quality.options import EvalOptions
+from .quant.plan import Plan, make_plan
+from .quant.quantize import QuantizeResult
+from .quant.quantize import quantize as _quantize
+from .quant.recipe import Recipe
 from .refs import local_model_arg
-
-if TYPE_CHECKING:
-    from .quant.recipe import Recipe
 
 
 def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
@@ -43,6 +52,42 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True)
     return res
+
+
+def plan(model: str | os.PathLike, recipe: Recipe | str | Path, imatrix: str | Path | None = None, *,
+         threads: int = 0, mtp_optional: bool = False) -> Plan:
+    """:func:`ggufmtp.quant.plan.make_plan` of ``model``: a path or ``builtin:NAME``."""
+    return make_plan(local_model_arg(model), recipe, imatrix, threads=threads, mtp_optional=mtp_optional)
+
+
+def quantize(model: str | os.PathLike, recipe: Recipe | str | Path, out: str | Path, imatrix: str | Path | None = None,
+             *, threads: int = 0, progress: bool = True, plan: Plan | None = None, mtp_optional: bool = False,
+             before_publish: Callable[[QuantizeResult], Any] | None = None) -> QuantizeResult:
+    """:func:`ggufmtp.quant.quantize.quantize` of ``model``: a path or ``builtin:NAME``."""
+    return _quantize(local_model_arg(model), recipe, out, imatrix, threads=threads, progress=progress, plan=plan,
+                     mtp_optional=mtp_optional, before_publish=before_publish)
+
+
+def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus, out: str | os.PathLike, *,
+                    chunks: int | None = None, ctx_size: int = DEFAULT_CHUNK_SIZE, gpu_layers: int | None = None,
+                    threads: int | None = None, mtp: bool = False, progress: bool = True,
+                    binary: str | os.PathLike | None = None) -> ComputeResult:
+    """:func:`ggufmtp.imatrix.compute.compute_imatrix` of ``model``: a path or ``builtin:NAME``."""
+    return _compute(local_model_arg(model), corpus, out, chunks=chunks, ctx_size=ctx_size, gpu_layers=gpu_layers,
+                    threads=threads, mtp=mtp, progress=progress, binary=binary)
+
+
+def evaluate(base: str | os.PathLike, quant: str | os.PathLike, options: EvalOptions | None = None, *,
+             progress: bool = True, log: Callable[[str], None] = lambda m: None, hash_quant: bool = True) -> QualityResult:
+    """:func:`ggufmtp.quality.eval.evaluate` of ``quant`` against ``base``: paths or ``builtin:NAME``."""
+    return _evaluate(local_model_arg(base), local_model_arg(quant), options, progress=progress, log=log,
+                     hash_quant=hash_quant)
+
+
+def inspect(path: str | os.PathLike) -> ModelReport:
+    """Read ``path`` (any shard of a split model, or ``builtin:NAME``) and report its MTP
+    structure (:func:`ggufmtp.gguf.model.inspect_model` of the resolved path)."""
+    return inspect_model(local_model_arg(path))
 
 
 def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | None) -> Recipe | None:

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from ggufmtp import stats as stats
 from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
-from ggufmtp.measure.core import stats as stats
 from ggufmtp.measure.core.options import ServerOptions, TuneConfig, VerifyOptions
 from ggufmtp.measure.core.suite import SUITES_DIR, SuiteError, load_suite, modes_for_template
 from ggufmtp.measure.verify.run import Thresholds, evaluate_verdict, recommend, verify

@@ -98,7 +98,7 @@ def receipt_add_source(artifact: str, source: str, receipt_path: str | None, all
 @receipt.command("schema")
 def receipt_schema() -> None:
     """Print the receipt's JSON Schema."""
-    from ..provenance.receipt import SCHEMA_PATH
+    from ..files.records import SCHEMA_PATH
 
     click.echo(SCHEMA_PATH.read_text(), nl=False)
 

@@ -23,7 +23,6 @@ from ..constants import MTP_ARCHITECTURES, NEXTN_ARCH_FALLBACKS, NEXTN_OPTIONAL_
 from ..errors import GGUFReadError
 from ..fmt import human_bytes
 from ..jsontypes import JsonObject
-from ..refs import local_model_arg
 from .reader import GGUFHeader, read_header, tensor_nbytes
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
@@ -357,8 +356,9 @@ class ModelReport:
 
 
 def inspect_model(path: str | Path) -> ModelReport:
-    """Read ``path`` (any shard of a split model works, or ``builtin:NAME``) and report its MTP structure."""
-    model = GGUFModel(local_model_arg(path))
+    """Read ``path`` (any shard of a split model works) and report its MTP structure (``ggufmtp.inspect``
+    also takes ``builtin:NAME``)."""
+    model = GGUFModel(path)
     mtp = check_mtp(model)
     return ModelReport(
         path=str(model.path),
@@ -429,3 +429,10 @@ def tensor_array(model: GGUFModel, name: str) -> np.ndarray:
     shard = model.shards[t.shard]
     off = model.tensor_data_offsets[name]
     return np.memmap(shard, dtype=np.uint8, mode="r", offset=off, shape=(t.n_bytes,))
+
+
+def template_supports_thinking(chat_template: str | None) -> bool:
+    """Whether a chat template (``tokenizer.chat_template``) has a thinking switch (it reads
+    ``enable_thinking``, as the Qwen3, Qwen3.5/3.6 and GLM-4.5 templates do). llama-server passes
+    ``chat_template_kwargs`` through."""
+    return bool(chat_template) and "enable_thinking" in str(chat_template)

@@ -31,7 +31,6 @@ from gguf.constants import GGUFValueType
 
 from ..errors import CorpusError, ImatrixError
 from ..gguf.model import GGUFModel
-from ..refs import local_model_arg
 from ..runtime.build import binary_is_ggufmtp_build, binary_version, find_binary
 from ..runtime.process import describe_exit, die_with_parent, stop_process
 from .corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
@@ -345,7 +344,7 @@ def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus
     tokens (default: the whole corpus). ``mtp``: also the MTP block's statistics, in the same file
     and the same pass: the collector of :mod:`ggufmtp.imatrix.mtp` loads the model once and gives
     the trunk's entries (llama-imatrix's) and the head's from the same forward passes."""
-    model, out = Path(local_model_arg(model)), Path(out)
+    model, out = Path(model), Path(out)
     if not model.is_file():
         raise ImatrixError(f"model file {model} does not exist" if not model.exists()
                            else f"model {model} is not a regular file")

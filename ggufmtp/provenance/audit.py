@@ -30,11 +30,11 @@ from pathlib import Path
 from ..checks import Check, Status
 from ..errors import AuditError, GgufmtpError, GGUFReadError
 from ..files.hashing import sha256_file
+from ..files.records import dataset_name
 from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, check_mtp, format_blocks, split_shards
 from ..jsontypes import JsonObject
 from ..provenance.receipt import Receipt, default_receipt_path, integrity_digest, read_receipt, table_digest, verification_problem
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
-from .names import dataset_name
 from .pair import expected_status, pair_problem, pair_section_problems
 from .statement import ImatrixSection, ResultSection, Statement
 

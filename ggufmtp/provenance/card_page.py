@@ -368,7 +368,7 @@ def template_kind(template: str | None) -> str | None:
 
 def prompt_format_lines(template: str | None, modes: Sequence[str] = ()) -> list[str]:
     """``## Prompt format``: the chat template's kind where the GGUF tells, the thinking switch."""
-    from ..measure.core.suite import template_supports_thinking
+    from ..gguf.model import template_supports_thinking
 
     kind = template_kind(template)
     if kind:

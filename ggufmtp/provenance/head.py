@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import stats
 from ..fmt import pct
 from ..jsontypes import JsonObject
 
@@ -190,8 +191,6 @@ def _pair(p: Any) -> HeadPair:
 
 def judge_head(pairs: Sequence[HeadPair], mode: str, margin: float, resamples: int, seed: int) -> HeadFinding:
     """The paired acceptance difference of one mode's pairs, its 95 % CI over prompts, the finding."""
-    from ..measure.core import stats  # the one bootstrap
-
     units: dict[str, list[float]] = {}
     for p in pairs:
         u = units.setdefault(p.prompt_id, [0.0] * 4)

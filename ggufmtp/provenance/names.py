@@ -111,13 +111,6 @@ def redact_local_paths(obj: Any) -> Any:
     return redact(obj)
 
 
-def dataset_name(text: str) -> str:
-    """How ggufmtp writes an imatrix's dataset (GGUF metadata, receipts): an absolute path becomes
-    its file name (``/data/c.txt`` -> ``c.txt``), anything else (``builtin:calib-v1``) stays."""
-    absolute = text.startswith(("/", "~")) or bool(re.match(r"[A-Za-z]:[\\/]", text))
-    return re.split(r"[\\/]", text.rstrip("/\\"))[-1] or text if absolute else text
-
-
 def non_finite_numbers(obj: Any) -> list[tuple[str, float]]:
     """(JSON pointer, value) of every NaN or infinity: Python writes them, strict JSON readers refuse them."""
     return sorted(((at, v) for at, v in _leaves(obj) if isinstance(v, float) and not math.isfinite(v)),

@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import platform
 import stat
 import sys
@@ -38,8 +37,9 @@ from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
 from ..errors import AuditDigestMismatch, AuditError
 from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_file
+from ..files.records import dataset_name, read_conversion_record, receipt_schema
 from ..jsontypes import JsonObject
-from .names import dataset_name, local_paths, non_finite_numbers, plain_file_name, redact_local_paths
+from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
 from .signing import (
     envelope_statement,
     is_envelope,
@@ -76,7 +76,6 @@ if TYPE_CHECKING:  # annotations only: quantize and plan pull in libllama
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://ggufmtp.dev/receipt/v1"
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "data" / "receipt.schema.json"
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -178,22 +177,8 @@ def base_model_section(model_path: Path, model_arg: str | None = None, manifest:
 
 
 def converted_from(model_path: str | Path) -> ConvertedFrom | None:
-    """The checkpoint a converted GGUF came from, as the sidecar ``MODEL.source.json`` that `ggufmtp
-    convert` writes records it, by name (None: no sidecar). Read strictly, and before any work
-    (``quantize``): an AuditError naming the sidecar unless it has the schema's ``converted_from`` shape."""
-    import jsonschema
-    sidecar = Path(str(model_path) + ".source.json")  # hfconvert/convert.py source_record_path
-    if not os.path.lexists(sidecar):
-        return None
-    data = read_json_file(sidecar, "conversion record")
-    if isinstance(data, dict) and "path" in data:
-        data = {**{k: v for k, v in data.items() if k != "path"}, "name": Path(str(data["path"])).name}
-    sub = schema()["properties"]["predicate"]["properties"]["base_model"]["properties"]["converted_from"]
-    if (e := jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(
-            {**sub, "$defs": schema()["$defs"]}).iter_errors(data))) is not None:
-        raise AuditError(f"{sidecar}: not a conversion record as `ggufmtp convert` writes it "
-                         f"({'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message[:160]})")
-    return cast(ConvertedFrom, data)
+    """The conversion record beside ``model_path`` (:func:`ggufmtp.files.records.read_conversion_record`)."""
+    return cast("ConvertedFrom | None", read_conversion_record(model_path))
 
 
 def imatrix_section(imatrix: str | Path | None, missing: list[str], sha256: str | None = None
@@ -422,12 +407,7 @@ def statement_problems(statement: Any) -> list[str]:
 
 
 def schema() -> JsonObject:
-    return json.loads(_schema_text())
-
-
-@functools.lru_cache(maxsize=1)
-def _schema_text() -> str:
-    return SCHEMA_PATH.read_text()
+    return receipt_schema()
 
 
 @functools.lru_cache(maxsize=1)

@@ -26,6 +26,7 @@ from typing import Any, cast
 
 from ..errors import AuditError
 from ..files.fsutil import atomic_write_text, read_regular_file
+from ..files.jsonfile import MAX_JSON_BYTES, one_line, parse_json_bytes, read_json_file
 from ..jsontypes import JsonObject
 from .statement import Envelope, Statement
 
@@ -39,8 +40,6 @@ SIGNATURE_SUFFIX = ".sig"
 
 # A receipt is a few hundred KiB at most and a handful of levels deep: anything far beyond that is
 # not a receipt, and reading it must not exhaust memory or the recursion limit.
-MAX_JSON_BYTES = 64 * 1024 * 1024
-MAX_JSON_DEPTH = 64
 _MAX_KEY_BYTES = 1024 * 1024
 _CURVES = ("secp256r1", "secp384r1", "secp521r1")  # what model-signing accepts
 
@@ -190,12 +189,7 @@ def verify_artifact(artifact: str | os.PathLike, public_key: str | os.PathLike,
         verifying.Config().use_elliptic_key_verifier(public_key=public_key).verify(artifact, sig)
     except Exception as e:  # the library raises ValueError, KeyError, protobuf and JSON errors alike
         raise AuditError(f"{artifact}: signature {sig} does not verify with {public_key}: "
-                         f"{_one_line(e)}") from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= 300 else text[:300] + "..."
+                         f"{one_line(e)}") from None
 
 
 # ----------------------------------------------------------------------------- DSSE envelopes
@@ -253,7 +247,7 @@ def verify_envelope(envelope: Envelope, public_key: Any, where: str | os.PathLik
     try:
         parsed = DsseEnvelope.from_dict(copy.deepcopy(cast(JsonObject, envelope)))
     except Exception as e:  # KeyError, FormatError, ValueError: a malformed envelope
-        raise AuditError(f"{where}: not a well-formed DSSE envelope ({_one_line(e)})") from None
+        raise AuditError(f"{where}: not a well-formed DSSE envelope ({one_line(e)})") from None
     if parsed.payload_type != DSSE_PAYLOAD_TYPE:
         raise AuditError(f"{where}: DSSE payloadType is not {DSSE_PAYLOAD_TYPE}")
     try:
@@ -270,66 +264,3 @@ def verify_receipt(path: str | os.PathLike, public_key: str | os.PathLike) -> No
     if not is_envelope(data):
         raise AuditError(f"{path}: {UNSIGNED_NOTE}; a signed receipt is required with a public key")
     verify_envelope(data, public_key, path)
-
-
-# ----------------------------------------------------------------------------- reading JSON safely
-
-
-def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
-    """Parse the JSON file ``path``; one clear AuditError for a missing, unreadable, oversized,
-    malformed or absurdly nested file (never a traceback)."""
-    p = Path(path)
-    try:
-        raw = read_regular_file(p, MAX_JSON_BYTES)
-    except FileNotFoundError:
-        raise AuditError(f"{p}: no such {what}") from None
-    except OSError as e:
-        raise AuditError(f"{p}: cannot read the {what} ({e.strerror or type(e).__name__})") from None
-    return parse_json_bytes(raw, p, what)
-
-
-class _Ambiguous(ValueError):
-    """JSON that two readers may read differently: a repeated key, NaN or Infinity."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> JsonObject:
-    """The JSON parser's object hook: one JSON object, refused when a key repeats."""
-    seen: JsonObject = {}
-    for k, v in pairs:
-        if k in seen:
-            raise _Ambiguous(f"the key {k[:80]!r} appears twice in one object (readers disagree on which counts)")
-        seen[k] = v
-    return seen
-
-
-def _no_constant(name: str) -> Any:
-    raise _Ambiguous(f"{name} is not JSON (strict readers refuse it)")
-
-
-def parse_json_bytes(raw: bytes, where: str | os.PathLike, what: str = "receipt") -> Any:
-    """Parse JSON strictly: a repeated key in an object, or NaN / Infinity, is refused, since
-    another reader (another language's, a future version's) could read them otherwise."""
-    try:
-        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-    except _Ambiguous as e:
-        raise AuditError(f"{where}: ambiguous JSON {what}: {e}") from None
-    except RecursionError:
-        raise AuditError(f"{where}: JSON nested too deeply to be a {what}") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise AuditError(f"{where}: not a JSON {what} ({_one_line(e)})") from None
-    if json_depth(data) > MAX_JSON_DEPTH:
-        raise AuditError(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep; not a {what}")
-    return data
-
-
-def json_depth(data: Any) -> int:
-    """Nesting depth of parsed JSON, computed without recursion."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest

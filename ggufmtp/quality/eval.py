@@ -26,7 +26,6 @@ from ..files.hashing import sha256_cached
 from ..imatrix.corpus import Corpus, check_corpus_text, min_tokens_for, resolve_corpus
 from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
-from ..refs import local_model_arg
 from ..runtime.build import binary_version, cache_root, find_binary
 from .logits import CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes, refuse_without_room, tokens_memo
 from .models import count_tokens, model_identity, refuse_different_models
@@ -192,7 +191,7 @@ def evaluate(base: str | Path, quant: str | Path, options: EvalOptions | None = 
     chunks of ``ctx_size`` tokens), LogitsFileError (no room, or a truncated cached file) before any
     llama-perplexity process starts, QualityError when llama-perplexity fails."""
     o = options if options is not None else EvalOptions()
-    base, quant = Path(local_model_arg(base)), Path(local_model_arg(quant))
+    base, quant = Path(base), Path(quant)
     ident = model_identity(base)
     refuse_different_models(ident, model_identity(quant))
     corp = resolve_corpus(o.corpus)

@@ -27,14 +27,13 @@ from ..constants import LLAMA_CPP_COMMIT, MTP_ARCHITECTURES
 from ..errors import PlanError
 from ..files.fsutil import not_a_regular_file
 from ..files.hashing import sha256_file
+from ..files.records import dataset_name
 from ..fmt import human_bytes
 from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, block_prefixes, check_mtp, format_blocks
 from ..imatrix import check as imx_check
 from ..imatrix import entries as imx_entries
 from ..imatrix import format as imx
 from ..jsontypes import JsonObject
-from ..provenance.names import dataset_name
-from ..refs import local_model_arg
 from ..runtime.libllama import KVOverride, QuantizeParams
 from .qtypes import FTYPE_DEFAULT_TYPE, bits_per_weight
 from .recipe import Recipe, Rule, ftype_names, ggml_type_names
@@ -237,9 +236,9 @@ class _Preflight:
 def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Path | None = None,
               *, threads: int = 0, mtp_optional: bool = False) -> Plan:
     """Plan ``recipe`` on ``model`` (dry run in libllama); never raises for pre-flight problems,
-    which land in ``Plan.errors``. Raises for unreadable inputs. ``model``: a path or ``builtin:NAME``."""
+    which land in ``Plan.errors``. Raises for unreadable inputs. ``model``: a path (``ggufmtp.plan``
+    also takes ``builtin:NAME``)."""
     rec = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)
-    model = local_model_arg(model)
     gm = GGUFModel(model)
     mtp = check_mtp(gm)
     found = _Preflight()

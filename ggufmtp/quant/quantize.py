@@ -30,9 +30,9 @@ from ..errors import PlanError, QuantizeError
 from ..files.digest_cache import DigestCache
 from ..files.fsutil import fsync_dir, fsync_path
 from ..files.hashing import sha256_file
+from ..files.records import read_conversion_record
 from ..gguf.model import GGUFModel, check_mtp, format_blocks
 from ..jsontypes import JsonObject
-from ..refs import local_model_arg
 from .output_header import predict_output_header
 from .plan import Plan, make_plan
 from .recipe import Recipe
@@ -221,7 +221,7 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
 
     Raises :class:`PlanError` if pre-flight checks fail (before any work), :class:`QuantizeError`
     if libllama fails or the result differs from the plan."""
-    model, out, clock = Path(local_model_arg(model)), Path(out), StageTimes()
+    model, out, clock = Path(model), Path(out), StageTimes()
     if plan is None:
         with clock.measure("plan"):
             plan = make_plan(model, recipe, imatrix, threads=threads, mtp_optional=mtp_optional)
@@ -374,9 +374,7 @@ def _refuse_before_work(model: Path, out: Path, plan: Plan) -> None:
         raise QuantizeError(f"{out}: is a directory")
     if out.resolve() == model.resolve():
         raise QuantizeError(f"{out}: output would overwrite the input")
-    from ..provenance.receipt import converted_from
-
-    converted_from(model)  # the receipt copies the conversion record: a bad one is refused before any work
+    read_conversion_record(model)  # the receipt copies the conversion record: a bad one is refused before any work
 
 
 def _refuse_changed_imatrix(plan: Plan) -> None:

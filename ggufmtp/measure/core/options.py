@@ -35,7 +35,7 @@ from ...errors import GgufmtpError, TuneError, VerifyError
 from ...provenance.head import DEFAULT_MARGIN as DEFAULT_HEAD_MARGIN
 from ...provenance.verdict import Thresholds
 from ...runtime.hardware import peak_bandwidth
-from .stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+from ...stats import DEFAULT_RESAMPLES, DEFAULT_SEED
 from .suite import DEFAULT_SUITE, Suite
 
 #: verify's defaults, written once: the API, the CLI and tune read them from here (and :class:`VerifyOptions`)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import SuiteError
+from ...gguf.model import template_supports_thinking
 
 SUITES_DIR = Path(__file__).resolve().parents[2] / "data" / "suites"
 DEFAULT_SUITE = "chat-v1"
@@ -188,12 +189,6 @@ def load_suite(path_or_name: str | Path = DEFAULT_SUITE) -> Suite:
 
 
 # --- thinking modes ----------------------------------------------------------------------------
-
-def template_supports_thinking(chat_template: str | None) -> bool:
-    """Whether a chat template has a thinking switch (it reads ``enable_thinking``, as the Qwen3,
-    Qwen3.5/3.6 and GLM-4.5 templates do). llama-server passes ``chat_template_kwargs`` through."""
-    return bool(chat_template) and "enable_thinking" in chat_template
-
 
 def modes_for_template(chat_template: str | None) -> list[str]:
     """``["thinking", "no-thinking"]`` when the template has a thinking switch, else ``["default"]``.

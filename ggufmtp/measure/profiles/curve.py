@@ -29,13 +29,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ... import stats
 from ...errors import ServerError, TuneError
 from ...fmt import ci_text, num, pct, times
 from ...fmt import finite_or_none as _num
 from ...progress import bar as progress_bar
 from ...runtime.hardware import HardwareInfo, probe_hardware
 from ...runtime.server import LlamaServer, ServerConfig
-from ..core import stats
 from ..core.arms import ABBA, WARMUP_TOKENS
 from ..core.options import ArmArgs, ServerOptions
 from ..core.records import CURVE_MODEL_KEYS, CURVE_SERVER_KEYS, ModelInfo, ServerInfo

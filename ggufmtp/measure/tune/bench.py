@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ... import stats
 from ...errors import FatalTuneError, GgufmtpError, TuneError
 from ...gguf.model import inspect_model
 from ...runtime import build as runtime
 from ...runtime.replies import Reply
 from ...runtime.server import LlamaServer, ServerConfig, binary_flags, build_command, flags_without
-from ..core import stats
 from ..core.arms import ABBA, MTP, VANILLA, WARMUP_TOKENS, send, send_concurrently
 from ..core.options import DEFAULT_MAX_TOKENS, ArmArgs, TuneConfig
 from ..core.suite import Prompt, Suite, load_suite

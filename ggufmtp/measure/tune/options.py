@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import TuneError
+from ...stats import DEFAULT_RESAMPLES
 from ..core.options import DEFAULT_MAX_TOKENS, ServerOptions, TuneConfig
-from ..core.stats import DEFAULT_RESAMPLES
 from ..core.suite import DEFAULT_SUITE, Suite
 from .bench import DEFAULT_CTX_PER_SLOT, check_seeds
 from .search import DEFAULT_ETA, DEFAULT_FINAL_SIZE, DEFAULT_UNITS0, N_MAX_VALUES, N_MIN_VALUES, P_MIN_VALUES

@@ -4,7 +4,7 @@
 Recommendation rule
 -------------------
 Final ranking: every configuration of the final rung, with 95% percentile-bootstrap CIs of the
-speedup and acceptance over units (:mod:`ggufmtp.measure.core.stats`, 2000 resamples, seed 0), clustered
+speedup and acceptance over units (:mod:`ggufmtp.stats`, 2000 resamples, seed 0), clustered
 by prompt: units that share a suite prompt (at concurrency > 1 a unit is a batch of several prompts,
 and batches wrap around the suite) are pooled into one resampling unit, so a prompt is never
 counted as two independent observations (``ci_units`` says how many there were). The best is
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from ... import stats
 from ...fmt import ci_text, times
 from ...fmt import finite_or_none as _num
-from ..core import stats
 from ..core.options import TuneConfig
 from .search import ConfigStatus, Mismatch, SearchState, SHResult, UnitResult, rank_value
 

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ...errors import AuditError, FatalTuneError, ServerError, TuneError
+from ...files.jsonfile import read_json_file
 from ...fmt import ci_text, pct, times
 from ...progress import bar as progress_bar
 from ...provenance.receipt import read_receipt
-from ...provenance.signing import is_envelope, read_json_file
+from ...provenance.signing import is_envelope
 from ...runtime.hardware import HardwareInfo, probe_hardware
 from ...runtime.server import LlamaServer, ServerConfig, display_command
 from ..core.options import ArmArgs, TuneConfig

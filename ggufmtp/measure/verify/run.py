@@ -27,7 +27,7 @@ Per request the ``timings`` give ``predicted_n`` and ``predicted_ms`` (decode to
 give the number of draft rounds and the per-position acceptance (cross-checked against the
 response's own ``draft_n``/``draft_n_accepted``).
 
-Statistics (:mod:`ggufmtp.measure.verify.summary` on :mod:`ggufmtp.measure.core.stats`): acceptance =
+Statistics (:mod:`ggufmtp.measure.verify.summary` on :mod:`ggufmtp.stats`): acceptance =
 sum(accepted) / sum(drafted); speedup = MTP decode throughput / vanilla decode throughput (ratio of
 summed tokens over summed decode time); 95% percentile-bootstrap CIs resampling *prompts* (a prompt's seeds pooled, arms paired), 2000
 resamples, fixed generator seed 0. Per category and per seed the same, on that subset.

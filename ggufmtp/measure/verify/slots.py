@@ -27,11 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ... import stats
 from ...errors import ServerError, VerifyError
 from ...progress import bar as progress_bar
 from ...runtime.replies import Reply
 from ...runtime.server import LlamaServer, ServerConfig
-from ..core import stats
 from ..core.arms import ABBA, send_concurrently, warm_up
 from ..core.suite import Prompt
 

@@ -3,7 +3,7 @@ comparison (:func:`summarize`: acceptance and speedup with bootstrap CIs, per ca
 per draft position, identical output), and what a draft-window sweep recommends
 (:func:`recommend`, :func:`step_cost`).
 
-Statistics (:mod:`ggufmtp.measure.core.stats`): acceptance = sum(accepted) / sum(drafted); speedup = MTP
+Statistics (:mod:`ggufmtp.stats`): acceptance = sum(accepted) / sum(drafted); speedup = MTP
 decode throughput / vanilla decode throughput; 95% percentile-bootstrap CIs resampling *prompts*
 (a prompt's seeds pooled, arms paired).
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ... import stats
 from ...errors import VerifyError
 from ...fmt import finite_or_none as _num
-from ..core import stats
 from ..core.records import first_difference
 
 __all__ = ["Record", "PairStats", "OutputMismatch", "Comparison", "ServingProfile", "StepCost", "StepCostPoint",
@@ -60,7 +60,7 @@ class Record:
 
     @property
     def tokens_per_second(self) -> float:
-        """Decode throughput; NaN (None in the JSON) for a request that decoded nothing (:func:`~ggufmtp.measure.core.stats.decoded`)."""
+        """Decode throughput; NaN (None in the JSON) for a request that decoded nothing (:func:`~ggufmtp.stats.decoded`)."""
         n, ms = stats.decoded(self.predicted_n, self.predicted_ms)
         return n / ms * 1000.0 if ms > 0 else float("nan")
 
@@ -206,7 +206,7 @@ class Comparison(PairStats):
 
 def _units(pairs: Sequence[tuple[Record, Record]]) -> dict[str, list[float]]:
     """Per prompt (seeds pooled): [accepted, drafted, MTP tokens, MTP ms, vanilla tokens, vanilla ms]
-    (the tokens and ms of the requests that decoded: :func:`~ggufmtp.measure.core.stats.decoded`)."""
+    (the tokens and ms of the requests that decoded: :func:`~ggufmtp.stats.decoded`)."""
     units: dict[str, list[float]] = {}
     for v, m in pairs:
         u = units.setdefault(m.prompt_id, [0.0] * 6)
