@@ -101,7 +101,7 @@ def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | N
     from ..ladder.engine import DaskEngine
     from ..ladder.run import run_ladder, upload_ladder
 
-    vopts = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
+    vopts: dict[str, object] = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
                                ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers)) if v is not None}
     vopts.update(verify_option_dict(judging))
     spec = _spec(ladder_file, {"model": model, "recipes": recipes, "out_dir": Path(out_dir), "imatrix": imatrix,

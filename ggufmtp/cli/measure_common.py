@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,10 +56,10 @@ def verify_judging_options(f: Callable) -> Callable:
                         help="Draft window k of the verification (default: the recipe's, else 4).")(f)
 
 
-def verify_option_dict(judging: dict[str, Any]) -> dict[str, Any]:
+def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
     """The flat :class:`~ggufmtp.measure.core.options.VerifyOptions` keys of :func:`verify_judging_options`'
     and :func:`arm_args_options`' values that were given."""
-    out: dict[str, Any] = {k: judging[k] for k in ("draft_n_max", "head_margin") if judging.get(k) is not None}
+    out: dict[str, object] = {k: judging[k] for k in ("draft_n_max", "head_margin") if judging.get(k) is not None}
     if judging.get("reference"):
         out["reference"] = resolve_model_arg(judging["reference"])
     if judging.get("absolute_acceptance"):

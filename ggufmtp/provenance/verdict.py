@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from ..fmt import pct, times
 from ..jsontypes import JsonObject
+from .head import HeadComparison, HeadFinding
 from .numerics import (
     EXCERPT_BEFORE,
     MAX_DRIFT_NATS,
@@ -286,14 +287,13 @@ def _path(d: Any, *keys: str) -> Any:
     return d
 
 
-def _recorded_head(v: Mapping[str, Any], modes: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, list[str]]:
+def _recorded_head(v: Mapping[str, Any], modes: Mapping[str, Any] | None
+                   ) -> tuple[dict[str, HeadFinding] | None, list[str]]:
     """The head's findings re-derived from the recorded pairs (None: no reference was measured),
     and why the section cannot be trusted: it does not parse, or its artifact totals are not the
     judged mode's ``draft_n``/``draft_n_accepted``."""
     if v.get("head") is None:
         return None, []
-    from .head import HeadComparison
-
     try:
         hc = HeadComparison.of_dict(v.get("head"))
     except ValueError as e:

@@ -39,7 +39,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ...errors import ServerError
 from ...provenance.numerics import EXCERPT_BEFORE, Divergence, numerics_failure, token_covers
@@ -57,6 +57,21 @@ MAX_REPLIES = 64  # distinct vanilla replies analysed per run
 MAX_BATCHED = 640  # batched evaluations per run
 
 Key = tuple[int, str, str, str, int]  # (k, endpoint, mode, prompt_id, seed)
+
+
+class TopLogprob(TypedDict, total=False):
+    """One alternative of a ``completion_probabilities`` entry (llama-server's ``n_probs``)."""
+
+    id: int
+    token: str
+    logprob: float
+
+
+class ProbEntry(TopLogprob, total=False):
+    """One generated token of llama-server's ``completion_probabilities``, with its top alternatives."""
+
+    top_logprobs: list[TopLogprob]
+
 TOKEN_FIELDS = ("vanilla_token", "mtp_token", "runner_up_token", "batched_token")
 
 
@@ -144,13 +159,13 @@ def _align(parsed: str, raw: str) -> list[int] | None:
     return out if raw[b:].strip() == "" else None
 
 
-def _top2_texts(entry: dict[str, Any]) -> tuple[str | None, str | None]:
+def _top2_texts(entry: ProbEntry) -> tuple[str | None, str | None]:
     """(top token's text, runner-up's text) of one ``completion_probabilities`` entry."""
     top = list(entry.get("top_logprobs") or []) + [{}, {}]
     return tuple(str(t["token"]) if "token" in t else None for t in top[:2])  # type: ignore[return-value]
 
 
-def _margin(entry: dict[str, Any]) -> tuple[int | None, float | None]:
+def _margin(entry: ProbEntry) -> tuple[int | None, float | None]:
     """(top token id, top-2 margin in nats) of one ``completion_probabilities`` entry."""
     top = entry.get("top_logprobs") or []
     if len(top) < 2:
@@ -164,7 +179,7 @@ class _Analyser:
     def __init__(self, srv: LlamaServer, suite: Suite, max_tokens: int):
         self.srv, self.max_tokens = srv, max_tokens
         self.prompts = {p.id: p for p in suite.prompts}
-        self.replies: dict[tuple[str, str, str], tuple[list[int], list[dict[str, Any]], str] | None] = {}
+        self.replies: dict[tuple[str, str, str], tuple[list[int], list[ProbEntry], str] | None] = {}
         self.batched = 0
         self.drifts: list[float] = []
         self.flips = 0
@@ -178,7 +193,7 @@ class _Analyser:
                                                           **mode_request_fields(mode)})["prompt"]
         return self.srv.tokenize(text, add_special=True, parse_special=True)
 
-    def sequential(self, v: Record) -> tuple[list[int], list[dict[str, Any]], str] | None:
+    def sequential(self, v: Record) -> tuple[list[int], list[ProbEntry], str] | None:
         """(prompt ids, per-token probabilities, generated text) of vanilla's reply, once per reply."""
         key = (v.prompt_id, v.mode, v.endpoint)
         if key not in self.replies:
@@ -191,7 +206,7 @@ class _Analyser:
             self.replies[key] = (ids, probs, "".join(str(e.get("token", "")) for e in probs))
         return self.replies[key]
 
-    def batched_entry(self, ids: list[int], probs: list[dict[str, Any]], j: int) -> dict[str, Any]:
+    def batched_entry(self, ids: list[int], probs: list[ProbEntry], j: int) -> ProbEntry:
         """Vanilla's one-batch evaluation of the prefix before token ``j`` ({} when it lists nothing)."""
         self.batched += 1
         r = self.srv.complete(ids + [int(e["id"]) for e in probs[:j]], n_predict=1, temperature=0.0,
@@ -199,7 +214,7 @@ class _Analyser:
         entries = r.get("completion_probabilities") or []
         return entries[0] if entries else {}
 
-    def drift_at(self, key: tuple[str, str, str], ids: list[int], probs: list[dict[str, Any]],
+    def drift_at(self, key: tuple[str, str, str], ids: list[int], probs: list[ProbEntry],
                  j: int) -> tuple[bool, str | None] | None:
         """Measure position ``j`` once (cached per reply): whether the batched argmax flips there, and
         the batched argmax's text."""
@@ -244,7 +259,7 @@ class _Analyser:
                                 divergence=_divergence(v.text, m.text, margin, probs[j], batched))
 
 
-def _divergence(vanilla: str, mtp: str, margin: float | None, entry: dict[str, Any],
+def _divergence(vanilla: str, mtp: str, margin: float | None, entry: ProbEntry,
                 batched: str | None) -> Divergence:
     """The divergence as the rule reads it: the replies' excerpts at the first difference, vanilla's
     margin and tokens there, and the MTP reply's token: the runner-up or the batched argmax when the
@@ -258,7 +273,7 @@ def _divergence(vanilla: str, mtp: str, margin: float | None, entry: dict[str, A
                       runner_up_token=runner_up, batched_token=batched)
 
 
-def _ends(probs: Sequence[dict[str, Any]]):
+def _ends(probs: Sequence[ProbEntry]):
     n = 0
     for e in probs:
         n += len(str(e.get("token", "")))
