@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from .fmt import ci_phrase, pct, times
 from .jsontypes import JsonObject
 from .provenance.verdict import Findings
@@ -36,7 +39,7 @@ def format_summary(s: JsonObject) -> str:
     return "\n".join(f"{k:<11} {v}" for k, v in rows)
 
 
-def _findings_text(s: JsonObject) -> str:
+def _findings_text(s: Mapping[str, Any]) -> str:
     """`` (head preserved (vs reference); lossless; speed not verified)`` from the summary's findings."""
     f = Findings.of_dict(s.get("findings"))
     if f is not None:
@@ -45,7 +48,7 @@ def _findings_text(s: JsonObject) -> str:
         s["verdict"] else ""
 
 
-def _head_text(h: JsonObject) -> str:
+def _head_text(h: Mapping[str, Any]) -> str:
     lo, hi = (list(h.get("difference_ci95") or []) + [None, None])[:2]
     pts = lambda x: "n/a" if x is None else f"{x * 100:+.1f}"  # noqa: E731
     return (f"{pct(h.get('acceptance'), space=False)} vs reference {pct(h.get('reference_acceptance'), space=False)}: "

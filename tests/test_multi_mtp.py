@@ -33,6 +33,7 @@ from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.card import card_text
 from ggufmtp.provenance.receipt import load_receipt, receipt_for_quantize, schema_errors, seal
 from ggufmtp.provenance.show import format_receipt
+from ggufmtp.quant.flags import recipe_from_flags
 from ggufmtp.quant.plan import make_plan
 from ggufmtp.quant.quantize import audit_against_plan, quantize
 from ggufmtp.quant.recipe import Recipe, Rule
@@ -138,11 +139,11 @@ def test_a_malformed_placeholder_is_refused(bad):
 def test_from_flags_turns_a_chain_back_into_placeholders():
     flags = ["--tensor-type", r"blk\.(4|5)\.nextn\.eh_proj\.weight=q8_0", "--tensor-type", r"blk\.5\.attn_=q6_k",
              "in.gguf", "out.gguf", "Q4_K_M"]
-    rec = Recipe.from_flags(flags, mtp_block=[4, 5])
+    rec = recipe_from_flags(flags, mtp_block=[4, 5])
     assert [r.pattern for r in rec.rules] == [r"blk\.{mtp}\.nextn\.eh_proj\.weight", r"blk\.{mtp1}\.attn_"]
     assert rec.mtp_required
     assert [r.pattern for r in rec.resolved_rules([4, 5])] == [r"blk\.(4|5)\.nextn\.eh_proj\.weight", r"blk\.5\.attn_"]
-    single = Recipe.from_flags(["--tensor-type", r"blk\.4\.attn_=q6_k", "Q4_K_M"], mtp_block=4)
+    single = recipe_from_flags(["--tensor-type", r"blk\.4\.attn_=q6_k", "Q4_K_M"], mtp_block=4)
     assert [r.pattern for r in single.rules] == [r"blk\.{mtp}\.attn_"]
 
 

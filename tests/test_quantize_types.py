@@ -22,7 +22,7 @@ from ggufmtp.errors import PlanError, RecipeError
 from ggufmtp.gguf.model import GGUFModel, check_mtp
 from ggufmtp.imatrix import check as imc
 from ggufmtp.imatrix import format as imx
-from ggufmtp.quant.flags import LlamaQuantizeLine, Positional
+from ggufmtp.quant.flags import LlamaQuantizeLine, Positional, recipe_from_flags
 from ggufmtp.quant.plan import make_plan
 from ggufmtp.quant.qtypes import QUANT_OPTIONS, bits_per_weight, valid_quant_types
 from ggufmtp.quant.quantize import quantize
@@ -112,7 +112,7 @@ def test_positional_arguments_as_llama_quantize_reads_them():
 
 
 def test_new_recipe_keys_round_trip_through_toml(tmp_path):
-    r = Recipe.from_flags("--pure --leave-output-tensor --allow-requantize --tensor-type x=q6_k in out Q4_K_M")
+    r = recipe_from_flags("--pure --leave-output-tensor --allow-requantize --tensor-type x=q6_k in out Q4_K_M")
     r = r.with_flags(LlamaQuantizeLine.parse("--tensor-type y=q8_0").flags)
     p = tmp_path / "r.toml"
     p.write_text(r.to_toml())

@@ -52,7 +52,7 @@ def receipt_sign(receipt_path: str, signing_key: str | None, artifact: str | Non
     checksum, the artifact's sha256, the verdict its figures give, ...). A key file others can
     read is used with a warning."""
     from ..errors import AuditError
-    from ..provenance.receipt import sign_receipt
+    from ..provenance.audit import sign_receipt
     from ..provenance.signing import ENV_SIGNING_KEY, resolve_signing_key
 
     key = resolve_signing_key(signing_key)
@@ -143,7 +143,9 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
         click.echo(format_audit(report))
     if not report.ok:
         sys.exit(1)
-@main.command()
+
+
+@main.command(short_help="Write the Hugging Face model card of ARTIFACT from its audited receipt.")
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="The artifact's receipt (default: ARTIFACT.receipt.json).")

@@ -117,8 +117,7 @@ def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, 
     The MTP blocks come from the line's input model when it is here (else --mtp-block): their
     indices in patterns become {mtp} and the recipe requires the block ([mtp] required = true);
     with neither, patterns stay as written and the block is optional."""
-    from ..quant.flags import LlamaQuantizeLine, mtp_blocks_of
-    from ..quant.recipe import Recipe
+    from ..quant.flags import LlamaQuantizeLine, mtp_blocks_of, recipe_from_flags
 
     blocks: list[int] | None = list(mtp_blocks) or None
     if blocks is None:
@@ -128,7 +127,7 @@ def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, 
             click.echo("note: no input model here to read the MTP block from; patterns kept as written, "
                        "[mtp] required = false (--mtp-block N sets it)", err=True)
         blocks = found or None
-    text = Recipe.from_flags(list(flags), name=name, mtp_block=blocks).to_toml()
+    text = recipe_from_flags(list(flags), name=name, mtp_block=blocks).to_toml()
     if output:
         from ..files.fsutil import atomic_write_text
 

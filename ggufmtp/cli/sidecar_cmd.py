@@ -58,10 +58,12 @@ def sidecar(model: str, output: str | None, recipe_name: str | None, type_name: 
     if output is None:
         tag = Recipe.load(recipe).release_tag if recipe else (GGUFModel(path).file_type or "F16")
         output = sidecar_default_name(model, path, tag)
+    from ..provenance.pair import pair_receipt_writer
+
     res = make_sidecar(path, output, SidecarOptions(recipe=recipe, imatrix=imatrix, threads=threads,
                                                     trunk_out=Path(trunk_out) if trunk_out else None,
-                                                    receipts=not no_receipt, progress=not as_json, signing_key=key),
-                       model_arg=model)
+                                                    progress=not as_json),
+                       model_arg=model, before_publish=None if no_receipt else pair_receipt_writer(key))
     if as_json:
         emit_json(res.to_dict())
     else:

@@ -29,6 +29,7 @@ import os
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -152,7 +153,7 @@ def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dic
 
 
 # The type each top-level key must have (TOML gives bool for int's subclass, dates, tables, arrays).
-_FILE_TYPES: dict[str, Any] = {"model": str, "recipes": list[str], "imatrix": str, "imatrix_corpus": str,
+_FILE_TYPES: dict[str, object] = {"model": str, "recipes": list[str], "imatrix": str, "imatrix_corpus": str,
                                "imatrix_chunks": int, "threads": int, "quantized_by": str}
 _TOML_NAMES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
                (dict, "a table"), (datetime.datetime, "a date-time"), (datetime.date, "a date"),
@@ -189,7 +190,7 @@ def _wanted(hint: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
 
 
-def _check_types(table: dict[str, Any], hints: dict[str, Any], where: str) -> None:
+def _check_types(table: Mapping[str, object], hints: Mapping[str, object], where: str) -> None:
     """LadderError naming ``where`` and the first key whose value does not have its type."""
     for key, value in table.items():
         hint = hints.get(key)
@@ -197,8 +198,8 @@ def _check_types(table: dict[str, Any], hints: dict[str, Any], where: str) -> No
             raise LadderError(f"{where}{key} must be {_wanted(hint)}, not {_toml_kind(value)} ({str(value)[:60]})")
 
 
-def _option_hints(*classes: type) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _option_hints(*classes: type) -> dict[str, object]:
+    out: dict[str, object] = {}
     for cls in classes:
         out.update(typing.get_type_hints(cls))
     return out

@@ -33,7 +33,16 @@ from ..files.hashing import sha256_file
 from ..files.records import dataset_name
 from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, check_mtp, format_blocks, split_shards
 from ..jsontypes import JsonObject
-from ..provenance.receipt import Receipt, default_receipt_path, integrity_digest, read_receipt, table_digest, verification_problem
+from ..provenance.receipt import (
+    Receipt,
+    check_intact,
+    default_receipt_path,
+    integrity_digest,
+    read_receipt,
+    table_digest,
+    verification_problem,
+    write_statement,
+)
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
 from .pair import expected_status, pair_problem, pair_section_problems
 from .statement import ImatrixSection, ResultSection, Statement
@@ -438,3 +447,24 @@ def format_audit(r: AuditReport) -> str:
         verdict += f" (partial: {len(r.unchecked)} check(s) not run, without a receipt; give --receipt)"
     lines.append(verdict + (f" (trust: {r.trust.value}: {r.trust_text})" if r.trust else ""))
     return "\n".join(lines)
+
+
+def sign_receipt(path: str | Path, signing_key: str | Path, artifact: str | Path | None = None) -> list[Path]:
+    """Sign an existing receipt (rewritten as a DSSE envelope) and its artifact files (``X.sig``
+    beside each; ``artifact``: the first subject's file, default beside the receipt). Only a
+    receipt its own audit passes is signed (``ggufmtp audit ARTIFACT --receipt PATH``: its checksum,
+    every subject file's sha256, the verdict its figures give, the tensors...): a signature must
+    never launder an edit or vouch for a failing receipt. Returns the signatures written."""
+    from .signing import sign_artifact
+
+    rf = read_receipt(path)
+    check_intact(rf, signing_key)
+    folder = Path(artifact).parent if artifact else rf.path.parent
+    files = [Path(artifact) if artifact and i == 0 else folder / Path(s.name).name for i, s in enumerate(rf.subjects)]
+    report = audit(files[0], rf.path, progress=False)
+    if not report.ok:
+        raise AuditError(f"{rf.path}: its audit fails ({len(report.failures)} check(s)): " + "; ".join(
+            f"{c.name}: {c.detail}" for c in report.failures[:3]) + "; not signing")
+    signatures = [sign_artifact(f, signing_key) for f in files]
+    write_statement(rf.path, rf.statement, signing_key)
+    return signatures

@@ -11,9 +11,8 @@ from pathlib import Path
 
 from ..files.fsutil import atomic_write_text
 from ..fmt import ci_phrase, human_bytes, num, pct, times
-from ..provenance.receipt import verification_problem
 from ..runtime.hardware import format_bandwidth
-from .card_page import (
+from .card_page import (  # unverified_reason: the card's, kept importable from here
     TAGS,
     CardMeta,
     FileRow,
@@ -26,6 +25,7 @@ from .card_page import (
     prompt_format_lines,
     read_chat_template,
     run_lines,
+    unverified_reason,
     verified_mtp_env,
     verified_mtp_flags,
     without_ci,
@@ -69,32 +69,6 @@ def _hardware(v: Verification) -> str:
     if gpu and hw.get("offloaded", True):
         return str(gpu)
     return f"CPU ({hw.get('cpu') or hw.get('cpu_model') or 'unknown'}, {hw.get('cores', '?')} cores)"
-
-
-def unverified_reason(statement: Statement, artifact_sha256: str | None = None) -> str | None:
-    """Why the receipt ``statement`` holds no publishable verification of the artifact with
-    ``artifact_sha256`` (default: its first subject's); None when it does: verdict ``pass`` as its
-    own figures and thresholds give it, of the bytes llama-server served, which are the artifact's
-    (``verification.model.sha256``), with at least the minimum evidence (:class:`Evidence`)."""
-    from .verdict import Evidence, judge_recorded
-
-    v = statement["predicate"].get("verification")
-    if not v:
-        return "the receipt holds no runtime verification of it"
-    if v.get("verdict") != "pass":
-        reasons = "; ".join(str(r) for r in v.get("reasons") or [])
-        return f"its verification failed (verdict {v.get('verdict')}{': ' + reasons if reasons else ''})"
-    verdict, reasons = judge_recorded(v)
-    if verdict.value != "pass":
-        return f"its verification says pass, but its own figures and thresholds fail it ({'; '.join(reasons[:3])})"
-    first = statement["subject"][0]["digest"]["sha256"]
-    if artifact_sha256 is not None and artifact_sha256.lower() != str(first).lower():
-        return f"its receipt's verification is of {statement['subject'][0]['name']} (sha256 {first})"
-    short = Evidence.of_settings(v.get("settings")).shortfall
-    if short:
-        return (f"its verification measured too little to publish ({short}); verify again with at least "
-                f"{Evidence.MIN_PROMPTS} prompts and --max-tokens {Evidence.MIN_MAX_TOKENS}")
-    return verification_problem(statement, v)
 
 
 def _unverified_notice(problem: str | None) -> list[str]:

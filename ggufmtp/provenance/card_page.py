@@ -21,6 +21,7 @@ from ..constants import LLAMA_CPP_COMMIT
 from ..fmt import ci_phrase, divergence, human_bytes, pct, significant, times
 from ..quant.naming import model_name, selects, tag_problem
 from .head import HeadComparison, HeadFinding
+from .receipt import verification_problem
 from .statement import Predicate, Statement
 
 __all__ = ["CardMeta", "FileRow", "PageOptions", "TAGS", "card_title", "files_table", "page_meta", "pick_lines",
@@ -156,8 +157,6 @@ class FileRow:
 
     @classmethod
     def of(cls, st: Statement, artifact: str, receipt: str, chat_template: str | None = None) -> FileRow:
-        from .card import unverified_reason
-
         p = st["predicate"]
         model = card_model_name(p)
         return cls(artifact=artifact, receipt=receipt, recipe=p["recipe"]["name"],
@@ -396,3 +395,29 @@ def read_chat_template(artifact: Any) -> str | None:
     except (GGUFReadError, OSError, ValueError):
         return None
     return value if isinstance(value, str) else None
+
+
+def unverified_reason(statement: Statement, artifact_sha256: str | None = None) -> str | None:
+    """Why the receipt ``statement`` holds no publishable verification of the artifact with
+    ``artifact_sha256`` (default: its first subject's); None when it does: verdict ``pass`` as its
+    own figures and thresholds give it, of the bytes llama-server served, which are the artifact's
+    (``verification.model.sha256``), with at least the minimum evidence (:class:`Evidence`)."""
+    from .verdict import Evidence, judge_recorded
+
+    v = statement["predicate"].get("verification")
+    if not v:
+        return "the receipt holds no runtime verification of it"
+    if v.get("verdict") != "pass":
+        recorded = "; ".join(str(r) for r in v.get("reasons") or [])
+        return f"its verification failed (verdict {v.get('verdict')}{': ' + recorded if recorded else ''})"
+    verdict, reasons = judge_recorded(v)
+    if verdict.value != "pass":
+        return f"its verification says pass, but its own figures and thresholds fail it ({'; '.join(reasons[:3])})"
+    first = statement["subject"][0]["digest"]["sha256"]
+    if artifact_sha256 is not None and artifact_sha256.lower() != str(first).lower():
+        return f"its receipt's verification is of {statement['subject'][0]['name']} (sha256 {first})"
+    short = Evidence.of_settings(v.get("settings")).shortfall
+    if short:
+        return (f"its verification measured too little to publish ({short}); verify again with at least "
+                f"{Evidence.MIN_PROMPTS} prompts and --max-tokens {Evidence.MIN_MAX_TOKENS}")
+    return verification_problem(statement, v)

@@ -41,8 +41,10 @@ from .statement import NamedDigest, PairSection, Predicate, RecipeSection, Resul
 
 if TYPE_CHECKING:
     from ..quant.quantize import QuantizeResult
+    from ..quant.sidecar import ReceiptWriter, StagedPair
 
-__all__ = ["PairSources", "expected_status", "pair_problem", "pair_section_problems", "write_pair_receipts"]
+__all__ = ["PairSources", "expected_status", "pair_problem", "pair_receipt_writer", "pair_section_problems",
+           "write_pair_receipts"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,3 +204,12 @@ def pair_problem(trunk: str | Path, sidecar: str | Path) -> str | None:
             f"from source sha256 {', '.join(side_pair['source_sha256'])}; {trunk.name} (sha256 {tsha}) is not that "
             f"trunk" + (" and its receipt names another source" if trec.is_file() else
                         " and has no receipt naming the same source"))
+
+
+def pair_receipt_writer(signing_key: Path | None = None) -> ReceiptWriter:
+    """The ``before_publish`` of :func:`ggufmtp.quant.sidecar.make_sidecar` that writes each staged
+    file's receipt (signed with ``signing_key``, when given)."""
+    def write(st: StagedPair) -> tuple[Path | None, Path | None]:
+        return write_pair_receipts(PairSources(st.model, st.model_arg, st.full, st.quantized, st.imatrix), st.sidecar,
+                                   st.trunk, signing_key)
+    return write

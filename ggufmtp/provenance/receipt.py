@@ -505,7 +505,7 @@ def _refuse_unbound(statement: Statement, verification: Verification, where: str
                                   actual=model.get("sha256") if isinstance(model, dict) else None)
 
 
-def _intact(rf: Receipt, signing_key: str | Path | None) -> None:
+def check_intact(rf: Receipt, signing_key: str | Path | None) -> None:
     """Before rewriting a receipt: its checksum holds, and a signed one verifies with the key about
     to re-sign it (re-sealing or re-signing must never launder an edit)."""
     if not rf.intact:
@@ -534,7 +534,7 @@ def set_verification(path: str | Path, verification: JsonObject, keep_added: boo
     if rf.signed and not key:
         raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
                          f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
-    _intact(rf, key)
+    check_intact(rf, key)
     old = cast(JsonObject, st["predicate"].get("verification") or {})
     if keep_added:
         kept = {k: old[k] for k in ADDED_VERIFICATION_SECTIONS if old.get(k) and not verification.get(k)}
@@ -556,29 +556,7 @@ def set_section(path: str | Path, name: str, section: JsonObject, signing_key: s
     if rf.signed and not key:
         raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
                          f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
-    _intact(rf, key)
+    check_intact(rf, key)
     cast(JsonObject, rf.statement["predicate"])[name] = section
     write_statement(path, seal(rf.statement), key)
     return rf.statement
-
-
-def sign_receipt(path: str | Path, signing_key: str | Path, artifact: str | Path | None = None) -> list[Path]:
-    """Sign an existing receipt (rewritten as a DSSE envelope) and its artifact files (``X.sig``
-    beside each; ``artifact``: the first subject's file, default beside the receipt). Only a
-    receipt its own audit passes is signed (``ggufmtp audit ARTIFACT --receipt PATH``: its checksum,
-    every subject file's sha256, the verdict its figures give, the tensors...): a signature must
-    never launder an edit or vouch for a failing receipt. Returns the signatures written."""
-    from .audit import audit
-    from .signing import sign_artifact
-
-    rf = read_receipt(path)
-    _intact(rf, signing_key)
-    folder = Path(artifact).parent if artifact else rf.path.parent
-    files = [Path(artifact) if artifact and i == 0 else folder / Path(s.name).name for i, s in enumerate(rf.subjects)]
-    report = audit(files[0], rf.path, progress=False)
-    if not report.ok:
-        raise AuditError(f"{rf.path}: its audit fails ({len(report.failures)} check(s)): " + "; ".join(
-            f"{c.name}: {c.detail}" for c in report.failures[:3]) + "; not signing")
-    signatures = [sign_artifact(f, signing_key) for f in files]
-    write_statement(rf.path, rf.statement, signing_key)
-    return signatures

@@ -19,7 +19,14 @@ from pathlib import Path
 
 from ..errors import RecipeError
 from .qtypes import match_quant_option, valid_quant_types
-from .recipe import Rule, normalize_type, validate_pattern
+from .recipe import (
+    QuantizeFlags,
+    Recipe,
+    Rule,
+    _with_mtp_placeholders,
+    as_mtp_blocks,
+    normalize_ftype,
+)
 
 # boolean flags -> the Recipe / QuantizeFlags field they set
 BOOL_FLAGS: dict[str, str] = {"--pure": "pure", "--leave-output-tensor": "leave_output_tensor",
@@ -27,44 +34,6 @@ BOOL_FLAGS: dict[str, str] = {"--pure": "pure", "--leave-output-tensor": "leave_
 _VALUE_FLAGS = ("--output-tensor-type", "--token-embedding-type", "--tensor-type", "--imatrix")
 _NO_EQUIVALENT = ("--keep-split", "--dry-run", "--tensor-type-file", "--include-weights", "--exclude-weights",
                   "--prune-layers", "--override-kv", "--max-buffer-size")
-
-
-@dataclasses.dataclass(frozen=True)
-class QuantizeFlags:
-    """llama-quantize's per-tensor flags, as it means them; :meth:`Recipe.with_flags` applies them."""
-
-    tensor_types: tuple[Rule, ...] = ()  # --tensor-type, in order (first match wins), source "flags"
-    output_type: str | None = None  # --output-tensor-type
-    token_embedding_type: str | None = None  # --token-embedding-type
-    pure: bool = False  # --pure
-    leave_output_tensor: bool = False  # --leave-output-tensor
-    allow_requantize: bool = False  # --allow-requantize
-
-    @classmethod
-    def build(cls, tensor_types: Sequence[str] = (), output_type: str | None = None,
-              token_embedding_type: str | None = None, *, pure: bool = False, leave_output_tensor: bool = False,
-              allow_requantize: bool = False) -> QuantizeFlags:
-        """The flags from their command-line values (``--tensor-type`` as ``PATTERN=TYPE`` strings);
-        RecipeError naming a malformed one."""
-        return cls(tensor_types=tuple(tensor_type_rule(v) for v in tensor_types),
-                   output_type=normalize_type(output_type, "--output-tensor-type") if output_type else None,
-                   token_embedding_type=(normalize_type(token_embedding_type, "--token-embedding-type")
-                                         if token_embedding_type else None),
-                   pure=pure, leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize)
-
-    @property
-    def given(self) -> bool:
-        return self != QuantizeFlags()
-
-
-def tensor_type_rule(value: str) -> Rule:
-    """``--tensor-type PATTERN=TYPE`` as llama-quantize reads it (the pattern lower-cased, searched
-    unanchored in each tensor name; the type case-insensitive)."""
-    pat, sep, typ = value.partition("=")
-    if not sep or not pat or not typ:
-        raise RecipeError(f"--tensor-type: malformed {value!r} (want PATTERN=TYPE, e.g. 'blk\\.40\\.nextn\\.eh_proj=q8_0')")
-    validate_pattern(pat.lower(), f"--tensor-type {value!r}")
-    return Rule(pat.lower(), normalize_type(typ, f"--tensor-type {value!r}"), "flags")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,3 +129,22 @@ def mtp_blocks_of(path: str | Path) -> list[int] | None:
     except (GGUFReadError, OSError):
         return None
     return list(mtp.blocks) if mtp.status in (MTPStatus.COMPLETE, MTPStatus.INCOMPLETE) else []
+
+
+def recipe_from_flags(argv: list[str] | str, name: str = "from-flags",
+                      mtp_block: int | Sequence[int] | None = None) -> Recipe:
+    """A recipe equivalent to a llama-quantize command line (flags, with ``IN [OUT] TYPE
+    [NTHREADS]`` or the type alone). With ``mtp_block``, ``blk.N.`` in patterns becomes ``{mtp}``;
+    with several blocks (a list), ``blk.(N|M).`` becomes ``{mtp}`` and ``blk.M.`` ``{mtp1}``."""
+    blocks = as_mtp_blocks(mtp_block)
+    line = LlamaQuantizeLine.parse(argv)
+    pos = line.positional
+    typ = (match_quant_option(pos[0]) if len(pos) == 1 else Positional.parse(pos).type) if pos else None
+    if typ is None:
+        raise RecipeError("llama-quantize flags: no type given (e.g. Q4_K_M)")
+    rules = tuple(Rule(_with_mtp_placeholders(r.pattern, blocks), r.type) for r in line.flags.tensor_types)
+    flags = dataclasses.replace(line.flags, tensor_types=())
+    base = Recipe(name=name, ftype=normalize_ftype(typ, "llama-quantize flags"), rules=rules,
+                  imatrix="required" if line.imatrix else "recommended", mtp_required=bool(blocks),
+                  description="made from llama-quantize flags")
+    return base.with_flags(flags)

@@ -57,16 +57,13 @@ import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import RecipeError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..jsontypes import JsonObject
 from .naming import tag_problem
 from .qtypes import FTYPE_DEFAULT_TYPE, QUANT_OPTIONS, REFUSED_QUANT_OPTIONS, match_quant_option, valid_quant_types
-
-if TYPE_CHECKING:
-    from .flags import QuantizeFlags
 
 MTP_PLACEHOLDER = "{mtp}"
 # {mtp} (every MTP block) or {mtpN} (the N-th, from 0); group 1 is N or empty.
@@ -194,8 +191,47 @@ class VerifyThresholds:
 
 
 @dataclasses.dataclass(frozen=True)
+class QuantizeFlags:
+    """llama-quantize's per-tensor flags, as it means them; :meth:`Recipe.with_flags` applies them."""
+
+    tensor_types: tuple[Rule, ...] = ()  # --tensor-type, in order (first match wins), source "flags"
+    output_type: str | None = None  # --output-tensor-type
+    token_embedding_type: str | None = None  # --token-embedding-type
+    pure: bool = False  # --pure
+    leave_output_tensor: bool = False  # --leave-output-tensor
+    allow_requantize: bool = False  # --allow-requantize
+
+    @classmethod
+    def build(cls, tensor_types: Sequence[str] = (), output_type: str | None = None,
+              token_embedding_type: str | None = None, *, pure: bool = False, leave_output_tensor: bool = False,
+              allow_requantize: bool = False) -> QuantizeFlags:
+        """The flags from their command-line values (``--tensor-type`` as ``PATTERN=TYPE`` strings);
+        RecipeError naming a malformed one."""
+        return cls(tensor_types=tuple(tensor_type_rule(v) for v in tensor_types),
+                   output_type=normalize_type(output_type, "--output-tensor-type") if output_type else None,
+                   token_embedding_type=(normalize_type(token_embedding_type, "--token-embedding-type")
+                                         if token_embedding_type else None),
+                   pure=pure, leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize)
+
+    @property
+    def given(self) -> bool:
+        return self != QuantizeFlags()
+
+
+def tensor_type_rule(value: str) -> Rule:
+    """``--tensor-type PATTERN=TYPE`` as llama-quantize reads it (the pattern lower-cased, searched
+    unanchored in each tensor name; the type case-insensitive)."""
+    pat, sep, typ = value.partition("=")
+    if not sep or not pat or not typ:
+        raise RecipeError(f"--tensor-type: malformed {value!r} (want PATTERN=TYPE, e.g. 'blk\\.40\\.nextn\\.eh_proj=q8_0')")
+    validate_pattern(pat.lower(), f"--tensor-type {value!r}")
+    return Rule(pat.lower(), normalize_type(typ, f"--tensor-type {value!r}"), "flags")
+
+
+@dataclasses.dataclass(frozen=True)
 class Recipe:
-    """A quantization policy. Build with :meth:`load`, :meth:`from_dict` or :meth:`from_flags`."""
+    """A quantization policy. Build with :meth:`load`, :meth:`from_dict`, :meth:`for_type` or
+    :func:`ggufmtp.quant.flags.recipe_from_flags`."""
 
     name: str
     ftype: str
@@ -293,27 +329,6 @@ class Recipe:
             allow_requantize=_flag(doc, "allow_requantize", where),
             tag=tag,
         )
-
-    @classmethod
-    def from_flags(cls, argv: list[str] | str, name: str = "from-flags",
-                   mtp_block: int | Sequence[int] | None = None) -> Recipe:
-        """A recipe equivalent to a llama-quantize command line (flags, with ``IN [OUT] TYPE
-        [NTHREADS]`` or the type alone). With ``mtp_block``, ``blk.N.`` in patterns becomes ``{mtp}``;
-        with several blocks (a list), ``blk.(N|M).`` becomes ``{mtp}`` and ``blk.M.`` ``{mtp1}``."""
-        from .flags import LlamaQuantizeLine, Positional
-
-        blocks = as_mtp_blocks(mtp_block)
-        line = LlamaQuantizeLine.parse(argv)
-        pos = line.positional
-        typ = (match_quant_option(pos[0]) if len(pos) == 1 else Positional.parse(pos).type) if pos else None
-        if typ is None:
-            raise RecipeError("llama-quantize flags: no type given (e.g. Q4_K_M)")
-        rules = tuple(Rule(_with_mtp_placeholders(r.pattern, blocks), r.type) for r in line.flags.tensor_types)
-        flags = dataclasses.replace(line.flags, tensor_types=())
-        base = cls(name=name, ftype=normalize_ftype(typ, "llama-quantize flags"), rules=rules,
-                   imatrix="required" if line.imatrix else "recommended", mtp_required=bool(blocks),
-                   description="made from llama-quantize flags")
-        return base.with_flags(flags)
 
     @classmethod
     def for_type(cls, type_name: str, head_defaults: bool = True) -> Recipe:

@@ -39,6 +39,7 @@ from ..errors import QuantizeError
 from ..files.fsutil import fsync_dir, fsync_path
 from ..gguf.model import GGUFModel, MTPStatus, block_prefixes, check_mtp, format_blocks, split_shards
 from .naming import model_name, name_problem, sidecar_file_name
+from .quantize import QuantizeResult
 
 __all__ = ["Role", "SidecarOptions", "SidecarResult", "make_sidecar", "write_part", "sidecar_default_name"]
 
@@ -56,16 +57,14 @@ class Role(enum.StrEnum):
 class SidecarOptions:
     """What ``ggufmtp sidecar`` makes. ``recipe``: quantize the model with it first (a shipped
     recipe, a .toml file or a llama-quantize type), else the model's tensors are kept as they are;
-    ``imatrix``/``threads``: for that quantization; ``trunk_out``: also write the trunk there;
-    ``receipts``: write a receipt beside each file (``FILE.receipt.json``); ``signing_key``: signed."""
+    ``imatrix``/``threads``: for that quantization; ``trunk_out``: also write the trunk there.
+    (The receipts are the caller's: :func:`make_sidecar`'s ``before_publish``.)"""
 
     recipe: str | None = None
     imatrix: str | None = None
     threads: int = 0
     trunk_out: Path | None = None
-    receipts: bool = True
     progress: bool = False
-    signing_key: Path | None = None  # sign the receipts (DSSE) and the files (FILE.sig)
 
 
 @dataclasses.dataclass
@@ -186,14 +185,32 @@ def _stage_dir(out: Path) -> Path:
     return work
 
 
-def make_sidecar(model: str | Path, out: str | Path, options: SidecarOptions | None = None,
-                 model_arg: str | None = None) -> SidecarResult:
-    """Write the MTP-only sidecar of ``model`` to ``out`` (and the trunk to ``options.trunk_out``),
-    each with its receipt binding it to the other and to the source (:mod:`ggufmtp.provenance.pair`).
-    QuantizeError naming the file before any work when the model cannot be split, or the recipe's
-    own errors; nothing is left behind on failure."""
-    from ..provenance.pair import PairSources, write_pair_receipts
+@dataclasses.dataclass(frozen=True)
+class StagedPair:
+    """The split as staged, before it is published: what a receipt writer binds. ``full`` is the file
+    that was split (``model``, or the variant ``quantized`` from it with ``imatrix``); ``sidecar`` and
+    ``trunk`` are (staged file, final path)."""
 
+    model: Path
+    model_arg: str
+    full: Path
+    quantized: QuantizeResult | None
+    imatrix: str | None
+    sidecar: tuple[Path, Path]
+    trunk: tuple[Path, Path] | None
+
+
+# Writes the staged files' receipts, returns (sidecar receipt, trunk receipt): provenance.pair's.
+ReceiptWriter = Callable[[StagedPair], "tuple[Path | None, Path | None]"]
+
+
+def make_sidecar(model: str | Path, out: str | Path, options: SidecarOptions | None = None,
+                 model_arg: str | None = None, before_publish: ReceiptWriter | None = None) -> SidecarResult:
+    """Write the MTP-only sidecar of ``model`` to ``out`` (and the trunk to ``options.trunk_out``);
+    ``before_publish`` writes each staged file's receipt before anything is published (the CLI
+    passes :func:`ggufmtp.provenance.pair.pair_receipt_writer`'s: each receipt binds its file to the
+    other and to the source). QuantizeError naming the file before any work when the model cannot
+    be split, or the recipe's own errors; nothing is left behind on failure."""
     o = options or SidecarOptions()
     model, out = Path(model), Path(out)
     trunk_out = Path(o.trunk_out) if o.trunk_out else None
@@ -218,11 +235,9 @@ def make_sidecar(model: str | Path, out: str | Path, options: SidecarOptions | N
             (work / "trunk").mkdir()
             staged_trunk = work / "trunk" / trunk_out.name  # staged under its final name: its receipt names it
             write_part(full, staged_trunk, Role.TRUNK)
-        receipts = (write_pair_receipts(PairSources(model, model_arg or str(model), full, quantized, o.imatrix),
-                                        (staged_sidecar, out),
-                                        (staged_trunk, trunk_out) if staged_trunk and trunk_out else None,
-                                        o.signing_key)
-                    if o.receipts else (None, None))
+        staged = StagedPair(model, model_arg or str(model), full, quantized, o.imatrix, (staged_sidecar, out),
+                            (staged_trunk, trunk_out) if staged_trunk and trunk_out else None)
+        receipts = before_publish(staged) if before_publish is not None else (None, None)
         if staged_trunk is not None and trunk_out is not None:
             os.replace(staged_trunk, trunk_out)
             fsync_dir(trunk_out.parent)
