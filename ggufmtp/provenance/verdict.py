@@ -256,8 +256,30 @@ def judge_record(v: Mapping[str, Any]) -> Judgment:
     drift = _number(v.get("numerics_drift_nats"))
     j = judge(per_mode, th, bool(hw.get("offloaded")), [overall], drift, _count(v.get("numerics_positions")), head)
     j.head.extend(head_problems)
-    j.lossless.extend(_shape_failures(v, modes) + slot_failures(v.get("slots"), th))
+    j.lossless.extend(_shape_failures(v, modes) + _section_failures(v, modes) + slot_failures(v.get("slots"), th))
     return j
+
+
+def _section_failures(v: Mapping[str, Any], modes: Mapping[str, Any] | None) -> list[str]:
+    """What the added sections claim beyond the main comparison, re-judged: the slot study's
+    single-slot reference must be the judged (first) mode's acceptance and CI; a matrix cell that
+    says "pass" must rest on the evidence minimum."""
+    out = []
+    slots, first = v.get("slots"), next(iter(modes.values()), None) if modes else v
+    ref = slots.get("reference") if isinstance(slots, Mapping) else None
+    if isinstance(ref, Mapping) and isinstance(first, Mapping):
+        mine = (_number(_path(first, "mtp", "acceptance")), _path(first, "mtp", "acceptance_ci95"))
+        theirs = (_number(ref.get("acceptance")), ref.get("acceptance_ci95"))
+        if mine != theirs:
+            out.append(f"the slot study's single-slot reference {theirs[0]!r} {theirs[1]!r} is not the judged comparison's "
+                       f"acceptance {mine[0]!r} {mine[1]!r}")
+    mx = v.get("matrix")
+    if isinstance(mx, Mapping) and any(isinstance(c, Mapping) and c.get("verdict") == "pass" for c in mx.get("cells") or []):
+        st = mx.get("settings") if isinstance(mx.get("settings"), Mapping) else {}
+        ev = Evidence.of_settings({**st, "n_prompts": _path(mx, "suite", "n_prompts")})
+        if ev.shortfall:
+            out.append(f"the matrix's passing cells rest on too little evidence ({ev.shortfall})")
+    return out
 
 
 def _shape_failures(v: Mapping[str, Any], modes: Mapping[str, Any] | None) -> list[str]:
