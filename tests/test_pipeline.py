@@ -193,12 +193,13 @@ def test_model_references(tmp_path):
 
 
 def test_run_upload_with_a_failing_verdict_leaves_the_hub_untouched(fake, synth_model, tmp_path):
-    """A head that mostly drafts wrong tokens (acceptance far below q8_0-mtp's 60 %) fails verify:
-    ``run --upload`` exits 1 before any request; the failing verdict is not cached as done."""
+    """A head that mostly drafts wrong tokens (acceptance far below q8_0-mtp's 60 %), judged by the
+    recipe's minimum (``--no-reference``: against its own source it would be a faithful quant), fails
+    verify: ``run --upload`` exits 1 before any request; the failing verdict is not cached as done."""
     model = synth_model(SynthSpec(wrong_successor_fraction=0.9))
     out = tmp_path / "out"
     argv = ["run", "--recipe", "q8_0-mtp", "--model", str(model), "-o", str(out), "--seeds", "42", "--limit", "3",
-            "--max-tokens", "24", "--upload", "me/tiny", "--json"]
+            "--max-tokens", "24", "--upload", "me/tiny", "--json", "--no-reference"]
     r = CliRunner().invoke(main, argv)
     assert r.exit_code == 1, r.output
     assert "error: refusing to publish" in r.stderr and "its verification failed (verdict fail: acceptance" in r.stderr
