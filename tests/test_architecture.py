@@ -96,12 +96,10 @@ def test_measure_sub_packages_import_only_from_earlier_ones():
 
 
 # Where a model reference (a path, builtin:NAME, owner/repo) may be resolved besides the CLI and the
-# ladder: the pipeline, and the public functions that take the command line's references (#42: the
-# Python API takes what the CLI takes): ggufmtp._api (inspect, verify) and the stage modules whose
-# entry point is public. Lower modules (gguf.model, the readers) take paths only: refs reaches the
-# trainer, which converts through gguf.model.
-REF_RESOLVERS = {"ggufmtp.pipeline", "ggufmtp._api", "ggufmtp.quant.plan", "ggufmtp.quant.quantize",
-                 "ggufmtp.imatrix.compute", "ggufmtp.quality.eval"}
+# ladder: the pipeline, and the public API's edge ggufmtp._api, whose functions take what the CLI
+# takes (#42). The stages take paths only: refs reaches the trainer, which converts through
+# gguf.model, so a stage that resolved references would close an import cycle.
+REF_RESOLVERS = {"ggufmtp.pipeline", "ggufmtp._api"}
 
 
 def test_data_flows_forward():
