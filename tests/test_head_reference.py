@@ -53,7 +53,9 @@ def test_a_near_lossless_quant_is_preserved_against_its_reference(preserved):
     assert f["preserved"] and f["difference"] == 0.0 and f["difference_ci95"] == [0.0, 0.0], f
     assert len(d["head"]["pairs"]) == 8 and d["head"]["reference"]["name"].endswith(".gguf")
     assert any("absolute minimum 95.0 %" in n and "not applied" in n for n in d["notes"]), d["notes"]
-    assert "verdict: PASS -- head preserved (vs reference); lossless; speed not verified" in preserved.table()
+    text = preserved.table()
+    assert "verdict: PASS -- head preserved (vs reference); lossless; speed not verified" in text
+    assert "reference arm: the MTP arm's flags on " in text and "same rotation" in text
 
 
 def test_a_worse_head_is_flagged_by_the_paired_ci(synth_model, llama_server_bin):

@@ -370,6 +370,10 @@ def _arm_lines(res: VerifyResult) -> list[str]:
            + (f" (environment {env['mtp']})" if env.get("mtp") else "")]
     if res.default_vanilla_args is not None:
         out.append(f"default vanilla arm (for speedup_vs_default_vanilla only): {' '.join(res.default_vanilla_args)}")
+    if res.head is not None:
+        ref = res.head.reference
+        out.append(f"reference arm: the MTP arm's flags on {ref.name} (sha256 {ref.sha256[:16]}…), same rotation; "
+                   f"its drafts paired with the MTP arm's by prompt and seed")
     return out
 
 
