@@ -11,6 +11,7 @@ are from the source's. By default the MTP block is audited; ``all_tensors`` audi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -20,10 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
 
+from .._version import __version__
+from ..constants import LLAMA_CPP_COMMIT
 from ..errors import ConvertError
+from ..files.hashing import sha256_file
+from ..files.memo import JsonMemo
 from ..gguf.model import GGUFModel
 from ..jsontypes import JsonObject
 from ..provenance.statement import SourceSection
+from ..runtime.build import cache_root
 from .convert import converter_tree, require_convert_deps
 from .source import read_checkpoint
 
@@ -126,20 +132,44 @@ def audit_source(model_path: str | os.PathLike, source: str | os.PathLike, *, al
     trunk = ckpt.mtp.trunk_layers if ckpt.mtp.trunk_layers is not None else model.trunk_layers
     if not all_tensors and not model.mtp_blocks:
         raise ConvertError(f"{model_path}: no MTP block to audit (use --all to compare every tensor)")
+    digests = ckpt.hash_files(progress=progress)
+    key = _comparison_key(model_path, digests, trunk, all_tensors)
+    rows = _comparisons().get(key)
+    if not isinstance(rows, list):
+        rows = _compare(model, ckpt.directory, trunk, all_tensors)
+        _comparisons().put(key, rows)
+    tensors = sorted((TensorMatch(r["name"], r["match"], r.get("type"), r.get("max_abs_err"), r.get("problem"))
+                      for r in rows), key=lambda t: t.name)
+    repo_id, commit = _recorded_source(model_path)
+    return SourceAudit(model_path, ckpt.directory, "all" if all_tensors else "mtp", tensors, digests, repo_id, commit)
+
+
+def _compare(model: GGUFModel, source_dir: Path, trunk: int, all_tensors: bool) -> list[JsonObject]:
+    """The pinned converter's model class on the checkpoint, tensor by tensor against the GGUF (a
+    subprocess: the converter imports torch)."""
     with tempfile.TemporaryDirectory() as tmp:
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job.write_text(json.dumps(_job(model, ckpt.directory, trunk, not all_tensors)))
+        job.write_text(json.dumps(_job(model, source_dir, trunk, not all_tensors)))
         proc = subprocess.run([sys.executable, "-m", "ggufmtp.hfconvert.runner", "--audit", str(converter_tree()),
                                str(job), str(result)], capture_output=True, text=True, errors="replace")
         if proc.returncode != 0 or not result.is_file():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ConvertError(f"audit --source: the converter's model class failed on {ckpt.directory}: {last[-300:]}")
-        rows = json.loads(result.read_text())
-    tensors = sorted((TensorMatch(r["name"], r["match"], r.get("type"), r.get("max_abs_err"), r.get("problem"))
-                      for r in rows), key=lambda t: t.name)
-    repo_id, commit = _recorded_source(model_path)
-    return SourceAudit(model_path, ckpt.directory, "all" if all_tensors else "mtp", tensors,
-                       ckpt.hash_files(progress=progress), repo_id, commit)
+            raise ConvertError(f"audit --source: the converter's model class failed on {source_dir}: {last[-300:]}")
+        return cast(list[JsonObject], json.loads(result.read_text()))
+
+
+def _comparisons() -> JsonMemo:
+    """Source comparisons already made, by content: the converter run costs seconds (torch's import
+    alone) to hours (a large checkpoint), and its answer is fixed by the bytes on both sides."""
+    return JsonMemo(cache_root() / "source-audits.json", max_entries=256)
+
+
+def _comparison_key(model_path: Path, source_digests: dict[str, str], trunk: int, all_tensors: bool) -> str:
+    """The GGUF's sha256, every checkpoint file's, the trunk depth, the scope, the pinned llama.cpp
+    commit and ggufmtp's version: a comparison is reused only for the same bytes on both sides."""
+    blob = json.dumps({"gguf": sha256_file(model_path), "source": source_digests, "trunk": trunk, "all": all_tensors,
+                       "llama_cpp": LLAMA_CPP_COMMIT, "ggufmtp": __version__}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def record_source_audit(res: SourceAudit, receipt: str | os.PathLike, signing_key: str | os.PathLike | None = None
