@@ -102,13 +102,16 @@ def test_audit_re_derives_the_head_from_the_pairs(preserved, q8, tmp_path):
     assert not audit(out, rc).ok
 
 
-def test_the_reference_must_be_another_file_with_a_head(q8, tmp_path, llama_server_bin):
+def test_the_reference_must_be_another_file_with_a_head(q8, synth_model, tmp_path, llama_server_bin):
+    """Each refused before any server starts, the error naming the reference."""
     from ggufmtp.errors import VerifyError
 
-    with pytest.raises(VerifyError, match="the artifact itself"):
+    with pytest.raises(VerifyError, match="reference .*: the artifact itself"):
         verify(q8[0], _options(q8[0]), progress=False)
-    with pytest.raises(VerifyError, match="no such file"):
+    with pytest.raises(VerifyError, match="reference .*missing.gguf: no such file"):
         verify(q8[0], _options(tmp_path / "missing.gguf"), progress=False)
+    with pytest.raises(VerifyError, match="reference: model .*: its MTP block is absent"):
+        verify(q8[0], _options(synth_model("tiny-qwen35moe-nomtp")), progress=False)
 
 
 def test_head_comparison_parses_strictly():

@@ -11,6 +11,7 @@ the artifact's MTP arm by (prompt, seed, mode) at the shipped window on the chat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +32,20 @@ class ReferenceArm:
     path: Path
     served: ServedFile
 
-    @classmethod
-    def of(cls, path: str | Path, artifact: Path) -> ReferenceArm:
-        """The reference at ``path``; VerifyError when it is missing or is the artifact itself."""
+    @staticmethod
+    def check_path(path: str | os.PathLike, artifact: Path) -> None:
+        """VerifyError when the reference is missing or is the artifact itself."""
         p = Path(path)
         if not p.is_file():
             raise VerifyError(f"reference {p}: no such file (--reference: the BF16 base or a Q8_0 variant)")
         if p.resolve() == artifact.resolve():
             raise VerifyError(f"reference {p}: the artifact itself; a reference is another file (the BF16 base)")
-        return cls(p, ServedFile.of(p))
+
+    @classmethod
+    def of(cls, path: str | os.PathLike, artifact: Path) -> ReferenceArm:
+        """The reference at ``path``, hashed (:meth:`check_path` first)."""
+        cls.check_path(path, artifact)
+        return cls(Path(path), ServedFile.of(path))
 
     def model(self) -> ReferenceModel:
         return ReferenceModel(self.path.name, self.served.size, self.served.sha256)

@@ -386,6 +386,17 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
     return runner, out
 
 
+def _reference(reference: str | os.PathLike, artifact: Path) -> ReferenceArm:
+    """The reference, checked before anything starts: a file, not the artifact, with a complete MTP
+    block (each error names it as the reference); then hashed."""
+    ReferenceArm.check_path(reference, artifact)
+    try:
+        _check_model(Path(reference))
+    except VerifyError as e:
+        raise VerifyError(f"reference: {e}") from None
+    return ReferenceArm.of(reference, artifact)
+
+
 def _reference_server(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any], k: int,
                       modes: list[str]) -> LlamaServer | None:
     """The reference's MTP server at window ``k`` (the MTP arm's configuration, the model changed),
@@ -553,8 +564,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     served = ServedFile.of(path)  # the bytes llama-server is about to serve
     side = ServedFile.of(o.sidecar) if o.sidecar is not None else None
     if o.reference is not None:
-        _check_model(Path(o.reference))
-        plan = dataclasses.replace(plan, reference=ReferenceArm.of(o.reference, path))
+        plan = dataclasses.replace(plan, reference=_reference(o.reference, path))
     runner, srv = _run(plan, base, o.max_tokens, progress, on_record)
     boot = (o.judge.bootstrap_resamples, o.judge.bootstrap_seed)
     comparisons = _summaries(runner.records, plan, srv.modes, *boot)
