@@ -387,8 +387,7 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
 
 
 def _reference(reference: str | os.PathLike, artifact: Path) -> ReferenceArm:
-    """The reference, checked before anything starts: a file, not the artifact, with a complete MTP
-    block (each error names it as the reference); then hashed."""
+    """The reference: another file with a complete MTP block (each error names it), then hashed."""
     ReferenceArm.check_path(reference, artifact)
     try:
         _check_model(Path(reference))
