@@ -11,7 +11,8 @@ import math
 from collections.abc import Sequence
 
 __all__ = ["ci_text", "finite_or_none", "pct", "times", "num", "signed_pct", "rel_change", "ci_phrase",
-           "human_bytes", "decimal_bytes", "significant", "divergence"]
+           "human_bytes", "decimal_bytes", "significant", "divergence",
+           "points"]
 
 NA = "n/a"
 
@@ -39,6 +40,11 @@ def pct(x: float | None, nd: int = 1, space: bool = True, missing: str = NA) -> 
     if x is None:
         return missing
     return f"{x * 100:.{nd}f}{' ' if space else ''}%"
+
+
+def points(x: float | None, unit: str = " points", nd: int = 1, missing: str = NA) -> str:
+    """A difference of two fractions in percentage points, with its sign: ``-1.0 points``."""
+    return missing if x is None else f"{x * 100:+.{nd}f}{unit}"
 
 
 def signed_pct(x: float | None, nd: int = 1, missing: str = NA) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .fmt import ci_phrase, pct, times
+from .fmt import ci_phrase, pct, points, times
 from .jsontypes import JsonObject
 from .provenance.verdict import Findings
 
@@ -50,6 +50,6 @@ def _findings_text(s: Mapping[str, Any]) -> str:
 
 def _head_text(h: Mapping[str, Any]) -> str:
     lo, hi = (list(h.get("difference_ci95") or []) + [None, None])[:2]
-    pts = lambda x: "n/a" if x is None else f"{x * 100:+.1f}"  # noqa: E731
     return (f"{pct(h.get('acceptance'), space=False)} vs reference {pct(h.get('reference_acceptance'), space=False)}: "
-            f"{pts(h.get('difference'))} points (95% CI {pts(lo)} to {pts(hi)}; margin {h.get('margin', 0) * 100:.1f})")
+            f"{points(h.get('difference'))} (95% CI {points(lo, '')} to {points(hi, '')}; "
+            f"margin {h.get('margin', 0) * 100:.1f})")

@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 
 from ..files.fsutil import atomic_write_text
-from ..fmt import ci_phrase, human_bytes, num, pct, times
+from ..fmt import ci_phrase, human_bytes, num, pct, points, times
 from ..runtime.hardware import format_bandwidth
 from .card_page import (  # unverified_reason: the card's, kept importable from here
     TAGS,
@@ -197,8 +197,7 @@ def _head_lines(v: Verification, with_ci: bool = True) -> list[str]:
 
 def _head_text(f: HeadFinding) -> str:
     """:meth:`HeadFinding.text` without the CI (below the evidence minimum)."""
-    d = "n/a" if f.difference is None else f"{f.difference * 100:+.1f} points"
-    return (f"{_pct(f.acceptance)} vs reference {_pct(f.reference_acceptance)}, difference {d} "
+    return (f"{_pct(f.acceptance)} vs reference {_pct(f.reference_acceptance)}, difference {points(f.difference)} "
             f"({'preserved' if f.preserved else 'NOT preserved'}; margin {f.margin * 100:.1f} points)")
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
 from ..constants import LLAMA_CPP_COMMIT
-from ..fmt import ci_phrase, divergence, human_bytes, pct, significant, times
+from ..fmt import ci_phrase, divergence, human_bytes, pct, points, significant, times
 from ..quant.naming import model_name, selects, tag_problem
 from .head import HeadComparison, HeadFinding
 from .receipt import verification_problem
@@ -189,18 +189,14 @@ def _cell(text: str | None) -> str:
     return "-" if text in (None, "n/a", "") else str(text)
 
 
-def _points(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.1f}"
-
-
 def head_cell(r: FileRow) -> str:
     """The head against its reference (difference in points, its CI where the evidence allows, the finding)."""
     f = r.head
     if f is None:
         return "-"
     lo, hi = f.difference_ci95
-    ci = f" (95% CI {_points(lo)} to {_points(hi)})" if r.shows_ci else ""
-    return f"{_points(f.difference)} pts{ci}: {'preserved' if f.preserved else 'NOT preserved'}"
+    ci = f" (95% CI {points(lo, '')} to {points(hi, '')})" if r.shows_ci else ""
+    return f"{points(f.difference, '')} pts{ci}: {'preserved' if f.preserved else 'NOT preserved'}"
 
 
 def _speed_judged(v: Mapping[str, Any]) -> bool:

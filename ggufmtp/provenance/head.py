@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import stats
 from ..fmt import pct
+from ..fmt import points as _points
 from ..jsontypes import JsonObject
 
 __all__ = ["DEFAULT_MARGIN", "HeadComparison", "HeadFinding", "HeadPair", "ReferenceModel", "judge_head"]
@@ -109,10 +110,6 @@ class HeadFinding:
         return {"acceptance": self.acceptance, "reference_acceptance": self.reference_acceptance,
                 "difference": self.difference, "difference_ci95": list(self.difference_ci95),
                 "margin": self.margin, "n_prompts": self.n_prompts, "preserved": self.preserved}
-
-
-def _points(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.1f} points"
 
 
 @dataclass(frozen=True)
