@@ -17,7 +17,7 @@ a path or ``builtin:NAME`` (``run`` and ``run_ladder`` also pull ``owner/repo[@r
     v = ggufmtp.verify("out.gguf", ggufmtp.VerifyOptions(draft_n_max=4), receipt=r)  # -> VerifyResult
     c = ggufmtp.make_card("out.gguf", r)                                    # -> Path of README.md
     ggufmtp.upload("me/Model-MTP-GGUF", ["out.gguf"], r, c)                 # -> UploadResult
-    ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", out_dir="out") # -> RunResult (all stages)
+    ggufmtp.run("builtin:tiny-qwen35moe", "hifi-q4_k_m-mtp", out_dir="out") # -> RunResult (all stages)
 
 A function of many settings takes one options object, checked when built: :class:`VerifyOptions`
 (with :class:`ServerOptions` and :class:`JudgeOptions`) for ``verify``, :class:`RunOptions` for

@@ -18,6 +18,7 @@ record, which carries the inputs and what the earlier stages found (paths, keys)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -29,7 +30,7 @@ from typing import Any, TypeVar, cast
 
 from ._version import __version__
 from .constants import LLAMA_CPP_COMMIT
-from .errors import GgufmtpError, HubRefusedError, PlanError
+from .errors import GgufmtpError, HubRefusedError, PlanError, RecipeError
 from .files.fsutil import atomic_write_json
 from .files.hashing import sha256_file
 from .gguf.model import inspect_model, split_shards
@@ -526,20 +527,39 @@ def _stage_upload(r: _Run, repo_id: str, private: bool, dry_run: bool) -> None:
     r.cache.run("upload", key, do)
 
 
-def run(recipe: str | Path, model: str, options: RunOptions | None = None, *, out_dir: str | Path = "ggufmtp-out",
+def _recipe_second(model: str | Path, recipe: Recipe | str | Path) -> Recipe:
+    """The recipe, loaded; the old order (a recipe first) is refused by name, not as "no such recipe"."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    try:
+        return Recipe.load(recipe)
+    except RecipeError:
+        swapped = False
+        with contextlib.suppress(RecipeError):
+            swapped = bool(Recipe.load(model))
+        if swapped:
+            raise RecipeError(f"run() takes the model first: run({str(recipe)!r}, {str(model)!r}), "
+                              f"not run({str(model)!r}, {str(recipe)!r})") from None
+        raise
+
+
+def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = None, *, out_dir: str | Path = "ggufmtp-out",
         progress: bool = True, log: Callable[[str], None] = lambda m: None) -> RunResult:
     """Run the whole pipeline into ``out_dir``; see the module docstring. ``model`` is
     ``REPO_ID[@REV]``, a local GGUF path, a local safetensors checkpoint directory (converted
-    first) or ``builtin:NAME``; ``options``: what to make and how (:class:`RunOptions`, checked
-    when built). Nothing is written for a model that is not a GGUF."""
+    first) or ``builtin:NAME``; ``recipe`` a shipped recipe, a ``.toml`` file or a llama-quantize
+    type; ``options``: what to make and how (:class:`RunOptions`, checked when built). Nothing is
+    written for a model that is not a GGUF. The model comes first, as in every other function
+    (before 0.16 it was ``run(recipe, model)``: that order is refused with a message saying so)."""
     o = options if options is not None else RunOptions()
+    model, recipe = str(model), _recipe_second(model, recipe)
     out = Path(out_dir)
     from .hfconvert.convert import converted_for_run
 
     # a safetensors checkpoint directory is converted first (cached by its files' digests)
     shared = Path(o.base_dir) if o.base_dir is not None else out
     converted = converted_for_run(model, shared, progress, o.token) if not is_builtin(model) else None
-    rec, ref = Recipe.load(recipe), parse_model_ref(str(converted) if converted else model)
+    rec, ref = recipe, parse_model_ref(str(converted) if converted else model)
     key = resolve_signing_key(o.signing_key)
     pub = resolve_public_key(o.public_key) if o.upload else None
     include = list(o.include) if o.include is not None else None

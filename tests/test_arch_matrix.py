@@ -171,7 +171,7 @@ class ArchArtifacts:
         options = ggufmtp.RunOptions(imatrix=self.imatrix(), verify=verify,
                                      verify_options=ggufmtp.VerifyOptions.from_dict(VERIFY), threads=2,
                                      signing_key=self.keys["priv"])
-        return ggufmtp.run(PIPELINE_RECIPE, str(self.base), options,
+        return ggufmtp.run(str(self.base), PIPELINE_RECIPE, options,
                            out_dir=self.root / ("verified" if verify else "unverified"), progress=False)
 
     def pipeline(self) -> RunResult:

@@ -290,7 +290,7 @@ def test_pull_check_mtp_reads_headers_only_then_pull_and_convert_from_the_hub(hu
 def test_run_accepts_a_safetensors_hub_repo(hub_repo, tmp_path):
     import ggufmtp
 
-    r = ggufmtp.run("q8_0-mtp", "me/tiny-hf", ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
+    r = ggufmtp.run("me/tiny-hf", "q8_0-mtp", ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
                     progress=False)
     converted = list((tmp_path / "run" / "converted").rglob("model-bf16.gguf"))
     assert len(converted) == 1 and inspect_model(converted[0]).mtp_status == "complete"
@@ -302,13 +302,13 @@ def test_run_accepts_a_safetensors_hub_repo(hub_repo, tmp_path):
 def test_run_accepts_a_safetensors_directory(checkpoint, tmp_path):
     import ggufmtp
 
-    r = ggufmtp.run("q8_0-mtp", str(checkpoint), ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
+    r = ggufmtp.run(str(checkpoint), "q8_0-mtp", ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
                     progress=False)
     converted = list((tmp_path / "run" / "converted").rglob("model-bf16.gguf"))
     assert len(converted) == 1 and inspect_model(converted[0]).mtp_status == "complete"
     assert r.stages
     # the second run reuses the conversion (same source digests): no second converted file, same mtime
     before = converted[0].stat().st_mtime_ns
-    ggufmtp.run("q8_0-mtp", str(checkpoint), ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
+    ggufmtp.run(str(checkpoint), "q8_0-mtp", ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
                 progress=False)
     assert converted[0].stat().st_mtime_ns == before

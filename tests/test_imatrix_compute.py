@@ -374,7 +374,7 @@ def test_run_imatrix_corpus_computes_with_mtp_caches_and_uses_it(tmp_path):
     out = tmp_path / "out"
     opts = ggufmtp.RunOptions(verify=False, imatrix_corpus="builtin:calib-v1", imatrix_chunks=2)
     kw = dict(out_dir=out, progress=False)
-    first = ggufmtp.run(recipe, "builtin:tiny-qwen35moe", opts, **kw)
+    first = ggufmtp.run("builtin:tiny-qwen35moe", recipe, opts, **kw)
     assert _stages(first)["imatrix"] == "ran" and _stages(first)["quantize"] == "ran"
     im_path = out / "imatrix.gguf"
     prov = ImatrixProvenance.from_imatrix(imx.read_imatrix(im_path))
@@ -382,20 +382,20 @@ def test_run_imatrix_corpus_computes_with_mtp_caches_and_uses_it(tmp_path):
     sec = load_receipt(first.receipt)["predicate"]["imatrix"]
     assert sec["file"] == "imatrix.gguf" and sec["computed"] == prov.to_dict() and sec["missing"] == []
 
-    again = ggufmtp.run(recipe, "builtin:tiny-qwen35moe", opts, **kw)  # same model, corpus, chunks: nothing recomputed
+    again = ggufmtp.run("builtin:tiny-qwen35moe", recipe, opts, **kw)  # same model, corpus, chunks: nothing recomputed
     assert set(_stages(again).values()) == {"cached"}
 
     # same content under another name is the same corpus; another chunk count is not
     copy = tmp_path / "copy.txt"
     copy.write_bytes(resolve_corpus(DEFAULT_CORPUS).path.read_bytes())
-    renamed = ggufmtp.run(recipe, "builtin:tiny-qwen35moe", dataclasses.replace(opts, imatrix_corpus=copy), **kw)
+    renamed = ggufmtp.run("builtin:tiny-qwen35moe", recipe, dataclasses.replace(opts, imatrix_corpus=copy), **kw)
     assert _stages(renamed)["imatrix"] == "cached"
-    assert _stages(ggufmtp.run(recipe, "builtin:tiny-qwen35moe", dataclasses.replace(opts, imatrix_chunks=3), **kw))["imatrix"] == "ran"
+    assert _stages(ggufmtp.run("builtin:tiny-qwen35moe", recipe, dataclasses.replace(opts, imatrix_chunks=3), **kw))["imatrix"] == "ran"
     # a tampered imatrix is not reused
     raw = bytearray(im_path.read_bytes())
     raw[-8] ^= 0x01
     im_path.write_bytes(bytes(raw))
-    assert _stages(ggufmtp.run(recipe, "builtin:tiny-qwen35moe", dataclasses.replace(opts, imatrix_chunks=3), **kw))["imatrix"] == "ran"
+    assert _stages(ggufmtp.run("builtin:tiny-qwen35moe", recipe, dataclasses.replace(opts, imatrix_chunks=3), **kw))["imatrix"] == "ran"
 
 
 def test_run_refuses_both_imatrix_options_and_a_bad_corpus_before_work(tmp_path):
@@ -404,11 +404,11 @@ def test_run_refuses_both_imatrix_options_and_a_bad_corpus_before_work(tmp_path)
 
     out = tmp_path / "out"
     with pytest.raises(GgufmtpError, match="not both"):
-        ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", ggufmtp.RunOptions(
+        ggufmtp.run("builtin:tiny-qwen35moe", "q8_0-mtp", ggufmtp.RunOptions(
             imatrix=tmp_path / "x.gguf", imatrix_corpus="builtin:calib-v1", verify=False), out_dir=out, progress=False)
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     with pytest.raises(CorpusError, match="is empty"):
-        ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", ggufmtp.RunOptions(imatrix_corpus=empty, verify=False),
+        ggufmtp.run("builtin:tiny-qwen35moe", "q8_0-mtp", ggufmtp.RunOptions(imatrix_corpus=empty, verify=False),
                     out_dir=out, progress=False)
     assert not out.exists()

@@ -48,7 +48,7 @@ def test_run_end_to_end_then_fully_cached(tmp_path, fake):
     out = tmp_path / "out"
     priv, pub = write_keypair(tmp_path)
     signed = ggufmtp.RunOptions(verify_options=VERIFY, signing_key=priv)
-    res = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", signed, out_dir=out, progress=False)
+    res = ggufmtp.run("builtin:tiny-qwen35moe", "hifi-q4_k_m-mtp", signed, out_dir=out, progress=False)
     assert set(stages(res).values()) == {"ran"}
     s = res.summary()
     assert s["mtp_status"] == "complete" and s["verdict"] == "pass"
@@ -63,10 +63,10 @@ def test_run_end_to_end_then_fully_cached(tmp_path, fake):
     assert read_receipt(res.receipt).signed
     verify_receipt(res.receipt, pub)
     verify_artifact(res.artifact, pub)
-    again = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", signed, out_dir=out, progress=False)
+    again = ggufmtp.run("builtin:tiny-qwen35moe", "hifi-q4_k_m-mtp", signed, out_dir=out, progress=False)
     assert set(stages(again).values()) == {"cached"}
     # a passing, signed verification is published, signature included, checked against the public key
-    up = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe",
+    up = ggufmtp.run("builtin:tiny-qwen35moe", "hifi-q4_k_m-mtp",
                      dataclasses.replace(signed, upload="me/tiny", public_key=pub, token=TOKEN), out_dir=out,
                      progress=False)
     assert stages(up)["upload"] == "ran" and stages(up)["verify"] == "cached"
@@ -90,11 +90,11 @@ def test_resume_after_failure_in_verify(tmp_path, monkeypatch):
 
     monkeypatch.setattr(verify_mod, "verify", broken)
     with pytest.raises(ggufmtp.GgufmtpError, match="injected"):
-        ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", ggufmtp.RunOptions(verify_options=VERIFY), out_dir=tmp_path,
+        ggufmtp.run("builtin:tiny-qwen35moe", "q8_0-mtp", ggufmtp.RunOptions(verify_options=VERIFY), out_dir=tmp_path,
                     progress=False)
     assert calls and not (tmp_path / ".ggufmtp" / "stages" / "verify.json").exists()
     monkeypatch.setattr(verify_mod, "verify", real)
-    res = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", ggufmtp.RunOptions(verify_options=VERIFY), out_dir=tmp_path,
+    res = ggufmtp.run("builtin:tiny-qwen35moe", "q8_0-mtp", ggufmtp.RunOptions(verify_options=VERIFY), out_dir=tmp_path,
                       progress=False)
     s = stages(res)
     assert [s[k] for k in ("pull", "inspect", "plan", "quantize", "audit")] == ["cached"] * 5
@@ -103,8 +103,8 @@ def test_resume_after_failure_in_verify(tmp_path, monkeypatch):
 
 @pytest.mark.runtime
 def test_changed_recipe_reruns_quantize_not_pull(tmp_path):
-    ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", NO_VERIFY, out_dir=tmp_path, progress=False)
-    res = ggufmtp.run("hifi-q4_k_m-mtp", "builtin:tiny-qwen35moe", NO_VERIFY, out_dir=tmp_path, progress=False)
+    ggufmtp.run("builtin:tiny-qwen35moe", "q8_0-mtp", NO_VERIFY, out_dir=tmp_path, progress=False)
+    res = ggufmtp.run("builtin:tiny-qwen35moe", "hifi-q4_k_m-mtp", NO_VERIFY, out_dir=tmp_path, progress=False)
     s = stages(res)
     assert s["pull"] == "cached" and s["inspect"] == "cached"
     assert s["plan"] == "ran" and s["quantize"] == "ran"
@@ -116,9 +116,9 @@ def test_changed_recipe_reruns_quantize_not_pull(tmp_path):
 
 @pytest.mark.runtime
 def test_deleted_artifact_is_rebuilt(tmp_path):
-    res = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", NO_VERIFY, out_dir=tmp_path, progress=False)
+    res = ggufmtp.run("builtin:tiny-qwen35moe", "q8_0-mtp", NO_VERIFY, out_dir=tmp_path, progress=False)
     res.artifact.unlink()
-    again = ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", NO_VERIFY, out_dir=tmp_path, progress=False)
+    again = ggufmtp.run("builtin:tiny-qwen35moe", "q8_0-mtp", NO_VERIFY, out_dir=tmp_path, progress=False)
     assert stages(again)["quantize"] == "ran" and again.artifact.exists()
 
 
@@ -238,16 +238,16 @@ def test_cache_sees_changed_bytes_behind_restored_size_and_mtime(tmp_path, synth
     model = tmp_path / "m.gguf"
     model.write_bytes(synth_model("tiny-qwen35moe").read_bytes())
     out = tmp_path / "out"
-    first = ggufmtp.run("q8_0-mtp", str(model), NO_VERIFY, out_dir=out, progress=False)
+    first = ggufmtp.run(str(model), "q8_0-mtp", NO_VERIFY, out_dir=out, progress=False)
     digest = load_receipt(first.receipt)["subject"][0]["digest"]["sha256"]
     _flip_low_byte(model)
-    s = stages(ggufmtp.run("q8_0-mtp", str(model), NO_VERIFY, out_dir=out, progress=False))
+    s = stages(ggufmtp.run(str(model), "q8_0-mtp", NO_VERIFY, out_dir=out, progress=False))
     assert [s[k] for k in ("pull", "inspect", "plan", "quantize", "audit")] == ["ran"] * 5
     assert load_receipt(first.receipt)["subject"][0]["digest"]["sha256"] != digest
-    assert set(stages(ggufmtp.run("q8_0-mtp", str(model), NO_VERIFY, out_dir=out, progress=False)).values()) == {
+    assert set(stages(ggufmtp.run(str(model), "q8_0-mtp", NO_VERIFY, out_dir=out, progress=False)).values()) == {
         "cached"}
     _flip_low_byte(first.artifact)  # the artifact altered behind the cache's back: rebuilt
-    s = stages(ggufmtp.run("q8_0-mtp", str(model), NO_VERIFY, out_dir=out, progress=False))
+    s = stages(ggufmtp.run(str(model), "q8_0-mtp", NO_VERIFY, out_dir=out, progress=False))
     assert s["pull"] == "cached" and s["quantize"] == "ran"
     assert audit(first.artifact, first.receipt).ok
 
@@ -257,20 +257,20 @@ def test_hub_model_keyed_on_the_resolved_commit_and_refused_without_checksums(fa
     fake.commit("org/tiny", {"tiny.gguf": synth_model("tiny-qwen35moe").read_bytes()})
     out = tmp_path / "out"
     kw = dict(out_dir=out, progress=False, options=ggufmtp.RunOptions(verify=False, include=["*.gguf"]))
-    first = ggufmtp.run("q8_0-mtp", "org/tiny", **kw)
+    first = ggufmtp.run("org/tiny", "q8_0-mtp", **kw)
     assert set(stages(first).values()) == {"ran"}
-    assert set(stages(ggufmtp.run("q8_0-mtp", "org/tiny", **kw)).values()) == {"cached"}
+    assert set(stages(ggufmtp.run("org/tiny", "q8_0-mtp", **kw)).values()) == {"cached"}
     moved = fake.commit("org/tiny", {"README.md": b"# tiny\n"})  # main moves; the model's bytes do not
-    s = stages(ggufmtp.run("q8_0-mtp", "org/tiny", **kw))
+    s = stages(ggufmtp.run("org/tiny", "q8_0-mtp", **kw))
     assert s["pull"] == "ran" and s["quantize"] == "ran"
     assert load_receipt(first.receipt)["predicate"]["base_model"]["source"]["commit"] == moved
 
     fake.withhold_checksums("org/tiny", "tiny.gguf")  # the Hub no longer gives a checksum to verify against
     other = tmp_path / "other"
     with pytest.raises(HubRefusedError, match=r"no checksum for tiny.gguf.*--allow-unverified"):
-        ggufmtp.run("q8_0-mtp", "org/tiny", **{**kw, "out_dir": other})
+        ggufmtp.run("org/tiny", "q8_0-mtp", **{**kw, "out_dir": other})
     assert not (other / ".ggufmtp").exists()
-    res = ggufmtp.run("q8_0-mtp", "org/tiny", **{**kw, "out_dir": other,
+    res = ggufmtp.run("org/tiny", "q8_0-mtp", **{**kw, "out_dir": other,
                                                   "options": dataclasses.replace(kw["options"], allow_unverified=True)})
     assert res.artifact.exists()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import ggufmtp
-from ggufmtp.errors import GgufmtpError
+from ggufmtp.errors import GgufmtpError, RecipeError
 from ggufmtp.measure.verify import run as verify_mod
 from ggufmtp.synth.hf import synthesize_hf
 
@@ -201,7 +201,7 @@ def _call_every_function(model: Path, work: Path) -> dict[str, object]:
     # a 1-prompt x 8-token verification is not publishable (#28): the card says so, and the flag allows it
     options = ggufmtp.UploadOptions(dry_run=True, allow_unverified=True, endpoint="http://127.0.0.1:9")
     out["upload"] = ggufmtp.upload("me/model", [q.output], [receipt], card, options, progress=False)
-    out["run"] = ggufmtp.run("q8_0-mtp", str(model), ggufmtp.RunOptions(verify=False), out_dir=work / "run",
+    out["run"] = ggufmtp.run(str(model), "q8_0-mtp", ggufmtp.RunOptions(verify=False), out_dir=work / "run",
                              progress=False)
     hf = synthesize_hf(work / "hf", ggufmtp.SynthSpec())
     out["convert"] = ggufmtp.convert(hf.directory, work / "converted.gguf", progress=False)
@@ -234,3 +234,17 @@ def test_every_function_twice_and_after_importing_every_submodule(tiny_mtp_model
     assert ggufmtp.write_receipt is before["write_receipt"]
     from ggufmtp.provenance.receipt import load_receipt
     assert load_receipt(third["write_receipt"])["predicate"]["verification"]["verdict"] == third["verify"].verdict
+
+
+def test_run_takes_the_model_first_and_refuses_the_old_order_by_name(tmp_path):
+    """#42 item 3: every function takes the model first; run(recipe, model), the order before
+    0.16, is refused with a message that says so, before anything is written."""
+    out = tmp_path / "out"
+    with pytest.raises(RecipeError, match=r"model first: run\('builtin:tiny-qwen35moe', 'q8_0-mtp'\)"):
+        ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", out_dir=out, progress=False)
+    assert not out.exists()
+    with pytest.raises(RecipeError, match="no-such-recipe") as e:
+        ggufmtp.run("builtin:tiny-qwen35moe", "no-such-recipe", out_dir=out, progress=False)
+    assert "model first" not in str(e.value)
+    params = list(inspect.signature(ggufmtp.run).parameters)
+    assert params[:2] == ["model", "recipe"]

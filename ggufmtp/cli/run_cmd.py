@@ -84,7 +84,7 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: s
         eval_options=None if eval_corpus is None else EvalOptions(corpus=eval_corpus, gpu_layers=gpu_layers),
         upload=upload_repo, private=private, dry_run_upload=dry_run_upload, allow_unverified=allow_unverified,
         public_key=public_key, signing_key=signing_key, force=force)
-    res = run(recipe_name, model, options, out_dir=out_dir, progress=not as_json, log=lambda m: click.echo(m, err=True))
+    res = run(model, recipe_name, options, out_dir=out_dir, progress=not as_json, log=lambda m: click.echo(m, err=True))
     summary = res.summary_record()
     if as_json:
         emit_json(summary.to_dict())

@@ -60,7 +60,7 @@ def _run_variant(job: VariantJob, measure: bool) -> VariantOutcome:
                              reference_base=job.reference_base,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
                              base_dir=job.base_dir, until=None if measure else "audit")
-        res = run(job.recipe, job.model, options, out_dir=job.out_dir, progress=False)
+        res = run(job.model, job.recipe, options, out_dir=job.out_dir, progress=False)
     except GgufmtpError as e:  # the variant's failure is reported; the other variants go on
         return VariantOutcome(job.recipe, False, error=str(e), host=os.uname().nodename, variant=job.out_dir.name)
     except OSError as e:  # its folder or a file of it cannot be written (a disk full, a permission)
