@@ -549,8 +549,8 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
     ``REPO_ID[@REV]``, a local GGUF path, a local safetensors checkpoint directory (converted
     first) or ``builtin:NAME``; ``recipe`` a shipped recipe, a ``.toml`` file or a llama-quantize
     type; ``options``: what to make and how (:class:`RunOptions`, checked when built). Nothing is
-    written for a model that is not a GGUF. The model comes first, as in every other function
-    (before 0.16 it was ``run(recipe, model)``: that order is refused with a message saying so)."""
+    written for a model that is not a GGUF. The model comes first, as in every other function; the
+    former order, ``run(recipe, model)``, is refused with a message saying so."""
     o = options if options is not None else RunOptions()
     model, recipe = str(model), _recipe_second(model, recipe)
     out = Path(out_dir)

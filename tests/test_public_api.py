@@ -237,8 +237,8 @@ def test_every_function_twice_and_after_importing_every_submodule(tiny_mtp_model
 
 
 def test_run_takes_the_model_first_and_refuses_the_old_order_by_name(tmp_path):
-    """#42 item 3: every function takes the model first; run(recipe, model), the order before
-    0.16, is refused with a message that says so, before anything is written."""
+    """#42 item 3: every function takes the model first; run(recipe, model), the former
+    order, is refused with a message that says so, before anything is written."""
     out = tmp_path / "out"
     with pytest.raises(RecipeError, match=r"model first: run\('builtin:tiny-qwen35moe', 'q8_0-mtp'\)"):
         ggufmtp.run("q8_0-mtp", "builtin:tiny-qwen35moe", out_dir=out, progress=False)
