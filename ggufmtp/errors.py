@@ -19,6 +19,7 @@ __all__ = [
     "HubHTTPError", "HubDigestMismatchError", "HubManifestError", "HubRefusedError",
     "QualityError", "ModelMismatchError", "LogitsFileError", "HeadSweepError",
     "ConvertError", "ConvertDependencyError", "LadderError", "TrainError", "TrainDependencyError",
+    "SearchError",
 ]
 
 
@@ -205,6 +206,11 @@ class ConvertDependencyError(ConvertError, ImportError):
 
 class LadderError(GgufmtpError, ValueError):
     """A ladder that cannot run: a bad ladder file or option, a missing engine, a variant that failed."""
+
+
+class SearchError(GgufmtpError, ValueError):
+    """A recipe search that cannot run or cannot succeed: a budget no allocation fits (the message
+    names the smallest feasible size), a group without an allowed candidate, a bad sensitivity table."""
 
 
 class TrainError(GgufmtpError, ValueError):
