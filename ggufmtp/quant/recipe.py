@@ -47,6 +47,9 @@ Example::
     min_acceptance = 0.60
     min_speedup = 1.0
     draft_n_max = 4
+
+    # [search]                        # written by `ggufmtp search`: how the recipe was found and what
+                                      # was measured; read as a table and otherwise ignored
 """
 
 from __future__ import annotations
@@ -281,10 +284,12 @@ class Recipe:
     def from_dict(cls, doc: JsonObject, where: str = "recipe") -> Recipe:
         known = {"name", "description", "ftype", "output_type", "token_embedding_type", "imatrix", "mtp",
                  "overrides", "pure", "leave_output_tensor", "allow_requantize",
-                 "rules", "verify", "tag"}
+                 "rules", "verify", "tag", "search"}
         unknown = sorted(set(doc) - known)
         if unknown:
             raise RecipeError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        if not isinstance(doc.get("search", {}), dict):  # how `ggufmtp search` found it: provenance, not policy
+            raise RecipeError(f"{where}: [search] must be a table (how the recipe was found), not {doc['search']!r}")
         for key in ("name", "ftype"):
             if key not in doc:
                 raise RecipeError(f"{where}: missing required key {key!r}")

@@ -106,3 +106,11 @@ class Allocation:
     n_bytes: int
     predicted_kld: float
     predicted_acceptance_diff: float | None
+    n_params: int = 0          # elements over every group's tensors (bpw = 8 * n_bytes / n_params)
+    budget_bytes: int = 0      # the budget it was allocated under, in bytes over the groups' tensors
+    method: str = ""           # how it was found (the allocator's name), for the recipe's [search] table
+    excluded: tuple[tuple[str, str, str], ...] = ()  # (group, type, why) left out by the floors
+
+    @property
+    def bpw(self) -> float:
+        return 8.0 * self.n_bytes / self.n_params if self.n_params else 0.0

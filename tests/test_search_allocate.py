@@ -1,0 +1,152 @@
+"""The recipe search's allocating side (#43) on DESIGNED sensitivity tables: hand-built costs with
+wide margins, so every expectation holds on any machine (no llama.cpp process here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+
+import pytest
+
+from ggufmtp.errors import RecipeError, SearchError
+from ggufmtp.quant.recipe import Recipe
+from ggufmtp.search.allocate import Floors, allocate
+from ggufmtp.search.found import allocation_recipe, search_toml, table_digest
+from ggufmtp.search.records import Budget, Candidate, Cost, GroupRole, SensitivityTable, TensorGroup
+
+BPW = {"Q8_0": 8.5, "Q6_K": 6.5625, "Q4_K": 4.5, "IQ4_XS": 4.25, "Q2_K": 2.625, "IQ2_XXS": 2.0625}
+BASE = 0.010  # the baseline's KLD (everything at Q8_0)
+
+
+def group(name: str, role: GroupRole, n: int, pattern: str | None = None) -> TensorGroup:
+    return TensorGroup(name, role, pattern or name.replace(".", r"\."), (name + ".weight",), n)
+
+
+def cost(g: TensorGroup, qtype: str, kld: float, acc: tuple[float, float, float] | None = None) -> Cost:
+    n_bytes = int(g.n_params * BPW[qtype] / 8)
+    return Cost(Candidate(g.name, qtype, n_bytes), kld, (kld * 0.9, kld * 1.1), (kld,) * 4,
+                acceptance_diff=acc[0] if acc else None, acceptance_ci=(acc[1], acc[2]) if acc else None)
+
+
+ATTN = group("attn.0-3", GroupRole.ATTENTION, 4096, r"blk\.[0-3]\.attn_")
+EXPS = group("routed_experts.0-3", GroupRole.ROUTED_EXPERTS, 65536, r"blk\.[0-3]\.ffn_(gate|up|down)_exps")
+HEAD = group("mtp.eh_proj", GroupRole.MTP_EH_PROJ, 2048, r"blk\.{mtp}\.nextn\.eh_proj")
+
+
+def table(costs: list[Cost], groups: tuple[TensorGroup, ...] = (ATTN, EXPS, HEAD)) -> SensitivityTable:
+    return SensitivityTable("ab" * 32, "builtin:eval-v1", "Q8_0", BASE, (BASE,) * 4, groups, tuple(costs))
+
+
+def designed() -> SensitivityTable:
+    """Attention is sensitive, the experts are not: at a 5-bpw budget the optimum keeps attention
+    high and squeezes the experts; the head's Q4_K is measured non-inferior."""
+    return table([
+        cost(ATTN, "Q8_0", BASE), cost(ATTN, "Q4_K", BASE + 0.050), cost(ATTN, "Q2_K", BASE + 0.400),
+        cost(EXPS, "Q8_0", BASE), cost(EXPS, "Q4_K", BASE + 0.004), cost(EXPS, "Q2_K", BASE + 0.030),
+        cost(HEAD, "Q8_0", BASE), cost(HEAD, "Q4_K", BASE + 0.001, (-0.005, -0.02, 0.01)),
+    ])
+
+
+def brute_force(t: SensitivityTable, limit: int) -> float:
+    per_group = [[c for c in t.costs if c.candidate.group == g.name] for g in t.groups]
+    return min(sum(c.kld - t.baseline_kld for c in combo) for combo in itertools.product(*per_group)
+               if sum(c.candidate.n_bytes for c in combo) <= limit)
+
+
+def test_the_allocation_is_the_optimum_of_the_additive_model():
+    t = designed()
+    n = ATTN.n_params + EXPS.n_params + HEAD.n_params
+    for bpw in (3.0, 4.0, 4.6, 6.0, 8.5):
+        a = allocate(t, Budget(bpw=bpw))
+        assert a.n_bytes <= bpw * n / 8
+        assert a.predicted_kld == pytest.approx(BASE + brute_force(t, int(bpw * n / 8)))
+        assert a.method == "pareto-dp"
+    a = allocate(t, Budget(bpw=5.0))
+    assert dict(a.types) == {"attn.0-3": "Q8_0", "routed_experts.0-3": "Q4_K", "mtp.eh_proj": "Q8_0"}
+    # the prediction is the baseline plus the sum of the chosen candidates' deltas
+    assert a.predicted_kld == pytest.approx(BASE + 0.004)
+
+
+def test_a_non_convex_cost_where_greedy_by_kld_per_byte_is_wrong():
+    """Q4_K on the experts saves many bytes for little KLD (the best ratio), but the budget then
+    forces attention to Q2_K; Q2_K experts with attention at Q8_0 is the optimum, as the DP finds."""
+    t = table([cost(ATTN, "Q8_0", BASE), cost(ATTN, "Q2_K", BASE + 0.300),
+               cost(EXPS, "Q8_0", BASE), cost(EXPS, "Q4_K", BASE + 0.001), cost(EXPS, "Q2_K", BASE + 0.020)],
+              groups=(ATTN, EXPS))
+    limit = int(ATTN.n_params * 8.5 / 8 + EXPS.n_params * 2.625 / 8)
+    a = allocate(t, Budget(n_bytes=limit))
+    assert dict(a.types) == {"attn.0-3": "Q8_0", "routed_experts.0-3": "Q2_K"}
+    assert a.predicted_kld == pytest.approx(BASE + 0.020)
+
+
+def test_head_floors_exclude_an_inferior_or_unmeasured_low_type():
+    t = table([cost(ATTN, "Q8_0", BASE), cost(EXPS, "Q8_0", BASE),
+               cost(HEAD, "Q8_0", BASE),
+               cost(HEAD, "Q4_K", BASE + 0.0001, (-0.08, -0.12, -0.04)),  # measured inferior: 8 points down
+               cost(HEAD, "IQ4_XS", BASE + 0.0002),  # unmeasured, below the Q4_K floor
+               cost(HEAD, "Q6_K", BASE + 0.00005, (-0.004, -0.02, 0.012))])  # measured non-inferior
+    trunk = int(ATTN.n_params * 8.5 / 8) + int(EXPS.n_params * 8.5 / 8)
+    a = allocate(t, Budget(n_bytes=trunk + int(HEAD.n_params * 6.5625 / 8)))  # no room for a Q8_0 head
+    assert dict(a.types)["mtp.eh_proj"] == "Q6_K"
+    why = {(g, q): w for g, q, w in a.excluded}
+    assert "inferior to the reference" in why[("mtp.eh_proj", "Q4_K")]
+    assert "below the head floor Q4_K" in why[("mtp.eh_proj", "IQ4_XS")]
+    # a wider margin admits the measured Q4_K, the only head that fits a tighter budget
+    tight = Budget(n_bytes=trunk + int(HEAD.n_params * 4.5 / 8))
+    assert dict(allocate(t, tight, Floors(acceptance_margin=0.15)).types)["mtp.eh_proj"] == "Q4_K"
+    with pytest.raises(SearchError, match="below the smallest feasible allocation"):
+        allocate(t, tight)
+
+
+def test_an_impossible_budget_names_the_smallest_feasible_size():
+    t = designed()
+    smallest = int(ATTN.n_params * 2.625 / 8) + int(EXPS.n_params * 2.625 / 8) + int(HEAD.n_params * 4.5 / 8)
+    with pytest.raises(SearchError, match=rf"smallest feasible allocation, .*\({smallest} bytes, "):
+        allocate(t, Budget(n_bytes=smallest - 1))
+    assert allocate(t, Budget(n_bytes=smallest)).n_bytes == smallest
+
+
+def test_max_kld_and_bad_budgets_are_refused_by_name():
+    t = designed()
+    with pytest.raises(SearchError, match="max KLD 0.012000: the best predicted is 0.0"):
+        allocate(t, Budget(bpw=3.0), Floors(max_kld=0.012))
+    assert allocate(t, Budget(bpw=8.5), Floors(max_kld=0.012)).predicted_kld == pytest.approx(BASE)
+    for bad in (Budget(), Budget(n_bytes=10, bpw=4.0), Budget(n_bytes=0), Budget(bpw=40.0)):
+        with pytest.raises(SearchError, match="budget"):
+            allocate(t, bad)
+    with pytest.raises(SearchError, match="group attn.0-3 has no measured candidate"):
+        allocate(table([cost(EXPS, "Q8_0", BASE)], groups=(ATTN, EXPS)), Budget(bpw=8.5))
+
+
+def test_the_found_recipe_is_an_ordinary_recipe_with_its_search_table(tmp_path):
+    t = designed()
+    a = allocate(t, Budget(bpw=5.0))
+    recipe = allocation_recipe(t, a, Recipe.load("Q8_0"))
+    path = tmp_path / "found.toml"
+    path.write_text(search_toml(recipe, t, a, proof={"verdict": "beats"}))
+    loaded = Recipe.load(path)
+    assert [(r.pattern, r.type) for r in loaded.rules] == [
+        (r"blk\.[0-3]\.attn_", "Q8_0"), (r"blk\.[0-3]\.ffn_(gate|up|down)_exps", "Q4_K"),
+        (r"blk\.{mtp}\.nextn\.eh_proj", "Q8_0")]
+    assert loaded.mtp_roles == () and loaded.mtp_floor is None and loaded.ftype == "Q8_0"
+    doc = tomllib.loads(path.read_text())["search"]
+    assert doc["table_sha256"] == table_digest(t) and doc["method"] == "pareto-dp"
+    assert doc["model_sha256"] == "ab" * 32 and doc["corpus"] == "builtin:eval-v1"
+    assert doc["predicted_kld"] == pytest.approx(a.predicted_kld) and doc["proof"]["verdict"] == "beats"
+    assert [g["type"] for g in doc["groups"]] == ["Q8_0", "Q4_K", "Q8_0"]
+    assert "acceptance_diff" not in doc["groups"][2]  # not measured: left out, never written as zero
+
+
+def test_a_search_table_that_is_not_a_table_is_refused_by_the_loader(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "x"\nftype = "Q8_0"\nsearch = 3\n')
+    with pytest.raises(RecipeError, match=r"bad.toml: \[search\] must be a table"):
+        Recipe.load(path)
+
+
+def test_no_local_path_reaches_the_search_table(tmp_path):
+    t = dataclasses.replace(designed(), corpus=str(tmp_path / "secret" / "corpus.txt"))
+    a = allocate(t, Budget(bpw=6.0))
+    text = search_toml(allocation_recipe(t, a, Recipe.load("Q8_0")), t, a)
+    assert str(tmp_path) not in text and 'corpus = "corpus.txt"' in text
