@@ -24,6 +24,7 @@ import enum
 import hashlib
 import json
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -91,6 +92,7 @@ class StageRecord:
     key: str
     cached: bool
     result: JsonObject
+    seconds: float = 0.0  # the stage's wall time in this run (a cached one: checking its record)
 
     @property
     def status(self) -> StageStatus:
@@ -119,6 +121,7 @@ class RunSummary:
     speed_checked: bool | None = None  # whether the verdict judged the speedup (GPU offload)
     findings: JsonObject | None = None  # the verdict's three findings (provenance.verdict.Findings)
     head: JsonObject | None = None  # the judged mode's head against the reference (provenance.head)
+    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # each stage's wall time here
 
     def to_dict(self) -> JsonObject:
         d = dataclasses.asdict(self)
@@ -168,6 +171,7 @@ class RunResult:
             head=next(iter(((v.get("head") or {}).get("findings") or {}).values()), None) if v else None,
             uploaded=self._result("upload").get("commit_url") if self.stage("upload") else None,
             stages={s.stage: s.status for s in self.stages},
+            stage_seconds={s.stage: round(s.seconds, 3) for s in self.stages},
         )
 
     def summary(self) -> JsonObject:
@@ -244,18 +248,18 @@ class _StageCache:
     def run(self, stage: str, key: str, fn: Callable[[], _R], still_valid: Callable[[_R], bool] = lambda r: True,
             ok: Callable[[_R], bool] = lambda r: True) -> _R:
         """``fn()``'s record (a JSON object: written to the stage's file), or the one that file holds."""
-        path = self.dir / f"{stage}.json"
+        path, t0 = self.dir / f"{stage}.json", time.monotonic()
         if not self.force and path.exists():
             rec = json.loads(path.read_text())
             if rec.get("key") == key and rec.get("ok") and still_valid(rec["result"]):
                 self.log(f"[{stage}] cached")
-                self.records.append(StageRecord(stage, key, True, rec["result"]))
+                self.records.append(StageRecord(stage, key, True, rec["result"], time.monotonic() - t0))
                 return rec["result"]
         self.log(f"[{stage}] running")
         path.unlink(missing_ok=True)
         result = fn()
         atomic_write_json(path, {"stage": stage, "key": key, "ok": bool(ok(result)), "result": result})
-        self.records.append(StageRecord(stage, key, False, cast(JsonObject, result)))
+        self.records.append(StageRecord(stage, key, False, cast(JsonObject, result), time.monotonic() - t0))
         return result
 
 

@@ -66,6 +66,24 @@ def test_three_variants_on_two_workers_one_card_from_the_receipts(ladder):
                 for o in res.outcomes}) == 1
 
 
+def test_the_ladder_json_times_every_task_stage_and_phase(ladder):
+    """#41 item 7: where a ladder's wall time went (benchmarks/ladder_bound.py reads these): each
+    variant's build and measure task (start, wall and CPU seconds), each stage inside them, and the
+    ladder's own phases around the variants."""
+    _, res = ladder
+    d = res.to_dict()
+    assert list(d["phases"]) == ["imatrix", "variants", "card"] and d["cpus"] and d["threads"] == 1
+    assert sum(d["phases"].values()) <= d["seconds"] + 0.01
+    for v in d["variants"]:
+        build, measure = v["tasks"]["build"], v["tasks"]["measure"]
+        assert build["seconds"] > 0 and measure["seconds"] > 0 and build["cpu_seconds"] > 0
+        assert measure["start"] >= build["start"] + build["seconds"] - 0.01  # measure waits for its build
+        times = v["summary"]["stage_seconds"]
+        assert list(times) == list(v["summary"]["stages"]) and times["verify"] > 0
+        assert times["quantize"] < 1  # the measure task's quantize is its build's, from the stage cache
+        assert sum(times.values()) <= measure["seconds"]
+
+
 def test_a_rerun_resumes_every_variant_and_a_failed_one_does_not_stop_the_others(ladder):
     """In sequence this time: the three made variants come from their stage caches (nothing
     quantized or verified again); a fourth whose folder cannot be made fails alone, named."""

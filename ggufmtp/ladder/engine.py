@@ -4,7 +4,9 @@ Each variant is two tasks: *build* (plan, quantize, audit: CPU cores) and *measu
 receipt's verification, eval and card: one GPU each when the model is offloaded, else one CPU slot), the second
 depending on the first. Both call :func:`ggufmtp.pipeline.run` on the variant's folder; its stage
 cache makes *measure* reuse what *build* did, and makes a rerun of the ladder resume each variant
-where it stopped (a failed variant does not redo the others).
+where it stopped (a failed variant does not redo the others). Each task's time is recorded in the
+outcome (:class:`TaskTime`: start, wall seconds, CPU seconds), so the ladder's JSON says where its
+wall time went (``benchmarks/ladder_bound.py`` bounds a concurrent run with a sequential one's).
 
 Engines:
 
@@ -21,8 +23,11 @@ Engines:
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
+import resource
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, Protocol, TypedDict
 
@@ -30,7 +35,37 @@ from ..errors import GgufmtpError, LadderError
 from ..jsontypes import JsonObject
 from .spec import VariantJob
 
-__all__ = ["VariantOutcome", "Engine", "Sequential", "DaskEngine", "build_variant", "measure_variant"]
+__all__ = ["TaskTime", "VariantOutcome", "Engine", "Sequential", "DaskEngine", "build_variant", "measure_variant"]
+
+
+class TaskTimeDict(TypedDict):
+    start: float
+    seconds: float
+    cpu_seconds: float
+    pid: int
+
+
+@dataclass(frozen=True)
+class TaskTime:
+    """One task of a variant (build or measure): when it started (Unix time), its wall seconds, and
+    the CPU seconds of its process and of the children it waited for (llama-server, llama-quantize)
+    meanwhile. The CPU figure is the task's own where nothing else runs in its process (in sequence);
+    on a Dask worker running two tasks at once it includes the other's."""
+
+    start: float
+    seconds: float
+    cpu_seconds: float
+    pid: int
+
+    def to_dict(self) -> TaskTimeDict:
+        return {"start": round(self.start, 3), "seconds": round(self.seconds, 3),
+                "cpu_seconds": round(self.cpu_seconds, 3), "pid": self.pid}
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user and system) of this process and of its waited-for children, so far."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 @dataclass(frozen=True)
@@ -44,13 +79,22 @@ class VariantOutcome:
     host: str = ""
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES of the worker that measured it
     variant: str = ""  # the recipe's release tag: the variant's folder
+    tasks: Mapping[str, TaskTime] = field(default_factory=dict)  # "build", "measure": when each ran, its cost
 
     def to_dict(self) -> JsonObject:
         return {"recipe": self.recipe, "variant": self.variant, "ok": self.ok, "summary": self.summary, "error": self.error,
-                "host": self.host, "gpu": self.gpu}
+                "host": self.host, "gpu": self.gpu, "tasks": {k: t.to_dict() for k, t in self.tasks.items()}}
 
 
-def _run_variant(job: VariantJob, measure: bool) -> VariantOutcome:
+def _run_variant(job: VariantJob, measure: bool, before: Mapping[str, TaskTime] | None = None) -> VariantOutcome:
+    """The task (build, or measure with ``before`` the build's times), timed into the outcome's ``tasks``."""
+    start, t0, c0 = time.time(), time.monotonic(), _cpu_seconds()
+    outcome = _variant_task(job, measure)
+    took = TaskTime(start, time.monotonic() - t0, _cpu_seconds() - c0, os.getpid())
+    return dataclasses.replace(outcome, tasks={**(before or {}), "measure" if measure else "build": took})
+
+
+def _variant_task(job: VariantJob, measure: bool) -> VariantOutcome:
     from ..pipeline import run
     from ..run_options import RunOptions
 
@@ -77,7 +121,7 @@ def build_variant(job: VariantJob) -> VariantOutcome:
 
 def measure_variant(built: VariantOutcome, job: VariantJob) -> VariantOutcome:
     """Verify, receipt, eval and card of a built variant (the stages before come from its stage cache)."""
-    return built if not built.ok else _run_variant(job, measure=True)
+    return built if not built.ok else _run_variant(job, measure=True, before=built.tasks)
 
 
 class EngineInfo(TypedDict):

@@ -10,11 +10,13 @@ into ``DIR/<recipe>/`` (quantize, audit, verify, receipt, eval, card) on an engi
 others go on; rerunning the ladder resumes each variant from its stage cache. Last, ``DIR/README.md``
 is written from the variants' receipts, each audited first (:mod:`ggufmtp.provenance.ladder_card`),
 and ``--upload`` publishes every variant, its receipt and that card in one commit through the same
-gate as ``ggufmtp upload``.
+gate as ``ggufmtp upload``. The result's JSON times the ladder's own phases (``phases``: imatrix, variants,
+card) beside each variant's tasks (:class:`.engine.TaskTime`) and stages (``summary.stage_seconds``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ class LadderResult:
     engine: EngineInfo
     seconds: float
     finished_order: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # the ladder's own stages' wall seconds, in order
 
     @property
     def ok(self) -> bool:
@@ -58,8 +61,9 @@ class LadderResult:
     def to_dict(self) -> JsonObject:
         return {"out_dir": str(self.spec.out_dir), "model": self.spec.model, "recipes": list(self.spec.recipes),
                 "imatrix": self.imatrix, "card": str(self.card) if self.card else None, "engine": self.engine,
-                "seconds": round(self.seconds, 2), "finished_order": self.finished_order, "ok": self.ok,
-                "variants": [o.to_dict() for o in self.outcomes]}
+                "seconds": round(self.seconds, 2), "phases": {k: round(v, 3) for k, v in self.phases.items()},
+                "threads": self.spec.threads, "cpus": os.cpu_count(), "finished_order": self.finished_order,
+                "ok": self.ok, "variants": [o.to_dict() for o in self.outcomes]}
 
 
 def _local_model(spec: LadderSpec, progress: bool) -> Path:
@@ -103,11 +107,18 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
                log: Callable[[str], None] = lambda m: None) -> LadderResult:
     """Make every variant of ``spec`` on ``engine`` (default: in sequence), then the card from their
     audited receipts. A failed variant is in the result (``ok`` False, its error), not raised."""
-    t0 = time.monotonic()
+    t0 = lap = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:  # the time since the last phase ended, under this phase's name
+        nonlocal lap
+        phases[name], lap = time.monotonic() - lap, time.monotonic()
+
     spec = spec.check()
     spec.out_dir.mkdir(parents=True, exist_ok=True)
     engine = engine or Sequential()
     imatrix = _shared_imatrix(spec, progress)
+    phase("imatrix")
     jobs = [VariantJob.of(spec, r, imatrix) for r in spec.recipes]
     done: dict[str, VariantOutcome] = {}
     with progress_bar(len(jobs), "ladder", "variant", enabled=progress) as bar:
@@ -116,11 +127,13 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
             log(f"{outcome.variant}: " + (str(outcome.summary.get("verdict") or "made") if outcome.ok
                                          else f"FAILED: {outcome.error}"))
             bar.update(1)
+    phase("variants")
     outcomes = [done[r] for r in spec.recipes]
     made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
     options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by)
     card = make_ladder_card(made, spec.out_dir / "README.md", options=options) if made else None
-    return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done))
+    phase("card")
+    return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases)
 
 
 def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, dry_run: bool = False,
