@@ -20,6 +20,15 @@
 #                                             # in sequence, then on a 2-worker local Dask cluster (one GPU each);
 #                                             # wall times and each GPU's utilisation (nvidia-smi, 1 s) -> ladder-*.
 #                                             # LADDER_STAGES="lsynth qgap ladder": the CUDA build and the two models
+#   bash benchmarks/gpu/run_h200.sh rehearsal # issue #41 item 7: the release rehearsal: a 4-variant ladder of a $RLAYERS
+#                                             # (10)-layer Qwen3.6-shaped model + a Q8_0 MTP sidecar, in sequence (GPU 0,
+#                                             # every core), then on a $RGPUS (4)-worker Dask cluster with the sidecar
+#                                             # beside it; rehearsal-*.json carry every task's and stage's time and
+#                                             # benchmarks/ladder_bound.py compares the concurrent wall with the ideal
+#                                             # overlap -> rehearsal-bound.txt. On nvidia-h100-x4:
+#                                             # BUILD_STAGE=build SYNTH_STAGE=rsynth STAGES=rehearsal \
+#                                             #   setsid nohup bash benchmarks/gpu/run_h200.sh all &  (then `wait 560`)
+#                                             # CPU smoke run: RSHAPE=tiny RLAYERS=2 RGPUS=2 GGUFMTP_RUNTIME_VARIANT=cpu
 #   bash benchmarks/gpu/run_h200.sh headsweep # issue #19: head-precision sweep (margin head, 10 trunk layers)
 #                                             # SYNTH_STAGE=hs-synth STAGES="headsweep evaltime" BUILD_STAGE=build
 #                                             #   bash benchmarks/gpu/run_h200.sh all: the sweep's model only
@@ -76,11 +85,16 @@ LAYERS=${LAYERS:-40}
 WRONG=${WRONG:-0.130515}
 mkdir -p "$RES" "$WORK"
 
+# GGUFMTP_SRC: a folder holding the ggufmtp package to run instead of the working tree's (e.g. a
+# committed snapshot, `git archive HEAD ggufmtp | tar -x -C .device-carry/src`, carried with the
+# call); SITE: where the carried wheels go (a local smoke run points it at a folder of its own)
+SITE=${SITE:-/tmp/site}
 env_setup() {
-  if [ ! -d /tmp/site/gguf ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$CARRY"/wheels/*.whl
+  if [ ! -d "$SITE/gguf" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$CARRY"/wheels/*.whl
   fi
-  export PYTHONPATH=/tmp/site:$PWD:$PWD/$CARRY/pylib
+  export PYTHONPATH=$SITE:${GGUFMTP_SRC:-$PWD}:$PWD:$PWD/$CARRY/pylib
+  if [ -n "${GGUFMTP_SRC:-}" ]; then export PYTHONSAFEPATH=1; fi  # `python3 -m` then puts no $PWD before it
   export GGUFMTP_CACHE=${GGUFMTP_CACHE:-/tmp/ggufmtp-cache}
   export GGUFMTP_LLAMA_CPP_SDIST=$PWD/$CARRY/llama-src.tar.gz
   export GGUFMTP_RUNTIME_VARIANT=${GGUFMTP_RUNTIME_VARIANT:-cuda-sm90}  # cpu: a local smoke run of a stage
@@ -332,6 +346,61 @@ PY
       cp "$WORK/ladder-$mode/README.md" "$RES/ladder-$mode-card.md" 2>/dev/null || true
     done
     cat "$RES/ladder-wall.txt" ;;
+  rsynth)
+    # the rehearsal's model: $RLAYERS trunk layers + the MTP block, the real per-layer shapes ($RSHAPE)
+    env_setup
+    M=$WORK/rehearsal-L${RLAYERS:-10}.gguf
+    [ -f "$M" ] || python3 -m ggufmtp synth "$M" --shape "${RSHAPE:-qwen3.6-35b-a3b}" --layers "${RLAYERS:-10}" \
+      --wrong-successor-fraction "$WRONG" --json > "$RES/rehearsal-synth.json" 2> "$RES/rehearsal-synth.log" ;;
+  rehearsal)
+    # issue #41 item 7. The imatrix (with the MTP head's statistics) is computed once, first, and given
+    # to both runs; each run goes into a fresh folder. In sequence: every server on GPU 0 (so a measure
+    # task's seconds are one GPU's), quantization on every core, the sidecar after the ladder. Concurrent:
+    # $RGPUS workers, worker i on GPU i, cores / workers threads each, the sidecar (as many threads)
+    # started beside the ladder. The release's wall is the ladder's and the sidecar's together.
+    env_setup
+    L=${RLAYERS:-10}; G=${RGPUS:-4}; N=$(nproc)
+    M=$WORK/rehearsal-L$L.gguf; IM=$WORK/rehearsal-imatrix.gguf
+    [ -f "$M" ] || bash "$0" rsynth
+    [ -f "$IM" ] || python3 -m ggufmtp imatrix compute "$M" --corpus builtin:calib-v1 -o "$IM" --chunks 8 -ngl 999 \
+      --mtp --no-progress --json > "$RES/rehearsal-imatrix.json" 2> "$RES/rehearsal-imatrix.log"
+    R="-r q8_0-mtp -r q4_k_m-mtp-q8 -r hifi-q4_k_m-mtp -r iq4_xs-mtp"
+    V="--gpu-layers 999 --limit ${RLIMIT:-8} --seeds 42 --max-tokens ${RMAXTOK:-64}"
+    TF='{"name": "sidecar", "seconds": %e, "user": %U, "sys": %S}'
+    for mode in sequential parallel; do
+      D=$WORK/rehearsal-$mode; P=$RES/rehearsal-$mode; rm -rf "$D"; mkdir -p "$D"
+      sidecar=(/usr/bin/time -f "$TF" -o "$P-sidecar-time.json" python3 -m ggufmtp sidecar "$M" -r q8_0-mtp
+               -o "$D/mtp-rehearsal-L$L-Q8_0.gguf" --json)
+      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
+        > "$P-util.csv" 2>/dev/null & u=$!
+      date +"%T   rehearsal: $mode" >> "$RES/progress.txt"
+      s0=$(date +%s.%N)
+      if [ $mode = sequential ]; then
+        CUDA_VISIBLE_DEVICES=0 python3 -m ggufmtp ladder -m "$M" $R --imatrix "$IM" -o "$D" $V -t "$N" --json \
+          > "$P.json" 2> "$P.log" || true
+        "${sidecar[@]}" -t "$N" > "$P-sidecar.json" 2> "$P-sidecar.log" || true
+      else
+        "${sidecar[@]}" -t $(( N / G )) > "$P-sidecar.json" 2> "$P-sidecar.log" & sc=$!
+        python3 -m ggufmtp ladder -m "$M" $R --imatrix "$IM" -o "$D" $V --workers "$G" --gpus "$G" \
+          -t $(( N / G )) --json > "$P.json" 2> "$P.log" || true
+        wait $sc || true
+      fi
+      echo "$mode $(python3 -c "import time;print(round(time.time()-$s0,2))")" >> "$RES/rehearsal-wall.txt"
+      kill $u 2>/dev/null || true
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d['cpu_seconds']=round(d.pop('user')+d.pop('sys'),2)
+json.dump(d,open(sys.argv[1],'w'))" "$P-sidecar-time.json" || true
+      cp "$D/README.md" "$P-card.md" 2>/dev/null || true
+      mkdir -p "$P-receipts"; cp "$D"/*/*.receipt.json "$D"/*.receipt.json "$P-receipts/" 2>/dev/null || true
+      rm -rf "$D"  # the next run's memory (receipts and card kept)
+    done
+    cat "$RES/rehearsal-wall.txt"
+    S=$RES/rehearsal-sequential; C=$RES/rehearsal-parallel
+    wall=$(awk '$1=="parallel"{print $2}' "$RES/rehearsal-wall.txt" | tail -1)
+    { echo "== the release (ladder + sidecar beside it), wall $wall s"
+      python3 benchmarks/ladder_bound.py "$S.json" "$C.json" --job "$S-sidecar-time.json" --wall "$wall" \
+        --json "$RES/rehearsal-bound.json"
+      echo; echo "== the ladder alone (its own wall; the sidecar ran beside it)"
+      python3 benchmarks/ladder_bound.py "$S.json" "$C.json"; } 2>&1 | tee "$RES/rehearsal-bound.txt" ;;
   study-build)
     # the CUDA build at low priority: the training beside it is launch-bound on one CPU thread
     exec nice -n 10 bash "$0" build ;;
