@@ -12,6 +12,7 @@ Endpoints (``{repo}`` is ``name`` or ``namespace/name``, ``{rev}`` a branch or a
 
     GET  /api/models/{repo}                      model info (``sha``, ``siblings``; ``?blobs=True``
     GET  /api/models/{repo}/revision/{rev}       adds size / blobId / lfs to siblings)
+    GET  /api/models/{repo}/refs                 branches / tags / converts (``?include_prs=1``: pullRequests)
     GET  /api/models/{repo}/tree/{rev}[/{path}]  tree listing (``recursive``, cursor pagination via ``Link``)
     POST /api/models/{repo}/paths-info/{rev}     form-encoded ``paths``; same entries as the tree
     HEAD|GET /{repo}/resolve/{rev}/{path}        regular file: 200 + ETag (git blob id), Range;
@@ -472,6 +473,8 @@ class FakeHub:
             return self._model_info(req, repo, repo_id, None, query)
         if len(rest) == 2 and rest[0] == "revision" and m == "GET":
             return self._model_info(req, repo, repo_id, rest[1], query)
+        if rest == ["refs"] and m == "GET":
+            return self._refs(req, repo, repo_id, query)
         if rest and rest[0] == "tree" and len(rest) >= 2 and m == "GET":
             return self._tree(req, repo, repo_id, rest[1], "/".join(rest[2:]), query)
         if len(rest) == 2 and rest[0] == "paths-info" and m == "POST":
@@ -510,6 +513,19 @@ class FakeHub:
             "private": repo.private, "disabled": False, "gated": False, "downloads": 0, "likes": 0,
             "tags": [], "siblings": siblings,
         })
+
+    def _refs(self, req, repo, repo_id, query) -> _Response:
+        """The repo's git refs as the Hub lists them: branches (``main`` first), tags (none here),
+        converts, and with ``?include_prs=1`` the pull requests' ``refs/pr/N``. llama.cpp's ``-hf``
+        resolves a repo to a commit through this list (common/hf-cache.cpp, get_repo_commit)."""
+        repo = self._check_read(repo, repo_id, req)
+        branches = sorted((b for b in repo.branches if not b.startswith("refs/")), key=lambda b: (b != "main", b))
+        out: dict = {"branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": repo.branches[b]}
+                                  for b in branches], "converts": [], "tags": []}
+        if query.get("include_prs", ["0"])[0] not in ("0", "false", ""):
+            out["pullRequests"] = [{"name": b, "ref": b, "targetCommit": oid}
+                                   for b, oid in sorted(repo.branches.items()) if b.startswith("refs/pr/")]
+        return _Response(200, out)
 
     def _tree(self, req, repo, repo_id, rev, path, query) -> _Response:
         repo = self._check_read(repo, repo_id, req)

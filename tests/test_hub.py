@@ -706,6 +706,23 @@ def test_upload_into_a_folder_as_a_pull_request_with_its_own_message(fake, artif
     assert "v9" not in fake.repos["me/pr"].branches and not fake.requests_to("POST", r"/branch/")
 
 
+def test_the_hub_lists_the_refs_of_a_repo(fake, artifacts):
+    """``GET /api/models/REPO/refs`` as the Hub answers it (huggingface_hub's ``list_repo_refs``, and
+    what llama.cpp's ``-hf`` resolves a repo's commit from): branches with their commits, main first,
+    pull requests only when asked for."""
+    from huggingface_hub import HfApi
+
+    art, rc, card = artifacts
+    for folder, extra in (("a", {}), ("b", {"revision": "dev"}), ("c", {"create_pr": True})):  # each a change
+        upload("me/refs", [art], [rc], card, UploadOptions(token=TOKEN, endpoint=fake.url, path_in_repo=folder, **extra),
+               progress=False)
+    refs = HfApi(endpoint=fake.url).list_repo_refs("me/refs", include_pull_requests=True)
+    assert [(b.name, b.ref, b.target_commit) for b in refs.branches] == [
+        ("main", "refs/heads/main", fake.head("me/refs")), ("dev", "refs/heads/dev", fake.head("me/refs", "dev"))]
+    assert [(p.ref, p.target_commit) for p in refs.pull_requests or []] == [("refs/pr/1", fake.head("me/refs", "refs/pr/1"))]
+    assert refs.tags == [] and HfApi(endpoint=fake.url).list_repo_refs("me/refs").pull_requests is None
+
+
 def test_bad_upload_conventions_are_refused_before_anything_is_read(tmp_path):
     for bad, said in (("../up", "relative path"), ("a//b", "relative path"), ("a\\b", "relative path"),
                       ("mtp-heads", "'mtp-'"), ("x/Foo-mtp-bar", "'mtp-'")):

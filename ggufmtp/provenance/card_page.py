@@ -71,14 +71,18 @@ def _mapping(x: Any) -> Mapping[str, Any]:
 
 def card_model_name(p: Predicate) -> str:
     """The model's name as release names carry it (:func:`~ggufmtp.quant.naming.model_name`), from
-    the receipt's base model: the checkpoint converted from, the builtin, or the GGUF pulled or given."""
+    the receipt's base model: the Hub checkpoint converted from, the builtin (also one converted from
+    a local checkpoint, as ``builtin:*-trained``: ``run`` names its files after the builtin), the
+    checkpoint converted from, or the GGUF pulled or given."""
     bm = p["base_model"]
     src, conv, files = bm["source"], bm.get("converted_from"), bm.get("files") or []
     first = files[0]["name"] if files else None
-    if conv:
-        return model_name(str(conv.get("repo_id") or conv.get("name") or first or "model"), converted=True)
+    if conv and conv.get("repo_id"):
+        return model_name(str(conv["repo_id"]), converted=True)
     if src.get("type") == "builtin" and src.get("name"):
         return model_name(f"builtin:{src['name']}")
+    if conv:
+        return model_name(str(conv.get("repo_id") or conv.get("name") or first or "model"), converted=True)
     return model_name(str(src.get("repo_id") or src.get("name") or "model"), first)
 
 

@@ -51,9 +51,13 @@ LOG_TAIL_LINES = 20
 
 @dataclass
 class ServerConfig:
-    """How to run llama-server. ``None`` leaves llama-server's own default."""
+    """How to run llama-server. ``None`` leaves llama-server's own default.
 
-    model: str | os.PathLike
+    ``model`` is a GGUF file (``--model``); or ``hf_repo`` (``OWNER/REPO[:TAG]``, ``-hf``): llama.cpp's
+    own downloader picks the file for TAG (and, under ``--spec-type draft-mtp``, an ``mtp-`` sidecar)
+    from the Hub that ``$MODEL_ENDPOINT`` names, into ``$LLAMA_CACHE`` (set them in ``env``); exactly one."""
+
+    model: str | os.PathLike | None
     draft_mtp: bool = False
     draft_n_max: int | None = None
     draft_n_min: int | None = None
@@ -77,6 +81,16 @@ class ServerConfig:
     request_timeout: float = 600.0
     check_mtp: bool = True  # refuse draft_mtp on a GGUF without an MTP block (llama-server would not draft)
     env: dict[str, str] | None = None
+    hf_repo: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.hf_repo is None):
+            raise ServerError("a llama-server serves one model: give either model (a GGUF file) or hf_repo (OWNER/REPO[:TAG])")
+
+    @property
+    def served(self) -> str:
+        """The model as the command line names it (a path, or ``-hf OWNER/REPO[:TAG]``)."""
+        return str(self.model) if self.model is not None else f"-hf {self.hf_repo}"
 
 
 # ----------------------------------------------------------------------------- command lines
@@ -89,7 +103,8 @@ SERVER_ONLY_FLAGS = ("--model", "-m", "--host", "--port")
 def build_command(config: ServerConfig, binary: str | os.PathLike, port: int) -> list[str]:
     """The llama-server command line (argv) of ``config``, listening on ``HOST:port``."""
     c = config
-    args = [str(binary), "--model", str(c.model), "--host", HOST, "--port", str(port)]
+    source = ["--model", str(c.model)] if c.model is not None else ["-hf", str(c.hf_repo)]
+    args = [str(binary), *source, "--host", HOST, "--port", str(port)]
     args += _valued_flags((("--ctx-size", c.ctx_size), ("--threads", c.threads), ("--n-gpu-layers", c.gpu_layers),
                            ("--parallel", c.parallel), ("--cache-type-k", c.cache_type_k or None),
                            ("--cache-type-v", c.cache_type_v or None)))
@@ -205,6 +220,25 @@ def _stop_all() -> None:
 # ----------------------------------------------------------------------------- the server
 
 
+def _check_model_files(c: ServerConfig, model: Path) -> None:
+    """Refuse, before starting, a model file llama-server would fail on (missing, an MTP-only
+    sidecar as the main model, draft-mtp on a file without an MTP block)."""
+    if not model.is_file():
+        raise ServerError(f"model {model}: no such file")
+    if is_mtp_sidecar(model):
+        raise ServerError(
+            f"model {model}: is an MTP-only sidecar (MTP block without the trunk); llama-server "
+            f"crashes (SIGSEGV) on it as the main model -- pass it as draft_model next to its target")
+    if c.draft_model is not None and not Path(c.draft_model).is_file():
+        raise ServerError(f"draft model {c.draft_model}: no such file")
+    mtp_file = Path(c.draft_model) if c.draft_model is not None else model
+    if c.draft_mtp and c.check_mtp and gguf_has_mtp(mtp_file) is False:
+        raise ServerError(
+            f"model {mtp_file}: has no MTP block (no blk.<block_count-1>.nextn.eh_proj.weight), so "
+            f"--spec-type draft-mtp cannot draft (llama-server would exit with 'failed to create MTP "
+            f"context'); use a GGUF converted with MTP, or draft_mtp=False")
+
+
 class LlamaServer:
     """A running llama-server. Use as a context manager, or call start()/stop()."""
 
@@ -277,21 +311,8 @@ class LlamaServer:
             raise ServerError(str(e)) from e
         if not self.binary.is_file():
             raise ServerError(f"llama-server: {self.binary} does not exist; run `ggufmtp runtime build`")
-        model = Path(c.model)
-        if not model.is_file():
-            raise ServerError(f"model {model}: no such file")
-        if is_mtp_sidecar(model):
-            raise ServerError(
-                f"model {model}: is an MTP-only sidecar (MTP block without the trunk); llama-server "
-                f"crashes (SIGSEGV) on it as the main model -- pass it as draft_model next to its target")
-        if c.draft_model is not None and not Path(c.draft_model).is_file():
-            raise ServerError(f"draft model {c.draft_model}: no such file")
-        mtp_file = Path(c.draft_model) if c.draft_model is not None else model
-        if c.draft_mtp and c.check_mtp and gguf_has_mtp(mtp_file) is False:
-            raise ServerError(
-                f"model {mtp_file}: has no MTP block (no blk.<block_count-1>.nextn.eh_proj.weight), so "
-                f"--spec-type draft-mtp cannot draft (llama-server would exit with 'failed to create MTP "
-                f"context'); use a GGUF converted with MTP, or draft_mtp=False")
+        if c.model is not None:  # with hf_repo the files are llama.cpp's to find
+            _check_model_files(c, Path(c.model))
         if c.port is not None and port_in_use(c.port):
             raise ServerError(f"port {c.port} on {HOST} is already in use; pick another or let ggufmtp choose (port=None)")
         # a free port can be taken by someone else between our probe and llama-server's bind:
@@ -400,16 +421,16 @@ class LlamaServer:
         if key and key.strip() not in tail:
             tail = f"    {key}\n    ...\n{tail}"
         if re.search(r"doesn't contain MTP layers", tail):
-            return ServerError(f"llama-server could not create the MTP draft context: model {self.config.model} "
+            return ServerError(f"llama-server could not create the MTP draft context: model {self.config.served} "
                                f"has no MTP layers ({how}); log {self.log_path}:\n{tail}", log_path=self.log_path)
         if re.search(r"failed to create MTP context", tail):  # e.g. an architecture whose MTP graph throws
-            return ServerError(f"llama-server could not create the MTP draft context for model {self.config.model} "
+            return ServerError(f"llama-server could not create the MTP draft context for model {self.config.served} "
                                f"({how}; {key or 'see the log'}); log {self.log_path}:\n{tail}", log_path=self.log_path)
         if "couldn't bind" in tail or "Address already in use" in tail:
             return ServerError(f"llama-server could not bind {HOST}:{self.port} (port in use?) and exited "
                                f"({how}); log {self.log_path}:\n{tail}", log_path=self.log_path)
         if re.search(r"failed to load model|error loading model|exiting due to model loading error", tail):
-            return ServerError(f"llama-server failed to load model {self.config.model} ({how}); "
+            return ServerError(f"llama-server failed to load model {self.config.served} ({how}); "
                                f"log {self.log_path}:\n{tail}", log_path=self.log_path)
         if re.search(r"error: invalid argument|unknown argument|error while handling argument", tail):
             return ServerError(f"llama-server rejected its arguments ({how}); log {self.log_path}:\n{tail}", log_path=self.log_path)
