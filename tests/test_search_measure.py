@@ -14,18 +14,22 @@ are not candidates there (llama-quantize would fall back): Q4_0, Q8_0 (32-blocks
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.imatrix.check import is_quantizable
+from ggufmtp.measure.core.options import VerifyOptions
+from ggufmtp.quality.options import EvalOptions
+from ggufmtp.quality.perplexity import chunk_kld_means
 from ggufmtp.quant.quantize import quantize
 from ggufmtp.quant.recipe import QuantizeFlags, Recipe
+from ggufmtp.search import measure as measure_module
 from ggufmtp.search.groups import candidates, group_rule, groups_of, matching_tensors
+from ggufmtp.search.measure import MeasureOptions, measure_sensitivity
 from ggufmtp.search.records import GroupRole
-
-pytestmark = pytest.mark.runtime
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +86,90 @@ def test_a_candidates_bytes_are_what_llama_quantize_writes(model, groups, tmp_pa
     written = GGUFModel(out).tensors
     assert {written[n].type for n in g.tensors} == {qtype}
     assert sum(written[n].n_bytes for n in g.tensors) == cand.n_bytes
+
+
+# --- costs ------------------------------------------------------------------------------------
+
+EVAL = EvalOptions(ctx_size=256, chunks=8, threads=2)  # 8 chunks: a few seconds in all on 2 cores
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """A measurement cache of the module's own (the base logits come from ggufmtp's, as eval's do)."""
+    return tmp_path_factory.mktemp("search-cache")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("search-work")
+
+
+@pytest.fixture(scope="module")
+def small(groups):
+    return [g for g in groups if g.name in ("routed_experts.0-1", "shared_expert.0-1")]
+
+
+def _options(cache: Path, work: Path, **kw) -> MeasureOptions:
+    return MeasureOptions(eval=EVAL, progress=False, cache_dir=cache, work_dir=work, **kw)
+
+
+def test_a_lower_bit_type_costs_more_kld_than_a_higher_one(model, small, cache, work):
+    table = measure_sensitivity(model, small, ["Q8_0", "Q4_0", "Q1_0"], _options(cache, work))
+    assert {(c.candidate.group, c.candidate.qtype) for c in table.costs} == {
+        ("routed_experts.0-1", "Q8_0"), ("routed_experts.0-1", "Q4_0"),
+        ("shared_expert.0-1", "Q8_0"), ("shared_expert.0-1", "Q4_0"), ("shared_expert.0-1", "Q1_0")}
+    n = len(table.baseline_chunk_kld)
+    assert n == 8 and all(len(c.chunk_kld) == n for c in table.costs)
+    # the chunks' means average to the whole mean (each is within (i - 1/2) * 1e-5 of the exact one)
+    for kld, chunks in [(table.baseline_kld, table.baseline_chunk_kld)] + [(c.kld, c.chunk_kld) for c in table.costs]:
+        assert sum(chunks) / n == pytest.approx(kld, abs=1e-5 * n)
+    q8, q4 = table.cost("routed_experts.0-1", "Q8_0"), table.cost("routed_experts.0-1", "Q4_0")
+    assert q8 is not None and q4 is not None
+    # Q4_0 keeps a 16x coarser step than Q8_0: measured 3-4x the KLD on these experts; asked: 2x
+    assert q4.kld > 2 * q8.kld and q4.kld_ci[0] > q8.kld
+    assert sum(a > b for a, b in zip(q4.chunk_kld, q8.chunk_kld, strict=True)) >= n - 1  # paired by chunk
+    q1 = table.cost("shared_expert.0-1", "Q1_0")
+    assert q1 is not None and q1.kld > 20 * table.baseline_kld  # 1.125 bits: measured about 100x
+    assert table.baseline_recipe == "Q8_0" and len(table.model_sha256) == 64
+
+
+def test_a_second_run_is_served_from_the_cache_and_starts_no_llama_cpp_process(model, small, tmp_path, monkeypatch):
+    o = _options(tmp_path / "cache", tmp_path)
+    seen: list[str] = []
+    first = measure_sensitivity(model, small, ["Q8_0", "Q4_0", "Q1_0"], o, log=seen.append)
+    assert len(seen) == 6 and not any(line.endswith("(cached)") for line in seen), seen
+
+    def refuse(*a, **kw):
+        raise AssertionError("a measurement that is in the cache started work")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(measure_module, "quantize", refuse)
+    seen.clear()
+    again = measure_sensitivity(model, small, ["Q8_0", "Q4_0", "Q1_0"], o, log=seen.append)
+    assert again == first
+    assert len(seen) == 6 and all(line.endswith("(cached)") for line in seen), seen
+    assert not list(tmp_path.glob("ggufmtp-search-*"))  # the quantized temporaries are gone
+
+
+def test_the_heads_acceptance_is_measured_paired_against_the_source(model, groups, cache, work):
+    """eh_proj at Q1_0 drafts far worse than the source's (measured about -15 points, its CI clear of
+    zero); the baseline's Q8_0 is within a few points. The trunk's KLD does not see the head at all."""
+    head = [g for g in groups if g.name == "mtp.eh_proj"]
+    o = _options(cache, work, acceptance=True, verify=VerifyOptions(limit=4, max_tokens=64, seeds=(1,)))
+    table = measure_sensitivity(model, head, ["Q8_0", "Q1_0"], o)
+    q8, q1 = table.cost("mtp.eh_proj", "Q8_0"), table.cost("mtp.eh_proj", "Q1_0")
+    assert q8 is not None and q1 is not None
+    assert q1.acceptance_diff is not None and q1.acceptance_ci is not None and q8.acceptance_diff is not None
+    assert q1.acceptance_ci[1] < 0 and q1.acceptance_diff < q8.acceptance_diff - 0.05
+    assert q1.kld == q8.kld == table.baseline_kld
+
+
+def test_chunk_means_are_derived_from_the_running_means():
+    """llama-perplexity prints the running mean KLD after each chunk (5 decimals); every chunk scores
+    as many tokens, so chunk i's own mean is i * r_i - (i - 1) * r_(i-1)."""
+    row = "{:4d}    {:9.4f} ± {:9.4f}    {:10.5f} ± {:10.5f}    {:10.5f} ± {:10.5f}    {:6.3f} ± {:6.3f} %    {:6.3f} ± {:6.3f} %"
+    running = [0.002, 0.003, 0.0025]  # chunks of 0.002, 0.004, 0.0015
+    text = "\n".join(row.format(i + 1, 10.0, 0.5, 0.01, 0.001, r, 0.0001, 1.0, 0.1, 99.0, 0.2)
+                     for i, r in enumerate(running))
+    assert chunk_kld_means(text) == pytest.approx((0.002, 0.004, 0.0015), abs=1e-12)
+    assert chunk_kld_means("\n".join(text.splitlines()[1:])) == ()  # a table without its first row: not whole

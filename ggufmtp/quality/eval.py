@@ -30,7 +30,7 @@ from ..runtime.build import binary_version, cache_root, find_binary
 from .logits import CacheKey, LogitsHeader, cached_paths, check_logits_file, logits_file_bytes, refuse_without_room, tokens_memo
 from .models import count_tokens, model_identity, refuse_different_models
 from .options import EvalOptions
-from .perplexity import KLDStats, parse_base_ppl, parse_kld_output, perplexity_argv, run_perplexity
+from .perplexity import KLDStats, chunk_kld_means, parse_base_ppl, parse_kld_output, perplexity_argv, run_perplexity
 
 # the public functions (tests/test_public_api.py holds them to at most ten parameters each)
 __all__ = ["BaseLogits", "QualityResult", "base_logits", "evaluate", "format_quality"]
@@ -64,6 +64,7 @@ class QualityResult:
     base_logits: BaseLogits
     quant_seconds: float
     quant_sha256: str | None = None
+    chunk_kld: tuple[float, ...] = ()  # each chunk's mean KLD (perplexity.chunk_kld_means; not in to_dict)
 
     def to_dict(self) -> JsonObject:
         return {**dataclasses.asdict(self.stats), "corpus": self.corpus.to_dict(), "ctx_size": self.ctx_size,
@@ -162,19 +163,20 @@ def _sha256(path: Path, progress: bool) -> str:
     return sha256_cached(path, DigestCache.under(cache_root()), progress=progress)[0]
 
 
-def _kld_stats(argv: list[str], bl: Any, quant: Path, progress: bool, attempts: int = 3) -> KLDStats:
+def _kld_stats(argv: list[str], bl: Any, quant: Path, progress: bool, attempts: int = 3
+               ) -> tuple[KLDStats, tuple[float, ...]]:
     """Run the quant's KL-divergence pass and parse its statistics. A run that exits 0 without them
     is run again, up to ``attempts`` runs: llama.cpp's logger (common/log.cpp) is a leaked singleton
     whose worker thread is never flushed at exit (upstream issue 22142), so on a loaded machine the
     final lines can be lost (CI on 2 busy cores once lost them twice in a row, later three times:
     since then the two statistics printed last are also read from the per-chunk table's last row,
-    see :func:`~ggufmtp.quality.perplexity.parse_kld_output`)."""
+    see :func:`~ggufmtp.quality.perplexity.parse_kld_output`). With the statistics, each chunk's mean KLD."""
     for attempt in range(1, attempts + 1):
         with _bar(bl.header.n_chunk, "KL-divergence", progress) as bar:
             run = run_perplexity(argv, bl.path.with_name(f"{bl.path.stem}.{quant.name}.kld.log"),
                                  lambda d: bar.update(d - bar.n), False)
         try:
-            return parse_kld_output(run.output, str(quant))
+            return parse_kld_output(run.output, str(quant)), chunk_kld_means(run.output)
         except QualityError:
             if attempt == attempts:
                 raise
@@ -202,11 +204,11 @@ def evaluate(base: str | Path, quant: str | Path, options: EvalOptions | None = 
     argv = perplexity_argv(quant, corp.path, o.ctx_size, None, o.gpu_layers, o.threads,
                            ["--kl-divergence-base", str(bl.path), "--kl-divergence"], o.llama_cpp_bin)
     t0 = time.perf_counter()
-    stats = _kld_stats(argv, bl, quant, progress)
+    stats, chunk_kld = _kld_stats(argv, bl, quant, progress)
     return QualityResult(base=base, quant=quant, corpus=corp, ctx_size=o.ctx_size, chunks=bl.header.n_chunk,
                          n_tokens=n_tokens, commit=commit, stats=stats, base_logits=bl,
                          quant_seconds=time.perf_counter() - t0,
-                         quant_sha256=_sha256(quant, False) if hash_quant else None)
+                         quant_sha256=_sha256(quant, False) if hash_quant else None, chunk_kld=chunk_kld)
 
 
 def format_quality(r: QualityResult) -> str:

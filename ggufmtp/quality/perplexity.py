@@ -101,6 +101,22 @@ def parse_kld_output(text: str, where: str) -> KLDStats:
     return KLDStats(**{k: v for k, v in values.items() if k in fields})
 
 
+def chunk_kld_means(text: str) -> tuple[float, ...]:
+    """Each chunk's own mean KLD (the search pairs two costs by chunk), from the per-chunk table's
+    running means: every chunk scores the same number of tokens, so chunk i's mean is
+    ``i * r_i - (i - 1) * r_(i-1)``. The table prints 5 decimals, so chunk i's figure is within
+    ``(i - 1/2) * 1e-5`` of the exact one (a rounding below zero reads 0). Empty when the table is not
+    whole (rows missing or out of order)."""
+    rows = [(int(m.group(1)), float(m.group(6))) for m in _KLD_ROW.finditer(text)]
+    if [i for i, _ in rows] != list(range(1, len(rows) + 1)):
+        return ()
+    out, prev = [], 0.0
+    for i, running in rows:
+        out.append(max(0.0, i * running - (i - 1) * prev))
+        prev = running
+    return tuple(out)
+
+
 class _LastRow:
     """Two groups of a table row, read like a statistic's match (value, uncertainty)."""
 
