@@ -24,7 +24,8 @@ the task's own), the ideal overlap bound of the concurrent run is the largest of
 It prints the concurrent wall (``--wall``, e.g. the ladder and a sidecar beside it; default the
 concurrent ladder's ``seconds``), the bound, their ratio (1.15: 15 % over the bound), the same with
 the ladder's own serial part added (its phases before and after the variants: the shared imatrix,
-the card that audits every variant), and per variant how each task's time moved between the runs.
+the card that audits every variant), per variant how each task's time moved between the runs, and the
+concurrent run's timeline (each task's start and end, how long each measure waited after its build).
 A file that is not such a ladder JSON is refused by name, with exit status 2.
 """
 
@@ -45,8 +46,13 @@ class BoundError(Exception):
 
 @dataclass(frozen=True)
 class Task:
+    start: float  # Unix time
     seconds: float
     cpu_seconds: float
+
+    @property
+    def end(self) -> float:
+        return self.start + self.seconds
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,8 @@ def read_ladder(path: str) -> Ladder:
             raise BoundError(f"{path}: variant {name} has no build and measure times (a ladder from before "
                              "the task times were recorded: run it again)")
         where = f"{path}: variant {name}"
-        out.append(Variant(name, *(Task(_number(tasks[t], "seconds", f"{where} {t}"),
+        out.append(Variant(name, *(Task(_number(tasks[t], "start", f"{where} {t}"),
+                                        _number(tasks[t], "seconds", f"{where} {t}"),
                                         _number(tasks[t], "cpu_seconds", f"{where} {t}")) for t in TASKS)))
     phases = d.get("phases") if isinstance(d.get("phases"), dict) else {}
     serial = sum(float(s) for k, s in phases.items() if k != "variants" and isinstance(s, (int, float)))
@@ -177,6 +184,19 @@ def report(seq: Ladder, conc: Ladder, b: Bound) -> str:
     return "\n".join(lines)
 
 
+def timeline(lad: Ladder) -> str:
+    """When each task of ``lad`` ran, in seconds from the first task's start, and how long each
+    measure task waited after its build (for a GPU, or for a worker); the time outside the tasks."""
+    t0 = min(v.build.start for v in lad.variants)
+    span = max(v.measure.end for v in lad.variants) - t0
+    lines = [f"timeline of {Path(lad.path).name} (s from the first task's start; tasks span {span:.1f} s of the "
+             f"ladder's {lad.seconds:.1f} s)", "variant                build          measure        waited"]
+    for v in lad.variants:
+        lines.append(f"{v.recipe:<22} {v.build.start - t0:6.1f}-{v.build.end - t0:6.1f}  "
+                     f"{v.measure.start - t0:6.1f}-{v.measure.end - t0:6.1f}  {v.measure.start - v.build.end:6.1f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sequential")
@@ -194,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(report(seq, conc, b))
+    print()
+    print(timeline(conc))
     if a.json:
         Path(a.json).write_text(json.dumps(asdict(b), indent=1) + "\n")
     return 0

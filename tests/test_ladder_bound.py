@@ -65,6 +65,8 @@ def test_the_cli_prints_wall_bound_and_ratio_and_writes_json(lb, runs, tmp_path,
     assert "bound                      60.00 s" in text and "wall / bound               1.150" in text
     assert "q4_k_m-mtp-q8             12.0 ->    20.0 (   80.0)       30.0 ->    33.0" in text
     assert json.loads(out.read_text())["ratio"] == pytest.approx(1.15)
+    assert "tasks span 53.0 s of the ladder's 69.0 s" in text  # every task started at 0: build 20, measure 33
+    assert "iq4_xs-mtp                0.0-  20.0    20.0-  53.0     0.0" in text
 
 
 def test_files_it_cannot_use_are_refused_by_name(lb, runs, tmp_path, capsys):
