@@ -13,7 +13,9 @@ from ggufmtp.errors import RecipeError, SearchError
 from ggufmtp.quant.recipe import Recipe
 from ggufmtp.search.allocate import Floors, allocate
 from ggufmtp.search.found import allocation_recipe, search_toml, table_digest
+from ggufmtp.search.prove import Arm, ProofVerdict, judge
 from ggufmtp.search.records import Budget, Candidate, Cost, GroupRole, SensitivityTable, TensorGroup
+from ggufmtp.search.report import PointKind, all_points, format_table, svg, with_front
 
 BPW = {"Q8_0": 8.5, "Q6_K": 6.5625, "Q4_K": 4.5, "IQ4_XS": 4.25, "Q2_K": 2.625, "IQ2_XXS": 2.0625}
 BASE = 0.010  # the baseline's KLD (everything at Q8_0)
@@ -150,3 +152,50 @@ def test_no_local_path_reaches_the_search_table(tmp_path):
     a = allocate(t, Budget(bpw=6.0))
     text = search_toml(allocation_recipe(t, a, Recipe.load("Q8_0")), t, a)
     assert str(tmp_path) not in text and 'corpus = "corpus.txt"' in text
+
+
+# --- the proof's verdict and the report, on designed arms ------------------------------------
+
+def arm(name: str, n_bytes: int, chunks: list[float], acc_ci: tuple[float, float] | None = None) -> Arm:
+    return Arm(name, n_bytes, sum(chunks) / len(chunks), tuple(chunks), acceptance_ci=acc_ci,
+               acceptance_diff=None if acc_ci is None else sum(acc_ci) / 2)
+
+
+SHIPPED = [0.004, 0.006, 0.005, 0.007, 0.005, 0.006, 0.004, 0.006]
+
+
+def test_the_proof_beats_only_with_a_paired_ci_clear_of_zero_and_a_non_inferior_head():
+    lower = [x - 0.002 for x in SHIPPED]  # every chunk 0.002 lower: the CI is clear of zero by far
+    r = judge(arm("found", 1000, lower), arm("hifi-q4_k_m-mtp", 1000, SHIPPED))
+    assert r.verdict is ProofVerdict.BEATS and r.kld_diff == pytest.approx(-0.002)
+    assert r.kld_diff_ci[1] is not None and r.kld_diff_ci[1] < 0 and "acceptance not measured" in r.reason
+    assert judge(arm("found", 1000, lower, (-0.01, 0.02)), arm("s", 1000, SHIPPED)).verdict is ProofVerdict.BEATS
+    inferior = judge(arm("found", 1000, lower, (-0.09, -0.01)), arm("s", 1000, SHIPPED))
+    assert inferior.verdict is ProofVerdict.DOES_NOT_BEAT and "not shown non-inferior" in inferior.reason
+    larger = judge(arm("found", 1100, lower), arm("s", 1000, SHIPPED))
+    assert larger.verdict is ProofVerdict.DOES_NOT_BEAT and "100 bytes larger" in larger.reason
+    # the same KLD up and down by chunk: no difference shown, but a smaller file matches
+    mixed = [x + (0.001 if i % 2 else -0.001) for i, x in enumerate(SHIPPED)]
+    assert judge(arm("found", 1000, mixed), arm("s", 1000, SHIPPED)).verdict is ProofVerdict.DOES_NOT_BEAT
+    assert judge(arm("found", 900, SHIPPED), arm("s", 1000, SHIPPED)).verdict is ProofVerdict.MATCHES_SMALLER
+    with pytest.raises(SearchError, match="do not pair"):
+        judge(arm("found", 900, SHIPPED[:4]), arm("s", 1000, SHIPPED))
+
+
+def test_the_report_marks_the_pareto_front_and_draws_it():
+    t = designed()
+    a = allocate(t, Budget(bpw=5.0))
+    points = all_points(t, a)
+    assert {p.kind for p in points} == {PointKind.CANDIDATE, PointKind.PREDICTED}
+    front = [p for p in with_front(points) if p.pareto]
+    sizes = [p.n_bytes for p in front]
+    assert sizes == sorted(sizes) and [p.kld for p in front] == sorted((p.kld for p in front), reverse=True)
+    text = format_table(points)
+    assert "searched (predicted)" in text and "routed_experts.0-3=Q2_K" in text
+    drawing = svg(points, "tiny <model>")
+    assert drawing.startswith("<svg") and "tiny &lt;model&gt;" in drawing and drawing.count("<circle") == len(points)
+    proof = judge(arm("searched-mtp", a.n_bytes + 500, [x - 0.002 for x in SHIPPED]), arm("hifi", a.n_bytes + 600, SHIPPED))
+    with_proof = all_points(t, a, proof)
+    assert [p.label for p in with_proof if p.kind is PointKind.PROVED] == ["searched-mtp (proved)", "hifi (proved)"]
+    predicted = next(p for p in with_proof if p.kind is PointKind.PREDICTED)
+    assert predicted.n_bytes == a.n_bytes + 500  # whole-file sizes once a file was measured

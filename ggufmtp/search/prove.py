@@ -1,0 +1,202 @@
+"""Prove a searched recipe (issue #43): quantize it and the shipped recipe of the nearest size, and
+measure both the same way.
+
+Each arm (:class:`Arm`) is the quantized file's size, its KLD against the source on the held-out
+corpus (:func:`ggufmtp.quality.eval.evaluate`, with each chunk's mean so the two arms pair by
+chunk), same-top-p, and, with ``acceptance``, its head judged against the reference (the source)
+by ``verify --reference``: the artifact's MTP arm and the reference served in the same interleaved
+rotation, paired by prompt and seed (:mod:`ggufmtp.provenance.head`); speed where a GPU runs it.
+
+The verdict (:func:`judge`), on the paired per-chunk KLD difference (found minus shipped) with a
+percentile-bootstrap 95 % CI over chunks (:func:`ggufmtp.stats.bootstrap_sums`):
+
+- ``beats``: the found file is no larger (within :data:`SIZE_SLACK`), its KLD is lower with the CI clear of zero, and its head
+  is non-inferior to the reference (the CI's lower bound above ``-margin``), or not measured;
+- ``matches smaller``: the found file is smaller and its KLD no worse than the shipped one's plus
+  ``kld_tolerance`` of it (the CI's upper bound), the head as above;
+- ``does not beat``: anything else, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SearchError
+from ..measure.core.options import VerifyOptions
+from ..measure.verify.run import verify
+from ..quality.eval import evaluate
+from ..quality.options import EvalOptions
+from ..quant.plan import make_plan
+from ..quant.quantize import quantize
+from ..quant.recipe import Recipe, shipped_recipes
+from ..stats import bootstrap_sums
+from .allocate import DEFAULT_ACCEPTANCE_MARGIN
+
+DEFAULT_KLD_TOLERANCE = 0.05  # "matches": the found KLD's CI reaches at most 5 % above the shipped one's
+SIZE_SLACK = 0.001  # "no larger": within 0.1 % (the header's metadata differs by a few bytes between recipes)
+
+
+class ProofVerdict(enum.Enum):
+    BEATS = "beats"
+    MATCHES_SMALLER = "matches smaller"
+    DOES_NOT_BEAT = "does not beat"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One recipe quantized and measured."""
+
+    recipe: str
+    n_bytes: int
+    kld: float
+    chunk_kld: tuple[float, ...]
+    same_top_p: float | None = None
+    acceptance: float | None = None
+    acceptance_diff: float | None = None  # against the reference, paired
+    acceptance_ci: tuple[float, float] | None = None
+    tokens_per_second: float | None = None  # the MTP arm's, where speed was judged (a GPU)
+    speedup: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProofResult:
+    """The found recipe against the shipped one: both arms, the paired KLD difference, the verdict."""
+
+    found: Arm
+    shipped: Arm
+    kld_diff: float
+    kld_diff_ci: tuple[float | None, float | None]
+    verdict: ProofVerdict
+    reason: str
+    margin: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"verdict": self.verdict.value, "reason": self.reason, "kld_diff": self.kld_diff,
+                "kld_diff_ci95": list(self.kld_diff_ci), "margin": self.margin,
+                "found": dataclasses.asdict(self.found), "shipped": dataclasses.asdict(self.shipped)}
+
+    def toml_table(self) -> dict[str, str | int | float | list[float] | None]:
+        """What the recipe's ``[search.proof]`` table records (no path, no per-chunk lists)."""
+        lo, hi = self.kld_diff_ci
+        return {"verdict": self.verdict.value, "against": self.shipped.recipe, "reason": self.reason,
+                "kld": self.found.kld, "shipped_kld": self.shipped.kld, "kld_diff": self.kld_diff,
+                "kld_diff_ci95": [lo, hi] if lo is not None and hi is not None else None,
+                "n_bytes": self.found.n_bytes, "shipped_n_bytes": self.shipped.n_bytes,
+                "acceptance_diff": self.found.acceptance_diff, "shipped_acceptance_diff": self.shipped.acceptance_diff}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProveOptions:
+    """How both arms are made and measured: the imatrix, the KLD corpus (``eval``), whether the head
+    is judged against the reference (``acceptance``, with ``verify``'s settings) and the margins."""
+
+    imatrix: str | Path | None = None
+    eval: EvalOptions = dataclasses.field(default_factory=EvalOptions)
+    acceptance: bool = True
+    verify: VerifyOptions = dataclasses.field(default_factory=VerifyOptions)
+    margin: float = DEFAULT_ACCEPTANCE_MARGIN
+    kld_tolerance: float = DEFAULT_KLD_TOLERANCE
+    workdir: str | os.PathLike | None = None  # where the two files are made (default: a temporary folder, removed)
+
+
+def paired_kld_diff(found: Sequence[float], shipped: Sequence[float]) -> tuple[float, float | None, float | None]:
+    """Mean of the per-chunk differences (found - shipped) and its bootstrap 95 % CI over chunks."""
+    if not found or len(found) != len(shipped):
+        raise SearchError(f"proof: the two arms' per-chunk KLDs do not pair ({len(found)} and {len(shipped)} chunks)")
+    d = np.asarray(found, float) - np.asarray(shipped, float)
+    est = bootstrap_sums(np.column_stack([d, np.ones_like(d)]), lambda s: s[..., 0] / s[..., 1])
+    return float(d.mean()), est.lo, est.hi
+
+
+def _head_problem(arm: Arm, margin: float) -> str | None:
+    if arm.acceptance_ci is None:
+        return None
+    if arm.acceptance_ci[0] <= -margin:
+        return (f"its head is not shown non-inferior to the reference (acceptance difference CI lower bound "
+                f"{arm.acceptance_ci[0] * 100:+.1f} pt, margin {margin * 100:.1f} pt)")
+    return None
+
+
+def judge(found: Arm, shipped: Arm, margin: float = DEFAULT_ACCEPTANCE_MARGIN,
+          kld_tolerance: float = DEFAULT_KLD_TOLERANCE) -> ProofResult:
+    """The verdict on two measured arms (see the module doc)."""
+    diff, lo, hi = paired_kld_diff(found.chunk_kld, shipped.chunk_kld)
+    verdict, reason = ProofVerdict.DOES_NOT_BEAT, ""
+    head = _head_problem(found, margin)
+    if head:
+        reason = head
+    elif found.n_bytes <= shipped.n_bytes * (1 + SIZE_SLACK) and hi is not None and hi < 0:
+        verdict = ProofVerdict.BEATS
+        reason = f"KLD lower by {-diff:.6f} (paired CI clear of zero), file no larger"
+    elif found.n_bytes < shipped.n_bytes and hi is not None and hi <= kld_tolerance * shipped.kld:
+        verdict = ProofVerdict.MATCHES_SMALLER
+        reason = (f"{shipped.n_bytes - found.n_bytes} bytes smaller, KLD at most {kld_tolerance:.0%} of the "
+                  f"shipped one's above it (paired CI)")
+    elif hi is None:
+        reason = "fewer than 2 chunks: the KLD difference has no confidence interval"
+    elif found.n_bytes > shipped.n_bytes * (1 + SIZE_SLACK):
+        reason = f"the found file is {found.n_bytes - shipped.n_bytes} bytes larger"
+    else:
+        reason = f"KLD difference {diff:+.6f}, CI [{lo:+.6f}, {hi:+.6f}] not clear of zero"
+    if found.acceptance_ci is None and verdict is not ProofVerdict.DOES_NOT_BEAT:
+        reason += "; acceptance not measured"
+    return ProofResult(found, shipped, diff, (lo, hi), verdict, reason, margin)
+
+
+def group_bytes(model: Path, recipe: Recipe | str, imatrix: str | Path | None) -> int | None:
+    """The quantized size of ``recipe``'s planned tensors (a libllama dry run); None when it does not plan."""
+    plan = make_plan(model, recipe, imatrix)
+    return None if plan.errors else sum(t.bytes for t in plan.tensors)
+
+
+def nearest_shipped(model: Path, n_bytes: int, imatrix: str | Path | None) -> str:
+    """The shipped recipe whose planned size is nearest ``n_bytes`` (the recipes that plan on this model)."""
+    sizes = {name: b for name in shipped_recipes() if (b := group_bytes(model, name, imatrix)) is not None}
+    if not sizes:
+        raise SearchError(f"{model.name}: no shipped recipe plans on this model to prove against")
+    return min(sizes, key=lambda name: (abs(sizes[name] - n_bytes), name))
+
+
+def measure_arm(model: Path, recipe: Recipe | str, out: Path, options: ProveOptions) -> Arm:
+    """Quantize ``model`` with ``recipe`` into ``out`` and measure it (KLD, then the head)."""
+    q = quantize(model, recipe, out, options.imatrix, progress=False)
+    name = recipe.name if isinstance(recipe, Recipe) else str(recipe)
+    ev = evaluate(model, out, options.eval, progress=False)
+    arm = Arm(name, q.size_bytes, float(ev.stats.kld_mean or 0.0), tuple(ev.chunk_kld), ev.stats.same_top_p)
+    if not options.acceptance:
+        return arm
+    res = verify(out, dataclasses.replace(options.verify, reference=str(model)), progress=False)
+    finding = res.head.findings()[res.modes[0]] if res.head is not None else None
+    main = res.main
+    lo, hi = finding.difference_ci95 if finding else (None, None)
+    return dataclasses.replace(
+        arm, acceptance=main.acceptance, acceptance_diff=finding.difference if finding else None,
+        acceptance_ci=(lo, hi) if lo is not None and hi is not None else None,
+        tokens_per_second=main.mtp_tokens_per_second if res.speed_checked else None,
+        speedup=main.speedup if res.speed_checked else None)
+
+
+def prove(model: str | Path, found: Recipe, shipped: str | None = None, options: ProveOptions | None = None) -> ProofResult:
+    """Quantize ``found`` and ``shipped`` (default: the shipped recipe of the nearest planned size)
+    from ``model`` (the source: BF16), measure both the same way and judge (module doc)."""
+    o = options or ProveOptions()
+    src = Path(model)
+    if shipped is None:
+        size = group_bytes(src, found, o.imatrix)
+        if size is None:
+            raise SearchError(f"{found.name}: the found recipe does not plan on {src.name}")
+        shipped = nearest_shipped(src, size, o.imatrix)
+    o = dataclasses.replace(o, verify=dataclasses.replace(
+        o.verify, judge=dataclasses.replace(o.verify.judge, head_margin=o.margin)))
+    with tempfile.TemporaryDirectory(prefix="ggufmtp-prove-", dir=o.workdir) as tmp:
+        a = measure_arm(src, found, Path(tmp) / "found.gguf", o)
+        b = measure_arm(src, shipped, Path(tmp) / "shipped.gguf", o)
+    return judge(a, b, o.margin, o.kld_tolerance)
+

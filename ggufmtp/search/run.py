@@ -1,0 +1,165 @@
+"""``ggufmtp search``: the whole search of one model, and the public API's ``search_recipe``.
+
+The stages: the model's tensor groups (:func:`~.groups.groups_of`), every candidate's cost
+(:func:`~.measure.measure_sensitivity`, cached, on Dask when asked), the allocation under the
+budget (:func:`~.allocate.allocate`), the recipe (:func:`~.found.allocation_recipe`), and with
+``prove`` the proof against the shipped recipe of the nearest size (:func:`~.prove.prove`). The
+recipe TOML (with its ``[search]`` table) is written atomically when ``out`` is given.
+
+A budget (:func:`parse_budget`) is a size (``12MB``, ``11.5MiB``, ``1.2G``, ``123456`` bytes), bits
+per weight (``4.5bpw``), both over the groups' tensors, or a recipe (``hifi-q4_k_m-mtp``,
+``Q4_K_M``, a file): the bytes its plan gives those tensors on this model, so ``--budget
+hifi-q4_k_m-mtp`` searches for a file of that recipe's size.
+
+This module resolves model references (``builtin:NAME``, a path) as the pipeline does: like it,
+the search sits above ``ggufmtp._api`` in the layers (it quantizes, measures and verifies), so the
+API's edge cannot host it (tests/test_architecture.py REF_RESOLVERS names it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import SearchError
+from ..files.fsutil import atomic_write_text
+from ..ladder.engine import DaskEngine
+from ..quant.plan import make_plan
+from ..quant.recipe import Recipe
+from ..refs import local_model_arg
+from .allocate import Floors, allocate
+from .found import allocation_recipe, search_toml
+from .groups import DEFAULT_LAYERS_PER_GROUP, groups_of
+from .measure import MeasureOptions, measure_sensitivity
+from .prove import ProofResult, ProveOptions, prove
+from .records import Allocation, Budget, SensitivityTable, TensorGroup
+from .report import Point, all_points
+
+DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "IQ4_XS", "Q3_K", "Q2_K")
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6, "MIB": 2**20,
+          "G": 10**9, "GB": 10**9, "GIB": 2**30}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_budget(text: str) -> Budget | str:
+    """A size or bpw as a :class:`Budget`; anything else is returned as a recipe to plan."""
+    m = _SIZE.match(text)
+    if m:
+        value, unit = float(m.group(1)), m.group(2).upper()
+        if unit == "BPW":
+            return Budget(bpw=value)
+        if unit in _UNITS:
+            return Budget(n_bytes=int(value * _UNITS[unit]))
+        raise SearchError(f"budget {text!r}: unknown unit {m.group(2)!r} (a size: 12MB, 11.5MiB, 1.2G, bytes; "
+                          "bits per weight: 4.5bpw; or a recipe: hifi-q4_k_m-mtp)")
+    return text
+
+
+def recipe_budget(model: Path, groups: tuple[TensorGroup, ...], recipe: str | Recipe,
+                  imatrix: str | os.PathLike | None) -> Budget:
+    """The bytes ``recipe``'s plan gives the groups' tensors on ``model`` (a libllama dry run)."""
+    plan = make_plan(model, recipe, None if imatrix is None else Path(imatrix))
+    if plan.errors:
+        raise SearchError(f"budget {plan.recipe}: the recipe does not plan on {model.name}: {plan.errors[0]}")
+    names = {t for g in groups for t in g.tensors}
+    return Budget(n_bytes=sum(t.bytes for t in plan.tensors if t.name in names))
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """What ``search_recipe`` measures and how it allocates. ``types``: the candidate types;
+    ``measure``: the measuring side's options (corpus, chunks, baseline, imatrix, acceptance);
+    ``floors``: what the allocation keeps; ``prove``: quantize and measure the result against the
+    shipped recipe of the nearest size (``shipped``: that recipe instead); ``workers``/``scheduler``:
+    measure on a local Dask cluster of that many processes, or on a running one; ``name``: the
+    recipe's name."""
+
+    types: tuple[str, ...] = DEFAULT_TYPES
+    measure: MeasureOptions = dataclasses.field(default_factory=MeasureOptions)
+    floors: Floors = Floors()
+    layers_per_group: int = DEFAULT_LAYERS_PER_GROUP
+    prove: bool = False
+    shipped: str | None = None
+    workers: int | None = None
+    scheduler: str | None = None
+    name: str = "searched-mtp"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "types", tuple(self.types))
+        if not self.types:
+            raise SearchError("search: no candidate types")
+        if self.workers is not None and self.workers < 1:
+            raise SearchError(f"search: workers must be at least 1, not {self.workers}")
+
+    def prove_options(self) -> ProveOptions:
+        m = self.measure
+        o = ProveOptions(imatrix=None if m.imatrix is None else Path(m.imatrix), eval=m.eval, acceptance=m.acceptance,
+                         margin=self.floors.acceptance_margin, workdir=m.work_dir)
+        return o if m.verify is None else dataclasses.replace(o, verify=m.verify)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """What a search found: the table it measured, the allocation, the recipe (and its TOML), the proof."""
+
+    table: SensitivityTable
+    allocation: Allocation
+    recipe: Recipe
+    toml: str
+    out: Path | None = None
+    proof: ProofResult | None = None
+
+    def points(self) -> list[Point]:
+        return all_points(self.table, self.allocation, self.proof)
+
+    def to_dict(self) -> dict[str, object]:
+        a = self.allocation
+        return {"recipe": self.recipe.name, "out": str(self.out) if self.out else None,
+                "allocation": {"types": dict(a.types), "n_bytes": a.n_bytes, "bpw": a.bpw, "budget_bytes": a.budget_bytes,
+                               "predicted_kld": a.predicted_kld, "predicted_acceptance_diff": a.predicted_acceptance_diff,
+                               "method": a.method, "excluded": [list(e) for e in a.excluded]},
+                "baseline": {"recipe": self.table.baseline_recipe, "kld": self.table.baseline_kld},
+                "proof": self.proof.to_dict() if self.proof else None,
+                "pareto": [p.to_dict() for p in self.points()]}
+
+
+@contextlib.contextmanager
+def _client(options: SearchOptions) -> Iterator[Any]:
+    """A Dask client for the measurements (None: in sequence here)."""
+    if not (options.workers or options.scheduler):
+        yield None
+        return
+    client = DaskEngine(options.workers or 1, 0, options.scheduler)._client()
+    try:
+        yield client
+    finally:
+        cluster = getattr(client, "cluster", None)
+        client.close()
+        if cluster is not None and not options.scheduler:
+            cluster.close()
+
+
+def search_recipe(model: str | os.PathLike, budget: str | Budget, options: SearchOptions | None = None, *,
+                  out: str | os.PathLike | None = None, log: Callable[[str], None] = lambda m: None) -> SearchResult:
+    """Search ``model`` (a path or ``builtin:NAME``: the BF16 source) for the recipe of least KLD
+    within ``budget`` (see the module doc); write it to ``out`` when given. SearchError for an
+    impossible budget (naming the smallest feasible size), RecipeError for a bad type or recipe."""
+    o = options or SearchOptions()
+    src = Path(local_model_arg(model))
+    groups = groups_of(src, o.layers_per_group)
+    parsed = parse_budget(budget) if isinstance(budget, str) else budget
+    limit = parsed if isinstance(parsed, Budget) else recipe_budget(src, groups, parsed, o.measure.imatrix)
+    with _client(o) as client:
+        table = measure_sensitivity(src, groups, o.types, o.measure, client=client, log=log)
+    allocation = allocate(table, limit, o.floors)
+    recipe = allocation_recipe(table, allocation, Recipe.load(o.measure.baseline), o.name)
+    proof = prove(src, recipe, o.shipped, o.prove_options()) if o.prove else None
+    text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None)
+    if out is not None:
+        atomic_write_text(out, text)
+    return SearchResult(table, allocation, recipe, text, Path(out) if out is not None else None, proof)
