@@ -723,6 +723,30 @@ def test_the_hub_lists_the_refs_of_a_repo(fake, artifacts):
     assert refs.tags == [] and HfApi(endpoint=fake.url).list_repo_refs("me/refs").pull_requests is None
 
 
+def test_an_interrupted_upload_resends_only_what_the_hub_lacks(fake, artifacts, tmp_path):
+    """A ladder goes up as ONE commit, never huggingface_hub's multi-commit folder pipeline (the
+    reasons: ggufmtp/hub/upload.py's docstring); an upload that broke off is resumed by running it
+    again, and sends only the files the Hub does not hold yet (the LFS batch API has no upload
+    action for an object already stored), so the variants sent before the break are not sent twice."""
+    art, rc, card = artifacts
+    art2 = other_artifact(tmp_path)
+    rc2 = tmp_path / "other.receipt.json"
+    rc2.write_text(json.dumps(receipt_of(art2)))
+    oid, oid2 = sha256_file(art), sha256_file(art2)
+    # the second variant's upload is lost on the way (the connection broke): nothing of it is stored
+    fake.on("PUT", rf"^/upload/{oid2}$", lambda req: fake.pending_uploads.pop(oid2, None))
+    options = UploadOptions(token=TOKEN, endpoint=fake.url, revision="release")
+    with pytest.raises(HubError):
+        upload("me/big", [art, art2], [rc, rc2], card, options, progress=False)
+    assert oid in fake.lfs and oid2 not in fake.lfs and len(fake.history("me/big", "release")) == 1  # no commit
+    fake.requests.clear()
+    res = upload("me/big", [art, art2], [rc, rc2], card, options, progress=False)
+    assert [r.route for r in fake.requests_to("PUT", r"^/upload/")] == [f"/upload/{oid2}"]  # only what was lost
+    commit = fake.history("me/big", "release")[0]
+    assert commit.oid == res.commit_sha and {art.name, art2.name, rc.name, rc2.name, "README.md"} <= set(commit.files)
+    assert fake.file("me/big", art2.name, "release") == art2.read_bytes() and len(fake.history("me/big")) == 1
+
+
 def test_bad_upload_conventions_are_refused_before_anything_is_read(tmp_path):
     for bad, said in (("../up", "relative path"), ("a//b", "relative path"), ("a\\b", "relative path"),
                       ("mtp-heads", "'mtp-'"), ("x/Foo-mtp-bar", "'mtp-'")):

@@ -11,6 +11,16 @@ checks the upload against) must equal the digest the gate approved, or nothing i
 default commit message names the recipe and the artifact's sha256 as the receipt states them
 (``receipt_commit_facts``). An artifact's signature ``ARTIFACT.sig`` is uploaded alongside it when
 present.
+
+Large ladders go up the same way, as ONE ``create_commit``. huggingface_hub 2.x has no
+``upload_large_folder`` (nor ``hf upload-large-folder``): its resumable path for big folders is
+``upload_folder``'s streamed pipeline, which needs Xet, commits in several batches (``(part N)``),
+refuses ``create_pr`` with a ``revision``, and hashes files while it uploads them, so nothing could
+compare the bytes sent with the gated digests before a commit exists; a release split over several
+commits would also be visible half-made. What makes a large upload resumable is kept: run the same
+``ggufmtp upload`` (or ``ladder --upload``) again after a break, and only the files the Hub does not
+hold yet are sent (the LFS batch API has no upload action for a stored object; Xet deduplicates the
+chunks it holds), then the one commit is made.
 """
 
 from __future__ import annotations
