@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from ggufmtp.errors import SearchError
 from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.imatrix.check import is_quantizable
 from ggufmtp.measure.core.options import VerifyOptions
@@ -162,6 +163,43 @@ def test_the_heads_acceptance_is_measured_paired_against_the_source(model, group
     assert q1.acceptance_diff is not None and q1.acceptance_ci is not None and q8.acceptance_diff is not None
     assert q1.acceptance_ci[1] < 0 and q1.acceptance_diff < q8.acceptance_diff - 0.05
     assert q1.kld == q8.kld == table.baseline_kld
+
+
+def test_measurements_run_as_dask_tasks_into_the_shared_cache(model, small, tmp_path):
+    """The candidates as tasks of a local Dask cluster (two worker processes: every argument pickled);
+    what they stored is what a run here then reads, unchanged."""
+    distributed = pytest.importorskip("distributed", reason="the ladder extra (pip install 'ggufmtp[ladder]')")
+    o = _options(tmp_path / "cache", tmp_path)
+    seen: list[str] = []
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        on_dask = measure_sensitivity(model, small, ["Q8_0", "Q4_0", "Q1_0"], o, client=client, log=seen.append)
+    assert len(seen) == 6 and not any(line.endswith("(cached)") for line in seen), seen
+    seen.clear()
+    assert measure_sensitivity(model, small, ["Q8_0", "Q4_0", "Q1_0"], o, log=seen.append) == on_dask
+    assert all(line.endswith("(cached)") for line in seen), seen
+
+
+def test_the_imatrix_with_the_head_admits_and_quantizes_the_types_that_need_one(model, groups, tmp_path):
+    """With ``imatrix compute --mtp``'s file, IQ2_XXS is a candidate for the head's eh_proj (its rows
+    of 256 take the type's block) and is measured: llama-quantize found the head's statistics."""
+    from ggufmtp.imatrix.compute import compute_imatrix
+
+    imatrix = compute_imatrix(model, "builtin:calib-v1", tmp_path / "imatrix.gguf", chunks=4, ctx_size=256, mtp=True,
+                              threads=2, progress=False).path
+    head = [g for g in groups if g.name == "mtp.eh_proj"]
+    table = measure_sensitivity(model, head, ["IQ2_XXS"], _options(tmp_path / "cache", tmp_path, imatrix=imatrix))
+    cost = table.cost("mtp.eh_proj", "IQ2_XXS")
+    assert cost is not None and cost.candidate.n_bytes == 8448
+    assert cost.kld == table.baseline_kld  # the trunk's logits do not see the head
+
+
+def test_groups_of_another_model_are_refused_by_name(model, groups, synth_model):
+    other = synth_model("tiny-qwen35")
+    with pytest.raises(SearchError, match=r"group routed_experts\.0-1 names tensors the model lacks"):
+        candidates(other, groups, ["Q8_0"])
+    with pytest.raises(SearchError, match="layers per group 0"):
+        groups_of(model, layers_per_group=0)
 
 
 def test_chunk_means_are_derived_from_the_running_means():

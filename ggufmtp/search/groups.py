@@ -192,11 +192,14 @@ def candidates(model_path: str | Path, groups: Sequence[TensorGroup], types: Seq
                imatrix: bool = False) -> tuple[Candidate, ...]:
     """Each group at each of ``types`` that llama-quantize would write as asked (see the module doc),
     with its bytes; ``imatrix``: whether an imatrix will be given (the types that need one are
-    candidates only then). RecipeError naming an unknown type."""
+    candidates only then). RecipeError naming an unknown type, SearchError for a group of another model."""
     qtypes = [normalize_type(t, "candidate types") for t in types]
     gm = GGUFModel(model_path)
     out = []
     for g in groups:
+        if missing := [n for n in g.tensors if n not in gm.tensors]:
+            raise SearchError(f"{model_path}: group {g.name} names tensors the model lacks ({', '.join(missing[:3])}"
+                              f"{' ...' if len(missing) > 3 else ''}): groups of another model?")
         infos = [gm.tensors[n] for n in g.tensors]
         for qt in qtypes:
             if not all(_fits(qt, i) for i in infos):
