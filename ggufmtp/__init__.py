@@ -18,6 +18,7 @@ a path or ``builtin:NAME`` (``run`` and ``run_ladder`` also pull ``owner/repo[@r
     c = ggufmtp.make_card("out.gguf", r)                                    # -> Path of README.md
     ggufmtp.upload("me/Model-MTP-GGUF", ["out.gguf"], r, c)                 # -> UploadResult
     ggufmtp.run("builtin:tiny-qwen35moe", "hifi-q4_k_m-mtp", out_dir="out") # -> RunResult (all stages)
+    s = ggufmtp.search_recipe("model-bf16.gguf", "hifi-q4_k_m-mtp", out="found.toml")  # -> SearchResult (#43)
 
 A function of many settings takes one options object, checked when built: :class:`VerifyOptions`
 (with :class:`ServerOptions` and :class:`JudgeOptions`) for ``verify``, :class:`RunOptions` for
@@ -55,6 +56,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "compute_imatrix": ("ggufmtp._api", "compute_imatrix"),
     "evaluate": ("ggufmtp._api", "evaluate"),
     "run_ladder": ("ggufmtp.ladder.run", "run_ladder"),
+    "search_recipe": ("ggufmtp.search.run", "search_recipe"),
     "VerifyOptions": ("ggufmtp.measure.core.options", "VerifyOptions"),
     "ServerOptions": ("ggufmtp.measure.core.options", "ServerOptions"),
     "JudgeOptions": ("ggufmtp.measure.core.options", "JudgeOptions"),
@@ -62,6 +64,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "UploadOptions": ("ggufmtp.hub.upload", "UploadOptions"),
     "EvalOptions": ("ggufmtp.quality.options", "EvalOptions"),
     "LadderSpec": ("ggufmtp.ladder.spec", "LadderSpec"),
+    "SearchOptions": ("ggufmtp.search.run", "SearchOptions"),
+    "MeasureOptions": ("ggufmtp.search.measure", "MeasureOptions"),
     # what the functions return (each function's return annotation names one of these, or Path)
     "SynthResult": ("ggufmtp.synth.writer", "SynthResult"),
     "ModelReport": ("ggufmtp.gguf.model", "ModelReport"),
@@ -76,6 +80,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ComputeResult": ("ggufmtp.imatrix.compute", "ComputeResult"),
     "QualityResult": ("ggufmtp.quality.eval", "QualityResult"),
     "LadderResult": ("ggufmtp.ladder.run", "LadderResult"),
+    "SearchResult": ("ggufmtp.search.run", "SearchResult"),
 }
 
 __all__ = ["__version__", "GgufmtpError", "Recipe", "SynthSpec", "synthesize", "inspect", "plan", "quantize",
@@ -83,7 +88,7 @@ __all__ = ["__version__", "GgufmtpError", "Recipe", "SynthSpec", "synthesize", "
            "compute_imatrix", "evaluate", "run_ladder", "VerifyOptions", "ServerOptions", "JudgeOptions", "RunOptions",
            "UploadOptions", "EvalOptions", "LadderSpec", "SynthResult", "ModelReport", "Plan", "QuantizeResult",
            "AuditReport", "VerifyResult", "PullResult", "UploadResult", "RunResult", "ConvertResult", "ComputeResult",
-           "QualityResult", "LadderResult"]
+           "QualityResult", "LadderResult", "search_recipe", "SearchOptions", "MeasureOptions", "SearchResult"]
 
 
 def __getattr__(name: str) -> object:
@@ -126,5 +131,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from .quant.quantize import QuantizeResult, quantize
     from .quant.recipe import Recipe
     from .run_options import RunOptions
+    from .search.measure import MeasureOptions
+    from .search.run import SearchOptions, SearchResult, search_recipe
     from .synth.spec import SynthSpec
     from .synth.writer import SynthResult, synthesize

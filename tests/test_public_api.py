@@ -22,12 +22,13 @@ from ggufmtp.measure.verify import run as verify_mod
 from ggufmtp.synth.hf import synthesize_hf
 
 FUNCTIONS = ("synthesize", "inspect", "plan", "quantize", "audit", "verify", "write_receipt", "make_card", "pull",
-             "upload", "run", "convert", "compute_imatrix", "evaluate", "run_ladder")
+             "upload", "run", "convert", "compute_imatrix", "evaluate", "run_ladder", "search_recipe")
 CLASSES = ("Recipe", "SynthSpec", "GgufmtpError", "VerifyOptions", "ServerOptions", "JudgeOptions", "RunOptions",
-           "UploadOptions", "EvalOptions", "LadderSpec")
+           "UploadOptions", "EvalOptions", "LadderSpec", "SearchOptions", "MeasureOptions")
 # what the functions return, exported beside them (#42): a user can name the type of a result
 RESULTS = ("SynthResult", "ModelReport", "Plan", "QuantizeResult", "AuditReport", "VerifyResult", "PullResult",
-           "UploadResult", "RunResult", "ConvertResult", "ComputeResult", "QualityResult", "LadderResult")
+           "UploadResult", "RunResult", "ConvertResult", "ComputeResult", "QualityResult", "LadderResult",
+           "SearchResult")
 MAX_PARAMETERS = 10  # issue #32: a function of more settings takes an options object
 
 
@@ -105,6 +106,7 @@ def test_every_function_that_reads_a_model_takes_a_builtin_name(tmp_path):
         "evaluate (base)": lambda m: ggufmtp.evaluate(m, tmp_path / "q.gguf", progress=False),
         "evaluate (quant)": lambda m: ggufmtp.evaluate(tmp_path / "q.gguf", m, progress=False),
         "compute_imatrix": lambda m: ggufmtp.compute_imatrix(m, "builtin:calib-v1", tmp_path / "im.gguf"),
+        "search_recipe": lambda m: ggufmtp.search_recipe(m, "8.5bpw", out=tmp_path / "found.toml"),
     }
     for name, call in calls.items():
         with pytest.raises(GgufmtpError, match="unknown built-in model 'builtin:no-such-model'"):
@@ -128,7 +130,8 @@ POSITIONAL: dict[str, tuple[str, ...] | None] = {
               "pull": ("repo_id",), "upload": ("repo_id", "files", "receipt", "card", "options"),
               "run": ("recipe", "model", "options"), "convert": ("source", "output"),
               "compute_imatrix": ("model", "corpus", "out"), "evaluate": ("base", "quant", "options"),
-              "run_ladder": ("spec", "engine"), "make_card": ("artifact", "receipt", "output")}
+              "run_ladder": ("spec", "engine"), "make_card": ("artifact", "receipt", "output"),
+              "search_recipe": ("model", "budget", "options")}
 
 
 def test_options_are_keyword_only_and_progress_has_one_default():
@@ -213,6 +216,10 @@ def _call_every_function(model: Path, work: Path) -> dict[str, object]:
 
     out["run_ladder"] = ggufmtp.run_ladder(LadderSpec(str(model), ("q8_0-mtp",), work / "ladder", verify=False),
                                            progress=False)
+    measure = ggufmtp.MeasureOptions(ggufmtp.EvalOptions("builtin:calib-v1", ctx_size=128, chunks=2, threads=2),
+                                     progress=False)
+    out["search_recipe"] = ggufmtp.search_recipe(model, "8.5bpw", ggufmtp.SearchOptions(types=("Q8_0",), measure=measure),
+                                                 out=work / "found.toml")
     return out
 
 
