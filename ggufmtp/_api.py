@@ -69,7 +69,7 @@ def quantize(model: str | os.PathLike, recipe: Recipe | str | Path, out: str | P
 
 
 def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus, out: str | os.PathLike, *,
-                    chunks: int | None = None, ctx_size: int = DEFAULT_CHUNK_SIZE, gpu_layers: int | None = None,
+                    chunks: int | None = None, ctx_size: int = DEFAULT_CHUNK_SIZE, gpu_layers: int | str | None = None,
                     threads: int | None = None, mtp: bool = False, progress: bool = True,
                     binary: str | os.PathLike | None = None) -> ComputeResult:
     """:func:`ggufmtp.imatrix.compute.compute_imatrix` of ``model``: a path or ``builtin:NAME``."""

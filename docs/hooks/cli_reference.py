@@ -48,7 +48,8 @@ def _default_cell(option: click.Option, ctx: click.Context) -> str:
 
 
 def _option_row(option: click.Option, ctx: click.Context) -> str:
-    names = ", ".join(f"`{opt}`" for opt in option.opts)
+    shown = getattr(option, "shown_opts", option.opts)  # an old spelling kept as a hidden alias is not listed
+    names = ", ".join(f"`{opt}`" for opt in shown)
     if option.secondary_opts:
         names += " / " + ", ".join(f"`{opt}`" for opt in option.secondary_opts)
     description = md_text(" ".join((option.help or "").split()))

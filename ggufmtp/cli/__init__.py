@@ -1,7 +1,8 @@
 """The ``ggufmtp`` command line: a thin click layer over the Python API.
 
 Every command prints for people by default and JSON with ``--json``; a ``GgufmtpError`` becomes
-one ``error: ...`` line on stderr and exit status 1 (2 for usage errors, click's convention).
+one ``error: ...`` line on stderr and exit status 1; a usage error is one ``error: ...`` line and
+exit status 2 (``app._CommandLineError``). Shared options are defined once, in ``options.py``.
 One module per command group registers its commands on :data:`main` (``app.py``).
 """
 

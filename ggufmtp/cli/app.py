@@ -2,7 +2,10 @@
 
 The command line is a thin click layer over the Python API. Every command prints for people by
 default and JSON with ``--json``; a ``GgufmtpError`` becomes one ``error: ...`` line on stderr and
-exit status 1 (2 for usage errors, click's convention).
+exit status 1. A usage error (an unknown or missing option or argument, a bad value, options that
+conflict: click's ``UsageError``) is one ``error: ...`` line too, then where to find help, and exit
+status 2, as click and argparse do: :class:`SectionedGroup` shows every one of them so
+(:class:`_CommandLineError`), whichever command raised it.
 """
 
 from __future__ import annotations
@@ -73,9 +76,43 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 SUMMARY_WIDTH = 100  # a summary is the docstring's first sentence (or short_help), whole, never cut
 
 
+USAGE_ERROR_STATUS = 2
+
+
+class _CommandLineError(click.UsageError):
+    """A usage error as every ggufmtp command shows it: ``error: MESSAGE`` on stderr, then the
+    line that says where the command's help is; exit status :data:`USAGE_ERROR_STATUS`."""
+
+    exit_code = USAGE_ERROR_STATUS
+
+    def __init__(self, cause: click.UsageError) -> None:
+        super().__init__(cause.format_message(), cause.ctx)
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+        if self.ctx is not None:
+            click.echo(f"Try '{self.ctx.command_path} --help' for help.", err=True)
+
+
 class SectionedGroup(click.Group):
     """A group whose help lists its commands under :data:`SECTIONS` (a command in none of them
-    under "Other"), each with its whole one-line summary."""
+    under "Other"), each with its whole one-line summary, and whose usage errors, its own and its
+    commands', are :class:`_CommandLineError`."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:
+            raise _CommandLineError(e) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _CommandLineError:
+            raise
+        except click.UsageError as e:
+            raise _CommandLineError(e) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
@@ -132,8 +169,3 @@ def _int_list(value: str | None, what: str) -> list[int] | None:
 def _float_list(value: str | None, what: str) -> list[float] | None:
     return _number_list(value, what, float, "numbers")
 
-
-def _ngl(gpu_layers: str | None) -> int | str | None:
-    if gpu_layers is None:
-        return None
-    return int(gpu_layers) if gpu_layers.lstrip("-").isdigit() else gpu_layers

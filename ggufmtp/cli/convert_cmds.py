@@ -9,18 +9,19 @@ from pathlib import Path
 import click
 
 from .app import emit_json, handle_errors, json_option, main
+from .options import output_option, revision_option, token_option
 
 
 @main.command("convert")
 @click.argument("source")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The GGUF to write (e.g. model-bf16.gguf); written only once it checks out.")
+@output_option("the GGUF to write (e.g. model-bf16.gguf); written only once it checks out.", required=True)
 @click.option("--outtype", type=click.Choice(["bf16", "f16", "q8_0"]), default="bf16", show_default=True,
               help="Type of the converted weights (the converter's --outtype).")
-@click.option("--revision", default=None, help="Branch, tag or commit of a Hub SOURCE (pinned to a commit).")
+@revision_option("Of a Hub SOURCE (pinned to a commit).")
+@token_option()
 @json_option
 @handle_errors
-def convert_cmd(source: str, output: Path, outtype: str, revision: str | None, as_json: bool) -> None:
+def convert_cmd(source: str, output: str, outtype: str, revision: str | None, token: str | None, as_json: bool) -> None:
     """Convert a safetensors checkpoint to GGUF with the pinned llama.cpp converter, keeping the MTP block.
 
     SOURCE is a local Hugging Face checkpoint directory or a Hub repo id (its safetensors headers
@@ -29,7 +30,7 @@ def convert_cmd(source: str, output: Path, outtype: str, revision: str | None, a
     renamed into place; OUTPUT.source.json records the checkpoint's files and sha256s."""
     from ..hfconvert.convert import convert
 
-    res = convert(source, output, outtype=outtype, revision=revision, progress=not as_json)
+    res = convert(source, Path(output), outtype=outtype, revision=revision, progress=not as_json, token=token)
     if as_json:
         emit_json(res.to_dict())
         return
@@ -55,11 +56,11 @@ def audit_against_source(artifact: str, source: str, all_tensors: bool, as_json:
         sys.exit(1)
 
 
-def check_mtp(repo_id: str, revision: str | None, as_json: bool) -> None:
+def check_mtp(repo_id: str, revision: str | None, as_json: bool, token: str | None = None) -> None:
     """``pull REPO --check-mtp``: the MTP head from the safetensors headers, nothing downloaded."""
     from ..hfconvert.remote import check_remote_mtp
 
-    res = check_remote_mtp(repo_id, revision=revision)
+    res = check_remote_mtp(repo_id, revision=revision, token=token)
     if as_json:
         emit_json(res.to_dict())
     else:

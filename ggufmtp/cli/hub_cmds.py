@@ -8,6 +8,7 @@ import click
 
 from ..fmt import decimal_bytes
 from .app import emit_json, handle_errors, json_option, main
+from .options import exclude_option, include_option, revision_option, token_option, with_revision
 from .provenance_cmds import public_key_option
 
 allow_unverified_option = click.option(
@@ -18,11 +19,11 @@ allow_unverified_option = click.option(
 
 @main.command("pull")
 @click.argument("repo_id")
-@click.option("--revision", default=None, help="Branch, tag or commit to pull (default: the default branch). "
-              "Resolved to a commit sha once; every file comes from that commit.")
-@click.option("--include", "include", multiple=True, metavar="PATTERN",
-              help="Only files matching this fnmatch pattern (repeatable), e.g. --include '*Q8_0*.gguf'. "
-                   "A split GGUF's shards come together.")
+@revision_option("To pull (default: the default branch; REPO_ID@REVISION says the same). Resolved to a commit "
+                 "sha once; every file comes from that commit.")
+@include_option("E.g. --include '*Q8_0*.gguf'; a split GGUF's shards come together.")
+@exclude_option("E.g. --exclude '*.safetensors'; applied after --include.")
+@token_option()
 @click.option("--local-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Put the files here (default: the Hugging Face cache).")
 @click.option("--check-mtp", is_flag=True,
@@ -30,20 +31,22 @@ allow_unverified_option = click.option(
                    "checkpoint has MTP tensors, how many layers, their names and dtypes.")
 @json_option
 @handle_errors
-def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local_dir: Path | None,
-             check_mtp: bool, as_json: bool) -> None:
+def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], exclude: tuple[str, ...],
+             token: str | None, local_dir: Path | None, check_mtp: bool, as_json: bool) -> None:
     """Download a model repo (or index a local directory), verify every file's checksum, write a manifest.
 
-    REPO_ID is namespace/name on the Hub, or a local directory. Tokens come from HF_TOKEN or
-    `hf auth login`; HF_ENDPOINT selects another Hub; HF_HUB_OFFLINE=1 uses the cache only.
+    REPO_ID is namespace/name[@REVISION] on the Hub, or a local directory. Tokens come from --token,
+    HF_TOKEN or `hf auth login`; HF_ENDPOINT selects another Hub; HF_HUB_OFFLINE=1 uses the cache only.
     """
+    repo_id, revision = with_revision(repo_id, revision)
     if check_mtp:
         from .convert_cmds import check_mtp as run_check
 
-        return run_check(repo_id, revision, as_json)
+        return run_check(repo_id, revision, as_json, token)
     from ..hub.pull import pull
 
-    res = pull(repo_id, revision=revision, include=list(include) or None, local_dir=local_dir)
+    res = pull(repo_id, revision=revision, include=list(include) or None, exclude=list(exclude) or None,
+               local_dir=local_dir, token=token)
     if as_json:
         emit_json({**res.to_dict(), "manifest_path": str(res.manifest_path),
                    "model_path": str(res.model_path) if res.model_path else None})
@@ -74,8 +77,9 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local
 @click.option("--card", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Model card, uploaded as README.md.")
 @click.option("--private", is_flag=True, help="Create the repo private (no effect on an existing repo).")
-@click.option("--revision", default=None, metavar="BRANCH", help="Branch to commit to (created if missing; "
-              "default main); with --create-pr, the existing branch the pull request targets.")
+@revision_option("The branch to commit to (created if missing; default main); with --create-pr, the existing "
+                 "branch the pull request targets.")
+@token_option()
 @click.option("--commit-message", default=None, metavar="TEXT",
               help="The commit's summary (default: names the artifact, its recipe and sha256).")
 @click.option("--create-pr", is_flag=True, help="Open a pull request with the commit instead of committing to the branch.")
@@ -88,8 +92,9 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], local
 @json_option
 @handle_errors
 def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, ...], card: Path | None, private: bool,
-               revision: str | None, commit_message: str | None, create_pr: bool, path_in_repo: str | None,
-               dry_run: bool, public_key: str | None, allow_unverified: bool, as_json: bool) -> None:
+               revision: str | None, token: str | None, commit_message: str | None, create_pr: bool,
+               path_in_repo: str | None, dry_run: bool, public_key: str | None, allow_unverified: bool,
+               as_json: bool) -> None:
     """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit.
 
     Every artifact must pass `ggufmtp audit ARTIFACT --receipt R` (with the public key, when one is
@@ -98,8 +103,8 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     bytes gated. The commit message names the recipe and the artifact's
     sha256 (from the receipt) unless --commit-message gives one. As `hf upload`: --revision commits to
     a branch (created when missing), --create-pr opens a pull request instead (against --revision,
-    default main), --path-in-repo puts the files in a folder of the repo. Tokens come from HF_TOKEN or
-    `hf auth login`, never from the command line.
+    default main), --path-in-repo puts the files in a folder of the repo. The token comes from
+    --token, HF_TOKEN or `hf auth login` (HF_TOKEN keeps it off the command line).
     """
     from ..hub.upload import UploadOptions, receipt_commit_facts, upload
 
@@ -108,7 +113,7 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     options = UploadOptions(private=private, revision=revision, dry_run=dry_run, recipe_name=facts.recipe_name,
                             artifact_sha256=facts.artifact_sha256, allow_unverified=allow_unverified,
                             public_key=public_key, commit_message=commit_message, create_pr=create_pr,
-                            path_in_repo=path_in_repo)
+                            path_in_repo=path_in_repo, token=token)
     res = upload(repo_id, list(artifacts), list(receipts), card, options)
     for note in res.notes:
         click.echo(f"note: {note}", err=True)

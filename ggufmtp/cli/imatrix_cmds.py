@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from .app import emit_json, handle_errors, json_option, main, resolve_model_arg
+from .options import ctx_size_option, gpu_layers_option, output_option, threads_option
 
 if TYPE_CHECKING:
     from ..imatrix.check import Coverage
@@ -115,25 +116,24 @@ def _mtp_coverage(cov: Coverage) -> dict[str, int]:
 @click.argument("model")
 @click.option("--corpus", "corpus_ref", default="builtin:calib-v1", show_default=True,
               help="Calibration text: a UTF-8 file or builtin:calib-v1 (code, math, prose and chat).")
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
-              help="The GGUF imatrix to write (atomically; nothing is left on failure).")
+@output_option("the GGUF imatrix to write (atomically; nothing is left on failure).", required=True)
 @click.option("--chunks", type=int, default=None, help="At most N chunks of --ctx-size tokens (default: all).")
-@click.option("--ctx-size", type=int, default=512, show_default=True, help="Tokens per chunk (llama-imatrix -c).")
-@click.option("--gpu-layers", "-ngl", type=int, default=None, help="Layers to offload to the GPU (llama-imatrix -ngl).")
-@click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: llama.cpp's).")
+@ctx_size_option("llama-imatrix's: tokens per chunk.", default=512, min_ctx=1)
+@gpu_layers_option("llama-imatrix's.")
+@threads_option("llama-imatrix's; default: llama.cpp's.")
 @click.option("--mtp", is_flag=True,
               help="Also collect statistics for the MTP (NextN) block and merge them into the same file.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @json_option
 @handle_errors
-def imatrix_compute_cmd(model: str, corpus_ref: str, out: str, chunks: int | None, ctx_size: int,
-                        gpu_layers: int | None, threads: int | None, mtp: bool, no_progress: bool,
+def imatrix_compute_cmd(model: str, corpus_ref: str, output: str, chunks: int | None, ctx_size: int,
+                        gpu_layers: int | str | None, threads: int | None, mtp: bool, no_progress: bool,
                         as_json: bool) -> None:
     """Compute the importance matrix of MODEL (a GGUF or builtin:NAME) with the pinned llama-imatrix
     over a text corpus; records the corpus sha256, chunks, context size and runtime commit in the file."""
     from ..imatrix.compute import compute_imatrix
 
-    res = compute_imatrix(resolve_model_arg(model), corpus_ref, out, chunks=chunks, ctx_size=ctx_size,
+    res = compute_imatrix(resolve_model_arg(model), corpus_ref, output, chunks=chunks, ctx_size=ctx_size,
                           gpu_layers=gpu_layers, threads=threads, mtp=mtp, progress=not no_progress and not as_json)
     if as_json:
         emit_json(res.to_dict())

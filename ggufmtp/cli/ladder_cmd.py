@@ -13,6 +13,15 @@ import click
 from .app import emit_json, handle_errors, json_option, main
 from .hub_cmds import allow_unverified_option
 from .measure_common import arm_args_options, verify_judging_options, verify_option_dict
+from .options import (
+    gpu_layers_option,
+    model_at_revision,
+    output_option,
+    quantize_threads_option,
+    revision_option,
+    threads_option,
+    token_option,
+)
 from .provenance_cmds import public_key_option, signing_key_option
 
 if TYPE_CHECKING:
@@ -40,19 +49,22 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
     ev = fields.pop("eval_options", None)
     if eval_corpus:
         ev = dataclasses.replace(ev or EvalOptions(), corpus=eval_corpus)
-    if ev is not None and ev.gpu_layers is None and vopts.get("gpu_layers") is not None:
-        ev = dataclasses.replace(ev, gpu_layers=vopts["gpu_layers"])
+    for k in ("gpu_layers", "threads"):  # -ngl and -t are the servers' and llama-perplexity's
+        if ev is not None and getattr(ev, k) is None and vopts.get(k) is not None:
+            ev = dataclasses.replace(ev, **{k: vopts[k]})
     key = resolve_signing_key(fields.pop("signing_key", None))
     return LadderSpec(**fields, eval_options=ev, signing_key=key).check()
 
 
 @main.command("ladder", short_help="Every variant of a model (one per recipe) with one comparison card.")
 @click.option("--model", "-m", default=None, help="REPO_ID[@REVISION], a local GGUF or safetensors folder, builtin:NAME.")
+@revision_option("Of a Hub --model (the same as REPO_ID@REVISION).")
+@token_option()
 @click.option("--recipe", "-r", "recipes", multiple=True, help="A recipe name or TOML file (repeatable: one variant each).")
 @click.option("--ladder", "ladder_file", default=None, type=click.Path(dir_okay=False),
               help="A ladder file (TOML: model, recipes, imatrix, [verify], [eval]); options given here override it.")
-@click.option("-o", "--out-dir", default="ggufmtp-ladder", show_default=True, type=click.Path(file_okay=False),
-              help="Output directory: DIR/<TAG>/ per variant (the recipe's release tag), DIR/README.md the ladder's card.")
+@output_option("the output folder: DIR/<TAG>/ per variant (the recipe's release tag), DIR/README.md the ladder's "
+               "card.", directory=True, default="ggufmtp-ladder", extra=("--out-dir",))
 @click.option("--imatrix", default=None, help="An imatrix for every variant.")
 @click.option("--imatrix-corpus", default=None,
               help="Instead of --imatrix: compute one, once, over this text (with the MTP head's statistics).")
@@ -63,8 +75,9 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")
 @click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")
 @click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
-@click.option("--gpu-layers", type=int, default=None, help="Layers offloaded to the GPU (verify and eval).")
-@click.option("--threads", "-t", type=int, default=None, help="Quantization threads per variant.")
+@gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
+@threads_option("The servers' and llama-perplexity's (verify, --eval).")
+@quantize_threads_option("Per variant; default: the ladder file's threads, else 0.", default=None)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Run the variants on a local Dask cluster of N worker processes (pip install 'ggufmtp[ladder]').")
 @click.option("--gpus", type=click.IntRange(min=0), default=0, show_default=True,
@@ -83,10 +96,12 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @allow_unverified_option
 @json_option
 @handle_errors
-def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | None, out_dir: str,
+def ladder_cmd(model: str | None, revision: str | None, token: str | None, recipes: tuple[str, ...],
+               ladder_file: str | None, output: str,
                imatrix: str | None, imatrix_corpus: str | None, imatrix_chunks: int | None, eval_corpus: str | None,
                no_verify: bool, seeds: str | None, limit: int | None, max_tokens: int | None,
-               gpu_layers: int | None, threads: int | None, workers: int | None, gpus: int, scheduler: str | None,
+               gpu_layers: int | str | None, threads: int | None, quantize_threads: int | None, workers: int | None,
+               gpus: int, scheduler: str | None,
                upload_repo: str | None, private: bool, dry_run_upload: bool, quantized_by: str | None,
                signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
     """Make every variant of a model, one per recipe: the shared stages once (the model pulled or
@@ -102,10 +117,15 @@ def ladder_cmd(model: str | None, recipes: tuple[str, ...], ladder_file: str | N
     from ..ladder.run import run_ladder, upload_ladder
 
     vopts: dict[str, object] = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
-                               ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers)) if v is not None}
+                               ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers),
+                               ("threads", threads)) if v is not None}
     vopts.update(verify_option_dict(judging))
-    spec = _spec(ladder_file, {"model": model, "recipes": recipes, "out_dir": Path(out_dir), "imatrix": imatrix,
-                               "imatrix_corpus": imatrix_corpus, "imatrix_chunks": imatrix_chunks, "threads": threads,
+    if revision and not model:
+        raise click.UsageError("--revision goes with -m MODEL (a ladder file's model names its own: REPO@REVISION)")
+    spec = _spec(ladder_file, {"model": model and model_at_revision(model, revision), "recipes": recipes,
+                               "out_dir": Path(output), "imatrix": imatrix, "token": token,
+                               "imatrix_corpus": imatrix_corpus, "imatrix_chunks": imatrix_chunks,
+                               "threads": quantize_threads,
                                "verify": False if no_verify else None, "signing_key": signing_key,
                                "reference_base": False if judging.get("no_reference") else None,
                                "quantized_by": quantized_by, "repo_id": upload_repo}, vopts, eval_corpus)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .app import _ngl, emit_json, resolve_model_arg
+from .app import emit_json, resolve_model_arg
+from .options import draft_n_max_option
 
 if TYPE_CHECKING:
     from ..measure.core.options import ServerOptions
@@ -52,8 +53,7 @@ def verify_judging_options(f: Callable) -> Callable:
                           "(e.g. when the BF16 source does not fit the GPU beside the variant: or --reference a Q8_0).")(f)
     f = click.option("--reference", default=None, metavar="MODEL",
                      help="Judge the head against this model instead of the source model (e.g. a Q8_0 variant).")(f)
-    return click.option("--draft-n-max", "--spec-draft-n-max", type=click.IntRange(min=1), default=None,
-                        help="Draft window k of the verification (default: the recipe's, else 4).")(f)
+    return draft_n_max_option("Of the verification; default: the recipe's, else 4.")(f)
 
 
 def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
@@ -88,14 +88,14 @@ def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None,
         click.echo(text)
 
 
-def server_options(gpu_layers: str | None, threads: int | None, llama_cpp_bin: str | None,
+def server_options(gpu_layers: int | str | None, threads: int | None, llama_cpp_bin: str | None,
                    server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
                    vanilla_server_args: tuple[str, ...] = ()) -> ServerOptions:
     """The servers' settings of a measuring command (``-ngl``, ``-t``, ``--llama-cpp-bin`` and
     :func:`arm_args_options`' flags)."""
     from ..measure.core.options import ServerOptions
 
-    return ServerOptions(threads=threads, gpu_layers=_ngl(gpu_layers), llama_cpp_bin=llama_cpp_bin,
+    return ServerOptions(threads=threads, gpu_layers=gpu_layers, llama_cpp_bin=llama_cpp_bin,
                          server_args=server_args, mtp_server_args=mtp_server_args,
                          vanilla_server_args=vanilla_server_args)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .app import emit_json, handle_errors, json_option, main
+from .options import output_option
 
 signing_key_option = click.option(
     "--signing-key", "signing_key", type=click.Path(), default=None,
@@ -149,8 +150,7 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="The artifact's receipt (default: ARTIFACT.receipt.json).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the card (default: README.md beside the artifact).")
+@output_option("the card to write (default: README.md beside the artifact).")
 @click.option("--quantized-by", default="ggufmtp", show_default=True, help="The card's quantized_by field.")
 @click.option("--license", "license_", default=None, help="License (default: inherited from the base model).")
 @click.option("--repo", "repo_id", default=None, metavar="OWNER/REPO",

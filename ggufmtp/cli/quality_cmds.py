@@ -6,8 +6,9 @@ import click
 
 from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
 from ..quality.options import MIN_CTX, EvalOptions
-from .app import _ngl, bin_option, emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
+from .app import bin_option, emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .measure_common import arm_args_options
+from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, output_option, quantize_threads_option, threads_option
 from .provenance_cmds import signing_key_option
 
 receipt_option = click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
@@ -19,17 +20,17 @@ receipt_option = click.option("--receipt", "receipt_path", type=click.Path(dir_o
 @click.argument("quant", metavar="QUANT.gguf")
 @click.option("--corpus", default=EvalOptions.corpus, show_default=True,
               help="Evaluation text: a UTF-8 file or builtin:NAME.")
-@click.option("--ctx-size", "-c", type=click.IntRange(min=MIN_CTX), default=EvalOptions.ctx_size, show_default=True,
-              help="Tokens per chunk (llama-perplexity -c); the second half of each chunk is scored.")
+@ctx_size_option("llama-perplexity's: tokens per chunk, the second half of each scored.",
+                 default=EvalOptions.ctx_size, min_ctx=MIN_CTX)
 @click.option("--chunks", type=click.IntRange(min=1), default=None, help="Evaluate the first N chunks only.")
-@click.option("--gpu-layers", "-ngl", default=None, help="Layers offloaded to the GPU (e.g. 999).")
-@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-perplexity --threads.")
+@gpu_layers_option("llama-perplexity's (e.g. 999).")
+@threads_option("llama-perplexity's.")
 @receipt_option
 @signing_key_option
 @bin_option
 @json_option
 @handle_errors
-def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | None, gpu_layers: str | None,
+def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | None, gpu_layers: int | str | None,
              threads: int | None, receipt_path: str | None, signing_key: str | None, llama_cpp_bin: str | None,
              as_json: bool) -> None:
     """Perplexity and KL-divergence of QUANT against BASE (its BF16 model) with llama-perplexity.
@@ -41,7 +42,7 @@ def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | No
     from ..quality.eval import evaluate, format_quality
     from .app import resolve_model_arg
 
-    options = EvalOptions(corpus=corpus, ctx_size=ctx_size, chunks=chunks, gpu_layers=_ngl(gpu_layers),
+    options = EvalOptions(corpus=corpus, ctx_size=ctx_size, chunks=chunks, gpu_layers=gpu_layers,
                           threads=threads, llama_cpp_bin=llama_cpp_bin)
     res = evaluate(resolve_model_arg(base), resolve_model_arg(quant), options, progress=not as_json,
                    log=lambda m: click.echo(m, err=True))
@@ -61,25 +62,25 @@ def eval_cmd(base: str, quant: str, corpus: str, ctx_size: int, chunks: int | No
 @click.option("--types", default="Q8_0,Q6_K,Q5_K,Q4_K,IQ4_XS", show_default=True,
               help="MTP-block types to compare (BF16, the unquantized head, is always added).")
 @imatrix_option
-@click.option("-o", "--out-dir", default="head-sweep", show_default=True, type=click.Path(file_okay=False),
-              help="Where the variants are written.")
+@output_option("the folder the variants are written to.", directory=True, default="head-sweep", extra=("--out-dir",))
 @click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False), default=None,
               help="Write the recommended head's recipe (TOML) here.")
 @click.option("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), show_default=True, help="Verification seeds (same for every variant).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Verify on the first N prompts only.")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=None, help="Tokens per verification reply.")
-@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for the servers (e.g. 999).")
-@click.option("--threads", "-t", type=click.IntRange(min=0), default=0, help="Threads for quantization.")
-@click.option("--draft-n-max", "--spec-draft-n-max", type=click.IntRange(min=1), default=None,
-              help="Draft window k of every variant's verification (default: the recipe's, else 4).")
+@gpu_layers_option("The servers' (e.g. 999).")
+@threads_option("llama-server's, every arm.")
+@quantize_threads_option()
+@draft_n_max_option("Of every variant's verification; default: the recipe's, else 4.")
 @arm_args_options
 @receipt_option
 @signing_key_option
 @json_option
 @handle_errors
-def head_sweep_cmd(model: str, recipe_name: str, types: str, imatrix: str | None, out_dir: str,
+def head_sweep_cmd(model: str, recipe_name: str, types: str, imatrix: str | None, output: str,
                    write_recipe: str | None, seeds: str, limit: int | None, max_tokens: int | None,
-                   gpu_layers: str | None, threads: int, receipt_path: str | None, signing_key: str | None,
+                   gpu_layers: int | str | None, threads: int | None, quantize_threads: int,
+                   receipt_path: str | None, signing_key: str | None,
                    as_json: bool, draft_n_max: int | None = None, server_args: tuple[str, ...] = (),
                    mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Quantize MODEL once per MTP-head type (trunk byte-identical, checked), verify each with the
@@ -91,10 +92,10 @@ def head_sweep_cmd(model: str, recipe_name: str, types: str, imatrix: str | None
 
     opts = VerifyOptions(seeds=tuple(_int_list(seeds, "--seeds") or ()), limit=limit, draft_n_max=draft_n_max,
                          max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                         server=ServerOptions(gpu_layers=_ngl(gpu_layers), server_args=server_args,
+                         server=ServerOptions(gpu_layers=gpu_layers, threads=threads, server_args=server_args,
                                               mtp_server_args=mtp_server_args, vanilla_server_args=vanilla_server_args))
-    res = head_sweep(resolve_model_arg(model), recipe_name, [t for t in types.split(",") if t.strip()], out_dir,
-                     imatrix, threads, opts, progress=not as_json, log=lambda m: click.echo(m, err=True))
+    res = head_sweep(resolve_model_arg(model), recipe_name, [t for t in types.split(",") if t.strip()], output,
+                     imatrix, quantize_threads, opts, progress=not as_json, log=lambda m: click.echo(m, err=True))
     if write_recipe:
         write_recommended_recipe(res, write_recipe)
     if receipt_path:

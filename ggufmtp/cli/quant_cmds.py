@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option, resolve_model_arg
+from .options import SharedOption, output_option, quantize_threads_option
 from .provenance_cmds import signing_key_option
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def recipe_show(recipe_name: str, as_json: bool) -> None:
               help="Turn blk.N. in patterns into the {mtp} placeholder (repeat for every MTP block: "
                    "blk.N. alone becomes {mtpI}, the I-th). Default: the MTP blocks of the line's input "
                    "model, read from it when it is here.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the TOML here.")
+@output_option("the recipe TOML to write (default: standard output).")
 @handle_errors
 def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, ...], output: str | None) -> None:
     """Make a recipe from a llama-quantize command line, e.g.
@@ -141,7 +142,8 @@ def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, 
 @imatrix_option
 @click.option("--emit", type=click.Choice(["table", "llama-quantize"]), default="table", show_default=True,
               help="llama-quantize: print the exact equivalent llama-quantize command line instead.")
-@click.option("--out", "out_name", default="OUT.gguf", show_default=True, help="Output name for --emit llama-quantize.")
+@click.option("--emit-output", "--out", "out_name", cls=SharedOption, hidden=("--out",), default="OUT.gguf",
+              show_default=True, help="With --emit llama-quantize: the OUT of the printed command line.")
 @click.option("--all", "show_all", is_flag=True, help="Show every tensor (default: the first 40 and the MTP block).")
 @llama_quantize_flag_options
 @json_option
@@ -179,9 +181,8 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
               help="Shipped recipe name (see `ggufmtp recipe list`), a .toml file, or a llama-quantize type "
                    "(Q4_K_M, IQ4_XS, ...): with ggufmtp's head defaults.")
 @imatrix_option
-@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False), help="Output GGUF (or the positional OUT).")
-@click.option("--threads", "-t", type=int, default=None,
-              help="Quantization threads (0: all cores; or the positional NTHREADS).  [default: 0]")
+@output_option("the GGUF to write (or the positional OUT).")
+@quantize_threads_option("Or the positional NTHREADS; default 0.", hidden=("-t", "--threads"), default=None)
 @click.option("--receipt", type=click.Path(dir_okay=False), default=None,
               help="Receipt path (default: OUT.receipt.json).")
 @click.option("--no-receipt", is_flag=True, help="Do not write a receipt.")
@@ -191,7 +192,7 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
 @json_option
 @handle_errors
 def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, imatrix: str | None,
-             output: str | None, threads: int | None, receipt: str | None, no_receipt: bool, no_progress: bool,
+             output: str | None, quantize_threads: int | None, receipt: str | None, no_receipt: bool, no_progress: bool,
              signing_key: str | None, as_json: bool, **flag_values: Any) -> None:
     """Quantize MODEL into OUT (in-process libllama), audit it and write its receipt (with a signing
     key: a signed receipt and OUT.sig). What to make, two ways:
@@ -218,7 +219,7 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
     from ..provenance.signing import resolve_signing_key, sign_artifact, signature_path
     from ..quant.quantize import quantize as run
 
-    rec, output, threads = _quantize_inputs(model, positional, recipe_name, output, threads,
+    rec, output, threads = _quantize_inputs(model, positional, recipe_name, output, quantize_threads,
                                             quantize_flags(**flag_values))
     key = resolve_signing_key(signing_key)  # a bad key fails before any work
 
@@ -279,6 +280,6 @@ def _quantize_inputs(model: str, positional: tuple[str, ...], recipe_name: str |
     if out is None:
         raise RecipeError("no output: give -o OUT (or the positional OUT)")
     if threads is not None and pos.threads is not None and threads != pos.threads:
-        raise RecipeError(f"two thread counts: -t {threads} and {pos.threads}; give one")
+        raise RecipeError(f"two thread counts: --quantize-threads {threads} and {pos.threads}; give one")
     rec = Recipe.load(recipe_name) if recipe_name else Recipe.for_type(pos.type or "", head_defaults=False)
     return rec.with_flags(flags), out, threads if threads is not None else pos.threads or 0

@@ -10,21 +10,33 @@ import click
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .hub_cmds import allow_unverified_option
 from .measure_common import arm_args_options, verify_judging_options, verify_option_dict
+from .options import (
+    gpu_layers_option,
+    include_option,
+    model_at_revision,
+    output_option,
+    quantize_threads_option,
+    revision_option,
+    threads_option,
+    token_option,
+)
 from .provenance_cmds import public_key_option, signing_key_option
 
 
 @main.command("run", short_help="The whole pipeline: checkpoint to a verified, receipted (and uploaded) artifact.")
 @recipe_option
 @click.option("--model", "-m", required=True, help="REPO_ID[@REVISION], a local GGUF, or builtin:NAME.")
+@revision_option("Of a Hub --model (the same as REPO_ID@REVISION).")
+@token_option()
 @imatrix_option
 @click.option("--imatrix-corpus", default=None,
               help="Instead of --imatrix: compute one over this text (a file or builtin:calib-v1), with the MTP "
                    "block's statistics when the model has one; cached by content.")
 @click.option("--imatrix-chunks", type=click.IntRange(min=1), default=None,
               help="With --imatrix-corpus: at most N chunks of 512 tokens (default: the whole corpus).")
-@click.option("-o", "--out-dir", default="ggufmtp-out", show_default=True, type=click.Path(file_okay=False),
-              help="Output directory; also holds the per-stage cache that makes reruns resume.")
-@click.option("--include", multiple=True, help="With a Hub repo: only pull files matching this pattern (repeatable).")
+@output_option("the output folder; also holds the per-stage cache that makes reruns resume.", directory=True,
+               default="ggufmtp-out", extra=("--out-dir",))
+@include_option("Of a Hub --model.")
 @click.option("--no-verify", is_flag=True, help="Skip runtime verification with llama-server.")
 @click.option("--eval", "eval_corpus", is_flag=False, flag_value="builtin:calib-v1", default=None,
               help="Add the quality stage: KL-divergence against the source model (llama-perplexity) on this "
@@ -35,8 +47,9 @@ from .provenance_cmds import public_key_option, signing_key_option
 @click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")
 @click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")
 @click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
-@click.option("--gpu-layers", type=int, default=None, help="Layers offloaded to the GPU during verification.")
-@click.option("--threads", "-t", type=int, default=0, help="Threads for quantization.")
+@gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
+@threads_option("The servers' and llama-perplexity's (verify, --eval).")
+@quantize_threads_option()
 @click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
 @verify_judging_options
 @arm_args_options
@@ -45,11 +58,11 @@ from .provenance_cmds import public_key_option, signing_key_option
 @allow_unverified_option
 @json_option
 @handle_errors
-def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: str | None,
-            imatrix_chunks: int | None, out_dir: str, include: tuple[str, ...],
+def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | None, imatrix: str | None,
+            imatrix_corpus: str | None, imatrix_chunks: int | None, output: str, include: tuple[str, ...],
             no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
-            limit: int | None, max_tokens: int | None, gpu_layers: int | None, threads: int, force: bool,
-            eval_corpus: str | None,
+            limit: int | None, max_tokens: int | None, gpu_layers: int | str | None, threads: int | None,
+            quantize_threads: int, force: bool, eval_corpus: str | None,
             signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool,
             **judging: Any) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
@@ -74,17 +87,18 @@ def run_cmd(recipe_name: str, model: str, imatrix: str | None, imatrix_corpus: s
         vopts["limit"] = limit
     if max_tokens is not None:
         vopts["max_tokens"] = max_tokens
-    if gpu_layers is not None:
-        vopts["gpu_layers"] = gpu_layers
+    vopts.update({k: v for k, v in (("gpu_layers", gpu_layers), ("threads", threads)) if v is not None})
     vopts.update(verify_option_dict(judging))
     options = RunOptions(
         imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,
-        threads=threads, verify=not no_verify, verify_options=VerifyOptions.from_dict(vopts),
+        token=token, threads=quantize_threads, verify=not no_verify, verify_options=VerifyOptions.from_dict(vopts),
         reference_base=not judging.get("no_reference"),
-        eval_options=None if eval_corpus is None else EvalOptions(corpus=eval_corpus, gpu_layers=gpu_layers),
+        eval_options=None if eval_corpus is None else EvalOptions(corpus=eval_corpus, gpu_layers=gpu_layers,
+                                                                  threads=threads),
         upload=upload_repo, private=private, dry_run_upload=dry_run_upload, allow_unverified=allow_unverified,
         public_key=public_key, signing_key=signing_key, force=force)
-    res = run(model, recipe_name, options, out_dir=out_dir, progress=not as_json, log=lambda m: click.echo(m, err=True))
+    res = run(model_at_revision(model, revision), recipe_name, options, out_dir=output, progress=not as_json,
+              log=lambda m: click.echo(m, err=True))
     summary = res.summary_record()
     if as_json:
         emit_json(summary.to_dict())

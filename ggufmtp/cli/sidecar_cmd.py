@@ -7,22 +7,21 @@ from pathlib import Path
 import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, resolve_model_arg
+from .options import output_option, quantize_threads_option
 from .provenance_cmds import signing_key_option
 
 
 @main.command(short_help="Write MODEL's MTP head as an MTP-only GGUF for llama-server -md (and the trunk), "
                          "with receipts.")
 @click.argument("model")
-@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
-              help="The sidecar (default: mtp-MODEL-TYPE.gguf in the current folder, quant/naming.py's sidecar name; "
-                   "TYPE: the recipe's tag, else MODEL's file type).")
+@output_option("the sidecar (default: mtp-MODEL-TYPE.gguf in the current folder, quant/naming.py's sidecar name; "
+               "TYPE: the recipe's tag, else MODEL's file type).")
 @click.option("--recipe", "-r", "recipe_name", default=None,
               help="Quantize MODEL with this recipe (or llama-quantize type, e.g. Q8_0) first, so the head has the "
                    "recipe's types; default: MODEL's tensors as they are (a quantized variant, or the BF16 source).")
 @click.option("--type", "type_name", default=None, help="Same as -r TYPE (a llama-quantize type, e.g. Q8_0).")
 @imatrix_option
-@click.option("--threads", "-t", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Quantization threads (0: all cores).")
+@quantize_threads_option("With -r.", hidden=("-t", "--threads"))
 @click.option("--trunk-only", "trunk_out", default=None, type=click.Path(dir_okay=False),
               help="Also write the trunk without the MTP block here (a variant's name, e.g. MODEL-Q8_0.gguf).")
 @click.option("--no-receipt", is_flag=True, help="Write no receipts.")
@@ -30,7 +29,7 @@ from .provenance_cmds import signing_key_option
 @json_option
 @handle_errors
 def sidecar(model: str, output: str | None, recipe_name: str | None, type_name: str | None, imatrix: str | None,
-            threads: int, trunk_out: str | None, no_receipt: bool, as_json: bool, signing_key: str | None = None
+            quantize_threads: int, trunk_out: str | None, no_receipt: bool, as_json: bool, signing_key: str | None = None
             ) -> None:
     """Write MODEL's MTP head as an MTP-only sidecar GGUF, as `convert_hf_to_gguf.py --mtp` lays it out
     (every key/value, token_embd, output_norm, output and the MTP block), to serve beside a trunk with
@@ -60,7 +59,7 @@ def sidecar(model: str, output: str | None, recipe_name: str | None, type_name: 
         output = sidecar_default_name(model, path, tag)
     from ..provenance.pair import pair_receipt_writer
 
-    res = make_sidecar(path, output, SidecarOptions(recipe=recipe, imatrix=imatrix, threads=threads,
+    res = make_sidecar(path, output, SidecarOptions(recipe=recipe, imatrix=imatrix, threads=quantize_threads,
                                                     trunk_out=Path(trunk_out) if trunk_out else None,
                                                     progress=not as_json),
                        model_arg=model, before_publish=None if no_receipt else pair_receipt_writer(key))

@@ -10,6 +10,7 @@ import click
 
 from ..train.config import PRESETS
 from .app import emit_json, handle_errors, json_option, main
+from .options import SharedOption
 
 
 @main.command("train")
@@ -19,7 +20,8 @@ from .app import emit_json, handle_errors, json_option, main
 @click.option("--steps", type=int, default=None, help="Optimizer steps (default: the preset's).")
 @click.option("--seed", type=int, default=None, help="Seed of the weights, data order and batches (default: the preset's).")
 @click.option("--device", default="cpu", show_default=True, help="PyTorch device: cpu or cuda.")
-@click.option("--threads", type=int, default=None, help="PyTorch CPU threads (default: 1 on the CPU, faster at these widths).")
+@click.option("--torch-threads", "--threads", "torch_threads", cls=SharedOption, hidden=("--threads",), type=int, default=None,
+              help="PyTorch CPU threads (default: 1 on the CPU, faster at these widths).")
 @click.option("--corpus", "corpus_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Train on this corpus file (written by --write-corpus) instead of this Python's standard library.")
 @click.option("--write-corpus", "write_corpus_to", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -29,7 +31,7 @@ from .app import emit_json, handle_errors, json_option, main
               help="Checkpoint shards of at most this many MiB (default 2048).")
 @json_option
 @handle_errors
-def train_cmd(out_dir: Path | None, preset_name: str, steps: int | None, seed: int | None, device: str, threads: int | None,
+def train_cmd(out_dir: Path | None, preset_name: str, steps: int | None, seed: int | None, device: str, torch_threads: int | None,
               corpus_file: Path | None, write_corpus_to: Path | None, no_convert: bool, shard_mb: int | None,
               as_json: bool) -> None:
     """Train a Qwen3.6-layout MoE model with an MTP head that learns its job; convert both heads.
@@ -59,7 +61,7 @@ def train_cmd(out_dir: Path | None, preset_name: str, steps: int | None, seed: i
     if not as_json:
         _log_to_stderr()
     res = train(TrainOptions(out_dir=out_dir, preset=preset_name, seed=seed, steps=steps, corpus_file=corpus_file,
-                             device=device, threads=threads, convert=not no_convert, progress=not as_json,
+                             device=device, threads=torch_threads, convert=not no_convert, progress=not as_json,
                              shard_mb=shard_mb))
     if as_json:
         emit_json(res.to_dict())

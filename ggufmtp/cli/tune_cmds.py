@@ -7,6 +7,7 @@ import click
 from ..measure.core.options import DEFAULT_MAX_TOKENS
 from .app import _float_list, _int_list, bin_option, handle_errors, json_option, main, resolve_model_arg
 from .measure_common import _run_tune, _save_and_show, arm_args_options, server_options
+from .options import draft_n_max_option, gpu_layers_option, output_option, threads_option
 
 
 @main.command("tune")
@@ -20,22 +21,22 @@ from .measure_common import _run_tune, _save_and_show, arm_args_options, server_
 @click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=DEFAULT_MAX_TOKENS, show_default=True, help="Tokens per reply.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
-@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999); enables the backend-sampling dimensions.")
-@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@gpu_layers_option("Every server's (e.g. 999); enables the backend-sampling dimensions.")
+@threads_option("llama-server's, every arm.")
 @click.option("--ctx-per-slot", type=click.IntRange(min=256), default=4096, show_default=True,
               help="Context per slot (-c = slots x this).")
 @click.option("--final-on-suite/--no-final-on-suite", default=True, show_default=True,
               help="Rank the finalists on the whole suite (when the budget allows), not on its first prompts.")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Store the result as verification.tuned in this receipt (verify's results are kept).")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the full JSON here.")
+@output_option("the full results as JSON.", hidden=("--out",))
 @arm_args_options
 @bin_option
 @json_option
 @handle_errors
 def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, max_tokens: int, limit: int | None,
-             gpu_layers: str | None, threads: int | None, ctx_per_slot: int, final_on_suite: bool,
-             receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+             gpu_layers: int | str | None, threads: int | None, ctx_per_slot: int, final_on_suite: bool,
+             receipt_path: str | None, output: str | None, llama_cpp_bin: str | None, as_json: bool,
              server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
              vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Search MTP server settings for MODEL on this hardware (successive halving).
@@ -54,7 +55,7 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
                           search=SearchOptions(final_on_suite=final_on_suite),
                           server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
                                                 vanilla_server_args))
-    _run_tune(model, options, receipt_path, out_path, as_json)
+    _run_tune(model, options, receipt_path, output, as_json)
 
 
 @main.command("curve", short_help="Speedup against acceptance on this hardware, for a head of any acceptance.")
@@ -65,24 +66,24 @@ def tune_cmd(model: str, concurrency: int, budget: int, seeds: str, suite: str, 
               help="Instead of --rates: --spec-synth-len values (mean accepted length incl. the target token).")
 @click.option("--flag", type=click.Choice(["synth-len", "synth-rates"]), default="synth-len", show_default=True,
               help="Pass each point as --spec-synth-len or as explicit geometric --spec-synth-rates.")
-@click.option("--draft-n-max", type=click.IntRange(min=1), default=3, show_default=True, help="Draft window k.")
+@draft_n_max_option(default=3)
 @click.option("--seeds", default="42,1337", show_default=True, help="Comma-separated request seeds.")
 @click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite.")
 @click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="Prompts per point.")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=DEFAULT_MAX_TOKENS, show_default=True, help="Tokens per reply.")
 @click.option("--no-real", is_flag=True, help="Skip the point of the real MTP head.")
-@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
-@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@gpu_layers_option("Every server's (e.g. 999).")
+@threads_option("llama-server's, every arm.")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Store the curve as verification.acceptance_curve in this receipt.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
+@output_option("the curve as JSON.", hidden=("--out",))
 @arm_args_options
 @bin_option
 @json_option
 @handle_errors
 def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_max: int, seeds: str, suite: str,
-              limit: int, max_tokens: int, no_real: bool, gpu_layers: str | None, threads: int | None,
-              receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+              limit: int, max_tokens: int, no_real: bool, gpu_layers: int | str | None, threads: int | None,
+              receipt_path: str | None, output: str | None, llama_cpp_bin: str | None, as_json: bool,
               server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
               vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Speedup versus acceptance on this hardware, with llama-server's synthetic acceptance
@@ -97,7 +98,7 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
                            server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
                                                  vanilla_server_args))
     res = acceptance_curve(resolve_model_arg(model), options, progress=not as_json)
-    _save_and_show(res, model, "acceptance_curve", receipt_path, out_path, as_json, res.to_dict(), res.table())
+    _save_and_show(res, model, "acceptance_curve", receipt_path, output, as_json, res.to_dict(), res.table())
 
 
 @main.command("profiles", short_help="Serving profiles A-D: MTP against vanilla, with a decision table per workload.")
@@ -107,27 +108,26 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
 @click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Multiply input/output token counts (e.g. 0.0625: 512 -> 32).")
 @click.option("--num-requests", type=click.IntRange(min=1), default=None, help="Requests per arm (default: per workload).")
-@click.option("--draft-n-max", type=click.IntRange(min=1), default=3, show_default=True, help="MTP arm's draft window.")
+@draft_n_max_option("The MTP arm's.", default=3)
 @click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Take the MTP arm's flags from this receipt's verification.tuned (or a tune --out JSON).")
+              help="Take the MTP arm's flags from this receipt's verification.tuned (or a tune --output JSON).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per arm (alternated, requests pooled).")
 @click.option("--noise", type=click.FloatRange(0, 1), default=0.02, show_default=True,
               help="Throughput band within which MTP is not counted as helping.")
-@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers (e.g. 999).")
-@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
+@gpu_layers_option("Every server's (e.g. 999).")
+@threads_option("llama-server's, every arm.")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Store the profiles as verification.profiles in this receipt.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the full JSON (with every request) here.")
+@output_option("the full results as JSON (with every request).", hidden=("--out",))
 @arm_args_options
 @bin_option
 @json_option
 @handle_errors
 def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | None, draft_n_max: int,
                  tuned_from: str | None, repeats: int, noise: float,
-                 gpu_layers: str | None, threads: int | None,
-                 receipt_path: str | None, out_path: str | None, llama_cpp_bin: str | None, as_json: bool,
+                 gpu_layers: int | str | None, threads: int | None,
+                 receipt_path: str | None, output: str | None, llama_cpp_bin: str | None, as_json: bool,
                  server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
                  vanilla_server_args: tuple[str, ...] = ()) -> None:
     """Serving profiles A-D (the vLLM write-up's workloads), MTP against vanilla: output tok/s, TTFT,
@@ -142,4 +142,4 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
                               server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
                                                     vanilla_server_args))
     res = run_profiles(resolve_model_arg(model), options, progress=not as_json)
-    _save_and_show(res, model, "profiles", receipt_path, out_path, as_json, res.to_dict(requests=True), res.text())
+    _save_and_show(res, model, "profiles", receipt_path, output, as_json, res.to_dict(requests=True), res.text())

@@ -12,13 +12,13 @@ from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
 from .app import _int_list, bin_option, emit_json, handle_errors, json_option, main, resolve_model_arg
 from .matrix_cmd import kv_depth_options, run_matrix
 from .measure_common import _run_tune, arm_args_options, server_options
+from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, output_option, threads_option
 from .provenance_cmds import signing_key_option
 
 
 @main.command("verify")
 @click.argument("model")
-@click.option("--draft-n-max", type=click.IntRange(min=1), default=None,
-              help="Draft window k (--spec-draft-n-max). Default: the recipe's, else 4.")
+@draft_n_max_option("Default: the recipe's, else 4.")
 @click.option("--draft-n-min", type=click.IntRange(min=0), default=None, help="--spec-draft-n-min for the MTP arm.")
 @click.option("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), show_default=True, help="Comma-separated request seeds.")
 @click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
@@ -47,9 +47,9 @@ from .provenance_cmds import signing_key_option
 @click.option("--sidecar", default=None, metavar="SIDECAR",
               help="MODEL is a trunk and SIDECAR its MTP-only GGUF (`ggufmtp sidecar`): the MTP arm drafts with "
                    "--spec-draft-model (-md) SIDECAR, the vanilla arm serves MODEL alone; they must pair.")
-@click.option("--gpu-layers", "-ngl", default=None, help="--n-gpu-layers for both servers (e.g. 999).")
-@click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="llama-server --threads.")
-@click.option("--ctx-size", "-c", type=click.IntRange(min=256), default=4096, show_default=True, help="--ctx-size.")
+@gpu_layers_option("Both servers' (e.g. 999).")
+@threads_option("llama-server's, every arm.")
+@ctx_size_option("llama-server's, shared by the --parallel slots.", default=4096)
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
               help="N > 1: also measure acceptance with s concurrent clients on servers with --parallel s "
                    "(s = 2, 4, ... N), against the single-slot run; the verdict fails when it leaves the "
@@ -61,15 +61,14 @@ from .provenance_cmds import signing_key_option
               help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Write the results into this receipt's verification section.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the full JSON (with every request) here, atomically.")
+@output_option("the full results as JSON (with every request), written atomically.", hidden=("--out",))
 @arm_args_options
 @kv_depth_options
 @signing_key_option
 @bin_option
 @json_option
 @click.option("--tune", is_flag=True, help="Run `ggufmtp tune` instead (alias): search server settings; "
-              "--seeds/--suite/--max-tokens/--limit/--gpu-layers/--threads/--receipt/--out/--json apply.")
+              "--seeds/--suite/--max-tokens/--limit/--gpu-layers/--threads/--receipt/--output/--json apply.")
 @click.option("--budget", type=click.IntRange(min=1), default=240, show_default=True,
               help="With --tune: evaluations the search may spend.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
@@ -77,9 +76,9 @@ from .provenance_cmds import signing_key_option
 @handle_errors
 def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, seeds: str, suite: str, max_tokens: int,
                limit: int | None, raw: bool, sweep: str | None, recipe_name: str | None, min_acceptance: float | None,
-               min_speedup: float | None, min_identical: float, enforce_speedup: bool, gpu_layers: str | None,
+               min_speedup: float | None, min_identical: float, enforce_speedup: bool, gpu_layers: int | str | None,
                threads: int | None, ctx_size: int, parallel: int, tuned_from: str | None,
-               peak_bandwidth_gbs: float | None, receipt_path: str | None, out_path: str | None,
+               peak_bandwidth_gbs: float | None, receipt_path: str | None, output: str | None,
                llama_cpp_bin: str | None, as_json: bool, tune: bool = False, budget: int = 240,
                concurrency: int = 1, signing_key: str | None = None, server_args: tuple[str, ...] = (),
                mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = (),
@@ -109,7 +108,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                               suite=suite, max_tokens=max_tokens, limit=limit, ctx_per_slot=ctx_size,
                               server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
                                                     vanilla_server_args))
-        return _run_tune(model, options, receipt_path, out_path, as_json)
+        return _run_tune(model, options, receipt_path, output, as_json)
     from ..measure.core.options import JudgeOptions, VerifyOptions
     from ..measure.tune.run import load_tuned_config
     from ..measure.verify.run import Thresholds, verify
@@ -143,9 +142,9 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                            absolute_acceptance=absolute_acceptance))
     kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)
     if matrix:
-        return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, out_path, receipt_path, as_json, key)
+        return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, output, receipt_path, as_json, key)
     res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json)
-    _write_and_show(res, out_path, receipt_path, as_json, key)
+    _write_and_show(res, output, receipt_path, as_json, key)
     if not res.ok:
         sys.exit(1)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -35,9 +34,13 @@ def normalize_include(include: str | Sequence[str] | None) -> list[str] | None:
     return pats or None
 
 
-def matches(path: str, include: list[str] | None) -> bool:
-    """``path`` matches one of the fnmatch patterns (``*`` crosses ``/``), or there are none."""
-    return include is None or any(fnmatch.fnmatchcase(path, pat) for pat in include)
+def matches(path: str, include: list[str] | None, exclude: list[str] | None = None) -> bool:
+    """``path`` is selected by huggingface_hub's ``allow_patterns=include`` and
+    ``ignore_patterns=exclude`` (fnmatch, ``*`` crosses ``/``, a pattern ending in ``/`` takes the
+    folder): it matches one of ``include`` (or there are none) and none of ``exclude``."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    return any(True for _ in filter_repo_objects([path], allow_patterns=include, ignore_patterns=exclude))
 
 
 def _unsafe_reason(path: str) -> str | None:

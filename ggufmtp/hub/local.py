@@ -40,14 +40,15 @@ _WHERE_OFF = "offline mode is on (HF_HUB_OFFLINE=1)"
 
 
 def pull_offline(repo_id: str, revision: str | None, include: list[str] | None, ldir: Path | None, cache: Path,
-                 endpoint: str, progress: bool, secrets: Sequence[str]) -> PullResult:
+                 endpoint: str, progress: bool, secrets: Sequence[str], *, exclude: list[str] | None = None
+                 ) -> PullResult:
     """Re-verify files pulled earlier into ``ldir`` (or the cache) without touching the network."""
     if ldir is not None:
         base, prev, commit = _offline_local_dir(repo_id, revision, ldir)
     else:
         base, prev, commit = _offline_cache(repo_id, revision, cache, endpoint, secrets)
     return pull_directory(base, include, progress, source=PullSource.CACHE, prev=prev, repo_id=repo_id,
-                          requested_revision=revision, commit=commit, require_prev_selection=True)
+                          requested_revision=revision, commit=commit, require_prev_selection=True, exclude=exclude)
 
 
 def _offline_local_dir(repo_id: str, revision: str | None, base: Path) -> tuple[Path, PullResult, str | None]:
@@ -109,7 +110,8 @@ def _walk_files(base: Path) -> list[str]:
 
 def pull_directory(base: Path, include: list[str] | None, progress: bool, *, source: PullSource,
                    prev: PullResult | None = None, repo_id: str | None = None, requested_revision: str | None = None,
-                   commit: str | None = None, require_prev_selection: bool = False) -> PullResult:
+                   commit: str | None = None, require_prev_selection: bool = False,
+                   exclude: list[str] | None = None) -> PullResult:
     """Build (and verify, when Hub metadata is known) the manifest of files already on disk."""
     if prev is None and source == PullSource.LOCAL:
         prev = try_read_manifest(base)
@@ -117,20 +119,20 @@ def pull_directory(base: Path, include: list[str] | None, progress: bool, *, sou
             repo_id, commit, requested_revision = prev.repo_id, prev.resolved_commit, prev.requested_revision
     expected = hub_files_by_path(prev.hub_files if prev else None)
     offline_prev = prev if require_prev_selection else None
-    wanted = _wanted_on_disk(base, include, offline_prev, expected, repo_id)
+    wanted = _wanted_on_disk(base, include, offline_prev, expected, repo_id, exclude)
     files = _verify_on_disk(base, wanted, expected, progress, repo_id, commit)
     models, _ = group_gguf_shards(f.path for f in files)
     result = PullResult(
         repo_id=repo_id, source=source, requested_revision=requested_revision, resolved_commit=commit,
         endpoint_host=prev.endpoint_host if prev else None, local_dir=base, files=files, gguf_models=models,
-        include=include, hub_files=prev.hub_files if prev else None,
+        include=include, hub_files=prev.hub_files if prev else None, exclude=exclude,
     )
     write_manifest(result)
     return result
 
 
 def _wanted_on_disk(base: Path, include: list[str] | None, offline_prev: PullResult | None,
-                    expected: dict[str, HubFile], repo_id: str | None) -> list[str]:
+                    expected: dict[str, HubFile], repo_id: str | None, exclude: list[str] | None = None) -> list[str]:
     """The files to take from ``base``, in order; every one of them must be there.
 
     Offline (``offline_prev`` given) the repo is what the Hub said at the recorded commit, and
@@ -139,13 +141,13 @@ def _wanted_on_disk(base: Path, include: list[str] | None, offline_prev: PullRes
     where = f"{base}"
     if offline_prev is not None:
         universe = sorted(expected) if expected else present
-        wanted = ({p for p in universe if matches(p, include)} if include
-                  else {f.path for f in offline_prev.files})
+        candidates = universe if include else [f.path for f in offline_prev.files]
+        wanted = {p for p in candidates if matches(p, include, exclude)}
     else:
         universe = present
-        wanted = {p for p in present if matches(p, include)}
+        wanted = {p for p in present if matches(p, include, exclude)}
     if not wanted:
-        raise HubRefusedError(f"no file in {where} matches --include {include}" if include
+        raise HubRefusedError(f"no file in {where} matches --include {include} --exclude {exclude}" if include or exclude
                               else f"{where} has no files")
     wanted = complete_shard_selection(wanted, set(universe) | set(present), where)
     check_safe_paths(sorted(wanted), where)

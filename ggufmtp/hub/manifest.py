@@ -104,6 +104,7 @@ class PullResult:
     include: list[str] | None = None
     hub_files: list[HubFile] | None = None  # the Hub's metadata for every file of the commit
     manifest_path: Path | None = None
+    exclude: list[str] | None = None  # the pull's ignore patterns (``include``: its allow patterns)
 
     def __post_init__(self) -> None:
         self.source = PullSource(self.source)
@@ -138,6 +139,7 @@ class PullResult:
             "resolved_commit": self.resolved_commit,
             "endpoint_host": self.endpoint_host,
             "include": self.include,
+            "exclude": self.exclude,
             "local_dir": str(self.local_dir),
             "model_entry": self.model_entry,
             "gguf_models": [m.to_dict() for m in self.gguf_models],
@@ -194,7 +196,7 @@ def read_manifest(path: str | os.PathLike) -> PullResult:
         return PullResult(
             repo_id=data.get("repo_id"), source=data["source"], requested_revision=data.get("requested_revision"),
             resolved_commit=data.get("resolved_commit"), endpoint_host=data.get("endpoint_host"),
-            local_dir=p.parent, files=files, gguf_models=models, include=data.get("include"),
+            local_dir=p.parent, files=files, gguf_models=models, include=data.get("include"), exclude=data.get("exclude"),
             hub_files=_recorded_hub_files(data.get("hub_files")), manifest_path=p,
         )
     except (KeyError, TypeError, ValueError) as e:

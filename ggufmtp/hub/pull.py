@@ -77,6 +77,7 @@ class _HubPull:
     progress: bool
     endpoint: str | None = None  # resolved to the effective endpoint
     cache: Path | None = None  # resolved to the effective cache directory
+    exclude: list[str] | None = None
     secrets: Sequence[str] = field(default_factory=tuple)  # set while the secrets guard is active
 
     def __post_init__(self) -> None:
@@ -103,6 +104,7 @@ def pull(
     *,
     revision: str | None = None,
     include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
     local_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
     progress: bool = True,
@@ -114,23 +116,24 @@ def pull(
     ``repo_id`` may also be a local directory: the manifest is then built from the files in it
     (verified against the Hub's checksums if an earlier pull left a manifest there).
 
-    ``include``: fnmatch patterns matched against repo paths (``*`` crosses ``/``). Selecting any
-    shard of a split GGUF selects all of them; a missing shard is an error naming it.
+    ``include``, ``exclude``: huggingface_hub's ``allow_patterns`` and ``ignore_patterns``
+    (fnmatch patterns matched against repo paths, ``*`` crosses ``/``). Selecting any shard of a
+    split GGUF selects all of them; a missing shard is an error naming it.
     ``local_dir``: where to put the files; default: the Hugging Face cache (the manifest then sits
     in the cache's snapshot folder). ``endpoint``: default ``$HF_ENDPOINT`` or huggingface.co.
     With ``HF_HUB_OFFLINE=1`` nothing touches the network: files come from the cache / local_dir
     and are checked against the Hub metadata recorded by the last online pull.
     """
-    include = normalize_include(include)
+    include, exclude = normalize_include(include), normalize_include(exclude)
     directory = _as_local_directory(repo_id, revision, local_dir)
     if directory is not None:
-        return pull_directory(directory, include, progress, source=PullSource.LOCAL)
-    req = _HubPull(repo_id, revision, include, local_dir, token, progress, endpoint, cache_dir)
+        return pull_directory(directory, include, progress, source=PullSource.LOCAL, exclude=exclude)
+    req = _HubPull(repo_id, revision, include, local_dir, token, progress, endpoint, cache_dir, exclude=exclude)
     with guard_secrets(token) as secrets:
         req.secrets = secrets
         if is_offline():
             return pull_offline(req.repo_id, req.revision, req.include, req.local_dir, req.cache, req.endpoint,
-                                req.progress, req.secrets)
+                                req.progress, req.secrets, exclude=req.exclude)
         return _pull_online(req)
 
 
@@ -161,14 +164,14 @@ def _pull_online(req: _HubPull) -> PullResult:
     commit = _pin_commit(api, req)
     hub = _list_commit(api, req, commit)
     where = f"{req.repo_id} @ {commit[:12]}"
-    order = _select(hub, req.include, where)
+    order = _select(hub, req.include, where, req.exclude)
     reused = _check_preexisting(req.local_dir, order, hub, where, req.progress) if req.local_dir is not None else {}
     base_dir, files = _Downloads(req, commit, hub, where).run(order, reused)
     models, _ = group_gguf_shards(order)
     result = PullResult(
         repo_id=req.repo_id, source=PullSource.HUB, requested_revision=req.revision, resolved_commit=commit,
         endpoint_host=host(req.endpoint), local_dir=base_dir, files=files, gguf_models=models,
-        include=req.include, hub_files=[hub[p] for p in sorted(hub)],
+        include=req.include, hub_files=[hub[p] for p in sorted(hub)], exclude=req.exclude,
     )
     write_manifest(result)
     return result
@@ -196,16 +199,19 @@ def _list_commit(api: Any, req: _HubPull, commit: str) -> dict[str, HubFile]:
     return {e.path: HubFile(e.path, e.size, e.lfs.sha256 if e.lfs is not None else None, e.blob_id) for e in tree}
 
 
-def _select(hub: dict[str, HubFile], include: list[str] | None, where: str) -> list[str]:
-    """The repo paths to pull, in order: those matching ``include``, with whole split models, all safe."""
+def _select(hub: dict[str, HubFile], include: list[str] | None, where: str, exclude: list[str] | None = None
+            ) -> list[str]:
+    """The repo paths to pull, in order: those matching ``include`` and not ``exclude``, with whole
+    split models, all safe."""
     if MANIFEST_NAME in hub:
         log.warning("%s contains its own %s; ggufmtp's manifest takes that name, so that file is not pulled",
                     where, MANIFEST_NAME)
     available = {p for p in hub if p != MANIFEST_NAME}
-    selected = {p for p in available if matches(p, include)}
+    selected = {p for p in available if matches(p, include, exclude)}
     if not selected:
         sample = ", ".join(sorted(available)[:10]) or "(the repo is empty)"
-        raise HubRefusedError(f"no file of {where} matches --include {include}: the repo has {sample}"
+        raise HubRefusedError(f"no file of {where} matches --include {include}"
+                              + (f" and not --exclude {exclude}" if exclude else "") + f": the repo has {sample}"
                               + (" ..." if len(available) > 10 else ""))
     selected = complete_shard_selection(selected, available, where)
     check_safe_paths(sorted(selected), where)

@@ -273,7 +273,7 @@ def _with_provenance(im: Imatrix, corpus: Corpus, prov: ImatrixProvenance) -> Im
                                gguf_kv_order=order + list(kv), path=None, sha256=None)
 
 
-def _settings(chunks: int | None, ctx_size: int, gpu_layers: int | None, threads: int | None) -> ImatrixSettings:
+def _settings(chunks: int | None, ctx_size: int, gpu_layers: int | str | None, threads: int | None) -> ImatrixSettings:
     """The settings, a bad one named as the command line's option (``--ctx-size``, not ``ctx_size``)."""
     try:
         return ImatrixSettings(chunks, ctx_size, gpu_layers, threads)
@@ -336,7 +336,7 @@ def _compute(binary: Path, model: Path, corpus: Corpus, s: ImatrixSettings, mtp:
 
 
 def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus, out: str | os.PathLike, *,
-                    chunks: int | None = None, ctx_size: int = DEFAULT_CHUNK_SIZE, gpu_layers: int | None = None,
+                    chunks: int | None = None, ctx_size: int = DEFAULT_CHUNK_SIZE, gpu_layers: int | str | None = None,
                     threads: int | None = None, mtp: bool = False, progress: bool = True,
                     binary: str | os.PathLike | None = None) -> ComputeResult:
     """Compute the imatrix of ``model`` over ``corpus`` (a path, ``builtin:NAME`` or a Corpus) and
@@ -394,7 +394,7 @@ class RunImatrix:
     def key(self) -> dict[str, Any]:
         return {"corpus_sha256": self.corpus.sha256, "chunks": self.chunks, "ctx_size": self.ctx_size, "mtp": self.mtp}
 
-    def compute(self, model: Path, *, threads: int | None, gpu_layers: int | None, progress: bool) -> dict[str, Any]:
+    def compute(self, model: Path, *, threads: int | None, gpu_layers: int | str | None, progress: bool) -> dict[str, Any]:
         """Compute it; the stage record: ``{"imatrix": {"path", "sha256"}, "result": ComputeResult}``."""
         res = compute_imatrix(model, self.corpus, self.out, chunks=self.chunks, ctx_size=self.ctx_size,
                               gpu_layers=gpu_layers, threads=threads, mtp=self.mtp, progress=progress)

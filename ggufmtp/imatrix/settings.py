@@ -24,7 +24,7 @@ class ImatrixSettings:
 
     chunks: int | None = None
     ctx_size: int = DEFAULT_CHUNK_SIZE
-    gpu_layers: int | None = None
+    gpu_layers: int | str | None = None
     threads: int | None = None
 
     def __post_init__(self) -> None:

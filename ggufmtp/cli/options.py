@@ -1,0 +1,194 @@
+"""The command line's shared vocabulary: every option that several commands take, defined once.
+
+A name means one thing in every command that has it, llama.cpp's meaning where llama.cpp has the
+name (``-ngl/--n-gpu-layers/--gpu-layers``, ``-c/--ctx-size``, ``-t/--threads``,
+``--spec-draft-n-max``), huggingface_hub's where it has it (``--revision``, ``--include``,
+``--exclude``, ``--token``), and ``-o/--output`` is always the path of the command's main product.
+:data:`VOCABULARY` is the table (the docs' ``reference/flags.md`` and ``tests/test_flag_vocabulary.py``
+read it); each ``*_option`` below makes the one option of a row. ``-t/--threads`` is llama.cpp's:
+the CPU threads of the llama.cpp program that runs the model (llama-server, llama-perplexity,
+llama-imatrix); quantization threads (llama-quantize's NTHREADS) are ``--quantize-threads``.
+
+An old spelling that users may depend on stays accepted as a hidden alias (:class:`SharedOption`'s
+``hidden``): ``verify --out`` is ``-o/--output``; ``quantize -t`` and ``sidecar -t`` are their
+``--quantize-threads`` (those commands run no model, so nothing else could be meant); ``plan
+--out`` is ``--emit-output``, ``train --threads`` is ``--torch-threads``; each is listed in
+:data:`LEGACY_ALIASES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["LEGACY_ALIASES", "VOCABULARY", "GpuLayers", "SharedName", "SharedOption", "ctx_size_option",
+           "draft_n_max_option", "exclude_option", "gpu_layers_option", "include_option", "output_option",
+           "model_at_revision", "quantize_threads_option", "revision_option", "threads_option", "token_option",
+           "with_revision"]
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+@dataclass(frozen=True)
+class SharedName:
+    """One row of the vocabulary: the spellings, the parameter they fill, its kind, the words its
+    help starts with in every command, and whose name it is."""
+
+    names: tuple[str, ...]
+    dest: str
+    kind: str  # "integer", "text", "path", "gpu layers", "text (repeatable)"
+    stem: str
+    origin: str
+
+
+VOCABULARY: tuple[SharedName, ...] = (
+    SharedName(("-ngl", "--n-gpu-layers", "--gpu-layers"), "gpu_layers", "gpu layers",
+               "Layers offloaded to the GPU (llama.cpp's -ngl: N, auto or all)", "llama.cpp"),
+    SharedName(("-t", "--threads"), "threads", "integer",
+               "CPU threads of the llama.cpp program that runs the model (llama.cpp's -t)", "llama.cpp"),
+    SharedName(("--quantize-threads",), "quantize_threads", "integer",
+               "Quantization threads (llama-quantize's NTHREADS; 0: all cores)", "llama-quantize"),
+    SharedName(("-c", "--ctx-size"), "ctx_size", "integer", "Context size in tokens (llama.cpp's -c)", "llama.cpp"),
+    SharedName(("--draft-n-max", "--spec-draft-n-max"), "draft_n_max", "integer",
+               "Draft window k: tokens drafted per step (llama-server's --spec-draft-n-max)", "llama.cpp"),
+    SharedName(("-o", "--output"), "output", "path", "Output path: ", "ggufmtp"),
+    SharedName(("--revision",), "revision", "text", "Hub revision (branch, tag or commit)", "huggingface_hub"),
+    SharedName(("--include",), "include", "text (repeatable)",
+               "Only the repo files matching this glob pattern (repeatable; huggingface_hub's allow_patterns)",
+               "huggingface_hub"),
+    SharedName(("--exclude",), "exclude", "text (repeatable)",
+               "Leave out the repo files matching this glob pattern (repeatable; huggingface_hub's ignore_patterns)",
+               "huggingface_hub"),
+    SharedName(("--token",), "token", "text",
+               "Hub token (default: $HF_TOKEN or `hf auth login`; a command line is visible to other users: "
+               "prefer HF_TOKEN)", "huggingface_hub"),
+)
+
+# (command path, old spelling) -> the spelling it is a hidden alias of (every hidden spelling is here).
+LEGACY_ALIASES: dict[tuple[str, str], str] = {
+    ("verify", "--out"): "--output", ("tune", "--out"): "--output", ("curve", "--out"): "--output",
+    ("profiles", "--out"): "--output",
+    ("quantize", "-t"): "--quantize-threads", ("quantize", "--threads"): "--quantize-threads",
+    ("sidecar", "-t"): "--quantize-threads", ("sidecar", "--threads"): "--quantize-threads",
+    ("plan", "--out"): "--emit-output",  # the OUT of the llama-quantize line plan prints, not plan's output
+    ("train", "--threads"): "--torch-threads",  # PyTorch's threads: train runs no llama.cpp program
+}
+
+
+def _row(name: str) -> SharedName:
+    return next(r for r in VOCABULARY if name in r.names)
+
+
+class SharedOption(click.Option):
+    """A click option whose ``hidden`` spellings are accepted but not shown (in ``--help`` and the
+    docs): an old name kept for the command lines that use it."""
+
+    def __init__(self, param_decls: Sequence[str], *, hidden: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(list(param_decls), **kwargs)
+        self.hidden_opts = tuple(hidden)
+
+    @property
+    def shown_opts(self) -> list[str]:
+        return [o for o in self.opts if o not in self.hidden_opts]
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        opts = self.opts
+        self.opts = self.shown_opts
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = opts
+
+
+def _shared(name: str, detail: str = "", *, hidden: Sequence[str] = (), extra: Sequence[str] = (),
+            **kwargs: Any) -> Decorator:
+    """The option of vocabulary row ``name``: its spellings (then ``extra``, then the ``hidden``
+    old ones), its dest, and help text starting with the row's stem (then ``detail``)."""
+    row = _row(name)
+    stem = row.stem if row.stem.endswith(" ") or not detail else row.stem + ". "
+    return click.option(*row.names, *extra, *hidden, row.dest, cls=SharedOption, hidden=tuple(hidden),
+                        help=(stem + detail).strip(), **kwargs)
+
+
+class GpuLayers(click.ParamType):
+    """llama.cpp's ``-ngl`` value: a number of layers, ``auto`` or ``all``."""
+
+    name = "gpu layers"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or value in ("auto", "all"):
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r}: a number of layers, auto or all", param, ctx)
+
+
+def gpu_layers_option(detail: str = "") -> Decorator:
+    return _shared("--gpu-layers", detail, type=GpuLayers(), default=None, metavar="N")
+
+
+def threads_option(detail: str = "") -> Decorator:
+    return _shared("--threads", detail or "Default: llama.cpp's.", type=click.IntRange(min=1), default=None)
+
+
+def quantize_threads_option(detail: str = "", *, hidden: Sequence[str] = (), default: int | None = 0) -> Decorator:
+    return _shared("--quantize-threads", detail, hidden=hidden, type=click.IntRange(min=0), default=default,
+                   show_default=default is not None)
+
+
+def ctx_size_option(detail: str = "", *, default: int, min_ctx: int = 256) -> Decorator:
+    return _shared("--ctx-size", detail, type=click.IntRange(min=min_ctx), default=default, show_default=True)
+
+
+def draft_n_max_option(detail: str = "", *, default: int | None = None) -> Decorator:
+    return _shared("--draft-n-max", detail, type=click.IntRange(min=1), default=default,
+                   show_default=default is not None)
+
+
+def output_option(detail: str, *, directory: bool = False, default: str | None = None, required: bool = False,
+                  extra: Sequence[str] = (), hidden: Sequence[str] = ()) -> Decorator:
+    """``-o/--output``, the path of the command's main product: a file, or with ``directory`` a folder."""
+    return _shared("--output", detail, extra=extra, hidden=hidden, default=default, required=required,
+                   show_default=default is not None,
+                   type=click.Path(file_okay=False) if directory else click.Path(dir_okay=False))
+
+
+def revision_option(detail: str = "") -> Decorator:
+    return _shared("--revision", detail, default=None, metavar="REVISION")
+
+
+def include_option(detail: str = "") -> Decorator:
+    return _shared("--include", detail, multiple=True, metavar="PATTERN")
+
+
+def exclude_option(detail: str = "") -> Decorator:
+    return _shared("--exclude", detail, multiple=True, metavar="PATTERN")
+
+
+def token_option(detail: str = "") -> Decorator:
+    return _shared("--token", detail, default=None, metavar="TOKEN")
+
+
+def with_revision(model: str, revision: str | None) -> tuple[str, str | None]:
+    """``(MODEL, REVISION)`` of a model reference and ``--revision``: huggingface_hub's
+    ``--revision`` and the ``REPO@REV`` form mean the same; given both, they must agree (a
+    click.UsageError otherwise). ``--revision`` with a local path or ``builtin:`` is refused."""
+    if Path(model).exists() or model.startswith("builtin:"):
+        if revision is not None:
+            raise click.UsageError(f"--revision {revision}: {model} is not a Hub repo (a revision names a Hub commit)")
+        return model, None
+    repo, at, rev = model.partition("@")
+    if at and revision is not None and rev != revision:
+        raise click.UsageError(f"two revisions: {model} and --revision {revision}; give one")
+    return repo, (revision or rev or None)
+
+
+def model_at_revision(model: str, revision: str | None) -> str:
+    """``MODEL`` with ``--revision`` folded in, as ``REPO@REV`` (:func:`with_revision`)."""
+    ident, rev = with_revision(model, revision)
+    return f"{ident}@{rev}" if rev else ident
