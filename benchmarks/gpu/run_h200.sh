@@ -376,13 +376,13 @@ PY
       date +"%T   rehearsal: $mode" >> "$RES/progress.txt"
       s0=$(date +%s.%N)
       if [ $mode = sequential ]; then
-        CUDA_VISIBLE_DEVICES=0 python3 -m ggufmtp ladder -m "$M" $R --imatrix "$IM" -o "$D" $V -t "$N" --json \
+        CUDA_VISIBLE_DEVICES=0 python3 -m ggufmtp ladder -m "$M" $R --imatrix "$IM" -o "$D" $V --quantize-threads "$N" --json \
           > "$P.json" 2> "$P.log" || true
-        "${sidecar[@]}" -t "$N" > "$P-sidecar.json" 2> "$P-sidecar.log" || true
+        "${sidecar[@]}" --quantize-threads "$N" > "$P-sidecar.json" 2> "$P-sidecar.log" || true
       else
-        "${sidecar[@]}" -t $(( N / G )) > "$P-sidecar.json" 2> "$P-sidecar.log" & sc=$!
+        "${sidecar[@]}" --quantize-threads $(( N / G )) > "$P-sidecar.json" 2> "$P-sidecar.log" & sc=$!
         python3 -m ggufmtp ladder -m "$M" $R --imatrix "$IM" -o "$D" $V --workers "$G" --gpus "$G" \
-          -t $(( N / G )) --json > "$P.json" 2> "$P.log" || true
+          --quantize-threads $(( N / G )) --json > "$P.json" 2> "$P.log" || true
         wait $sc || true
       fi
       echo "$mode $(python3 -c "import time;print(round(time.time()-$s0,2))")" >> "$RES/rehearsal-wall.txt"
