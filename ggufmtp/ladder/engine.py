@@ -2,7 +2,8 @@
 
 Each variant is two tasks: *build* (plan, quantize, audit: CPU cores) and *measure* (verify, the
 receipt's verification, eval and card: one GPU each when the model is offloaded, else one CPU slot), the second
-depending on the first. Both call :func:`ggufmtp.pipeline.run` on the variant's folder; its stage
+depending on the first (in the sidecar layout *measure* cuts the trunk and verifies the pair: :mod:`.pairs`).
+Both call :func:`ggufmtp.pipeline.run` on the variant's folder; its stage
 cache makes *measure* reuse what *build* did, and makes a rerun of the ladder resume each variant
 where it stopped (a failed variant does not redo the others). Each task's time is recorded in the
 outcome (:class:`TaskTime`: start, wall seconds, CPU seconds), so the ladder's JSON says where its
@@ -97,20 +98,23 @@ def _run_variant(job: VariantJob, measure: bool, before: Mapping[str, TaskTime] 
 def _variant_task(job: VariantJob, measure: bool) -> VariantOutcome:
     from ..pipeline import run
     from ..run_options import RunOptions
+    from .pairs import trunk_variant
 
+    trunk = job.sidecar is not None  # layout sidecar: the full variant is built, the trunk measured (.pairs)
     try:
         options = RunOptions(imatrix=job.imatrix, threads=job.threads, verify=job.verify,
                              verify_options=job.verify_options if measure else None,
                              reference_base=job.reference_base,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
-                             base_dir=job.base_dir, until=None if measure else "audit")
-        res = run(job.model, job.recipe, options, out_dir=job.out_dir, progress=False)
+                             base_dir=job.base_dir, until=None if measure and not trunk else "audit")
+        res = run(job.model, job.recipe, options, out_dir=job.build_dir, progress=False)
+        summary = trunk_variant(job, res) if measure and trunk else res.summary()
     except GgufmtpError as e:  # the variant's failure is reported; the other variants go on
         return VariantOutcome(job.recipe, False, error=str(e), host=os.uname().nodename, variant=job.out_dir.name)
     except OSError as e:  # its folder or a file of it cannot be written (a disk full, a permission)
         return VariantOutcome(job.recipe, False, error=f"{e.filename or job.out_dir}: {e.strerror or e}",
                               host=os.uname().nodename, variant=job.out_dir.name)
-    return VariantOutcome(job.recipe, True, res.summary(), host=os.uname().nodename,
+    return VariantOutcome(job.recipe, True, summary, host=os.uname().nodename,
                           gpu=os.environ.get("CUDA_VISIBLE_DEVICES"), variant=job.out_dir.name)
 
 

@@ -28,9 +28,11 @@ from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
 from ..provenance.card_page import PageOptions
 from ..provenance.ladder_card import make_ladder_card
+from ..provenance.receipt import default_receipt_path
+from ..quant.naming import model_name
 from ..refs import is_builtin, parse_model_ref, resolve
 from .engine import Engine, EngineInfo, Sequential, VariantOutcome
-from .spec import LadderSpec, VariantJob
+from .spec import LadderSpec, Layout, VariantJob
 
 __all__ = ["LadderResult", "run_ladder", "upload_ladder"]
 
@@ -49,6 +51,7 @@ class LadderResult:
     seconds: float
     finished_order: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # the ladder's own stages' wall seconds, in order
+    sidecars: list[Path] = field(default_factory=list)  # layout sidecar: DIR/mtp-<Model>-<TYPE>.gguf (receipts beside)
 
     @property
     def ok(self) -> bool:
@@ -63,20 +66,40 @@ class LadderResult:
                 "imatrix": self.imatrix, "card": str(self.card) if self.card else None, "engine": self.engine,
                 "seconds": round(self.seconds, 2), "phases": {k: round(v, 3) for k, v in self.phases.items()},
                 "threads": self.spec.threads, "cpus": os.cpu_count(), "finished_order": self.finished_order,
+                "layout": str(self.spec.layout), "sidecars": [str(p) for p in self.sidecars],
                 "ok": self.ok, "variants": [o.to_dict() for o in self.outcomes]}
 
 
 def _local_model(spec: LadderSpec, progress: bool) -> Path:
     """The model as a local GGUF, made so once for every variant (kept under ``spec.out_dir``)."""
+    return _local_source(spec, progress)[0]
+
+
+def _local_source(spec: LadderSpec, progress: bool) -> tuple[Path, str]:
+    """The local GGUF and the model's release name (:func:`~ggufmtp.quant.naming.model_name`, as
+    ``ggufmtp run`` names the variants)."""
     if is_builtin(spec.model):
-        return resolve(parse_model_ref(spec.model)).path
+        path = resolve(parse_model_ref(spec.model)).path
+        return path, model_name(spec.model, path)
     from ..hfconvert.convert import converted_for_run
 
     converted = converted_for_run(spec.model, spec.out_dir, progress, spec.token)
     if converted is not None:
-        return converted
-    return resolve(parse_model_ref(spec.model), local_dir=spec.out_dir / "base", token=spec.token,
+        return converted, model_name(spec.model, converted, converted=True)
+    path = resolve(parse_model_ref(spec.model), local_dir=spec.out_dir / "base", token=spec.token,
                    progress=progress).path
+    return path, model_name(spec.model, path)
+
+
+def _jobs(spec: LadderSpec, imatrix: str | None, progress: bool) -> tuple[list[VariantJob], list[Path]]:
+    """The variants' jobs; in the sidecar layout the sidecars are made first (:mod:`.pairs`)."""
+    if spec.layout != Layout.SIDECAR:
+        return [VariantJob.of(spec, r, imatrix) for r in spec.recipes], []
+    from .pairs import make_sidecars, pair_jobs
+
+    source, name = _local_source(spec, progress)
+    sidecars = make_sidecars(spec, source, name, imatrix, progress)
+    return pair_jobs(spec, imatrix, sidecars, source), sidecars
 
 
 def _shared_imatrix(spec: LadderSpec, progress: bool) -> str | None:
@@ -119,7 +142,9 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     engine = engine or Sequential()
     imatrix = _shared_imatrix(spec, progress)
     phase("imatrix")
-    jobs = [VariantJob.of(spec, r, imatrix) for r in spec.recipes]
+    jobs, sidecars = _jobs(spec, imatrix, progress)
+    if sidecars:
+        phase("sidecars")
     done: dict[str, VariantOutcome] = {}
     with progress_bar(len(jobs), "ladder", "variant", enabled=progress) as bar:
         for outcome in engine.run(jobs):
@@ -133,7 +158,8 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by)
     card = make_ladder_card(made, spec.out_dir / "README.md", options=options) if made else None
     phase("card")
-    return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases)
+    return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases,
+                        sidecars)
 
 
 def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, dry_run: bool = False,
@@ -148,10 +174,18 @@ def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, 
         raise LadderError(f"the ladder has variants that failed ({'; '.join(failed) or 'all'}); "
                           "fix them and rerun the ladder before publishing it")
     arts: Sequence[tuple[Path, Path]] = result.variants()
+    sidecars = [(p, default_receipt_path(p)) for p in result.sidecars]
     if result.spec.repo_id != repo_id:  # the card's download and run lines name the repo it goes to
         make_ladder_card(arts, result.card, public_key=public_key,
                          options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by))
     options = UploadOptions(private=private, token=token, dry_run=dry_run,
-                            commit_message=f"ggufmtp ladder: {len(arts)} MTP GGUF variants", endpoint=endpoint,
+                            commit_message=_commit_message(len(arts), len(sidecars)), endpoint=endpoint,
                             allow_unverified=allow_unverified, public_key=public_key)
-    return upload(repo_id, [a for a, _ in arts], [r for _, r in arts], result.card, options, progress=progress)
+    files = [*arts, *sidecars]  # a sidecar passes the gate through its trunks' receipts (hub/gate.py)
+    return upload(repo_id, [a for a, _ in files], [r for _, r in files], result.card, options, progress=progress)
+
+
+def _commit_message(variants: int, sidecars: int) -> str:
+    if not sidecars:
+        return f"ggufmtp ladder: {variants} MTP GGUF variants"
+    return f"ggufmtp ladder: {variants} trunk-only GGUF variants and {sidecars} MTP sidecar{'s' * (sidecars > 1)}"

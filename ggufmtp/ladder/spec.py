@@ -9,6 +9,8 @@ A ladder file is TOML::
     imatrix_chunks = 64
     threads = 8                            # quantization threads per variant
     quantized_by = "me"                    # the card's quantized_by (default: ggufmtp)
+    layout = "sidecar"                     # "full" (default): every variant with its head;
+    sidecars = ["Q8_0"]                    # "sidecar": trunk-only variants + these MTP sidecars
 
     [verify]                               # as `ggufmtp run`: seeds, limit, max_tokens, gpu_layers
     seeds = [42, 1337, 2024]
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import collections.abc
 import datetime
+import enum
 import os
 import tomllib
 import types
@@ -38,13 +41,23 @@ from ..errors import LadderError, QualityError, VerifyError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
-from ..quant.naming import ambiguous_tags, variant_file_name, variant_folder
+from ..quant.naming import ambiguous_tags, sidecar_file_name, tag_problem, variant_file_name, variant_folder
 from ..quant.recipe import Recipe
 
-__all__ = ["LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
+__all__ = ["DEFAULT_SIDECARS", "Layout", "LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
 
 _FILE_KEYS = {"model", "recipes", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by", "verify",
-              "eval"}
+              "eval", "layout", "sidecars"}
+
+
+class Layout(enum.StrEnum):
+    """What a ladder publishes per variant (docs/how-to/ladder.md, "Trunks and a sidecar")."""
+
+    FULL = "full"  # DIR/<TAG>/<Model>-<TAG>.gguf: every variant with its own MTP head
+    SIDECAR = "sidecar"  # the same names without the head (trunk-only), and DIR/mtp-<Model>-<TYPE>.gguf beside them
+
+
+DEFAULT_SIDECARS = ("Q8_0",)  # the sidecar layout's MTP sidecars: recipes or llama-quantize types
 _VERIFY_KEYS = {"seeds", "limit", "max_tokens", "gpu_layers", "threads", "ctx_size", "draft_n_max", "reference",
                 "head_margin", "absolute_acceptance", "server_args", "mtp_server_args", "vanilla_server_args"}
 _EVAL_KEYS = {"corpus", "chunks", "ctx_size", "gpu_layers", "threads"}
@@ -69,6 +82,8 @@ class LadderSpec:
     reference_base: bool = True  # judge each head against the source model (RunOptions.reference_base)
     quantized_by: str = "ggufmtp"  # the card's quantized_by
     repo_id: str | None = None  # the Hub repo the card's download and run lines name (ladder --upload REPO)
+    layout: Layout = Layout.FULL
+    sidecars: tuple[str, ...] = DEFAULT_SIDECARS  # with layout sidecar: one MTP sidecar per recipe (or type)
 
     def check(self) -> LadderSpec:
         """The spec with its recipes resolved; LadderError naming the first problem."""
@@ -92,7 +107,32 @@ class LadderSpec:
             tags = ", ".join(f"{given} -> {r.release_tag}" for given, r in zip(self.recipes, loaded, strict=True))
             raise LadderError(f"the recipes' tags ({tags}) would not name distinct variants for llama.cpp's "
                               f"-hf REPO:TAG: {'; '.join(problems)}")
+        self._check_sidecars()
         return self
+
+    def _check_sidecars(self) -> None:
+        """The sidecar layout's sidecars: at least one, loadable, with distinct tags (their names)."""
+        try:
+            layout = Layout(self.layout)
+        except ValueError:
+            raise LadderError(f"layout {self.layout!r}: one of {', '.join(v.value for v in Layout)}") from None
+        if layout != Layout.SIDECAR:
+            return
+        if not self.sidecars:
+            raise LadderError("layout sidecar needs at least one sidecar (sidecars = [\"Q8_0\"], --sidecar-type Q8_0)")
+        tags = [Recipe.load(s).release_tag for s in self.sidecars]  # RecipeError naming a bad one
+        twice = sorted({t for t in tags if tags.count(t) > 1})
+        if twice:
+            raise LadderError(f"sidecars {', '.join(self.sidecars)} name the sidecar {', '.join(twice)} twice")
+        bad = next((p for t in tags if (p := tag_problem(t))), None)
+        if bad:
+            raise LadderError(f"sidecar: {bad}")
+
+    def sidecar_paths(self, model: str) -> list[Path]:
+        """The sidecar layout's sidecars, ``DIR/mtp-<Model>-<TYPE>.gguf`` (``model``: the release name)."""
+        if Layout(self.layout) != Layout.SIDECAR:
+            return []
+        return [self.out_dir / sidecar_file_name(model, Recipe.load(s).release_tag) for s in self.sidecars]
 
     def variant_dir(self, recipe: str) -> Path:
         return self.out_dir / variant_folder(Recipe.load(recipe).release_tag)
@@ -115,15 +155,28 @@ class VariantJob:
     token: str | None
     uses_gpu: bool
     reference_base: bool = True
+    sidecar: Path | None = None  # layout sidecar: the MTP sidecar this variant's trunk is served and verified with
+    source: Path | None = None  # layout sidecar: the local source model (the reference arm, eval's base)
 
     @classmethod
-    def of(cls, spec: LadderSpec, recipe: str, imatrix: str | None) -> VariantJob:
+    def of(cls, spec: LadderSpec, recipe: str, imatrix: str | None, sidecar: Path | None = None,
+           source: Path | None = None) -> VariantJob:
         ev = spec.eval_options
         gpu = bool(spec.verify_options.server.gpu_layers) or bool(ev is not None and ev.gpu_layers)
         return cls(recipe=recipe, model=spec.model, out_dir=spec.variant_dir(recipe), base_dir=spec.out_dir,
                    imatrix=imatrix, threads=spec.threads, verify=spec.verify, verify_options=spec.verify_options,
                    eval_options=ev, signing_key=str(spec.signing_key) if spec.signing_key else None,
-                   token=spec.token, uses_gpu=gpu, reference_base=spec.reference_base)
+                   token=spec.token, uses_gpu=gpu, reference_base=spec.reference_base, sidecar=sidecar,
+                   source=source)
+
+    @property
+    def build_dir(self) -> Path:
+        """Where ``ggufmtp run`` makes the variant: its folder, or, for a trunk, the full variant's
+        (``DIR/.full/<TAG>/``, not published) that the trunk is cut from."""
+        return self.out_dir if self.sidecar is None else self.base_dir / FULL_DIR / self.out_dir.name
+
+
+FULL_DIR = ".full"  # layout sidecar: DIR/.full/<TAG>/, the full variants the trunks are cut from
 
 
 class LadderFields(TypedDict, total=False):
@@ -138,6 +191,8 @@ class LadderFields(TypedDict, total=False):
     verify_options: VerifyOptions
     eval_options: EvalOptions
     quantized_by: str
+    layout: Layout
+    sidecars: tuple[str, ...]
 
 
 def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dict[str, Any] | None:
@@ -154,7 +209,8 @@ def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dic
 
 # The type each top-level key must have (TOML gives bool for int's subclass, dates, tables, arrays).
 _FILE_TYPES: dict[str, object] = {"model": str, "recipes": list[str], "imatrix": str, "imatrix_corpus": str,
-                               "imatrix_chunks": int, "threads": int, "quantized_by": str}
+                               "imatrix_chunks": int, "threads": int, "quantized_by": str, "layout": str,
+                               "sidecars": list[str]}
 _TOML_NAMES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
                (dict, "a table"), (datetime.datetime, "a date-time"), (datetime.date, "a date"),
                (datetime.time, "a time"))
@@ -221,6 +277,14 @@ def load_ladder_file(path: str | Path) -> LadderFields:
         raise LadderError(f"{p}: unknown keys {', '.join(bad)} (known: {', '.join(sorted(_FILE_KEYS))})")
     _check_types(data, _FILE_TYPES, f"{p}: ")
     out = LadderFields(recipes=tuple(data.get("recipes", [])))
+    if "layout" in data:
+        try:
+            out["layout"] = Layout(data["layout"])
+        except ValueError:
+            raise LadderError(f"{p}: layout must be one of {', '.join(repr(v.value) for v in Layout)}, not "
+                              f"{data['layout']!r}") from None
+    if "sidecars" in data:
+        out["sidecars"] = tuple(data["sidecars"])
     for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by"):
         if data.get(k) is not None:
             out[k] = data[k]

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..quant.sidecar import ReceiptWriter, StagedPair
 
 __all__ = ["PairSources", "expected_status", "pair_problem", "pair_receipt_writer", "pair_section_problems",
-           "write_pair_receipts"]
+           "write_pair_receipts", "write_trunk_receipt"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,30 +107,52 @@ def write_pair_receipts(src: PairSources, sidecar: tuple[Path, Path], trunk: tup
     """Write the receipts of a sidecar (and trunk), given as ``(staged file, final path)``: each at
     ``FINAL.receipt.json``, naming the other file's digest; with ``signing_key`` each receipt is a
     signed DSSE envelope and each file gets ``FINAL.sig``. Returns the receipts' paths."""
-    from .signing import sign_artifact, signature_path
-
     predicate, full_sha = _base(src)
-    source = sorted({f["sha256"] for f in predicate["base_model"]["files"]})
     digests = {role: sha256_file(staged) for role, (staged, _) in
                (("sidecar", sidecar), *((("trunk", trunk),) if trunk else ()))}
-    made_from = _named(src.full, full_sha, src.model.name if src.quantized is None else src.full.name)
     side_named = _named(sidecar[1], digests["sidecar"])
     trunk_named = _named(trunk[1], digests["trunk"]) if trunk else None
-    paths: list[Path | None] = []
-    for role, files in (("sidecar", sidecar), ("trunk", trunk)):
-        if files is None:
-            paths.append(None)
-            continue
-        staged, final = files
-        pair: PairSection = {"role": role, "made_from": made_from, "source_sha256": source,
-                             "trunk": trunk_named if role == "sidecar" else None,
-                             "sidecar": side_named if role == "trunk" else None}
-        p = cast(Predicate, {**predicate, "result": _result_section(GGUFModel(staged)), "pair": pair})
-        st = build_statement([staged], p, {str(staged): digests[role]})
-        if signing_key is not None:
-            sign_artifact(staged, signing_key, signature=signature_path(final))
-        paths.append(write_statement(default_receipt_path(final), seal(st), signing_key))
-    return cast(Path, paths[0]), paths[1]
+    made_from = _made_from(src, full_sha)
+    side = _write_part_receipt(sidecar, digests["sidecar"], predicate,
+                               _pair("sidecar", made_from, predicate, trunk=trunk_named), signing_key)
+    if trunk is None:
+        return side, None
+    return side, _write_part_receipt(trunk, digests["trunk"], predicate,
+                                     _pair("trunk", made_from, predicate, sidecar=side_named), signing_key)
+
+
+def write_trunk_receipt(src: PairSources, trunk: tuple[Path, Path], sidecar: Path,
+                        signing_key: str | Path | None = None) -> Path:
+    """The receipt of a trunk (``(staged file, final path)``) cut from ``src.full`` to be served with
+    the published ``sidecar`` made apart from the same source (a ladder's trunk-only variant): its
+    pair section names that sidecar by name and sha256. Returns the receipt's path."""
+    predicate, full_sha = _base(src)
+    side_named = _named(sidecar, sha256_file(sidecar))
+    return _write_part_receipt(trunk, sha256_file(trunk[0]), predicate,
+                               _pair("trunk", _made_from(src, full_sha), predicate, sidecar=side_named), signing_key)
+
+
+def _made_from(src: PairSources, full_sha: str) -> NamedDigest:
+    return _named(src.full, full_sha, src.model.name if src.quantized is None else src.full.name)
+
+
+def _pair(role: str, made_from: NamedDigest, predicate: Predicate, *, trunk: NamedDigest | None = None,
+          sidecar: NamedDigest | None = None) -> PairSection:
+    source = sorted({f["sha256"] for f in predicate["base_model"]["files"]})
+    return {"role": role, "made_from": made_from, "source_sha256": source, "trunk": trunk, "sidecar": sidecar}
+
+
+def _write_part_receipt(files: tuple[Path, Path], digest: str, predicate: Predicate, pair: PairSection,
+                        signing_key: str | Path | None) -> Path:
+    """One part's receipt at ``FINAL.receipt.json`` (and ``FINAL.sig`` with ``signing_key``)."""
+    from .signing import sign_artifact, signature_path
+
+    staged, final = files
+    p = cast(Predicate, {**predicate, "result": _result_section(GGUFModel(staged)), "pair": pair})
+    st = build_statement([staged], p, {str(staged): digest})
+    if signing_key is not None:
+        sign_artifact(staged, signing_key, signature=signature_path(final))
+    return write_statement(default_receipt_path(final), seal(st), signing_key)
 
 
 def expected_status(st: Statement) -> MTPStatus:

@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["NOT_A_MODEL", "SIDECAR_KEYWORD", "ambiguous_tags", "model_name", "name_problem", "selects",
+__all__ = ["NOT_A_MODEL", "SIDECAR_KEYWORD", "ambiguous_tags", "best_sidecar", "model_name", "name_problem", "selects",
            "sidecar_file_name", "tag_problem", "variant_file_name", "variant_folder"]
 
 # gguf_filename_is_model (common/download.cpp:637): a file whose name holds one of these is no model
@@ -99,6 +99,32 @@ def variant_folder(tag: str) -> str:
 def sidecar_file_name(model: str, type_name: str) -> str:
     """``mtp-<Model>-<TYPE>.gguf``: the MTP-only GGUF llama.cpp's ``-hf`` serves as the draft of ``model``'s variants."""
     return f"{SIDECAR_KEYWORD}{model}-{type_name}.gguf"
+
+
+def _quant_bits(text: str) -> int:
+    """``extract_quant_bits`` (common/download.cpp:513): the number that starts at the first digit of
+    the file's last ``-``/``.`` part (``Q8_0`` -> 8, ``F16`` -> 16, none -> 0)."""
+    stem = _SPLIT_RE.sub("", text.removesuffix(".gguf"))
+    m = re.search(r"[-.]([A-Za-z0-9_]+)$", stem)
+    digits = re.search(r"\d+", m.group(1)) if m else None
+    return int(digits.group()) if digits else 0
+
+
+def best_sidecar(tag: str, sidecars: Sequence[str]) -> str | None:
+    """The sidecar llama.cpp's ``-hf REPO:TAG`` takes among ``sidecars`` (file names in the variant's
+    folder or above it at one depth), as ``find_best_sibling`` (common/download.cpp:545) chooses: a
+    name holding ``-TAG.`` first, else the one whose type's bits are closest to the tag's (its first
+    number: ``Q4_K_M`` -> 4), the first listed on a tie."""
+    digits = re.search(r"\d+", tag)
+    want = int(digits.group()) if digits else 0
+    best: tuple[bool, int] | None = None
+    found = None
+    for name in sidecars:
+        exact = f"-{tag.upper()}." in name.upper()
+        score = (exact, -abs(_quant_bits(name) - want))
+        if best is None or score > best:
+            best, found = score, name
+    return found
 
 
 def selects(tag: str, path_in_repo: str) -> bool:

@@ -41,7 +41,7 @@ from ..gguf.model import GGUFModel, MTPStatus, block_prefixes, check_mtp, format
 from .naming import model_name, name_problem, sidecar_file_name
 from .quantize import QuantizeResult
 
-__all__ = ["Role", "SidecarOptions", "SidecarResult", "make_sidecar", "write_part", "sidecar_default_name"]
+__all__ = ["Role", "SidecarOptions", "SidecarResult", "make_sidecar", "make_trunk", "write_part", "sidecar_default_name"]
 
 PARTIAL_MARK = ".partial-"
 
@@ -247,6 +247,27 @@ def make_sidecar(model: str | Path, out: str | Path, options: SidecarOptions | N
         shutil.rmtree(work, ignore_errors=True)
     head = check_mtp(GGUFModel(out))
     return SidecarResult(out, receipts[0], trunk_out, receipts[1], list(head.blocks), dict(head.tensors))
+
+
+def make_trunk(full: str | Path, out: str | Path, before_publish: Callable[[Path, Path], Path | None]) -> Path | None:
+    """Write the trunk of the full model ``full`` to ``out`` (a ladder's trunk-only variant, its
+    sidecar made apart): staged, ``before_publish(staged, out)`` writes its receipt (returned), then
+    renamed into place. QuantizeError naming the file when ``full`` cannot be split."""
+    full, out = Path(full), Path(out)
+    _refuse_paths(full, out, None)
+    if problem := name_problem(out.name):
+        raise QuantizeError(f"{out}: {problem}; name the trunk as a variant (<Model>-<TAG>.gguf)")
+    _check_source(full)
+    work = _stage_dir(out)
+    try:
+        staged = work / out.name  # staged under its final name: its receipt names it
+        write_part(full, staged, Role.TRUNK)
+        receipt = before_publish(staged, out)
+        os.replace(staged, out)
+        fsync_dir(out.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return receipt
 
 
 def _refuse_paths(model: Path, out: Path, trunk_out: Path | None) -> None:

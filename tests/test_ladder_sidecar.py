@@ -1,0 +1,108 @@
+"""A ladder in the sidecar layout (issue #41 item 2): N trunk-only variants and one MTP sidecar made
+from the source, each trunk receipted as part of its pair and verified with ``-m TRUNK -md
+SIDECAR`` by a real llama-server; the folder as docs/how-to/ladder.md documents it; a rerun that
+reuses everything; names llama.cpp's ``-hf`` resolver picks (the model by TAG, the sidecar by
+``mtp-``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ggufmtp.errors import LadderError
+from ggufmtp.gguf.model import GGUFModel, MTPStatus, check_mtp
+from ggufmtp.ladder.run import run_ladder
+from ggufmtp.ladder.spec import LadderSpec, Layout, load_ladder_file
+from ggufmtp.measure.core.options import VerifyOptions
+from ggufmtp.provenance.audit import audit
+from ggufmtp.provenance.receipt import default_receipt_path, read_receipt
+from ggufmtp.quality.options import EvalOptions
+from ggufmtp.quant.naming import best_sidecar, name_problem, selects
+
+MODEL = "builtin:tiny-qwen35moe-f20"
+NAME = "tiny-qwen35moe-f20"
+RECIPES = ("q8_0-mtp", "q4_k_m-mtp-q8")
+VERIFY = {"seeds": (42,), "limit": 3, "max_tokens": 24, "threads": 1}
+EVAL = {"corpus": "builtin:calib-v1", "chunks": 2, "ctx_size": 128, "threads": 1}
+
+
+def _spec(out: Path, **kw) -> LadderSpec:
+    return LadderSpec(model=MODEL, recipes=RECIPES, out_dir=out, imatrix_corpus="builtin:calib-v1", imatrix_chunks=2,
+                      threads=1, verify_options=VerifyOptions.from_dict(VERIFY), eval_options=EvalOptions(**EVAL),
+                      layout=Layout.SIDECAR, **kw)
+
+
+@pytest.fixture(scope="module")
+def ladder(llama_server_bin, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ladder-sidecar")
+    return out, run_ladder(_spec(out), progress=False)
+
+
+def test_trunks_and_one_sidecar_in_the_documented_folder(ladder):
+    out, res = ladder
+    assert res.ok, [o.error for o in res.outcomes]
+    side = out / f"mtp-{NAME}-Q8_0.gguf"
+    assert res.sidecars == [side] and check_mtp(GGUFModel(side)).status == MTPStatus.SIDECAR
+    assert audit(side).ok and read_receipt(default_receipt_path(side)).predicate["pair"]["role"] == "sidecar"
+    assert list(res.to_dict()["phases"]) == ["imatrix", "sidecars", "variants", "card"]
+    for o in res.outcomes:
+        trunk, rc = Path(o.summary["artifact"]), Path(o.summary["receipt"])
+        assert trunk == out / o.variant / f"{NAME}-{o.variant}.gguf" and rc == default_receipt_path(trunk)
+        assert (out / ".full" / o.variant / trunk.name).is_file()  # the full variant it was cut from, not published
+        assert check_mtp(GGUFModel(trunk)).status == MTPStatus.ABSENT and o.summary["mtp_status"] == "absent"
+        assert o.summary["sidecar"] == str(side) and (out / o.variant / "README.md").is_file()
+        p = read_receipt(rc).predicate
+        assert p["pair"]["role"] == "trunk" and p["pair"]["sidecar"] == {"name": side.name,
+                                                                          "sha256": read_receipt(default_receipt_path(side)).artifact.sha256}
+        v = p["verification"]
+        assert v["model"]["sidecar"]["name"] == side.name and v["mtp"]["draft_n"] > 0  # the pair drafted
+        args = v["mtp"]["server_args"]
+        assert args[args.index("--spec-draft-model") + 1].endswith(side.name)
+        assert p["quality"]["kld_mean"] is not None  # the trunk evaluated against the source
+        report = audit(trunk, rc, sidecar=side)
+        assert report.ok, [c.to_dict() for c in report.failures]
+        # llama.cpp's -hf: TAG selects the trunk and no other variant; the sidecar is no model, and is the one picked
+        assert selects(o.variant, f"{o.variant}/{trunk.name}") and name_problem(trunk.name) is None
+        assert name_problem(side.name) is not None and best_sidecar(o.variant, [side.name]) == side.name
+
+
+def test_a_rerun_reuses_the_sidecar_and_every_pair(ladder):
+    out, res = ladder
+    side = res.sidecars[0]
+    before = side.stat().st_mtime_ns, [Path(o.summary["receipt"]).read_bytes() for o in res.outcomes]
+    again = run_ladder(_spec(out), progress=False)
+    assert again.ok and again.sidecars == res.sidecars
+    assert (side.stat().st_mtime_ns, [Path(o.summary["receipt"]).read_bytes() for o in again.outcomes]) == before
+    for o in again.outcomes:
+        assert set(o.summary["stages"].values()) == {"cached"}, o.summary["stages"]
+
+
+def test_best_sidecar_follows_llama_cpp_find_best_sibling():
+    """common/download.cpp find_best_sibling at one depth: a name holding -TAG. first, else the
+    closest number of bits to the tag's first number, the first listed on a tie."""
+    names = ["mtp-M-Q8_0.gguf", "mtp-M-Q4_K_M.gguf", "mtp-M-BF16.gguf"]
+    assert best_sidecar("Q4_K_M", names) == "mtp-M-Q4_K_M.gguf"
+    assert best_sidecar("q8_0", names) == "mtp-M-Q8_0.gguf"
+    assert best_sidecar("IQ4_XS", names) == "mtp-M-Q4_K_M.gguf"  # 4 bits: closest
+    assert best_sidecar("Q6_K", names) == "mtp-M-Q8_0.gguf"  # |8-6| < |4-6|: the first listed of the two
+    assert best_sidecar("Q4_K_M-HiFi", ["mtp-M-Q8_0.gguf"]) == "mtp-M-Q8_0.gguf"
+    assert best_sidecar("Q8_0", []) is None
+
+
+def test_the_layout_in_a_ladder_file_and_its_errors(tmp_path):
+    f = tmp_path / "ladder.toml"
+    f.write_text(f'model = "{MODEL}"\nrecipes = ["q8_0-mtp"]\nlayout = "sidecar"\nsidecars = ["Q8_0", "Q4_K_M"]\n')
+    fields = load_ladder_file(f)
+    assert fields["layout"] == Layout.SIDECAR and fields["sidecars"] == ("Q8_0", "Q4_K_M")
+    spec = LadderSpec(out_dir=tmp_path, **fields).check()  # type: ignore[arg-type]
+    assert [p.name for p in spec.sidecar_paths("M")] == ["mtp-M-Q8_0.gguf", "mtp-M-Q4_K_M.gguf"]
+    f.write_text(f'model = "{MODEL}"\nrecipes = ["q8_0-mtp"]\nlayout = "split"\n')
+    with pytest.raises(LadderError, match=f"{f}: layout must be one of 'full', 'sidecar', not 'split'"):
+        load_ladder_file(f)
+    with pytest.raises(LadderError, match="name the sidecar Q8_0 twice"):
+        dataclasses.replace(spec, sidecars=("Q8_0", "q8_0")).check()
+    with pytest.raises(LadderError, match="at least one sidecar"):
+        dataclasses.replace(spec, sidecars=()).check()
+    assert dataclasses.replace(spec, layout=Layout.FULL).sidecar_paths("M") == []
