@@ -54,8 +54,8 @@ def test_trunks_and_one_sidecar_in_the_documented_folder(ladder):
         assert check_mtp(GGUFModel(trunk)).status == MTPStatus.ABSENT and o.summary["mtp_status"] == "absent"
         assert o.summary["sidecar"] == str(side) and (out / o.variant / "README.md").is_file()
         p = read_receipt(rc).predicate
-        assert p["pair"]["role"] == "trunk" and p["pair"]["sidecar"] == {"name": side.name,
-                                                                          "sha256": read_receipt(default_receipt_path(side)).artifact.sha256}
+        side_sha = read_receipt(default_receipt_path(side)).artifact.sha256
+        assert p["pair"]["role"] == "trunk" and p["pair"]["sidecar"] == {"name": side.name, "sha256": side_sha}
         v = p["verification"]
         assert v["model"]["sidecar"]["name"] == side.name and v["mtp"]["draft_n"] > 0  # the pair drafted
         args = v["mtp"]["server_args"]
