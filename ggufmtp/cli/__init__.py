@@ -19,6 +19,7 @@ from . import (
                quant_cmds,
                run_cmd,
                runtime_cmds,
+               search_cmd,
                sidecar_cmd,
                train_cmd,
                tune_cmds,
@@ -28,6 +29,7 @@ from .app import main
 
 # Importing a command module registers its commands on ``main``; a new module joins this list.
 COMMAND_MODULES = (runtime_cmds, model_cmds, imatrix_cmds, quant_cmds, provenance_cmds, verify_cmds, tune_cmds,
-                   hub_cmds, run_cmd, quality_cmds, convert_cmds, ladder_cmd, train_cmd, sidecar_cmd)
+                   hub_cmds, run_cmd, quality_cmds, convert_cmds, ladder_cmd, train_cmd, sidecar_cmd,
+                   search_cmd)
 
 __all__ = ["main"]

@@ -67,7 +67,8 @@ bin_option = click.option(
 
 # ``ggufmtp --help`` lists the commands by what they are for, in the order of the pipeline.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "Build": ("pull", "convert", "synth", "train", "imatrix", "recipe", "plan", "quantize", "sidecar", "run", "ladder"),
+    "Build": ("pull", "convert", "synth", "train", "imatrix", "recipe", "search", "plan", "quantize", "sidecar", "run",
+              "ladder"),
     "Check": ("inspect", "audit", "receipt"),
     "Measure": ("verify", "tune", "curve", "profiles", "eval", "head-sweep"),
     "Publish": ("card", "upload"),

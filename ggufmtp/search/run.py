@@ -38,7 +38,7 @@ from .groups import DEFAULT_LAYERS_PER_GROUP, groups_of
 from .measure import MeasureOptions, measure_sensitivity
 from .prove import ProofResult, ProveOptions, prove
 from .records import Allocation, Budget, SensitivityTable, TensorGroup
-from .report import Point, all_points
+from .report import Point, all_points, with_front
 
 DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "IQ4_XS", "Q3_K", "Q2_K")
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6, "MIB": 2**20,
@@ -115,7 +115,8 @@ class SearchResult:
     proof: ProofResult | None = None
 
     def points(self) -> list[Point]:
-        return all_points(self.table, self.allocation, self.proof)
+        """Everything measured and predicted, by size, the Pareto front marked (:mod:`.report`)."""
+        return with_front(all_points(self.table, self.allocation, self.proof))
 
     def to_dict(self) -> dict[str, object]:
         a = self.allocation
