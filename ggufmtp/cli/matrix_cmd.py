@@ -60,7 +60,7 @@ def _store(path: str, section: dict[str, Any], signing_key: Any) -> None:
 
 
 def _progress(total: int, out_path: str | None, quiet: bool) -> Callable:
-    """After each cell: a progress line (unless ``quiet``) and, with --out, the cells so far written
+    """After each cell: a progress line (unless ``quiet``) and, with -o/--output, the cells so far written
     there (``"partial": true``), so a long run that is stopped still leaves every finished cell."""
     done: list[dict[str, Any]] = []
 
@@ -78,7 +78,7 @@ def _progress(total: int, out_path: str | None, quiet: bool) -> Callable:
 
 def run_matrix(model: Path, spec_text: str, options: VerifyOptions, single: dict[str, Any],
                out_path: str | None, receipt_path: str | None, as_json: bool, signing_key: Any = None) -> None:
-    """``verify --matrix``: every cell, then --out (every cell's full JSON), --receipt
+    """``verify --matrix``: every cell, then -o/--output (every cell's full JSON), --receipt
     (``verification.matrix``), the JSON or the table; exit 1 unless every cell passes. ``single``:
     the one-run KV/depth options, which the matrix's cells replace (an error when set)."""
     from ..measure.verify.matrix import parse_matrix, verify_matrix

@@ -1,5 +1,5 @@
 """What the measuring commands share: running ``tune`` (the ``tune`` command and its alias ``verify
---tune``) and the common tail of tune, curve and profiles (``--out``, ``--receipt``, output)."""
+--tune``) and the common tail of tune, curve and profiles (``-o/--output``, ``--receipt``, what is printed)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
 
 def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None, out_path: str | None,
                    as_json: bool, out_data: dict[str, Any], text: str) -> None:
-    """The common tail of tune, curve and profiles: the full JSON to --out, ``res.to_dict()`` as
+    """The common tail of tune, curve and profiles: the full JSON to -o/--output, ``res.to_dict()`` as
     ``verification.<section>`` of --receipt, then JSON or the human-readable text on stdout."""
     if out_path:
         from ..files.fsutil import atomic_write_json

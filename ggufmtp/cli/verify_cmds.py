@@ -56,7 +56,7 @@ from .provenance_cmds import signing_key_option
                    "single-slot 95% CI or a reply differs from vanilla's.")
 @click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Run the MTP arm with the configuration `ggufmtp tune` recommended (a receipt or a tune "
-                   "--out JSON) against default vanilla: confirms the tuned speedup on the full suite.")
+                   "--output JSON) against default vanilla: confirms the tuned speedup on the full suite.")
 @click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
@@ -150,7 +150,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
 
 
 def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json: bool, signing_key=None) -> None:
-    """--out (the full JSON), --receipt (its verification section), then JSON or the table."""
+    """-o/--output (the full JSON), --receipt (its verification section), then JSON or the table."""
     if out_path:
         from ..files.fsutil import atomic_write_json
 
