@@ -7,10 +7,13 @@ reuses everything; names llama.cpp's ``-hf`` resolver picks (the model by TAG, t
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from ggufmtp.cli import main
 from ggufmtp.errors import LadderError
 from ggufmtp.gguf.model import GGUFModel, MTPStatus, check_mtp
 from ggufmtp.ladder.run import run_ladder
@@ -106,3 +109,23 @@ def test_the_layout_in_a_ladder_file_and_its_errors(tmp_path):
     with pytest.raises(LadderError, match="at least one sidecar"):
         dataclasses.replace(spec, sidecars=()).check()
     assert dataclasses.replace(spec, layout=Layout.FULL).sidecar_paths("M") == []
+
+
+def test_the_cli_layout_flag_reruns_the_same_ladder_from_its_records(ladder, tmp_path):
+    """``ladder --layout sidecar --sidecar-type Q8_0`` with the fixture's settings (a ladder file):
+    every stage comes from the records, and the JSON names the layout and the sidecar."""
+    out, res = ladder
+    f = tmp_path / "ladder.toml"
+    f.write_text(f'model = "{MODEL}"\nrecipes = {list(RECIPES)!r}\nimatrix_corpus = "builtin:calib-v1"\n'
+                 'imatrix_chunks = 2\nthreads = 1\n[verify]\nseeds = [42]\nlimit = 3\nmax_tokens = 24\nthreads = 1\n'
+                 '[eval]\ncorpus = "builtin:calib-v1"\nchunks = 2\nctx_size = 128\nthreads = 1\n'.replace("'", '"'))
+    r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), "-o", str(out), "--layout", "sidecar",
+                                  "--sidecar-type", "Q8_0", "--json"])
+    assert r.exit_code == 0 or '"verdict": "fail"' in r.output, r.output
+    d = json.loads(r.stdout)
+    assert d["layout"] == "sidecar" and d["sidecars"] == [str(s) for s in res.sidecars]
+    for v in d["variants"]:
+        assert set(v["summary"]["stages"].values()) == {"cached"}, v["summary"]["stages"]
+    r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), "-o", str(tmp_path / "x"), "--layout", "sidecar",
+                                  "--sidecar-type", "Q8_0", "--sidecar-type", "q8_0"])
+    assert r.exit_code == 1 and "name the sidecar Q8_0 twice" in r.output and "Traceback" not in r.output

@@ -89,6 +89,12 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
 @click.option("--quantized-by", default=None,
               help="The card's quantized_by (default: the ladder file's quantized_by, else ggufmtp).")
+@click.option("--layout", type=click.Choice(["full", "sidecar"]), default=None,
+              help="full (default): every variant with its MTP head; sidecar: trunk-only variants and MTP sidecars "
+                   "(DIR/mtp-<Model>-<TYPE>.gguf), each pair verified (-m TRUNK -md SIDECAR).")
+@click.option("--sidecar-type", "sidecars", multiple=True, metavar="TYPE",
+              help="With --layout sidecar: a sidecar at this recipe's or llama-quantize type's types (repeatable; "
+                   "default: the ladder file's sidecars, else Q8_0).")
 @verify_judging_options
 @arm_args_options
 @signing_key_option
@@ -103,6 +109,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                gpu_layers: int | str | None, threads: int | None, quantize_threads: int | None, workers: int | None,
                gpus: int, scheduler: str | None,
                upload_repo: str | None, private: bool, dry_run_upload: bool, quantized_by: str | None,
+               layout: str | None, sidecars: tuple[str, ...],
                signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
     """Make every variant of a model, one per recipe: the shared stages once (the model pulled or
     converted, the imatrix with the MTP head, the base model's logits), then per variant quantize,
@@ -110,7 +117,9 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     recipe's release tag; the names llama.cpp's -hf REPO:TAG resolves) and resumable; then
     DIR/README.md, the model's page: one table of size, bpw, PPL, KLD, acceptance and speedup from the
     variants' audited receipts, which file to pick, the download and run lines (naming the --upload
-    repo). Exit 1 when a variant failed or a verdict is fail. Each verdict judges the quantization:
+    repo). With --layout sidecar each variant is published trunk-only, with MTP sidecars made once
+    from the source beside them (DIR/mtp-<Model>-<TYPE>.gguf), each pair verified. Exit 1 when a
+    variant failed or a verdict is fail. Each verdict judges the quantization:
     the head against the source model (or --reference), lossless output, speed."""
     from ..errors import LadderError
     from ..ladder.engine import DaskEngine
@@ -128,7 +137,8 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                "threads": quantize_threads,
                                "verify": False if no_verify else None, "signing_key": signing_key,
                                "reference_base": False if judging.get("no_reference") else None,
-                               "quantized_by": quantized_by, "repo_id": upload_repo}, vopts, eval_corpus)
+                               "quantized_by": quantized_by, "repo_id": upload_repo, "layout": layout,
+                               "sidecars": sidecars}, vopts, eval_corpus)
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None
     res = run_ladder(spec, engine, progress=not as_json, log=log)
@@ -158,5 +168,6 @@ def _format(res: Any) -> str:
         s = o.summary
         lines.append(f"  {o.variant:<22} " + (f"{s.get('verdict') or 'not verified':<13} {s.get('artifact')}"
                                               if o.ok else f"FAILED        {o.error}"))
+    lines += [f"  sidecar                {p}" for p in res.sidecars]
     lines.append(f"card: {res.card}" if res.card else "card: not written (no variant was made)")
     return "\n".join(lines)

@@ -65,13 +65,14 @@ def _sidecar_key(source: Path, recipe: str, imatrix: str | None, signing_key: Pa
 
 def _sidecar_current(out: Path, record: Path, key: JsonObject) -> bool:
     """The sidecar at ``out`` was made from ``key``'s inputs and is still those bytes, with its receipt."""
+    if _recorded(record) != key:
+        return False
     try:
-        done = json.loads(record.read_text())
         rc = read_receipt(default_receipt_path(out))
-    except (OSError, ValueError, GgufmtpError):
+    except (OSError, GgufmtpError):
         return False
     sha = sha256_file(out) if out.is_file() else None
-    return done.get("key") == key and done.get("sha256") == sha and rc.intact and rc.artifact.sha256 == sha
+    return json.loads(record.read_text()).get("sha256") == sha and rc.intact and rc.artifact.sha256 == sha
 
 
 def make_sidecars(spec: LadderSpec, source: Path, model: str, imatrix: str | None,
@@ -101,6 +102,23 @@ def pair_jobs(spec: LadderSpec, imatrix: str | None, sidecars: Sequence[Path], s
         jobs.append(VariantJob.of(spec, recipe, imatrix, sidecar=next(p for p in sidecars if p.name == picked),
                                   source=source))
     return jobs
+
+
+def _trunk_key(job: VariantJob, full_sha: str, side_sha: str) -> JsonObject:
+    """What a trunk's measurement depends on besides its receipt: the full variant, the sidecar and
+    the options (as ``ggufmtp run``'s verify and eval stage keys take them)."""
+    return {"full_sha256": full_sha, "sidecar_sha256": side_sha, "verify": job.verify,
+            "verify_options": {k: str(v) for k, v in job.verify_options.to_dict().items()},
+            "reference_base": job.reference_base, "signing_key": job.signing_key,
+            "eval_options": {k: str(v) for k, v in job.eval_options.to_dict().items()} if job.eval_options else None,
+            "ggufmtp": __version__}
+
+
+def _recorded(record: Path) -> object:
+    try:
+        return json.loads(record.read_text()).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _trunk_current(rc_path: Path, trunk: Path, full_sha: str, side_sha: str, job: VariantJob) -> bool:
@@ -163,7 +181,10 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
         fn()
         seconds[stage] = round(time.monotonic() - t0, 3)
 
-    cached = _trunk_current(rc, trunk, sha256_file(full), sha256_file(sidecar), job)
+    full_sha, side_sha = sha256_file(full), sha256_file(sidecar)
+    record = job.base_dir / _RECORDS / f"trunk-{job.out_dir.name}.json"
+    key = _trunk_key(job, full_sha, side_sha)
+    cached = _recorded(record) == key and _trunk_current(rc, trunk, full_sha, side_sha, job)
     if not cached:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         src = PairSources(full, job.model, full)
@@ -171,6 +192,7 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
             src, (staged, final), sidecar, job.signing_key)))
         _measure_pair(job, trunk, rc, timed)
         timed("card", lambda: make_card(trunk, rc, job.out_dir / "README.md"))
+        atomic_write_json(record, {"key": key})
     names = ["trunk", *(["verify"] if job.verify else []), *(["eval"] if job.eval_options else []), "card"]
     stages = {k: StageStatus.CACHED if cached else StageStatus.RAN for k in names}
     return _summary(built, read_receipt(rc), job.out_dir / "README.md", stages, seconds, sidecar)
