@@ -22,7 +22,7 @@ $(VENV)/.llama-cpp-python: | $(PY)
 	CMAKE_ARGS="$(LLAMA_CPP_PYTHON_CMAKE_ARGS)" $(PIP) install "$$($(PY) tools/build_runtime.py --print-sdist)"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.llama-cpp-python
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt $(VENV)/.llama-cpp-python
 	$(PIP) install -c constraints.txt -e '.[test,convert,lint,docs,train,ladder]'
 	touch $@
 

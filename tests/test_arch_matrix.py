@@ -7,7 +7,7 @@ architectures llama.cpp has an MTP graph for (a new arch module is covered witho
 - ``inspect``   the synthetic model's MTP block(s) are complete
 - ``imatrix``   ``compute_imatrix(..., mtp=True)``: llama-imatrix plus the MTP collector's statistics
 - ``plan``      the libllama dry run with its pre-flight checks (an IQ recipe without imatrix is refused)
-- ``quantize``  each shipped recipe (``ggufmtp/data/recipes/*.toml``), then llama-server serves the artifact with
+- ``quantize``  each shipped recipe (``recipes/*.toml``), then llama-server serves the artifact with
                 ``--spec-type draft-mtp``: replies are exactly the bigram chain and (drafted, accepted)
                 exactly the replay of the server's draft loop (:func:`simulate_acceptance`)
 - ``audit``     the run's artifact against its receipt; one flipped byte fails it
@@ -66,7 +66,7 @@ from ggufmtp.synth.spec import SynthSpec
 from ggufmtp.synth.tokenizer import build_vocab
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = tuple(sorted(p.stem for p in (ROOT / "ggufmtp" / "data" / "recipes").glob("*.toml")))
+RECIPES = tuple(sorted(p.stem for p in (ROOT / "recipes").glob("*.toml")))
 MTP_ARCHS = tuple(a for a in arch_names() if a in MTP_ARCHITECTURES)
 NO_MTP_ARCHS = tuple(a for a in arch_names() if a not in MTP_ARCHITECTURES)
 PIPELINE_RECIPE = "hifi-q4_k_m-mtp"  # the flagship: ggufmtp run drives audit, verify, receipt, card with it

@@ -4,6 +4,10 @@ install, no checkout on the path), carries its recipes, suites, corpus, schema a
 and runs inspect, plan, quantize with a shipped recipe, audit and a short verify from an empty
 directory against the runtime ``ggufmtp runtime build`` made (nothing compiled twice).
 
+The recipes' one home is the checkout's top-level ``recipes/`` (#42): the wheel carries them as
+package data by build configuration, and an editable install (``pip install -e``) reads them
+where they are, so a recipe added there is shipped without a copy.
+
 The fresh environment gets the dependencies by a path entry to this environment's
 site-packages (a ``.pth`` line adds the folder, it does not run that folder's own ``.pth`` files,
 so the editable install of the checkout is not seen): the test is of the wheel, not of pip's
@@ -24,6 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_RECIPES = {p.stem for p in (ROOT / "recipes").glob("*.toml")}
 PACKAGE_DATA = ("ggufmtp/data/recipes/hifi-q4_k_m-mtp.toml", "ggufmtp/data/suites/chat-v1.jsonl",
                 "ggufmtp/data/corpora/calib-v1.txt", "ggufmtp/data/receipt.schema.json",
                 "ggufmtp/runtime/native/mtp_imatrix.cpp", "ggufmtp/py.typed")
@@ -56,8 +61,10 @@ def dist(tmp_path_factory) -> dict[str, Path]:
 def test_the_wheel_and_sdist_carry_the_package_data(dist):
     names = set(zipfile.ZipFile(dist["wheel"]).namelist())
     assert set(PACKAGE_DATA) <= names
+    # every recipe of the top-level recipes/, as package data, and nothing of that folder elsewhere
     recipes = {n for n in names if n.startswith("ggufmtp/data/recipes/") and n.endswith(".toml")}
-    assert len(recipes) == len(list((ROOT / "ggufmtp" / "data" / "recipes").glob("*.toml"))) >= 5
+    assert {n.rsplit("/", 1)[1].removesuffix(".toml") for n in recipes} == SHIPPED_RECIPES
+    assert len(SHIPPED_RECIPES) >= 5 and not [n for n in names if n.startswith("recipes/")]
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(dist["wheel"]).read(meta).decode()
     # the runtime's binding is pinned to the runtime's commit; the rest are ranges
@@ -68,7 +75,8 @@ def test_the_wheel_and_sdist_carry_the_package_data(dist):
     import tarfile
 
     members = {m.split("/", 1)[1] for m in tarfile.open(dist["sdist"]).getnames() if "/" in m}
-    assert set(PACKAGE_DATA) <= members and "pyproject.toml" in members
+    assert set(PACKAGE_DATA) - {"ggufmtp/data/recipes/hifi-q4_k_m-mtp.toml"} <= members
+    assert {"pyproject.toml", "setup.py", "recipes/hifi-q4_k_m-mtp.toml"} <= members  # the sdist builds the wheel
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +107,38 @@ def test_the_installed_wheel_is_not_the_checkout(installed):
     p = subprocess.run([str(installed["py"]), "-c", "import ggufmtp, sys; print(ggufmtp.__file__)"],
                        cwd=installed["work"], capture_output=True, text=True, check=True)
     assert Path(p.stdout.strip()).is_relative_to(installed["purelib"]), p.stdout
-    r = _run(installed, "recipe", "list", "--json")
+    r = _run(installed, "recipe", "list", "--json")  # loads every shipped recipe
     assert r.returncode == 0, r.stderr
-    assert {x["name"] for x in json.loads(r.stdout)} >= {"hifi-q4_k_m-mtp", "q8_0-mtp", "iq4_xs-mtp"}
+    assert {x["name"] for x in json.loads(r.stdout)} == SHIPPED_RECIPES
+    p = subprocess.run([str(installed["py"]), "-c", "from ggufmtp.quant.recipe import recipes_dir; print(recipes_dir())"],
+                       cwd=installed["work"], capture_output=True, text=True, check=True)
+    assert Path(p.stdout.strip()) == installed["purelib"] / "ggufmtp" / "data" / "recipes"
+
+
+def test_an_editable_install_reads_the_recipes_where_they_are(dist):
+    """``pip install -e`` of a clone: the recipes are the clone's recipes/ itself (one added after the
+    install is listed, no copy was made) and each loads."""
+    src, venv = dist["tmp"] / "src", dist["tmp"] / "venv-editable"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    (purelib / "ggufmtp-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+                        "--no-build-isolation", "-q", "-e", str(src)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    q8 = (src / "recipes" / "q8_0-mtp.toml").read_text()
+    (src / "recipes" / "added-later.toml").write_text(q8.replace('name = "q8_0-mtp"', 'name = "added-later"'))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    work = dist["tmp"] / "empty-editable"
+    work.mkdir()
+    r = subprocess.run([str(venv / "bin" / "ggufmtp"), "recipe", "list", "--json"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert {x["name"] for x in json.loads(r.stdout)} == SHIPPED_RECIPES | {"added-later"}
+    p = subprocess.run([str(py), "-c", "import ggufmtp.quant.recipe as r; print(r.__file__); print(r.recipes_dir())"],
+                       cwd=work, env=env, capture_output=True, text=True, check=True)
+    assert [Path(x) for x in p.stdout.split()] == [src / "ggufmtp" / "quant" / "recipe.py", src / "recipes"]
 
 
 # A user's script against the installed wheel (#42): with py.typed the annotations reach mypy, so a

@@ -1,4 +1,4 @@
-"""Quantization recipes: the shipped ``ggufmtp/data/recipes/*.toml`` or a file, loaded by :class:`Recipe`.
+"""Quantization recipes: the shipped ``recipes/*.toml`` (:func:`recipes_dir`) or a file, loaded by :class:`Recipe`.
 
 A recipe is a llama.cpp ftype plus ordered override rules, matched exactly as llama-quantize
 matches ``--tensor-type``: the pattern is lower-cased, searched (unanchored, ECMAScript regex)
@@ -509,9 +509,13 @@ def _lit(s: str) -> str:
 
 
 def recipes_dir() -> Path:
-    """The shipped recipes: package data (``ggufmtp/data/recipes``), so an installed wheel has
-    them as a checkout does."""
-    return Path(__file__).resolve().parent.parent / "data" / "recipes"
+    """The shipped recipes. Their one home is the repository's top-level ``recipes/``; a wheel
+    carries them as the package data ``ggufmtp/data/recipes/`` (``setup.py`` maps that package onto
+    the folder: no copy), so an installed wheel finds them there, a checkout (an editable install, or
+    the source on ``sys.path``) beside the package."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "data" / "recipes"
+    return installed if any(installed.glob("*.toml")) else package.parent / "recipes"
 
 
 def shipped_recipes() -> list[str]:
