@@ -204,7 +204,7 @@ def test_nul_detection_in_string_arrays_matches_a_naive_scan():
         items = []
         for _ in range(rng.randrange(0, 30)):
             n = rng.choice([0, 1, 5, 255, 256, 257, 65536])
-            items.append(bytes(rng.randrange(1, 256) for _ in range(n)))
+            items.append(rng.randbytes(n).replace(b"\0", b"\1"))  # no zero byte of its own
         if trial % 2 and items:
             i = rng.randrange(len(items))
             if items[i]:

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from ggufmtp.cli import main
 from ggufmtp.errors import SynthError
 from ggufmtp.files.hashing import sha256_file
+from ggufmtp.gguf.reader import read_header, tensor_nbytes
 from ggufmtp.synth.builtin import BUILTIN_MODELS, builtin_path
 from ggufmtp.synth.calibrate import calibrate_wrong_fraction
 from ggufmtp.synth.chain import chain_for, predict_tokens, simulate_acceptance, suite_acceptance
@@ -323,24 +324,29 @@ def test_real_shape_metadata(tmp_path):
     w.close()
     pad = lambda n: (n + 31) // 32 * 32  # noqa: E731
     os.truncate(out, pad(start) + sum(pad(p.nbytes) for p in plans))  # sparse: no disk blocks
-    r = gguf.GGUFReader(str(out))
-    a = "qwen35moe."
-    assert _field(r, a + "embedding_length") == 2048
-    assert _field(r, a + "attention.head_count") == 16 and _field(r, a + "attention.head_count_kv") == 2
-    assert _field(r, a + "attention.key_length") == 256
-    assert _field(r, a + "expert_count") == 256 and _field(r, a + "expert_used_count") == 8
-    assert _field(r, a + "expert_feed_forward_length") == 512
-    assert _field(r, a + "expert_shared_feed_forward_length") == 512
-    assert _field(r, a + "ssm.group_count") == 16 and _field(r, a + "ssm.time_step_rank") == 32
-    assert _field(r, a + "ssm.inner_size") == 4096 and _field(r, a + "ssm.conv_kernel") == 4
-    assert _field(r, a + "rope.dimension_count") == 64  # 25% of the 256 head dim
-    assert _field(r, a + "block_count") == 3 and _field(r, a + "nextn_predict_layers") == 1
-    assert len(_field(r, "tokenizer.ggml.tokens")) == 248320
-    t = _tensors(r)
+    # read back with the one header reader (llama.cpp's header rules; gguf-py's GGUFReader takes
+    # seconds over 248k tokens): every string walked, the long arrays' lengths kept
+    h = read_header(out)
+    m, a = h.metadata, "qwen35moe."
+    assert m[a + "embedding_length"] == 2048
+    assert m[a + "attention.head_count"] == 16 and m[a + "attention.head_count_kv"] == 2
+    assert m[a + "attention.key_length"] == 256
+    assert m[a + "expert_count"] == 256 and m[a + "expert_used_count"] == 8
+    assert m[a + "expert_feed_forward_length"] == 512
+    assert m[a + "expert_shared_feed_forward_length"] == 512
+    assert m[a + "ssm.group_count"] == 16 and m[a + "ssm.time_step_rank"] == 32
+    assert m[a + "ssm.inner_size"] == 4096 and m[a + "ssm.conv_kernel"] == 4
+    assert m[a + "rope.dimension_count"] == 64  # 25% of the 256 head dim
+    assert m[a + "block_count"] == 3 and m[a + "nextn_predict_layers"] == 1
+    assert h.array_lengths["tokenizer.ggml.tokens"] == 248320
+    t = {x.name: x for x in h.tensors}
     assert len(t) == len(plans)
     assert list(t["blk.2.ffn_down_exps.weight"].shape) == [512, 2048, 256]
     assert list(t["blk.2.nextn.eh_proj.weight"].shape) == [4096, 2048]
-    assert t["token_embd.weight"].tensor_type == gguf.GGMLQuantizationType.BF16
+    assert t["token_embd.weight"].type_id == gguf.GGMLQuantizationType.BF16
+    # every tensor's data inside the file, the data section where the writer put it
+    assert h.data_offset == pad(start) and h.file_size == pad(start) + sum(pad(p.nbytes) for p in plans)
+    assert all(x.offset + tensor_nbytes(x.shape, x.type_id)[1] <= h.file_size for x in h.tensors)
 
 
 # ----------------------------------------------------------------------------- CLI
