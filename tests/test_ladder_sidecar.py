@@ -129,3 +129,31 @@ def test_the_cli_layout_flag_reruns_the_same_ladder_from_its_records(ladder, tmp
     r = CliRunner().invoke(main, ["ladder", "--ladder", str(f), "-o", str(tmp_path / "x"), "--layout", "sidecar",
                                   "--sidecar-type", "Q8_0", "--sidecar-type", "q8_0"])
     assert r.exit_code == 1 and "name the sidecar Q8_0 twice" in r.output and "Traceback" not in r.output
+
+
+def test_the_cards_explain_the_pair(ladder):
+    """The ladder's card and each trunk's card: what the sidecar is, that -hf fetches it, the -md
+    line for local files, and what the layout saves against full variants (sizes from the files)."""
+    out, res = ladder
+    side = res.sidecars[0]
+    card = (out / "README.md").read_text()
+    assert "## The MTP sidecar" in card and f"`{side.name}`" in card and "trunk-only" in card
+    assert "llama-server -hf OWNER/REPO:TAG --spec-type draft-mtp` downloads the sidecar with the trunk" in card
+    big = max(res.outcomes, key=lambda o: o.summary["size_bytes"])
+    trunk = Path(big.summary["artifact"]).name
+    assert f"llama-server -m {trunk} -md {side.name} --spec-type draft-mtp" in card
+    assert f'hf download OWNER/REPO --include "{trunk}" --include "{side.name}"' in card
+    gm = GGUFModel(side)
+    head = sum(t.n_bytes for n, t in gm.tensors.items() if n.startswith("blk.4."))
+    trunks = sum(o.summary["size_bytes"] for o in res.outcomes)
+    from ggufmtp.fmt import human_bytes
+
+    assert (f"2 trunks and 1 sidecar take {human_bytes(trunks + side.stat().st_size)}; the same 2 variants each "
+            f"with that head would take {human_bytes(trunks + 2 * head)}") in card
+    assert "Each is a trunk without the multi-token-prediction (NextN) head" in card
+    for o in res.outcomes:
+        own = (out / o.variant / "README.md").read_text()
+        name = Path(o.summary["artifact"]).name
+        assert f"`{name}`: a trunk-only MTP runtime GGUF" in own and "## The MTP sidecar" in own
+        assert f"llama-server -m {name} -md {side.name} -ngl 999" in own
+        assert f"1 trunk and 1 sidecar take {human_bytes(o.summary['size_bytes'] + side.stat().st_size)}" in own

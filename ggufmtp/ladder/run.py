@@ -156,7 +156,7 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     outcomes = [done[r] for r in spec.recipes]
     made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
     options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by)
-    card = make_ladder_card(made, spec.out_dir / "README.md", options=options) if made else None
+    card = make_ladder_card(made, spec.out_dir / "README.md", options=options, sidecars=sidecars) if made else None
     phase("card")
     return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases,
                         sidecars)
@@ -177,7 +177,8 @@ def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, 
     sidecars = [(p, default_receipt_path(p)) for p in result.sidecars]
     if result.spec.repo_id != repo_id:  # the card's download and run lines name the repo it goes to
         make_ladder_card(arts, result.card, public_key=public_key,
-                         options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by))
+                         options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by),
+                         sidecars=result.sidecars)
     options = UploadOptions(private=private, token=token, dry_run=dry_run,
                             commit_message=_commit_message(len(arts), len(sidecars)), endpoint=endpoint,
                             allow_unverified=allow_unverified, public_key=public_key)

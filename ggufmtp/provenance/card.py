@@ -31,6 +31,7 @@ from .card_page import (  # unverified_reason: the card's, kept importable from 
     without_ci,
 )
 from .head import HeadFinding
+from .pair_card import SidecarFile, find_sidecar, pair_lines, trunk_intro, trunk_sidecar
 from .quality_card import quality_lines
 from .statement import (
     ArmSection,
@@ -80,10 +81,12 @@ def _unverified_notice(problem: str | None) -> list[str]:
 
 
 def card_text(statement: Statement, artifact_name: str | None = None, options: PageOptions | None = None,
-              chat_template: str | None = None) -> tuple[CardMeta, str]:
+              chat_template: str | None = None, sidecar: SidecarFile | None = None) -> tuple[CardMeta, str]:
     """(YAML metadata, markdown body) for the artifact a receipt describes: the model page
     (:mod:`.card_page`: title, files table, which file, download and run lines, prompt format), then
-    the evidence. ``chat_template``: the GGUF's ``tokenizer.chat_template`` where known."""
+    the evidence. ``chat_template``: the GGUF's ``tokenizer.chat_template`` where known. A trunk's
+    (its receipt names its MTP sidecar) explains the pair (:mod:`.pair_card`; ``sidecar``: that
+    file's sizes, where at hand)."""
     o = options or PageOptions()
     p = statement["predicate"]
     subj = statement["subject"][0]
@@ -94,12 +97,16 @@ def card_text(statement: Statement, artifact_name: str | None = None, options: P
     unverified = unverified_reason(statement)
     row = FileRow.of(statement, name, name + ".receipt.json", chat_template)
     shown = v if not v or enough_evidence(v) else without_ci(v)  # no 95% CI below the evidence minimum
-    lines = [f"# {card_title(row.model)}\n", f"`{name}`: an MTP runtime GGUF of {row.model}. The "
-             f"multi-token-prediction (NextN) {_heads(res)} ({res['mtp_status']}) so `llama-server --spec-type "
-             f"draft-mtp` can draft with it. Recipe `{rec['name']}` ({rec['ftype']}), "
+    named = trunk_sidecar(p)
+    side = sidecar or (SidecarFile(named["name"]) if named else None)
+    intro = (trunk_intro(name, row.model, side.name) if side else
+             f"`{name}`: an MTP runtime GGUF of {row.model}. The multi-token-prediction (NextN) {_heads(res)} "
+             f"({res['mtp_status']}) so `llama-server --spec-type draft-mtp` can draft with it.")
+    lines = [f"# {card_title(row.model)}\n", f"{intro} Recipe `{rec['name']}` ({rec['ftype']}), "
              f"{_bits(res.get('bpw'))} bits per weight, {human_bytes(res['size_bytes'])}.\n"]
     lines += _unverified_notice(unverified) + vacuous_notice(v)
-    lines += files_table([row]) + pick_lines([row]) + _how_to_run(name, v, [row], o)
+    lines += files_table([row]) + pick_lines([row]) + _how_to_run(name, v, [row], o, side.name if side else None)
+    lines += pair_lines([row], [side], o) if side else []
     modes = (v or {}).get("modes")
     lines += prompt_format_lines(chat_template, list(modes) if isinstance(modes, dict) else [])
     if shown:
@@ -223,12 +230,13 @@ def _default_phrase(v: Verification) -> str:
             "against vanilla with llama-server's defaults, which also counts what those settings give plain decoding)")
 
 
-def _how_to_run(name: str, v: Verification | None, rows: list[FileRow], options: PageOptions) -> list[str]:
+def _how_to_run(name: str, v: Verification | None, rows: list[FileRow], options: PageOptions,
+                sidecar: str | None = None) -> list[str]:
     """Download and run from the Hub (:func:`.card_page.run_lines`), the llama-server command on the
-    downloaded file the verification's numbers are true for, and a request."""
+    downloaded file the verification's numbers are true for (a trunk's with its ``sidecar``), and a request."""
     lines = ["## How to run\n", *run_lines(rows, options), "With the downloaded file:\n"]
     lines.append("```sh\n"
-                 f"{verified_mtp_env(v)}llama-server -m {name} -ngl 999 -c 4096 \\\n"
+                 f"{verified_mtp_env(v)}llama-server -m {name}{f' -md {sidecar}' if sidecar else ''} -ngl 999 -c 4096 \\\n"
                  f"  --spec-type draft-mtp {' '.join(verified_mtp_flags(v))}\n"
                  "```\n")
     lines.append("Request (through the chat template):\n\n```sh\n"
@@ -405,7 +413,9 @@ def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | No
         raise AuditError(f"{receipt}: the receipt was edited after it was written (its integrity digest does not "
                          f"match); no card is written from it (check it: ggufmtp audit {Path(artifact).name})")
     options = PageOptions(repo_id=repo_id, quantized_by=quantized_by, license=license)
-    meta, body = card_text(st, Path(artifact).name, options, read_chat_template(artifact))
+    named = trunk_sidecar(st["predicate"])
+    sidecar = find_sidecar(Path(artifact), named) if named else None
+    meta, body = card_text(st, Path(artifact).name, options, read_chat_template(artifact), sidecar)
     data = ModelCardData(**meta)
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
     out = Path(output) if output else Path(artifact).with_name("README.md")

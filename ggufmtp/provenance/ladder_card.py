@@ -33,6 +33,7 @@ from .card_page import (
     read_chat_template,
     run_lines,
 )
+from .pair_card import SIDECAR_HEADING, SidecarFile, pair_lines
 from .receipt import read_receipt
 from .vacuous import VACUOUS_HEADING, vacuous_thresholds
 
@@ -54,17 +55,22 @@ def ladder_rows(variants: Sequence[tuple[Path, Path]], public_key: str | Path | 
     return sorted(rows, key=lambda r: -r.size_bytes)
 
 
-def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None,
-                     options: PageOptions | None = None) -> tuple[CardMeta, str]:
+def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, options: PageOptions | None = None,
+                     sidecars: Sequence[SidecarFile] = ()) -> tuple[CardMeta, str]:
     """(YAML metadata, markdown body) of the ladder's card; ``title`` defaults to the model's
-    (``<Model> MTP GGUF``)."""
+    (``<Model> MTP GGUF``); ``sidecars``: the rows are trunks served with these MTP sidecars
+    (:mod:`.pair_card` explains the pair)."""
     o = options or PageOptions()
     model = rows[0].model if rows else "model"
+    keeps = ("Each is a trunk without the multi-token-prediction (NextN) head, which is published once, as the MTP "
+             f"sidecar{'s' * (len(sidecars) > 1)} {', '.join(f'`{s.name}`' for s in sidecars)} "
+             f"(see *{SIDECAR_HEADING.removeprefix('## ')}* below), so" if sidecars else
+             "Each keeps the multi-token-prediction (NextN) block so")
     lines = [f"# {title or card_title(model)}\n",
              f"{len(rows)} MTP runtime GGUF variant(s) of {model}, made with ggufmtp {__version__} (llama.cpp "
-             f"`{LLAMA_CPP_COMMIT}`). Each keeps the multi-token-prediction (NextN) block so "
-             "`llama-server --spec-type draft-mtp` can draft with it. Every row is read from the variant's "
-             "receipt (`FILE.receipt.json` beside it) after its bytes were audited against it.\n"]
+             f"`{LLAMA_CPP_COMMIT}`). {keeps} `llama-server --spec-type draft-mtp` can draft with it. Every row is "
+             "read from the variant's receipt (`FILE.receipt.json` beside it) after its bytes were audited against "
+             "it.\n"]
     lines += files_table(rows)
     unverified = [r for r in rows if r.unverified]
     if unverified:
@@ -75,7 +81,7 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None,
         lines += [VACUOUS_HEADING, "", "These verdicts pass whatever was measured against these thresholds, so they "
                   "claim nothing there:", ""]
         lines += [f"- `{r.artifact}`: {'; '.join(found.values())}" for r, found in vacuous] + [""]
-    lines += pick_lines(rows) + ["## How to run\n", *run_lines(rows, o)]
+    lines += pick_lines(rows) + ["## How to run\n", *run_lines(rows, o)] + pair_lines(rows, sidecars, o)
     modes = sorted({m for r in rows if isinstance(r.verification.get("modes"), dict) for m in r.verification["modes"]})
     lines += prompt_format_lines(next((r.chat_template for r in rows if r.chat_template), None), modes)
     lines += ["Audit any file: `ggufmtp audit FILE.gguf` (the receipt beside it is read).", ""]
@@ -83,13 +89,21 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None,
 
 
 def make_ladder_card(variants: Sequence[tuple[Path, Path]], output: str | Path, title: str | None = None,
-                     public_key: str | Path | None = None, options: PageOptions | None = None) -> Path:
-    """Audit every variant, then write the ladder's card to ``output`` (atomically); its path."""
+                     public_key: str | Path | None = None, options: PageOptions | None = None,
+                     sidecars: Sequence[Path] = ()) -> Path:
+    """Audit every variant (and each MTP sidecar the variants, trunks, are served with), then write
+    the ladder's card to ``output`` (atomically); its path."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..files.fsutil import atomic_write_text
 
-    meta, body = ladder_card_text(ladder_rows(variants, public_key), title, options)
+    rows = ladder_rows(variants, public_key)
+    for s in sidecars:
+        rep = audit(s, progress=False, public_key=public_key)
+        if not rep.ok:
+            raise AuditError(f"{s}: audit failed, so the ladder's card does not describe it: "
+                             + "; ".join(f"{c.name}: {c.detail}" for c in rep.failures))
+    meta, body = ladder_card_text(rows, title, options, [SidecarFile.of(Path(s)) for s in sidecars])
     out = Path(output)
     atomic_write_text(out, str(ModelCard(f"---\n{ModelCardData(**meta).to_yaml()}\n---\n\n{body}")))
     return out
