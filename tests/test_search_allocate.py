@@ -262,3 +262,11 @@ def test_the_command_line_default_types_are_the_search_defaults():
 
     types = next(p for p in main.commands["search"].params if p.name == "types")
     assert types.default == ",".join(DEFAULT_TYPES)
+
+
+def test_a_head_group_with_every_candidate_excluded_says_why_and_what_to_do():
+    t = table([cost(ATTN, "Q8_0", BASE), cost(EXPS, "Q8_0", BASE),
+               cost(HEAD, "Q8_0", BASE, (-0.03, -0.15, 0.09)), cost(HEAD, "Q4_K", BASE, (-0.05, -0.2, 0.1))])
+    with pytest.raises(SearchError, match=r"group mtp.eh_proj: every candidate is excluded .*Q8_0: head acceptance "
+                                          r"CI \[-15.0, \+9.0\] pt .*needs more prompts"):
+        allocate(t, Budget(bpw=8.5))

@@ -117,8 +117,10 @@ def allowed_candidates(table: SensitivityTable, floors: Floors
             else:
                 excluded.append((g.name, c.candidate.qtype, why))
         if not keep:
+            hint = (": an acceptance CI this wide needs more prompts (verify's --limit, seeds) or a wider margin"
+                    if g.role.is_head and any(c.acceptance_ci for c in costs) else "")
             raise SearchError(f"group {g.name}: every candidate is excluded by the floors "
-                              f"({'; '.join(f'{t}: {w}' for n, t, w in excluded if n == g.name)})")
+                              f"({'; '.join(f'{t}: {w}' for n, t, w in excluded if n == g.name)}){hint}")
         allowed.append(keep)
     return allowed, tuple(excluded)
 

@@ -23,7 +23,7 @@ import dataclasses
 import enum
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -164,10 +164,13 @@ def nearest_shipped(model: Path, n_bytes: int, imatrix: str | Path | None) -> st
     return min(sizes, key=lambda name: (abs(sizes[name] - n_bytes), name))
 
 
-def measure_arm(model: Path, recipe: Recipe | str, out: Path, options: ProveOptions) -> Arm:
+def measure_arm(model: Path, recipe: Recipe | str, out: Path, options: ProveOptions,
+                log: Callable[[str], None] = lambda m: None) -> Arm:
     """Quantize ``model`` with ``recipe`` into ``out`` and measure it (KLD, then the head)."""
-    q = quantize(model, recipe, out, options.imatrix, progress=False)
     name = recipe.name if isinstance(recipe, Recipe) else str(recipe)
+    log(f"proof: quantizing {name}")
+    q = quantize(model, recipe, out, options.imatrix, progress=False)
+    log(f"proof: {name}: {q.size_bytes} bytes; measuring its KLD" + (" and its head" if options.acceptance else ""))
     ev = evaluate(model, out, options.eval, progress=False)
     arm = Arm(name, q.size_bytes, float(ev.stats.kld_mean or 0.0), tuple(ev.chunk_kld), ev.stats.same_top_p)
     if not options.acceptance:
@@ -183,7 +186,8 @@ def measure_arm(model: Path, recipe: Recipe | str, out: Path, options: ProveOpti
         speedup=main.speedup if res.speed_checked else None)
 
 
-def prove(model: str | Path, found: Recipe, shipped: str | None = None, options: ProveOptions | None = None) -> ProofResult:
+def prove(model: str | Path, found: Recipe, shipped: str | None = None, options: ProveOptions | None = None, *,
+          log: Callable[[str], None] = lambda m: None) -> ProofResult:
     """Quantize ``found`` and ``shipped`` (default: the shipped recipe of the nearest planned size)
     from ``model`` (the source: BF16), measure both the same way and judge (module doc)."""
     o = options or ProveOptions()
@@ -196,7 +200,7 @@ def prove(model: str | Path, found: Recipe, shipped: str | None = None, options:
     o = dataclasses.replace(o, verify=dataclasses.replace(
         o.verify, judge=dataclasses.replace(o.verify.judge, head_margin=o.margin)))
     with tempfile.TemporaryDirectory(prefix="ggufmtp-prove-", dir=o.workdir) as tmp:
-        a = measure_arm(src, found, Path(tmp) / "found.gguf", o)
-        b = measure_arm(src, shipped, Path(tmp) / "shipped.gguf", o)
+        a = measure_arm(src, found, Path(tmp) / "found.gguf", o, log)
+        b = measure_arm(src, shipped, Path(tmp) / "shipped.gguf", o, log)
     return judge(a, b, o.margin, o.kld_tolerance)
 

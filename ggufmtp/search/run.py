@@ -159,7 +159,8 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
         table = measure_sensitivity(src, groups, o.types, o.measure, client=client, log=log)
     allocation = allocate(table, limit, o.floors)
     recipe = allocation_recipe(table, allocation, Recipe.load(o.measure.baseline), o.name)
-    proof = prove(src, recipe, o.shipped, o.prove_options()) if o.prove else None
+    log(f"allocated: {allocation.n_bytes} bytes ({allocation.bpw:.3f} bpw), predicted KLD {allocation.predicted_kld:.6f}")
+    proof = prove(src, recipe, o.shipped, o.prove_options(), log=log) if o.prove else None
     text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None)
     if out is not None:
         atomic_write_text(out, text)
