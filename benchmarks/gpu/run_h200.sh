@@ -86,7 +86,7 @@ WRONG=${WRONG:-0.130515}
 mkdir -p "$RES" "$WORK"
 
 # GGUFMTP_SRC: a folder holding the ggufmtp package to run instead of the working tree's (e.g. a
-# committed snapshot, `git archive HEAD ggufmtp | tar -x -C .device-carry/src`, carried with the
+# committed snapshot, `git archive HEAD ggufmtp recipes | tar -x -C .device-carry/src`, carried with the
 # call); SITE: where the carried wheels go (a local smoke run points it at a folder of its own)
 SITE=${SITE:-/tmp/site}
 env_setup() {
