@@ -15,7 +15,8 @@ from ggufmtp.synth.spec import SynthSpec
 from ggufmtp.synth.writer import synthesize
 
 # Tests that need the llama.cpp runtime (a llama-server, llama-imatrix or llama-perplexity process,
-# libllama in process for quantize and plan's dry run, or the built runtime itself) carry the
+# libllama in process for quantize and plan's dry run, the pinned tree's convert_hf_to_gguf.py (a
+# process that spends its 4-5 s of CPU importing torch and transformers), or the built runtime itself) carry the
 # ``runtime`` marker; ``make test-fast`` runs the others (``pytest -m "not runtime"``). A test is
 # marked when it uses one of these fixtures, directly or through a fixture of its own (a module
 # fixture that quantizes requests ``llama_runtime``); a test that reaches the runtime with no
@@ -43,8 +44,8 @@ def _server_logs_in_pytest_tmp(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def llama_runtime() -> None:
-    """Declares that a test (or fixture) uses the llama.cpp runtime: libllama in process or a
-    llama.cpp binary. It only marks the test ``runtime``; a missing runtime fails where it is used."""
+    """Declares that a test (or fixture) uses the llama.cpp runtime: libllama in process, a
+    llama.cpp binary or the pinned converter. It only marks the test ``runtime``; a missing runtime fails where it is used."""
 
 
 @pytest.fixture(scope="session")

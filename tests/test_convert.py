@@ -36,7 +36,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def converted(checkpoint, tmp_path_factory) -> Path:
+def converted(checkpoint, tmp_path_factory, llama_runtime) -> Path:
     out = tmp_path_factory.mktemp("conv") / "model-bf16.gguf"
     convert(checkpoint, out, progress=False)
     return out
@@ -175,7 +175,7 @@ def _tamper_source(directory: Path, name: str) -> None:
     save_file(tensors, str(directory / shard), metadata={"format": "pt"})
 
 
-def test_a_config_without_the_mtp_layer_count_converts_with_the_inferred_count(tmp_path):
+def test_a_config_without_the_mtp_layer_count_converts_with_the_inferred_count(tmp_path, llama_runtime):
     d = tmp_path / "no-count"
     synthesize_hf(d, SynthSpec(), mtp_layers_in_config=False)
     assert "mtp_num_hidden_layers" not in json.loads((d / "config.json").read_text())
@@ -272,7 +272,7 @@ def hub_repo(checkpoint, tmp_path, monkeypatch):
         yield fh
 
 
-def test_pull_check_mtp_reads_headers_only_then_pull_and_convert_from_the_hub(hub_repo, tmp_path):
+def test_pull_check_mtp_reads_headers_only_then_pull_and_convert_from_the_hub(hub_repo, tmp_path, llama_runtime):
     r = _cli(["pull", "me/tiny-hf", "--check-mtp", "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
@@ -287,7 +287,7 @@ def test_pull_check_mtp_reads_headers_only_then_pull_and_convert_from_the_hub(hu
     assert res.mtp_status == "complete"
 
 
-def test_run_accepts_a_safetensors_hub_repo(hub_repo, tmp_path):
+def test_run_accepts_a_safetensors_hub_repo(hub_repo, tmp_path, llama_runtime):
     import ggufmtp
 
     r = ggufmtp.run("me/tiny-hf", "q8_0-mtp", ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",
@@ -299,7 +299,7 @@ def test_run_accepts_a_safetensors_hub_repo(hub_repo, tmp_path):
     assert [s.stage for s in r.stages][:2] == ["pull", "inspect"]
 
 
-def test_run_accepts_a_safetensors_directory(checkpoint, tmp_path):
+def test_run_accepts_a_safetensors_directory(checkpoint, tmp_path, llama_runtime):
     import ggufmtp
 
     r = ggufmtp.run(str(checkpoint), "q8_0-mtp", ggufmtp.RunOptions(verify=False), out_dir=tmp_path / "run",

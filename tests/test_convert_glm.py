@@ -57,7 +57,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def converted(checkpoints, tmp_path_factory) -> dict[str, Path]:
+def converted(checkpoints, tmp_path_factory, llama_runtime) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("glm-conv")
     paths = {k: out / f"{k}-bf16.gguf" for k in checkpoints}
     for k, d in checkpoints.items():
