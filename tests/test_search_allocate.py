@@ -132,6 +132,7 @@ def test_the_found_recipe_is_an_ordinary_recipe_with_its_search_table(tmp_path):
         (r"blk\.[0-3]\.attn_", "Q8_0"), (r"blk\.[0-3]\.ffn_(gate|up|down)_exps", "Q4_K"),
         (r"blk\.{mtp}\.nextn\.eh_proj", "Q8_0")]
     assert loaded.mtp_roles == () and loaded.mtp_floor is None and loaded.ftype == "Q8_0"
+    assert loaded.release_tag == "Searched-4_84bpw"  # 43,392 bytes over 71,680 weights; not Q8_0's name
     doc = tomllib.loads(path.read_text())["search"]
     assert doc["table_sha256"] == table_digest(t) and doc["method"] == "pareto-dp"
     assert doc["model_sha256"] == "ab" * 32 and doc["corpus"] == "builtin:eval-v1"

@@ -53,6 +53,13 @@ def public_name(corpus: str) -> str:
     return corpus if corpus.startswith("builtin:") or os.sep not in corpus else os.path.basename(corpus)
 
 
+def release_tag(allocation: Allocation) -> str:
+    """The variant's release tag (``<Model>-Searched-6_22bpw.gguf``): its bits per weight over the
+    groups, so a ladder of searched and shipped recipes names each file apart."""
+    hundredths = round(allocation.bpw * 100)
+    return f"Searched-{hundredths // 100}_{hundredths % 100:02d}bpw"
+
+
 def allocation_recipe(table: SensitivityTable, allocation: Allocation, base: Recipe, name: str = "searched-mtp") -> Recipe:
     """The allocation as a recipe on ``base`` (its ftype, output/embedding types, MTP requirement and
     ``[verify]``): one rule per group; ``imatrix = "required"`` when a chosen type needs one."""
@@ -60,7 +67,7 @@ def allocation_recipe(table: SensitivityTable, allocation: Allocation, base: Rec
     rules = tuple(Rule(patterns[group], qtype) for group, qtype in allocation.types)
     imatrix = "required" if any(needs_imatrix(t, base.ftype) for _, t in allocation.types) else base.imatrix
     return dataclasses.replace(
-        base, name=name, tag=None, path=None, sha256=None, mtp_roles=(), mtp_floor=None, rules=rules,
+        base, name=name, tag=release_tag(allocation), path=None, sha256=None, mtp_roles=(), mtp_floor=None, rules=rules,
         overrides=(), imatrix=imatrix,
         description=(f"searched by ggufmtp {__version__}: {len(rules)} groups, {allocation.bpw:.3f} bpw over them, "
                      f"predicted KLD {allocation.predicted_kld:.6f} (baseline {table.baseline_recipe})"))
