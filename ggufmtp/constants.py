@@ -8,6 +8,10 @@ LLAMA_CPP_COMMIT = "0c1e570"
 GGUF_VERSION = "0.19.0"
 
 RUNTIME_BINARIES = ("llama-server", "llama-quantize", "llama-imatrix", "llama-perplexity")
+# Built with the runtime, but a runtime built before one was added still loads: it gets the binary
+# built into its bin dir on first use (runtime/build.py: ensure_extra_binary), not a full rebuild.
+SPLIT_TOOL = "llama-gguf-split"
+EXTRA_BINARIES = (SPLIT_TOOL,)
 
 # Architectures whose llama.cpp graph has an MTP (NextN) draft path (LLM_GRAPH_TYPE_DECODER_MTP).
 # glm5-next mentions the graph type at 0c1e570 only to throw "NextN graph not implemented yet".

@@ -10,7 +10,10 @@ ggufmtp's own C++ tools (``NATIVE_TOOLS``, sources in ``ggufmtp/runtime/native/`
 source tree, and installed into its bin dir (rpath ``$ORIGIN``). ``runtime.json`` records each
 tool's source sha256, and each build is a file named for it (``native_file_name``): a runtime built
 before a tool existed, or holding another version's build, gets this version's compiled beside it
-on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp. It also
+on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp. The same holds for
+llama.cpp's own binaries added after a runtime was built (``EXTRA_BINARIES``: ``llama-gguf-split``):
+``ensure_extra_binary`` builds that one target in the runtime's build folder (configured again with
+the recorded flags when the cache lost it) and installs it into the bin dir. It also
 records the architectures whose graph in that source drafts with MTP (``mtp_architectures``, read by
 :mod:`.mtp_graphs`), which ``doctor`` and the tests compare with ggufmtp's own list.
 
@@ -36,7 +39,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
+from ..constants import EXTRA_BINARIES, LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, RUNTIME_BINARIES
 from ..errors import RuntimeBuildError, RuntimeMissingError
 from ..files.digest_cache import file_key
 from ..files.fsutil import atomic_write_json
@@ -168,6 +171,8 @@ def find_binary(name: str, explicit: str | os.PathLike | None = None) -> Path:
     if info is not None:
         if name in NATIVE_TOOLS:
             info = ensure_native_tools(info)
+        if name in EXTRA_BINARIES:
+            return ensure_extra_binary(info, name)
         return info.binary(name)
     on_path = shutil.which(name)
     if on_path:
@@ -352,6 +357,8 @@ def build_runtime(
     existing = RuntimeInfo.load(root)
     if existing is not None and not force:
         log(f"llama.cpp {existing.commit} ({variant}) already built: {existing.bin_dir}")
+        for name in EXTRA_BINARIES:  # a runtime built before one was added: extended, not rebuilt
+            ensure_extra_binary(existing, name, log)
         return ensure_native_tools(existing, log)
     for tool in ("cmake",):
         if shutil.which(tool) is None:
@@ -363,7 +370,7 @@ def build_runtime(
     jobs = jobs or os.cpu_count() or 2
     log(f"configuring llama.cpp {LLAMA_CPP_COMMIT} ({variant}) in {build}")
     _run(["cmake", "-S", str(src), "-B", str(build), *flags], build / "configure.log")
-    targets = ["llama", *RUNTIME_BINARIES]
+    targets = ["llama", *RUNTIME_BINARIES, *EXTRA_BINARIES]
     log(f"building {', '.join(targets)} with {jobs} jobs (a few minutes) ...")
     _run(["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs), "--target", *targets],
          build / "build.log")
@@ -383,7 +390,7 @@ def _install(built: Path, root: Path, variant: str, flags: list[str], src: Path,
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=_mkdir(root.parent)))
     try:
         bin_dir = _mkdir(staging / "bin")
-        for name in RUNTIME_BINARIES:
+        for name in RUNTIME_BINARIES + EXTRA_BINARIES:
             shutil.copy2(built / name, bin_dir / name)
         for lib in built.glob("lib*.so*"):
             shutil.copy2(lib, bin_dir / lib.name, follow_symlinks=False)
@@ -539,6 +546,44 @@ def ensure_native_tools(info: RuntimeInfo, log: Callable[[str], None] = lambda m
     loaded = RuntimeInfo.load(root)
     assert loaded is not None
     return loaded
+
+
+def ensure_extra_binary(info: RuntimeInfo, name: str, log: Callable[[str], None] = lambda m: None) -> Path:
+    """``info``'s ``name`` (one of ``EXTRA_BINARIES``), built first when a runtime made before it was
+    added lacks it: only that target is compiled, in the runtime's build folder (configured again
+    with the runtime's recorded flags when that folder is gone or was configured from another
+    source tree), then copied into the bin dir under its final name by a rename. Idempotent."""
+    exe = info.bin_dir / name
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return exe
+    root = info.bin_dir.parent
+    with _runtime_lock(root):
+        if exe.is_file() and os.access(exe, os.X_OK):  # another process built it meanwhile
+            return exe
+        src = source_tree(log)
+        build = _mkdir(cache_root() / "build" / f"{LLAMA_CPP_COMMIT}-{info.variant}")
+        if not _configured_from(build, src):
+            shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
+            (build / "CMakeCache.txt").unlink(missing_ok=True)
+            log(f"configuring llama.cpp {LLAMA_CPP_COMMIT} ({info.variant}) in {build} for {name}")
+            _run(["cmake", "-S", str(src), "-B", str(build), *info.build_flags], build / "configure.log")
+        log(f"building {name} for the {info.variant} runtime (its own target only) ...")
+        _run(["cmake", "--build", str(build), "--config", "Release", "-j", str(os.cpu_count() or 2),
+              "--target", name], build / f"{name}.log")
+        staged = info.bin_dir / f".{name}.partial-{os.getpid()}"
+        shutil.copy2(build / "bin" / name, staged)
+        os.replace(staged, exe)
+    return exe
+
+
+def _configured_from(build: Path, src: Path) -> bool:
+    """Whether ``build`` holds a CMake configuration of the source tree ``src``."""
+    try:
+        cache = (build / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return False
+    home = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", cache, re.M)
+    return home is not None and Path(home.group(1)).resolve() == src.resolve()
 
 
 def source_tree(log: Callable[[str], None] = lambda m: None) -> Path:
