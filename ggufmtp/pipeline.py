@@ -34,7 +34,7 @@ from .constants import LLAMA_CPP_COMMIT
 from .errors import GgufmtpError, HubRefusedError, PlanError, RecipeError
 from .files.fsutil import atomic_write_json
 from .files.hashing import sha256_file
-from .gguf.model import inspect_model, split_shards
+from .gguf.model import inspect_model, shard_path, split_shards
 from .gguf.reader import read_header
 from .hub.manifest import PullResult
 from .hub.upload import UploadOptions
@@ -52,6 +52,7 @@ from .quant.naming import model_name, variant_file_name
 from .quant.plan import make_plan
 from .quant.quantize import quantize
 from .quant.recipe import Recipe
+from .quant.split import SplitSize
 from .refs import ModelRef, is_builtin, parse_model_ref, resolve
 from .run_options import RunOptions
 from .run_summary import format_summary
@@ -203,15 +204,10 @@ def _intact(*keys: str) -> Callable[[Mapping[str, object]], bool]:
     """A cached result (any stage's record) is valid while the files it recorded under ``keys``
     (:class:`FileRecord`) still hold the same bytes (hashed again: a file rewritten with its size and
     mtime restored is not intact)."""
-    def check(r: Mapping[str, object]) -> bool:
-        for k in keys:
-            rec = r.get(k)
-            if not isinstance(rec, dict) or not rec.get("sha256"):
-                return False
-            p = Path(rec["path"])
-            if not p.is_file() or sha256_file(p) != rec["sha256"]:
-                return False
-        return True
+    def check(r: Mapping[str, object]) -> bool:  # a key holding a list: every record of it (a split's shards)
+        recs = [rec for v in (r.get(k) for k in keys) for rec in (v if isinstance(v, list) else [v])]
+        return all(isinstance(rec, dict) and rec.get("sha256") and Path(rec["path"]).is_file()
+                   and sha256_file(Path(rec["path"])) == rec["sha256"] for rec in recs)
 
     return check
 
@@ -329,6 +325,8 @@ class _Run:
     signing_key: Path | None = None
     public_key: Path | None = None
     allow_unverified: bool = False
+    split: SplitSize | None = None
+    shards: int = 0  # a split artifact's shard count (the quantize stage's record says): artifact is the first
     model_key: str = ""
     plan_key: str = ""
     artifact_key: str = ""
@@ -347,7 +345,8 @@ class _Run:
 
     @property
     def artifact(self) -> Path:
-        return self.out / variant_file_name(self.name, self.recipe.release_tag)
+        one = self.out / variant_file_name(self.name, self.recipe.release_tag)
+        return shard_path(one, 1, self.shards) if self.shards else one
 
     @property
     def receipt(self) -> Path:
@@ -421,19 +420,23 @@ def _stage_quantize(r: _Run) -> None:
     def do() -> JsonObject:  # QuantizeResult.to_dict() and the artifact's FileRecord
         # the receipt is written before quantize renames the artifact into place (never one without the other)
         res = quantize(r.model_path, r.recipe, r.artifact, imatrix=r.imatrix, threads=r.threads, progress=r.progress,
-                       before_publish=lambda staged: receipt_for_quantize(
-                           staged, model_arg=r.model_arg, imatrix=r.imatrix, receipt_path=r.receipt,
-                           manifest=r.manifest, signing_key=r.signing_key))
-        if r.signing_key is not None:
-            sign_artifact(r.artifact, r.signing_key)
+                       split=r.split, before_publish=lambda staged: receipt_for_quantize(
+                           staged, model_arg=r.model_arg, imatrix=r.imatrix, manifest=r.manifest,
+                           signing_key=r.signing_key))
+        r.shards = len(res.shards)
+        for f in res.files if r.signing_key else []:
+            sign_artifact(f, str(r.signing_key))
         d = res.to_dict()
-        # the digest quantize took of these bytes for the receipt: no second read of the artifact
+        # the digests quantize took of these bytes for the receipt: no second read of the artifact
         d["artifact"] = {"path": str(r.artifact), "sha256": res.output_sha256} if res.output_sha256 \
             else _file_record(r.artifact)
+        d["shard_files"] = [{"path": str(p), "sha256": res.shard_sha256.get(str(p)) or sha256_file(p)}
+                            for p in res.shards]
         return d
 
-    quant_key = _key("quantize", r.plan_key, _secret_id(r.signing_key))
-    quantized = r.cache.run("quantize", quant_key, do, _intact("artifact"))
+    quant_key = _key("quantize", r.plan_key, _secret_id(r.signing_key), str(r.split))
+    quantized = r.cache.run("quantize", quant_key, do, _intact("artifact", "shard_files"))
+    r.shards = len(quantized["shard_files"])
     r.artifact_sha256 = quantized["artifact"]["sha256"]
     r.artifact_key = _key(quant_key, r.artifact_sha256)
 
@@ -574,7 +577,7 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
     r = _Run(out=out, cache=_StageCache(out, log, o.force), recipe=rec, model_arg=model, ref=ref, model=resolved,
              imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
              progress=progress, log=log, name=model_name(model, resolved.path, converted=converted is not None),
-             signing_key=key, public_key=pub, allow_unverified=o.allow_unverified)
+             signing_key=key, public_key=pub, allow_unverified=o.allow_unverified, split=o.split_max_size)
     for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
         stage(r)
     if o.until == "audit":

@@ -11,6 +11,7 @@ from pathlib import Path
 from .errors import GgufmtpError, HubRefusedError
 from .measure.core.options import VerifyOptions
 from .quality.options import EvalOptions
+from .quant.split import DEFAULT_SPLIT_MAX_SIZE, SplitSize
 
 __all__ = ["RunOptions"]
 
@@ -22,7 +23,8 @@ class RunOptions:
     The importance matrix: ``imatrix`` (a file), or ``imatrix_corpus`` (instead: compute one over
     this text, ``builtin:calib-v1`` or a file, at most ``imatrix_chunks`` chunks, with the MTP
     block's statistics when it has one). ``include``: with a Hub repo, pull only the files matching
-    these patterns; ``token``: the Hub token. ``threads``: quantization threads.
+    these patterns; ``token``: the Hub token. ``threads``: quantization threads. ``split_max_size``:
+    an artifact larger than this is written as shards (:mod:`ggufmtp.quant.split`; None: one file).
 
     ``verify``: run the verification with ``verify_options`` (a :class:`VerifyOptions`; the
     recipe's ``[verify]`` table gives the thresholds and the window they leave unset).
@@ -53,6 +55,7 @@ class RunOptions:
     include: Sequence[str] | None = None
     token: str | None = None
     threads: int = 0
+    split_max_size: SplitSize | None = DEFAULT_SPLIT_MAX_SIZE
     verify: bool = True
     verify_options: VerifyOptions | None = None
     reference_base: bool = True

@@ -19,6 +19,7 @@ from .options import (
     output_option,
     quantize_threads_option,
     revision_option,
+    split_max_size_option,
     threads_option,
     token_option,
 )
@@ -78,6 +79,7 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
 @threads_option("The servers' and llama-perplexity's (verify, --eval).")
 @quantize_threads_option("Per variant; default: the ladder file's threads, else 0.", default=None)
+@split_max_size_option("Per variant; default: the ladder file's split_max_size, else 48G.", from_file=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Run the variants on a local Dask cluster of N worker processes (pip install 'ggufmtp[ladder]').")
 @click.option("--gpus", type=click.IntRange(min=0), default=0, show_default=True,
@@ -106,7 +108,8 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                ladder_file: str | None, output: str,
                imatrix: str | None, imatrix_corpus: str | None, imatrix_chunks: int | None, eval_corpus: str | None,
                no_verify: bool, seeds: str | None, limit: int | None, max_tokens: int | None,
-               gpu_layers: int | str | None, threads: int | None, quantize_threads: int | None, workers: int | None,
+               gpu_layers: int | str | None, threads: int | None, quantize_threads: int | None,
+               split_max_size: str | None, workers: int | None,
                gpus: int, scheduler: str | None,
                upload_repo: str | None, private: bool, dry_run_upload: bool, quantized_by: str | None,
                layout: str | None, sidecars: tuple[str, ...],
@@ -134,7 +137,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     spec = _spec(ladder_file, {"model": model and model_at_revision(model, revision), "recipes": recipes,
                                "out_dir": Path(output), "imatrix": imatrix, "token": token,
                                "imatrix_corpus": imatrix_corpus, "imatrix_chunks": imatrix_chunks,
-                               "threads": quantize_threads,
+                               "threads": quantize_threads, "split_max_size": split_max_size,
                                "verify": False if no_verify else None, "signing_key": signing_key,
                                "reference_base": False if judging.get("no_reference") else None,
                                "quantized_by": quantized_by, "repo_id": upload_repo, "layout": layout,

@@ -27,8 +27,8 @@ import click
 
 __all__ = ["LEGACY_ALIASES", "VOCABULARY", "GpuLayers", "SharedName", "SharedOption", "ctx_size_option",
            "draft_n_max_option", "exclude_option", "gpu_layers_option", "include_option", "output_option",
-           "model_at_revision", "quantize_threads_option", "revision_option", "threads_option", "token_option",
-           "with_revision"]
+           "model_at_revision", "quantize_threads_option", "revision_option", "split_max_size_option", "threads_option",
+           "token_option", "with_revision"]
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -56,6 +56,9 @@ VOCABULARY: tuple[SharedName, ...] = (
     SharedName(("--draft-n-max", "--spec-draft-n-max"), "draft_n_max", "integer",
                "Draft window k: tokens drafted per step (llama-server's --spec-draft-n-max)", "llama.cpp"),
     SharedName(("-o", "--output"), "output", "path", "Output path: ", "ggufmtp"),
+    SharedName(("--split-max-size",), "split_max_size", "size",
+               "Largest file to write (llama-gguf-split's --split-max-size: 48G, 500M, decimal; none: one file); "
+               "a larger model is written as shards NAME-00001-of-0000N.gguf", "llama-gguf-split"),
     SharedName(("--revision",), "revision", "text", "Hub revision (branch, tag or commit)", "huggingface_hub"),
     SharedName(("--include",), "include", "text (repeatable)",
                "Only the repo files matching this glob pattern (repeatable; huggingface_hub's allow_patterns)",
@@ -156,6 +159,36 @@ def output_option(detail: str, *, directory: bool = False, default: str | None =
     return _shared("--output", detail, extra=extra, hidden=hidden, default=default, required=required,
                    show_default=default is not None,
                    type=click.Path(file_okay=False) if directory else click.Path(dir_okay=False))
+
+
+class SplitSizeParam(click.ParamType):
+    """``--split-max-size``: a :class:`~ggufmtp.quant.split.SplitSize` (``48G``, ``500M``) or None
+    for ``none``; ``as_text``: the value checked and spelled as a ladder file spells it (``48G``, ``none``)."""
+
+    name = "size"
+
+    def __init__(self, as_text: bool = False) -> None:
+        self.as_text = as_text
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ..errors import QuantizeError
+        from ..quant.split import NO_SPLIT, parse_split_size
+
+        try:
+            size = parse_split_size(value)
+        except QuantizeError as e:
+            self.fail(str(e), param, ctx)
+        return (str(size) if size else NO_SPLIT) if self.as_text else size
+
+
+def split_max_size_option(detail: str = "", *, from_file: bool = False) -> Decorator:
+    """``--split-max-size``; ``from_file``: its default is a ladder file's (the option gives text, None when not given)."""
+    from ..quant.split import DEFAULT_SPLIT_MAX_SIZE
+
+    if from_file:
+        return _shared("--split-max-size", detail, type=SplitSizeParam(as_text=True), default=None)
+    return _shared("--split-max-size", detail, type=SplitSizeParam(), default=str(DEFAULT_SPLIT_MAX_SIZE),
+                   show_default=True)
 
 
 def revision_option(detail: str = "") -> Decorator:

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option, resolve_model_arg
-from .options import SharedOption, output_option, quantize_threads_option
+from .options import SharedOption, output_option, quantize_threads_option, split_max_size_option
 from .provenance_cmds import signing_key_option
 
 if TYPE_CHECKING:
     from ..quant.flags import QuantizeFlags
+    from ..quant.quantize import QuantizeResult
     from ..quant.recipe import Recipe
+    from ..quant.split import SplitSize
 
 
 def llama_quantize_flag_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -183,8 +185,9 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
 @imatrix_option
 @output_option("the GGUF to write (or the positional OUT).")
 @quantize_threads_option("Or the positional NTHREADS; default 0.", hidden=("-t", "--threads"), default=None)
+@split_max_size_option("Split or not, one receipt covers every shard (named for the first).")
 @click.option("--receipt", type=click.Path(dir_okay=False), default=None,
-              help="Receipt path (default: OUT.receipt.json).")
+              help="Receipt path (default: OUT.receipt.json; for a split OUT, its first shard's).")
 @click.option("--no-receipt", is_flag=True, help="Do not write a receipt.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @llama_quantize_flag_options
@@ -192,8 +195,8 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
 @json_option
 @handle_errors
 def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, imatrix: str | None,
-             output: str | None, quantize_threads: int | None, receipt: str | None, no_receipt: bool, no_progress: bool,
-             signing_key: str | None, as_json: bool, **flag_values: Any) -> None:
+             output: str | None, quantize_threads: int | None, split_max_size: SplitSize | None, receipt: str | None,
+             no_receipt: bool, no_progress: bool, signing_key: str | None, as_json: bool, **flag_values: Any) -> None:
     """Quantize MODEL into OUT (in-process libllama), audit it and write its receipt (with a signing
     key: a signed receipt and OUT.sig). What to make, two ways:
 
@@ -214,6 +217,10 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
     \b
     ggufmtp quantize in.gguf -r Q4_K_M -o out.gguf
     ggufmtp quantize --tensor-type 'attn_v=q6_k' --pure in.gguf out.gguf Q4_K_M 8
+
+    An OUT larger than --split-max-size (default 48G, under the Hub's 50 GB file limit) is written
+    as shards by llama-gguf-split: OUT less .gguf, then -00001-of-0000N.gguf; give llama-server,
+    verify, audit and upload the first.
     """
     from ..provenance.receipt import default_receipt_path, receipt_for_quantize
     from ..provenance.signing import resolve_signing_key, sign_artifact, signature_path
@@ -223,27 +230,27 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
                                             quantize_flags(**flag_values))
     key = resolve_signing_key(signing_key)  # a bad key fails before any work
 
-    rpath = None if no_receipt else Path(receipt) if receipt else default_receipt_path(Path(output))
-    if rpath is not None and rpath.resolve() == Path(output).resolve():
+    if receipt and Path(receipt).resolve() == Path(output).resolve():
         from ..errors import QuantizeError
 
         raise QuantizeError(f"{receipt}: the receipt path is the output path (--receipt would overwrite it)")
+    written: dict[str, Path] = {}
 
-    def write_receipt(staged) -> None:
-        # the artifact is renamed into place only after its receipt (and signature) are written
+    def write_receipt(staged: QuantizeResult) -> None:
+        # the artifact is renamed into place only after its receipt (and signatures) are written
+        final = staged.destination or Path(output)  # a split output's first shard
         if key is not None:
-            sign_artifact(staged.output, key, signature=signature_path(Path(output)))
-        if rpath is not None:
-            receipt_for_quantize(staged, model_arg=model, imatrix=imatrix, receipt_path=rpath, signing_key=key)
+            for f in staged.files:
+                sign_artifact(f, key, signature=signature_path(final.parent / f.name))
+            written["signature"] = signature_path(final)
+        if not no_receipt:
+            written["receipt"] = receipt_for_quantize(staged, model_arg=model, imatrix=imatrix, signing_key=key,
+                                                      receipt_path=receipt or default_receipt_path(final))
 
     res = run(resolve_model_arg(model), rec, output, imatrix=imatrix, threads=threads,
-              progress=not no_progress and not as_json,
-              before_publish=write_receipt if rpath or key else None)
-    out: dict[str, Any] = res.to_dict()
-    if rpath is not None:
-        out["receipt"] = str(rpath)
-    if key is not None:
-        out["signature"] = str(signature_path(Path(output)))
+              progress=not no_progress and not as_json, split=split_max_size,
+              before_publish=write_receipt if not no_receipt or key else None)
+    out: dict[str, Any] = res.to_dict() | {k: str(v) for k, v in written.items()}
     if as_json:
         emit_json(out)
         return

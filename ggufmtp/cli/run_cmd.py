@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,10 +17,14 @@ from .options import (
     output_option,
     quantize_threads_option,
     revision_option,
+    split_max_size_option,
     threads_option,
     token_option,
 )
 from .provenance_cmds import public_key_option, signing_key_option
+
+if TYPE_CHECKING:
+    from ..quant.split import SplitSize
 
 
 @main.command("run", short_help="The whole pipeline: checkpoint to a verified, receipted (and uploaded) artifact.")
@@ -50,6 +54,7 @@ from .provenance_cmds import public_key_option, signing_key_option
 @gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
 @threads_option("The servers' and llama-perplexity's (verify, --eval).")
 @quantize_threads_option()
+@split_max_size_option()
 @click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
 @verify_judging_options
 @arm_args_options
@@ -62,7 +67,7 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
             imatrix_corpus: str | None, imatrix_chunks: int | None, output: str, include: tuple[str, ...],
             no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
             limit: int | None, max_tokens: int | None, gpu_layers: int | str | None, threads: int | None,
-            quantize_threads: int, force: bool, eval_corpus: str | None,
+            quantize_threads: int, split_max_size: SplitSize | None, force: bool, eval_corpus: str | None,
             signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool,
             **judging: Any) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
@@ -91,7 +96,8 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
     vopts.update(verify_option_dict(judging))
     options = RunOptions(
         imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,
-        token=token, threads=quantize_threads, verify=not no_verify, verify_options=VerifyOptions.from_dict(vopts),
+        token=token, threads=quantize_threads, split_max_size=split_max_size, verify=not no_verify,
+        verify_options=VerifyOptions.from_dict(vopts),
         reference_base=not judging.get("no_reference"),
         eval_options=None if eval_corpus is None else EvalOptions(corpus=eval_corpus, gpu_layers=gpu_layers,
                                                                   threads=threads),

@@ -3,7 +3,9 @@
 The header is read with :mod:`ggufmtp.gguf.reader` (fast on 248k-token vocabularies); tensor
 data stays on disk and is reached through memory maps.
 Split GGUFs (``name-00001-of-00003.gguf``) are read as one model: metadata from the first shard,
-tensors from all of them.
+tensors from all of them (an MTP block may lie in any shard), each shard's ``split.*`` keys checked
+as llama.cpp's loader checks them (:func:`split_problem`), so a reordered or renamed shard is
+refused naming the file.
 """
 
 from __future__ import annotations
@@ -81,17 +83,45 @@ class TensorInfo:
         return int(m.group(1)) if m else None
 
 
+def shard_path(out: Path, index: int, count: int) -> Path:
+    """Shard ``index`` (1-based) of ``count`` of the model ``out`` names, as llama.cpp's
+    ``llama_split_path`` names it: ``Model-Q8_0.gguf`` -> ``Model-Q8_0-00001-of-00003.gguf``."""
+    return out.with_name(f"{out.name.removesuffix('.gguf')}-{index:05d}-of-{count:05d}.gguf")
+
+
 def split_shards(path: Path) -> list[Path]:
     """All shards of a split GGUF given any one of them (or ``[path]`` if it is not split)."""
     m = SPLIT_RE.match(path.name)
     if not m:
         return [path]
     n = int(m.group("n"))
-    shards = [path.with_name(f"{m.group('stem')}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
+    shards = [shard_path(path.with_name(m.group("stem") + ".gguf"), i, n) for i in range(1, n + 1)]
     missing = [s.name for s in shards if not s.exists()]
     if missing:
         raise GGUFReadError(f"{path}: split GGUF is missing shard(s) {', '.join(missing)}")
     return shards
+
+
+def split_problem(shard: Path, header: GGUFHeader, index: int, count: int) -> str | None:
+    """What llama.cpp's loader would refuse in shard ``index`` (0-based) of ``count`` (1 and 0 for a
+    file given alone), or None: a shard whose ``split.no`` is not its place in the set (reordered or
+    renamed), a first shard whose ``split.count`` is not the set's size, a file that declares itself
+    a shard of a set without a shard's name (llama.cpp could not find its siblings)."""
+    md = header.metadata
+    declared = md.get(Keys.Split.LLM_KV_SPLIT_COUNT)
+    no = md.get(Keys.Split.LLM_KV_SPLIT_NO)
+    if count == 1:
+        if isinstance(declared, int) and declared > 1:
+            return (f"{shard}: declares itself shard {no if isinstance(no, int) else 0} of a {declared}-file split "
+                    f"(split.count {declared}) but is not named as one (NAME-00001-of-{declared:05d}.gguf): "
+                    f"llama.cpp cannot find its other shards")
+        return None
+    if no != index:
+        return (f"{shard}: named shard {index + 1} of {count}, but its split.no {no} makes it "
+                + (f"shard {no + 1}" if isinstance(no, int) else "no shard") + ": the shards were reordered or renamed")
+    if index == 0 and declared != count:
+        return f"{shard}: split.count is {declared}, but the set has {count} files by its names"
+    return None
 
 
 def _arch_count(header: GGUFHeader, key_template: str) -> int | None:
@@ -108,24 +138,24 @@ def has_mtp_head(path: str | os.PathLike) -> bool | None:
     ``blk.<block_count-1>.nextn.eh_proj.weight``. None if the file cannot be read as a GGUF or has
     no block count. Reads the header only."""
     try:
-        header = read_header(path)
+        headers = [read_header(s) for s in split_shards(Path(path))]  # the head may be in any shard
     except (OSError, ValueError):  # GGUFReadError is a ValueError; OSError: mmap of an odd file
         return None
-    n = _arch_count(header, Keys.LLM.BLOCK_COUNT)
+    n = _arch_count(headers[0], Keys.LLM.BLOCK_COUNT)
     if n is None:
         return None
-    return any(t.name == f"blk.{n - 1}.nextn.eh_proj.weight" for t in header.tensors)
+    return any(t.name == f"blk.{n - 1}.nextn.eh_proj.weight" for h in headers for t in h.tensors)
 
 
 def is_mtp_sidecar(path: str | os.PathLike) -> bool:
     """Whether ``path`` is an MTP-only file (``nextn_predict_layers > 0`` and no trunk), the kind
     ``--spec-draft-model`` takes; False when it cannot be read."""
     try:
-        header = read_header(path)
+        headers = [read_header(s) for s in split_shards(Path(path))]
     except (OSError, ValueError):
         return False
-    nextn = _arch_count(header, Keys.LLM.NEXTN_PREDICT_LAYERS) or 0
-    return nextn > 0 and all(t.name != "blk.0.attn_norm.weight" for t in header.tensors)
+    nextn = _arch_count(headers[0], Keys.LLM.NEXTN_PREDICT_LAYERS) or 0
+    return nextn > 0 and all(t.name != "blk.0.attn_norm.weight" for h in headers for t in h.tensors)
 
 
 class GGUFModel:
@@ -141,10 +171,14 @@ class GGUFModel:
         self.metadata: dict[str, Any] = {}
         self.tensors: OrderedDict[str, TensorInfo] = OrderedDict()
         self.tensor_data_offsets: dict[str, int] = {}
+        declared_tensors = None
         for i, shard in enumerate(self.shards):
             header = read_header(shard)
+            if (problem := split_problem(shard, header, i, len(self.shards))) is not None:
+                raise GGUFReadError(problem)
             if i == 0:
                 self.metadata = header.metadata
+                declared_tensors = header.metadata.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
             for t in header.tensors:
                 try:
                     n_el, n_bytes, type_name = tensor_nbytes(t.shape, t.type_id)
@@ -153,9 +187,14 @@ class GGUFModel:
                 if t.offset + n_bytes > header.file_size:
                     raise GGUFReadError(f"{shard}: truncated GGUF (tensor {t.name} ends at byte "
                                         f"{t.offset + n_bytes}, file has {header.file_size} bytes)")
+                if t.name in self.tensors:  # llama.cpp: "invalid model: tensor '...' is duplicated"
+                    raise GGUFReadError(f"{shard}: tensor {t.name} is also in {self.shards[self.tensors[t.name].shard]}")
                 self.tensors[t.name] = TensorInfo(name=t.name, shape=tuple(int(x) for x in t.shape),
                                                   type=type_name, n_elements=n_el, n_bytes=n_bytes, shard=i)
                 self.tensor_data_offsets[t.name] = t.offset
+        if len(self.shards) > 1 and declared_tensors != len(self.tensors):
+            raise GGUFReadError(f"{self.shards[0]}: split.tensors.count is {declared_tensors}, but the "
+                                f"{len(self.shards)} shards hold {len(self.tensors)} tensors")
 
     # --- architecture ---------------------------------------------------------------------
     @property

@@ -9,7 +9,9 @@ signature that does not verify when a public key is configured by ``--public-key
 the digest, with at least the minimum evidence of :class:`~ggufmtp.provenance.verdict.Evidence`) unless
 ``allow_unverified``, in which case the card must say so where a reader sees it
 (:data:`~ggufmtp.provenance.card.UNVERIFIED_HEADING` and each such file's name, outside HTML
-comments). A passing verification whose thresholds judge nothing (a minimum of 0:
+comments). An MTP sidecar passes through its trunks' receipts (:mod:`.pair_gate`): it goes up beside a
+trunk whose receipt names it and that it pairs with, and a trunk verified with a sidecar goes up with
+it, audited as that pair. A passing verification whose thresholds judge nothing (a minimum of 0:
 :func:`~ggufmtp.provenance.vacuous.vacuous_thresholds`) is refused unless the card says so too
 (:data:`~ggufmtp.provenance.vacuous.VACUOUS_HEADING`, naming each threshold). A dry run goes through the same gate, so it
 refuses exactly what the real upload refuses.
@@ -29,6 +31,7 @@ from ..provenance.card import UNVERIFIED_HEADING, unverified_reason
 from ..provenance.receipt import Receipt, read_receipt
 from ..provenance.signing import signature_path
 from ..provenance.vacuous import VACUOUS_HEADING, vacuous_thresholds, visible_text
+from .pair_gate import is_sidecar, sidecar_problem, trunk_sidecar
 
 __all__ = ["ArtifactCheck", "PublishCheck", "check_publishable"]
 
@@ -100,9 +103,9 @@ def _match(artifacts: Mapping[Path, str], receipts: list[Receipt]) -> dict[Path,
     return found
 
 
-def _audited(art: Path, rc: Receipt, public_key: Path | None) -> AuditReport:
-    """``ggufmtp audit ART --receipt RC [--public-key K]``; HubRefusedError naming every failure."""
-    report = audit(art, rc.path, progress=False, public_key=public_key)
+def _audited(art: Path, rc: Receipt, public_key: Path | None, sidecar: Path | None = None) -> AuditReport:
+    """``ggufmtp audit ART --receipt RC [--public-key K] [--sidecar S]``; HubRefusedError naming every failure."""
+    report = audit(art, rc.path, progress=False, public_key=public_key, sidecar=sidecar)
     if not report.ok:
         failed = "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
         raise HubRefusedError(f"refusing to upload {art}: `ggufmtp audit` fails ({len(report.failures)} check(s)): "
@@ -141,6 +144,19 @@ def _check_card(card: Path | None, unverified: list[ArtifactCheck], vacuous: dic
                                   f"(a visible {VACUOUS_HEADING!r} section naming each; `ggufmtp card` writes it)")
 
 
+def _covered_shard(art: Path, rc: Receipt, artifacts: Mapping[Path, str]) -> bool:
+    """Whether ``art`` is a later shard of a split artifact (its receipt's ``result.split``) whose
+    first shard, beside it, is in the upload too: that shard's audit checks every shard of the set.
+    A later shard without its first is refused (a partial set)."""
+    names = [s.name for s in rc.subjects]
+    if rc.predicate["result"].get("split") is None or art.name not in names[1:]:
+        return False
+    if art.parent / rc.artifact.name not in artifacts:
+        raise HubRefusedError(f"refusing a partial split set: {art.name} is a shard of {rc.artifact.name}, which is "
+                              f"not in the upload (a split artifact goes up whole: {', '.join(names)})")
+    return True
+
+
 def check_publishable(artifacts: Mapping[Path, str], receipts: Sequence[Path], card: Path | None = None, *,
                       allow_unverified: bool = False, public_key: Path | None = None) -> PublishCheck:
     """Check an upload against the gate (module docstring); ``artifacts`` maps each artifact to its
@@ -151,8 +167,11 @@ def check_publishable(artifacts: Mapping[Path, str], receipts: Sequence[Path], c
     vacuous: dict[Path, dict[str, str]] = {}
     for art, sha in artifacts.items():
         rc = matched[art]
-        report = _audited(art, rc, public_key)
-        problem = unverified_reason(rc.statement, sha)
+        if _covered_shard(art, rc, artifacts):
+            continue
+        report = _audited(art, rc, public_key, trunk_sidecar(art, rc, artifacts))
+        problem = (sidecar_problem(art, sha, artifacts, matched) if is_sidecar(rc)
+                   else unverified_reason(rc.statement, sha))
         if problem and not allow_unverified:
             raise HubRefusedError(f"refusing to publish {art}: {problem}; {ALLOW_HINT}")
         sig = signature_path(art)
@@ -161,5 +180,5 @@ def check_publishable(artifacts: Mapping[Path, str], receipts: Sequence[Path], c
         if problem is None and (found := vacuous_thresholds(rc.verification)):
             vacuous[art] = found
     result = PublishCheck(tuple(checks), allow_unverified)
-    _check_card(card, result.unverified, vacuous)
+    _check_card(card, [a for a in result.unverified if not is_sidecar(matched[a.artifact])], vacuous)
     return result

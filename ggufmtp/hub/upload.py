@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..errors import AuditError, HubError, HubRefusedError
+from ..errors import AuditError, GGUFReadError, HubError, HubRefusedError
 from ..files.hashing import file_digests
 from ..fmt import decimal_bytes
-from ..gguf.model import is_mtp_sidecar
+from ..gguf.model import is_mtp_sidecar, split_shards
 from ..jsontypes import JsonObject
 from ..progress import is_disabled as progress_disabled
 from ..provenance.receipt import read_receipt
@@ -346,6 +346,19 @@ def _check_artifact_digest(ops: list[UploadOperation], artifact_sha256: str | No
                               f"uploaded ({listing}): the receipt describes another file; re-run the receipt step")
 
 
+def _whole_sets(artifacts: list[Path]) -> list[Path]:
+    """The artifacts with every shard of a split one (``X-00001-of-00003.gguf``: given any shard,
+    all of them, in order); a set with a shard missing is refused, naming it."""
+    out: list[Path] = []
+    for p in artifacts:
+        try:
+            shards = split_shards(p)
+        except GGUFReadError as e:
+            raise HubRefusedError(f"refusing a partial split set: {e}") from None
+        out += [s for s in shards if s not in out]
+    return out
+
+
 def upload(repo_id: str, files: Sequence[str | os.PathLike], receipt: str | os.PathLike | Sequence[str | os.PathLike],
            card: str | os.PathLike | None = None, options: UploadOptions | None = None, *,
            progress: bool = True) -> UploadResult:
@@ -355,12 +368,13 @@ def upload(repo_id: str, files: Sequence[str | os.PathLike], receipt: str | os.P
     Creates the repo if needed and the branch ``options.revision`` if it does not exist. Before
     anything is sent, every artifact must pass the publish gate (:mod:`ggufmtp.hub.gate`): a
     receipt describing its bytes, a passing verification of them unless ``allow_unverified`` (the
-    card must then say so), and valid signatures when a public key is set. A dry run runs every
+    card must then say so), and valid signatures when a public key is set. A split artifact goes up
+    whole: given any of its shards, all of them (one missing refuses the upload). A dry run runs every
     check (hashing the files) and lists the operations, without any network access.
     """
     o = options if options is not None else UploadOptions()
-    req = _UploadRequest(repo_id, _as_paths(files), _as_paths(receipt), Path(card) if card is not None else None,
-                         o.folder)
+    req = _UploadRequest(repo_id, _whole_sets(_as_paths(files)), _as_paths(receipt),
+                         Path(card) if card is not None else None, o.folder)
     key = resolve_public_key(o.public_key)
     ops = _hashed(req.operations(), progress)
     checks = check_publishable({op.local_path: str(op.sha256) for op in ops if op.kind == UploadKind.ARTIFACT},

@@ -102,7 +102,7 @@ def _variant_task(job: VariantJob, measure: bool) -> VariantOutcome:
 
     trunk = job.sidecar is not None  # layout sidecar: the full variant is built, the trunk measured (.pairs)
     try:
-        options = RunOptions(imatrix=job.imatrix, threads=job.threads, verify=job.verify,
+        options = RunOptions(imatrix=job.imatrix, threads=job.threads, split_max_size=job.split, verify=job.verify,
                              verify_options=job.verify_options if measure else None,
                              reference_base=job.reference_base,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,

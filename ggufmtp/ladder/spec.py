@@ -8,6 +8,7 @@ A ladder file is TOML::
     imatrix_corpus = "builtin:calib-v1"   # or: imatrix = "imatrix.gguf"
     imatrix_chunks = 64
     threads = 8                            # quantization threads per variant
+    split_max_size = "48G"                 # larger variants as shards <Model>-<TAG>-00001-of-0000N.gguf ("none": one file)
     quantized_by = "me"                    # the card's quantized_by (default: ggufmtp)
     layout = "sidecar"                     # "full" (default): every variant with its head;
     sidecars = ["Q8_0"]                    # "sidecar": trunk-only variants + these MTP sidecars
@@ -37,17 +38,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ..errors import LadderError, QualityError, VerifyError
+from ..errors import GgufmtpError, LadderError, QualityError, VerifyError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
 from ..quant.naming import ambiguous_tags, sidecar_file_name, tag_problem, variant_file_name, variant_folder
 from ..quant.recipe import Recipe
+from ..quant.split import DEFAULT_SPLIT_MAX_SIZE, NO_SPLIT, SplitSize, parse_split_size
 
 __all__ = ["DEFAULT_SIDECARS", "Layout", "LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
 
 _FILE_KEYS = {"model", "recipes", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by", "verify",
-              "eval", "layout", "sidecars"}
+              "eval", "layout", "sidecars", "split_max_size"}
 
 
 class Layout(enum.StrEnum):
@@ -84,6 +86,11 @@ class LadderSpec:
     repo_id: str | None = None  # the Hub repo the card's download and run lines name (ladder --upload REPO)
     layout: Layout = Layout.FULL
     sidecars: tuple[str, ...] = DEFAULT_SIDECARS  # with layout sidecar: one MTP sidecar per recipe (or type)
+    split_max_size: str = str(DEFAULT_SPLIT_MAX_SIZE)  # a larger variant is written as shards; "none": one file
+
+    @property
+    def split(self) -> SplitSize | None:
+        return parse_split_size(self.split_max_size)
 
     def check(self) -> LadderSpec:
         """The spec with its recipes resolved; LadderError naming the first problem."""
@@ -94,6 +101,7 @@ class LadderSpec:
             raise LadderError(f"recipe {', '.join(dup)} given twice")
         if self.imatrix and self.imatrix_corpus:
             raise LadderError(f"give imatrix {self.imatrix} or imatrix_corpus {self.imatrix_corpus}, not both")
+        _split_size(self.split_max_size, "split_max_size")
         loaded = [Recipe.load(r) for r in self.recipes]  # RecipeError naming a bad one, before any work
         names = [r.name for r in loaded]
         clash = sorted({n for n in names if names.count(n) > 1})
@@ -157,6 +165,7 @@ class VariantJob:
     reference_base: bool = True
     sidecar: Path | None = None  # layout sidecar: the MTP sidecar this variant's trunk is served and verified with
     source: Path | None = None  # layout sidecar: the local source model (the reference arm, eval's base)
+    split: SplitSize | None = DEFAULT_SPLIT_MAX_SIZE  # a larger variant is written as shards (quant/split.py)
 
     @classmethod
     def of(cls, spec: LadderSpec, recipe: str, imatrix: str | None, sidecar: Path | None = None,
@@ -167,7 +176,7 @@ class VariantJob:
                    imatrix=imatrix, threads=spec.threads, verify=spec.verify, verify_options=spec.verify_options,
                    eval_options=ev, signing_key=str(spec.signing_key) if spec.signing_key else None,
                    token=spec.token, uses_gpu=gpu, reference_base=spec.reference_base, sidecar=sidecar,
-                   source=source)
+                   source=source, split=spec.split)
 
     @property
     def build_dir(self) -> Path:
@@ -193,6 +202,16 @@ class LadderFields(TypedDict, total=False):
     quantized_by: str
     layout: Layout
     sidecars: tuple[str, ...]
+    split_max_size: str
+
+
+def _split_size(value: str, where: str) -> str:
+    """A split size as a ladder file spells it (``48G``, ``none``); LadderError naming ``where``."""
+    try:
+        size = parse_split_size(value)
+    except GgufmtpError as e:
+        raise LadderError(f"{where}: {e}") from None
+    return str(size) if size else NO_SPLIT
 
 
 def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dict[str, Any] | None:
@@ -210,7 +229,7 @@ def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dic
 # The type each top-level key must have (TOML gives bool for int's subclass, dates, tables, arrays).
 _FILE_TYPES: dict[str, object] = {"model": str, "recipes": list[str], "imatrix": str, "imatrix_corpus": str,
                                "imatrix_chunks": int, "threads": int, "quantized_by": str, "layout": str,
-                               "sidecars": list[str]}
+                               "sidecars": list[str], "split_max_size": str}
 _TOML_NAMES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
                (dict, "a table"), (datetime.datetime, "a date-time"), (datetime.date, "a date"),
                (datetime.time, "a time"))
@@ -285,6 +304,8 @@ def load_ladder_file(path: str | Path) -> LadderFields:
                               f"{data['layout']!r}") from None
     if "sidecars" in data:
         out["sidecars"] = tuple(data["sidecars"])
+    if "split_max_size" in data:
+        out["split_max_size"] = _split_size(data["split_max_size"], f"{p}: split_max_size")
     for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by"):
         if data.get(k) is not None:
             out[k] = data[k]

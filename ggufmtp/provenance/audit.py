@@ -31,7 +31,7 @@ from ..checks import Check, Status
 from ..errors import AuditError, GgufmtpError, GGUFReadError
 from ..files.hashing import sha256_file
 from ..files.records import dataset_name
-from ..gguf.model import GGUFModel, MTPCheck, MTPStatus, check_mtp, format_blocks, split_shards
+from ..gguf.model import SPLIT_RE, GGUFModel, MTPCheck, MTPStatus, check_mtp, format_blocks, shard_path, split_shards
 from ..jsontypes import JsonObject
 from ..provenance.receipt import (
     Receipt,
@@ -291,6 +291,30 @@ def _file_checks(artifact: Path, shards: list[Path] | None, rf: Receipt, progres
         checks.append(Check("all shards present", False, f"missing {', '.join(missing)}"))
     checks += [_digest_check(artifact.parent / s.name, s.sha256, s.size, progress)
                for s in rf.subjects if s.name not in missing]
+    return checks + _split_checks(artifact, rf)
+
+
+def _split_checks(artifact: Path, rf: Receipt) -> list[Check]:
+    """A split artifact (the receipt's ``result.split``): its subjects are exactly the set's shards,
+    in order, named as llama.cpp names them, and no other shard of that name lies beside them (one
+    added to the folder would be published with it, and loaded by nobody)."""
+    split = rf.predicate["result"].get("split")
+    if split is None:
+        return []
+    names = [s.name for s in rf.subjects]
+    m = SPLIT_RE.match(names[0])
+    n = split["count"]
+    want = [shard_path(Path(m.group("stem") + ".gguf"), i, n).name for i in range(1, n + 1)] if m else []
+    checks = [Check("split set", names == want,
+                    f"{n} shards of at most {split['max_size']} ({split['tool']})" if names == want else
+                    f"the receipt's subjects ({', '.join(names)}) are not the {n} shards of one split set in order")]
+    if m is not None:
+        stem = m.group("stem")
+        extra = sorted(p.name for p in artifact.parent.glob("*-of-*.gguf")
+                       if (e := SPLIT_RE.match(p.name)) and e.group("stem") == stem and p.name not in names)
+        if extra:
+            checks.append(Check("no extra shards", False, f"{', '.join(extra)}: a shard of {stem} beside the set "
+                                                          f"that the receipt does not list"))
     return checks
 
 

@@ -19,6 +19,7 @@ from typing import Any, NotRequired, TypedDict
 
 from ..constants import LLAMA_CPP_COMMIT
 from ..fmt import ci_phrase, divergence, human_bytes, pct, points, significant, times
+from ..gguf.model import SPLIT_RE
 from ..quant.naming import model_name, selects, tag_problem
 from .head import HeadComparison, HeadFinding
 from .receipt import verification_problem
@@ -246,9 +247,22 @@ def _bpw(x: float | None) -> str:
     return "-" if not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.2f}"
 
 
+def shard_count(artifact: str) -> int:
+    """How many files ``artifact`` is: a split one's first shard names the count (``-00001-of-00003``), else 1."""
+    m = SPLIT_RE.match(artifact)
+    return int(m.group("n")) if m else 1
+
+
+def download_pattern(artifact: str) -> str:
+    """What ``hf download --include`` takes for ``artifact``: its name, or every shard of a split one."""
+    m = SPLIT_RE.match(artifact)
+    return f"{m.group('stem')}-*-of-{m.group('n')}.gguf" if m else artifact
+
+
 def file_row(r: FileRow) -> str:
-    q = r.quality
-    return (f"| [{r.artifact}]({r.artifact}) | {_cell(r.tag)} | {human_bytes(r.size_bytes)} | {_bpw(r.bpw)} | "
+    q, n = r.quality, shard_count(r.artifact)  # a split artifact is one row: its first shard, the set's size
+    return (f"| [{r.artifact}]({r.artifact}){f' ({n} shards)' if n > 1 else ''} | {_cell(r.tag)} | "
+            f"{human_bytes(r.size_bytes)} | {_bpw(r.bpw)} | "
             f"{_cell(significant(q.get('ppl')))} | {_cell(divergence(q.get('kld_mean')))} | "
             f"{_cell(pct(q.get('same_top_p'), 2, space=False))} | {_acceptance_cell(r)} | {head_cell(r)} | "
             f"{speed_cell(r)} | {verdict_cell(r)} |")
@@ -344,7 +358,7 @@ def run_lines(rows: Sequence[FileRow], options: PageOptions) -> list[str]:
     pick = next((r for r in sorted(rows, key=lambda r: -r.size_bytes) if not r.unverified), rows[0])
     v, repo = pick.verification, options.repo
     flags = " ".join(verified_mtp_flags(v))
-    cmds = [f'hf download {repo} --include "{pick.artifact}" --local-dir .']
+    cmds = [f'hf download {repo} --include "{download_pattern(pick.artifact)}" --local-dir .']
     if pick.tag:
         cmds.append(f"{verified_mtp_env(v)}llama-server -hf {repo}:{pick.tag} --spec-type draft-mtp {flags}")
     out = ["```sh", *cmds, "```\n"]

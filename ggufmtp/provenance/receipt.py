@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from .._version import __version__
-from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
+from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, SPLIT_TOOL
 from ..errors import AuditDigestMismatch, AuditError
 from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_file
@@ -246,7 +246,8 @@ def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imat
                          verification: JsonObject | None = None, signing_key: str | Path | None = None) -> Path:
     """Write the receipt of a :class:`~ggufmtp.quant.quantize.QuantizeResult`; returns its path.
     Its imatrix is the plan's, at the digest the plan read; ``verification`` must be of these bytes;
-    ``signing_key``: write a DSSE envelope signed with it."""
+    ``signing_key``: write a DSSE envelope signed with it. ``receipt_path`` defaults to the
+    published artifact's (a split artifact's first shard's) ``NAME.receipt.json``."""
     from ..gguf.model import GGUFModel
 
     out = Path(res.output)
@@ -255,24 +256,30 @@ def receipt_for_quantize(res: QuantizeResult, model_arg: str | None = None, imat
     predicate: Predicate = {
         "base_model": base_model_section(Path(plan.model), model_arg, manifest, res.input_sha256),
         "imatrix": _planned_imatrix(plan, imatrix),
-        "recipe": _recipe_section(plan, out.name),
-        "result": _result_section(gm),
+        "recipe": _recipe_section(plan, out.name, res),
+        "result": _result_section(gm, res),
         "toolchain": toolchain(),
         "started_at": res.started_at,
         "finished_at": res.finished_at,
         "verification": None,
     }
-    statement = build_statement([out], predicate, {str(out): res.output_sha256} if res.output_sha256 else None)
+    digests = res.shard_sha256 or ({str(out): res.output_sha256} if res.output_sha256 else None)
+    statement = build_statement(res.files, predicate, digests)  # a split artifact: every shard, in order
     if verification is not None:
         _refuse_unbound(statement, cast(Verification, verification), out)
         predicate["verification"] = cast(Verification, verification)
-    path = Path(receipt_path) if receipt_path else default_receipt_path(out)
+    path = Path(receipt_path) if receipt_path else default_receipt_path(res.destination or out)
     write_statement(path, seal(statement), signing_key)
     return path
 
 
-def _recipe_section(plan: Plan, out_name: str) -> RecipeSection:
+def _recipe_section(plan: Plan, out_name: str, res: QuantizeResult | None = None) -> RecipeSection:
     rec = plan.recipe_obj
+    command = plan.llama_quantize_command(out_name, by_name=True)
+    if res is not None and res.shards:  # llama-quantize writes one file, which llama-gguf-split then splits
+        stem = out_name.rsplit("-", 3)[0]
+        command = (plan.llama_quantize_command(f"{stem}.gguf", by_name=True) + f" && {SPLIT_TOOL} --split "
+                   f"--split-max-size {res.split_max_size} {stem}.gguf {stem}")
     return {
         "name": plan.recipe,
         "file": Path(rec.path).name if rec and rec.path else None,
@@ -281,16 +288,16 @@ def _recipe_section(plan: Plan, out_name: str) -> RecipeSection:
         "output_type": rec.output_type if rec else None,
         "token_embedding_type": rec.token_embedding_type if rec else None,
         "rules": [{"pattern": r.pattern, "type": r.type, "source": r.source} for r in plan.rules],
-        "llama_quantize_command": plan.llama_quantize_command(out_name, by_name=True),
+        "llama_quantize_command": command,
     }
 
 
-def _result_section(gm: GGUFModel) -> ResultSection:
+def _result_section(gm: GGUFModel, res: QuantizeResult | None = None) -> ResultSection:
     from ..gguf.model import check_mtp
 
     mtp = check_mtp(gm)
     types = gm.type_table()
-    return {
+    section: ResultSection = {
         "tensor_types": types,
         "tensor_types_sha256": table_digest(types),
         "mtp_block": mtp.block,  # the first MTP block: what readers of single-block receipts use
@@ -302,6 +309,9 @@ def _result_section(gm: GGUFModel) -> ResultSection:
         "n_params": gm.n_params,
         "bpw": round(gm.bpw, 4),
     }
+    if res is not None and res.shards:  # the subjects are the shards: the receipt says they are one set
+        section["split"] = {"count": len(res.shards), "max_size": str(res.split_max_size), "tool": SPLIT_TOOL}
+    return section
 
 
 # ----------------------------------------------------------------------------- reading
@@ -494,6 +504,13 @@ def refuse_other_file(receipt: str | Path, model: str | Path) -> None:
                                   f"file: {model} has sha256 {got} ({actual:,} bytes), the receipt's artifact "
                                   f"{subject['name']} has sha256 {subject['digest']['sha256']} ({size:,} bytes)",
                                   path=model, expected=subject["digest"]["sha256"], actual=got)
+    for other in read_receipt(receipt).subjects[1:]:  # a split artifact: llama-server loads these too
+        shard = Path(model).parent / other.name
+        have = shard.stat().st_size if shard.is_file() else None
+        if have != other.size:
+            raise AuditError(f"{shard}: refusing the verification before any server starts: the receipt's shard "
+                             f"{other.name} has {other.size:,} bytes, " + (f"this file {have:,}" if have is not None
+                                                                             else "and it is missing"))
 
 
 def _refuse_unbound(statement: Statement, verification: Verification, where: str | Path) -> None:

@@ -152,8 +152,18 @@ class RecipeSection(TypedDict):
     llama_quantize_command: str
 
 
+class SplitSection(TypedDict):
+    """A split artifact (``--split-max-size``): the subjects are its ``count`` shards in order, the
+    first the file a server is given; written by ``tool`` with shards of at most ``max_size``."""
+
+    count: int
+    max_size: str
+    tool: str
+
+
 class ResultSection(TypedDict):
-    """What the artifact's GGUF says (``mtp_blocks`` is missing from receipts older than chains)."""
+    """What the artifact's GGUF says (``mtp_blocks`` is missing from receipts older than chains;
+    ``split`` is present only for a split artifact)."""
 
     tensor_types: dict[str, str]
     tensor_types_sha256: str
@@ -165,6 +175,7 @@ class ResultSection(TypedDict):
     size_bytes: int
     n_params: int
     bpw: float
+    split: NotRequired[SplitSection]
 
 
 class Quantizer(TypedDict):

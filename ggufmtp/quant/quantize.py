@@ -9,6 +9,12 @@ critical path: the input's in a low-priority thread during the quantization (or 
 local digest cache when ggufmtp already hashed that very file: ``pull``, an earlier quantize), the
 output's in a thread while the file is fsynced and audited. ``QuantizeResult.stages`` says where
 the time went.
+
+An output larger than the split size (``split``, default 48G: under the Hub's 50 GB file limit) is
+split into shards by the pinned ``llama-gguf-split`` in the partial folder (:mod:`.split`), the set
+audited against the plan again (the MTP block may land in any shard), each shard hashed, and all of
+them renamed into place after the receipt, the first shard last: ``OUT`` less ``.gguf``, then
+``-00001-of-0000N.gguf``. Splitting needs the output's size again in free space, briefly.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from ..jsontypes import JsonObject
 from .output_header import predict_output_header
 from .plan import Plan, make_plan
 from .recipe import Recipe
+from .split import DEFAULT_SPLIT_MAX_SIZE, SplitSize, split_gguf
 from .stream_hash import OutputDigest
 from .worker import BackgroundHash, WorkerRun, run_quantize_interruptible, thread_read_bytes
 
@@ -128,9 +135,24 @@ class QuantizeResult:
     #: and checked) or "after the write (...why)"; None when nothing was hashed
     output_hashed: str | None = None
     stages: StageTimes = dataclasses.field(default_factory=StageTimes)
+    #: a split output's shards in order (``output`` is the first); empty when it is one file
+    shards: list[Path] = dataclasses.field(default_factory=list)
+    #: sha256 of each shard, by str(path) as in ``shards`` (same condition as ``output_sha256``)
+    shard_sha256: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the split size a split output was made with (``--split-max-size``, e.g. "48G")
+    split_max_size: str | None = None
+    #: where ``output`` is published: during ``before_publish`` ``output`` is still the staged file,
+    #: and a split output's name is known only now (write the receipt beside this)
+    destination: Path | None = None
+
+    @property
+    def files(self) -> list[Path]:
+        """Every file of the artifact: the shards of a split output, else the output."""
+        return list(self.shards) or [self.output]
 
     def to_dict(self) -> JsonObject:
-        return {"output": str(self.output), "recipe": self.plan.recipe, "ftype": self.plan.ftype,
+        return {"output": str(self.output), "shards": [str(p) for p in self.shards],
+                "recipe": self.plan.recipe, "ftype": self.plan.ftype,
                 "size_bytes": self.size_bytes, "bpw": round(self.plan.bpw, 4), "seconds": round(self.seconds, 3),
                 "sha256": self.output_sha256, "output_hashed": self.output_hashed,
                 "mtp": self.plan.mtp_summary().to_dict(), "started_at": self.started_at, "finished_at": self.finished_at,
@@ -208,7 +230,8 @@ def audit_against_plan(path: Path, plan: Plan, source: GGUFModel) -> list[Check]
 
 def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, imatrix: str | Path | None = None,
              *, threads: int = 0, progress: bool = True, plan: Plan | None = None, mtp_optional: bool = False,
-             before_publish: Callable[[QuantizeResult], Any] | None = None) -> QuantizeResult:
+             before_publish: Callable[[QuantizeResult], Any] | None = None,
+             split: SplitSize | None = DEFAULT_SPLIT_MAX_SIZE) -> QuantizeResult:
     """Quantize ``model`` with ``recipe`` into ``out`` (atomically), then audit the result.
 
     The file is made in a hidden partial folder beside ``out`` (``.OUT.partial-<pid>/OUT``), fsynced,
@@ -218,6 +241,8 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
     ``kill -9`` at any point leaves no ``out`` (the next run removes partials of dead processes).
     With ``before_publish`` the result it gets carries ``output_sha256`` and ``input_sha256``,
     hashed off the critical path (module docstring), so the receipt reads neither file again.
+    ``split``: the largest file to write (:class:`~ggufmtp.quant.split.SplitSize`); a larger output
+    becomes shards and the result's ``output`` its first (``shards``: all); None: always one file.
 
     Raises :class:`PlanError` if pre-flight checks fail (before any work), :class:`QuantizeError`
     if libllama fails or the result differs from the plan."""
@@ -250,30 +275,76 @@ def quantize(model: str | Path, recipe: Recipe | str | Path, out: str | Path, im
             jobs[0].hurry()
             jobs[1].writer_finished()
         checks = _durable_and_audited(staged, plan, source, out, clock)
-        result = QuantizeResult(output=staged, plan=plan, checks=checks, seconds=time.perf_counter() - t0,
-                                size_bytes=staged.stat().st_size, started_at=started, finished_at=_now(),
-                                log_tail=run.log[-20:], stages=clock)
+        files = _split_if_larger(staged, split, plan, source, clock)
+        result = QuantizeResult(output=files[0], plan=plan, checks=checks, seconds=time.perf_counter() - t0,
+                                size_bytes=sum(f.stat().st_size for f in files), started_at=started,
+                                finished_at=_now(), log_tail=run.log[-20:], stages=clock,
+                                shards=files if len(files) > 1 else [],
+                                split_max_size=str(split) if len(files) > 1 else None,
+                                destination=out.parent / files[0].name if len(files) > 1 else out)
         if before_publish is not None:
             result.input_sha256 = clock.collect("hash_input", jobs[0])
-            result.output_sha256 = clock.collect("hash_output", jobs[1])[str(staged.resolve())]
-            result.output_hashed = jobs[1].how
+            _output_digests(result, jobs[1], clock)
             with clock.measure("receipt"):
                 before_publish(result)
         with clock.measure("publish"):
-            if before_publish is not None:
-                jobs[1].remember()
-            staged_stat = staged.stat()
-            os.replace(staged, out)
-            fsync_dir(out.parent)
-            if before_publish is not None:  # eval or run --eval need not read the output again
-                input_digest_cache().follow_rename(staged_stat, out)
+            published = _publish(result, out, jobs[1] if before_publish is not None else None)
         ok = True
     finally:
         for job in jobs:
             job.cancel()
         bar.close(ok)
         _remove_partial(work)
-    return dataclasses.replace(result, output=out)
+    return dataclasses.replace(result, output=published[0], shards=published if result.shards else [],
+                               destination=published[0],
+                               shard_sha256={str(out.parent / Path(k).name): v for k, v in result.shard_sha256.items()})
+
+
+def _split_if_larger(staged: Path, split: SplitSize | None, plan: Plan, source: GGUFModel, clock: StageTimes
+                     ) -> list[Path]:
+    """``[staged]``, or its shards when it is larger than ``split`` (the unsplit file removed, the set
+    audited against the plan: every tensor's type, the MTP block found across the shards)."""
+    if split is None or staged.stat().st_size <= split.n_bytes:
+        return [staged]
+    with clock.measure("split"):
+        shards = split_gguf(staged, staged, split)
+        staged.unlink()
+        bad = [c for c in audit_against_plan(shards[0], plan, source) if not c.ok]
+    if bad:
+        raise QuantizeError(f"{staged.name}: audit after splitting failed: "
+                            + "; ".join(f"{c.name}: {c.detail}" for c in bad))
+    return shards
+
+
+def _output_digests(result: QuantizeResult, streamed: BackgroundHash | OutputDigest, clock: StageTimes) -> None:
+    """The output's sha256 into ``result``: the digest streamed as libllama wrote it, or, for a
+    split output, each shard's (the streamed digest is of the unsplit file, which is gone)."""
+    if not result.shards:
+        result.output_sha256 = clock.collect("hash_output", streamed)[str(result.output.resolve())]
+        result.output_hashed = streamed.how if isinstance(streamed, OutputDigest) else "after the write"
+        return
+    streamed.cancel()
+    digests = clock.collect("hash_output", BackgroundHash(result.shards, cache=input_digest_cache()))
+    result.shard_sha256 = {str(p): digests[str(p.resolve())] for p in result.shards}
+    result.output_sha256 = result.shard_sha256[str(result.output)]
+    result.output_hashed = f"after the split (each of {len(result.shards)} shards)"
+
+
+def _publish(result: QuantizeResult, out: Path, streamed: BackgroundHash | OutputDigest | None) -> list[Path]:
+    """Rename the staged file(s) into ``out``'s folder (a split set's first shard last, the file a
+    server is given), then fsync the folder; returns the published paths."""
+    files = result.files
+    if streamed is not None and not result.shards and isinstance(streamed, OutputDigest):
+        streamed.remember()
+    stats = [f.stat() for f in files]
+    finals = [out] if not result.shards else [out.parent / f.name for f in files]
+    for staged, final in reversed(list(zip(files, finals, strict=True))):
+        os.replace(staged, final)
+    fsync_dir(out.parent)
+    if streamed is not None:  # eval or run --eval need not read the output again
+        for st, final in zip(stats, finals, strict=True):
+            input_digest_cache().follow_rename(st, final)
+    return finals
 
 
 def input_digest_cache() -> DigestCache:

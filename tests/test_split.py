@@ -1,0 +1,220 @@
+"""Split artifacts (#41 item 3): ``--split-max-size`` writes llama.cpp-compatible shards with the pinned
+llama-gguf-split, one receipt covers every shard, audit finds the MTP head across the shards and refuses
+a missing, extra, reordered, renamed or tampered shard naming the file, llama-server loads the set from
+its first shard, and upload sends the whole set (a partial one is refused)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from gguf.constants import Keys
+
+from ggufmtp.cli import main
+from ggufmtp.errors import GGUFReadError, HubRefusedError
+from ggufmtp.gguf.model import GGUFModel, check_mtp, has_mtp_head, is_mtp_sidecar, shard_path
+from ggufmtp.gguf.reader import read_header
+from ggufmtp.hub.upload import UploadOptions, upload
+from ggufmtp.provenance.audit import audit
+from ggufmtp.provenance.receipt import read_receipt
+from ggufmtp.quant.split import DEFAULT_SPLIT_MAX_SIZE, HUB_FILE_LIMIT, SplitSize, parse_split_size
+
+SIZE = "1M"  # the tiny model is about 4 MB: at least 3 shards
+
+
+@pytest.fixture(scope="module")
+def split_set(llama_runtime, synth_model, tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("split")
+    out = d / "tiny-Q4_K_M.gguf"
+    res = CliRunner().invoke(main, ["quantize", str(synth_model("tiny-qwen35moe")), "-r", "hifi-q4_k_m-mtp",
+                                    "-o", str(out), "--split-max-size", SIZE, "--json"])
+    assert res.exit_code == 0, res.output
+    made = json.loads(res.stdout)
+    shards = [Path(p) for p in made["shards"]]
+    return {"dir": d, "out": out, "shards": shards, "receipt": Path(made["receipt"])}
+
+
+def _copy(split_set: dict, where: Path) -> list[Path]:
+    for p in [*split_set["shards"], split_set["receipt"]]:
+        shutil.copy(p, where / p.name)
+    return [where / p.name for p in split_set["shards"]]
+
+
+def test_shards_are_what_llama_gguf_split_writes(split_set):
+    shards = split_set["shards"]
+    n = len(shards)
+    assert n >= 3 and not split_set["out"].exists()
+    assert [p.name for p in shards] == [f"tiny-Q4_K_M-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
+    assert all(p.stat().st_size <= SplitSize(SIZE).n_bytes + 2**20 for p in shards)  # + the first's metadata
+    total = 0
+    for i, p in enumerate(shards):
+        h = read_header(p)
+        assert (h.metadata[Keys.Split.LLM_KV_SPLIT_NO], h.metadata[Keys.Split.LLM_KV_SPLIT_COUNT]) == (i, n)
+        total += len(h.tensors)
+    assert read_header(shards[0]).metadata[Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT] == total
+    assert "general.architecture" not in read_header(shards[1]).metadata  # metadata in the first only
+
+
+def test_the_head_is_found_across_shards(split_set):
+    first = split_set["shards"][0]
+    model = GGUFModel(first)
+    head = model.tensors["blk.4.nextn.eh_proj.weight"]
+    assert head.shard > 0  # written last by llama-quantize: not in the first shard
+    assert check_mtp(model).status == "complete"
+    # these read only the file they were given before: the head is in another shard
+    assert has_mtp_head(first) is True and is_mtp_sidecar(first) is False
+
+
+def test_the_receipt_covers_every_shard_in_order(split_set):
+    rc = read_receipt(split_set["receipt"])
+    assert split_set["receipt"].name == split_set["shards"][0].name + ".receipt.json"
+    assert [s.name for s in rc.subjects] == [p.name for p in split_set["shards"]]
+    assert [s.size for s in rc.subjects] == [p.stat().st_size for p in split_set["shards"]]
+    assert rc.predicate["result"]["split"] == {"count": len(split_set["shards"]), "max_size": SIZE,
+                                               "tool": "llama-gguf-split"}
+    assert rc.predicate["result"]["size_bytes"] == sum(p.stat().st_size for p in split_set["shards"])
+    report = audit(split_set["shards"][0], progress=False)
+    assert report.ok, report.failures
+    assert audit(split_set["shards"][-1], split_set["receipt"], progress=False).ok  # any shard names the set
+
+
+def _missing(s: list[Path]) -> str:
+    s[1].unlink()
+    return s[1].name
+
+
+def _extra(s: list[Path]) -> str:
+    extra = s[0].with_name(s[0].name.replace("-00001-", "-00009-"))
+    shutil.copy(s[-1], extra)
+    return extra.name
+
+
+def _reordered(s: list[Path]) -> str:
+    tmp = s[0].with_name("swap")
+    os.replace(s[1], tmp)
+    os.replace(s[2], s[1])
+    os.replace(tmp, s[2])
+    return s[1].name
+
+
+def _renamed(s: list[Path]) -> str:
+    n = len(s)
+    for i, p in enumerate(s, 1):
+        os.replace(p, shard_path(p.with_name("other.gguf"), i, n))
+    s[0] = shard_path(s[0].with_name("other.gguf"), 1, n)
+    return s[0].name
+
+
+def _tampered(s: list[Path]) -> str:
+    data = bytearray(s[-1].read_bytes())
+    data[-64] ^= 0x01
+    s[-1].write_bytes(data)
+    return s[-1].name
+
+
+@pytest.mark.parametrize("attack", [_missing, _extra, _reordered, _renamed, _tampered])
+def test_audit_refuses_a_changed_set_naming_the_file(split_set, tmp_path, attack):
+    shards = _copy(split_set, tmp_path)
+    named = attack(shards)
+    report = audit(shards[0], tmp_path / split_set["receipt"].name, progress=False)
+    assert not report.ok
+    assert any(named in c.detail or named in c.name for c in report.failures), report.failures
+
+
+def test_a_file_that_says_it_is_a_shard_must_be_named_as_one(split_set, tmp_path):
+    lone = tmp_path / "renamed.gguf"
+    shutil.copy(split_set["shards"][0], lone)
+    with pytest.raises(GGUFReadError, match=r"renamed\.gguf: declares itself shard 0 of a \d+-file split"):
+        GGUFModel(lone)
+
+
+def test_upload_sends_the_whole_set_and_refuses_a_partial_one(split_set, tmp_path):
+    shards = _copy(split_set, tmp_path)
+    rc = tmp_path / split_set["receipt"].name
+    card = tmp_path / "README.md"
+    res = CliRunner().invoke(main, ["card", str(shards[0]), "--receipt", str(rc), "-o", str(card)])
+    assert res.exit_code == 0, res.output
+    opts = UploadOptions(dry_run=True, allow_unverified=True)
+    done = upload("you/tiny", [shards[1]], [rc], card, opts, progress=False)  # any shard: the whole set
+    sent = [op.path_in_repo for op in done.operations]
+    assert sent[:len(shards)] == [p.name for p in shards] and rc.name in sent
+    shards[2].unlink()
+    with pytest.raises(HubRefusedError, match=f"partial split set.*{shards[2].name}"):
+        upload("you/tiny", [shards[0]], [rc], card, opts, progress=False)
+
+
+def test_a_file_under_the_size_stays_one_file(split_set):
+    rc = read_receipt(split_set["receipt"])
+    assert DEFAULT_SPLIT_MAX_SIZE.n_bytes < HUB_FILE_LIMIT
+    assert rc.predicate["result"]["size_bytes"] < SplitSize("5M").n_bytes  # so --split-max-size 5M: one file
+    assert parse_split_size("none") is None and parse_split_size("48g") == SplitSize("48G")
+
+
+def test_split_size_is_refused_as_a_usage_error():
+    res = CliRunner().invoke(main, ["quantize", "m.gguf", "-r", "Q4_K_M", "-o", "o.gguf", "--split-max-size", "2K"])
+    assert res.exit_code == 2 and "'2K'" in res.output and "48G" in res.output
+
+
+@pytest.mark.runtime
+def test_a_runtime_built_before_llama_gguf_split_is_extended_not_rebuilt(tmp_path, monkeypatch):
+    from ggufmtp.runtime import build as rt
+
+    real = rt.installed_runtime("cpu")
+    assert real is not None
+    cache = tmp_path / "cache"
+    (cache / "llama.cpp").mkdir(parents=True)
+    old = cache / "llama.cpp" / real.bin_dir.parent.name
+    shutil.copytree(real.bin_dir.parent, old, symlinks=True, ignore=shutil.ignore_patterns("llama-gguf-split", ".*"))
+    for sub in ("build", "src"):  # the build folder and source tree that made it, as on the machine that built it
+        (cache / sub).symlink_to(rt.cache_root() / sub)
+    monkeypatch.setenv(rt.ENV_CACHE, str(cache))
+    monkeypatch.delenv(rt.ENV_BIN, raising=False)
+    info = rt.installed_runtime("cpu")
+    assert info is not None and not (info.bin_dir / "llama-gguf-split").exists()  # still loads without it
+    lib_mtime = (info.bin_dir / "libllama.so").stat().st_mtime_ns
+    logged: list[str] = []
+    again = rt.build_runtime(log=logged.append)  # what `make` and CI run: extends it
+    assert (again.bin_dir / "llama-gguf-split").is_file()
+    assert any("llama-gguf-split" in m and "own target only" in m for m in logged)
+    assert (again.bin_dir / "libllama.so").stat().st_mtime_ns == lib_mtime  # nothing else rebuilt
+    logged.clear()
+    assert rt.find_binary("llama-gguf-split") == again.bin_dir / "llama-gguf-split"
+    rt.build_runtime(log=logged.append)  # idempotent: nothing to do the second time
+    assert not any("building" in m or "configuring" in m for m in logged)
+
+
+def test_llama_server_loads_the_set_from_its_first_shard_and_verify_binds_it(split_set, llama_server_bin, tmp_path):
+    import ggufmtp
+
+    shards = _copy(split_set, tmp_path)
+    rc = tmp_path / split_set["receipt"].name
+    opts = ggufmtp.VerifyOptions(seeds=(42,), limit=2, max_tokens=16, ctx_size=1024)
+    v = ggufmtp.verify(shards[0], opts, receipt=rc, progress=False)
+    assert v.main.acceptance > 0.5  # drafted with the head that lies in the last shard
+    report = audit(shards[0], rc, progress=False)
+    assert report.ok, report.failures
+    assert read_receipt(rc).verification["model"]["sha256"] == read_receipt(rc).subjects[0].sha256
+
+
+def test_a_ladder_file_splits_its_variants_and_the_card_lists_each_set_once(llama_runtime, synth_model, tmp_path):
+    lad = tmp_path / "ladder.toml"
+    lad.write_text(f'model = "{synth_model("tiny-qwen35moe")}"\nrecipes = ["q8_0-mtp"]\nsplit_max_size = "2M"\n')
+    argv = ["ladder", "--ladder", str(lad), "--no-verify", "-o", str(tmp_path / "out"), "--json"]
+    first = CliRunner().invoke(main, argv)
+    assert first.exit_code == 0, first.output
+    variant = json.loads(first.stdout)["variants"][0]["summary"]
+    art = Path(variant["artifact"])
+    n = len(read_receipt(variant["receipt"]).subjects)
+    assert n >= 3 and art.name == f"{art.name.split('-00001-')[0]}-00001-of-{n:05d}.gguf"
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert card.count(f"]({art.name}) ({n} shards) |") == 1  # one row: the first shard, the set's total size
+    assert f'--include "{art.name.replace("-00001-", "-*-")}"' in card
+    again = json.loads(CliRunner().invoke(main, argv).stdout)["variants"][0]["summary"]
+    assert again["stages"]["quantize"] == "cached" and again["artifact"] == variant["artifact"]
+    lad.write_text(lad.read_text().replace('"2M"', '"2 GB"'))
+    bad = CliRunner().invoke(main, argv)
+    assert bad.exit_code == 1 and f"{lad}: split_max_size: split size '2 GB'" in bad.output
