@@ -193,6 +193,8 @@ def test_the_report_marks_the_pareto_front_and_draws_it():
     assert sizes == sorted(sizes) and [p.kld for p in front] == sorted((p.kld for p in front), reverse=True)
     text = format_table(points)
     assert "searched (predicted)" in text and "routed_experts.0-3=Q2_K" in text
+    short = format_table(points, front_only=True)
+    assert len(short.splitlines()) == 1 + len(front) + 1 + 1 and "more measured candidates off the front" in short
     drawing = svg(points, "tiny <model>")
     assert drawing.startswith("<svg") and "tiny &lt;model&gt;" in drawing and drawing.count("<circle") == len(points)
     proof = judge(arm("searched-mtp", a.n_bytes + 500, [x - 0.002 for x in SHIPPED]), arm("hifi", a.n_bytes + 600, SHIPPED))

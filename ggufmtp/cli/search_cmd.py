@@ -109,7 +109,7 @@ def _text(res: object, output: str | None, plot: str | None) -> str:
         lines += ["", f"proof against {p.shipped.recipe}: {p.verdict.value}: {p.reason}",
                   f"  KLD {p.found.kld:.6f} vs {p.shipped.kld:.6f} (paired difference {p.kld_diff:+.6f}, {ci}); "
                   f"size {human_bytes(p.found.n_bytes)} vs {human_bytes(p.shipped.n_bytes)}"]
-    lines += ["", format_table(res.points())]
+    lines += ["", format_table(res.points(), front_only=True)]
     if output:
         lines.append(f"\nrecipe: {Path(output)}")
     if plot:

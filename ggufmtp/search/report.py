@@ -92,13 +92,18 @@ def _opt(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def format_table(points: Sequence[Point]) -> str:
-    """The Pareto table as text (``*``: on the front)."""
+def format_table(points: Sequence[Point], front_only: bool = False) -> str:
+    """The Pareto table as text (``*``: on the front); ``front_only``: the front and the predicted and
+    proved points, the other candidates counted in one line."""
     rows = [f"{'':1} {'point':<34} {'kind':<10} {'size':>10} {'KLD':>10} {'acc. diff':>10} {'tok/s':>8}"]
-    for p in with_front(points):
+    marked = with_front(points)
+    shown = [p for p in marked if not front_only or p.pareto or p.kind is not PointKind.CANDIDATE]
+    for p in shown:
         acc = "-" if p.acceptance_diff is None else f"{p.acceptance_diff * 100:+.1f} pt"
         rows.append(f"{'*' if p.pareto else ' ':1} {p.label[:34]:<34} {p.kind.value:<10} {human_bytes(p.n_bytes):>10} "
                     f"{p.kld:>10.6f} {acc:>10} {_opt(p.tokens_per_second, '.1f'):>8}")
+    if len(shown) < len(marked):
+        rows.append(f"  ({len(marked) - len(shown)} more measured candidates off the front: --json lists every point)")
     return "\n".join(rows)
 
 
