@@ -157,3 +157,66 @@ def test_the_cards_explain_the_pair(ladder):
         assert f"`{name}`: a trunk-only MTP runtime GGUF" in own and "## The MTP sidecar" in own
         assert f"llama-server -m {name} -md {side.name} -ngl 999" in own
         assert f"1 trunk and 1 sidecar take {human_bytes(o.summary['size_bytes'] + side.stat().st_size)}" in own
+
+
+@pytest.fixture(scope="module")
+def other_pair(synth_model, tmp_path_factory):
+    """Another model of the same shape (another seed: another source), split as the ladder's files are
+    named: its sidecar and its trunk, with their receipts."""
+    from ggufmtp.provenance.pair import pair_receipt_writer
+    from ggufmtp.quant.sidecar import SidecarOptions, make_sidecar
+    from ggufmtp.synth.builtin import BUILTIN_MODELS
+
+    other = synth_model(dataclasses.replace(BUILTIN_MODELS[NAME], seed=1))
+    d = tmp_path_factory.mktemp("other")
+    side, trunk = d / f"mtp-{NAME}-Q8_0.gguf", d / f"{NAME}-Q8_0.gguf"
+    make_sidecar(other, side, SidecarOptions(recipe="Q8_0", trunk_out=trunk), before_publish=pair_receipt_writer())
+    return side, trunk
+
+
+def _upload(files, card):
+    from ggufmtp.hub.upload import UploadOptions, upload
+
+    return upload("me/ladder", files, [default_receipt_path(f) for f in files], card,
+                  UploadOptions(dry_run=True, allow_unverified=True), progress=False)
+
+
+def test_the_gate_takes_the_sidecar_through_its_trunks_receipts(ladder):
+    from ggufmtp.errors import HubRefusedError
+    from ggufmtp.ladder.run import upload_ladder
+
+    out, res = ladder
+    side = res.sidecars[0]
+    with pytest.raises(HubRefusedError, match="too little to publish"):  # the tiny verifications: not publishable
+        upload_ladder(res, "me/ladder", dry_run=True, progress=False)
+    up = upload_ladder(res, "me/ladder", dry_run=True, allow_unverified=True, progress=False)
+    sent = {o.path_in_repo for o in up.operations}
+    trunks = [Path(o.summary["artifact"]) for o in res.outcomes]
+    assert sent == {p.name for t in (*trunks, side) for p in (t, default_receipt_path(t))} | {"README.md"}
+    checked = {c.artifact.name: c for c in up.checks.artifacts}
+    assert "served only with trunks that are not verified" in (checked[side.name].problem or "")
+    # a trunk verified with the sidecar does not go up without it
+    with pytest.raises(HubRefusedError, match=f"drafted with the MTP sidecar {side.name} .* not in this upload"):
+        _upload(trunks, out / "README.md")
+    # nor a sidecar without a trunk that names it
+    with pytest.raises(HubRefusedError, match=f"MTP sidecar {side}.*no trunk in this upload names it"):
+        _upload([side], out / "README.md")
+
+
+def test_the_gate_refuses_a_sidecar_of_another_model_and_a_swapped_trunk(ladder, other_pair):
+    """The attack cases: the ladder's trunks with another model's sidecar under the same name, and
+    the ladder's sidecar with another model's trunk under the variant's name: each refused, naming
+    the files, before anything is sent."""
+    from ggufmtp.errors import HubRefusedError
+
+    out, res = ladder
+    foreign_side, foreign_trunk = other_pair
+    trunks = [Path(o.summary["artifact"]) for o in res.outcomes]
+    assert foreign_side.name == res.sidecars[0].name and foreign_trunk.name == trunks[0].name
+    with pytest.raises(HubRefusedError, match=f"{foreign_side}.*no trunk in this upload names it.*belongs to another model"):
+        _upload([foreign_side, *trunks], out / "README.md")
+    with pytest.raises(HubRefusedError, match=f"{res.sidecars[0]}.*no trunk in this upload names it.*belongs to another "
+                                              "model"):
+        _upload([res.sidecars[0], foreign_trunk], out / "README.md")
+    # and the pair check itself: the foreign trunk does not audit as the ladder sidecar's trunk
+    assert not audit(foreign_trunk, sidecar=res.sidecars[0]).ok
