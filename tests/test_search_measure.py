@@ -2,10 +2,11 @@
 
 Groups partition the quantizable tensors and each group's pattern matches exactly its tensors with
 the recipe's own matcher; a candidate's bytes are what llama-quantize writes for the group (the real
-quantized file read back); a 4-bit type on the routed experts costs far more KLD than Q8_0 (the
-designed margin: Q4_0 keeps 16x the Q8_0 quantization step, so on the trained model its KLD is an
-order of magnitude above; we ask for 3x and a floor); a second measurement with the same inputs
-starts no llama.cpp process (the cache).
+quantized file read back); a 4-bit type on the routed experts costs more KLD than Q8_0 (the designed
+margin: Q4_0 keeps a 16x coarser step, measured 2.7x the KLD, asked 1.5x; Q1_0 on the shared experts,
+measured about 90x, asked 20x); a second measurement with the same inputs starts no llama.cpp process
+(the cache); the head's acceptance is measured paired against the source; the candidates run as Dask
+tasks.
 
 The model's widths are 128 (64 for the experts' down projection), so 256-block k-quants and IQ types
 are not candidates there (llama-quantize would fall back): Q4_0, Q8_0 (32-blocks) and Q1_0 (128) are.
@@ -126,8 +127,10 @@ def test_a_lower_bit_type_costs_more_kld_than_a_higher_one(model, small, cache, 
         assert sum(chunks) / n == pytest.approx(kld, abs=1e-5 * n)
     q8, q4 = table.cost("routed_experts.0-1", "Q8_0"), table.cost("routed_experts.0-1", "Q4_0")
     assert q8 is not None and q4 is not None
-    # Q4_0 keeps a 16x coarser step than Q8_0: measured 3-4x the KLD on these experts; asked: 2x
-    assert q4.kld > 2 * q8.kld and q4.kld_ci[0] > q8.kld
+    # Q4_0 keeps a 16x coarser step than Q8_0: measured 2.7x the baseline's KLD on these experts (0.00137
+    # against 0.00051, a difference of 6 standard errors, every chunk higher); asked: 1.5x and about 3
+    # standard errors (1.5 half-widths of the 95 % interval)
+    assert q4.kld > 1.5 * q8.kld and q4.kld - q8.kld > 1.5 * (q4.kld - q4.kld_ci[0])
     assert sum(a > b for a, b in zip(q4.chunk_kld, q8.chunk_kld, strict=True)) >= n - 1  # paired by chunk
     q1 = table.cost("shared_expert.0-1", "Q1_0")
     assert q1 is not None and q1.kld > 20 * table.baseline_kld  # 1.125 bits: measured about 100x
