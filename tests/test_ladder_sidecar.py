@@ -142,7 +142,8 @@ def test_the_cards_explain_the_pair(ladder):
     big = max(res.outcomes, key=lambda o: o.summary["size_bytes"])
     trunk = Path(big.summary["artifact"]).name
     assert f"llama-server -m {trunk} -md {side.name} --spec-type draft-mtp" in card
-    assert f'hf download OWNER/REPO --include "{trunk}" --include "{side.name}"' in card
+    # the download lines (How to run, and the sidecar's section) fetch the trunk with its sidecar
+    assert card.count(f'hf download OWNER/REPO --include "{trunk}" --include "{side.name}" --local-dir .') == 2
     gm = GGUFModel(side)
     head = sum(t.n_bytes for n, t in gm.tensors.items() if n.startswith("blk.4."))
     trunks = sum(o.summary["size_bytes"] for o in res.outcomes)
@@ -156,6 +157,7 @@ def test_the_cards_explain_the_pair(ladder):
         name = Path(o.summary["artifact"]).name
         assert f"`{name}`: a trunk-only MTP runtime GGUF" in own and "## The MTP sidecar" in own
         assert f"llama-server -m {name} -md {side.name} -ngl 999" in own
+        assert own.count(f'--include "{name}" --include "{side.name}" --local-dir .') == 2
         assert f"1 trunk and 1 sidecar take {human_bytes(o.summary['size_bytes'] + side.stat().st_size)}" in own
 
 
@@ -220,3 +222,19 @@ def test_the_gate_refuses_a_sidecar_of_another_model_and_a_swapped_trunk(ladder,
         _upload([res.sidecars[0], foreign_trunk], out / "README.md")
     # and the pair check itself: the foreign trunk does not audit as the ladder sidecar's trunk
     assert not audit(foreign_trunk, sidecar=res.sidecars[0]).ok
+
+
+def test_each_trunk_is_shown_with_the_sidecar_its_tag_resolves_to():
+    """Two sidecars: the card's -md line pairs a 4-bit trunk with the 4-bit sidecar, as -hf does."""
+    from ggufmtp.provenance.card_page import FileRow
+    from ggufmtp.provenance.pair_card import SidecarFile, pair_lines, served_with
+
+    row = FileRow(artifact="M-Q4_K_M.gguf", receipt="r", recipe="q4_k_m", size_bytes=100, bpw=4.8, quality={},
+                  verification={}, unverified=None, source={}, model="M", tag="Q4_K_M")
+    sides = [SidecarFile("mtp-M-Q8_0.gguf", 50, 40), SidecarFile("mtp-M-Q4_K_M.gguf", 30, 20)]
+    assert served_with(row, sides) == "mtp-M-Q4_K_M.gguf"
+    from ggufmtp.provenance.card_page import PageOptions
+
+    text = "\n".join(pair_lines([row], sides, PageOptions(repo_id="me/m")))
+    assert "llama-server -m M-Q4_K_M.gguf -md mtp-M-Q4_K_M.gguf --spec-type draft-mtp" in text
+    assert "1 trunk and 2 sidecars take 180 B; the same 1 variant each with that head would take 140 B" in text

@@ -234,7 +234,7 @@ def _how_to_run(name: str, v: Verification | None, rows: list[FileRow], options:
                 sidecar: str | None = None) -> list[str]:
     """Download and run from the Hub (:func:`.card_page.run_lines`), the llama-server command on the
     downloaded file the verification's numbers are true for (a trunk's with its ``sidecar``), and a request."""
-    lines = ["## How to run\n", *run_lines(rows, options), "With the downloaded file:\n"]
+    lines = ["## How to run\n", *run_lines(rows, options, sidecar), "With the downloaded file:\n"]
     lines.append("```sh\n"
                  f"{verified_mtp_env(v)}llama-server -m {name}{f' -md {sidecar}' if sidecar else ''} -ngl 999 -c 4096 \\\n"
                  f"  --spec-type draft-mtp {' '.join(verified_mtp_flags(v))}\n"

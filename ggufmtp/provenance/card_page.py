@@ -351,14 +351,21 @@ def build_line(v: Mapping[str, Any] | None) -> str:
             "(`llama-server --help` lists `draft-mtp` under `--spec-type`).\n")
 
 
-def run_lines(rows: Sequence[FileRow], options: PageOptions) -> list[str]:
-    """Download and run lines of the first row that is verified (else the first), and the other tags."""
+def picked_row(rows: Sequence[FileRow]) -> FileRow:
+    """The row the run lines show: the largest verified file, else the first."""
+    return next((r for r in sorted(rows, key=lambda r: -r.size_bytes) if not r.unverified), rows[0])
+
+
+def run_lines(rows: Sequence[FileRow], options: PageOptions, sidecar: str | None = None) -> list[str]:
+    """Download and run lines of the first row that is verified (else the first), and the other tags;
+    ``sidecar``: the MTP sidecar that row, a trunk, is served with (downloaded with it)."""
     if not rows:
         return []
-    pick = next((r for r in sorted(rows, key=lambda r: -r.size_bytes) if not r.unverified), rows[0])
+    pick = picked_row(rows)
     v, repo = pick.verification, options.repo
     flags = " ".join(verified_mtp_flags(v))
-    cmds = [f'hf download {repo} --include "{download_pattern(pick.artifact)}" --local-dir .']
+    also = f' --include "{sidecar}"' if sidecar else ""
+    cmds = [f'hf download {repo} --include "{download_pattern(pick.artifact)}"{also} --local-dir .']
     if pick.tag:
         cmds.append(f"{verified_mtp_env(v)}llama-server -hf {repo}:{pick.tag} --spec-type draft-mtp {flags}")
     out = ["```sh", *cmds, "```\n"]

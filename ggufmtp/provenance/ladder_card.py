@@ -29,11 +29,12 @@ from .card_page import (
     files_table,
     page_meta,
     pick_lines,
+    picked_row,
     prompt_format_lines,
     read_chat_template,
     run_lines,
 )
-from .pair_card import SIDECAR_HEADING, SidecarFile, pair_lines
+from .pair_card import SIDECAR_HEADING, SidecarFile, pair_lines, served_with
 from .receipt import read_receipt
 from .vacuous import VACUOUS_HEADING, vacuous_thresholds
 
@@ -81,7 +82,8 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, option
         lines += [VACUOUS_HEADING, "", "These verdicts pass whatever was measured against these thresholds, so they "
                   "claim nothing there:", ""]
         lines += [f"- `{r.artifact}`: {'; '.join(found.values())}" for r, found in vacuous] + [""]
-    lines += pick_lines(rows) + ["## How to run\n", *run_lines(rows, o)] + pair_lines(rows, sidecars, o)
+    side = served_with(picked_row(rows), sidecars) if rows and sidecars else None
+    lines += pick_lines(rows) + ["## How to run\n", *run_lines(rows, o, side)] + pair_lines(rows, sidecars, o)
     modes = sorted({m for r in rows if isinstance(r.verification.get("modes"), dict) for m in r.verification["modes"]})
     lines += prompt_format_lines(next((r.chat_template for r in rows if r.chat_template), None), modes)
     lines += ["Audit any file: `ggufmtp audit FILE.gguf` (the receipt beside it is read).", ""]

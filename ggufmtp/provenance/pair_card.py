@@ -18,10 +18,12 @@ from pathlib import Path
 from ..files.hashing import sha256_file
 from ..fmt import human_bytes
 from ..gguf.model import GGUFModel, block_prefixes
-from .card_page import FileRow, PageOptions, verified_mtp_env, verified_mtp_flags
+from ..quant.naming import best_sidecar
+from .card_page import FileRow, PageOptions, picked_row, verified_mtp_env, verified_mtp_flags
 from .statement import NamedDigest, Predicate
 
-__all__ = ["SIDECAR_HEADING", "SidecarFile", "pair_lines", "trunk_intro", "trunk_sidecar", "find_sidecar"]
+__all__ = ["SIDECAR_HEADING", "SidecarFile", "find_sidecar", "pair_lines", "served_with", "trunk_intro",
+           "trunk_sidecar"]
 
 SIDECAR_HEADING = "## The MTP sidecar"
 
@@ -79,23 +81,31 @@ def _sizes(rows: Sequence[FileRow], sidecars: Sequence[SidecarFile]) -> list[str
     head = max(s.head_bytes or 0 for s in sidecars)
     full = trunks + len(rows) * head
     saved = full - split
-    pick = sorted(rows, key=lambda r: -r.size_bytes)[0]
+    pick = picked_row(rows)
+    side = next(s for s in sidecars if s.name == served_with(pick, sidecars))
     told = (f"{human_bytes(saved)} ({100 * saved / full:.0f}%) less to store and upload" if saved > 0
             else f"{human_bytes(-saved)} more (one variant gains nothing from a sidecar)")
     return [f"Sizes: the MTP head (its block at the sidecar's types) is {human_bytes(head)}. "
             f"{_plural(len(rows), 'trunk')} and {_plural(len(sidecars), 'sidecar')} take {human_bytes(split)}; the "
             f"same {_plural(len(rows), 'variant')} each with that head would take {human_bytes(full)}: {told}. "
-            f"To draft, a trunk and the sidecar are downloaded (`{pick.artifact}` and `{sidecars[0].name}`: "
-            f"{human_bytes(pick.size_bytes + (sidecars[0].size_bytes or 0))}); add the sidecar's size to the memory "
+            f"To draft, a trunk and the sidecar are downloaded (`{pick.artifact}` and `{side.name}`: "
+            f"{human_bytes(pick.size_bytes + (side.size_bytes or 0))}); add the sidecar's size to the memory "
             "above. Without `--spec-type draft-mtp` a trunk runs alone as a plain model.\n"]
+
+
+def served_with(row: FileRow, sidecars: Sequence[SidecarFile]) -> str:
+    """The sidecar a trunk is served with: the one llama.cpp's ``-hf REPO:TAG`` picks for its tag
+    (:func:`~ggufmtp.quant.naming.best_sidecar`; the ladder verifies each trunk with that one)."""
+    names = [s.name for s in sidecars]
+    return (best_sidecar(row.tag, names) if row.tag else None) or names[0]
 
 
 def pair_lines(rows: Sequence[FileRow], sidecars: Sequence[SidecarFile], options: PageOptions) -> list[str]:
     """The section that explains the pair (module docstring); ``rows``: the trunks."""
     if not rows or not sidecars:
         return []
-    pick = next((r for r in sorted(rows, key=lambda r: -r.size_bytes) if not r.unverified), rows[0])
-    side, repo = sidecars[0].name, options.repo
+    pick = picked_row(rows)
+    side, repo = served_with(pick, sidecars), options.repo
     names = ", ".join(f"`{s.name}`" for s in sidecars)
     flags = " ".join(verified_mtp_flags(pick.verification))
     lines = [SIDECAR_HEADING + "\n",
