@@ -218,3 +218,19 @@ def test_a_ladder_file_splits_its_variants_and_the_card_lists_each_set_once(llam
     lad.write_text(lad.read_text().replace('"2M"', '"2 GB"'))
     bad = CliRunner().invoke(main, argv)
     assert bad.exit_code == 1 and f"{lad}: split_max_size: split size '2 GB'" in bad.output
+
+
+def test_a_signed_split_set_has_every_shard_signed(split_set, synth_model, tmp_path):
+    from fakehub import write_keypair
+
+    priv, pub = write_keypair(tmp_path, "signer")
+    out = tmp_path / "signed-Q8_0.gguf"
+    res = CliRunner().invoke(main, ["quantize", str(synth_model("tiny-qwen35moe")), "-r", "q8_0-mtp", "-o", str(out),
+                                    "--split-max-size", "3M", "--signing-key", str(priv), "--json"])
+    assert res.exit_code == 0, res.output
+    shards = [Path(p) for p in json.loads(res.stdout)["shards"]]
+    assert len(shards) >= 2 and all(Path(f"{p}.sig").is_file() for p in shards)
+    report = audit(shards[0], public_key=pub, progress=False)
+    assert report.ok, report.failures
+    os.replace(f"{shards[0]}.sig", f"{shards[-1]}.sig")  # the last shard's signature is now the first's
+    assert any(shards[-1].name in c.name for c in audit(shards[0], public_key=pub, progress=False).failures)

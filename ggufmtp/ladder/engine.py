@@ -102,7 +102,9 @@ def _variant_task(job: VariantJob, measure: bool) -> VariantOutcome:
 
     trunk = job.sidecar is not None  # layout sidecar: the full variant is built, the trunk measured (.pairs)
     try:
-        options = RunOptions(imatrix=job.imatrix, threads=job.threads, split_max_size=job.split, verify=job.verify,
+        # a trunk is cut from one file (quant/sidecar.py): its unpublished full variant is never split
+        options = RunOptions(imatrix=job.imatrix, threads=job.threads, split_max_size=None if trunk else job.split,
+                             verify=job.verify,
                              verify_options=job.verify_options if measure else None,
                              reference_base=job.reference_base,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
