@@ -254,8 +254,9 @@ def test_an_impossible_budget_is_one_error_line_naming_the_smallest_size(llama_r
                                   TINY_TYPES, "--chunks", "8", "--ctx-size", "256", "--layers-per-group", "2",
                                   "-o", str(out)])
     assert r.exit_code == 1 and "Traceback" not in r.output
-    last = r.stderr.strip().splitlines()[-1]  # after the measurements' log lines
-    assert last.startswith("error: budget ") and "smallest feasible allocation" in last, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.output  # refused before any measurement (the model's header is enough)
+    assert lines[0].startswith("error: budget ") and "smallest feasible allocation" in lines[0], r.output
     assert not out.exists()
 
 

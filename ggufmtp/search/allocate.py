@@ -125,7 +125,7 @@ def allowed_candidates(table: SensitivityTable, floors: Floors
     return allowed, tuple(excluded)
 
 
-def _size_text(n_bytes: int, n_params: int) -> str:
+def size_text(n_bytes: int, n_params: int) -> str:
     return f"{human_bytes(n_bytes)} ({n_bytes} bytes, {8 * n_bytes / n_params:.3f} bpw)"
 
 
@@ -173,13 +173,13 @@ def allocate(table: SensitivityTable, budget: Budget, floors: Floors = Floors())
     allowed, excluded = allowed_candidates(table, floors)
     smallest = sum(min(c.candidate.n_bytes for c in costs) for costs in allowed)
     if smallest > limit:
-        raise SearchError(f"budget {_size_text(limit, n_params)} is below the smallest feasible allocation, "
-                          f"{_size_text(smallest, n_params)}: every group at its smallest allowed type")
+        raise SearchError(f"budget {size_text(limit, n_params)} is below the smallest feasible allocation, "
+                          f"{size_text(smallest, n_params)}: every group at its smallest allowed type")
     frontier, thinned = _frontier(allowed, table.baseline_kld, limit)
     best = frontier[-1]
     predicted = table.baseline_kld + best.delta
     if floors.max_kld is not None and predicted > floors.max_kld:
-        raise SearchError(f"no allocation within {_size_text(limit, n_params)} reaches the max KLD "
+        raise SearchError(f"no allocation within {size_text(limit, n_params)} reaches the max KLD "
                           f"{floors.max_kld:.6f}: the best predicted is {predicted:.6f}")
     chosen = [costs[j] for costs, j in zip(allowed, best.choice)]
     measured = [c.acceptance_diff for c in chosen if c.acceptance_diff is not None]

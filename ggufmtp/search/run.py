@@ -32,9 +32,9 @@ from ..ladder.engine import DaskEngine
 from ..quant.plan import make_plan
 from ..quant.recipe import Recipe
 from ..refs import local_model_arg
-from .allocate import Floors, allocate
+from .allocate import Floors, allocate, budget_bytes, size_text
 from .found import allocation_recipe, search_toml
-from .groups import DEFAULT_LAYERS_PER_GROUP, groups_of
+from .groups import DEFAULT_LAYERS_PER_GROUP, candidates, groups_of
 from .measure import MeasureOptions, measure_sensitivity
 from .prove import ProofResult, ProveOptions, prove
 from .records import Allocation, Budget, SensitivityTable, TensorGroup
@@ -145,6 +145,22 @@ def _client(options: SearchOptions) -> Iterator[Any]:
             cluster.close()
 
 
+def refuse_before_measuring(model: Path, groups: tuple[TensorGroup, ...], budget: Budget, o: SearchOptions) -> None:
+    """SearchError, before hours of measuring, for a budget below every group at its smallest candidate
+    (the floors can only raise that) or a group with no candidate among ``o.types``."""
+    cands = candidates(model, groups, o.types, imatrix=o.measure.imatrix is not None)
+    smallest = {g.name: min((c.n_bytes for c in cands if c.group == g.name), default=None) for g in groups}
+    missing = sorted(name for name, b in smallest.items() if b is None)
+    if missing:
+        raise SearchError(f"{model.name}: no candidate type for {', '.join(missing)} among {', '.join(o.types)} "
+                          "(a type's block size must divide the rows; the IQ types need --imatrix)")
+    n_params = sum(g.n_params for g in groups)
+    limit, least = budget_bytes(budget, n_params), sum(b for b in smallest.values() if b is not None)
+    if least > limit:
+        raise SearchError(f"budget {size_text(limit, n_params)} is below the smallest feasible allocation, "
+                          f"{size_text(least, n_params)}: every group at its smallest candidate among {', '.join(o.types)}")
+
+
 def search_recipe(model: str | os.PathLike, budget: str | Budget, options: SearchOptions | None = None, *,
                   out: str | os.PathLike | None = None, log: Callable[[str], None] = lambda m: None) -> SearchResult:
     """Search ``model`` (a path or ``builtin:NAME``: the BF16 source) for the recipe of least KLD
@@ -155,6 +171,7 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     groups = groups_of(src, o.layers_per_group)
     parsed = parse_budget(budget) if isinstance(budget, str) else budget
     limit = parsed if isinstance(parsed, Budget) else recipe_budget(src, groups, parsed, o.measure.imatrix)
+    refuse_before_measuring(src, groups, limit, o)
     with _client(o) as client:
         table = measure_sensitivity(src, groups, o.types, o.measure, client=client, log=log)
     allocation = allocate(table, limit, o.floors)
