@@ -238,3 +238,23 @@ def test_each_trunk_is_shown_with_the_sidecar_its_tag_resolves_to():
     text = "\n".join(pair_lines([row], sides, PageOptions(repo_id="me/m")))
     assert "llama-server -m M-Q4_K_M.gguf -md mtp-M-Q4_K_M.gguf --spec-type draft-mtp" in text
     assert "1 trunk and 2 sidecars take 180 B; the same 1 variant each with that head would take 140 B" in text
+
+
+def test_a_signed_sidecar_ladder_audits_and_passes_the_gate_with_the_public_key(llama_server_bin, tmp_path):
+    """With a signing key every file of the pair is signed (receipt envelopes and FILE.sig), through
+    the verification and the eval that rewrite the trunk's receipt; the gate checks every signature."""
+    from fakehub import write_keypair
+
+    from ggufmtp.ladder.run import upload_ladder
+
+    priv, pub = write_keypair(tmp_path, "signer")
+    res = run_ladder(dataclasses.replace(_spec(tmp_path / "ladder", signing_key=priv), recipes=("q8_0-mtp",)),
+                     progress=False)
+    assert res.ok, [o.error for o in res.outcomes]
+    trunk, side = Path(res.outcomes[0].summary["artifact"]), res.sidecars[0]
+    for p, kw in ((trunk, {"sidecar": side}), (side, {})):
+        report = audit(p, public_key=pub, **kw)
+        assert report.ok and report.trust is not None and report.trust.value == "verified", report.failures
+    up = upload_ladder(res, "me/ladder", dry_run=True, allow_unverified=True, public_key=pub, progress=False)
+    assert {f"{p.name}.sig" for p in (trunk, side)} <= {o.path_in_repo for o in up.operations}
+    assert all(c.signatures_checked for c in up.checks.artifacts)
