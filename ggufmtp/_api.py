@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import TuneError
 from .files.hashing import sha256_file
-from .gguf.model import ModelReport, inspect_model
+from .gguf.model import ModelReport, inspect_model, refuse_later_shard
 from .imatrix.compute import ComputeResult
 from .imatrix.compute import compute_imatrix as _compute
 from .imatrix.corpus import Corpus
@@ -48,7 +48,9 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
         rec = verify_recipe(None, receipt)  # the receipt's recipe judges its artifact
         o = o.with_defaults(thresholds=_verify_mod.Thresholds.from_recipe(rec.verify, rec.name),
                             draft_n_max=rec.verify.draft_n_max if o.tuned is None else None)
-    res = _verify_mod.verify(local_model_arg(model), o, progress=progress, on_record=on_record)
+    path = local_model_arg(model)
+    refuse_later_shard(path)  # llama-server loads a split model from its first shard only
+    res = _verify_mod.verify(path, o, progress=progress, on_record=on_record)
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True)
     return res

@@ -234,3 +234,15 @@ def test_a_signed_split_set_has_every_shard_signed(split_set, synth_model, tmp_p
     assert report.ok, report.failures
     os.replace(f"{shards[0]}.sig", f"{shards[-1]}.sig")  # the last shard's signature is now the first's
     assert any(shards[-1].name in c.name for c in audit(shards[0], public_key=pub, progress=False).failures)
+
+
+def test_verify_given_a_later_shard_names_the_first_before_any_server_starts(split_set):
+    import ggufmtp
+
+    later, first = split_set["shards"][1], split_set["shards"][0]
+    res = CliRunner().invoke(main, ["verify", str(later), "--limit", "1", "--max-tokens", "8"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert f"{later}: shard 2 of {len(split_set['shards'])} of a split model; give its first shard, {first.name}" \
+        in res.output
+    with pytest.raises(GGUFReadError, match="give its first shard"):
+        ggufmtp.verify(later, progress=False)

@@ -127,6 +127,9 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     from ..provenance.signing import resolve_signing_key
 
     key = resolve_signing_key(signing_key) if receipt_path else None  # a bad key fails before the run
+    from ..gguf.model import refuse_later_shard
+
+    refuse_later_shard(resolve_model_arg(model))  # llama-server loads a split model from its first shard only
     if receipt_path:
         from ..provenance.receipt import refuse_other_file
 

@@ -102,6 +102,17 @@ def split_shards(path: Path) -> list[Path]:
     return shards
 
 
+def refuse_later_shard(path: str | os.PathLike) -> None:
+    """GGUFReadError when ``path`` is a split model's shard other than the first: llama.cpp loads a
+    split model only from its first shard (a later one: "illegal split file idx")."""
+    p = Path(path)
+    m = SPLIT_RE.match(p.name)
+    if m and int(m.group("idx")) != 1:
+        first = shard_path(p.with_name(m.group("stem") + ".gguf"), 1, int(m.group("n")))
+        raise GGUFReadError(f"{p}: shard {int(m.group('idx'))} of {int(m.group('n'))} of a split model; give its first "
+                            f"shard, {first.name}: llama.cpp loads a split model from it")
+
+
 def split_problem(shard: Path, header: GGUFHeader, index: int, count: int) -> str | None:
     """What llama.cpp's loader would refuse in shard ``index`` (0-based) of ``count`` (1 and 0 for a
     file given alone), or None: a shard whose ``split.no`` is not its place in the set (reordered or
