@@ -246,3 +246,23 @@ def test_verify_given_a_later_shard_names_the_first_before_any_server_starts(spl
         in res.output
     with pytest.raises(GGUFReadError, match="give its first shard"):
         ggufmtp.verify(later, progress=False)
+
+
+def test_a_build_folder_configured_from_another_tree_is_configured_again(tmp_path):
+    from ggufmtp.runtime.build import _configured_from
+
+    src, other = tmp_path / "src", tmp_path / "other"
+    src.mkdir(), other.mkdir()
+    build = tmp_path / "build"
+    build.mkdir()
+    assert not _configured_from(build, src)  # no configuration at all (a cache that lost its build folder)
+    (build / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={other}\n")
+    assert not _configured_from(build, src)
+    (build / "CMakeCache.txt").write_text(f"X:BOOL=ON\nCMAKE_HOME_DIRECTORY:INTERNAL={src}\n")
+    assert _configured_from(build, src)
+
+
+def test_inspect_reads_the_set_as_one_model(split_set):
+    res = CliRunner().invoke(main, ["inspect", str(split_set["shards"][-1])])
+    assert res.exit_code == 0, res.output
+    assert f"({len(split_set['shards'])} shards)" in res.output and "COMPLETE  (block blk.4)" in res.output
