@@ -266,3 +266,25 @@ def test_inspect_reads_the_set_as_one_model(split_set):
     res = CliRunner().invoke(main, ["inspect", str(split_set["shards"][-1])])
     assert res.exit_code == 0, res.output
     assert f"({len(split_set['shards'])} shards)" in res.output and "COMPLETE  (block blk.4)" in res.output
+
+
+def test_a_split_ladder_variant_goes_up_whole_in_the_ladder_commit(llama_runtime, synth_model, tmp_path, monkeypatch):
+    from fakehub import FakeHub, isolate_hf_client
+
+    from ggufmtp.ladder.run import run_ladder, upload_ladder
+    from ggufmtp.ladder.spec import LadderSpec
+
+    spec = LadderSpec(model=str(synth_model("tiny-qwen35moe")), recipes=("q8_0-mtp",), out_dir=tmp_path / "out",
+                      verify=False, split_max_size="3M").check()
+    res = run_ladder(spec, progress=False, log=lambda m: None)
+    (art, rc), = res.variants()
+    shards = [s.name for s in read_receipt(rc).subjects]
+    assert len(shards) >= 2 and art.name == shards[0]
+    isolate_hf_client(tmp_path / "hf_home", monkeypatch)
+    monkeypatch.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
+    with FakeHub(tokens=("hf_SPLITtoken0001",)) as fake:
+        upload_ladder(res, "me/split", token="hf_SPLITtoken0001", endpoint=fake.url, progress=False,
+                      allow_unverified=True)
+        files = set(fake.history("me/split")[0].files)
+        assert files == {*shards, rc.name, "README.md", ".gitattributes"}
+        assert all(fake.file("me/split", s) == (art.parent / s).read_bytes() for s in shards)
