@@ -12,7 +12,9 @@ quantized file is also verified against the source as the reference (:func:`gguf
 ``reference``: the MTP arm and the reference arm in one rotation, paired by prompt and seed) and the
 paired acceptance difference and its 95 % CI are kept (the worst mode's: the one whose interval
 reaches lowest). That starts llama-servers, so it is off by default. The imatrix (with the head's
-statistics: ``ggufmtp imatrix compute --mtp``) is used for every quantization when given.
+statistics: ``ggufmtp imatrix compute --mtp``) is used for every quantization when given. A candidate
+the baseline already is (every tensor of its group planned at that type: Q8_0 under Q8_0) is not
+quantized again: it gets the baseline's measurement.
 
 Every measurement is cached by content in ``cache_root()/search/measurements.json`` (a
 :class:`~ggufmtp.files.memo.JsonMemo`): the key hashes the model's sha256, the candidate recipe's
@@ -51,14 +53,15 @@ from ..measure.verify.run import verify
 from ..progress import bar as progress_bar
 from ..quality.eval import evaluate
 from ..quality.options import EvalOptions
+from ..quant.plan import make_plan
 from ..quant.quantize import quantize
 from ..quant.recipe import QuantizeFlags, Recipe, Rule
 from ..runtime.build import binary_version, cache_root, find_binary
 from .groups import candidates, group_rule
 from .records import Candidate, Cost, SensitivityTable, TensorGroup
 
-__all__ = ["MeasureOptions", "Measurement", "candidate_recipe", "measure_candidate", "measure_sensitivity",
-           "measurement_memo"]
+__all__ = ["MeasureOptions", "Measurement", "baseline_types", "candidate_recipe", "measure_candidate",
+           "measure_sensitivity", "measurement_memo"]
 
 MEMO_VERSION = 1
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval (llama-perplexity's ± is one standard error)
@@ -290,31 +293,50 @@ def _run_jobs(model: Path, jobs: Sequence[_Job], o: MeasureOptions, client: Any 
     return [results[i] for i in range(len(jobs))]
 
 
+def baseline_types(model: str | os.PathLike, options: MeasureOptions) -> dict[str, str]:
+    """The type the baseline recipe gives each tensor, as llama.cpp decides it (the plan's dry run)."""
+    plan = make_plan(Path(model), Recipe.load(options.baseline), Path(options.imatrix) if options.imatrix else None,
+                     threads=options.threads)
+    return {t.name: t.to_type for t in plan.tensors}
+
+
+def _log_line(job: _Job, m: Measurement, baseline: str) -> str:
+    what = f"{job.candidate.group} at {job.candidate.qtype}" if job.candidate else f"baseline {baseline}"
+    return (f"{what}: KLD {m.kld:.6f} ± {m.kld_err:.6f}" +
+            (f", acceptance {m.acceptance_diff * 100:+.1f} points" if m.acceptance_diff is not None else "") +
+            f" ({'cached' if m.cached else f'{m.seconds:.1f} s'})")
+
+
 def measure_sensitivity(model: str | os.PathLike, groups: Sequence[TensorGroup], types: Sequence[str],
                         options: MeasureOptions | None = None, *, client: Any | None = None,
                         log: Callable[[str], None] = lambda m: None) -> SensitivityTable:
     """Every candidate of ``groups`` at ``types`` (:func:`~.groups.candidates`) measured against the
-    baseline (see the module doc), with the baseline's own KLD: the table the allocator reads.
+    baseline (see the module doc), with the baseline's own KLD: the table the allocator reads. A
+    candidate that changes nothing (the baseline already gives every tensor of its group that type:
+    Q8_0 under the Q8_0 baseline) is the baseline's file, so it gets the baseline's measurement.
     ``client``: a Dask ``distributed.Client`` to run the measurements on (default: in sequence here);
     ``log``: one line per measurement (its group, type, KLD, wall time, cached or not)."""
     o = options if options is not None else MeasureOptions()
     model = Path(model)
     cands = candidates(model, groups, types, imatrix=o.imatrix is not None)
     by_name = {g.name: g for g in groups}
-    jobs = [_Job(None, None, False)] + [_Job(c, group_rule(by_name[c.group], c.qtype), o.measures_acceptance(by_name[c.group]))
-                                        for c in cands]
+    planned = baseline_types(model, o)
+    unchanged = {c for c in cands if all(planned.get(n) == c.qtype for n in by_name[c.group].tensors)}
+    jobs = [_Job(None, None, any(o.measures_acceptance(by_name[c.group]) for c in unchanged))]
+    jobs += [_Job(c, group_rule(by_name[c.group], c.qtype), o.measures_acceptance(by_name[c.group]))
+             for c in cands if c not in unchanged]
     with progress_bar(len(jobs), "sensitivity", "candidate", enabled=o.progress) as bar:
         def done(job: _Job, m: Measurement) -> None:
-            what = f"{job.candidate.group} at {job.candidate.qtype}" if job.candidate else f"baseline {o.baseline}"
-            log(f"{what}: KLD {m.kld:.6f} ± {m.kld_err:.6f}" +
-                (f", acceptance {m.acceptance_diff * 100:+.1f} points" if m.acceptance_diff is not None else "") +
-                f" ({'cached' if m.cached else f'{m.seconds:.1f} s'})")
+            log(_log_line(job, m, o.baseline))
             bar.update(1)
 
         results = _run_jobs(model, jobs, o, client, done)
+    base = results[0]
+    measured = {j.candidate: m for j, m in zip(jobs, results, strict=True) if j.candidate is not None}
+    no_acceptance = dataclasses.replace(base, acceptance_diff=None, acceptance_ci=None)
+    costs = tuple((measured[c] if c not in unchanged else base if o.measures_acceptance(by_name[c.group])
+                   else no_acceptance).cost(c) for c in cands)
     corpus = resolve_corpus(o.eval.corpus)
     return SensitivityTable(model_sha256=_sha256(model), corpus=f"{corpus.name} ({corpus.sha256[:12]})",
-                            baseline_recipe=o.baseline, baseline_kld=results[0].kld,
-                            baseline_chunk_kld=results[0].chunk_kld, groups=tuple(groups),
-                            costs=tuple(m.cost(j.candidate) for j, m in zip(jobs[1:], results[1:], strict=True)
-                                        if j.candidate is not None))
+                            baseline_recipe=o.baseline, baseline_kld=base.kld, baseline_chunk_kld=base.chunk_kld,
+                            groups=tuple(groups), costs=costs)
