@@ -301,7 +301,8 @@ class FakeHub:
 
     def on(self, method: str, route_regex: str, fn: Callable[[RecordedRequest], None], once: bool = True) -> None:
         """Run ``fn(request)`` while handling a matching request, after its response is computed
-        and before it is sent (so the client cannot race ahead of the state change)."""
+        and before it is sent (so the client cannot race ahead of the state change), outside the
+        server's lock (so ``fn`` may wait for another request)."""
         self._hooks.append((method.upper(), re.compile(route_regex), fn, once))
 
     def requests_to(self, method: str, route_regex: str) -> list[RecordedRequest]:
@@ -429,13 +430,13 @@ class FakeHub:
                 if e.error_code:
                     headers["X-Error-Code"] = e.error_code
                 resp = _Response(e.status, {"error": e.message}, headers)
-            for hook in list(self._hooks):
-                method, rx, fn, once = hook
-                if method == req.method and rx.search(req.route):
-                    if once:
-                        self._hooks.remove(hook)
-                    fn(req)
-            return resp
+            hooks = [h for h in self._hooks if h[0] == req.method and h[1].search(req.route)]
+            for hook in hooks:
+                if hook[3]:  # once
+                    self._hooks.remove(hook)
+        for _method, _rx, fn, _once in hooks:  # outside the lock: a hook may wait for another request
+            fn(req)
+        return resp
 
     def _dispatch_hub(self, req: RecordedRequest) -> _Response:
         split = urlsplit(req.path)

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,30 @@ def test_pull_groups_split_gguf_shards_into_one_model(fake, tmp_path):
     (local / "m-00001-of-00002.gguf").write_bytes(b"GGUF1")
     with pytest.raises(HubError, match=r"missing m-00002-of-00002\.gguf"):
         pull(str(local))
+
+
+def test_pull_downloads_the_selected_files_at_once(fake, tmp_path):
+    """#42 item 6: the downloads are huggingface_hub's ``snapshot_download`` (its worker threads), not
+    one ``hf_hub_download`` after another: each file's LFS download waits (up to 5 s, below the
+    client's 10 s read timeout) for the other file's to start, which only downloads in flight together
+    see happen."""
+    files = {f"m-{i:05d}-of-00002.gguf": gguf_bytes(1000 + i, seed=40 + i) for i in (1, 2)}
+    fake.commit("org/two", {**files, "README.md": b"hi"})
+    started: set[str] = set()
+    met: list[bool] = []
+    cond = threading.Condition()
+
+    def wait_for_the_other(req):
+        with cond:
+            started.add(req.route)  # /lfs/<sha256>: one route per file
+            cond.notify_all()
+            met.append(cond.wait_for(lambda: len(started) >= 2, timeout=5))
+
+    fake.on("GET", r"^/lfs/", wait_for_the_other, once=False)
+    res = pull("org/two", include=["*.gguf"], local_dir=tmp_path / "dl", endpoint=fake.url, progress=False)
+    assert met == [True, True], "the two files were downloaded one after the other"
+    assert res.verified and sorted(f.path for f in res.files) == sorted(files)
+    assert all((tmp_path / "dl" / n).read_bytes() == b for n, b in files.items())
 
 
 def test_pull_pins_the_resolved_commit_while_the_branch_moves(fake, tmp_path):

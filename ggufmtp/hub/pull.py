@@ -1,7 +1,9 @@
 """Pull a checkpoint from the Hugging Face Hub (or index a local directory), verified, with a manifest.
 
 Everything on the wire is ``huggingface_hub`` (written against 2.4): ``HfApi.resolve_revision``,
-``list_repo_tree`` and ``hf_hub_download``. ggufmtp adds what a supply chain needs on top:
+``list_repo_tree`` and ``snapshot_download`` (its worker threads; the selection is its
+``allow_patterns``/``ignore_patterns`` matcher, ``filter_repo_objects``). ggufmtp adds what a
+supply chain needs on top:
 
 * **pinning** - the requested revision is resolved to a commit sha once; the listing and every
   download use that sha, so a branch that moves mid-pull cannot mix two versions;
@@ -18,17 +20,25 @@ temporary ``<etag>.<uuid>.incomplete`` file is process-unique and deleted on fai
 that is killed restarts that file from zero; files completed earlier are not downloaded again.
 Xet downloads (used when the Hub advertises Xet and ``hf_xet`` is installed) go through ``hf_xet``
 instead; they are not exercised by the tests (the local fake Hub speaks plain HTTP/LFS only).
+
+Why the check is not ``HfApi.verify_repo_checksums`` (#42; ``benchmarks/pull_vs_snapshot.py``,
+figures in ``benchmarks/README.md``): it lists the repo again and reports mismatches, not digests,
+so the manifest's sha256 of every regular file would need a second read; it hashes the files one
+after another and reads a regular file whole into memory for its git blob id; it cannot run
+offline (it lists the Hub) nor tell a download this pull made from a user's file. ggufmtp checks
+the downloads against the listing it pinned, a few files at once, with the one hasher.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from .._version import __version__
@@ -284,71 +294,73 @@ def _remember_verified(local: Path, before: os.stat_result, digests: FileDigests
 
 
 class _Downloads:
-    """Download files pinned to one commit and verify each, hashing file i while file i+1 downloads."""
+    """Download the selected files pinned to one commit with huggingface_hub's ``snapshot_download``
+    (its worker threads, its resume and cache layout), then verify each against the listing."""
 
     def __init__(self, req: _HubPull, commit: str, hub: dict[str, HubFile], where: str):
         self.req, self.commit, self.hub, self.where = req, commit, hub, where
-        self.base_dir: Path | None = req.local_dir  # cache mode: found with the first download
-        self.results: dict[str, PulledFile] = {}
-        self.pending: list[tuple[str, Path, bool, Future]] = []
 
     def run(self, order: list[str], reused: dict[str, FileDigests]) -> tuple[Path, list[PulledFile]]:
         """(the folder holding the files, the verified files in ``order``)."""
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ggufmtp-hash") as hasher:
-            try:
-                for path in order:
-                    self._collect(block=False)
-                    if path in reused:
-                        d = reused[path]
-                        self.results[path] = PulledFile(path, d.size, d.sha256, verified=True)
-                        continue
-                    local, created = self._download(path)
-                    job = hasher.submit(_hash_keyed, local, self.hub[path], self.req.progress)
-                    self.pending.append((path, local, created, job))
-                self._collect(block=True)
-            except BaseException:
-                for *_, fut in self.pending:
-                    fut.cancel()
-                raise
-        base_dir = self.base_dir if self.base_dir is not None else self.req.local_dir  # all reused
-        return base_dir, [self.results[p] for p in order]
+        results = {p: PulledFile(p, d.size, d.sha256, verified=True) for p, d in reused.items()}
+        todo = [p for p in order if p not in reused]
+        base_dir = self.req.local_dir
+        if todo:
+            created = {p: self._creates(p) for p in todo}
+            base_dir = self._download(todo)
+            results |= self._verify(base_dir, todo, created)
+        assert base_dir is not None  # local_dir mode, or a download found the snapshot folder
+        return base_dir, [results[p] for p in order]
 
-    def _download(self, path: str) -> tuple[Path, bool]:
-        """(where huggingface_hub put ``path``, whether this pull created that file)."""
-        from huggingface_hub import hf_hub_download
-
+    def _creates(self, path: str) -> bool:
+        """Whether downloading ``path`` creates its file (in the cache: no blob of that digest yet)."""
         req, exp = self.req, self.hub[path]
-        created = True
-        if req.local_dir is None:
-            etag = exp.sha256 or exp.git_oid
-            created = not (etag and (storage_folder(req.cache, req.repo_id) / "blobs" / etag).exists())
-        with hub_errors(f"downloading {path} from {self.where}", **req.errs):
-            local = Path(hf_hub_download(
-                req.repo_id, path, revision=self.commit, local_dir=req.local_dir, cache_dir=req.cache,
-                token=req.token, endpoint=req.endpoint, tqdm_class=None if req.progress and not progress_disabled() else SilentBar,
-                library_name="ggufmtp", library_version=__version__,
-            ))
-        if self.base_dir is None:  # cache mode: the snapshot folder of this commit
-            self.base_dir = local
-            for _ in PurePosixPath(path).parts:
-                self.base_dir = self.base_dir.parent
-        return local, created
+        if req.local_dir is not None:
+            return True
+        etag = exp.sha256 or exp.git_oid
+        return not (etag and (storage_folder(req.cache, req.repo_id) / "blobs" / etag).exists())
 
-    def _collect(self, block: bool) -> None:
-        """Check the finished hashes (all of them when ``block``) against the Hub's metadata."""
-        for item in list(self.pending):
-            path, local, created, fut = item
-            if not block and not fut.done():
-                continue
-            self.pending.remove(item)
-            before, digests = fut.result()
-            ok, problem = check_digests(self.hub[path], digests)
-            if problem:
-                removed = _discard_bad_download(local, created, self.req.local_dir is None)
-                raise HubDigestMismatchError(
-                    f"{self.where}: {path}: {problem}. {removed} The download is corrupt or was altered in "
-                    "transit: pull again; if it persists, report it to the repo owner",
-                    path=local, expected=self.hub[path].sha256, actual=digests.sha256)
-            self.results[path] = PulledFile(path, digests.size, digests.sha256, verified=ok)
-            if ok:
-                _remember_verified(local, before, digests)
+    def _download(self, todo: list[str]) -> Path:
+        """The folder huggingface_hub put ``todo`` in: ``local_dir``, or the commit's snapshot folder.
+        The paths are passed as ``allow_patterns`` escaped, so each matches only itself."""
+        from huggingface_hub import snapshot_download
+
+        req = self.req
+        with hub_errors(f"downloading {len(todo)} file(s) from {self.where}", **req.errs):
+            folder = snapshot_download(
+                req.repo_id, revision=self.commit, allow_patterns=[glob.escape(p) for p in todo],
+                local_dir=req.local_dir, cache_dir=req.cache, token=req.token, endpoint=req.endpoint,
+                tqdm_class=None if req.progress and not progress_disabled() else SilentBar,
+                library_name="ggufmtp", library_version=__version__,
+            )
+        return Path(folder)
+
+    def _verify(self, base_dir: Path, todo: list[str], created: dict[str, bool]) -> dict[str, PulledFile]:
+        """Hash the downloads (a few at once: hashlib releases the GIL) and check each against the
+        Hub's metadata; a mismatch removes the bad download when this pull created it."""
+        results: dict[str, PulledFile] = {}
+        workers = max(1, min(len(todo), os.cpu_count() or 1, 4))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ggufmtp-hash") as hasher:
+            jobs = {p: hasher.submit(_hash_keyed, base_dir / p, self.hub[p], self.req.progress) for p in todo}
+            try:
+                for path, job in jobs.items():
+                    local = base_dir / path
+                    try:
+                        before, digests = job.result()
+                    except OSError as e:  # e.g. a Hub error after which huggingface_hub fell back to local files
+                        raise HubError(f"{self.where}: {path} is not readable where it was downloaded ({e})") from None
+                    ok, problem = check_digests(self.hub[path], digests)
+                    if problem:
+                        removed = _discard_bad_download(local, created[path], self.req.local_dir is None)
+                        raise HubDigestMismatchError(
+                            f"{self.where}: {path}: {problem}. {removed} The download is corrupt or was altered in "
+                            "transit: pull again; if it persists, report it to the repo owner",
+                            path=local, expected=self.hub[path].sha256, actual=digests.sha256)
+                    results[path] = PulledFile(path, digests.size, digests.sha256, verified=ok)
+                    if ok:
+                        _remember_verified(local, before, digests)
+            except BaseException:
+                for job in jobs.values():
+                    job.cancel()
+                raise
+        return results

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 from urllib.parse import urlsplit
 
+from tqdm import tqdm
+
 from ..errors import HubError, HubHTTPError, HubRefusedError
 
 __all__ = ["SilentBar", "cache_dir", "guard_secrets", "host", "hub_errors", "is_offline", "raise_hub_error",
@@ -292,20 +294,10 @@ def storage_folder(cache: Path, repo_id: str) -> Path:
     return cache / ("models--" + repo_id.replace("/", "--"))
 
 
-class SilentBar:
-    """A do-nothing stand-in for tqdm (``progress=False``)."""
+class SilentBar(tqdm):
+    """tqdm switched off (``progress=False``): a class, as huggingface_hub's ``tqdm_class`` is
+    (``snapshot_download`` sets totals on its bars and maps its workers through it)."""
 
-    def __init__(self, *args, **kwargs):
-        self.n = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def update(self, n=1):
-        self.n += n or 0
-
-    def __getattr__(self, name):  # close, refresh, set_postfix_str, update_transfer...
-        return lambda *a, **k: None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["disable"] = True
+        super().__init__(*args, **kwargs)
