@@ -106,9 +106,10 @@ def test_the_layout_in_a_ladder_file_and_its_errors(tmp_path):
         load_ladder_file(f)
     with pytest.raises(LadderError, match="name the sidecar Q8_0 twice"):
         dataclasses.replace(spec, sidecars=("Q8_0", "q8_0")).check()
-    with pytest.raises(LadderError, match="at least one sidecar"):
-        dataclasses.replace(spec, sidecars=()).check()
-    assert dataclasses.replace(spec, layout=Layout.FULL).sidecar_paths("M") == []
+    assert [p.name for p in dataclasses.replace(spec, sidecars=()).check().sidecar_paths("M")] == ["mtp-M-Q8_0.gguf"]
+    with pytest.raises(LadderError, match="sidecars Q8_0, Q4_K_M: a ladder makes MTP sidecars only in the sidecar layout"):
+        dataclasses.replace(spec, layout=Layout.FULL).check()
+    assert dataclasses.replace(spec, layout=Layout.FULL, sidecars=()).check().sidecar_paths("M") == []
 
 
 def test_the_cli_layout_flag_reruns_the_same_ladder_from_its_records(ladder, tmp_path):

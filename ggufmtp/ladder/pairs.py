@@ -81,7 +81,7 @@ def make_sidecars(spec: LadderSpec, source: Path, model: str, imatrix: str | Non
     ``source`` quantized at that recipe's types with the ladder's imatrix; one made before from the
     same inputs is kept."""
     paths = spec.sidecar_paths(model)
-    for recipe, out in zip(spec.sidecars, paths, strict=True):
+    for recipe, out in zip(spec.sidecar_recipes, paths, strict=True):
         record = spec.out_dir / _RECORDS / f"sidecar-{out.name}.json"
         key = _sidecar_key(source, recipe, imatrix, spec.signing_key)
         if _sidecar_current(out, record, key):

@@ -85,7 +85,7 @@ class LadderSpec:
     quantized_by: str = "ggufmtp"  # the card's quantized_by
     repo_id: str | None = None  # the Hub repo the card's download and run lines name (ladder --upload REPO)
     layout: Layout = Layout.FULL
-    sidecars: tuple[str, ...] = DEFAULT_SIDECARS  # with layout sidecar: one MTP sidecar per recipe (or type)
+    sidecars: tuple[str, ...] = ()  # with layout sidecar: one MTP sidecar per recipe or type (none given: Q8_0)
     split_max_size: str = str(DEFAULT_SPLIT_MAX_SIZE)  # a larger variant is written as shards; "none": one file
 
     @property
@@ -125,10 +125,11 @@ class LadderSpec:
         except ValueError:
             raise LadderError(f"layout {self.layout!r}: one of {', '.join(v.value for v in Layout)}") from None
         if layout != Layout.SIDECAR:
+            if self.sidecars:
+                raise LadderError(f"sidecars {', '.join(self.sidecars)}: a ladder makes MTP sidecars only in the "
+                                  "sidecar layout (layout = \"sidecar\", --layout sidecar)")
             return
-        if not self.sidecars:
-            raise LadderError("layout sidecar needs at least one sidecar (sidecars = [\"Q8_0\"], --sidecar-type Q8_0)")
-        tags = [Recipe.load(s).release_tag for s in self.sidecars]  # RecipeError naming a bad one
+        tags = [Recipe.load(s).release_tag for s in self.sidecar_recipes]  # RecipeError naming a bad one
         twice = sorted({t for t in tags if tags.count(t) > 1})
         if twice:
             raise LadderError(f"sidecars {', '.join(self.sidecars)} name the sidecar {', '.join(twice)} twice")
@@ -136,11 +137,16 @@ class LadderSpec:
         if bad:
             raise LadderError(f"sidecar: {bad}")
 
+    @property
+    def sidecar_recipes(self) -> tuple[str, ...]:
+        """The recipes (or types) of the sidecar layout's sidecars: ``sidecars``, else :data:`DEFAULT_SIDECARS`."""
+        return self.sidecars or DEFAULT_SIDECARS
+
     def sidecar_paths(self, model: str) -> list[Path]:
         """The sidecar layout's sidecars, ``DIR/mtp-<Model>-<TYPE>.gguf`` (``model``: the release name)."""
         if Layout(self.layout) != Layout.SIDECAR:
             return []
-        return [self.out_dir / sidecar_file_name(model, Recipe.load(s).release_tag) for s in self.sidecars]
+        return [self.out_dir / sidecar_file_name(model, Recipe.load(s).release_tag) for s in self.sidecar_recipes]
 
     def variant_dir(self, recipe: str) -> Path:
         return self.out_dir / variant_folder(Recipe.load(recipe).release_tag)
