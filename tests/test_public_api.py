@@ -78,8 +78,8 @@ def test_public_functions_have_real_signatures():
         params = inspect.signature(f).parameters
         assert params["options"].annotation == f"{cls} | None" and params["options"].default is None
         assert params["progress"].kind == P.KEYWORD_ONLY
-    assert shape(ggufmtp.run)[:3] == [("recipe", P.POSITIONAL_OR_KEYWORD, P.empty),
-                                      ("model", P.POSITIONAL_OR_KEYWORD, P.empty),
+    assert shape(ggufmtp.run)[:3] == [("model", P.POSITIONAL_OR_KEYWORD, P.empty),
+                                      ("recipe", P.POSITIONAL_OR_KEYWORD, P.empty),
                                       ("options", P.POSITIONAL_OR_KEYWORD, None)]
 
 
@@ -128,7 +128,7 @@ POSITIONAL: dict[str, tuple[str, ...] | None] = {
               "quantize": ("model", "recipe", "out", "imatrix"), "audit": ("artifact", "receipt"),
               "verify": ("model", "options"), "write_receipt": ("result", "receipt_path"),
               "pull": ("repo_id",), "upload": ("repo_id", "files", "receipt", "card", "options"),
-              "run": ("recipe", "model", "options"), "convert": ("source", "output"),
+              "run": ("model", "recipe", "options"), "convert": ("source", "output"),
               "compute_imatrix": ("model", "corpus", "out"), "evaluate": ("base", "quant", "options"),
               "run_ladder": ("spec", "engine"), "make_card": ("artifact", "receipt", "output"),
               "search_recipe": ("model", "budget", "options")}
