@@ -1,17 +1,17 @@
 """llama.cpp's own downloader on repos ggufmtp published (issue #41, item 4).
 
-A ladder of ``builtin:tiny-qwen35moe-trained`` goes up with ``ggufmtp ladder --upload`` to the
-local Hub (tests/fakehub.py, the real huggingface_hub client), and the pinned llama-server runs it
-the way the uploaded card says: the card's ``llama-server -hf REPO:TAG --spec-type draft-mtp ...``
-line, as written, with each of the card's tags after the colon, ``MODEL_ENDPOINT`` pointed at the
-local Hub and an empty ``LLAMA_CACHE`` (only the listening address, threads and ``--no-repack`` are
-added, as for every server ggufmtp starts). Nothing is resolved here: llama.cpp lists the repo
-(``/api/models/REPO/refs``, ``/tree/COMMIT?recursive=true``), picks the file for the tag and any
-``mtp-`` sidecar, downloads them (``HEAD``/``GET /resolve``, the LFS redirect to the CDN) and
-serves. The test checks which files it downloaded and loaded, and that it drafted (accepted draft
-tokens in ``/metrics``). A trunk-only variant with its MTP sidecar (``ggufmtp sidecar
---trunk-only``), uploaded with ``ggufmtp upload``, is served the same way: ``-hf`` takes the sidecar
-as the draft model.
+Ladders of ``builtin:tiny-qwen35moe-trained`` go up with ``ggufmtp ladder --upload`` to the local
+Hub (tests/fakehub.py, the real huggingface_hub client): every variant with its head (``full``),
+trunk-only variants with an MTP sidecar (``--layout sidecar``), and a variant in shards
+(``--split-max-size``). The pinned llama-server then runs each repo the way its uploaded card says:
+the card's ``llama-server -hf REPO:TAG --spec-type draft-mtp ...`` line, as written, with each of
+the card's tags after the colon, ``MODEL_ENDPOINT`` pointed at the local Hub and an empty
+``LLAMA_CACHE`` (only the listening address, threads and ``--no-repack`` are added, as for every
+server ggufmtp starts). Nothing is resolved here: llama.cpp lists the repo
+(``/api/models/REPO/refs``, ``/tree/COMMIT?recursive=true``), picks the file for the tag, its split
+siblings and any ``mtp-`` sidecar, downloads them (``HEAD``/``GET /resolve``, the LFS redirect to
+the CDN) and serves. The test checks which files it downloaded and loaded, what it drafted with,
+and that it drafted (accepted draft tokens in ``/metrics``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,14 @@ from ggufmtp.measure.core.suite import load_suite
 from ggufmtp.runtime.server import LlamaServer, ServerConfig
 
 MODEL = "builtin:tiny-qwen35moe-trained"
-LADDER_REPO, PAIR_REPO = "me/tiny-trained-MTP-GGUF", "me/tiny-trained-pair"
 TOKEN = "hf_serveTOKEN"
+# layout -> (repo, the ladder's own arguments, the tags its card must name)
+LADDERS = {
+    "full": ("me/tiny-trained-MTP-GGUF", ("-r", "q8_0-mtp", "-r", "hifi-q4_k_m-mtp"), {"Q8_0", "Q4_K_M_HiFi"}),
+    "sidecar": ("me/tiny-trained-pair", ("-r", "q8_0-mtp", "-r", "hifi-q4_k_m-mtp", "--layout", "sidecar"),
+                {"Q8_0", "Q4_K_M_HiFi"}),
+    "split": ("me/tiny-trained-split", ("-r", "q8_0-mtp", "--split-max-size", "1M"), {"Q8_0"}),
+}
 # short verifications (8 prompts x 64 tokens is the publishable minimum); the head's margin is wide
 # because this test is about serving what was published, not about judging a 3-point margin
 LADDER_ARGS = ("--imatrix-corpus", "builtin:calib-v1", "--imatrix-chunks", "2", "--seeds", "42", "--limit", "8",
@@ -45,33 +51,15 @@ def _cli(*argv: str, env: dict[str, str] | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, llama_server_bin):
-    """The local Hub with the ladder (``ladder --upload``) and the pair (``sidecar``, ``upload``)."""
+    """The local Hub with one repo per layout, each written by ``ladder --upload``."""
     root = tmp_path_factory.mktemp("hf-serve")
     with pytest.MonkeyPatch.context() as mp, FakeHub(tokens=(TOKEN,)) as fake:
         isolate_hf_client(root / "hf_home", mp)
         mp.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
-        env = {"HF_TOKEN": TOKEN, "HF_ENDPOINT": fake.url}
-        _cli("ladder", "-m", MODEL, "-r", "q8_0-mtp", "-r", "hifi-q4_k_m-mtp", *LADDER_ARGS,
-             "-o", str(root / "ladder"), "--upload", LADDER_REPO, env=env)
-        _publish_pair(root / "pair", env)
+        for layout, (repo, args, _) in LADDERS.items():
+            _cli("ladder", "-m", MODEL, *args, *LADDER_ARGS, "-o", str(root / layout), "--upload", repo,
+                 env={"HF_TOKEN": TOKEN, "HF_ENDPOINT": fake.url})
         yield fake
-
-
-def _publish_pair(d: Path, env: dict[str, str]) -> None:
-    """A trunk-only Q8_0 and its MTP sidecar, their card, in one commit (``--allow-unverified``: the
-    pair is not verified here, and the card names both files under Not verified)."""
-    d.mkdir()
-    trunk, sidecar = d / "tiny-qwen35moe-trained-Q8_0.gguf", d / "mtp-tiny-qwen35moe-trained-Q8_0.gguf"
-    _cli("sidecar", MODEL, "-r", "Q8_0", "--trunk-only", str(trunk), "-o", str(sidecar))
-    _cli("card", str(trunk), "--repo", PAIR_REPO, "-o", str(d / "README.md"))
-    card = (d / "README.md").read_text()  # the card describes the trunk; the sidecar is named by hand
-    (d / "README.md").write_text(card.replace("## Not verified\n", f"## Not verified\n\n- `{sidecar.name}`\n", 1))
-    _cli("upload", PAIR_REPO, str(trunk), str(sidecar), "--receipt", f"{trunk}.receipt.json",
-         "--receipt", f"{sidecar}.receipt.json", "--card", str(d / "README.md"), "--allow-unverified", env=env)
-
-
-def _card(fake: FakeHub, repo: str) -> str:
-    return fake.file(repo, "README.md").decode()
 
 
 def _run_line(card: str, repo: str) -> list[str]:
@@ -83,8 +71,14 @@ def _run_line(card: str, repo: str) -> list[str]:
 
 def _tags(card: str) -> dict[str, str]:
     """TAG -> file of the card's files table (rows linking a published file and naming its tag)."""
-    rows = re.findall(r"^\| \[([^\]]+\.gguf)\]\([^)]+\) \| ([^|]+?) \|", card, re.MULTILINE)
+    rows = re.findall(r"^\| \[([^\]]+\.gguf)\]\([^)]+\)(?: \(\d+ shards\))? \| ([^|]+?) \|", card, re.MULTILINE)
     return {tag: f for f, tag in rows if tag != "-"}
+
+
+def _shards(first: str) -> set[str]:
+    """A split model's every shard, named from its first (``-00001-of-0000N``); else the file."""
+    m = re.fullmatch(r"(.+)-00001-of-(\d{5})\.gguf", first)
+    return {f"{m.group(1)}-{i:05d}-of-{m.group(2)}.gguf" for i in range(1, int(m.group(2)) + 1)} if m else {first}
 
 
 def _serve(fake: FakeHub, argv: list[str], tag: str, cache: Path) -> tuple[str, str, int]:
@@ -96,11 +90,10 @@ def _serve(fake: FakeHub, argv: list[str], tag: str, cache: Path) -> tuple[str, 
     repo = argv[2].split(":", 1)[0]
     cfg = ServerConfig(model=None, hf_repo=f"{repo}:{tag}", extra_args=argv[3:], ctx_size=1024, threads=1,
                        env={**env, "MODEL_ENDPOINT": fake.url, "LLAMA_CACHE": str(cache)})
-    prompts = load_suite().prompts[:2]
     with LlamaServer(cfg) as srv:
         model = srv.props()["model_path"]
         before = srv.spec_counters()
-        for p in prompts:
+        for p in load_suite().prompts[:2]:
             srv.chat(p.chat_messages(), max_tokens=48, seed=42, cache_prompt=False)
         counted = srv.spec_counters().since(before)
         log = Path(srv.log_path).read_text()
@@ -114,35 +107,30 @@ def _downloaded(fake: FakeHub, repo: str) -> set[str]:
     return {r.route.split("/resolve/", 1)[1].split("/", 1)[1] for r in fake.requests_to("GET", rf"^/{repo}/resolve/")}
 
 
-def test_llama_server_hf_runs_each_ladder_variant_as_its_card_says(hub, tmp_path):
-    """Each tag of the ladder's card loads that tag's file, downloaded alone from the local Hub into
-    the empty cache, and drafts with the head inside it (no sidecar in this repo)."""
-    card = _card(hub, LADDER_REPO)
-    argv = _run_line(card, LADDER_REPO)
+@pytest.mark.parametrize("layout", list(LADDERS))
+def test_llama_server_hf_runs_each_variant_as_the_card_says(hub, tmp_path, layout):
+    """Each tag of the card loads that tag's file (a split model's first shard), downloading only
+    it, its shards and the sidecar into the empty cache, and drafts: with the head inside the file,
+    or (trunk-only variants) with the ``mtp-`` sidecar beside it as the draft model."""
+    repo, _, tags_expected = LADDERS[layout]
+    card = hub.file(repo, "README.md").decode()
+    argv = _run_line(card, repo)
     assert "--spec-type" in argv and argv[argv.index("--spec-type") + 1] == "draft-mtp"
     tags = _tags(card)
-    assert set(tags) == {"Q8_0", "Q4_K_M_HiFi"}, tags  # every variant of the ladder has its tag
-    snapshot = f"models--{LADDER_REPO.replace('/', '--')}/snapshots/{hub.head(LADDER_REPO)}"
+    assert set(tags) == tags_expected, tags  # every variant of the ladder has its tag
+    sidecars = {f for f in hub.history(repo)[0].files if f.startswith("mtp-") and f.endswith(".gguf")}
+    assert len(sidecars) == (layout == "sidecar"), sidecars
     for tag, file in tags.items():
         hub.requests.clear()
         cache = tmp_path / tag
+        snapshot = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / hub.head(repo)
         model, draft, accepted = _serve(hub, argv, tag, cache)
-        assert model == str(cache / snapshot / file), (tag, model)
-        assert draft == f"creating MTP draft context against the target model '{model}'"
+        assert model == str(snapshot / file), (tag, model)
+        assert draft == (f"loading draft model '{snapshot / next(iter(sidecars))}'" if sidecars
+                         else f"creating MTP draft context against the target model '{model}'"), draft
         assert accepted > 0, tag
-        assert _downloaded(hub, LADDER_REPO) == {file}
-
-
-def test_llama_server_hf_takes_the_mtp_sidecar_beside_a_trunk_only_variant(hub, tmp_path):
-    """A trunk-only file and ``mtp-<Model>-Q8_0.gguf``: ``-hf REPO:Q8_0 --spec-type draft-mtp`` (the
-    card's line) loads the trunk, downloads the sidecar beside it and drafts with it."""
-    argv = _run_line(_card(hub, PAIR_REPO), PAIR_REPO)
-    snapshot = tmp_path / f"models--{PAIR_REPO.replace('/', '--')}" / "snapshots" / hub.head(PAIR_REPO)
-    model, draft, accepted = _serve(hub, argv, "Q8_0", tmp_path)
-    assert model == str(snapshot / "tiny-qwen35moe-trained-Q8_0.gguf")
-    assert draft == f"loading draft model '{snapshot / 'mtp-tiny-qwen35moe-trained-Q8_0.gguf'}'"
-    assert accepted > 0
-    assert _downloaded(hub, PAIR_REPO) == {"tiny-qwen35moe-trained-Q8_0.gguf", "mtp-tiny-qwen35moe-trained-Q8_0.gguf"}
+        assert _downloaded(hub, repo) == _shards(file) | sidecars
+        assert (layout == "split") == (len(_shards(file)) > 1)
 
 
 def test_a_server_serves_a_file_or_a_hub_reference_never_both():
