@@ -274,3 +274,17 @@ def test_a_head_group_with_every_candidate_excluded_says_why_and_what_to_do():
     with pytest.raises(SearchError, match=r"group mtp.eh_proj: every candidate is excluded .*Q8_0: head acceptance "
                                           r"CI \[-15.0, \+9.0\] pt .*needs more prompts"):
         allocate(t, Budget(bpw=8.5))
+
+
+def test_the_predicted_head_acceptance_is_the_baseline_plus_each_chosen_delta():
+    """Every head candidate was measured with the baseline's trunk, which costs acceptance of its own
+    (-3 points here): two head groups at -3 and -4 predict -4 (the baseline's -3, then -1), not -7."""
+    rest = group("mtp.rest", GroupRole.MTP_REST, 2048, r"blk\.{mtp}\.")
+    t = table([cost(ATTN, "Q8_0", BASE), cost(EXPS, "Q8_0", BASE),
+               cost(HEAD, "Q8_0", BASE, (-0.03, -0.05, -0.01)), cost(rest, "Q8_0", BASE, (-0.03, -0.05, -0.01)),
+               cost(rest, "Q4_K", BASE, (-0.04, -0.06, -0.02))], groups=(ATTN, EXPS, HEAD, rest))
+    tight = int(ATTN.n_params * 8.5 / 8) + int(EXPS.n_params * 8.5 / 8) + int(HEAD.n_params * 8.5 / 8) + int(
+        rest.n_params * 4.5 / 8)
+    a = allocate(t, Budget(n_bytes=tight), Floors(acceptance_margin=0.1))
+    assert dict(a.types) == {"attn.0-3": "Q8_0", "routed_experts.0-3": "Q8_0", "mtp.eh_proj": "Q8_0", "mtp.rest": "Q4_K"}
+    assert a.predicted_acceptance_diff == pytest.approx(-0.04)

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from ..errors import SearchError
 from ..fmt import human_bytes
-from ..quant.qtypes import bits_per_weight
+from ..quant.qtypes import FTYPE_DEFAULT_TYPE, bits_per_weight
 from ..quant.recipe import HEAD_FLOOR_TYPE
 from .records import Allocation, Budget, Cost, SensitivityTable, TensorGroup
 
@@ -182,11 +182,32 @@ def allocate(table: SensitivityTable, budget: Budget, floors: Floors = Floors())
         raise SearchError(f"no allocation within {size_text(limit, n_params)} reaches the max KLD "
                           f"{floors.max_kld:.6f}: the best predicted is {predicted:.6f}")
     chosen = [costs[j] for costs, j in zip(allowed, best.choice)]
-    measured = [c.acceptance_diff for c in chosen if c.acceptance_diff is not None]
     return Allocation(
         types=tuple((c.candidate.group, c.candidate.qtype) for c in chosen), n_bytes=best.n_bytes,
-        predicted_kld=predicted, predicted_acceptance_diff=sum(measured) if measured else None,
+        predicted_kld=predicted, predicted_acceptance_diff=predicted_acceptance(table, chosen),
         n_params=n_params, budget_bytes=limit, method=THINNED if thinned else EXACT, excluded=excluded)
+
+
+def baseline_type(table: SensitivityTable) -> str:
+    """The type the baseline recipe gives a tensor (``Q8_0`` for ``Q8_0``, ``Q4_K`` for ``Q4_K_M``)."""
+    name = table.baseline_recipe.upper()
+    return FTYPE_DEFAULT_TYPE.get(name, name)
+
+
+def predicted_acceptance(table: SensitivityTable, chosen: Sequence[Cost]) -> float | None:
+    """The head's acceptance difference against the reference, predicted as the KLD is: the
+    baseline's (a head group measured at the baseline type *is* the baseline) plus each chosen head
+    candidate's delta from it; without a baseline measurement, the worst chosen one. None when no
+    chosen candidate was measured."""
+    measured = [c.acceptance_diff for c in chosen if c.acceptance_diff is not None]
+    if not measured:
+        return None
+    base = [c.acceptance_diff for c in table.costs
+            if c.acceptance_diff is not None and c.candidate.qtype == baseline_type(table)]
+    if not base:
+        return min(measured)
+    a0 = sum(base) / len(base)
+    return a0 + sum(a - a0 for a in measured)
 
 
 def chosen_costs(table: SensitivityTable, allocation: Allocation) -> list[Cost]:

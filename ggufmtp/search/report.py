@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from html import escape
 
 from ..fmt import human_bytes
-from ..quant.qtypes import FTYPE_DEFAULT_TYPE
+from .allocate import baseline_type
 from .prove import ProofResult
 from .records import Allocation, SensitivityTable
 
@@ -42,7 +42,7 @@ class Point:
 
 
 def _baseline_bytes(table: SensitivityTable) -> dict[str, int]:
-    base_type = FTYPE_DEFAULT_TYPE.get(table.baseline_recipe.upper(), table.baseline_recipe.upper())
+    base_type = baseline_type(table)
     return {c.candidate.group: c.candidate.n_bytes for c in table.costs if c.candidate.qtype == base_type}
 
 
