@@ -50,7 +50,7 @@ def quantize_flags(tensor_types: tuple[str, ...], output_tensor_type: str | None
 
 @main.group()
 def recipe() -> None:
-    """Quantization recipes (ggufmtp/data/recipes/*.toml)."""
+    """Quantization recipes (the shipped ones: recipes/*.toml; or your own TOML file)."""
 
 
 @recipe.command("list")
