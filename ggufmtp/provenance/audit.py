@@ -287,7 +287,7 @@ def _file_checks(artifact: Path, shards: list[Path] | None, rf: Receipt, progres
         checks.append(Check("artifact is the receipt's first subject", False,
                             f"the receipt's verification is of {rf.artifact.name}, not {names[0]}"))
     missing = [s.name for s in rf.subjects if not (artifact.parent / s.name).is_file()]
-    if missing:
+    if missing and shards is not None and not foreign:  # else already said: the set's missing shards, other names
         checks.append(Check("all shards present", False, f"missing {', '.join(missing)}"))
     checks += [_digest_check(artifact.parent / s.name, s.sha256, s.size, progress)
                for s in rf.subjects if s.name not in missing]
