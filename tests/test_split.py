@@ -290,3 +290,20 @@ def test_a_split_ladder_variant_goes_up_whole_in_the_ladder_commit(llama_runtime
         files = set(fake.history("me/split")[0].files)
         assert files == {*shards, rc.name, "README.md", ".gitattributes"}
         assert all(fake.file("me/split", s) == (art.parent / s).read_bytes() for s in shards)
+
+
+def test_a_new_split_replaces_the_old_set_and_never_the_input(split_set, synth_model, tmp_path):
+    src = synth_model("tiny-qwen35moe")
+    out = tmp_path / "m.gguf"
+    runner = CliRunner()
+    for size in ("1M", "3M", "none"):  # 5 shards, then 2, then one file: each replaces the one before
+        res = runner.invoke(main, ["quantize", str(src), "-r", "q8_0-mtp", "-o", str(out), "--split-max-size", size])
+        assert res.exit_code == 0, res.output
+        made = sorted(p.name for p in tmp_path.iterdir())
+        first = made[0].removesuffix(".receipt.json")
+        assert audit(tmp_path / first, progress=False).ok, made
+    assert made == ["m.gguf", "m.gguf.receipt.json"]
+    inp = split_set["shards"]
+    res = runner.invoke(main, ["quantize", str(inp[0]), "-r", "Q8_0", "--allow-requantize", "-o", str(split_set["out"])])
+    assert res.exit_code == 1 and "the names a split output would replace" in res.output
+    assert all(p.is_file() for p in inp)

@@ -37,7 +37,7 @@ from ..files.digest_cache import DigestCache
 from ..files.fsutil import fsync_dir, fsync_path
 from ..files.hashing import sha256_file
 from ..files.records import read_conversion_record
-from ..gguf.model import GGUFModel, check_mtp, format_blocks
+from ..gguf.model import SPLIT_RE, GGUFModel, check_mtp, format_blocks
 from ..jsontypes import JsonObject
 from .output_header import predict_output_header
 from .plan import Plan, make_plan
@@ -316,6 +316,18 @@ def _split_if_larger(staged: Path, split: SplitSize | None, plan: Plan, source: 
     return shards
 
 
+def _remove_replaced(out: Path, published: list[Path]) -> None:
+    """Remove what an earlier quantize to ``out`` left that the new artifact replaces, as writing
+    ``out`` replaces ``out``: ``out`` itself or shards of another split of it, with their
+    ``.receipt.json`` and ``.sig`` (a stale shard beside a set is an extra shard to the audit)."""
+    stem = out.name.removesuffix(".gguf")
+    family = [out, *(p for p in out.parent.glob("*-of-*.gguf") if (m := SPLIT_RE.match(p.name)) and m["stem"] == stem)]
+    for p in family:
+        if p not in published and p.is_file():
+            for f in (p, p.with_name(p.name + ".receipt.json"), p.with_name(p.name + ".sig")):
+                f.unlink(missing_ok=True)
+
+
 def _output_digests(result: QuantizeResult, streamed: BackgroundHash | OutputDigest, clock: StageTimes) -> None:
     """The output's sha256 into ``result``: the digest streamed as libllama wrote it, or, for a
     split output, each shard's (the streamed digest is of the unsplit file, which is gone)."""
@@ -340,6 +352,7 @@ def _publish(result: QuantizeResult, out: Path, streamed: BackgroundHash | Outpu
     finals = [out] if not result.shards else [out.parent / f.name for f in files]
     for staged, final in reversed(list(zip(files, finals, strict=True))):
         os.replace(staged, final)
+    _remove_replaced(out, finals)
     fsync_dir(out.parent)
     if streamed is not None:  # eval or run --eval need not read the output again
         for st, final in zip(stats, finals, strict=True):
@@ -445,6 +458,10 @@ def _refuse_before_work(model: Path, out: Path, plan: Plan) -> None:
         raise QuantizeError(f"{out}: is a directory")
     if out.resolve() == model.resolve():
         raise QuantizeError(f"{out}: output would overwrite the input")
+    m = SPLIT_RE.match(model.name)
+    if m and m["stem"] == out.name.removesuffix(".gguf") and model.parent.resolve() == out.parent.resolve():
+        raise QuantizeError(f"{out}: the input's shards are {m['stem']}-NNNNN-of-{m['n']}.gguf, the names a split "
+                            f"output would replace; give the output another name")
     read_conversion_record(model)  # the receipt copies the conversion record: a bad one is refused before any work
 
 
