@@ -32,6 +32,7 @@ from .quant.plan import Plan, make_plan
 from .quant.quantize import QuantizeResult
 from .quant.quantize import quantize as _quantize
 from .quant.recipe import Recipe
+from .quant.split import DEFAULT_SPLIT_MAX_SIZE, SplitSize
 from .refs import local_model_arg
 
 
@@ -64,10 +65,12 @@ def plan(model: str | os.PathLike, recipe: Recipe | str | Path, imatrix: str | P
 
 def quantize(model: str | os.PathLike, recipe: Recipe | str | Path, out: str | Path, imatrix: str | Path | None = None,
              *, threads: int = 0, progress: bool = True, plan: Plan | None = None, mtp_optional: bool = False,
-             before_publish: Callable[[QuantizeResult], Any] | None = None) -> QuantizeResult:
-    """:func:`ggufmtp.quant.quantize.quantize` of ``model``: a path or ``builtin:NAME``."""
+             before_publish: Callable[[QuantizeResult], Any] | None = None,
+             split: SplitSize | None = DEFAULT_SPLIT_MAX_SIZE) -> QuantizeResult:
+    """:func:`ggufmtp.quant.quantize.quantize` of ``model``: a path or ``builtin:NAME`` (``split``:
+    the largest file to write, :class:`~ggufmtp.quant.split.SplitSize`; None: one file)."""
     return _quantize(local_model_arg(model), recipe, out, imatrix, threads=threads, progress=progress, plan=plan,
-                     mtp_optional=mtp_optional, before_publish=before_publish)
+                     mtp_optional=mtp_optional, before_publish=before_publish, split=split)
 
 
 def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus, out: str | os.PathLike, *,

@@ -185,7 +185,7 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
 @imatrix_option
 @output_option("the GGUF to write (or the positional OUT).")
 @quantize_threads_option("Or the positional NTHREADS; default 0.", hidden=("-t", "--threads"), default=None)
-@split_max_size_option("Split or not, one receipt covers every shard (named for the first).")
+@split_max_size_option("One receipt covers every shard (and is named for the first).")
 @click.option("--receipt", type=click.Path(dir_okay=False), default=None,
               help="Receipt path (default: OUT.receipt.json; for a split OUT, its first shard's).")
 @click.option("--no-receipt", is_flag=True, help="Do not write a receipt.")
