@@ -13,7 +13,7 @@ from ggufmtp.errors import RecipeError, SearchError
 from ggufmtp.quant.recipe import Recipe
 from ggufmtp.search.allocate import Floors, allocate
 from ggufmtp.search.found import allocation_recipe, search_toml, table_digest
-from ggufmtp.search.prove import Arm, ProofVerdict, judge
+from ggufmtp.search.prove import Arm, HeadTrial, ProofVerdict, judge
 from ggufmtp.search.records import Budget, Candidate, Cost, GroupRole, SensitivityTable, TensorGroup
 from ggufmtp.search.report import PointKind, all_points, format_table, svg, with_front
 
@@ -157,9 +157,13 @@ def test_no_local_path_reaches_the_search_table(tmp_path):
 
 # --- the proof's verdict and the report, on designed arms ------------------------------------
 
-def arm(name: str, n_bytes: int, chunks: list[float], acc_ci: tuple[float, float] | None = None) -> Arm:
-    return Arm(name, n_bytes, sum(chunks) / len(chunks), tuple(chunks), acceptance_ci=acc_ci,
-               acceptance_diff=None if acc_ci is None else sum(acc_ci) / 2)
+def arm(name: str, n_bytes: int, chunks: list[float]) -> Arm:
+    return Arm(name, n_bytes, sum(chunks) / len(chunks), tuple(chunks))
+
+
+def trial(lo: float, hi: float) -> HeadTrial:
+    """The found head against the shipped one, paired: a designed CI."""
+    return HeadTrial((lo + hi) / 2, (lo, hi), 54)
 
 
 SHIPPED = [0.004, 0.006, 0.005, 0.007, 0.005, 0.006, 0.004, 0.006]
@@ -170,9 +174,14 @@ def test_the_proof_beats_only_with_a_paired_ci_clear_of_zero_and_a_non_inferior_
     r = judge(arm("found", 1000, lower), arm("hifi-q4_k_m-mtp", 1000, SHIPPED))
     assert r.verdict is ProofVerdict.BEATS and r.kld_diff == pytest.approx(-0.002)
     assert r.kld_diff_ci[1] is not None and r.kld_diff_ci[1] < 0 and "acceptance not measured" in r.reason
-    assert judge(arm("found", 1000, lower, (-0.01, 0.02)), arm("s", 1000, SHIPPED)).verdict is ProofVerdict.BEATS
-    inferior = judge(arm("found", 1000, lower, (-0.09, -0.01)), arm("s", 1000, SHIPPED))
-    assert inferior.verdict is ProofVerdict.DOES_NOT_BEAT and "not shown non-inferior" in inferior.reason
+    kept = judge(arm("found", 1000, lower), arm("s", 1000, SHIPPED), head=trial(-0.01, 0.02))
+    assert kept.verdict is ProofVerdict.BEATS and "non-inferior to the shipped file's" in kept.reason
+    # the margin is against the shipped file's head (3 points): -0.029 passes, -0.031 does not
+    assert judge(arm("f", 1000, lower), arm("s", 1000, SHIPPED), head=trial(-0.029, 0.0)).verdict is ProofVerdict.BEATS
+    inferior = judge(arm("found", 1000, lower), arm("s", 1000, SHIPPED), head=trial(-0.09, -0.01))
+    assert inferior.verdict is ProofVerdict.DOES_NOT_BEAT and "not shown non-inferior to the shipped" in inferior.reason
+    assert judge(arm("f", 1000, lower), arm("s", 1000, SHIPPED), head=trial(-0.031, 0.0)).verdict is ProofVerdict.DOES_NOT_BEAT
+    assert "too few pairs" in judge(arm("f", 1000, lower), arm("s", 1000, SHIPPED), head=HeadTrial(None, None, 1)).reason
     larger = judge(arm("found", 1100, lower), arm("s", 1000, SHIPPED))
     assert larger.verdict is ProofVerdict.DOES_NOT_BEAT and "100 bytes larger" in larger.reason
     # the same KLD up and down by chunk: no difference shown, but a smaller file matches
@@ -225,13 +234,17 @@ def test_search_at_hifi_size_finds_an_ordinary_recipe_that_beats_it(llama_runtim
     out, plot = tmp_path / "found.toml", tmp_path / "found.svg"
     args = ["search", "builtin:tiny-qwen35moe-trained", "--budget", "hifi-q4_k_m-mtp", "--types", TINY_TYPES,
             "--chunks", "8", "--ctx-size", "256", "--layers-per-group", "2", "--prove", "-o", str(out),
-            "--plot", str(plot), "--json"]
+            "--plot", str(plot), "--json", "--limit", "4", "--margin", "0.5"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     proof = res["proof"]
     assert proof["shipped"]["recipe"] == "hifi-q4_k_m-mtp" and proof["verdict"] == "beats", proof["reason"]
     assert proof["kld_diff_ci95"][1] < 0 and proof["found"]["n_bytes"] <= proof["shipped"]["n_bytes"] * 1.001
+    # the heads, paired in one interleaved run (4 prompts: the mechanics; the 3-point margin needs the suite)
+    lo, hi = proof["acceptance_diff_ci95"]
+    assert lo <= proof["acceptance_diff"] <= hi and "non-inferior to the shipped file's" in proof["reason"]
+    assert 0 < proof["found"]["acceptance"] <= 1 and 0 < proof["shipped"]["acceptance"] <= 1
     assert res["allocation"]["n_bytes"] <= res["allocation"]["budget_bytes"]
     assert any(p["kind"] == "proved" and p["pareto"] for p in res["pareto"])
     assert plot.read_text().startswith("<svg")
@@ -242,6 +255,7 @@ def test_search_at_hifi_size_finds_an_ordinary_recipe_that_beats_it(llama_runtim
     assert q.size_bytes == proof["found"]["n_bytes"]
     text = CliRunner().invoke(main, [a for a in args if a != "--json"])
     assert text.exit_code == 0 and "proof against hifi-q4_k_m-mtp: beats" in text.stdout, text.output
+    assert "head against hifi-q4_k_m-mtp's: paired acceptance difference" in text.stdout
 
 
 def test_an_impossible_budget_is_one_error_line_naming_the_smallest_size(llama_runtime, tmp_path):

@@ -39,6 +39,9 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
 @click.option("--prove", is_flag=True, help="Quantize the found recipe and the shipped recipe of the nearest size, "
                                             "measure both, and judge (beats / matches smaller / does not beat).")
 @click.option("--against", default=None, help="With --prove: this recipe instead of the nearest shipped one.")
+@click.option("--prove-head/--no-prove-head", default=True, show_default=True,
+              help="With --prove: judge the found file's head against the shipped file's, paired in one interleaved "
+                   "verify run (starts llama-servers; --limit and --margin apply).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto plot (SVG) here.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Measure on a local Dask cluster of N processes.")
 @click.option("--scheduler", default=None, metavar="ADDRESS", help="Measure on this Dask cluster (tcp://host:8786).")
@@ -49,7 +52,7 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
 @handle_errors
 def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus: str, chunks: int | None, ctx_size: int,
                baseline: str, acceptance: bool, limit: int | None, margin: float, max_kld: float | None,
-               layers_per_group: int, output: str | None, name: str, prove: bool, against: str | None,
+               layers_per_group: int, output: str | None, name: str, prove: bool, against: str | None, prove_head: bool,
                plot: str | None, workers: int | None, scheduler: str | None, gpu_layers: int | str | None,
                threads: int | None, llama_cpp_bin: str | None, as_json: bool) -> None:
     """Search MODEL (the BF16 source, or builtin:NAME) for the recipe of least KLD within a size budget.
@@ -72,7 +75,8 @@ def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus:
                              progress=not as_json)
     options = SearchOptions(types=tuple(t.strip() for t in types.split(",") if t.strip()), measure=measure,
                             floors=Floors(acceptance_margin=margin, max_kld=max_kld), layers_per_group=layers_per_group,
-                            prove=prove, shipped=against, workers=workers, scheduler=scheduler, name=name)
+                            prove=prove, prove_head=prove_head, shipped=against, workers=workers, scheduler=scheduler,
+                            name=name)
     res = search_recipe(model, budget, options, out=output, log=lambda m: click.echo(m, err=True))
     if plot:
         from ..files.fsutil import atomic_write_text
@@ -87,6 +91,7 @@ def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus:
 
 def _text(res: object, output: str | None, plot: str | None) -> str:
     from ..fmt import human_bytes
+    from ..search.prove import head_text
     from ..search.report import format_table
     from ..search.run import SearchResult
 
@@ -109,6 +114,8 @@ def _text(res: object, output: str | None, plot: str | None) -> str:
         lines += ["", f"proof against {p.shipped.recipe}: {p.verdict.value}: {p.reason}",
                   f"  KLD {p.found.kld:.6f} vs {p.shipped.kld:.6f} (paired difference {p.kld_diff:+.6f}, {ci}); "
                   f"size {human_bytes(p.found.n_bytes)} vs {human_bytes(p.shipped.n_bytes)}"]
+        if p.head is not None:
+            lines.append(f"  head against {p.shipped.recipe}'s: {head_text(p.head)}")
     lines += ["", format_table(res.points(), front_only=True)]
     if output:
         lines.append(f"\nrecipe: {Path(output)}")

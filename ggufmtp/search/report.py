@@ -33,9 +33,10 @@ class Point:
     kind: PointKind
     n_bytes: int
     kld: float
-    acceptance_diff: float | None = None
+    acceptance_diff: float | None = None  # a candidate's head against the source, paired
     tokens_per_second: float | None = None
     pareto: bool = False
+    acceptance: float | None = None  # a proved file's head, in the proof's one interleaved run
 
     def to_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "kind": self.kind.value}
@@ -63,8 +64,8 @@ def predicted_point(allocation: Allocation, label: str = "searched (predicted)")
 
 
 def proof_points(proof: ProofResult) -> list[Point]:
-    return [Point(f"{arm.recipe} (proved)", PointKind.PROVED, arm.n_bytes, arm.kld, arm.acceptance_diff,
-                  arm.tokens_per_second) for arm in (proof.found, proof.shipped)]
+    return [Point(f"{arm.recipe} (proved)", PointKind.PROVED, arm.n_bytes, arm.kld, None, arm.tokens_per_second,
+                  acceptance=arm.acceptance) for arm in (proof.found, proof.shipped)]
 
 
 def all_points(table: SensitivityTable, allocation: Allocation, proof: ProofResult | None = None) -> list[Point]:
@@ -95,11 +96,12 @@ def _opt(x: float | None, fmt: str) -> str:
 def format_table(points: Sequence[Point], front_only: bool = False) -> str:
     """The Pareto table as text (``*``: on the front); ``front_only``: the front and the predicted and
     proved points, the other candidates counted in one line."""
-    rows = [f"{'':1} {'point':<34} {'kind':<10} {'size':>10} {'KLD':>10} {'acc. diff':>10} {'tok/s':>8}"]
+    rows = [f"{'':1} {'point':<34} {'kind':<10} {'size':>10} {'KLD':>10} {'head':>10} {'tok/s':>8}"]
     marked = with_front(points)
     shown = [p for p in marked if not front_only or p.pareto or p.kind is not PointKind.CANDIDATE]
     for p in shown:
-        acc = "-" if p.acceptance_diff is None else f"{p.acceptance_diff * 100:+.1f} pt"
+        acc = (f"{p.acceptance_diff * 100:+.1f} pt" if p.acceptance_diff is not None  # against the source
+               else f"{p.acceptance * 100:.1f} %" if p.acceptance is not None else "-")  # a proved file's own
         rows.append(f"{'*' if p.pareto else ' ':1} {p.label[:34]:<34} {p.kind.value:<10} {human_bytes(p.n_bytes):>10} "
                     f"{p.kld:>10.6f} {acc:>10} {_opt(p.tokens_per_second, '.1f'):>8}")
     if len(shown) < len(marked):

@@ -75,7 +75,8 @@ class SearchOptions:
     """What ``search_recipe`` measures and how it allocates. ``types``: the candidate types;
     ``measure``: the measuring side's options (corpus, chunks, baseline, imatrix, acceptance);
     ``floors``: what the allocation keeps; ``prove``: quantize and measure the result against the
-    shipped recipe of the nearest size (``shipped``: that recipe instead); ``workers``/``scheduler``:
+    shipped recipe of the nearest size (``shipped``: that recipe instead), with ``prove_head`` its
+    head against the shipped file's in one interleaved verify run (``measure.verify``'s settings); ``workers``/``scheduler``:
     measure on a local Dask cluster of that many processes, or on a running one; ``name``: the
     recipe's name."""
 
@@ -84,6 +85,7 @@ class SearchOptions:
     floors: Floors = Floors()
     layers_per_group: int = DEFAULT_LAYERS_PER_GROUP
     prove: bool = False
+    prove_head: bool = True  # with prove: the found head against the shipped one, one interleaved verify
     shipped: str | None = None
     workers: int | None = None
     scheduler: str | None = None
@@ -98,7 +100,7 @@ class SearchOptions:
 
     def prove_options(self) -> ProveOptions:
         m = self.measure
-        o = ProveOptions(imatrix=None if m.imatrix is None else Path(m.imatrix), eval=m.eval, acceptance=m.acceptance,
+        o = ProveOptions(imatrix=None if m.imatrix is None else Path(m.imatrix), eval=m.eval, acceptance=self.prove_head,
                          margin=self.floors.acceptance_margin, workdir=m.work_dir)
         return o if m.verify is None else dataclasses.replace(o, verify=m.verify)
 
