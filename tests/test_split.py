@@ -165,8 +165,9 @@ def test_split_size_is_refused_as_a_usage_error():
 def test_a_runtime_built_before_llama_gguf_split_is_extended_not_rebuilt(tmp_path, monkeypatch):
     from ggufmtp.runtime import build as rt
 
-    real = rt.installed_runtime("cpu")
+    real = rt.installed_runtime()  # the one the suite runs with (a CUDA build on a GPU machine)
     assert real is not None
+    cuda = real.variant.startswith("cuda-sm")
     cache = tmp_path / "cache"
     (cache / "llama.cpp").mkdir(parents=True)
     old = cache / "llama.cpp" / real.bin_dir.parent.name
@@ -175,17 +176,18 @@ def test_a_runtime_built_before_llama_gguf_split_is_extended_not_rebuilt(tmp_pat
         (cache / sub).symlink_to(rt.cache_root() / sub)
     monkeypatch.setenv(rt.ENV_CACHE, str(cache))
     monkeypatch.delenv(rt.ENV_BIN, raising=False)
-    info = rt.installed_runtime("cpu")
+    info = rt.installed_runtime(real.variant)
     assert info is not None and not (info.bin_dir / "llama-gguf-split").exists()  # still loads without it
     lib_mtime = (info.bin_dir / "libllama.so").stat().st_mtime_ns
     logged: list[str] = []
-    again = rt.build_runtime(log=logged.append)  # what `make` and CI run: extends it
+    build = {"cuda": cuda, "cuda_arch": real.variant.removeprefix("cuda-sm") if cuda else "90"}
+    again = rt.build_runtime(**build, log=logged.append)  # what `make` and CI run: extends it
     assert (again.bin_dir / "llama-gguf-split").is_file()
     assert any("llama-gguf-split" in m and "own target only" in m for m in logged)
     assert (again.bin_dir / "libllama.so").stat().st_mtime_ns == lib_mtime  # nothing else rebuilt
     logged.clear()
     assert rt.find_binary("llama-gguf-split") == again.bin_dir / "llama-gguf-split"
-    rt.build_runtime(log=logged.append)  # idempotent: nothing to do the second time
+    rt.build_runtime(**build, log=logged.append)  # idempotent: nothing to do the second time
     assert not any("building" in m or "configuring" in m for m in logged)
 
 
