@@ -16,6 +16,7 @@ from fakehub import FakeHub, isolate_hf_client
 from ggufmtp.cli import main
 from ggufmtp.errors import AuditError, LadderError
 from ggufmtp.fmt import divergence
+from ggufmtp.hub.upload import UploadOptions
 from ggufmtp.ladder.engine import DaskEngine
 from ggufmtp.ladder.run import run_ladder, upload_ladder
 from ggufmtp.ladder.spec import LadderSpec, load_ladder_file
@@ -100,7 +101,7 @@ def test_a_rerun_resumes_every_variant_and_a_failed_one_does_not_stop_the_others
         assert o.ok and set(o.summary["stages"].values()) == {"cached"}, o.summary["stages"]
     assert len([r for r in (out / "README.md").read_text().splitlines() if r.startswith("| [")]) == 3
     with pytest.raises(LadderError, match="hifi-q4_k_m-mtp"):
-        upload_ladder(again, "me/ladder", dry_run=True)
+        upload_ladder(again, "me/ladder", UploadOptions(dry_run=True))
 
 
 def test_ladder_upload_with_a_failed_variant_names_it_exits_1_and_sends_nothing(ladder, tmp_path):
@@ -144,15 +145,45 @@ def test_the_ladder_goes_up_in_one_commit_through_the_gate(ladder, tmp_path, mon
         from ggufmtp.errors import HubRefusedError
 
         with pytest.raises(HubRefusedError):
-            upload_ladder(res, "me/ladder", token=TOKEN, endpoint=fake.url, progress=False)
+            upload_ladder(res, "me/ladder", UploadOptions(token=TOKEN, endpoint=fake.url), progress=False)
         assert not fake.requests_to("POST", r"^/api/repos/create$")
-        up = upload_ladder(res, "me/ladder", token=TOKEN, endpoint=fake.url, progress=False, allow_unverified=True)
+        up = upload_ladder(res, "me/ladder", UploadOptions(token=TOKEN, endpoint=fake.url, allow_unverified=True),
+                           progress=False)
         commit = fake.history("me/ladder")[0]
         names = {Path(o.summary[k]).name for o in res.outcomes for k in ("artifact", "receipt")}
         assert commit.oid == up.commit_sha and set(commit.files) == names | {"README.md", ".gitattributes"}
         assert len(fake.requests_to("POST", r"/commit/main$")) == 1
         assert fake.file("me/ladder", "README.md") == (out / "README.md").read_bytes()
         assert b"llama-server -hf me/ladder:" in fake.file("me/ladder", "README.md")  # the card names its repo
+
+
+def test_ladder_upload_takes_upload_s_hub_options(ladder, tmp_path, monkeypatch):
+    """#41 item 6: ``ladder --upload`` publishes with ``upload``'s options (the branch as
+    --upload-revision, since --revision is the source model's; --commit-message, --path-in-repo,
+    --create-pr), in one commit; the variants were made already, so nothing is remade."""
+    out, res = ladder
+    isolate_hf_client(tmp_path / "hf_home", monkeypatch)
+    monkeypatch.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
+    f = tmp_path / "ladder.toml"
+    f.write_text(f'model = "{MODEL}"\nrecipes = {json.dumps(list(RECIPES))}\nimatrix_corpus = "builtin:calib-v1"\n'
+                 'imatrix_chunks = 2\nthreads = 1\n[verify]\nseeds = [42]\nlimit = 3\nmax_tokens = 24\nthreads = 1\n'
+                 '[eval]\ncorpus = "builtin:calib-v1"\nchunks = 2\nctx_size = 128\nthreads = 1\n')
+    argv = ["ladder", "--ladder", str(f), "-o", str(out), "--upload", "me/rel", "--allow-unverified", "--json"]
+    with FakeHub(tokens=(TOKEN,)) as fake:
+        env = {"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN}
+        r = CliRunner().invoke(main, [*argv, "--upload-revision", "v1", "--commit-message", "Release 1",
+                                      "--path-in-repo", "gguf"], env=env)
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.output[r.output.index("{"):])
+        assert all(set(v["summary"]["stages"].values()) == {"cached"} for v in d["variants"])
+        commit = fake.history("me/rel", "v1")[0]
+        assert commit.message == "Release 1" and len(fake.requests_to("POST", r"/commit/v1$")) == 1
+        arts = {Path(o.summary["artifact"]).name for o in res.outcomes}
+        assert {f"gguf/{a}" for a in arts} <= set(commit.files) and "README.md" in commit.files
+        r = CliRunner().invoke(main, [*argv, "--upload-revision", "v1", "--create-pr"], env=env)
+        assert r.exit_code == 0, r.output
+        pr = fake.history("me/rel", "refs/pr/1")[0]
+        assert pr.message.startswith("ggufmtp ladder: ") and {a for a in arts} <= set(pr.files)
 
 
 def test_the_ladder_file_and_the_cli(ladder, tmp_path):

@@ -186,13 +186,14 @@ def _upload(files, card):
 
 def test_the_gate_takes_the_sidecar_through_its_trunks_receipts(ladder):
     from ggufmtp.errors import HubRefusedError
+    from ggufmtp.hub.upload import UploadOptions
     from ggufmtp.ladder.run import upload_ladder
 
     out, res = ladder
     side = res.sidecars[0]
     with pytest.raises(HubRefusedError, match="too little to publish"):  # the tiny verifications: not publishable
-        upload_ladder(res, "me/ladder", dry_run=True, progress=False)
-    up = upload_ladder(res, "me/ladder", dry_run=True, allow_unverified=True, progress=False)
+        upload_ladder(res, "me/ladder", UploadOptions(dry_run=True), progress=False)
+    up = upload_ladder(res, "me/ladder", UploadOptions(dry_run=True, allow_unverified=True), progress=False)
     sent = {o.path_in_repo for o in up.operations}
     trunks = [Path(o.summary["artifact"]) for o in res.outcomes]
     assert sent == {p.name for t in (*trunks, side) for p in (t, default_receipt_path(t))} | {"README.md"}
@@ -246,6 +247,7 @@ def test_a_signed_sidecar_ladder_audits_and_passes_the_gate_with_the_public_key(
     the verification and the eval that rewrite the trunk's receipt; the gate checks every signature."""
     from fakehub import write_keypair
 
+    from ggufmtp.hub.upload import UploadOptions
     from ggufmtp.ladder.run import upload_ladder
 
     priv, pub = write_keypair(tmp_path, "signer")
@@ -256,6 +258,7 @@ def test_a_signed_sidecar_ladder_audits_and_passes_the_gate_with_the_public_key(
     for p, kw in ((trunk, {"sidecar": side}), (side, {})):
         report = audit(p, public_key=pub, **kw)
         assert report.ok and report.trust is not None and report.trust.value == "verified", report.failures
-    up = upload_ladder(res, "me/ladder", dry_run=True, allow_unverified=True, public_key=pub, progress=False)
+    up = upload_ladder(res, "me/ladder", UploadOptions(dry_run=True, allow_unverified=True, public_key=pub),
+                       progress=False)
     assert {f"{p.name}.sig" for p in (trunk, side)} <= {o.path_in_repo for o in up.operations}
     assert all(c.signatures_checked for c in up.checks.artifacts)

@@ -287,8 +287,8 @@ def test_a_split_ladder_variant_goes_up_whole_in_the_ladder_commit(llama_runtime
     isolate_hf_client(tmp_path / "hf_home", monkeypatch)
     monkeypatch.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
     with FakeHub(tokens=("hf_SPLITtoken0001",)) as fake:
-        upload_ladder(res, "me/split", token="hf_SPLITtoken0001", endpoint=fake.url, progress=False,
-                      allow_unverified=True)
+        upload_ladder(res, "me/split", UploadOptions(token="hf_SPLITtoken0001", endpoint=fake.url,
+                                                    allow_unverified=True), progress=False)
         files = set(fake.history("me/split")[0].files)
         assert files == {*shards, rc.name, "README.md", ".gitattributes"}
         assert all(fake.file("me/split", s) == (art.parent / s).read_bytes() for s in shards)

@@ -89,6 +89,14 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--upload", "upload_repo", default=None, help="Publish every variant, its receipt and the card in one commit.")
 @click.option("--private", is_flag=True, help="Create the Hub repo private.")
 @click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
+@click.option("--upload-revision", default=None, metavar="BRANCH",
+              help="With --upload: the branch to commit to (created if missing; default main), as upload's --revision "
+                   "(--revision is the source model's). llama-server -hf serves main.")
+@click.option("--create-pr", is_flag=True, help="With --upload: open a pull request with the commit instead.")
+@click.option("--commit-message", default=None, metavar="TEXT",
+              help="With --upload: the commit's message (default: what goes up, e.g. 'ggufmtp ladder: 4 MTP GGUF variants').")
+@click.option("--path-in-repo", default=None, metavar="FOLDER",
+              help="With --upload: the repo folder the variants go into (default the top; the card is README.md).")
 @click.option("--quantized-by", default=None,
               help="The card's quantized_by (default: the ladder file's quantized_by, else ggufmtp).")
 @click.option("--layout", type=click.Choice(["full", "sidecar"]), default=None,
@@ -111,7 +119,8 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                gpu_layers: int | str | None, threads: int | None, quantize_threads: int | None,
                split_max_size: str | None, workers: int | None,
                gpus: int, scheduler: str | None,
-               upload_repo: str | None, private: bool, dry_run_upload: bool, quantized_by: str | None,
+               upload_repo: str | None, private: bool, dry_run_upload: bool, upload_revision: str | None,
+               create_pr: bool, commit_message: str | None, path_in_repo: str | None, quantized_by: str | None,
                layout: str | None, sidecars: tuple[str, ...],
                signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
     """Make every variant of a model, one per recipe: the shared stages once (the model pulled or
@@ -125,6 +134,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     variant failed or a verdict is fail. Each verdict judges the quantization:
     the head against the source model (or --reference), lossless output, speed."""
     from ..errors import LadderError
+    from ..hub.upload import UploadOptions
     from ..ladder.engine import DaskEngine
     from ..ladder.run import run_ladder, upload_ladder
 
@@ -148,9 +158,10 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     out, refused = res.to_dict(), None
     if upload_repo:
         try:
-            out["upload"] = upload_ladder(res, upload_repo, private=private, dry_run=dry_run_upload,
-                                          allow_unverified=allow_unverified, public_key=public_key,
-                                          progress=not as_json).to_dict()
+            up = UploadOptions(private=private, revision=upload_revision, create_pr=create_pr, token=token,
+                               dry_run=dry_run_upload, commit_message=commit_message, path_in_repo=path_in_repo,
+                               allow_unverified=allow_unverified, public_key=public_key)
+            out["upload"] = upload_ladder(res, upload_repo, up, progress=not as_json).to_dict()
         except LadderError as e:  # a variant failed: the upload is refused, naming it; nothing is sent
             refused = f"not uploaded to {upload_repo}: {e}"
             out["upload"] = {"error": refused}

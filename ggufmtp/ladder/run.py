@@ -16,12 +16,13 @@ card) beside each variant's tasks (:class:`.engine.TaskTime`) and stages (``summ
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LadderError
 from ..jsontypes import JsonObject
@@ -33,6 +34,9 @@ from ..quant.naming import model_name
 from ..refs import is_builtin, parse_model_ref, resolve
 from .engine import Engine, EngineInfo, Sequential, VariantOutcome
 from .spec import LadderSpec, Layout, VariantJob
+
+if TYPE_CHECKING:
+    from ..hub.upload import UploadOptions
 
 __all__ = ["LadderResult", "run_ladder", "upload_ladder"]
 
@@ -162,13 +166,15 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
                         sidecars)
 
 
-def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, dry_run: bool = False,
-                  token: str | None = None, allow_unverified: bool = False, public_key: str | Path | None = None,
-                  progress: bool = True, endpoint: str | None = None) -> Any:
+def upload_ladder(result: LadderResult, repo_id: str, options: UploadOptions | None = None, *,
+                  progress: bool = True) -> Any:
     """Every made variant, its receipt and the ladder's card in ONE commit, through the publish gate
-    (:func:`ggufmtp.hub.upload.upload`); LadderError when a variant failed or nothing was made."""
+    (:func:`ggufmtp.hub.upload.upload`), with ``options`` as ``ggufmtp upload``'s (branch,
+    ``create_pr``, ``path_in_repo``, ``commit_message``: default one naming what goes up);
+    LadderError when a variant failed or nothing was made."""
     from ..hub.upload import UploadOptions, upload
 
+    opts = options if options is not None else UploadOptions()
     failed = [f"{o.recipe} in {o.variant or '?'}/: {o.error}" for o in result.outcomes if not o.ok]
     if failed or result.card is None:
         raise LadderError(f"the ladder has variants that failed ({'; '.join(failed) or 'all'}); "
@@ -176,14 +182,13 @@ def upload_ladder(result: LadderResult, repo_id: str, *, private: bool = False, 
     arts: Sequence[tuple[Path, Path]] = result.variants()
     sidecars = [(p, default_receipt_path(p)) for p in result.sidecars]
     if result.spec.repo_id != repo_id:  # the card's download and run lines name the repo it goes to
-        make_ladder_card(arts, result.card, public_key=public_key,
+        make_ladder_card(arts, result.card, public_key=None if opts.public_key is None else Path(opts.public_key),
                          options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by),
                          sidecars=result.sidecars)
-    options = UploadOptions(private=private, token=token, dry_run=dry_run,
-                            commit_message=_commit_message(len(arts), len(sidecars)), endpoint=endpoint,
-                            allow_unverified=allow_unverified, public_key=public_key)
+    if opts.commit_message is None:
+        opts = dataclasses.replace(opts, commit_message=_commit_message(len(arts), len(sidecars)))
     files = [*arts, *sidecars]  # a sidecar passes the gate through its trunks' receipts (hub/gate.py)
-    return upload(repo_id, [a for a, _ in files], [r for _, r in files], result.card, options, progress=progress)
+    return upload(repo_id, [a for a, _ in files], [r for _, r in files], result.card, opts, progress=progress)
 
 
 def _commit_message(variants: int, sidecars: int) -> str:
