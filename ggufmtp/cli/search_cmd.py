@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..quality.options import MIN_CTX, EvalOptions
-from .app import bin_option, emit_json, handle_errors, imatrix_option, json_option, main
+from .app import _int_list, bin_option, emit_json, handle_errors, imatrix_option, json_option, main
 from .options import ctx_size_option, gpu_layers_option, output_option, threads_option
 
 
@@ -29,6 +29,9 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
 @click.option("--acceptance/--no-acceptance", default=False, show_default=True,
               help="Also measure the head's groups' acceptance against the source (starts llama-servers).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Verify acceptance on the first N prompts only.")
+@click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024 (default: verify's).")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=None,
+              help="Tokens per verification reply (default: verify's; longer replies narrow the head's CI).")
 @click.option("--margin", type=click.FloatRange(0, 0.5), default=0.03, show_default=True,
               help="The head's non-inferiority margin (a fraction: 0.03 is 3 points).")
 @click.option("--max-kld", type=click.FloatRange(min=0), default=None, help="Refuse an allocation predicted above this KLD.")
@@ -51,7 +54,8 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
 @json_option
 @handle_errors
 def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus: str, chunks: int | None, ctx_size: int,
-               baseline: str, acceptance: bool, limit: int | None, margin: float, max_kld: float | None,
+               baseline: str, acceptance: bool, limit: int | None, seeds: str | None,
+               max_tokens: int | None, margin: float, max_kld: float | None,
                layers_per_group: int, output: str | None, name: str, prove: bool, against: str | None, prove_head: bool,
                plot: str | None, workers: int | None, scheduler: str | None, gpu_layers: int | str | None,
                threads: int | None, llama_cpp_bin: str | None, as_json: bool) -> None:
@@ -62,14 +66,15 @@ def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus:
     then allocated under --budget by an exact knapsack on the predicted KLD (the baseline's plus each
     group's measured delta), keeping the head non-inferior to the reference. The recipe is an
     ordinary one: plan, quantize, ladder and the card take it. --prove measures the real file."""
-    from ..measure.core.options import ServerOptions, VerifyOptions
+    from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ServerOptions, VerifyOptions
     from ..search.allocate import Floors
     from ..search.measure import MeasureOptions
     from ..search.run import SearchOptions, search_recipe
 
     ev = EvalOptions(corpus=corpus, ctx_size=ctx_size, chunks=chunks, gpu_layers=gpu_layers, threads=threads,
                      llama_cpp_bin=llama_cpp_bin)
-    verify = VerifyOptions(limit=limit, server=ServerOptions(gpu_layers=gpu_layers, threads=threads,
+    verify = VerifyOptions(limit=limit, seeds=tuple(_int_list(seeds, "--seeds") or DEFAULT_SEEDS),
+                           max_tokens=max_tokens or DEFAULT_MAX_TOKENS, server=ServerOptions(gpu_layers=gpu_layers, threads=threads,
                                                              llama_cpp_bin=llama_cpp_bin))
     measure = MeasureOptions(eval=ev, baseline=baseline, imatrix=imatrix, acceptance=acceptance, verify=verify,
                              progress=not as_json)
