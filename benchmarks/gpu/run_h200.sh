@@ -333,7 +333,8 @@ PY
     R="-r q8_0-mtp -r benchmarks/gpu/ladder/q6_k-mtp.toml -r q4_k_m-mtp-q8 -r hifi-q4_k_m-mtp -r iq4_xs-mtp -r iq2_xxs-mtp"
     for mode in sequential parallel; do
       # quantization threads: every core in sequence, half of them per worker when two quantize at once
-      extra="-t $(nproc)"; [ $mode = parallel ] && extra="--workers 2 --gpus 2 -t $(( $(nproc) / 2 ))"
+      extra="--quantize-threads $(nproc)"
+      [ $mode = parallel ] && extra="--workers 2 --gpus 2 --quantize-threads $(( $(nproc) / 2 ))"
       rm -rf "$WORK/ladder-$mode"
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
         > "$RES/ladder-$mode-util.csv" 2>/dev/null & u=$!
@@ -527,6 +528,9 @@ PY
   stages)
     run_stages ${STAGES:?set STAGES} ;;
   wait)
+    # a call that finds a fresh machine (the warm one went back between calls) has nothing to wait for:
+    # say so at once instead of spending the wait's device time on a bare machine
+    [ -f "$RES/progress.txt" ] || { echo "nothing runs here: no $RES/progress.txt (a fresh machine)"; exit 3; }
     end=$((SECONDS + ${2:-560}))
     while [ $SECONDS -lt $end ] && ! grep -q done "$RES/progress.txt" 2>/dev/null; do sleep 5; done
     bash "$0" collect ;;
