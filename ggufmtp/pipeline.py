@@ -33,7 +33,7 @@ from ._version import __version__
 from .constants import LLAMA_CPP_COMMIT
 from .errors import GgufmtpError, HubRefusedError, PlanError, RecipeError
 from .files.fsutil import atomic_write_json
-from .files.hashing import sha256_file
+from .files.hashing import sha256_cached, sha256_file
 from .gguf.model import inspect_model, shard_path, split_shards
 from .gguf.reader import read_header
 from .hub.manifest import PullResult
@@ -50,7 +50,7 @@ from .provenance.signing import resolve_public_key, resolve_signing_key, sign_ar
 from .quality.options import EvalOptions
 from .quant.naming import model_name, variant_file_name
 from .quant.plan import make_plan
-from .quant.quantize import quantize
+from .quant.quantize import input_digest_cache, quantize
 from .quant.recipe import Recipe
 from .quant.split import SplitSize
 from .refs import ModelRef, is_builtin, parse_model_ref, resolve
@@ -297,9 +297,9 @@ def _resolve_model(ref: ModelRef, base_dir: Path, include: list[str] | None, tok
                 f"{ref.ident}: the Hub gave no checksum for {', '.join(unverified)}, so the pull could not verify "
                 "it; pass --allow-unverified to use it anyway")
         pulled = {Path(f.path).name: f.sha256 for f in got.manifest.files}
-        digests = tuple((s.name, pulled.get(s.name) or sha256_file(s)) for s in shards)
-    else:
-        digests = tuple((s.name, sha256_file(s)) for s in shards)
+        digests = tuple((s.name, pulled.get(s.name) or sha256_cached(s, input_digest_cache())[0]) for s in shards)
+    else:  # the digest recorded for this very file, unchanged (quantize reads it from there too)
+        digests = tuple((s.name, sha256_cached(s, input_digest_cache())[0]) for s in shards)
     return _Model(Path(got.path), got.manifest, digests)
 
 

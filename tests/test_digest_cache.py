@@ -296,3 +296,22 @@ def test_pull_records_only_verified_downloads(hub, tmp_path):
     # a download that failed verification is not recorded
     recorded = {e["sha256"] for e in json.loads(cache.path.read_text())["entries"].values()}
     assert hashlib.sha256(data).hexdigest() in recorded and hashlib.sha256(bad).hexdigest() not in recorded
+
+
+def test_verify_reuses_the_recorded_digest_of_the_very_file_it_serves(blob, tmp_path, monkeypatch):
+    """A ladder verified every variant against its BF16 reference and hashed the reference again
+    each time (21.6 GB: ~15 s of a core per variant). The file verify is about to serve takes the
+    digest recorded for it, unchanged; an edit (size and mtime restored) is hashed again."""
+    from ggufmtp.measure.core.records import ServedFile
+
+    monkeypatch.setenv("GGUFMTP_CACHE", str(tmp_path / "ggufmtp-cache"))
+    cache = input_digest_cache()
+    st = blob.stat()
+    forged = "f" * 64  # a digest the bytes do not have: returned only if the cache is consulted
+    assert cache.record(blob, forged, st, blob.stat())
+    assert ServedFile.of(blob).sha256 == forged
+    with open(blob, "r+b") as f:
+        f.write(b"\0")
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _settled(blob)
+    assert ServedFile.of(blob).sha256 == _sha(blob)
