@@ -256,17 +256,3 @@ def test_run_takes_the_model_first_and_refuses_the_old_order_by_name(tmp_path):
     params = list(inspect.signature(ggufmtp.run).parameters)
     assert params[:2] == ["model", "recipe"]
 
-
-def test_no_public_function_takes_more_than_ten_parameters():
-    """#42 item 3: options objects, not long keyword lists (quality.eval.base_logits took 12).
-    Every public function of every module outside the CLI (whose click callbacks mirror flags)."""
-    long = []
-    for info in pkgutil.walk_packages(ggufmtp.__path__, "ggufmtp."):
-        if info.name.startswith("ggufmtp.cli"):
-            continue
-        mod = importlib.import_module(info.name)
-        for name, f in vars(mod).items():
-            if not name.startswith("_") and inspect.isfunction(f) and f.__module__ == mod.__name__:
-                if len(inspect.signature(f).parameters) > 10:
-                    long.append(f"{info.name}.{name}")
-    assert not long, long
