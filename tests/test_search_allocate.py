@@ -101,6 +101,28 @@ def test_head_floors_exclude_an_inferior_or_unmeasured_low_type():
         allocate(t, tight)
 
 
+def test_the_output_the_head_reads_is_floored_like_the_head():
+    """The head drafts through ``output`` when it has no shared_head_head of its own: an IQ2-budget
+    search of the trained tiny model that put ``output`` at Q5_0 (its KLD said nothing against it)
+    drafted 17.5 points below iq2_xxs-mtp. Unmeasured, such a group stays at Q8_0 or above; a
+    measured non-inferior type is admitted; an ``output`` the head does not read is trunk like any."""
+    out = dataclasses.replace(group("output", GroupRole.OUTPUT, 8192, r"^output\.weight$"), head_reads=True)
+    costs = [cost(ATTN, "Q8_0", BASE), cost(EXPS, "Q8_0", BASE), cost(HEAD, "Q8_0", BASE),
+             cost(out, "Q8_0", BASE), cost(out, "Q4_K", BASE + 0.00001)]  # cheap in KLD: the knapsack wants it
+    rest = sum(int(g.n_params * 8.5 / 8) for g in (ATTN, EXPS, HEAD))
+    budget = Budget(n_bytes=rest + int(out.n_params * 6 / 8))  # room for Q4_K, not Q8_0
+    with pytest.raises(SearchError, match="below the smallest feasible allocation"):
+        allocate(table(costs, (ATTN, EXPS, HEAD, out)), budget)
+    roomy = allocate(table(costs, (ATTN, EXPS, HEAD, out)), Budget(n_bytes=rest + int(out.n_params * 8.5 / 8)))
+    assert dict(roomy.types)["output"] == "Q8_0"
+    assert ("output", "Q4_K", "head acceptance not measured, and Q4_K is below the floor of a tensor the head reads "
+            "Q8_0") in roomy.excluded
+    measured = [*costs[:4], cost(out, "Q4_K", BASE + 0.00001, (-0.005, -0.02, 0.01))]
+    assert dict(allocate(table(measured, (ATTN, EXPS, HEAD, out)), budget).types)["output"] == "Q4_K"
+    trunk_out = dataclasses.replace(out, head_reads=False)
+    assert dict(allocate(table(costs, (ATTN, EXPS, HEAD, trunk_out)), budget).types)["output"] == "Q4_K"
+
+
 def test_an_impossible_budget_names_the_smallest_feasible_size():
     t = designed()
     smallest = int(ATTN.n_params * 2.625 / 8) + int(EXPS.n_params * 2.625 / 8) + int(HEAD.n_params * 4.5 / 8)

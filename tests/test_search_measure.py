@@ -65,6 +65,9 @@ def test_groups_partition_the_quantizable_tensors_and_patterns_match_exactly(mod
     assert set(by_name["routed_experts.0-1"].tensors) == {f"blk.{i}.ffn_{p}_exps.weight" for i in (0, 1)
                                                           for p in ("gate", "up", "down")}
     assert all(re.fullmatch(r"blk\.[0-2]\..*", n) for n in by_name["recurrent.0-1"].tensors + by_name["recurrent.2"].tensors)
+    # the head has no embed_tokens or shared_head_head of its own: it reads token_embd and output
+    assert {g.name for g in groups if g.head_reads} == {"token_embd", "output"}
+    assert {g.name for g in groups if g.drafts} == {"token_embd", "output", *(n for n in by_name if n.startswith("mtp."))}
 
 
 def test_candidates_respect_block_sizes_and_the_imatrix(model, groups):

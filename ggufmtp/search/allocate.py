@@ -23,6 +23,12 @@ Floors (:class:`Floors`), applied before allocating, each exclusion kept with it
   ``head_floor_type`` in bits per weight (Q4_K, the recipes' ``[mtp] floor``: the learned-head study
   in ``benchmarks/README.md`` found heads down to Q4_K draft as well as BF16's; below it, only a
   measurement may admit a type);
+- the tensors the head reads but does not own (``output`` and ``token_embd`` where the head falls
+  back to them, :attr:`~.records.TensorGroup.head_reads`) likewise, with ``head_reads_floor_type``
+  (Q8_0) for an unmeasured candidate: on the trained tiny model an IQ2-budget search that put
+  ``output`` at Q5_0 drafted 17.5 points below ``iq2_xxs-mtp`` (CI -26.3 to -6.7) and 7.0 points
+  below it with ``output`` back at Q8_0, eh_proj's type making no difference; the head study never
+  measured the output, so below Q8_0 only a measurement may admit a type;
 - ``max_kld``, optional: the predicted KLD of the answer must not exceed it.
 """
 
@@ -50,6 +56,7 @@ class Floors:
     acceptance_margin: float = DEFAULT_ACCEPTANCE_MARGIN
     head_floor_type: str = HEAD_FLOOR_TYPE
     max_kld: float | None = None
+    head_reads_floor_type: str = "Q8_0"
 
     def __post_init__(self) -> None:
         if not 0 <= self.acceptance_margin < 1:
@@ -85,14 +92,16 @@ def budget_bytes(budget: Budget, n_params: int) -> int:
 
 def excluded_by_floors(group: TensorGroup, cost: Cost, floors: Floors) -> str | None:
     """Why ``cost``'s candidate may not be allocated (None: it may)."""
-    if group.role.is_head:
+    if group.drafts:
         ci = cost.acceptance_ci
         if ci is not None and ci[0] < -floors.acceptance_margin:
             return (f"head acceptance CI [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}] pt reaches below "
                     f"-{floors.acceptance_margin * 100:.1f} pt (inferior to the reference)")
+        floor = floors.head_floor_type if group.role.is_head else floors.head_reads_floor_type
+        what = "head floor" if group.role.is_head else "floor of a tensor the head reads"
         if ci is None and cost.acceptance_diff is None and (
-                bits_per_weight(cost.candidate.qtype) < bits_per_weight(floors.head_floor_type)):
-            return f"head acceptance not measured, and {cost.candidate.qtype} is below the head floor {floors.head_floor_type}"
+                bits_per_weight(cost.candidate.qtype) < bits_per_weight(floor)):
+            return f"head acceptance not measured, and {cost.candidate.qtype} is below the {what} {floor}"
     return None
 
 
@@ -118,7 +127,7 @@ def allowed_candidates(table: SensitivityTable, floors: Floors
                 excluded.append((g.name, c.candidate.qtype, why))
         if not keep:
             hint = (": an acceptance CI this wide needs more prompts (verify's --limit, seeds) or a wider margin"
-                    if g.role.is_head and any(c.acceptance_ci for c in costs) else "")
+                    if g.drafts and any(c.acceptance_ci for c in costs) else "")
             raise SearchError(f"group {g.name}: every candidate is excluded by the floors "
                               f"({'; '.join(f'{t}: {w}' for n, t, w in excluded if n == g.name)}){hint}")
         allowed.append(keep)

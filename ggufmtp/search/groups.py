@@ -3,7 +3,10 @@
 A group is the tensors of one role over a range of layers (:class:`~.records.GroupRole`): the
 attention of trunk layers 0-1, the routed experts of layers 2-3, the recurrent (linear-attention /
 SSM) tensors of a hybrid trunk's layers, the token embedding, the output, and the MTP head's parts
-(``nextn.eh_proj``, its attention, its routed experts, the rest). Every tensor llama-quantize would
+(``nextn.eh_proj``, its attention, its routed experts, the rest). ``token_embd`` and ``output`` are
+marked ``head_reads`` when the head has no embedding or output of its own and llama.cpp gives it
+these (:func:`ggufmtp.gguf.model.check_mtp`'s fallbacks): the allocator floors them as it floors the
+head. Every tensor llama-quantize would
 quantize (:func:`ggufmtp.imatrix.check.is_quantizable`: 2-D and wider, not a norm, router or conv)
 is in exactly one group; the routers (``ffn_gate_inp*``) are not quantized by llama.cpp, so they are
 in none (a quantizable tensor of that name elsewhere would be a ``gates`` group of its own).
@@ -32,7 +35,7 @@ from pathlib import Path
 import gguf
 
 from ..errors import SearchError
-from ..gguf.model import GGUFModel, TensorInfo
+from ..gguf.model import GGUFModel, TensorInfo, check_mtp
 from ..imatrix.check import is_quantizable, needs_imatrix
 from ..quant.plan import row_bytes
 from ..quant.recipe import MTP_PLACEHOLDER, Rule, normalize_type
@@ -171,9 +174,11 @@ def groups_of(model_path: str | Path, layers_per_group: int = DEFAULT_LAYERS_PER
             trunk.setdefault((m.layer // layers_per_group, m.role), []).append(m)
     out = [_group(role, _range_name(role, [m.layer for m in ms if m.layer is not None]), ms, gm)
            for (_, role), ms in sorted(trunk.items(), key=lambda kv: (kv[0][0], list(GroupRole).index(kv[0][1])))]
+    read_by_head = set(check_mtp(gm).fallbacks.values())
     for role, name in ((GroupRole.TOKEN_EMBEDDING, "token_embd"), (GroupRole.OUTPUT, "output"), *_HEAD_NAMES.items()):
         if role in single:
-            out.append(_group(role, name, single[role], gm))
+            g = _group(role, name, single[role], gm)
+            out.append(dataclasses.replace(g, head_reads=bool(read_by_head & set(g.tensors))))
     return tuple(out)
 
 

@@ -100,7 +100,7 @@ class MeasureOptions:
         Recipe.load(self.baseline)  # RecipeError naming a baseline that is no recipe, before any work
 
     def measures_acceptance(self, group: TensorGroup) -> bool:
-        return self.acceptance and (group.role.is_head or group.name in self.acceptance_groups)
+        return self.acceptance and (group.drafts or group.name in self.acceptance_groups)
 
 
 @dataclass(frozen=True)

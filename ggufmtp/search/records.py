@@ -50,6 +50,14 @@ class TensorGroup:
     pattern: str              # a recipe rule's pattern; matches exactly ``tensors`` in this model
     tensors: tuple[str, ...]  # the GGUF tensor names it covers
     n_params: int             # elements over all its tensors
+    # the MTP head reads these tensors too (``output`` when the head has no shared_head_head of its
+    # own, ``token_embd`` when it has no embed_tokens): their type moves acceptance as the head's does
+    head_reads: bool = False
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the group's type moves the head's acceptance directly: a head part, or a tensor it reads."""
+        return self.role.is_head or self.head_reads
 
 
 @dataclasses.dataclass(frozen=True)
