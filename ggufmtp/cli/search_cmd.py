@@ -30,6 +30,8 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
               help="Also measure the head's groups' acceptance against the source (starts llama-servers).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Verify acceptance on the first N prompts only.")
 @click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024 (default: verify's).")
+@click.option("--suite", default="chat-v1", show_default=True,
+              help="Verification prompt suite: a shipped name or a JSONL file (more prompts narrow the head's CI).")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=None,
               help="Tokens per verification reply (default: verify's; longer replies narrow the head's CI).")
 @click.option("--margin", type=click.FloatRange(0, 0.5), default=0.03, show_default=True,
@@ -54,7 +56,7 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
 @json_option
 @handle_errors
 def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus: str, chunks: int | None, ctx_size: int,
-               baseline: str, acceptance: bool, limit: int | None, seeds: str | None,
+               baseline: str, acceptance: bool, limit: int | None, seeds: str | None, suite: str,
                max_tokens: int | None, margin: float, max_kld: float | None,
                layers_per_group: int, output: str | None, name: str, prove: bool, against: str | None, prove_head: bool,
                plot: str | None, workers: int | None, scheduler: str | None, gpu_layers: int | str | None,
@@ -73,7 +75,7 @@ def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus:
 
     ev = EvalOptions(corpus=corpus, ctx_size=ctx_size, chunks=chunks, gpu_layers=gpu_layers, threads=threads,
                      llama_cpp_bin=llama_cpp_bin)
-    verify = VerifyOptions(limit=limit, seeds=tuple(_int_list(seeds, "--seeds") or DEFAULT_SEEDS),
+    verify = VerifyOptions(limit=limit, suite=suite, seeds=tuple(_int_list(seeds, "--seeds") or DEFAULT_SEEDS),
                            max_tokens=max_tokens or DEFAULT_MAX_TOKENS, server=ServerOptions(gpu_layers=gpu_layers, threads=threads,
                                                              llama_cpp_bin=llama_cpp_bin))
     measure = MeasureOptions(eval=ev, baseline=baseline, imatrix=imatrix, acceptance=acceptance, verify=verify,
