@@ -123,6 +123,19 @@ def test_the_output_the_head_reads_is_floored_like_the_head():
     assert dict(allocate(table(costs, (ATTN, EXPS, HEAD, trunk_out)), budget).types)["output"] == "Q4_K"
 
 
+def test_a_trunk_group_measured_inferior_for_the_head_is_excluded():
+    """The IQ2-budget search's trunk (IQ4_NL/Q4_0, lower KLD than iq2_xxs-mtp's) drafted 7.6 points
+    worse on 304 prompts, with the head at Q8_0/Q5_0 as well: a trunk group whose acceptance was
+    measured (--acceptance-group) is floored by its CI like the head's parts."""
+    costs = [cost(ATTN, "Q8_0", BASE), cost(EXPS, "Q8_0", BASE), cost(HEAD, "Q8_0", BASE),
+             cost(EXPS, "Q4_K", BASE + 0.0001, (-0.076, -0.086, -0.065)),
+             cost(EXPS, "Q6_K", BASE + 0.0002, (-0.005, -0.015, 0.006))]
+    rest = int(ATTN.n_params * 8.5 / 8) + int(HEAD.n_params * 8.5 / 8)
+    a = allocate(table(costs), Budget(n_bytes=rest + int(EXPS.n_params * 7 / 8)))
+    assert dict(a.types)["routed_experts.0-3"] == "Q6_K"
+    assert any(g == "routed_experts.0-3" and q == "Q4_K" and "inferior to the reference" in w for g, q, w in a.excluded)
+
+
 def test_an_impossible_budget_names_the_smallest_feasible_size():
     t = designed()
     smallest = int(ATTN.n_params * 2.625 / 8) + int(EXPS.n_params * 2.625 / 8) + int(HEAD.n_params * 4.5 / 8)
@@ -294,6 +307,19 @@ def test_an_impossible_budget_is_one_error_line_naming_the_smallest_size(llama_r
     assert len(lines) == 1, r.output  # refused before any measurement (the model's header is enough)
     assert lines[0].startswith("error: budget ") and "smallest feasible allocation" in lines[0], r.output
     assert not out.exists()
+
+
+def test_an_unknown_acceptance_group_is_one_error_naming_the_groups(llama_runtime, tmp_path):
+    from click.testing import CliRunner
+
+    from ggufmtp.cli import main
+
+    r = CliRunner().invoke(main, ["search", "builtin:tiny-qwen35moe-trained", "--budget", "hifi-q4_k_m-mtp",
+                                  "--types", TINY_TYPES, "--acceptance", "--acceptance-group", "routed_experts.9",
+                                  "--layers-per-group", "2", "-o", str(tmp_path / "found.toml")])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no group named routed_experts.9" in lines[0] and "routed_experts.2-3" in lines[0], r.output
 
 
 def test_the_command_line_default_types_are_the_search_defaults():

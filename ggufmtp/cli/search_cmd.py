@@ -28,6 +28,9 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
               help="The recipe every other tensor follows while one group is measured.")
 @click.option("--acceptance/--no-acceptance", default=False, show_default=True,
               help="Also measure the head's groups' acceptance against the source (starts llama-servers).")
+@click.option("--acceptance-group", "acceptance_groups", multiple=True, metavar="GROUP",
+              help="With --acceptance: also measure this trunk group's acceptance, e.g. the last layers' "
+                   "routed_experts.2-3 (repeatable; a trunk's KLD does not show what it costs the head).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Verify acceptance on the first N prompts only.")
 @click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024 (default: verify's).")
 @click.option("--suite", default="chat-v1", show_default=True,
@@ -56,7 +59,7 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
 @json_option
 @handle_errors
 def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus: str, chunks: int | None, ctx_size: int,
-               baseline: str, acceptance: bool, limit: int | None, seeds: str | None, suite: str,
+               baseline: str, acceptance: bool, acceptance_groups: tuple[str, ...], limit: int | None, seeds: str | None, suite: str,
                max_tokens: int | None, margin: float, max_kld: float | None,
                layers_per_group: int, output: str | None, name: str, prove: bool, against: str | None, prove_head: bool,
                plot: str | None, workers: int | None, scheduler: str | None, gpu_layers: int | str | None,
@@ -79,6 +82,7 @@ def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus:
                            max_tokens=max_tokens or DEFAULT_MAX_TOKENS, server=ServerOptions(gpu_layers=gpu_layers, threads=threads,
                                                              llama_cpp_bin=llama_cpp_bin))
     measure = MeasureOptions(eval=ev, baseline=baseline, imatrix=imatrix, acceptance=acceptance, verify=verify,
+                             acceptance_groups=acceptance_groups,
                              progress=not as_json)
     options = SearchOptions(types=tuple(t.strip() for t in types.split(",") if t.strip()), measure=measure,
                             floors=Floors(acceptance_margin=margin, max_kld=max_kld), layers_per_group=layers_per_group,

@@ -92,11 +92,11 @@ def budget_bytes(budget: Budget, n_params: int) -> int:
 
 def excluded_by_floors(group: TensorGroup, cost: Cost, floors: Floors) -> str | None:
     """Why ``cost``'s candidate may not be allocated (None: it may)."""
+    ci = cost.acceptance_ci  # measured: any group (a trunk group named with --acceptance-group too)
+    if ci is not None and ci[0] < -floors.acceptance_margin:
+        return (f"head acceptance CI [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}] pt reaches below "
+                f"-{floors.acceptance_margin * 100:.1f} pt (inferior to the reference)")
     if group.drafts:
-        ci = cost.acceptance_ci
-        if ci is not None and ci[0] < -floors.acceptance_margin:
-            return (f"head acceptance CI [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}] pt reaches below "
-                    f"-{floors.acceptance_margin * 100:.1f} pt (inferior to the reference)")
         floor = floors.head_floor_type if group.role.is_head else floors.head_reads_floor_type
         what = "head floor" if group.role.is_head else "floor of a tensor the head reads"
         if ci is None and cost.acceptance_diff is None and (

@@ -150,6 +150,10 @@ def _client(options: SearchOptions) -> Iterator[Any]:
 def refuse_before_measuring(model: Path, groups: tuple[TensorGroup, ...], budget: Budget, o: SearchOptions) -> None:
     """SearchError, before hours of measuring, for a budget below every group at its smallest candidate
     (the floors can only raise that) or a group with no candidate among ``o.types``."""
+    unknown = sorted(set(o.measure.acceptance_groups) - {g.name for g in groups})
+    if unknown:
+        raise SearchError(f"{model.name}: no group named {', '.join(unknown)} for --acceptance-group "
+                          f"(its groups: {', '.join(g.name for g in groups)})")
     cands = candidates(model, groups, o.types, imatrix=o.measure.imatrix is not None)
     smallest = {g.name: min((c.n_bytes for c in cands if c.group == g.name), default=None) for g in groups}
     missing = sorted(name for name, b in smallest.items() if b is None)
