@@ -93,9 +93,7 @@ class ProofResult:
 
     def to_dict(self) -> dict[str, object]:
         return {"verdict": self.verdict.value, "reason": self.reason, "kld_diff": self.kld_diff,
-                "kld_diff_ci95": list(self.kld_diff_ci), "margin": self.margin,
-                "acceptance_diff": self.head.difference if self.head else None,
-                "acceptance_diff_ci95": list(self.head.ci) if self.head and self.head.ci else None,
+                "kld_diff_ci95": list(self.kld_diff_ci), "margin": self.margin, **self.head_fields(),
                 "found": dataclasses.asdict(self.found), "shipped": dataclasses.asdict(self.shipped)}
 
     def toml_table(self) -> dict[str, str | int | float | list[float] | None]:
@@ -106,8 +104,13 @@ class ProofResult:
                 "kld_diff_ci95": [lo, hi] if lo is not None and hi is not None else None,
                 "n_bytes": self.found.n_bytes, "shipped_n_bytes": self.shipped.n_bytes,
                 "acceptance": self.found.acceptance, "shipped_acceptance": self.shipped.acceptance,
-                "acceptance_diff": self.head.difference if self.head else None,
-                "acceptance_diff_ci95": list(self.head.ci) if self.head and self.head.ci else None}
+                **self.head_fields()}
+
+    def head_fields(self) -> dict[str, float | list[float] | None]:
+        """The head trial as both the JSON and the recipe's ``[search.proof]`` table record it."""
+        h = self.head
+        return {"acceptance_diff": h.difference if h else None,
+                "acceptance_diff_ci95": list(h.ci) if h and h.ci else None}
 
 
 @dataclasses.dataclass(frozen=True)
