@@ -368,7 +368,7 @@ PY
     R="-r q8_0-mtp -r q4_k_m-mtp-q8 -r hifi-q4_k_m-mtp -r iq4_xs-mtp"
     V="--gpu-layers 999 --limit ${RLIMIT:-8} --seeds 42 --max-tokens ${RMAXTOK:-64}"
     TF='{"name": "sidecar", "seconds": %e, "user": %U, "sys": %S}'
-    for mode in sequential parallel; do
+    for mode in ${RMODES:-sequential parallel}; do
       D=$WORK/rehearsal-$mode; P=$RES/rehearsal-$mode; rm -rf "$D"; mkdir -p "$D"
       sidecar=(/usr/bin/time -f "$TF" -o "$P-sidecar-time.json" python3 -m ggufmtp sidecar "$M" -r q8_0-mtp
                -o "$D/mtp-rehearsal-L$L-Q8_0.gguf" --json)
@@ -381,9 +381,14 @@ PY
           > "$P.json" 2> "$P.log" || true
         "${sidecar[@]}" --quantize-threads "$N" > "$P-sidecar.json" 2> "$P-sidecar.log" || true
       else
-        "${sidecar[@]}" --quantize-threads $(( N / G )) > "$P-sidecar.json" 2> "$P-sidecar.log" & sc=$!
+        # every build (and the sidecar) may use every core, the ladder's default: with N/G threads each
+        # (2026-11-28, 16 of 64) the cheap builds ended first and iq4_xs-mtp's then ran 117 s on 16 threads
+        # beside 48 idle cores (wall 2.23x the bound); shared cores let the OS hand a finished build's
+        # cores to the ones still running. RTHREADS=per-worker restores the split for a comparison.
+        T=(); [ "${RTHREADS:-all}" = per-worker ] && T=(--quantize-threads $(( N / G )))
+        "${sidecar[@]}" "${T[@]}" > "$P-sidecar.json" 2> "$P-sidecar.log" & sc=$!
         python3 -m ggufmtp ladder -m "$M" $R --imatrix "$IM" -o "$D" $V --workers "$G" --gpus "$G" \
-          --quantize-threads $(( N / G )) --json > "$P.json" 2> "$P.log" || true
+          "${T[@]}" --json > "$P.json" 2> "$P.log" || true
         wait $sc || true
       fi
       echo "$mode $(python3 -c "import time;print(round(time.time()-$s0,2))")" >> "$RES/rehearsal-wall.txt"
@@ -395,7 +400,9 @@ json.dump(d,open(sys.argv[1],'w'))" "$P-sidecar-time.json" || true
       rm -rf "$D"  # the next run's memory (receipts and card kept)
     done
     cat "$RES/rehearsal-wall.txt"
-    S=$RES/rehearsal-sequential; C=$RES/rehearsal-parallel
+    # RSEQ: an earlier sequential run's files (rehearsal-sequential.json and -sidecar-time.json) when
+    # RMODES=parallel runs the concurrent half alone (a rerun on a machine of the same kind)
+    S=${RSEQ:-$RES}/rehearsal-sequential; C=$RES/rehearsal-parallel
     wall=$(awk '$1=="parallel"{print $2}' "$RES/rehearsal-wall.txt" | tail -1)
     { echo "== the release (ladder + sidecar beside it), wall $wall s"
       python3 benchmarks/ladder_bound.py "$S.json" "$C.json" --job "$S-sidecar-time.json" --wall "$wall" \
