@@ -19,7 +19,10 @@ the task's own), the ideal overlap bound of the concurrent run is the largest of
 - the GPU work over the GPUs: every measure task's wall seconds (it holds one GPU from start to end:
   servers started, models loaded, requests answered) / ``--gpus`` (default: the concurrent run's
   engine ``gpus``);
-- the longest chain: one variant's build then measure, or one job.
+- the longest chain: one variant's build then measure, or one job;
+- the builds then a measure: every build's CPU seconds / cores (the last build cannot end before all
+  the builds' CPU work is done) plus the shortest measure task (which that last build's measure then
+  takes at least).
 
 It prints the concurrent wall (``--wall``, e.g. the ladder and a sidecar beside it; default the
 concurrent ladder's ``seconds``), the bound, their ratio (1.15: 15 % over the bound), the same with
@@ -89,6 +92,7 @@ class Bound:
     gpu_term: float
     chain: float
     chain_of: str
+    after_builds: float
     bound: float
     serial: float
     wall: float
@@ -161,9 +165,11 @@ def bound(seq: Ladder, conc: Ladder, jobs: tuple[Job, ...] = (), cores: int | No
     gpu_work = sum(v.measure.seconds for v in seq.variants)
     chains = [(v.build.seconds + v.measure.seconds, v.recipe) for v in seq.variants] + [(j.seconds, j.name) for j in jobs]
     chain, chain_of = max(chains)
-    b = max(cpu_work / n_cores, gpu_work / n_gpus, chain)
+    after_builds = sum(v.build.cpu_seconds for v in seq.variants) / n_cores + min(v.measure.seconds for v in seq.variants)
+    b = max(cpu_work / n_cores, gpu_work / n_gpus, chain, after_builds)
     w = conc.seconds if wall is None else wall
-    return Bound(n_cores, n_gpus, cpu_work, gpu_work, cpu_work / n_cores, gpu_work / n_gpus, chain, chain_of, b,
+    return Bound(n_cores, n_gpus, cpu_work, gpu_work, cpu_work / n_cores, gpu_work / n_gpus, chain, chain_of,
+                 after_builds, b,
                  seq.serial, w, w / b, w / (b + seq.serial))
 
 
@@ -172,6 +178,7 @@ def report(seq: Ladder, conc: Ladder, b: Bound) -> str:
              f"CPU work / cores       {b.cpu_term:9.2f} s   ({b.cpu_work:.1f} CPU s / {b.cores})",
              f"GPU work / GPUs        {b.gpu_term:9.2f} s   ({b.gpu_work:.1f} s of measure tasks / {b.gpus})",
              f"longest chain          {b.chain:9.2f} s   ({b.chain_of})",
+             f"builds, then a measure {b.after_builds:9.2f} s   (builds' CPU s / {b.cores} + the shortest measure)",
              f"bound                  {b.bound:9.2f} s",
              f"wall / bound           {b.ratio:9.3f}",
              f"serial (ladder phases) {b.serial:9.2f} s   (imatrix, card: after every variant)",

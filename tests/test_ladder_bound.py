@@ -44,27 +44,35 @@ def runs(tmp_path):
     return seq, conc, str(job)
 
 
-def test_each_term_of_the_bound_wins_where_it_is_the_largest(lb, runs):
+def test_each_term_of_the_bound_wins_where_it_is_the_largest(lb, runs, tmp_path):
     seq, conc, job = (lb.read_ladder(runs[0]), lb.read_ladder(runs[1]), lb.read_job(runs[2]))
-    # CPU (4 x 80 + 4 x 10 + 40) / 8 = 50, GPU 4 x 30 / 2 = 60, chain max(12 + 30, sidecar 45) = 45
+    # CPU (4 x 80 + 4 x 10 + 40) / 8 = 50, GPU 4 x 30 / 2 = 60, chain max(12 + 30, sidecar 45) = 45,
+    # builds then a measure 4 x 80 / 8 + 30 = 70
     b = lb.bound(seq, conc, (job,))
-    assert (b.cpu_term, b.gpu_term, b.chain, b.chain_of) == (50.0, 60.0, 45.0, "sidecar")
-    assert b.bound == 60.0 and b.wall == 69.0 and b.ratio == pytest.approx(1.15)
-    assert b.serial == 10.0 and b.ratio_with_serial == pytest.approx(69.0 / 70.0)
-    b = lb.bound(seq, conc, (job,), gpus=4)  # GPU 30: the CPU work bounds
-    assert b.bound == 50.0 and b.gpu_term == 30.0
-    b = lb.bound(seq, conc, (job,), cores=16, gpus=4, wall=90.0)  # CPU 25, GPU 30: the sidecar's chain
-    assert b.bound == 45.0 and b.ratio == 2.0
-    assert lb.bound(seq, conc, cores=16, gpus=4).chain_of == "q8_0-mtp"  # without the job: a variant's chain, 42
+    assert (b.cpu_term, b.gpu_term, b.chain, b.chain_of, b.after_builds) == (50.0, 60.0, 45.0, "sidecar", 70.0)
+    assert b.bound == 70.0 and b.wall == 69.0 and b.ratio == pytest.approx(69.0 / 70.0)
+    assert b.serial == 10.0 and b.ratio_with_serial == pytest.approx(69.0 / 80.0)
+    b = lb.bound(seq, conc, (job,), gpus=1)  # GPU 120
+    assert b.bound == 120.0 and b.gpu_term == 120.0
+    b = lb.bound(seq, conc, (job,), cores=16, gpus=4, wall=100.0)  # CPU 25, GPU 30, chain 45: 20 + 30
+    assert b.bound == 50.0 and b.after_builds == 50.0 and b.ratio == 2.0
+    b = lb.bound(seq, conc, (job,), cores=64, gpus=4)  # CPU 6.25, GPU 30, after the builds 35: the sidecar's chain
+    assert b.bound == 45.0 and b.chain_of == "sidecar"
+    assert lb.bound(seq, conc, cores=64, gpus=4).chain_of == "q8_0-mtp"  # without the job: a variant's chain, 42
+    heavy = tmp_path / "heavy.json"  # a job beside the ladder with 400 CPU s: CPU (360 + 440) / 8 = 100
+    heavy.write_text(json.dumps({"name": "heavy", "seconds": 50.0, "cpu_seconds": 400.0}))
+    b = lb.bound(seq, conc, (job, lb.read_job(str(heavy))))
+    assert b.bound == 100.0 and b.cpu_term == 100.0
 
 
 def test_the_cli_prints_wall_bound_and_ratio_and_writes_json(lb, runs, tmp_path, capsys):
     out = tmp_path / "bound.json"
-    assert lb.main([runs[0], runs[1], "--job", runs[2], "--json", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "bound                      60.00 s" in text and "wall / bound               1.150" in text
+    assert lb.main([runs[0], runs[1], "--job", runs[2], "--gpus", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out  # GPU 4 x 30 / 1 = 120 bounds (the builds then a measure: 70)
+    assert "bound                     120.00 s" in text and "wall / bound               0.575" in text
+    assert "builds, then a measure     70.00 s" in text
     assert "q4_k_m-mtp-q8             12.0 ->    20.0 (   80.0)       30.0 ->    33.0" in text
-    assert json.loads(out.read_text())["ratio"] == pytest.approx(1.15)
+    assert json.loads(out.read_text())["ratio"] == pytest.approx(69.0 / 120.0)
     assert "tasks span 53.0 s of the ladder's 69.0 s" in text  # every task started at 0: build 20, measure 33
     assert "iq4_xs-mtp                0.0-  20.0    20.0-  53.0     0.0" in text
 
