@@ -222,3 +222,42 @@ def test_bad_values_in_a_ladder_file_name_the_file_and_the_table(tmp_path):
         f.write_text(f'model = "{MODEL}"\nrecipes = ["q8_0-mtp"]\n' + body)
         with pytest.raises(LadderError, match=re.escape(f"{f}: {said}")):
             load_ladder_file(f)
+
+
+def test_a_searched_recipe_is_a_ladder_rung_like_a_shipped_one(llama_server_bin, tmp_path):
+    """#43: a recipe `ggufmtp search` wrote (its [search] table included) is one of a ladder's recipes:
+    planned, quantized, verified and carded beside a shipped one, its file named by its release tag
+    (``Searched-<bpw>``) and its receipt binding the recipe file by sha256. The allocation is designed on
+    the model's real groups (half of them at Q8_0, half at Q4_0), so no search runs here."""
+    from ggufmtp.quant.recipe import Recipe
+    from ggufmtp.refs import local_model_arg
+    from ggufmtp.search.allocate import allocate
+    from ggufmtp.search.found import allocation_recipe, search_toml
+    from ggufmtp.search.groups import candidates, groups_of
+    from ggufmtp.search.records import Budget, Cost, SensitivityTable
+
+    model = Path(local_model_arg(MODEL))
+    groups = groups_of(model, 2)
+    cands = candidates(model, groups, ("Q8_0", "Q4_0"))
+    # every group costs 0.01 at Q4_0 over Q8_0's 0.001: under the midway budget the allocator keeps
+    # the largest groups at Q8_0 until the bytes run out, so both types appear
+    costs = tuple(Cost(c, 0.001 if c.qtype == "Q8_0" else 0.011, (0.0, 0.02), (0.001,) * 2) for c in cands)
+    table = SensitivityTable("ab" * 32, "builtin:calib-v1", "Q8_0", 0.001, (0.001,) * 2, groups, costs)
+    lo = sum(c.n_bytes for c in cands if c.qtype == "Q4_0")
+    hi = sum(c.n_bytes for c in cands if c.qtype == "Q8_0")
+    alloc = allocate(table, Budget(n_bytes=(lo + hi) // 2))
+    assert {t for _, t in alloc.types} == {"Q8_0", "Q4_0"}
+    found = tmp_path / "searched.toml"
+    found.write_text(search_toml(allocation_recipe(table, alloc, Recipe.load("Q8_0")), table, alloc))
+    out = tmp_path / "ladder"
+    res = run_ladder(_spec(out, recipes=("q8_0-mtp", str(found))), progress=False)
+    assert res.ok, [o.error for o in res.outcomes]
+    tag = Recipe.load(found).release_tag
+    searched = next(o for o in res.outcomes if o.recipe == str(found))
+    art, rc = Path(searched.summary["artifact"]), Path(searched.summary["receipt"])
+    assert art.name == f"tiny-qwen35moe-f20-{tag}.gguf" and audit(art, rc).ok
+    recipe = read_receipt(rc).statement["predicate"]["recipe"]
+    assert recipe["file"] == "searched.toml" and recipe["sha256"] == Recipe.load(found).sha256
+    assert {(r["pattern"], r["type"]) for r in recipe["rules"]} >= {(r.pattern, r.type) for r in Recipe.load(found).rules}
+    card = (out / "README.md").read_text()
+    assert f"| [{art.name}]" in card and f"| {tag} |" in card and "tiny-qwen35moe-f20-q8_0-mtp" not in card

@@ -123,6 +123,37 @@ def test_the_output_the_head_reads_is_floored_like_the_head():
     assert dict(allocate(table(costs, (ATTN, EXPS, HEAD, trunk_out)), budget).types)["output"] == "Q4_K"
 
 
+def test_the_recipe_to_beat_s_own_types_are_admitted_unmeasured():
+    """Where the budget is a recipe, a group the head reads may keep, unmeasured, any type at least as
+    precise as that recipe gives it (iq2_xxs-mtp keeps the tiny model's ``token_embd`` at Q4_0, below
+    the Q8_0 floor); a type below the recipe's is still refused; the head's own parts likewise."""
+    emb = dataclasses.replace(group("token_embd", GroupRole.TOKEN_EMBEDDING, 8192, r"^token_embd\.weight$"),
+                              head_reads=True)
+    groups = (ATTN, EXPS, HEAD, emb)
+    costs = [cost(ATTN, "Q8_0", BASE), cost(EXPS, "Q8_0", BASE), cost(HEAD, "Q8_0", BASE), cost(HEAD, "Q2_K", BASE),
+             cost(emb, "Q8_0", BASE), cost(emb, "Q4_K", BASE + 0.0001), cost(emb, "Q2_K", BASE + 0.0002)]
+    rest = sum(int(g.n_params * 8.5 / 8) for g in (ATTN, EXPS, HEAD))
+    budget = Budget(n_bytes=rest + int(emb.n_params * 6 / 8))  # room for Q4_K, not Q8_0
+    with pytest.raises(SearchError, match="below the smallest feasible allocation"):
+        allocate(table(costs, groups), budget)
+    shipped = Floors(as_shipped=(("token_embd", "Q4_K"), ("mtp.eh_proj", "Q8_0")))
+    a = allocate(table(costs, groups), budget, shipped)
+    assert dict(a.types)["token_embd"] == "Q4_K"
+    assert ("token_embd", "Q2_K", "head acceptance not measured, and Q2_K is below the floor of a tensor the head "
+            "reads Q8_0 and below Q4_K, the recipe to beat's") in a.excluded
+    assert any(g == "mtp.eh_proj" and t == "Q2_K" for g, t, _ in a.excluded)  # the head's own floor too
+
+
+def test_a_group_s_shipped_type_is_its_most_precise_planned_type():
+    from ggufmtp.search.allocate import group_types
+
+    planned = {"blk.0.attn_q.weight": "IQ4_NL", "blk.0.attn_v.weight": "Q5_0", "token_embd.weight": "Q4_0"}
+    attn = TensorGroup("attn.0", GroupRole.ATTENTION, r"blk\.0\.attn_", ("blk.0.attn_q.weight", "blk.0.attn_v.weight"), 8)
+    emb = TensorGroup("token_embd", GroupRole.TOKEN_EMBEDDING, "token_embd", ("token_embd.weight",), 8)
+    unplanned = TensorGroup("output", GroupRole.OUTPUT, "output", ("output.weight",), 8)
+    assert group_types((attn, emb, unplanned), planned) == (("attn.0", "Q5_0"), ("token_embd", "Q4_0"))
+
+
 def test_a_trunk_group_measured_inferior_for_the_head_is_excluded():
     """The IQ2-budget search's trunk (IQ4_NL/Q4_0, lower KLD than iq2_xxs-mtp's) drafted 7.6 points
     worse on 304 prompts, with the head at Q8_0/Q5_0 as well: a trunk group whose acceptance was

@@ -29,13 +29,19 @@ Floors (:class:`Floors`), applied before allocating, each exclusion kept with it
   ``output`` at Q5_0 drafted 17.5 points below ``iq2_xxs-mtp`` (CI -26.3 to -6.7) and 7.0 points
   below it with ``output`` back at Q8_0, eh_proj's type making no difference; the head study never
   measured the output, so below Q8_0 only a measurement may admit a type;
+- ``as_shipped``: where the budget is a recipe (the file the search has to beat), a head or
+  head-read group may keep, unmeasured, a type at least as precise as every type that recipe gives its
+  tensors (:func:`group_types`): the proof judges the head against that recipe's file, so its own
+  choices are no risk to admit. On the trained tiny model ``iq2_xxs-mtp`` keeps ``token_embd`` at
+  Q4_0; the Q8_0 floor alone made an IQ2-budget search spend those bytes there and take them from
+  the trunk;
 - ``max_kld``, optional: the predicted KLD of the answer must not exceed it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..errors import SearchError
 from ..fmt import human_bytes
@@ -57,6 +63,7 @@ class Floors:
     head_floor_type: str = HEAD_FLOOR_TYPE
     max_kld: float | None = None
     head_reads_floor_type: str = "Q8_0"
+    as_shipped: tuple[tuple[str, str], ...] = ()  # (group, type) the recipe to beat gives it: admitted unmeasured
 
     def __post_init__(self) -> None:
         if not 0 <= self.acceptance_margin < 1:
@@ -99,9 +106,12 @@ def excluded_by_floors(group: TensorGroup, cost: Cost, floors: Floors) -> str | 
     if group.drafts:
         floor = floors.head_floor_type if group.role.is_head else floors.head_reads_floor_type
         what = "head floor" if group.role.is_head else "floor of a tensor the head reads"
-        if ci is None and cost.acceptance_diff is None and (
-                bits_per_weight(cost.candidate.qtype) < bits_per_weight(floor)):
-            return f"head acceptance not measured, and {cost.candidate.qtype} is below the {what} {floor}"
+        shipped = dict(floors.as_shipped).get(group.name)
+        bits = bits_per_weight(cost.candidate.qtype)
+        if ci is None and cost.acceptance_diff is None and bits < bits_per_weight(floor) and (
+                shipped is None or bits < bits_per_weight(shipped)):
+            also = f" and below {shipped}, the recipe to beat's" if shipped else ""
+            return f"head acceptance not measured, and {cost.candidate.qtype} is below the {what} {floor}{also}"
     return None
 
 
@@ -228,3 +238,14 @@ def chosen_costs(table: SensitivityTable, allocation: Allocation) -> list[Cost]:
             raise SearchError(f"allocation: {group} at {qtype} was not measured in this table")
         out.append(cost)
     return out
+
+
+def group_types(groups: Sequence[TensorGroup], planned: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """Each group's most precise type in ``planned`` (tensor name -> type, a recipe's plan): the type
+    at or above which a uniform type gives no tensor of the group less than that plan does."""
+    out = []
+    for g in groups:
+        types = [planned[t] for t in g.tensors if t in planned]
+        if types:
+            out.append((g.name, max(types, key=bits_per_weight)))
+    return tuple(out)

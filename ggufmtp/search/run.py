@@ -32,7 +32,7 @@ from ..ladder.engine import DaskEngine
 from ..quant.plan import make_plan
 from ..quant.recipe import Recipe
 from ..refs import local_model_arg
-from .allocate import Floors, allocate, budget_bytes, size_text
+from .allocate import Floors, allocate, budget_bytes, group_types, size_text
 from .found import allocation_recipe, search_toml
 from .groups import DEFAULT_LAYERS_PER_GROUP, candidates, groups_of
 from .measure import MeasureOptions, measure_sensitivity
@@ -61,13 +61,15 @@ def parse_budget(text: str) -> Budget | str:
 
 
 def recipe_budget(model: Path, groups: tuple[TensorGroup, ...], recipe: str | Recipe,
-                  imatrix: str | os.PathLike | None) -> Budget:
-    """The bytes ``recipe``'s plan gives the groups' tensors on ``model`` (a libllama dry run)."""
+                  imatrix: str | os.PathLike | None) -> tuple[Budget, tuple[tuple[str, str], ...]]:
+    """The bytes ``recipe``'s plan gives the groups' tensors on ``model`` (a libllama dry run), and
+    each group's most precise planned type (:attr:`.allocate.Floors.as_shipped`)."""
     plan = make_plan(model, recipe, None if imatrix is None else Path(imatrix))
     if plan.errors:
         raise SearchError(f"budget {plan.recipe}: the recipe does not plan on {model.name}: {plan.errors[0]}")
     names = {t for g in groups for t in g.tensors}
-    return Budget(n_bytes=sum(t.bytes for t in plan.tensors if t.name in names))
+    budget = Budget(n_bytes=sum(t.bytes for t in plan.tensors if t.name in names))
+    return budget, group_types(groups, {t.name: t.to_type for t in plan.tensors})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,11 +178,16 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     src = Path(local_model_arg(model))
     groups = groups_of(src, o.layers_per_group)
     parsed = parse_budget(budget) if isinstance(budget, str) else budget
-    limit = parsed if isinstance(parsed, Budget) else recipe_budget(src, groups, parsed, o.measure.imatrix)
+    floors = o.floors
+    if isinstance(parsed, Budget):
+        limit = parsed
+    else:  # the recipe to beat: its own types are admitted where the head's floors would refuse them unmeasured
+        limit, as_shipped = recipe_budget(src, groups, parsed, o.measure.imatrix)
+        floors = dataclasses.replace(floors, as_shipped=as_shipped)
     refuse_before_measuring(src, groups, limit, o)
     with _client(o) as client:
         table = measure_sensitivity(src, groups, o.types, o.measure, client=client, log=log)
-    allocation = allocate(table, limit, o.floors)
+    allocation = allocate(table, limit, floors)
     recipe = allocation_recipe(table, allocation, Recipe.load(o.measure.baseline), o.name)
     log(f"allocated: {allocation.n_bytes} bytes ({allocation.bpw:.3f} bpw), predicted KLD {allocation.predicted_kld:.6f}")
     proof = prove(src, recipe, o.shipped, o.prove_options(), log=log) if o.prove else None
