@@ -33,6 +33,7 @@ from .card_page import (  # unverified_reason: the card's, kept importable from 
 from .head import HeadFinding
 from .pair_card import SidecarFile, find_sidecar, pair_lines, trunk_intro, trunk_sidecar
 from .quality_card import quality_lines
+from .search_card import search_lines
 from .statement import (
     ArmSection,
     CurveSection,
@@ -111,7 +112,7 @@ def card_text(statement: Statement, artifact_name: str | None = None, options: P
     lines += prompt_format_lines(chat_template, list(modes) if isinstance(modes, dict) else [])
     if shown:
         lines += _claim(shown, v, unverified) + _tables(shown)
-    lines += quality_lines(p)
+    lines += quality_lines(p) + search_lines(rec.get("search"), rec["name"])
     lines += _caveats(p) + _provenance(p, subj, name)
     return page_meta([row], o), "\n".join(lines)
 

@@ -159,6 +159,7 @@ class FileRow:
     chat_template: str | None = None
     base_files: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     original: str | None = None  # the original model's Hub repo (:func:`original_model`)
+    search: Mapping[str, Any] | None = None  # a searched recipe's [search] record (:mod:`.search_card`)
 
     @classmethod
     def of(cls, st: Statement, artifact: str, receipt: str, chat_template: str | None = None) -> FileRow:
@@ -169,7 +170,7 @@ class FileRow:
                    quality=dict(p.get("quality") or {}), verification=dict(p.get("verification") or {}),
                    unverified=unverified_reason(st), source=dict(p["base_model"]["source"]), model=model,
                    tag=release_tag(artifact, model, p["recipe"].get("ftype")), chat_template=chat_template,
-                   original=original_model(p),
+                   original=original_model(p), search=p["recipe"].get("search"),
                    base_files=tuple((str(f["name"]), int(f.get("size") or 0)) for f in p["base_model"].get("files") or []))
 
     @property

@@ -17,6 +17,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT
@@ -38,6 +39,7 @@ from .card_page import (
 )
 from .pair_card import SIDECAR_HEADING, SidecarFile, pair_lines, served_with
 from .receipt import read_receipt
+from .search_card import SearchRecord, search_lines
 from .vacuous import VACUOUS_HEADING, vacuous_thresholds
 
 __all__ = ["LadderRow", "ladder_rows", "ladder_card_text", "make_ladder_card"]
@@ -98,6 +100,9 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, option
     lines += pick_lines(rows) + ["## How to run\n", *run_lines(rows, o, side)] + pair_lines(rows, sidecars, o)
     modes = sorted({m for r in rows if isinstance(r.verification.get("modes"), dict) for m in r.verification["modes"]})
     lines += prompt_format_lines(next((r.chat_template for r in rows if r.chat_template), None), modes)
+    for r in rows:  # a searched recipe: how it was found (its own section, its file named)
+        found = search_lines(cast(SearchRecord, r.search), r.recipe) if r.search else []
+        lines += [found[0], f"For `{r.artifact}`.", "", *found[1:]] if found else []
     lines += ["Audit any file: `ggufmtp audit FILE.gguf` (the receipt beside it is read).", ""]
     return page_meta(rows, o), "\n".join(lines)
 

@@ -40,6 +40,7 @@ from ..files.hashing import sha256_file
 from ..files.records import dataset_name, read_conversion_record, receipt_schema
 from ..jsontypes import JsonObject
 from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
+from .search_card import search_record
 from .signing import (
     envelope_statement,
     is_envelope,
@@ -280,7 +281,7 @@ def _recipe_section(plan: Plan, out_name: str, res: QuantizeResult | None = None
         stem = out_name.rsplit("-", 3)[0]
         command = (plan.llama_quantize_command(f"{stem}.gguf", by_name=True) + f" && {SPLIT_TOOL} --split "
                    f"--split-max-size {res.split_max_size} {stem}.gguf {stem}")
-    return {
+    section: RecipeSection = {
         "name": plan.recipe,
         "file": Path(rec.path).name if rec and rec.path else None,
         "sha256": rec.sha256 if rec else None,
@@ -290,6 +291,10 @@ def _recipe_section(plan: Plan, out_name: str, res: QuantizeResult | None = None
         "rules": [{"pattern": r.pattern, "type": r.type, "source": r.source} for r in plan.rules],
         "llama_quantize_command": command,
     }
+    found = search_record(rec.path, rec.sha256) if rec else None  # a searched recipe: how it was found, for the card
+    if found:
+        section["search"] = found
+    return section
 
 
 def _result_section(gm: GGUFModel, res: QuantizeResult | None = None) -> ResultSection:

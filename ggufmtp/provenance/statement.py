@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NotRequired, Protocol, Required, TypedDict
 
 from ..runtime.hardware import Bandwidth
+from .search_card import SearchRecord
 
 __all__ = ["PullManifest", "FileEntry", "SubjectEntry", "Source", "ConvertedFrom", "BaseModelSection", "ImatrixSection",
            "RecipeSection", "ResultSection", "Toolchain", "Verification", "QualitySection", "HeadSweepSection", "SourceSection",
@@ -150,6 +151,7 @@ class RecipeSection(TypedDict):
     token_embedding_type: str | None
     rules: list[RecipeRule]
     llama_quantize_command: str
+    search: NotRequired[SearchRecord]  # a searched recipe's [search] record (provenance/search_card.py)
 
 
 class SplitSection(TypedDict):

@@ -9,8 +9,10 @@ type). Its ``[mtp]`` table sets no roles and no floor: the head's groups are rul
 :func:`search_toml` writes it with a ``[search]`` table the recipe loader accepts and ignores: how
 it was found (the method, the budget, the model's sha256, the corpus by name, the baseline recipe,
 the sensitivity table's digest, the versions) and what was measured of each group's chosen type
-(``[[search.groups]]``), and, after :mod:`.prove`, the proof (``[search.proof]``). No local path is
-written: a corpus given as a file is named by its file name.
+(``[[search.groups]]``), and, after :mod:`.prove`, the proof (``[search.proof]``), and the Pareto
+table's front with the prediction and the proved files (``[[search.points]]``), which a receipt of a
+file quantized with the recipe carries into its card. No local path is written: a corpus given as a
+file is named by its file name.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import enum
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT
@@ -111,11 +113,15 @@ def group_rows(table: SensitivityTable, allocation: Allocation) -> list[dict[str
 
 
 def search_toml(recipe: Recipe, table: SensitivityTable, allocation: Allocation,
-                proof: Mapping[str, TomlValue] | None = None) -> str:
-    """The recipe's TOML with its ``[search]`` table (and ``[search.proof]`` when proven)."""
+                proof: Mapping[str, TomlValue] | None = None,
+                points: Sequence[Mapping[str, TomlValue]] = ()) -> str:
+    """The recipe's TOML with its ``[search]`` table (and ``[search.proof]`` when proven); ``points``:
+    the Pareto table's rows the card shows (``[[search.points]]``: label, kind, n_bytes, kld, pareto)."""
     lines = [recipe.to_toml().rstrip("\n"), "", "[search]", *_lines(provenance(table, allocation))]
     if proof:
         lines += ["", "[search.proof]", *_lines(proof)]
     for row in group_rows(table, allocation):
         lines += ["", "[[search.groups]]", *_lines(row)]
+    for point in points:
+        lines += ["", "[[search.points]]", *_lines(point)]
     return "\n".join(lines) + "\n"

@@ -146,3 +146,10 @@ def svg(points: Sequence[Point], title: str = "KLD against size") -> str:
             out.append(f'<text x="{sx(p.n_bytes) + 7:.1f}" y="{sy(p.kld) - 7:.1f}">{escape(p.label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def card_points(points: Sequence[Point]) -> list[dict[str, str | int | float | bool]]:
+    """The rows the recipe's ``[[search.points]]`` keep for the card: the front, the prediction and the
+    proved files (the other candidates are in ``--json``)."""
+    return [{"label": p.label, "kind": p.kind.value, "n_bytes": p.n_bytes, "kld": p.kld, "pareto": p.pareto}
+            for p in with_front(points) if p.pareto or p.kind is not PointKind.CANDIDATE]

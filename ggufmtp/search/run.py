@@ -38,7 +38,7 @@ from .groups import DEFAULT_LAYERS_PER_GROUP, candidates, groups_of
 from .measure import MeasureOptions, measure_sensitivity
 from .prove import ProofResult, ProveOptions, prove
 from .records import Allocation, Budget, SensitivityTable, TensorGroup
-from .report import Point, all_points, with_front
+from .report import Point, all_points, card_points, with_front
 
 DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "IQ4_XS", "Q3_K", "Q2_K")
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6, "MIB": 2**20,
@@ -191,7 +191,8 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     recipe = allocation_recipe(table, allocation, Recipe.load(o.measure.baseline), o.name)
     log(f"allocated: {allocation.n_bytes} bytes ({allocation.bpw:.3f} bpw), predicted KLD {allocation.predicted_kld:.6f}")
     proof = prove(src, recipe, o.shipped, o.prove_options(), log=log) if o.prove else None
-    text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None)
+    points = with_front(all_points(table, allocation, proof))
+    text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None, card_points(points))
     if out is not None:
         atomic_write_text(out, text)
     return SearchResult(table, allocation, recipe, text, Path(out) if out is not None else None, proof)
