@@ -285,12 +285,36 @@ def test_the_report_marks_the_pareto_front_and_draws_it():
 TINY_TYPES = "Q8_0,Q6_K,Q5_0,Q4_K,Q4_0,IQ4_NL"
 
 
+def _search_args(budget: str, out, *extra: str) -> list[str]:
+    """The end-to-end search of the trained tiny model at a small size (4 prompts: the head trial's
+    mechanics; the 3-point margin needs the whole suite, docs/how-to/search.md)."""
+    return ["search", "builtin:tiny-qwen35moe-trained", "--budget", budget, "--types", TINY_TYPES, "--chunks", "8",
+            "--ctx-size", "256", "--layers-per-group", "2", "--prove", "-o", str(out), "--json", "--limit", "4",
+            "--margin", "0.5", *extra]
+
+
+def _beats(args: list[str], shipped: str) -> tuple[dict, dict]:
+    """The search's JSON and its proof, which must say it beats ``shipped``: no larger, KLD CI clear of zero."""
+    import json
+
+    from click.testing import CliRunner
+
+    from ggufmtp.cli import main
+
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    proof = res["proof"]
+    assert proof["shipped"]["recipe"] == shipped and proof["verdict"] == "beats", proof["reason"]
+    assert proof["kld_diff_ci95"][1] < 0 and proof["found"]["n_bytes"] <= proof["shipped"]["n_bytes"] * 1.001
+    return res, proof
+
+
 def test_search_at_hifi_size_finds_an_ordinary_recipe_that_beats_it(llama_runtime, tmp_path):
     """#43's Done when, at a small size: searched under hifi-q4_k_m-mtp's own size, the recipe is an
     ordinary one (it loads, plans and quantizes) and the proof against hifi-q4_k_m-mtp says it beats it:
     lower KLD with the paired CI clear of zero (measured: 0.00086 against 0.00355, CI of the
     difference [-0.0036, -0.0019], so the margin is wide)."""
-    import json
 
     from click.testing import CliRunner
 
@@ -298,15 +322,8 @@ def test_search_at_hifi_size_finds_an_ordinary_recipe_that_beats_it(llama_runtim
     from ggufmtp.cli import main
 
     out, plot = tmp_path / "found.toml", tmp_path / "found.svg"
-    args = ["search", "builtin:tiny-qwen35moe-trained", "--budget", "hifi-q4_k_m-mtp", "--types", TINY_TYPES,
-            "--chunks", "8", "--ctx-size", "256", "--layers-per-group", "2", "--prove", "-o", str(out),
-            "--plot", str(plot), "--json", "--limit", "4", "--margin", "0.5"]
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 0, r.output
-    res = json.loads(r.stdout)
-    proof = res["proof"]
-    assert proof["shipped"]["recipe"] == "hifi-q4_k_m-mtp" and proof["verdict"] == "beats", proof["reason"]
-    assert proof["kld_diff_ci95"][1] < 0 and proof["found"]["n_bytes"] <= proof["shipped"]["n_bytes"] * 1.001
+    args = _search_args("hifi-q4_k_m-mtp", out, "--plot", str(plot))
+    res, proof = _beats(args, "hifi-q4_k_m-mtp")
     # the heads, paired in one interleaved run (4 prompts: the mechanics; the 3-point margin needs the suite)
     lo, hi = proof["acceptance_diff_ci95"]
     assert lo <= proof["acceptance_diff"] <= hi and "non-inferior to the shipped file's" in proof["reason"]
@@ -331,7 +348,6 @@ def test_search_at_iq2_size_beats_iq2_xxs_mtp_and_its_card_shows_how(llama_runti
     the margin is wide). The recipe to beat keeps ``token_embd`` at Q4_0, which the head reads; the
     search may keep it there unmeasured. A file quantized with the found recipe carries how the recipe
     was found into its receipt, and its card shows it: the proof, the Pareto table and the text plot."""
-    import json
     from pathlib import Path
 
     from click.testing import CliRunner
@@ -346,15 +362,7 @@ def test_search_at_iq2_size_beats_iq2_xxs_mtp_and_its_card_shows_how(llama_runti
                                   "-c", "256", "--chunks", "16"])
     assert r.exit_code == 0, r.output
     out = tmp_path / "found-iq2.toml"
-    args = ["search", "builtin:tiny-qwen35moe-trained", "--budget", "iq2_xxs-mtp", "--imatrix", str(im),
-            "--types", TINY_TYPES, "--chunks", "8", "--ctx-size", "256", "--layers-per-group", "2", "--prove",
-            "-o", str(out), "--json", "--limit", "4", "--margin", "0.5"]
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 0, r.output
-    res = json.loads(r.stdout)
-    proof = res["proof"]
-    assert proof["shipped"]["recipe"] == "iq2_xxs-mtp" and proof["verdict"] == "beats", proof["reason"]
-    assert proof["kld_diff_ci95"][1] < 0 and proof["found"]["n_bytes"] <= proof["shipped"]["n_bytes"] * 1.001
+    res, proof = _beats(_search_args("iq2_xxs-mtp", out, "--imatrix", str(im)), "iq2_xxs-mtp")
     assert dict(res["allocation"]["types"])["output"] == "Q8_0"  # the recipe to beat's: no lower unmeasured
     gguf = tmp_path / "found.gguf"
     r = CliRunner().invoke(main, ["quantize", "builtin:tiny-qwen35moe-trained", "-r", str(out), "--imatrix", str(im),
