@@ -44,9 +44,11 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
               help="Trunk layers per group (fewer: finer allocation, more measurements).")
 @output_option("the recipe found (TOML, with its [search] table).")
 @click.option("--name", default="searched-mtp", show_default=True, help="The recipe's name.")
-@click.option("--prove", is_flag=True, help="Quantize the found recipe and the shipped recipe of the nearest size, "
+@click.option("--prove", is_flag=True, help="Quantize the found recipe and the recipe to beat (--against, else the "
+                                            "budget's recipe, else the shipped recipe of the nearest size), "
                                             "measure both, and judge (beats / matches smaller / does not beat).")
-@click.option("--against", default=None, help="With --prove: this recipe instead of the nearest shipped one.")
+@click.option("--against", default=None, help="The recipe to beat: the proof's other arm; its own types are admitted "
+                                              "for the tensors the head reads.")
 @click.option("--prove-head/--no-prove-head", default=True, show_default=True,
               help="With --prove: judge the found file's head against the shipped file's, paired in one interleaved "
                    "verify run (starts llama-servers; --limit and --margin apply).")

@@ -101,8 +101,8 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, option
     modes = sorted({m for r in rows if isinstance(r.verification.get("modes"), dict) for m in r.verification["modes"]})
     lines += prompt_format_lines(next((r.chat_template for r in rows if r.chat_template), None), modes)
     for r in rows:  # a searched recipe: how it was found (its own section, its file named)
-        found = search_lines(cast(SearchRecord, r.search), r.recipe) if r.search else []
-        lines += [found[0], f"For `{r.artifact}`.", "", *found[1:]] if found else []
+        how = search_lines(cast(SearchRecord, r.search), r.recipe) if r.search else []
+        lines += [how[0], f"For `{r.artifact}`.", "", *how[1:]] if how else []
     lines += ["Audit any file: `ggufmtp audit FILE.gguf` (the receipt beside it is read).", ""]
     return page_meta(rows, o), "\n".join(lines)
 

@@ -29,7 +29,7 @@ Floors (:class:`Floors`), applied before allocating, each exclusion kept with it
   ``output`` at Q5_0 drafted 17.5 points below ``iq2_xxs-mtp`` (CI -26.3 to -6.7) and 7.0 points
   below it with ``output`` back at Q8_0, eh_proj's type making no difference; the head study never
   measured the output, so below Q8_0 only a measurement may admit a type;
-- ``as_shipped``: where the budget is a recipe (the file the search has to beat), a head or
+- ``as_shipped``: given the recipe to beat (``--against``, or a budget given as a recipe), a head or
   head-read group may keep, unmeasured, a type at least as precise as every type that recipe gives its
   tensors (:func:`group_types`): the proof judges the head against that recipe's file, so its own
   choices are no risk to admit. On the trained tiny model ``iq2_xxs-mtp`` keeps ``token_embd`` at

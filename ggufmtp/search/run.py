@@ -3,7 +3,8 @@
 The stages: the model's tensor groups (:func:`~.groups.groups_of`), every candidate's cost
 (:func:`~.measure.measure_sensitivity`, cached, on Dask when asked), the allocation under the
 budget (:func:`~.allocate.allocate`), the recipe (:func:`~.found.allocation_recipe`), and with
-``prove`` the proof against the shipped recipe of the nearest size (:func:`~.prove.prove`). The
+``prove`` the proof against the recipe to beat (``shipped``, else a budget given as a recipe, else
+the shipped recipe of the nearest size: :func:`~.prove.prove`). The
 recipe TOML (with its ``[search]`` table) is written atomically when ``out`` is given.
 
 A budget (:func:`parse_budget`) is a size (``12MB``, ``11.5MiB``, ``1.2G``, ``123456`` bytes), bits
@@ -77,7 +78,7 @@ class SearchOptions:
     """What ``search_recipe`` measures and how it allocates. ``types``: the candidate types;
     ``measure``: the measuring side's options (corpus, chunks, baseline, imatrix, acceptance);
     ``floors``: what the allocation keeps; ``prove``: quantize and measure the result against the
-    shipped recipe of the nearest size (``shipped``: that recipe instead), with ``prove_head`` its
+    recipe to beat (``shipped``, else a budget given as a recipe, else the shipped recipe of the nearest size), with ``prove_head`` its
     head against the shipped file's in one interleaved verify run (``measure.verify``'s settings); ``workers``/``scheduler``:
     measure on a local Dask cluster of that many processes, or on a running one; ``name``: the
     recipe's name."""
@@ -178,19 +179,19 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     src = Path(local_model_arg(model))
     groups = groups_of(src, o.layers_per_group)
     parsed = parse_budget(budget) if isinstance(budget, str) else budget
-    floors = o.floors
-    if isinstance(parsed, Budget):
-        limit = parsed
-    else:  # the recipe to beat: its own types are admitted where the head's floors would refuse them unmeasured
-        limit, as_shipped = recipe_budget(src, groups, parsed, o.measure.imatrix)
-        floors = dataclasses.replace(floors, as_shipped=as_shipped)
+    # the recipe to beat (--against, else a budget given as a recipe): the proof's other arm, and its
+    # own types are admitted where the head's floors would refuse them unmeasured
+    beat = o.shipped or (parsed if isinstance(parsed, str) else None)
+    planned = {r: recipe_budget(src, groups, r, o.measure.imatrix) for r in {beat, parsed} if isinstance(r, str)}
+    limit = parsed if isinstance(parsed, Budget) else planned[parsed][0]
+    floors = o.floors if beat is None else dataclasses.replace(o.floors, as_shipped=planned[beat][1])
     refuse_before_measuring(src, groups, limit, o)
     with _client(o) as client:
         table = measure_sensitivity(src, groups, o.types, o.measure, client=client, log=log)
     allocation = allocate(table, limit, floors)
     recipe = allocation_recipe(table, allocation, Recipe.load(o.measure.baseline), o.name)
     log(f"allocated: {allocation.n_bytes} bytes ({allocation.bpw:.3f} bpw), predicted KLD {allocation.predicted_kld:.6f}")
-    proof = prove(src, recipe, o.shipped, o.prove_options(), log=log) if o.prove else None
+    proof = prove(src, recipe, beat, o.prove_options(), log=log) if o.prove else None
     points = with_front(all_points(table, allocation, proof))
     text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None, card_points(points))
     if out is not None:
