@@ -29,6 +29,9 @@
 #                                             # BUILD_STAGE=build SYNTH_STAGE=rsynth STAGES=rehearsal \
 #                                             #   setsid nohup bash benchmarks/gpu/run_h200.sh all &  (then `wait 560`)
 #                                             # CPU smoke run: RSHAPE=tiny RLAYERS=2 RGPUS=2 GGUFMTP_RUNTIME_VARIANT=cpu
+#   bash benchmarks/gpu/run_h200.sh search    # issue #43's GPU half: the recipe search of the gpu-small trained model at
+#                                             # hifi-q4_k_m-mtp's and iq2_xxs-mtp's size, proved on held-out prompts
+#                                             # (BUILD_STAGE=study-build SYNTH_STAGE=study-train STAGES=search ... all)
 #   bash benchmarks/gpu/run_h200.sh headsweep # issue #19: head-precision sweep (margin head, 10 trunk layers)
 #                                             # SYNTH_STAGE=hs-synth STAGES="headsweep evaltime" BUILD_STAGE=build
 #                                             #   bash benchmarks/gpu/run_h200.sh all: the sweep's model only
@@ -409,6 +412,47 @@ json.dump(d,open(sys.argv[1],'w'))" "$P-sidecar-time.json" || true
         --json "$RES/rehearsal-bound.json"
       echo; echo "== the ladder alone (its own wall; the sidecar ran beside it)"
       python3 benchmarks/ladder_bound.py "$S.json" "$C.json"; } 2>&1 | tee "$RES/rehearsal-bound.txt" ;;
+  search)
+    # issue #43's GPU half: the gpu-small trained model (study-train, if not done), its inputs from the
+    # training corpus's held-out split (the KLD text, $SPROMPTS verify prompts; the imatrix on its train
+    # split), the imatrix with the head, then the search at hifi-q4_k_m-mtp's and iq2_xxs-mtp's size,
+    # each proved against that recipe in one interleaved run -> $RES/search/. One call on nvidia-h200:
+    #   BUILD_STAGE=study-build SYNTH_STAGE=study-train STAGES=search setsid nohup bash ... all &
+    # $SWORKERS (4) measure at once on the one GPU (the quantization is CPU work), $SLPG (4) trunk layers a
+    # group: about 10 types x 12 groups of the 8-layer model. CPU smoke run (no training, this venv):
+    #   PATH=$PWD/.venv/bin:$PATH SITE=$PWD/.venv/lib/python3.11/site-packages SMODEL=builtin:tiny-qwen35moe-trained \
+    #   SPROMPTS=4 SBUDGETS=hifi-q4_k_m-mtp STYPES=Q8_0,Q5_0,Q4_0 SNGL=0 SWORKERS=2 SLPG=2 SCHUNKS=4 \
+    #   GGUFMTP_RUNTIME_VARIANT=cpu GGUFMTP_CACHE=$HOME/.cache/ggufmtp RES=/tmp/smoke bash benchmarks/gpu/run_h200.sh search
+    env_setup
+    S=$WORK/study; R=$RES/search; mkdir -p "$R"
+    M=${SMODEL:-$S/trained-bf16.gguf}
+    [ -n "${SMODEL:-}" ] || [ -f "$M" ] || bash "$0" study-train
+    python3 - "$CARRY/corpus-stdlib-full.jsonl" "$R" "${SPROMPTS:-160}" <<'PY'
+import importlib.util, json, sys
+from pathlib import Path
+corpus, out, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+spec = importlib.util.spec_from_file_location("lhs", "benchmarks/learned_head_study.py")
+lhs = importlib.util.module_from_spec(spec); sys.modules["lhs"] = lhs; spec.loader.exec_module(lhs)
+conv = {}
+for line in corpus.open():
+    d = json.loads(line)
+    conv.setdefault(d.get("split"), []).append(d)
+lhs.write_text_sample(out / "calib.txt", conv["train"], 200_000)
+lhs.write_text_sample(out / "eval-heldout.txt", conv["heldout"], 200_000)
+lhs.write_suite(out / "suite-heldout.jsonl", conv["heldout"], n)
+PY
+    IM=$R/imatrix.gguf; G=${SNGL:-999}
+    [ -f "$IM" ] || python3 -m ggufmtp imatrix compute "$M" --corpus "$R/calib.txt" -o "$IM" --mtp -ngl "$G" \
+      --no-progress --json > "$R/imatrix.json" 2> "$R/imatrix.log"
+    for b in ${SBUDGETS:-hifi-q4_k_m-mtp iq2_xxs-mtp}; do
+      date +"%T   search: $b" >> "$RES/progress.txt"
+      python3 -m ggufmtp --no-progress search "$M" --budget "$b" --imatrix "$IM" --corpus "$R/eval-heldout.txt" \
+        --types "${STYPES:-Q8_0,Q6_K,Q5_K,Q4_K,IQ4_XS,Q3_K,IQ3_XXS,Q2_K,IQ2_XS,IQ2_XXS}" --layers-per-group "${SLPG:-4}" \
+        --chunks "${SCHUNKS:-16}" --prove --suite "$R/suite-heldout.jsonl" --seeds 42 --max-tokens "${SMAXTOK:-128}" \
+        -ngl "$G" --workers "${SWORKERS:-4}" -o "$R/searched-$b.toml" --plot "$R/searched-$b.svg" --json > "$R/search-$b.json" 2> "$R/search-$b.log" || true
+      python3 -c "import json,sys; p=json.load(open(sys.argv[1]))['proof']; print(sys.argv[2], p['verdict'], '|', p['reason'])" \
+        "$R/search-$b.json" "$b" | tee -a "$R/verdicts.txt" || true
+    done ;;
   study-build)
     # the CUDA build at low priority: the training beside it is launch-bound on one CPU thread
     exec nice -n 10 bash "$0" build ;;
