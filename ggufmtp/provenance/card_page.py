@@ -23,6 +23,7 @@ from ..gguf.model import SPLIT_RE
 from ..quant.naming import model_name, selects, tag_problem
 from .head import HeadComparison, HeadFinding
 from .receipt import verification_problem
+from .search_card import SearchRecord
 from .statement import Predicate, Statement
 
 __all__ = ["CardMeta", "FileRow", "PageOptions", "TAGS", "card_title", "files_table", "page_meta", "pick_lines",
@@ -159,7 +160,7 @@ class FileRow:
     chat_template: str | None = None
     base_files: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     original: str | None = None  # the original model's Hub repo (:func:`original_model`)
-    search: Mapping[str, Any] | None = None  # a searched recipe's [search] record (:mod:`.search_card`)
+    search: SearchRecord | None = None  # a searched recipe's [search] record (:mod:`.search_card`)
 
     @classmethod
     def of(cls, st: Statement, artifact: str, receipt: str, chat_template: str | None = None) -> FileRow:

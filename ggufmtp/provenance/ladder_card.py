@@ -17,7 +17,6 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import cast
 
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT
@@ -39,7 +38,7 @@ from .card_page import (
 )
 from .pair_card import SIDECAR_HEADING, SidecarFile, pair_lines, served_with
 from .receipt import read_receipt
-from .search_card import SearchRecord, search_lines
+from .search_card import search_lines
 from .vacuous import VACUOUS_HEADING, vacuous_thresholds
 
 __all__ = ["LadderRow", "ladder_rows", "ladder_card_text", "make_ladder_card"]
@@ -101,7 +100,7 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, option
     modes = sorted({m for r in rows if isinstance(r.verification.get("modes"), dict) for m in r.verification["modes"]})
     lines += prompt_format_lines(next((r.chat_template for r in rows if r.chat_template), None), modes)
     for r in rows:  # a searched recipe: how it was found (its own section, its file named)
-        how = search_lines(cast(SearchRecord, r.search), r.recipe) if r.search else []
+        how = search_lines(r.search, r.recipe)
         lines += [how[0], f"For `{r.artifact}`.", "", *how[1:]] if how else []
     lines += ["Audit any file: `ggufmtp audit FILE.gguf` (the receipt beside it is read).", ""]
     return page_meta(rows, o), "\n".join(lines)

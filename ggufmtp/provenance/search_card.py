@@ -94,8 +94,8 @@ def _float(v: object) -> float | None:
 def _pair(v: object) -> list[float] | None:
     if not isinstance(v, list) or len(v) != 2:
         return None
-    xs = [_float(x) for x in v]
-    return [x for x in xs if x is not None] if None not in xs else None
+    lo, hi = _float(v[0]), _float(v[1])
+    return None if lo is None or hi is None else [lo, hi]
 
 
 def _proof(doc: object) -> SearchProof | None:

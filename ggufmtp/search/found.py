@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from .._version import __version__
 from ..constants import LLAMA_CPP_COMMIT
 from ..imatrix.check import needs_imatrix
+from ..provenance.search_card import SearchPoint
 from ..quant.recipe import Recipe, Rule
 from .allocate import chosen_costs
 from .records import Allocation, SensitivityTable
@@ -75,7 +76,7 @@ def allocation_recipe(table: SensitivityTable, allocation: Allocation, base: Rec
                      f"predicted KLD {allocation.predicted_kld:.6f} (baseline {table.baseline_recipe})"))
 
 
-def _value(v: TomlValue) -> str:
+def _value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
@@ -85,7 +86,7 @@ def _value(v: TomlValue) -> str:
     return repr(v)
 
 
-def _lines(items: Mapping[str, TomlValue]) -> Iterable[str]:
+def _lines(items: Mapping[str, object]) -> Iterable[str]:
     return (f"{k} = {_value(v)}" for k, v in items.items() if v is not None)
 
 
@@ -114,7 +115,7 @@ def group_rows(table: SensitivityTable, allocation: Allocation) -> list[dict[str
 
 def search_toml(recipe: Recipe, table: SensitivityTable, allocation: Allocation,
                 proof: Mapping[str, TomlValue] | None = None,
-                points: Sequence[Mapping[str, TomlValue]] = ()) -> str:
+                points: Sequence[SearchPoint] = ()) -> str:
     """The recipe's TOML with its ``[search]`` table (and ``[search.proof]`` when proven); ``points``:
     the Pareto table's rows the card shows (``[[search.points]]``: label, kind, n_bytes, kld, pareto)."""
     lines = [recipe.to_toml().rstrip("\n"), "", "[search]", *_lines(provenance(table, allocation))]

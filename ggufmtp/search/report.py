@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from html import escape
 
 from ..fmt import human_bytes
+from ..provenance.search_card import SearchPoint
 from .allocate import baseline_type
 from .prove import ProofResult
 from .records import Allocation, SensitivityTable
@@ -148,8 +149,8 @@ def svg(points: Sequence[Point], title: str = "KLD against size") -> str:
     return "\n".join(out) + "\n"
 
 
-def card_points(points: Sequence[Point]) -> list[dict[str, str | int | float | bool]]:
-    """The rows the recipe's ``[[search.points]]`` keep for the card: the front, the prediction and the
-    proved files (the other candidates are in ``--json``)."""
-    return [{"label": p.label, "kind": p.kind.value, "n_bytes": p.n_bytes, "kld": p.kld, "pareto": p.pareto}
+def card_points(points: Sequence[Point]) -> list[SearchPoint]:
+    """The rows the recipe's ``[[search.points]]`` keep for the card (the shape a receipt reads back):
+    the front, the prediction and the proved files (the other candidates are in ``--json``)."""
+    return [SearchPoint(label=p.label, kind=p.kind.value, n_bytes=p.n_bytes, kld=p.kld, pareto=p.pareto)
             for p in with_front(points) if p.pareto or p.kind is not PointKind.CANDIDATE]

@@ -192,8 +192,8 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     recipe = allocation_recipe(table, allocation, Recipe.load(o.measure.baseline), o.name)
     log(f"allocated: {allocation.n_bytes} bytes ({allocation.bpw:.3f} bpw), predicted KLD {allocation.predicted_kld:.6f}")
     proof = prove(src, recipe, beat, o.prove_options(), log=log) if o.prove else None
-    points = with_front(all_points(table, allocation, proof))
-    text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None, card_points(points))
+    points = card_points(all_points(table, allocation, proof))
+    text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None, points)
     if out is not None:
         atomic_write_text(out, text)
     return SearchResult(table, allocation, recipe, text, Path(out) if out is not None else None, proof)
