@@ -445,10 +445,12 @@ def test_coverage_trunk_gap_and_blocking(shapes):
     cov = imc.coverage(im, shapes, mtp_blocks=[4])
     assert cov.missing and all(n.startswith("blk.2.") for n in cov.missing) and not cov.complete
     types = {n: "IQ2_XXS" for n in cov.quantizable}
-    types["token_embd.weight"] = "IQ2_XXS"
+    types.update({n: "IQ3_XXS" for n in imc.EXEMPT_TENSORS & set(types) | {"token_embd.weight"}})
     blocking = cov.blocking(types)
-    assert "token_embd.weight" not in blocking  # never requires an imatrix
+    assert "token_embd.weight" not in blocking and "output.weight" not in blocking  # exempt from llama-quant's check, and ggml quantizes it
     assert set(blocking) == set(cov.missing) | set(cov.missing_mtp)
+    # but ggml_quantize_chunk asserts statistics for IQ2_XXS whatever the tensor: llama.cpp aborts
+    assert "token_embd.weight" in cov.blocking({**types, "token_embd.weight": "IQ2_XXS"})
     assert cov.blocking({n: "Q4_K" for n in cov.quantizable}) == []
 
 
@@ -474,8 +476,11 @@ def test_needs_imatrix():
         assert not imc.needs_imatrix(t)
     assert imc.needs_imatrix("Q2_K", "Q2_K_S") and imc.needs_imatrix("Q2_K", "LLAMA_FTYPE_MOSTLY_Q2_K_S")
     assert imc.needs_imatrix("Q2_K", 21) and not imc.needs_imatrix("Q2_K", "Q2_K")
-    assert not imc.needs_imatrix("IQ2_XXS", tensor_name="token_embd.weight")
-    assert not imc.needs_imatrix("IQ1_S", tensor_name="output.weight")
+    # exempt from llama-quant's check by name, but ggml_quantize_chunk asserts statistics for these
+    assert imc.needs_imatrix("IQ2_XXS", tensor_name="token_embd.weight")
+    assert imc.needs_imatrix("IQ1_S", tensor_name="output.weight")
+    for t in ("IQ3_XXS", "IQ2_S", "IQ1_M"):
+        assert not imc.needs_imatrix(t, tensor_name="token_embd.weight")
     assert imc.needs_imatrix("IQ1_S", tensor_name="blk.4.nextn.eh_proj.weight")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -14,10 +15,10 @@ from click.testing import CliRunner
 from fakehub import FakeHub, isolate_hf_client
 
 from ggufmtp.cli import main
-from ggufmtp.errors import AuditError, LadderError
+from ggufmtp.errors import AuditError, LadderError, SearchError
 from ggufmtp.fmt import divergence
 from ggufmtp.hub.upload import UploadOptions
-from ggufmtp.ladder.engine import DaskEngine
+from ggufmtp.ladder.engine import DaskEngine, task_result
 from ggufmtp.ladder.run import run_ladder, upload_ladder
 from ggufmtp.ladder.spec import LadderSpec, load_ladder_file
 from ggufmtp.measure.core.options import VerifyOptions
@@ -263,3 +264,23 @@ def test_a_searched_recipe_is_a_ladder_rung_like_a_shipped_one(llama_server_bin,
         t: allocated[g.name] for g in groups for t in g.tensors}
     card = (out / "README.md").read_text()
     assert f"| [{art.name}]" in card and f"| {tag} |" in card and "tiny-qwen35moe-f20-q8_0-mtp" not in card
+
+
+def _abort_like_llama_cpp() -> None:
+    os.abort()  # what GGML_ASSERT does to the process that loaded libllama
+
+
+def test_a_task_whose_worker_dies_is_one_error_naming_it_not_a_dask_traceback():
+    """The gpu-small search (2026-11-29): token_embd at IQ2_XXS aborted llama.cpp inside a Dask worker
+    on every try, and the CLI printed distributed's KilledWorker traceback. ``task_result`` turns it
+    into the command's own error, naming the task."""
+    distributed = pytest.importorskip("distributed", reason="the ladder extra (pip install 'ggufmtp[ladder]')")
+    import dask
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     silence_logs=50) as cluster, distributed.Client(cluster) as client:
+        fut = client.submit(_abort_like_llama_cpp, pure=False)
+        with pytest.raises(SearchError, match=r"^tiny: measuring token_embd at IQ2_XXS: its worker process died"):
+            task_result(fut, "tiny: measuring token_embd at IQ2_XXS", SearchError)
+        assert task_result(client.submit(sum, [1, 2]), "a sum") == 3  # the cluster goes on

@@ -234,3 +234,24 @@ def test_from_flags_finds_the_mtp_block_in_the_lines_model(model, tmp_path):
     assert r"pattern = 'blk\.{mtp}\.nextn\.eh_proj'" in res.output and "required = true" in res.output
     res = CliRunner().invoke(main, ["recipe", "from-flags", "--", *line[:2], str(tmp_path / "absent.gguf"), "o", "Q8_0"])
     assert res.exit_code == 0 and "required = false" in res.output and r"blk\.4\." in res.output
+
+
+@pytest.mark.parametrize("name", ["token_embd", "output"])
+def test_token_embd_or_output_at_iq2_without_statistics_is_refused_as_llama_cpp_aborts_on_it(model, tmp_path, name):
+    """llama-quant's name exemption (``tensor_requires_imatrix``) spares token_embd and output its
+    "Missing importance matrix" error, but ``ggml_quantize_chunk`` asserts statistics for IQ2_XXS,
+    IQ2_XS and IQ1_S whatever the tensor: the pinned llama-quantize aborts (found on the gpu-small
+    search, 2026-11-29, where token_embd at IQ2_XXS killed every Dask worker). The plan refuses it
+    first, naming the tensor; IQ3_XXS, which llama.cpp quantizes without statistics there, stays allowed."""
+    im = tmp_path / "im.gguf"  # llama-imatrix's kind: no token_embd, no output (no --process-output)
+    imx.write_imatrix(imc.synthetic_imatrix(imc.read_model_tensors(model), seed=1, mtp_blocks=[]), im)
+    line = ["--imatrix", str(im), "--tensor-type", f"^{name}\\.weight$=iq2_xxs", str(model), str(tmp_path / "t.gguf"), "Q8_0"]
+    proc = subprocess.run([str(runtime.find_binary("llama-quantize")), *line], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode != 0 and "GGML_ASSERT(imatrix != NULL)" in proc.stdout + proc.stderr, proc.returncode
+    assert not imc.needs_imatrix("IQ3_XXS", "Q8_0", f"{name}.weight")
+    assert imc.needs_imatrix("IQ2_XXS", "Q8_0", f"{name}.weight")
+    rec = Recipe.load("Q8_0").with_flags(LlamaQuantizeLine.parse(f"--tensor-type ^{name}\\.weight$=iq2_xxs").flags)
+    plan = make_plan(model, rec, im)
+    assert not plan.ok and f"{name}.weight" in plan.errors[0] and "has no statistics" in plan.errors[0], plan.errors
+    out = _fails(["quantize", *line[:4], str(model), "-o", str(tmp_path / "o.gguf"), "-r", "Q8_0"])
+    assert f"{name}.weight" in out and not (tmp_path / "o.gguf").exists()

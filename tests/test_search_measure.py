@@ -22,6 +22,8 @@ import pytest
 
 from ggufmtp.errors import SearchError
 from ggufmtp.gguf.model import GGUFModel
+from ggufmtp.imatrix import check as imc
+from ggufmtp.imatrix import format as imx
 from ggufmtp.imatrix.check import is_quantizable
 from ggufmtp.measure.core.options import VerifyOptions
 from ggufmtp.quality.options import EvalOptions
@@ -29,7 +31,7 @@ from ggufmtp.quality.perplexity import chunk_kld_means
 from ggufmtp.quant.quantize import quantize
 from ggufmtp.quant.recipe import QuantizeFlags, Recipe
 from ggufmtp.search import measure as measure_module
-from ggufmtp.search.groups import candidates, group_rule, groups_of, matching_tensors
+from ggufmtp.search.groups import candidates, group_rule, groups_of, imatrix_covers, matching_tensors
 from ggufmtp.search.measure import MeasureOptions, measure_sensitivity
 from ggufmtp.search.records import GroupRole
 
@@ -78,8 +80,26 @@ def test_candidates_respect_block_sizes_and_the_imatrix(model, groups):
     assert ("routed_experts.0-1", "Q1_0") not in types  # ffn_down_exps rows of 64 < Q1_0's 128-block
     assert ("attn.3", "Q1_0") in types
     assert not any(c.qtype == "IQ2_XXS" for c in cands)
-    with_imatrix = candidates(model, groups, ["IQ2_XXS"], imatrix=True)
+    with_imatrix = candidates(model, groups, ["IQ2_XXS"], imatrix=set(GGUFModel(model).tensors))
     assert [c.group for c in with_imatrix] == ["mtp.eh_proj"]  # the one group whose rows (256) take its block
+
+
+def test_a_type_needing_statistics_is_a_candidate_only_where_the_imatrix_has_them(synth_model, tmp_path):
+    """llama-imatrix's file has no token_embd and no output (no --process-output): token_embd at
+    IQ2_XXS then aborts llama.cpp (GGML_ASSERT in ggml_quantize_chunk), and killed every Dask worker
+    of the gpu-small search (2026-11-29). Such a candidate is not measured; IQ3_XXS, which llama.cpp
+    quantizes there without statistics, is. A head without statistics gets no IQ type."""
+    synth = synth_model("tiny-qwen35moe")  # rows of 256: every group takes the 256-blocks
+    trunk_only = tmp_path / "im.gguf"  # llama-imatrix's kind: neither the MTP block nor token_embd/output
+    imx.write_imatrix(imc.synthetic_imatrix(imc.read_model_tensors(synth), seed=1), trunk_only)
+    sgroups = groups_of(synth, layers_per_group=2)
+    types = {(c.group, c.qtype) for c in candidates(synth, sgroups, ["IQ2_XXS", "IQ3_XXS"],
+                                                      imatrix=imatrix_covers(trunk_only))}
+    assert ("token_embd", "IQ3_XXS") in types and ("token_embd", "IQ2_XXS") not in types
+    assert ("output", "IQ3_XXS") in types and ("output", "IQ2_XXS") not in types
+    assert ("routed_experts.0-1", "IQ2_XXS") in types
+    assert not any(g.startswith("mtp.") for g, _ in types)
+    assert not candidates(synth, sgroups, ["IQ2_XXS"])  # no imatrix at all
 
 
 @pytest.mark.parametrize(("group", "qtype"), [("routed_experts.0-1", "Q4_0"), ("mtp.attn", "Q1_0")])
