@@ -34,7 +34,8 @@ from .entries import (
     name_order,
 )
 
-__all__ = ["EXEMPT_TENSORS", "IMATRIX_REQUIRED_TYPES", "Coverage", "ImatrixProblem", "ModelTensors", "ProblemKind",
+__all__ = ["ASSERTED_IMATRIX_TYPES", "EXEMPT_TENSORS", "IMATRIX_REQUIRED_TYPES",
+           "Coverage", "ImatrixProblem", "ModelTensors", "ProblemKind",
            "Severity", "ValidationReport", "coverage", "expected_size", "is_q2_k_s_ftype", "is_quantizable",
            "mtp_block_indices", "needs_imatrix", "read_model_tensors", "refuse_unusable_values", "synthetic_imatrix",
            "validate"]
@@ -45,6 +46,11 @@ IMATRIX_REQUIRED_TYPES = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_
 # llama-imatrix never collects token embeddings (GET_ROWS, not MUL_MAT) and collects
 # output.weight only with --process-output.
 EXEMPT_TENSORS = frozenset({"token_embd.weight", "per_layer_token_embd.weight", "output.weight"})
+# Types whose quantization asserts statistics whatever the tensor (ggml/src/ggml.c:
+# ggml_quantize_requires_imatrix, GGML_ASSERT(imatrix != NULL) in ggml_quantize_chunk): the name
+# exemption above does not reach that assert, so llama-quantize aborts on token_embd or output at one
+# of these without statistics (a gpu-small search's token_embd at IQ2_XXS, 2026-11-29).
+ASSERTED_IMATRIX_TYPES = frozenset({"IQ1_S", "IQ2_XXS", "IQ2_XS"})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -367,12 +373,13 @@ def needs_imatrix(type_name: str, ftype: str | int | None = None, tensor_name: s
 
     Mirrors ``tensor_requires_imatrix`` (src/llama-quant.cpp): IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
     IQ3_XXS always; Q2_K only when the file type (``ftype``: "Q2_K_S", "MOSTLY_Q2_K_S",
-    "LLAMA_FTYPE_MOSTLY_Q2_K_S" or 21) is Q2_K_S; never for ``token_embd.weight``,
-    ``per_layer_token_embd.weight`` and ``output.weight``.
+    "LLAMA_FTYPE_MOSTLY_Q2_K_S" or 21) is Q2_K_S; for ``token_embd.weight``,
+    ``per_layer_token_embd.weight`` and ``output.weight`` only the types ggml itself asserts
+    statistics for (IQ1_S, IQ2_XXS, IQ2_XS: llama.cpp aborts there instead of refusing).
     """
-    if tensor_name is not None and tensor_name in EXEMPT_TENSORS:
-        return False
     t = type_name.upper().removeprefix("GGML_TYPE_")
+    if tensor_name is not None and tensor_name in EXEMPT_TENSORS:
+        return t in ASSERTED_IMATRIX_TYPES
     if t in IMATRIX_REQUIRED_TYPES:
         return True
     if t == "Q2_K":

@@ -36,7 +36,7 @@ from ..errors import GgufmtpError, LadderError
 from ..jsontypes import JsonObject
 from .spec import VariantJob
 
-__all__ = ["TaskTime", "VariantOutcome", "Engine", "Sequential", "DaskEngine", "build_variant", "measure_variant"]
+__all__ = ["TaskTime", "VariantOutcome", "Engine", "Sequential", "DaskEngine", "build_variant", "measure_variant", "task_result"]
 
 
 class TaskTimeDict(TypedDict):
@@ -184,6 +184,19 @@ def _require_dask() -> None:
                           "(or leave them out to run the variants in sequence)") from None
 
 
+def task_result(future: Any, what: str, error: type[GgufmtpError] = LadderError) -> Any:
+    """A Dask task's result. A task whose worker process died on every try (llama.cpp aborts its
+    process on a failed assertion, where a Python error would have been raised) is one ``error``
+    naming ``what``, not Dask's ``KilledWorker`` traceback."""
+    from distributed.scheduler import KilledWorker
+
+    try:
+        return future.result()
+    except KilledWorker:
+        raise error(f"{what}: its worker process died on every try (a crash inside llama.cpp, such as a "
+                    "failed assertion, or too little memory); the log above shows the worker's last words") from None
+
+
 @dataclass
 class DaskEngine:
     """Variants as Dask tasks: on a local cluster of ``workers`` processes, or on ``address``'s cluster."""
@@ -219,7 +232,7 @@ class DaskEngine:
                 finals.append(client.submit(measure_variant, built, job, key=f"measure-{job.recipe}", pure=False,
                                             resources={"GPU": 1} if job.uses_gpu and self.gpus else {"CPU": 1}))
             for fut in as_completed(finals):
-                yield fut.result()
+                yield task_result(fut, f"variant {fut.key.removeprefix('measure-')}")
         finally:
             cluster = getattr(client, "cluster", None)
             client.close()

@@ -28,8 +28,9 @@ what llama-quantize writes.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import gguf
@@ -37,11 +38,12 @@ import gguf
 from ..errors import SearchError
 from ..gguf.model import GGUFModel, TensorInfo, check_mtp
 from ..imatrix.check import is_quantizable, needs_imatrix
+from ..imatrix.format import read_imatrix
 from ..quant.plan import row_bytes
 from ..quant.recipe import MTP_PLACEHOLDER, Rule, normalize_type
 from .records import Candidate, GroupRole, TensorGroup
 
-__all__ = ["DEFAULT_LAYERS_PER_GROUP", "candidates", "group_rule", "groups_of", "matching_tensors"]
+__all__ = ["DEFAULT_LAYERS_PER_GROUP", "candidates", "group_rule", "groups_of", "imatrix_covers", "matching_tensors"]
 
 DEFAULT_LAYERS_PER_GROUP = 4
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -193,13 +195,21 @@ def _fits(qtype: str, info: TensorInfo) -> bool:
     return info.shape[0] % block == 0
 
 
+def imatrix_covers(imatrix: str | os.PathLike | None) -> frozenset[str] | None:
+    """The tensors ``imatrix`` has statistics for (:func:`candidates`' argument; None: no imatrix)."""
+    return None if imatrix is None else frozenset(read_imatrix(imatrix).entries)
+
+
 def candidates(model_path: str | Path, groups: Sequence[TensorGroup], types: Sequence[str], *,
-               imatrix: bool = False) -> tuple[Candidate, ...]:
+               imatrix: Collection[str] | None = None) -> tuple[Candidate, ...]:
     """Each group at each of ``types`` that llama-quantize would write as asked (see the module doc),
-    with its bytes; ``imatrix``: whether an imatrix will be given (the types that need one are
-    candidates only then). RecipeError naming an unknown type, SearchError for a group of another model."""
+    with its bytes; ``imatrix``: the tensors the imatrix has statistics for (None: no imatrix). A
+    type that needs statistics is a candidate only where every tensor of the group that needs them
+    has them: token_embd and output at IQ2_XXS without them abort llama.cpp, the MTP head at IQ3_XXS
+    is refused. RecipeError naming an unknown type, SearchError for a group of another model."""
     qtypes = [normalize_type(t, "candidate types") for t in types]
     gm = GGUFModel(model_path)
+    covered = frozenset(imatrix or ())
     out = []
     for g in groups:
         if missing := [n for n in g.tensors if n not in gm.tensors]:
@@ -209,7 +219,7 @@ def candidates(model_path: str | Path, groups: Sequence[TensorGroup], types: Seq
         for qt in qtypes:
             if not all(_fits(qt, i) for i in infos):
                 continue
-            if not imatrix and any(needs_imatrix(qt, None, i.name) for i in infos):
+            if any(needs_imatrix(qt, None, i.name) and i.name not in covered for i in infos):
                 continue
             out.append(Candidate(g.name, qt, sum(row_bytes(qt, i.shape) for i in infos)))
     return tuple(out)

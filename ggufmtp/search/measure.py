@@ -48,6 +48,7 @@ from ..files.digest_cache import DigestCache
 from ..files.hashing import sha256_cached
 from ..files.memo import JsonMemo
 from ..imatrix.corpus import resolve_corpus
+from ..ladder.engine import task_result
 from ..measure.core.options import VerifyOptions
 from ..measure.verify.run import verify
 from ..progress import bar as progress_bar
@@ -57,7 +58,7 @@ from ..quant.plan import make_plan
 from ..quant.quantize import quantize
 from ..quant.recipe import QuantizeFlags, Recipe, Rule
 from ..runtime.build import binary_version, cache_root, find_binary
-from .groups import candidates, group_rule
+from .groups import candidates, group_rule, imatrix_covers
 from .records import Candidate, Cost, SensitivityTable, TensorGroup
 
 __all__ = ["MeasureOptions", "Measurement", "baseline_types", "candidate_recipe", "measure_candidate",
@@ -283,13 +284,14 @@ def _run_jobs(model: Path, jobs: Sequence[_Job], o: MeasureOptions, client: Any 
 
     quiet = dataclasses.replace(o, progress=False)
     first = client.submit(measure_candidate, model, jobs[0].rule, quiet, acceptance=jobs[0].acceptance, pure=False)
-    results = {0: first.result()}
+    results = {0: task_result(first, f"{model.name}: measuring {_what(jobs[0], o.baseline)}", SearchError)}
     on_done(jobs[0], results[0])
     futures = {client.submit(measure_candidate, model, job.rule, quiet, acceptance=job.acceptance, pure=False): i
                for i, job in enumerate(jobs) if i}
     for fut in as_completed(list(futures)):
-        results[futures[fut]] = fut.result()
-        on_done(jobs[futures[fut]], results[futures[fut]])
+        job = jobs[futures[fut]]
+        results[futures[fut]] = task_result(fut, f"{model.name}: measuring {_what(job, o.baseline)}", SearchError)
+        on_done(job, results[futures[fut]])
     return [results[i] for i in range(len(jobs))]
 
 
@@ -300,9 +302,12 @@ def baseline_types(model: str | os.PathLike, options: MeasureOptions) -> dict[st
     return {t.name: t.to_type for t in plan.tensors}
 
 
+def _what(job: _Job, baseline: str) -> str:
+    return f"{job.candidate.group} at {job.candidate.qtype}" if job.candidate else f"baseline {baseline}"
+
+
 def _log_line(job: _Job, m: Measurement, baseline: str) -> str:
-    what = f"{job.candidate.group} at {job.candidate.qtype}" if job.candidate else f"baseline {baseline}"
-    return (f"{what}: KLD {m.kld:.6f} ± {m.kld_err:.6f}" +
+    return (f"{_what(job, baseline)}: KLD {m.kld:.6f} ± {m.kld_err:.6f}" +
             (f", acceptance {m.acceptance_diff * 100:+.1f} points" if m.acceptance_diff is not None else "") +
             f" ({'cached' if m.cached else f'{m.seconds:.1f} s'})")
 
@@ -318,7 +323,7 @@ def measure_sensitivity(model: str | os.PathLike, groups: Sequence[TensorGroup],
     ``log``: one line per measurement (its group, type, KLD, wall time, cached or not)."""
     o = options if options is not None else MeasureOptions()
     model = Path(model)
-    cands = candidates(model, groups, types, imatrix=o.imatrix is not None)
+    cands = candidates(model, groups, types, imatrix=imatrix_covers(o.imatrix))
     by_name = {g.name: g for g in groups}
     planned = baseline_types(model, o)
     unchanged = {c for c in cands if all(planned.get(n) == c.qtype for n in by_name[c.group].tensors)}

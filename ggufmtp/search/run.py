@@ -35,7 +35,7 @@ from ..quant.recipe import Recipe
 from ..refs import local_model_arg
 from .allocate import Floors, allocate, budget_bytes, group_types, size_text
 from .found import allocation_recipe, search_toml
-from .groups import DEFAULT_LAYERS_PER_GROUP, candidates, groups_of
+from .groups import DEFAULT_LAYERS_PER_GROUP, candidates, groups_of, imatrix_covers
 from .measure import MeasureOptions, measure_sensitivity
 from .prove import ProofResult, ProveOptions, prove
 from .records import Allocation, Budget, SensitivityTable, TensorGroup
@@ -157,12 +157,12 @@ def refuse_before_measuring(model: Path, groups: tuple[TensorGroup, ...], budget
     if unknown:
         raise SearchError(f"{model.name}: no group named {', '.join(unknown)} for --acceptance-group "
                           f"(its groups: {', '.join(g.name for g in groups)})")
-    cands = candidates(model, groups, o.types, imatrix=o.measure.imatrix is not None)
+    cands = candidates(model, groups, o.types, imatrix=imatrix_covers(o.measure.imatrix))
     smallest = {g.name: min((c.n_bytes for c in cands if c.group == g.name), default=None) for g in groups}
     missing = sorted(name for name, b in smallest.items() if b is None)
     if missing:
         raise SearchError(f"{model.name}: no candidate type for {', '.join(missing)} among {', '.join(o.types)} "
-                          "(a type's block size must divide the rows; the IQ types need --imatrix)")
+                          "(a type's block size must divide the rows; the IQ types need --imatrix with statistics for the group's tensors)")
     n_params = sum(g.n_params for g in groups)
     limit, least = budget_bytes(budget, n_params), sum(b for b in smallest.values() if b is not None)
     if least > limit:
