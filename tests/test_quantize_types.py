@@ -7,6 +7,7 @@ flags are recipe overrides, so the plan's emitted llama-quantize line stays byte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -255,3 +256,12 @@ def test_token_embd_or_output_at_iq2_without_statistics_is_refused_as_llama_cpp_
     assert not plan.ok and f"{name}.weight" in plan.errors[0] and "has no statistics" in plan.errors[0], plan.errors
     out = _fails(["quantize", *line[:4], str(model), "-o", str(tmp_path / "o.gguf"), "-r", "Q8_0"])
     assert f"{name}.weight" in out and not (tmp_path / "o.gguf").exists()
+
+
+def test_a_q8_0_ftype_whose_rules_go_lower_warns_without_its_recommended_imatrix(model):
+    """A searched recipe is a Q8_0 ftype with lower rules; "recommended" is judged by the planned
+    types, not the ftype (before, a Q8_0 ftype never warned)."""
+    rec = dataclasses.replace(Recipe.load("Q8_0"), imatrix="recommended")
+    assert not any("recommends an imatrix" in w for w in make_plan(model, rec).warnings)
+    lower = rec.with_flags(LlamaQuantizeLine.parse(r"--tensor-type ffn_up_exps=iq4_xs").flags)
+    assert any("recommends an imatrix" in w for w in make_plan(model, lower).warnings)

@@ -198,6 +198,10 @@ def test_the_found_recipe_is_an_ordinary_recipe_with_its_search_table(tmp_path):
         (r"blk\.[0-3]\.attn_", "Q8_0"), (r"blk\.[0-3]\.ffn_(gate|up|down)_exps", "Q4_K"),
         (r"blk\.{mtp}\.nextn\.eh_proj", "Q8_0")]
     assert loaded.mtp_roles == () and loaded.mtp_floor is None and loaded.ftype == "Q8_0"
+    assert loaded.imatrix == "none"  # measured without an imatrix, and no type needs one
+    # measured with one (the gpu-small search's IQ4_XS experts, 2026-11-29): the file it proved had
+    # statistics, so quantizing the recipe without them is warned about
+    assert allocation_recipe(t, a, Recipe.load("Q8_0"), measured_with_imatrix=True).imatrix == "recommended"
     assert loaded.release_tag == "Searched-4_84bpw"  # 43,392 bytes over 71,680 weights; not Q8_0's name
     doc = tomllib.loads(path.read_text())["search"]
     assert doc["table_sha256"] == table_digest(t) and doc["method"] == "pareto-dp"

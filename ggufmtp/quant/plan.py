@@ -262,7 +262,8 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
         if not any(re.search(r.llama_pattern, n) for n in names):
             found.warnings.append(f"rule {r.source} {r.pattern!r} -> {r.type} matches no tensor")
     missing_stats = _annotate(tensors, rec, rules, fallbacks, im, mtp_prefixes)
-    _check_imatrix_coverage(missing_stats, rec, im, imatrix, mtp_prefixes, found)
+    _check_imatrix_coverage(missing_stats, rec, im, imatrix, mtp_prefixes, found,
+                            below_8_bits=any(t.to_type not in _NO_IMATRIX_TYPES for t in tensors))
     return Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=blocks[0] if blocks else None,
                 mtp_blocks=blocks, mtp_status=mtp.status,
                 rules=rules, tensors=tensors, n_params=gm.n_params, errors=found.errors, warnings=found.warnings,
@@ -380,8 +381,13 @@ def _annotate(tensors: list[PlannedTensor], rec: Recipe, rules: list[Rule], fall
     return missing_stats
 
 
+# Types an imatrix does not change (llama.cpp's Q8_0 and float types ignore the statistics).
+_NO_IMATRIX_TYPES = frozenset({"Q8_0", "F16", "BF16", "F32"})
+
+
 def _check_imatrix_coverage(missing_stats: list[str], rec: Recipe, im: imx_entries.Imatrix | None,
-                            imatrix: str | Path | None, mtp_prefixes: tuple[str, ...], found: _Preflight) -> None:
+                            imatrix: str | Path | None, mtp_prefixes: tuple[str, ...], found: _Preflight, *,
+                            below_8_bits: bool) -> None:
     """Types that need statistics the imatrix lacks (the MTP blocks, which llama-imatrix never covers,
     are written last: without this check the run would fail hours in)."""
     if missing_stats:
@@ -394,7 +400,8 @@ def _check_imatrix_coverage(missing_stats: list[str], rec: Recipe, im: imx_entri
         named = head + trunk[:6]  # every head tensor (a dozen a block), the trunk's first few
         found.errors.append(f"{len(missing_stats)} tensor(s) planned as a type that needs an imatrix, but {what}"
                             f"{mtp_note}: {', '.join(named)}{' ...' if len(named) < len(missing_stats) else ''}")
-    elif rec.imatrix == "recommended" and im is None and rec.ftype not in ("Q8_0", "F16", "BF16", "F32"):
+    elif rec.imatrix == "recommended" and im is None and below_8_bits:
+        # by the planned types, not the ftype: a searched recipe is a Q8_0 ftype whose rules go lower
         found.warnings.append(f"recipe {rec.name} recommends an imatrix; quantizing without one")
 
 

@@ -63,12 +63,16 @@ def release_tag(allocation: Allocation) -> str:
     return f"Searched-{hundredths // 100}_{hundredths % 100:02d}bpw"
 
 
-def allocation_recipe(table: SensitivityTable, allocation: Allocation, base: Recipe, name: str = "searched-mtp") -> Recipe:
+def allocation_recipe(table: SensitivityTable, allocation: Allocation, base: Recipe, name: str = "searched-mtp", *,
+                      measured_with_imatrix: bool = False) -> Recipe:
     """The allocation as a recipe on ``base`` (its ftype, output/embedding types, MTP requirement and
-    ``[verify]``): one rule per group; ``imatrix = "required"`` when a chosen type needs one."""
+    ``[verify]``): one rule per group; ``imatrix = "required"`` when a chosen type needs one, else
+    ``"recommended"`` when the costs were measured with an imatrix (an IQ4_XS chosen for its KLD
+    with statistics is another file without them: quantize then warns)."""
     patterns = {g.name: g.pattern for g in table.groups}
     rules = tuple(Rule(patterns[group], qtype) for group, qtype in allocation.types)
-    imatrix = "required" if any(needs_imatrix(t, base.ftype) for _, t in allocation.types) else base.imatrix
+    imatrix = ("required" if any(needs_imatrix(t, base.ftype) for _, t in allocation.types)
+               else "recommended" if measured_with_imatrix and base.imatrix == "none" else base.imatrix)
     return dataclasses.replace(
         base, name=name, tag=release_tag(allocation), path=None, sha256=None, mtp_roles=(), mtp_floor=None, rules=rules,
         overrides=(), imatrix=imatrix,

@@ -189,7 +189,8 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     with _client(o) as client:
         table = measure_sensitivity(src, groups, o.types, o.measure, client=client, log=log)
     allocation = allocate(table, limit, floors)
-    recipe = allocation_recipe(table, allocation, Recipe.load(o.measure.baseline), o.name)
+    recipe = allocation_recipe(table, allocation, Recipe.load(o.measure.baseline), o.name,
+                               measured_with_imatrix=o.measure.imatrix is not None)
     log(f"allocated: {allocation.n_bytes} bytes ({allocation.bpw:.3f} bpw), predicted KLD {allocation.predicted_kld:.6f}")
     proof = prove(src, recipe, beat, o.prove_options(), log=log) if o.prove else None
     points = card_points(all_points(table, allocation, proof))
