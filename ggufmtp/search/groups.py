@@ -19,8 +19,10 @@ alternation of the names otherwise.
 
 A type is a candidate for a group only where llama-quantize would write it as asked: its block size
 divides every tensor's row width (``ne0``; otherwise llama.cpp falls back to another type, so the
-size and the cost would be another type's), and, for the types that need an imatrix
-(:data:`~ggufmtp.imatrix.check.IMATRIX_REQUIRED_TYPES`), only when one is given. A candidate's bytes
+size and the cost would be another type's), and, for the types that need statistics
+(:func:`~ggufmtp.imatrix.check.needs_imatrix`), only where the imatrix has them for every tensor of
+the group (llama-imatrix collects no token_embd, and llama.cpp aborts on it at IQ2_XXS without
+them). A candidate's bytes
 are the tensors' bytes at that type from gguf-py's block sizes (:func:`ggufmtp.quant.plan.row_bytes`),
 what llama-quantize writes.
 """
