@@ -36,7 +36,7 @@ from ..imatrix import format as imx
 from ..jsontypes import JsonObject
 from ..runtime.libllama import KVOverride, QuantizeParams
 from .qtypes import FTYPE_DEFAULT_TYPE, bits_per_weight
-from .recipe import Recipe, Rule, ftype_names, ggml_type_names
+from .recipe import NO_IMATRIX_TYPES, Recipe, Rule, ftype_names, ggml_type_names
 from .worker import run_quantize_interruptible
 
 # ggml types llama.cpp does not count as quantized (ggml_is_quantized): no --allow-requantize needed
@@ -263,7 +263,7 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
             found.warnings.append(f"rule {r.source} {r.pattern!r} -> {r.type} matches no tensor")
     missing_stats = _annotate(tensors, rec, rules, fallbacks, im, mtp_prefixes)
     _check_imatrix_coverage(missing_stats, rec, im, imatrix, mtp_prefixes, found,
-                            below_8_bits=any(t.to_type not in _NO_IMATRIX_TYPES for t in tensors))
+                            below_8_bits=any(t.to_type not in NO_IMATRIX_TYPES for t in tensors))
     return Plan(model=str(model), recipe=rec.name, ftype=rec.ftype, mtp_block=blocks[0] if blocks else None,
                 mtp_blocks=blocks, mtp_status=mtp.status,
                 rules=rules, tensors=tensors, n_params=gm.n_params, errors=found.errors, warnings=found.warnings,
@@ -379,10 +379,6 @@ def _annotate(tensors: list[PlannedTensor], rec: Recipe, rules: list[Rule], fall
         if t.needs_imatrix and not t.has_imatrix:
             missing_stats.append(t.name)
     return missing_stats
-
-
-# Types an imatrix does not change (llama.cpp's Q8_0 and float types ignore the statistics).
-_NO_IMATRIX_TYPES = frozenset({"Q8_0", "F16", "BF16", "F32"})
 
 
 def _check_imatrix_coverage(missing_stats: list[str], rec: Recipe, im: imx_entries.Imatrix | None,

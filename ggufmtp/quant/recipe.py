@@ -85,6 +85,8 @@ IMATRIX_MODES = ("required", "recommended", "none")
 HEAD_EH_PROJ_TYPE = "Q8_0"
 HEAD_FLOOR_TYPE = "Q4_K"
 UNQUANTIZED_FTYPES = ("F32", "F16", "BF16")
+# The types an imatrix does not change (llama.cpp's Q8_0 and the float types ignore the statistics).
+NO_IMATRIX_TYPES = ("Q8_0", *UNQUANTIZED_FTYPES)
 
 
 def ggml_type_names() -> dict[str, int]:
@@ -352,7 +354,7 @@ class Recipe:
             raise RecipeError(f"{type_name}: not a llama-quantize type (types: {', '.join(valid_quant_types())})")
         ftype = QUANT_OPTIONS[option]
         imatrix = ("required" if needs_imatrix(FTYPE_DEFAULT_TYPE[ftype], ftype)
-                   else "none" if ftype in ("Q8_0", *UNQUANTIZED_FTYPES) else "recommended")
+                   else "none" if ftype in NO_IMATRIX_TYPES else "recommended")
         if not head_defaults:
             return cls(name=f"{ftype}-plain", ftype=ftype, imatrix=imatrix, mtp_required=False,
                        description=f"llama-quantize {ftype}: its own per-tensor types, no MTP head defaults")

@@ -283,15 +283,19 @@ def _run_jobs(model: Path, jobs: Sequence[_Job], o: MeasureOptions, client: Any 
     from distributed import as_completed
 
     quiet = dataclasses.replace(o, progress=False)
-    first = client.submit(measure_candidate, model, jobs[0].rule, quiet, acceptance=jobs[0].acceptance, pure=False)
-    results = {0: task_result(first, f"{model.name}: measuring {_what(jobs[0], o.baseline)}", SearchError)}
+
+    def submit(job: _Job) -> Any:
+        return client.submit(measure_candidate, model, job.rule, quiet, acceptance=job.acceptance, pure=False)
+
+    def result(fut: Any, job: _Job) -> Measurement:
+        return task_result(fut, f"{model.name}: measuring {_what(job, o.baseline)}", SearchError)
+
+    results = {0: result(submit(jobs[0]), jobs[0])}
     on_done(jobs[0], results[0])
-    futures = {client.submit(measure_candidate, model, job.rule, quiet, acceptance=job.acceptance, pure=False): i
-               for i, job in enumerate(jobs) if i}
+    futures = {submit(job): i for i, job in enumerate(jobs) if i}
     for fut in as_completed(list(futures)):
-        job = jobs[futures[fut]]
-        results[futures[fut]] = task_result(fut, f"{model.name}: measuring {_what(job, o.baseline)}", SearchError)
-        on_done(job, results[futures[fut]])
+        results[futures[fut]] = result(fut, jobs[futures[fut]])
+        on_done(jobs[futures[fut]], results[futures[fut]])
     return [results[i] for i in range(len(jobs))]
 
 
