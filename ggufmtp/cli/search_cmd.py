@@ -17,7 +17,7 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
               help="The size to fit, over the quantized tensors: 12MB, 11.5MiB, 4.5bpw, or a recipe "
                    "(hifi-q4_k_m-mtp: that recipe's size on this model).")
 @click.option("--types", default="Q8_0,Q6_K,Q5_K,Q4_K,IQ4_XS,Q3_K,Q2_K", show_default=True,
-              help="Candidate types for every group (the ones needing an imatrix only with --imatrix).")
+              help="Candidate types for every group (a type that needs statistics only where --imatrix has them for the group's tensors).")
 @imatrix_option
 @click.option("--corpus", default=EvalOptions.corpus, show_default=True,
               help="Held-out text the KLD is measured on: a UTF-8 file or builtin:NAME.")
