@@ -122,6 +122,7 @@ class RunSummary:
     speed_checked: bool | None = None  # whether the verdict judged the speedup (GPU offload)
     findings: JsonObject | None = None  # the verdict's three findings (provenance.verdict.Findings)
     head: JsonObject | None = None  # the judged mode's head against the reference (provenance.head)
+    reasons: list[str] = dataclasses.field(default_factory=list)  # why the verdict is not pass
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # each stage's wall time here
 
     def to_dict(self) -> JsonObject:
@@ -170,6 +171,7 @@ class RunResult:
             speed_checked=v.get("speed_checked") if v else None,
             findings=v.get("findings") if v else None,
             head=next(iter(((v.get("head") or {}).get("findings") or {}).values()), None) if v else None,
+            reasons=[str(r) for r in v.get("reasons") or []] if v else [],
             uploaded=self._result("upload").get("commit_url") if self.stage("upload") else None,
             stages={s.stage: s.status for s in self.stages},
             stage_seconds={s.stage: round(s.seconds, 3) for s in self.stages},

@@ -7,9 +7,18 @@ from typing import Any
 
 from .fmt import ci_phrase, pct, points, times
 from .jsontypes import JsonObject
+from .provenance.head import level_text
 from .provenance.verdict import Findings
 
-__all__ = ["format_summary"]
+__all__ = ["format_summary", "verdict_text"]
+
+
+def verdict_text(s: Mapping[str, Any]) -> str:
+    """``pass``, or the verdict with its first reason: ``fail — head degraded: ...``, ``inconclusive —
+    head inconclusive: ... needs about 40 prompts``; ``not verified`` without a verification."""
+    verdict = s.get("verdict") or "not verified"
+    reasons = s.get("reasons") or []
+    return f"{verdict} — {reasons[0]}" if verdict != "pass" and reasons else str(verdict)
 
 
 def format_summary(s: JsonObject) -> str:
@@ -30,6 +39,7 @@ def format_summary(s: JsonObject) -> str:
          + (" vanilla: speed not verified on this hardware (no GPU offload)" if s.get("speed_checked") is False else "")),
         *([("head", _head_text(s["head"]))] if s.get("head") else []),
         ("verdict", (s["verdict"] or "not verified") + _findings_text(s)),
+        *([("why", "; ".join(s["reasons"][:3]))] if s.get("reasons") and s.get("verdict") != "pass" else []),
         ("receipt", s["receipt"]),
         ("card", s["card"] or "-"),
     ]
@@ -49,7 +59,7 @@ def _findings_text(s: Mapping[str, Any]) -> str:
 
 
 def _head_text(h: Mapping[str, Any]) -> str:
-    lo, hi = (list(h.get("difference_ci95") or []) + [None, None])[:2]
+    lo, hi = (list(h.get("difference_ci") or []) + [None, None])[:2]
     return (f"{pct(h.get('acceptance'), space=False)} vs reference {pct(h.get('reference_acceptance'), space=False)}: "
-            f"{points(h.get('difference'))} (95% CI {points(lo, '')} to {points(hi, '')}; "
-            f"margin {h.get('margin', 0) * 100:.1f})")
+            f"{points(h.get('difference'))} ({level_text(h.get('level') or 0.95)} CI {points(lo, '')} to {points(hi, '')}; "
+            f"margin {h.get('margin', 0) * 100:.1f}): {h.get('decision', 'inconclusive')}")

@@ -37,15 +37,17 @@ is NaN.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
 DEFAULT_LEVEL = 0.95
+MAX_MARGIN = 0.10  # a non-inferiority margin (the head's, a recipe's) is never more than 10 points
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Estimate:
     hi: float | None
     n_units: int
     resamples: int
+    sd: float | None = None  # the resampled statistics' standard deviation (the bootstrap standard error)
 
     @property
     def ci(self) -> list[float | None]:
@@ -122,17 +125,32 @@ def bootstrap_sums(units: np.ndarray | Sequence[Sequence[float]],
         point = _finite_or_none(statistic(x.sum(axis=0)))
     if n < 2:
         return Estimate(point, None, None, n, 0)
-    rng = np.random.Generator(np.random.PCG64(seed))
-    idx = rng.integers(0, n, size=(resamples, n))
-    sums = x[idx].sum(axis=1)  # (B, c)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        stats = np.asarray(statistic(sums), dtype=np.float64)
-    stats = stats[np.isfinite(stats)]
+    stats = _resampled(x, statistic, resamples, seed)
     if stats.size == 0:
         return Estimate(point, None, None, n, 0)
     a = (1 - level) / 2
     lo, hi = np.quantile(stats, [a, 1 - a])
-    return Estimate(point, float(lo), float(hi), n, int(stats.size))
+    return Estimate(point, float(lo), float(hi), n, int(stats.size), float(np.std(stats, ddof=1)) if stats.size > 1 else None)
+
+
+_CHUNK_CELLS = 1 << 21  # resample indices drawn at once: about 16 MB, whatever the number of units
+
+
+def _resampled(x: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], resamples: int,
+               seed: int) -> np.ndarray:
+    """The finite statistics of ``resamples`` resamples of the rows of ``x``, drawn in chunks so memory
+    stays bounded (PCG64 draws the same stream in chunks as at once: the figures do not change)."""
+    n = x.shape[0]
+    rng = np.random.Generator(np.random.PCG64(seed))
+    step = max(1, _CHUNK_CELLS // n)
+    out = []
+    for start in range(0, resamples, step):
+        idx = rng.integers(0, n, size=(min(step, resamples - start), n))
+        sums = x[idx].sum(axis=1)  # (B, c)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.append(np.asarray(statistic(sums), dtype=np.float64))
+    stats = np.concatenate(out)
+    return stats[np.isfinite(stats)]
 
 
 def ratio_of_sums(num: Sequence[float], den: Sequence[float], **kw) -> Estimate:
@@ -147,3 +165,12 @@ def throughput_ratio(n_a: Sequence[float], ms_a: Sequence[float], n_b: Sequence[
     resampled as pairs."""
     units = np.column_stack([np.asarray(v, float) for v in (n_a, ms_a, n_b, ms_b)])
     return bootstrap_sums(units, lambda s: (s[..., 0] / s[..., 1]) / (s[..., 2] / s[..., 3]), **kw)
+
+
+def check_margin(margin: Any, where: str = "head margin") -> float:
+    """``margin`` as a fraction in (0, :data:`MAX_MARGIN`]; ValueError naming ``where`` otherwise."""
+    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not math.isfinite(margin) \
+            or not 0 < margin <= MAX_MARGIN:
+        raise ValueError(f"{where} {margin!r}: the non-inferiority margin is a fraction in (0, {MAX_MARGIN}] "
+                         f"(0.03 = 3 acceptance points; at most {MAX_MARGIN * 100:.0f} points)")
+    return float(margin)

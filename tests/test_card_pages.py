@@ -37,15 +37,15 @@ def art(tmp_path_factory) -> Path:
     return synth_artifact(tmp_path_factory.mktemp("pages"), "tiny-qwen35moe-Q4_K_M.gguf")
 
 
-def _head(acceptances: tuple[float, float], recorded_preserved: bool | None = None) -> dict:
-    """A head section as verify records it: 10 prompts of 100 drafts (the honest record's draft_n),
-    the artifact's and the reference's accepted counts."""
+def _head(acceptances: tuple[float, float], recorded_preserved: bool | None = None, n_prompts: int = 10) -> dict:
+    """A head section as verify records it: ``n_prompts`` prompts (seed 42) of 100 drafts each (the
+    honest record's draft_n for 10), the artifact's and the reference's accepted counts."""
     pairs = tuple(HeadPair(f"p{i}", 42, "default", 100, round(100 * acceptances[0]), 100, round(100 * acceptances[1]))
-                  for i in range(10))
-    d = HeadComparison(ReferenceModel("tiny-qwen35moe-BF16.gguf", 27_000_000, "ab" * 32), 4, 0.03, 200, 0,
-                       pairs).to_dict()
+                  for i in range(n_prompts))
+    d = HeadComparison(ReferenceModel("tiny-qwen35moe-BF16.gguf", 27_000_000, "ab" * 32), 4, 0.03, n_prompts,
+                       pairs, 128).to_dict()
     if recorded_preserved is not None:  # a recorded finding the card must never read
-        d["findings"]["default"]["preserved"] = recorded_preserved
+        d["findings"]["default"]["decision"] = "preserved" if recorded_preserved else "degraded"
     return d
 
 
@@ -65,7 +65,7 @@ def test_the_title_is_the_model_not_the_file(art):
 
 
 def test_the_files_table_has_each_column_and_a_reference_row(art):
-    st = honest_statement(art)
+    st = honest_statement(art, n_prompts=10, seeds=(42,))
     v = st["predicate"]["verification"]
     v["head"] = _head((0.70, 0.90), recorded_preserved=True)  # recorded "preserved"; the pairs say otherwise
     for d in (v, v["modes"]["default"]):  # the head drafts at 70%: above the minimum, 20 points below the reference
@@ -78,13 +78,13 @@ def test_the_files_table_has_each_column_and_a_reference_row(art):
     assert cells[1] == "Q4_K_M" and cells[2].endswith("MiB") and cells[3] == f"{st['predicate']['result']['bpw']:.2f}"
     assert cells[4] == "2.31e10" and cells[5] == "0.000000" and cells[6] == "98.76%"
     assert cells[7].startswith("70.0% (95% CI")
-    assert cells[8] == "-20.0 pts (95% CI -20.0 to -20.0): NOT preserved"  # re-derived from the pairs
+    assert cells[8] == "-20.0 pts (95% CI -20.0 to -20.0), margin 3.0: degraded"  # re-derived from the pairs
     assert cells[9].startswith("1.40×")
     assert cells[10] == f"{judge_record(v).verdict.value} ({judge_record(v).findings.text()})"
-    assert "head NOT preserved" in cells[10] and cells[10].startswith("fail")
+    assert "head degraded" in cells[10] and cells[10].startswith("fail")
     ref = next(line for line in table.splitlines() if "tiny-qwen35moe-BF16.gguf" in line)
     assert "(reference, not in this repo)" in ref and "| 8.12 |" in ref and "| 90.0% |" in ref
-    assert UNVERIFIED_HEADING in body and "Verdict: **fail** (head NOT preserved" in body
+    assert UNVERIFIED_HEADING in body and "Verdict: **fail** (head degraded" in body
 
 
 def test_which_file_to_pick_by_memory(art):
@@ -157,8 +157,11 @@ def test_numbers_for_people():
 
 
 def test_no_ci_below_the_evidence_minimum_and_no_pass_when_not_verified(art):
-    st = honest_statement(art, n_prompts=2)
-    st["predicate"]["verification"]["head"] = _head((0.9, 0.9))
+    st = honest_statement(art, n_prompts=2, seeds=(42,))
+    v = st["predicate"]["verification"]
+    v["head"] = _head((0.9, 0.9), n_prompts=2)
+    for d in (v, v["modes"]["default"]):  # the two prompts' 200 drafts
+        d["mtp"].update(draft_n=200, draft_n_accepted=180)
     _, body = card_text(seal(st))
     assert UNVERIFIED_HEADING in body and "95% CI" not in body and "(1.35–1.45×)" not in body
     row = next(line for line in body.splitlines() if line.startswith(f"| [{art.name}]"))

@@ -162,10 +162,10 @@ def _summary_of(lines: list[str]) -> dict:
 
 def _head_of(text: str) -> dict:
     n = r"([+-]?[\d.]+)"
-    m = re.fullmatch(rf"{n}% vs reference {n}%: {n} points \(95% CI {n} to {n}; margin {n}\)", text)
-    acc, ref, diff, lo, hi, margin = (float(x) / 100 for x in m.groups())
-    return {"acceptance": acc, "reference_acceptance": ref, "difference": diff, "difference_ci95": [lo, hi],
-            "margin": margin}
+    m = re.fullmatch(rf"{n}% vs reference {n}%: {n} points \({n}% CI {n} to {n}; margin {n}\): (\w+)", text)
+    acc, ref, diff, level, lo, hi, margin = (float(x) / 100 for x in m.groups()[:-1])
+    return {"acceptance": acc, "reference_acceptance": ref, "difference": diff, "difference_ci": [lo, hi],
+            "level": level, "margin": margin, "decision": m.group(8)}
 
 
 def _findings_of(verdict: str) -> dict:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..run_summary import verdict_text
 from .app import emit_json, handle_errors, json_option, main
 from .hub_cmds import allow_unverified_option
 from .measure_common import arm_args_options, verify_judging_options, verify_option_dict
@@ -180,7 +181,7 @@ def _format(res: Any) -> str:
     lines = [f"ladder {res.spec.out_dir}  ({len(res.outcomes)} variants, {res.engine['engine']}, {res.seconds:.0f} s)"]
     for o in res.outcomes:
         s = o.summary
-        lines.append(f"  {o.variant:<22} " + (f"{s.get('verdict') or 'not verified':<13} {s.get('artifact')}"
+        lines.append(f"  {o.variant:<22} " + (f"{s.get('artifact')}  {verdict_text(s)}"
                                               if o.ok else f"FAILED        {o.error}"))
     lines += [f"  sidecar                {p}" for p in res.sidecars]
     lines.append(f"card: {res.card}" if res.card else "card: not written (no variant was made)")

@@ -40,14 +40,18 @@ def arm_args_options(f: Callable) -> Callable:
                              "every non-speculative setting is the vanilla arm's too (fair baseline).")(f)
 
 
+HEAD_MARGIN_HELP = ("Non-inferiority margin of the head against the reference, at most 0.10 (default: the recipe's "
+                    "[verify] head_margin, else 0.03 = 3 acceptance points); printed with every finding.")
+
+
 def verify_judging_options(f: Callable) -> Callable:
     """The window and the head's judgment of the commands that verify as a stage (``run``,
     ``ladder``): ``--draft-n-max``, ``--reference``/``--no-reference``, ``--head-margin``,
     ``--absolute-acceptance``, as ``verify`` spells them."""
     f = click.option("--absolute-acceptance", is_flag=True,
                      help="Also require the recipe's absolute minimum acceptance when a reference is measured.")(f)
-    f = click.option("--head-margin", type=click.FloatRange(0, 0.5), default=None,
-                     help="Non-inferiority margin of the head against the reference (default 0.03: 3 points).")(f)
+    f = click.option("--head-margin", type=click.FloatRange(0, 0.10, min_open=True), default=None,
+                     help=HEAD_MARGIN_HELP)(f)
     f = click.option("--no-reference", is_flag=True,
                      help="Judge the head by the recipe's absolute minimum acceptance, not against the source model "
                           "(e.g. when the BF16 source does not fit the GPU beside the variant: or --reference a Q8_0).")(f)

@@ -11,7 +11,7 @@ import click
 from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
 from .app import _int_list, bin_option, emit_json, handle_errors, json_option, main, resolve_model_arg
 from .matrix_cmd import kv_depth_options, run_matrix
-from .measure_common import _run_tune, arm_args_options, server_options
+from .measure_common import HEAD_MARGIN_HELP, _run_tune, arm_args_options, server_options
 from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, output_option, threads_option
 from .provenance_cmds import signing_key_option
 
@@ -37,11 +37,11 @@ from .provenance_cmds import signing_key_option
 @click.option("--enforce-speedup", is_flag=True, help="Check the speedup threshold on CPU runs too.")
 @click.option("--reference", default=None, metavar="MODEL",
               help="Judge the head against this model (the BF16 base, or a Q8_0 variant where BF16 does not fit): "
-                   "served with the MTP arm's settings in the same rotation; the head is preserved when the paired "
-                   "acceptance difference's 95% CI lower bound is above -(--head-margin). The absolute "
-                   "--min-acceptance is then off unless --absolute-acceptance.")
-@click.option("--head-margin", type=click.FloatRange(0, 0.5), default=0.03, show_default=True,
-              help="Non-inferiority margin of the head against --reference (0.03 = 3 acceptance points).")
+                   "measured alone first (cached by content) with the MTP arm's settings; the head is preserved, "
+                   "degraded or inconclusive as the paired acceptance difference's interval lies above, below or "
+                   "across -(--head-margin), looked at after 8, 16, 32, ... prompts (the run stops when decided). "
+                   "The absolute --min-acceptance is then off unless --absolute-acceptance.")
+@click.option("--head-margin", type=click.FloatRange(0, 0.10, min_open=True), default=None, help=HEAD_MARGIN_HELP)
 @click.option("--absolute-acceptance", is_flag=True,
               help="With --reference, also require the minimum acceptance (--min-acceptance or the recipe's).")
 @click.option("--sidecar", default=None, metavar="SIDECAR",
@@ -83,7 +83,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                concurrency: int = 1, signing_key: str | None = None, server_args: tuple[str, ...] = (),
                mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = (),
                cache_type_k: str | None = None, cache_type_v: str | None = None, context_fill: int = 0,
-               matrix: str | None = None, reference: str | None = None, head_margin: float = 0.03,
+               matrix: str | None = None, reference: str | None = None, head_margin: float | None = None,
                absolute_acceptance: bool = False, sidecar: str | None = None) -> None:
     """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
 

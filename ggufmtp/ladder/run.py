@@ -32,6 +32,7 @@ from ..provenance.ladder_card import make_ladder_card
 from ..provenance.receipt import default_receipt_path
 from ..quant.naming import model_name
 from ..refs import is_builtin, parse_model_ref, resolve
+from ..run_summary import verdict_text
 from .engine import Engine, EngineInfo, Sequential, VariantOutcome
 from .spec import LadderSpec, Layout, VariantJob
 
@@ -153,7 +154,8 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     with progress_bar(len(jobs), "ladder", "variant", enabled=progress) as bar:
         for outcome in engine.run(jobs):
             done[outcome.recipe] = outcome
-            log(f"{outcome.variant}: " + (str(outcome.summary.get("verdict") or "made") if outcome.ok
+            log(f"{outcome.variant}: " + ((verdict_text(outcome.summary) if outcome.summary.get("verdict") else "made")
+                                          if outcome.ok
                                          else f"FAILED: {outcome.error}"))
             bar.update(1)
     phase("variants")

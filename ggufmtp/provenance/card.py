@@ -206,7 +206,7 @@ def _head_lines(v: Verification, with_ci: bool = True) -> list[str]:
 def _head_text(f: HeadFinding) -> str:
     """:meth:`HeadFinding.text` without the CI (below the evidence minimum)."""
     return (f"{_pct(f.acceptance)} vs reference {_pct(f.reference_acceptance)}, difference {points(f.difference)} "
-            f"({'preserved' if f.preserved else 'NOT preserved'}; margin {f.margin * 100:.1f} points)")
+            f"({f.decision.value}; margin {f.margin * 100:.1f} points)")
 
 
 def _numerics_phrase(v: Verification) -> str:

@@ -21,7 +21,7 @@ from ..constants import LLAMA_CPP_COMMIT
 from ..fmt import ci_phrase, divergence, human_bytes, pct, points, significant, times
 from ..gguf.model import SPLIT_RE
 from ..quant.naming import model_name, selects, tag_problem
-from .head import HeadComparison, HeadFinding
+from .head import HeadComparison, HeadFinding, level_text
 from .receipt import verification_problem
 from .search_card import SearchRecord
 from .statement import Predicate, Statement
@@ -201,9 +201,9 @@ def head_cell(r: FileRow) -> str:
     f = r.head
     if f is None:
         return "-"
-    lo, hi = f.difference_ci95
-    ci = f" (95% CI {points(lo, '')} to {points(hi, '')})" if r.shows_ci else ""
-    return f"{points(f.difference, '')} pts{ci}: {'preserved' if f.preserved else 'NOT preserved'}"
+    lo, hi = f.difference_ci
+    ci = f" ({level_text(f.level)} CI {points(lo, '')} to {points(hi, '')})" if r.shows_ci else ""
+    return f"{points(f.difference, '')} pts{ci}, margin {f.margin * 100:.1f}: {f.decision.value}"
 
 
 def _speed_judged(v: Mapping[str, Any]) -> bool:
@@ -432,6 +432,9 @@ def unverified_reason(statement: Statement, artifact_sha256: str | None = None) 
         return "the receipt holds no runtime verification of it"
     if v.get("verdict") != "pass":
         recorded = "; ".join(str(r) for r in v.get("reasons") or [])
+        if v.get("verdict") == "inconclusive":
+            return ("its head finding is undecided, and publishing needs a decided head: verify with more evidence"
+                    f"{': ' + recorded if recorded else ''}")
         return f"its verification failed (verdict {v.get('verdict')}{': ' + recorded if recorded else ''})"
     verdict, reasons = judge_recorded(v)
     if verdict.value != "pass":

@@ -45,7 +45,8 @@ from typing import Any, Protocol
 
 from ..fmt import pct, times
 from ..jsontypes import JsonObject
-from .head import HeadComparison, HeadFinding
+from .evidence import Evidence, int_or_zero
+from .head import HeadComparison, HeadDecision, HeadFinding
 from .numerics import (
     EXCERPT_BEFORE,
     MAX_DRIFT_NATS,
@@ -70,6 +71,7 @@ class Verdict(str, enum.Enum):
 
     PASS = "pass"
     FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"  # nothing failed, and the head finding is undecided: more evidence decides
 
     def __str__(self) -> str:
         return self.value
@@ -96,6 +98,7 @@ class Thresholds:
     # with a reference measured, the head is judged against it and ``min_acceptance`` only when this
     # is on (``--absolute-acceptance``); without a reference, ``min_acceptance`` judges it as before
     absolute_acceptance: bool = False
+    head_margin: float | None = None  # the recipe's [verify] head_margin (None: ggufmtp's, provenance.head)
 
     @classmethod
     def from_recipe(cls, table: Any, name: str | None = None) -> Thresholds:
@@ -106,7 +109,8 @@ class Thresholds:
         if acc is None or sp is None:
             source += f" + {DEFAULT_SOURCE}"
         return cls(min_acceptance=DEFAULT_MIN_ACCEPTANCE if acc is None else acc,
-                   min_speedup=DEFAULT_MIN_SPEEDUP if sp is None else sp, source=source)
+                   min_speedup=DEFAULT_MIN_SPEEDUP if sp is None else sp, source=source,
+                   head_margin=getattr(table, "head_margin", None))
 
     def merged(self, min_acceptance: float | None = None, min_speedup: float | None = None,
                min_identical: float | None = None, enforce_speedup: bool = False) -> Thresholds:
@@ -141,53 +145,6 @@ class Thresholds:
 DEFAULT_THRESHOLDS = Thresholds()
 
 
-@dataclass(frozen=True)
-class Evidence:
-    """How much a verification measured, against the minimum a published verdict needs: at least
-    :attr:`MIN_PROMPTS` distinct prompts, each reply up to at least :attr:`MIN_MAX_TOKENS` tokens.
-    (Seeds are recorded, not counted: at temperature 0 they do not change the greedy text.)"""
-
-    prompts: int
-    seeds: int
-    max_tokens: int
-
-    MIN_PROMPTS = 8
-    MIN_MAX_TOKENS = 64
-
-    @classmethod
-    def of_settings(cls, settings: Mapping[str, Any] | None) -> Evidence:
-        """The evidence of a recorded verification's ``settings`` (what verify ran, not a claim)."""
-        st = settings if isinstance(settings, Mapping) else {}
-        seeds = st.get("seeds")
-        return cls(prompts=_count(st.get("n_prompts")), seeds=len(seeds) if isinstance(seeds, list) else 0,
-                   max_tokens=_count(st.get("max_tokens")))
-
-    @property
-    def shortfall(self) -> str | None:
-        """Why this is too little to publish (None: enough)."""
-        short = []
-        if self.prompts < self.MIN_PROMPTS:
-            short.append(f"{self.prompts} prompt(s), the minimum is {self.MIN_PROMPTS}")
-        if self.max_tokens < self.MIN_MAX_TOKENS:
-            short.append(f"replies of up to {self.max_tokens} tokens, the minimum is {self.MIN_MAX_TOKENS}")
-        return "; ".join(short) or None
-
-    def text(self) -> str:
-        """``54 prompts x 3 seeds x up to 64 tokens (publishable: >= 8 prompts, >= 64 tokens)``."""
-        ok = "publishable" if self.shortfall is None else "NOT publishable"
-        return (f"{self.prompts} prompts x {self.seeds} seed(s) x up to {self.max_tokens} tokens ({ok}: needs >= "
-                f"{self.MIN_PROMPTS} prompts, >= {self.MIN_MAX_TOKENS} tokens per reply)")
-
-    def to_dict(self) -> JsonObject:
-        return {"prompts": self.prompts, "seeds": self.seeds, "max_tokens": self.max_tokens,
-                "minimum": {"prompts": self.MIN_PROMPTS, "max_tokens": self.MIN_MAX_TOKENS},
-                "sufficient": self.shortfall is None}
-
-
-def _count(x: Any) -> int:
-    return x if isinstance(x, int) and not isinstance(x, bool) else 0
-
-
 class Figures(Protocol):
     """What the policy reads of a comparison: a live one (``measure.verify.summary.Comparison``) or a
     recorded one (:class:`RecordedFigures`)."""
@@ -216,7 +173,7 @@ class RecordedFigures:
         mtp = d.get("mtp") if isinstance(d.get("mtp"), Mapping) else {}
         io = d.get("identical_outputs") if isinstance(d.get("identical_outputs"), Mapping) else {}
         return cls(_number(mtp.get("acceptance")), _number(d.get("speedup")),
-                   _number(d.get("identical_output_fraction")), _count(io.get("identical")), _count(io.get("pairs")))
+                   _number(d.get("identical_output_fraction")), int_or_zero(io.get("identical")), int_or_zero(io.get("pairs")))
 
 
 def _number(x: Any) -> float | None:
@@ -254,7 +211,7 @@ def judge_record(v: Mapping[str, Any]) -> Judgment:
     per_mode = {str(m): _recorded_mode(str(m), d, v, listed) for m, d in modes.items()} if modes else {"default": overall}
     head, head_problems = _recorded_head(v, modes)
     drift = _number(v.get("numerics_drift_nats"))
-    j = judge(per_mode, th, bool(hw.get("offloaded")), [overall], drift, _count(v.get("numerics_positions")), head)
+    j = judge(per_mode, th, bool(hw.get("offloaded")), [overall], drift, int_or_zero(v.get("numerics_positions")), head)
     j.head.extend(head_problems)
     j.lossless.extend(_shape_failures(v, modes) + _section_failures(v, modes) + slot_failures(v.get("slots"), th))
     return j
@@ -320,7 +277,9 @@ def _recorded_head(v: Mapping[str, Any], modes: Mapping[str, Any] | None
         hc = HeadComparison.of_dict(v.get("head"))
     except ValueError as e:
         return {}, [f"the head section is not what verify writes: {e}"]
-    problems = []
+    st = v.get("settings") if isinstance(v.get("settings"), Mapping) else {}
+    run_modes = st.get("modes") if isinstance(st.get("modes"), list) else list(modes or ["default"])
+    problems = hc.run_problems(st, run_modes)
     for mode in hc.modes:
         d = (modes or {}).get(mode, v if mode == "default" else None)
         pairs = [p for p in hc.pairs if p.mode == mode]
@@ -369,7 +328,7 @@ def slot_failures(slots: Any, t: Thresholds) -> list[str]:
         if acc is None or lo is None or hi is None or not lo <= acc <= hi:
             out.append(f"acceptance at {n} slots {pct(acc)} lies outside the single-slot acceptance's 95% CI "
                        f"[{pct(lo)}, {pct(hi)}] (upstream ggml-org/llama.cpp#27572: the MTP head under -np > 1)")
-        same, pairs = _count(row.get("identical")), _count(row.get("pairs"))
+        same, pairs = int_or_zero(row.get("identical")), int_or_zero(row.get("pairs"))
         if not pairs or same / pairs < t.min_identical:
             out.append(f"identical output at {n} slots: {same}/{pairs} MTP replies equal the vanilla replies at "
                        f"{n} slots (required {pct(t.min_identical)})")
@@ -382,6 +341,7 @@ class Finding(str, enum.Enum):
     PASS = "pass"
     FAIL = "fail"
     NOT_VERIFIED = "not verified"
+    INCONCLUSIVE = "inconclusive"
 
     def __str__(self) -> str:
         return self.value
@@ -419,10 +379,12 @@ class Findings:
     def text(self) -> str:
         """``head preserved (vs reference); lossless; speed not verified``."""
         ok = self.head == Finding.PASS
-        head = {HeadBasis.REFERENCE: "head preserved" if ok else "head NOT preserved",
+        head = {HeadBasis.REFERENCE: "head preserved" if ok else "head degraded",
                 HeadBasis.MINIMUM: "head meets the minimum" if ok else "head below the minimum",
-                HeadBasis.BOTH: "head preserved and meets the minimum" if ok else "head NOT preserved or below the minimum",
+                HeadBasis.BOTH: "head preserved and meets the minimum" if ok else "head degraded or below the minimum",
                 HeadBasis.NONE: "head not judged"}[self.head_basis]
+        if self.head == Finding.INCONCLUSIVE:
+            head = "head inconclusive (more evidence decides it)"
         basis = " (vs reference)" if self.head_basis in (HeadBasis.REFERENCE, HeadBasis.BOTH) else ""
         lossless = "lossless" if self.lossless == Finding.PASS else "NOT lossless"
         speed = {Finding.PASS: "speed verified", Finding.FAIL: "speed below minimum",
@@ -452,21 +414,29 @@ class Judgment:
     notes: list[str]
     head_basis: HeadBasis
     speed_applies: bool
+    undecided: list[str] = dataclasses.field(default_factory=list)  # why the head is inconclusive
 
     @property
-    def reasons(self) -> list[str]:
+    def failures(self) -> list[str]:
         return self.head + self.lossless + self.speed
 
     @property
+    def reasons(self) -> list[str]:
+        """The failures, then what left the head undecided."""
+        return self.failures + self.undecided
+
+    @property
     def verdict(self) -> Verdict:
-        return Verdict.FAIL if self.reasons else Verdict.PASS
+        """FAIL on any failure; else INCONCLUSIVE while the head is undecided; else PASS."""
+        return Verdict.FAIL if self.failures else Verdict.INCONCLUSIVE if self.undecided else Verdict.PASS
 
     @property
     def findings(self) -> Findings:
         def f(failures: list[str], judged: bool = True) -> Finding:
             return Finding.FAIL if failures else Finding.PASS if judged else Finding.NOT_VERIFIED
-        return Findings(f(self.head, self.head_basis != HeadBasis.NONE), self.head_basis, f(self.lossless),
-                        f(self.speed, self.speed_applies))
+        head = Finding.INCONCLUSIVE if self.undecided and not self.head else \
+            f(self.head, self.head_basis != HeadBasis.NONE)
+        return Findings(head, self.head_basis, f(self.lossless), f(self.speed, self.speed_applies))
 
 
 def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool,
@@ -494,7 +464,11 @@ def judge(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bo
     """
     t = thresholds
     speed_applies = speed_checked(t, offloaded)
-    heads, lossless, speed, notes = [], [], [], []  # type: tuple[list[str], list[str], list[str], list[str]]
+    heads: list[str] = []
+    lossless: list[str] = []
+    speed: list[str] = []
+    notes: list[str] = []
+    undecided: list[str] = []
     drift = (drift_nats, drift_positions)
     minimum = t.min_acceptance is not None and (not head or t.absolute_acceptance)
     basis = (HeadBasis.BOTH if head and minimum else HeadBasis.REFERENCE if head
@@ -511,8 +485,12 @@ def judge(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bo
             heads.append(f"acceptance{tag} {pct(m.acceptance)} is below the minimum {pct(t.min_acceptance)}")
         if head:
             hf = head.get(mode)
-            heads += [f"head{tag}: no pairs with the reference in this mode"] if hf is None else \
-                [r for r in [hf.reason(tag)] if r]
+            if hf is None:
+                heads.append(f"head{tag}: no pairs with the reference in this mode")
+            elif hf.decision == HeadDecision.DEGRADED:
+                heads.append(str(hf.reason(tag)))
+            elif hf.decision == HeadDecision.INCONCLUSIVE:
+                undecided.append(str(hf.reason(tag)))
         lossless += _identity_failure(tag, m, t, drift, notes)
         sp = m.speedup
         if t.min_speedup is not None and speed_applies and (sp is None or sp < t.min_speedup):
@@ -524,7 +502,7 @@ def judge(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bo
     if t.min_identical < 1.0:
         notes.append(f"identical output required in only {pct(t.min_identical)} of the pairs (--min-identical): "
                      "replies that differ from vanilla without a numerics explanation are tolerated up to that share")
-    return Judgment(heads, lossless, speed, notes, basis, speed_applies and t.min_speedup is not None)
+    return Judgment(heads, lossless, speed, notes, basis, speed_applies and t.min_speedup is not None, undecided)
 
 
 def _where(c: Any) -> str:

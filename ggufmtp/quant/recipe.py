@@ -65,6 +65,7 @@ from typing import Any
 from ..errors import RecipeError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..jsontypes import JsonObject
+from ..stats import check_margin
 from .naming import tag_problem
 from .qtypes import FTYPE_DEFAULT_TYPE, QUANT_OPTIONS, REFUSED_QUANT_OPTIONS, match_quant_option, valid_quant_types
 
@@ -193,6 +194,7 @@ class VerifyThresholds:
     min_acceptance: float | None = None
     min_speedup: float | None = None
     draft_n_max: int = 4
+    head_margin: float | None = None  # the head's non-inferiority margin (None: ggufmtp's, provenance.head)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,6 +318,7 @@ class Recipe:
             min_acceptance=_opt_float(v.get("min_acceptance")),
             min_speedup=_opt_float(v.get("min_speedup")),
             draft_n_max=int(v.get("draft_n_max", 4)),
+            head_margin=_head_margin(v.get("head_margin"), where),
         )
         return cls(
             name=str(doc["name"]),
@@ -450,6 +453,8 @@ class Recipe:
             lines.append(f"min_acceptance = {self.verify.min_acceptance}")
         if self.verify.min_speedup is not None:
             lines.append(f"min_speedup = {self.verify.min_speedup}")
+        if self.verify.head_margin is not None:
+            lines.append(f"head_margin = {self.verify.head_margin}")
         return "\n".join(lines) + "\n"
 
 
@@ -536,3 +541,13 @@ def resolve_recipe_path(name_or_path: str | Path) -> Path:
     raise RecipeError(f"{name_or_path}: no such recipe file, shipped recipe or llama-quantize type "
                       f"(shipped: {', '.join(shipped_recipes()) or 'none'}; types, with ggufmtp's head defaults "
                       f"or as <TYPE>-plain: {', '.join(valid_quant_types())})")
+
+
+def _head_margin(x: Any, where: str) -> float | None:
+    """A ``[verify] head_margin`` within ggufmtp's bound (RecipeError naming the recipe otherwise)."""
+    if x is None:
+        return None
+    try:
+        return check_margin(x, f"{where}: [verify] head_margin")
+    except ValueError as e:
+        raise RecipeError(str(e)) from None

@@ -217,9 +217,9 @@ def _acceptance(model: Path, quant: Path, o: MeasureOptions) -> _AcceptanceEntry
     res = verify(quant, dataclasses.replace(o.verify or VerifyOptions(), reference=model), progress=False)
     if res.head is None:
         raise SearchError(f"{quant.name}: the verification compared no head with the reference")
-    worst = min(res.head.findings().values(), key=lambda f: (f.difference_ci95[0] is not None,
-                                                              f.difference_ci95[0] or 0.0))
-    lo, hi = worst.difference_ci95
+    worst = min(res.head.findings().values(), key=lambda f: (f.difference_ci[0] is not None,
+                                                              f.difference_ci[0] or 0.0))
+    lo, hi = worst.difference_ci
     return _AcceptanceEntry(acceptance_diff=worst.difference,
                             acceptance_ci=[lo, hi] if lo is not None and hi is not None else None)
 

@@ -208,7 +208,7 @@ def head_trial(found: Arm, found_path: Path, shipped: Arm, shipped_path: Path, o
     log(f"proof: {found.recipe}'s head against {shipped.recipe}'s, in one interleaved run")
     res = verify(found_path, dataclasses.replace(options.verify, reference=str(shipped_path)), progress=False)
     finding = res.head.findings()[res.modes[0]] if res.head is not None else None
-    lo, hi = finding.difference_ci95 if finding else (None, None)
+    lo, hi = finding.difference_ci if finding else (None, None)
     trial = HeadTrial(finding.difference if finding else None, (lo, hi) if lo is not None and hi is not None else None,
                       finding.n_prompts if finding else 0)
     main = res.main

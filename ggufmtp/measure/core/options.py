@@ -33,6 +33,7 @@ from typing import Any
 
 from ...errors import GgufmtpError, TuneError, VerifyError
 from ...provenance.head import DEFAULT_MARGIN as DEFAULT_HEAD_MARGIN
+from ...provenance.head import check_margin
 from ...provenance.verdict import Thresholds
 from ...runtime.hardware import peak_bandwidth
 from ...stats import DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -361,14 +362,14 @@ class JudgeOptions:
     peak_bandwidth_gbs: float | None = None
     bootstrap_resamples: int = DEFAULT_RESAMPLES
     bootstrap_seed: int = DEFAULT_SEED
-    head_margin: float = DEFAULT_HEAD_MARGIN
+    head_margin: float | None = None
     absolute_acceptance: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.head_margin, (int, float)) or isinstance(self.head_margin, bool) \
-                or not 0 <= self.head_margin <= 0.5:
-            raise VerifyError(f"head_margin {self.head_margin!r}: the non-inferiority margin is a fraction "
-                              "between 0 and 0.5 (0.03 = 3 acceptance points)")
+        try:
+            check_margin(self.margin, "head_margin")
+        except ValueError as e:
+            raise VerifyError(str(e)) from None
         if self.peak_bandwidth_gbs is not None:
             try:
                 peak_bandwidth(None, self.peak_bandwidth_gbs)  # a bad figure fails now, not after the run
@@ -377,6 +378,16 @@ class JudgeOptions:
         th = self.merged_thresholds()
         if not 0.0 <= th.min_identical <= 1.0:
             raise VerifyError(f"min_identical {th.min_identical}: must be between 0 and 1")
+
+    @property
+    def margin(self) -> float:
+        """The head's non-inferiority margin: ``head_margin``, else the thresholds' (a recipe's
+        ``[verify] head_margin``), else ggufmtp's (:data:`~ggufmtp.provenance.head.DEFAULT_MARGIN`)."""
+        if self.head_margin is not None:
+            return self.head_margin
+        th = getattr(self.thresholds, "head_margin", None) if not isinstance(self.thresholds, dict) \
+            else self.thresholds.get("head_margin")
+        return DEFAULT_HEAD_MARGIN if th is None else th
 
     def merged_thresholds(self) -> Thresholds:
         """The thresholds in force: ``thresholds`` with ``min_identical`` and ``enforce_speedup`` over them."""

@@ -1,28 +1,49 @@
-"""verify's reference arm: the reference model's MTP server in the same rotation, and the pairs it
+"""verify's reference arm: the reference model's MTP server in a phase of its own, and the pairs it
 gives (:mod:`ggufmtp.provenance.head` judges them).
 
-The reference (``--reference MODEL``: the BF16 base, or a Q8_0 variant where BF16 does not fit) is
+The reference (the source model, or a Q8_0 variant made from it where the source does not fit) is
 served with the MTP arm's exact configuration (window, server arguments, KV types, context, GPU
-layers, tuned settings) with only the model changed, and answers every request of the suite in the
-same ABBA rotation as the vanilla and MTP arms (V M R, R M V, ...). Its replies are not compared
-with vanilla's (they may differ: another model); its drafted and accepted counts are paired with
-the artifact's MTP arm by (prompt, seed, mode) at the shipped window on the chat endpoint.
+layers, tuned settings) with only the model changed. Acceptance is a count, not a timing, so the
+reference needs no interleaving with the other arms: it runs first and alone (:func:`reference_phase`;
+on a GPU the reference, often the largest model, is then never resident beside the artifact's
+servers), every (prompt, seed, mode) of the run's budget on the chat endpoint at the shipped window.
+Its records are cached by content (:func:`reference_key`: the reference's sha256, the server's flags
+and environment, the llama.cpp build, the prompts, seeds, reply limit and context fill), so every
+variant of a ladder and every later run with the same settings reuses one measurement. Its replies
+are not compared with vanilla's (another model's may differ); its drafted and accepted counts are
+paired with the artifact's MTP arm by (prompt, seed, mode) (:func:`head_comparison`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ...errors import VerifyError
-from ...provenance.head import HeadComparison, HeadPair, ReferenceModel
-from ..core.arms import MTP, REFERENCE
+from ...errors import ServerError, VerifyError
+from ...files.memo import JsonMemo
+from ...progress import bar as progress_bar
+from ...provenance.head import HeadComparison, HeadDecision, HeadPair, ReferenceModel, look_schedule
+from ...runtime.build import binary_version, cache_root, find_binary
+from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without
+from ..core.arms import MTP, REFERENCE, send
 from ..core.records import ServedFile
+from ..core.suite import Suite, modes_for_template
+from .kvdepth import fill_context
+from .runner import check_drafting, warm_up_arm
 from .summary import Record
 
-__all__ = ["ReferenceArm", "head_comparison"]
+__all__ = ["ReferenceArm", "check_reference_matches", "head_comparison", "head_stop", "reference_key",
+           "reference_phase"]
+
+CACHE_FILE = "references.json"
+_CACHE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -51,9 +72,10 @@ class ReferenceArm:
         return ReferenceModel(self.path.name, self.served.size, self.served.sha256)
 
 
-def head_comparison(records: Sequence[Record], ref: ReferenceArm, k: int, margin: float, resamples: int,
-                    seed: int) -> HeadComparison:
-    """The pairs of the artifact's MTP arm and the reference arm at window ``k`` on the chat endpoint."""
+def head_comparison(records: Sequence[Record], ref: ReferenceArm, k: int, margin: float, budget: int,
+                    max_tokens: int | None = None) -> HeadComparison:
+    """The pairs of the artifact's MTP arm and the reference arm at window ``k`` on the chat endpoint,
+    in the order the MTP arm measured them."""
     at = [r for r in records if r.k == k and r.endpoint == "chat"]
     refs = {(r.prompt_id, r.seed, r.mode): r for r in at if r.arm == REFERENCE}
     pairs = tuple(HeadPair(m.prompt_id, m.seed, m.mode, m.draft_n or 0, m.draft_n_accepted or 0,
@@ -61,4 +83,103 @@ def head_comparison(records: Sequence[Record], ref: ReferenceArm, k: int, margin
                   for m in at if m.arm == MTP and (key := (m.prompt_id, m.seed, m.mode)) in refs)
     if not pairs:
         raise VerifyError("the reference arm answered no request of the main comparison")
-    return HeadComparison(ref.model(), k, margin, resamples, seed, pairs)
+    return HeadComparison(ref.model(), k, margin, budget, pairs, max_tokens)
+
+
+def check_reference_matches(ref_records: Sequence[Record], ref_fill: str | None, fill: str | None,
+                            modes: list[str]) -> None:
+    """The reference phase measured what the main phase measures: the same modes and context fill."""
+    if not ref_records:
+        return
+    ref_modes = list(dict.fromkeys(r.mode for r in ref_records))
+    if sorted(ref_modes) != sorted(modes):
+        raise VerifyError(f"reference: its chat template gives the modes {ref_modes}, the artifact's {modes}: "
+                          "not the same model's template")
+    if ref_fill != fill:
+        raise VerifyError("reference: its tokenizer gives another context-fill prefix than the artifact's: "
+                          "not the same model's tokenizer")
+
+
+def head_stop(ref: ReferenceArm, records: list[Record], ref_records: Sequence[Record], k: int, margin: float,
+              budget: int) -> Callable[[int], bool]:
+    """After ``n`` prompts of the main window (``records``: the run's, growing): whether a look of the
+    budget's schedule decided the head in every mode (the run then stops; :mod:`ggufmtp.provenance.head`)."""
+    looks = set(look_schedule(budget))
+
+    def decided(n: int) -> bool:
+        if n not in looks or n >= budget:
+            return False
+        hc = head_comparison([*records, *ref_records], ref, k, margin, budget)
+        return all(f.decision != HeadDecision.INCONCLUSIVE for f in hc.findings().values())
+    return decided
+
+
+def reference_key(ref: ReferenceArm, cfg: ServerConfig, suite: Suite, seeds: Sequence[int], max_tokens: int,
+                  depth: int) -> str:
+    """What the reference's counts depend on, hashed: its bytes, the server's flags (the model path
+    left out) and environment, the llama.cpp build, the prompts' content, seeds, reply limit, depth."""
+    binary = find_binary("llama-server", cfg.llama_cpp_bin)
+    payload = {"version": _CACHE_VERSION, "reference": ref.served.sha256,
+               "flags": flags_without(build_command(cfg, "llama-server", 0)), "env": dict(cfg.env or {}),
+               "llama.cpp": binary_version(binary), "suite": suite.sha256,
+               "prompts": [[p.id, p.category, p.chat_messages()] for p in suite.prompts],
+               "seeds": [int(s) for s in seeds], "max_tokens": max_tokens, "depth": depth}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _cache() -> JsonMemo:
+    return JsonMemo(cache_root() / CACHE_FILE, version=_CACHE_VERSION, max_entries=64)
+
+
+def reference_phase(ref: ReferenceArm, cfg: ServerConfig | None, suite: Suite, seeds: Sequence[int],
+                    max_tokens: int, depth: int, progress: bool) -> tuple[list[Record], str | None]:
+    """The reference's records (every prompt x seed x mode of ``suite`` on the chat endpoint at the
+    shipped window) and its context fill's sha256: from the cache, else measured with its server
+    alone (stopped before this returns)."""
+    assert cfg is not None
+    key = reference_key(ref, cfg, suite, seeds, max_tokens, depth)
+    cached = _cached(key)
+    if cached is not None:
+        return cached
+    records, fill = _measure(cfg, suite, seeds, max_tokens, depth, progress)
+    ref.served.check_unchanged()
+    _cache().put(key, {"fill": fill, "records": [dataclasses.asdict(r) for r in records]})
+    return records, fill
+
+
+def _cached(key: str) -> tuple[list[Record], str | None] | None:
+    """The cached records of ``key`` (None: none, or an entry that does not read as records)."""
+    entry: Any = _cache().get(key)
+    try:
+        return [Record(**r) for r in entry["records"]], entry["fill"]
+    except (TypeError, KeyError):
+        return None
+
+
+def _measure(cfg: ServerConfig, suite: Suite, seeds: Sequence[int], max_tokens: int, depth: int,
+             progress: bool) -> tuple[list[Record], str | None]:
+    k = int(cfg.draft_n_max or 0)
+    with contextlib.ExitStack() as stack:
+        srv = stack.enter_context(LlamaServer(cfg))
+        try:
+            modes = modes_for_template(srv.props().get("chat_template"))
+        except ServerError as e:
+            raise VerifyError(f"reference server: GET /props failed: {e}") from e
+        suite, fill = fill_context(suite, srv, depth)
+        for mode in modes:
+            check_drafting(srv, warm_up_arm(srv, suite.prompts[0], mode, "reference MTP", k), k, "reference MTP")
+        jobs = [(p, seed, mode) for p in suite.prompts for seed in seeds for mode in modes]
+        bar = stack.enter_context(progress_bar(len(jobs), "reference", "req", enabled=progress))
+        records = []
+        for order, (p, seed, mode) in enumerate(jobs):
+            try:
+                reply = send(srv, p, seed, max_tokens, mode, "chat")
+            except ServerError as e:
+                raise VerifyError(f"reference arm (k={k}) on prompt {p.id!r}, seed {seed}: {e}") from e
+            records.append(Record(arm=REFERENCE, k=k, endpoint="chat", mode=mode, prompt_id=p.id, category=p.category,
+                                  seed=seed, order=-1 - order, predicted_n=reply.predicted_n,
+                                  predicted_ms=reply.predicted_ms, prompt_n=reply.prompt_n, draft_n=reply.draft_n,
+                                  draft_n_accepted=reply.draft_n_accepted, text=reply.text,
+                                  finish_reason=reply.finish_reason))
+            bar.update(1)
+    return records, fill.sha256 if fill is not None else None

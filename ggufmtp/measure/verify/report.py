@@ -67,6 +67,7 @@ class VerifySettings:
     cache_type_v: str | None = None
     context_fill: ContextFill | None = None  # the neutral prefix every request sat behind
     server_args: dict[str, list[str]] | None = None  # ArmArgs.to_dict(): --server-arg / --mtp- / --vanilla-
+    prompt_budget: int | None = None  # the prompts planned; n_prompts is fewer when a look decided the head early
 
     @staticmethod
     def bootstrap_of(resamples: int, seed: int) -> BootstrapInfo:
@@ -322,7 +323,8 @@ def format_result(res: VerifyResult) -> str:
         lines += [f"  head{'' if len(res.modes) == 1 else f' [{m}]'}: {f.text()} against {res.head.reference.name}"
                   for m, f in res.head.findings().items()]
     lines.append(f"  evidence: {res.evidence.text()}")
-    lines += [f"  FAIL {r}" for r in res.reasons]
+    lines += [f"  {'UNDECIDED' if r.startswith('head') and 'inconclusive' in r.split(':')[0] else 'FAIL'} {r}"
+              for r in res.reasons]
     lines += [f"  note: {n}" for n in res.notes]
     return "\n".join(lines)
 
@@ -372,8 +374,8 @@ def _arm_lines(res: VerifyResult) -> list[str]:
         out.append(f"default vanilla arm (for speedup_vs_default_vanilla only): {' '.join(res.default_vanilla_args)}")
     if res.head is not None:
         ref = res.head.reference
-        out.append(f"reference arm: the MTP arm's flags on {ref.name} (sha256 {ref.sha256[:16]}…), same rotation; "
-                   f"its drafts paired with the MTP arm's by prompt and seed")
+        out.append(f"reference arm: the MTP arm's flags on {ref.name} (sha256 {ref.sha256[:16]}…), in its own phase "
+                   f"(measured alone first, cached by content); its drafts paired with the MTP arm's by prompt and seed")
     return out
 
 

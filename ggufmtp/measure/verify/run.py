@@ -90,11 +90,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +102,7 @@ from ...errors import GgufmtpError, ServerError, VerifyError
 from ...fmt import times
 from ...gguf.model import inspect_model
 from ...progress import bar as progress_bar
+from ...provenance.head import DEFAULT_MARGIN
 from ...provenance.verdict import Thresholds, Verdict, evaluate_verdict, judge, slot_failures
 from ...runtime.build import binary_is_ggufmtp_build, binary_version
 from ...runtime.hardware import (
@@ -114,14 +114,15 @@ from ...runtime.hardware import (
     probe_hardware,
 )
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
-from ..core.arms import ABBA, DEFAULT_VANILLA, MTP, REFERENCE, VANILLA, paired, send, warm_up
+from ..core.arms import MTP, VANILLA
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
 from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
-from ..core.suite import Prompt, Suite, load_suite, modes_for_template
+from ..core.suite import Suite, load_suite, modes_for_template
 from .divergence import Numerics, analyse_mismatches, annotate, mismatched_pairs
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
-from .reference import ReferenceArm, head_comparison
+from .reference import ReferenceArm, check_reference_matches, head_comparison, head_stop, reference_phase
 from .report import VerifyResult, VerifySettings, format_result, undecoded_arms
+from .runner import Runner, check_drafting, warm_up_arm
 from .slots import SlotStudy, measure_slots, slot_counts
 from .summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
 
@@ -131,105 +132,6 @@ __all__ = [
     "VerifyOptions",
 ]
 
-
-
-# ----------------------------------------------------------------------------- the request loop
-
-
-class _Runner:
-    """Sends the suite to both servers, pair by pair in ABBA order (:mod:`ggufmtp.measure.core.arms`),
-    and keeps every request's :class:`Record`. One runner serves every draft window of a run, so
-    the alternation and the request order continue across windows."""
-
-    def __init__(self, suite: Suite, seeds: Sequence[int], modes: list[str], endpoints: list[str], max_tokens: int,
-                 bar, on_record: Callable[[Record], None] | None):
-        self.suite, self.seeds, self.modes, self.endpoints = suite, list(seeds), modes, endpoints
-        self.max_tokens = max_tokens
-        self.bar = bar
-        self.on_record = on_record
-        self.records: list[Record] = []
-        self.metrics_mismatches = 0
-        self.abba = ABBA()
-        self._seq = 0  # position in the overall request sequence
-        self._counters = None  # the MTP server's speculative counters after its last request
-
-    def run_k(self, k: int, van: LlamaServer, mtp: LlamaServer, default: LlamaServer | None = None,
-              ref: LlamaServer | None = None) -> None:
-        """Every (seed, mode, prompt, endpoint) of the suite on both servers (and the default vanilla
-        server and the reference's MTP server, when there are, in the same rotation), MTP window ``k``."""
-        counters = mtp.spec_counters()
-        self._counters = counters if counters.available else None
-        others = [lambda it, arm=arm, srv=srv: self.one(arm, srv, k, *it)
-                  for arm, srv in ((DEFAULT_VANILLA, default), (REFERENCE, ref)) if srv is not None]
-        for _ in paired(self._items(k), lambda it: self.one(VANILLA, van, k, *it),
-                        lambda it: self.one(MTP, mtp, k, *it), self.abba, *others):
-            pass
-
-    def _items(self, k: int) -> Iterator[tuple[Prompt, str, str, int]]:
-        for seed, mode, p, endpoint in itertools.product(self.seeds, self.modes, self.suite.prompts, self.endpoints):
-            if self.bar is not None:
-                self.bar.set_postfix_str(f"k={k} seed={seed} {p.id}", refresh=False)
-            yield p, endpoint, mode, seed
-
-    def one(self, arm: str, srv: LlamaServer, k: int, p: Prompt, endpoint: str, mode: str, seed: int) -> Record:
-        """One measured request (and, on the MTP arm, its /metrics deltas)."""
-        where = f"{arm} arm (k={k}) on prompt {p.id!r}, seed {seed}, {endpoint}" + (f", {mode}" if mode != "default" else "")
-        try:
-            reply = send(srv, p, seed, self.max_tokens, mode, endpoint)
-        except ServerError as e:
-            raise VerifyError(f"{where}: {e}") from e
-        rec = Record(arm=arm, k=k, endpoint=endpoint, mode=mode, prompt_id=p.id, category=p.category, seed=seed,
-                     order=self._seq, predicted_n=reply.predicted_n, predicted_ms=reply.predicted_ms,
-                     prompt_n=reply.prompt_n, draft_n=reply.draft_n, draft_n_accepted=reply.draft_n_accepted,
-                     text=reply.text, finish_reason=reply.finish_reason)
-        self._seq += 1
-        if arm == MTP and self._counters is not None:
-            try:
-                self._count_drafts(srv, rec)
-            except ServerError as e:
-                raise VerifyError(f"{where}: reading /metrics: {e}") from e
-        self.records.append(rec)
-        if self.bar is not None:
-            self.bar.update(1)
-        if self.on_record is not None:
-            self.on_record(rec)
-        return rec
-
-    def _count_drafts(self, srv: LlamaServer, rec: Record) -> None:
-        """Draft rounds and per-position acceptance of ``rec`` from the /metrics deltas, when they
-        agree with the reply's own draft counts."""
-        before = self._counters
-        assert before is not None
-        now = srv.spec_counters()
-        if not now.since(before).matches(rec.draft_n, rec.draft_n_accepted):
-            time.sleep(0.05)  # counters are flushed when the slot is released; read once more
-            now = srv.spec_counters()
-        d = now.since(before)
-        if d.matches(rec.draft_n, rec.draft_n_accepted):
-            rec.n_drafts, rec.accepted_per_pos = d.n_drafts, list(d.per_position)
-        else:
-            self.metrics_mismatches += 1
-        self._counters = now
-
-
-def _warm_up(srv: LlamaServer, p: Prompt, mode: str, arm: str, k: int | None) -> dict:
-    try:
-        return warm_up(srv, p, mode)
-    except ServerError as e:
-        raise VerifyError(f"{arm} server{f' (k={k})' if k else ''}: warm-up request failed: {e}") from e
-
-
-def _check_drafting(mtp: LlamaServer, warm: dict, k: int) -> None:
-    """VerifyError unless the MTP server's warm-up reply drafted (the MTP block loaded and runs)."""
-    if (warm.get("timings") or {}).get("draft_n"):
-        return
-    slots = None
-    with contextlib.suppress(GgufmtpError):
-        slots = [s.get("speculative") for s in mtp.slots()]
-    raise VerifyError(
-        f"MTP server (k={k}): speculation did not run: the warm-up reply of "
-        f"{(warm.get('timings') or {}).get('predicted_n')} tokens has no timings.draft_n "
-        f"(/slots speculative: {slots}). Is the MTP block loaded? log {mtp.log_path}")
 
 
 # ----------------------------------------------------------------------------- options
@@ -250,6 +152,7 @@ class _Plan:
     arms: ArmArgs
     kv: KvDepth | None = None  # KV-cache types and context depth (kvdepth)
     reference: ReferenceArm | None = None  # the model the head is judged against (measure.verify.reference)
+    margin: float = DEFAULT_MARGIN  # the head's non-inferiority margin (provenance.head)
 
 
 def _plan(o: VerifyOptions) -> _Plan:
@@ -263,7 +166,7 @@ def _plan(o: VerifyOptions) -> _Plan:
     st = o.suite if isinstance(o.suite, Suite) else load_suite(o.suite)  # a bad suite fails before anything starts
     draft_n_max, draft_n_min = o.window
     return _Plan(o.judge.merged_thresholds(), o.tuned, draft_n_max, draft_n_min, list(o.seeds), o.windows,
-                 st.limit(o.limit), ["chat", "raw"] if o.raw else ["chat"], o.arm_args())
+                 st.limit(o.limit), ["chat", "raw"] if o.raw else ["chat"], o.arm_args(), margin=o.judge.margin)
 
 
 def _check_model(path: Path) -> Any:
@@ -350,27 +253,32 @@ def _vanilla_servers(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, A
 
 
 def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
-         on_record: Callable[[Record], None] | None) -> tuple[_Runner, _Servers]:
-    """The servers up (vanilla, and default vanilla, for the whole run; MTP per window), the suite
-    through every arm."""
+         on_record: Callable[[Record], None] | None) -> tuple[Runner, _Servers]:
+    """The reference phase first (its server alone, or its cached records), then the main phase: the
+    vanilla servers up for the whole run, MTP per window, the suite through every arm; with a
+    reference and one window, in stages that stop at the first look deciding the head."""
     out = _Servers()
+    ref_records, ref_fill = reference_phase(plan.reference, _reference_config(plan, base), plan.suite, plan.seeds,
+                                            max_tokens, plan.kv.depth if plan.kv else 0, progress) \
+        if plan.reference is not None else ([], None)
     with contextlib.ExitStack() as stack:
         van, default = _vanilla_servers(stack, plan, base, out)
         out.modes = modes = modes_for_template(out.props.get("chat_template"))
         suite, out.fill = fill_context(plan.suite, van, plan.kv.depth if plan.kv else 0)
+        check_reference_matches(ref_records, ref_fill, out.fill.sha256 if out.fill else None, modes)
         plan = dataclasses.replace(plan, suite=suite)
         total = (len(plan.ks) * len(plan.seeds) * len(modes) * len(plan.suite.prompts) * len(plan.endpoints)
-                 * (2 + (default is not None) + (plan.reference is not None)))
+                 * (2 + (default is not None)))
         bar = stack.enter_context(progress_bar(total, "verify", "req", enabled=progress))
         for mode in modes:
-            _warm_up(van, plan.suite.prompts[0], mode, "vanilla", None)
+            warm_up_arm(van, plan.suite.prompts[0], mode, "vanilla", None)
             if default is not None:
-                _warm_up(default, plan.suite.prompts[0], mode, "default vanilla", None)
-        runner = _Runner(plan.suite, plan.seeds, modes, plan.endpoints, max_tokens, bar, on_record)
+                warm_up_arm(default, plan.suite.prompts[0], mode, "default vanilla", None)
+        runner = Runner(plan.suite, plan.seeds, modes, plan.endpoints, max_tokens, bar, on_record)
+        stop = head_stop(plan.reference, runner.records, ref_records, plan.draft_n_max, plan.margin,
+                         len(plan.suite.prompts)) if plan.reference is not None and len(plan.ks) == 1 else None
         for k in plan.ks:
-            with LlamaServer(_mtp_server_config(base, k, plan.draft_n_min, plan.tuned, plan.arms)) as mtp, \
-                    contextlib.ExitStack() as ref_stack:
-                ref = _reference_server(ref_stack, plan, base, k, modes)
+            with LlamaServer(_mtp_server_config(base, k, plan.draft_n_min, plan.tuned, plan.arms)) as mtp:
                 out.mtp_flags[str(k)] = flags_without(mtp.command)
                 out.env[MTP] = dict(mtp.config.env or {})
                 try:
@@ -378,12 +286,23 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
                 except ServerError as e:
                     raise VerifyError(f"MTP server (k={k}): GET /props failed: {e}") from e
                 for mode in modes:
-                    _check_drafting(mtp, _warm_up(mtp, plan.suite.prompts[0], mode, "MTP", k), k)
-                runner.run_k(k, van, mtp, default, ref)
+                    check_drafting(mtp, warm_up_arm(mtp, plan.suite.prompts[0], mode, "MTP", k), k)
+                runner.run_k(k, van, mtp, default, stop=stop)
+        runner.records.extend(ref_records)
         # before the vanilla server stops: is each differing reply a numerics divergence?
         out.numerics = analyse_mismatches(van, plan.suite, mismatched_pairs(runner.records, plan.ks, plan.endpoints,
                                                                             modes), max_tokens)
     return runner, out
+
+
+def _reference_config(plan: _Plan, base: dict[str, Any]) -> ServerConfig | None:
+    """The reference's MTP server: the MTP arm's configuration at the shipped window, the model
+    changed (it drafts with its own head: no sidecar)."""
+    if plan.reference is None:
+        return None
+    arms = dataclasses.replace(plan.arms, draft_model=None)
+    return _mtp_server_config({**base, "model": plan.reference.path}, plan.draft_n_max, plan.draft_n_min,
+                              plan.tuned, arms)
 
 
 def _reference(reference: str | os.PathLike, artifact: Path) -> ReferenceArm:
@@ -394,20 +313,6 @@ def _reference(reference: str | os.PathLike, artifact: Path) -> ReferenceArm:
     except VerifyError as e:
         raise VerifyError(f"reference: {e}") from None
     return ReferenceArm.of(reference, artifact)
-
-
-def _reference_server(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any], k: int,
-                      modes: list[str]) -> LlamaServer | None:
-    """The reference's MTP server at window ``k`` (the MTP arm's configuration, the model changed),
-    up and drafting; None without a reference."""
-    if plan.reference is None:
-        return None
-    arms = dataclasses.replace(plan.arms, draft_model=None)  # the reference drafts with its own head
-    ref = stack.enter_context(LlamaServer(_mtp_server_config({**base, "model": plan.reference.path}, k,
-                                                             plan.draft_n_min, plan.tuned, arms)))
-    for mode in modes:
-        _check_drafting(ref, _warm_up(ref, plan.suite.prompts[0], mode, "reference MTP", k), k)
-    return ref
 
 
 def _parse_build_commit(build_info: str | None) -> str | None:
@@ -436,17 +341,19 @@ def _server_info(srv: _Servers) -> ServerInfo:
         thinking_modes=srv.modes, log=srv.log)
 
 
-def _settings(plan: _Plan, o: VerifyOptions, base: dict[str, Any], modes: list[str], runner: _Runner,
+def _settings(plan: _Plan, o: VerifyOptions, base: dict[str, Any], modes: list[str], runner: Runner,
               fill: ContextFill | None = None) -> VerifySettings:
     cfg = plan.tuned
     return VerifySettings(
         draft_n_max=plan.draft_n_max, draft_n_min=plan.draft_n_min, sweep=plan.ks if len(plan.ks) > 1 else None,
         seeds=plan.seeds, max_tokens=o.max_tokens, temperature=0.0, ctx_size=base["ctx_size"],
         threads=base["threads"], gpu_layers=base["gpu_layers"], parallel=base["parallel"], limit=o.limit,
-        n_prompts=len(plan.suite.prompts), endpoints=["/v1/chat/completions"] + (["/completion"] if o.raw else []),
+        n_prompts=runner.stopped_at or len(plan.suite.prompts), prompt_budget=len(plan.suite.prompts),
+        endpoints=["/v1/chat/completions"] + (["/completion"] if o.raw else []),
         modes=modes,
         cache_prompt=False, batch_size=1,
-        interleave="both servers resident; requests alternate vanilla/MTP per prompt in ABBA order"
+        interleave=("the reference alone first (its own phase, cached by content); then " if plan.reference else "")
+                   + "both servers resident; requests alternate vanilla/MTP per prompt in ABBA order"
                    + ("; the default vanilla arm rotates with them (V M D, D M V, ...)"
                       if plan.arms.differs_from_default else ""),
         bootstrap=VerifySettings.bootstrap_of(o.judge.bootstrap_resamples, o.judge.bootstrap_seed),
@@ -457,7 +364,7 @@ def _settings(plan: _Plan, o: VerifyOptions, base: dict[str, Any], modes: list[s
         context_fill=fill)
 
 
-def _notes(runner: _Runner, comparisons: Sequence[Comparison], gpu_layers: int | str | None,
+def _notes(runner: Runner, comparisons: Sequence[Comparison], gpu_layers: int | str | None,
            hw: HardwareInfo, binary: Path | None, arms: ArmArgs, c0: Comparison) -> list[str]:
     """What the reader of a verdict should know beyond the thresholds (``c0``: the main comparison)."""
     notes = arms.notes()
@@ -575,7 +482,8 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     head = None
     if plan.reference is not None:
         plan.reference.served.check_unchanged()
-        head = head_comparison(runner.records, plan.reference, plan.draft_n_max, o.judge.head_margin, *boot)
+        head = head_comparison(runner.records, plan.reference, plan.draft_n_max, plan.margin, len(plan.suite.prompts),
+                               o.max_tokens)
     gpu_layers = o.server.gpu_layers
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
