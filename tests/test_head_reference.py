@@ -7,6 +7,7 @@ wrong one for a fifth of the tokens, and Q8_0 keeps the default head's drafts.""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 
 import pytest
@@ -152,3 +153,38 @@ def test_a_wide_interval_is_inconclusive_and_says_so():
     assert worse.difference_ci[1] < -0.03 and worse.reason().startswith("head degraded")
     same = judge_head(pairs([9, 8, 9, 8, 9, 8], [9, 8, 9, 8, 9, 8]), "default", 0.03)
     assert same.preserved and same.reason() is None and same.difference_ci == (0.0, 0.0)
+
+
+def test_a_clear_case_stops_at_the_first_look_and_the_reference_is_measured_once(q8, synth_model, llama_server_bin):
+    """The budget is 24 prompts (looks at 8, 16 and 24). The Q8_0 head drafts exactly as the source's
+    (0.0 points, no variance): preserved at 8 prompts, and the run stops there. A designed loss
+    (the -f20 head drafts a wrong successor for a fifth of the tokens) is degraded at the same first
+    look. The second run's reference phase comes from the cache the first one filled (the same
+    reference bytes, settings and prompts): a ladder measures its reference once."""
+    o = dataclasses.replace(_options(synth_model("tiny-qwen35moe")), limit=24)
+    first = verify(q8[0], o, progress=False).to_dict()
+    h = first["head"]
+    assert h["decision"] == "preserved" and h["prompts"] == 8 and h["budget"] == 24 and h["looks"] == [8, 16, 24], h
+    assert first["settings"]["n_prompts"] == 8 and first["settings"]["prompt_budget"] == 24
+    assert first["verdict"] == "pass", first["reasons"]
+    worse = verify(synth_model("tiny-qwen35moe-f20"), o, progress=False).to_dict()
+    f = worse["head"]["findings"]["default"]
+    assert f["decision"] == "degraded" and f["look"] == 1 and f["prompts"] == 8, f
+    assert worse["settings"]["n_prompts"] == 8 and worse["verdict"] == "fail"
+    again = verify(q8[0], o, progress=False).to_dict()
+    assert again["settings"]["reference_phase"]["cached"] is True
+    assert again["settings"]["reference_phase"]["key"] == worse["settings"]["reference_phase"]["key"]
+    assert again["head"]["pairs"] == h["pairs"]
+
+
+def test_an_undersized_run_is_inconclusive_not_a_failure(synth_model, llama_server_bin):
+    """One prompt has no variance to judge by, whatever its difference (here the -f20 head's loss):
+    the verdict is 'inconclusive', the head finding asks for at least 8 prompts, nothing says 'fail'
+    or 'degraded' (on main 480238f: "head NOT preserved", verdict fail)."""
+    o = VerifyOptions(seeds=(42,), limit=1, max_tokens=32, draft_n_max=3, reference=synth_model("tiny-qwen35moe"),
+                      judge=JudgeOptions(thresholds=STRICT))
+    d = verify(synth_model("tiny-qwen35moe-f20"), o, progress=False).to_dict()
+    assert d["head"]["findings"]["default"]["decision"] == "inconclusive", d["head"]["findings"]
+    assert d["verdict"] == "inconclusive" and d["findings"]["head"] == "inconclusive", d["reasons"]
+    assert d["reasons"] and all("degraded" not in r and "fail" not in r for r in d["reasons"]), d["reasons"]
+    assert any("inconclusive" in r and "8 prompts" in r for r in d["reasons"]), d["reasons"]

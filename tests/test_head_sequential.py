@@ -169,3 +169,17 @@ def test_an_inconclusive_head_makes_an_inconclusive_verdict_not_a_failure():
     assert j.failures == [] and j.undecided and "inconclusive" in j.undecided[0]
     assert "head inconclusive" in j.findings.text()
     assert BOOT_SEED == 0
+
+
+@pytest.mark.parametrize("section", [{"slots": {"reference": {"acceptance": 0.9, "acceptance_ci95": [0.8, 1.0]},
+                                                "rows": []}},
+                                     {"matrix": {"cells": []}}])
+def test_a_section_with_nothing_measured_is_no_evidence(section):
+    """A slot study without rows (or a matrix without cells) passed audit on main 480238f."""
+    v = {"thresholds": {"min_acceptance": 0.5, "min_speedup": 1.1, "min_identical": 1.0, "source": "test"},
+         "mtp": {"acceptance": 0.9, "acceptance_ci95": [0.8, 1.0], "draft_n": 100, "draft_n_accepted": 90},
+         "speedup": 1.0, "identical_output_fraction": 1.0, "identical_outputs": {"identical": 8, "pairs": 8},
+         "hardware": {"offloaded": False}, "settings": {"seeds": [42], "n_prompts": 8, "max_tokens": 64},
+         **section}
+    j = judge_record(v)
+    assert j.verdict == Verdict.FAIL and any("nothing measured is no evidence" in r for r in j.reasons), j.reasons

@@ -132,8 +132,9 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     variants' audited receipts, which file to pick, the download and run lines (naming the --upload
     repo). With --layout sidecar each variant is published trunk-only, with MTP sidecars made once
     from the source beside them (DIR/mtp-<Model>-<TYPE>.gguf), each pair verified. Exit 1 when a
-    variant failed or a verdict is fail. Each verdict judges the quantization:
-    the head against the source model (or --reference), lossless output, speed."""
+    variant failed or a verdict is not pass (fail, or inconclusive: the head undecided, with the
+    prompts that would decide it). Each verdict judges the quantization: the head against the source
+    model (or --reference: preserved, degraded or inconclusive), lossless output, speed."""
     from ..errors import LadderError
     from ..hub.upload import UploadOptions
     from ..ladder.engine import DaskEngine
@@ -173,7 +174,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                    if upload_repo and refused is None else ""))
     if refused is not None:
         click.echo(f"error: {refused}", err=True)
-    if not res.ok or refused is not None or any(o.summary.get("verdict") == "fail" for o in res.outcomes):
+    if not res.ok or refused is not None or any(o.summary.get("verdict") in ("fail", "inconclusive") for o in res.outcomes):
         sys.exit(1)
 
 

@@ -79,7 +79,8 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
 
     The verdict judges the quantization: the head against the source model (served as verify's
     reference arm with the same settings; --reference another model, --no-reference for the
-    recipe's absolute minimum instead), lossless output, and speed where it is verified."""
+    recipe's absolute minimum instead: preserved, degraded, or inconclusive with the prompts that
+    would decide it), lossless output, and speed where it is verified. Exit 1 unless it passes."""
     from ..measure.core.options import VerifyOptions
     from ..pipeline import run
     from ..quality.options import EvalOptions
@@ -110,5 +111,5 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
         emit_json(summary.to_dict())
     else:
         click.echo(summary.format())
-    if summary.verdict == "fail":
+    if summary.verdict in ("fail", "inconclusive"):
         sys.exit(1)

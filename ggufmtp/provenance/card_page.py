@@ -228,13 +228,14 @@ def speed_cell(r: FileRow) -> str:
 
 def verdict_cell(r: FileRow) -> str:
     """The verdict with its findings as audit re-derives them: "fail (...)" where they fail it,
-    "not verified" for any other file without a publishable verification (never "pass")."""
+    "inconclusive (...)" where the head is undecided, "not verified" for any other file without a
+    publishable verification (never "pass")."""
     from .verdict import Verdict, judge_record
 
     if not r.verification:
         return "not verified"
     j = judge_record(r.verification)
-    if r.unverified and j.verdict != Verdict.FAIL:
+    if r.unverified and j.verdict == Verdict.PASS:
         return "not verified"
     return f"{j.verdict.value} ({j.findings.text()})"
 

@@ -231,6 +231,8 @@ def _section_failures(v: Mapping[str, Any], modes: Mapping[str, Any] | None) -> 
             out.append(f"the slot study's single-slot reference {theirs[0]!r} {theirs[1]!r} is not the judged comparison's "
                        f"acceptance {mine[0]!r} {mine[1]!r}")
     mx = v.get("matrix")
+    if mx is not None and (not isinstance(mx, Mapping) or not isinstance(mx.get("cells"), list) or not mx["cells"]):
+        out.append("the matrix section measured no cell: a section with nothing measured is no evidence")
     if isinstance(mx, Mapping) and any(isinstance(c, Mapping) and c.get("verdict") == "pass" for c in mx.get("cells") or []):
         st = mx.get("settings") if isinstance(mx.get("settings"), Mapping) else {}
         ev = Evidence.of_settings({**st, "n_prompts": _path(mx, "suite", "n_prompts")})
@@ -316,6 +318,8 @@ def slot_failures(slots: Any, t: Thresholds) -> list[str]:
     if not isinstance(slots, Mapping) or not isinstance(slots.get("reference"), Mapping) \
             or not isinstance(slots.get("rows"), list):
         return ["the slots section is not what verify --parallel writes"]
+    if not slots["rows"]:
+        return ["the slots section measured no slot count: a section with nothing measured is no evidence"]
     ref = slots["reference"]
     point = _number(ref.get("acceptance"))
     ci = ref.get("acceptance_ci95") if isinstance(ref.get("acceptance_ci95"), list) else []

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import ServerError, VerifyError
 from ...files.memo import JsonMemo
+from ...jsontypes import JsonObject
 from ...progress import bar as progress_bar
 from ...provenance.head import HeadComparison, HeadDecision, HeadPair, ReferenceModel, look_schedule
 from ...runtime.build import binary_version, cache_root, find_binary
@@ -39,7 +42,7 @@ from .kvdepth import fill_context
 from .runner import check_drafting, warm_up_arm
 from .summary import Record
 
-__all__ = ["ReferenceArm", "check_reference_matches", "head_comparison", "head_stop", "reference_key",
+__all__ = ["ReferenceArm", "ReferencePhase", "check_reference_matches", "head_comparison", "head_stop", "reference_key",
            "reference_phase"]
 
 CACHE_FILE = "references.json"
@@ -131,20 +134,59 @@ def _cache() -> JsonMemo:
     return JsonMemo(cache_root() / CACHE_FILE, version=_CACHE_VERSION, max_entries=64)
 
 
+@dataclass(frozen=True)
+class ReferencePhase:
+    """What the reference phase gave: its records, its context fill's sha256, the cache key, whether
+    the records came from the cache, and the phase's wall time here."""
+
+    records: list[Record]
+    fill: str | None
+    key: str
+    cached: bool
+    seconds: float
+
+    def to_dict(self) -> JsonObject:
+        """The verification's ``settings.reference_phase`` (the records are the run's own)."""
+        return {"key": self.key[:16], "cached": self.cached, "seconds": round(self.seconds, 3),
+                "requests": len(self.records)}
+
+
 def reference_phase(ref: ReferenceArm, cfg: ServerConfig | None, suite: Suite, seeds: Sequence[int],
-                    max_tokens: int, depth: int, progress: bool) -> tuple[list[Record], str | None]:
+                    max_tokens: int, depth: int, progress: bool) -> ReferencePhase:
     """The reference's records (every prompt x seed x mode of ``suite`` on the chat endpoint at the
-    shipped window) and its context fill's sha256: from the cache, else measured with its server
-    alone (stopped before this returns)."""
+    shipped window) from the cache, else measured with its server alone (stopped before this
+    returns). Runs that need the same measurement at once (a ladder's workers) wait for one another
+    on a lock per key, so it is measured once."""
     assert cfg is not None
+    t0 = time.monotonic()
     key = reference_key(ref, cfg, suite, seeds, max_tokens, depth)
-    cached = _cached(key)
-    if cached is not None:
-        return cached
-    records, fill = _measure(cfg, suite, seeds, max_tokens, depth, progress)
-    ref.served.check_unchanged()
-    _cache().put(key, {"fill": fill, "records": [dataclasses.asdict(r) for r in records]})
-    return records, fill
+    with _key_lock(key):
+        cached = _cached(key)
+        if cached is not None:
+            return ReferencePhase(*cached, key, True, time.monotonic() - t0)
+        records, fill = _measure(cfg, suite, seeds, max_tokens, depth, progress)
+        ref.served.check_unchanged()
+        _cache().put(key, {"fill": fill, "records": [dataclasses.asdict(r) for r in records]})
+    return ReferencePhase(records, fill, key, False, time.monotonic() - t0)
+
+
+@contextlib.contextmanager
+def _key_lock(key: str) -> Iterator[None]:
+    """An exclusive lock on ``key``'s measurement, between processes (a file system without locks:
+    none, and a concurrent run measures again)."""
+    folder = cache_root() / "locks"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / f"reference-{key[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _cached(key: str) -> tuple[list[Record], str | None] | None:

@@ -20,6 +20,7 @@ from ..core.records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapI
 from ..core.suite import SuiteInfo
 from .divergence import NumericsDrift
 from .kvdepth import ContextFill, kv_depth_text
+from .reference import ReferencePhase
 from .slots import SlotStudy
 from .summary import (
     MAX_LISTED_MISMATCHES,
@@ -68,6 +69,7 @@ class VerifySettings:
     context_fill: ContextFill | None = None  # the neutral prefix every request sat behind
     server_args: dict[str, list[str]] | None = None  # ArmArgs.to_dict(): --server-arg / --mtp- / --vanilla-
     prompt_budget: int | None = None  # the prompts planned; n_prompts is fewer when a look decided the head early
+    reference_phase: ReferencePhase | None = None  # its cache key, cached or measured, wall time
 
     @staticmethod
     def bootstrap_of(resamples: int, seed: int) -> BootstrapInfo:
@@ -80,7 +82,8 @@ class VerifySettings:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d.update(bootstrap=self.bootstrap.to_dict(VERIFY_BOOTSTRAP_KEYS),
                  mtp_config=self.mtp_config.to_dict() if self.mtp_config is not None else None,
-                 context_fill=self.context_fill.to_dict() if self.context_fill is not None else None)
+                 context_fill=self.context_fill.to_dict() if self.context_fill is not None else None,
+                 reference_phase=self.reference_phase.to_dict() if self.reference_phase is not None else None)
         return copy.deepcopy(d)
 
 

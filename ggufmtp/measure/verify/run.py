@@ -120,7 +120,7 @@ from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
 from ..core.suite import Suite, load_suite, modes_for_template
 from .divergence import Numerics, analyse_mismatches, annotate, mismatched_pairs
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
-from .reference import ReferenceArm, check_reference_matches, head_comparison, head_stop, reference_phase
+from .reference import ReferenceArm, ReferencePhase, check_reference_matches, head_comparison, head_stop, reference_phase
 from .report import VerifyResult, VerifySettings, format_result, undecoded_arms
 from .runner import Runner, check_drafting, warm_up_arm
 from .slots import SlotStudy, measure_slots, slot_counts
@@ -233,6 +233,7 @@ class _Servers:
     log: str = ""
     fill: ContextFill | None = None  # the neutral prefix of a context depth
     numerics: Numerics | None = None  # the mismatches seen from the vanilla server (divergence)
+    reference: ReferencePhase | None = None  # the reference phase, when there is a reference
 
 
 def _vanilla_servers(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any],
@@ -258,9 +259,10 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
     vanilla servers up for the whole run, MTP per window, the suite through every arm; with a
     reference and one window, in stages that stop at the first look deciding the head."""
     out = _Servers()
-    ref_records, ref_fill = reference_phase(plan.reference, _reference_config(plan, base), plan.suite, plan.seeds,
-                                            max_tokens, plan.kv.depth if plan.kv else 0, progress) \
-        if plan.reference is not None else ([], None)
+    phase = reference_phase(plan.reference, _reference_config(plan, base), plan.suite, plan.seeds, max_tokens,
+                            plan.kv.depth if plan.kv else 0, progress) if plan.reference is not None else None
+    out.reference = phase
+    ref_records, ref_fill = (phase.records, phase.fill) if phase is not None else ([], None)
     with contextlib.ExitStack() as stack:
         van, default = _vanilla_servers(stack, plan, base, out)
         out.modes = modes = modes_for_template(out.props.get("chat_template"))
@@ -342,7 +344,7 @@ def _server_info(srv: _Servers) -> ServerInfo:
 
 
 def _settings(plan: _Plan, o: VerifyOptions, base: dict[str, Any], modes: list[str], runner: Runner,
-              fill: ContextFill | None = None) -> VerifySettings:
+              fill: ContextFill | None = None, reference: ReferencePhase | None = None) -> VerifySettings:
     cfg = plan.tuned
     return VerifySettings(
         draft_n_max=plan.draft_n_max, draft_n_min=plan.draft_n_min, sweep=plan.ks if len(plan.ks) > 1 else None,
@@ -361,7 +363,7 @@ def _settings(plan: _Plan, o: VerifyOptions, base: dict[str, Any], modes: list[s
         mtp_config=cfg, mtp_flags=_mtp_only_flags(cfg),
         mtp_env=cfg.env() if cfg is not None else None, server_args=plan.arms.to_dict(),
         cache_type_k=plan.kv.cache_type_k if plan.kv else None, cache_type_v=plan.kv.cache_type_v if plan.kv else None,
-        context_fill=fill)
+        context_fill=fill, reference_phase=reference)
 
 
 def _notes(runner: Runner, comparisons: Sequence[Comparison], gpu_layers: int | str | None,
@@ -489,7 +491,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     res = VerifyResult(
         model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks,
                         {"name": side.path.name, "sha256": side.sha256} if side else None),
-        suite=plan.suite.info(), settings=_settings(plan, o, base, srv.modes, runner, srv.fill),
+        suite=plan.suite.info(), settings=_settings(plan, o, base, srv.modes, runner, srv.fill, srv.reference),
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
