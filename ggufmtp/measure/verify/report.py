@@ -67,6 +67,7 @@ class VerifySettings:
     cache_type_v: str | None = None
     context_fill: ContextFill | None = None  # the neutral prefix every request sat behind
     server_args: dict[str, list[str]] | None = None  # ArmArgs.to_dict(): --server-arg / --mtp- / --vanilla-
+    prompt_ids: list[str] | None = None  # the suite's prompts the run measured (a listed mismatch must be of one)
 
     @staticmethod
     def bootstrap_of(resamples: int, seed: int) -> BootstrapInfo:
