@@ -6,12 +6,13 @@ recorded figures; these bounds are policy, not thresholds: a receipt cannot loos
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["EXCERPT_BEFORE", "MAX_DRIFT_NATS", "MAX_EXPLAINED_SHARE", "MIN_DRIFT_POSITIONS", "TOKEN_ID_FIELDS",
-           "Divergence", "RecordedMismatch", "explained_by_numerics", "numerics_failure", "nats"]
+           "Divergence", "RecordedMismatch", "explained_by_numerics", "numerics_failure", "nats",
+           "unmeasured_mismatches"]
 
 
 def _number(x: Any) -> float | None:
@@ -132,3 +133,30 @@ def explained_by_numerics(d: Divergence, drift_nats: float | None, positions: in
     return numerics_failure(d, drift_nats, positions) is None
 
 
+ENDPOINT_NAMES = {"/v1/chat/completions": "chat", "/completion": "raw"}  # settings' endpoints, as mismatches name them
+
+
+def unmeasured_mismatches(listed: Sequence[RecordedMismatch], settings: Any) -> dict[RecordedMismatch, str]:
+    """The listed mismatches that are not the run's, each with why: a seed, prompt, mode, endpoint
+    or draft window the ``settings`` do not record as measured. A mismatch with token ids (what
+    verify writes with them also records ``seeds`` and ``prompt_ids``) needs both lists to be
+    checked; an older receipt's text-only mismatch, which explains nothing, is checked against what
+    its settings record."""
+    st = settings if isinstance(settings, Mapping) else {}
+    k_max, sweep = st.get("draft_n_max"), st.get("sweep")
+    windows = ([k_max] if isinstance(k_max, int) else []) + (list(sweep) if isinstance(sweep, list) else [])
+    out: dict[RecordedMismatch, str] = {}
+    for m in listed:
+        for name, key, x in (("seed", "seeds", m.seed), ("prompt", "prompt_ids", m.prompt_id), ("mode", "modes", m.mode),
+                             ("endpoint", "endpoints", m.endpoint), ("window k", "windows", m.k)):
+            measured = windows or None if key == "windows" else st.get(key)
+            if key == "endpoints" and isinstance(measured, list):  # the settings name the server's paths
+                measured = [ENDPOINT_NAMES.get(e, e) for e in measured]
+            if isinstance(measured, list) and x not in measured:
+                shown = ", ".join(repr(y) for y in measured[:8]) + (", ..." if len(measured) > 8 else "")
+                out[m] = f"its {name} {x!r} is not among the run's ({shown})"
+                break
+            if measured is None and key in ("seeds", "prompt_ids") and m.mtp_token_id is not None:
+                out[m] = f"it records token ids, but the settings do not record the run's {key}"
+                break
+    return out

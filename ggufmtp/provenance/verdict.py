@@ -60,6 +60,7 @@ from .numerics import (
     explained_by_numerics,
     nats,
     numerics_failure,
+    unmeasured_mismatches,
 )
 
 __all__ = ["DEFAULT_THRESHOLDS", "Divergence", "EXCERPT_BEFORE", "Evidence", "Finding", "Findings", "HeadBasis",
@@ -265,34 +266,6 @@ def judge_record(v: Mapping[str, Any]) -> Judgment:
     j.lossless.extend(f"the mismatch listed under prompt {m.prompt_id!r} seed {m.seed} ({m.mode}, {m.endpoint}, k={m.k}) "
                       f"is not one the run measured ({why}): not what verify writes" for m, why in unmeasured.items())
     return j
-
-
-ENDPOINT_NAMES = {"/v1/chat/completions": "chat", "/completion": "raw"}  # settings' endpoints, as mismatches name them
-
-
-def unmeasured_mismatches(listed: Sequence[RecordedMismatch], settings: Any) -> dict[RecordedMismatch, str]:
-    """The listed mismatches that are not the run's, each with why: a seed, prompt, mode, endpoint
-    or draft window the ``settings`` do not record as measured. A mismatch with token ids (what
-    verify writes with them also records ``seeds`` and ``prompt_ids``) needs both lists to be
-    checked; an older receipt's text-only mismatch, which explains nothing, is checked against what
-    its settings record."""
-    st = settings if isinstance(settings, Mapping) else {}
-    k_max, sweep = st.get("draft_n_max"), st.get("sweep")
-    windows = ([k_max] if isinstance(k_max, int) else []) + (list(sweep) if isinstance(sweep, list) else [])
-    out: dict[RecordedMismatch, str] = {}
-    for m in listed:
-        for name, key, x in (("seed", "seeds", m.seed), ("prompt", "prompt_ids", m.prompt_id), ("mode", "modes", m.mode),
-                             ("endpoint", "endpoints", m.endpoint), ("window k", "windows", m.k)):
-            measured = windows or None if key == "windows" else st.get(key)
-            if key == "endpoints" and isinstance(measured, list):  # the settings name the server's paths
-                measured = [ENDPOINT_NAMES.get(e, e) for e in measured]
-            if isinstance(measured, list) and x not in measured:
-                out[m] = f"its {name} {x!r} is not among the run's {measured!r}"
-                break
-            if measured is None and key in ("seeds", "prompt_ids") and m.mtp_token_id is not None:
-                out[m] = f"it records token ids, but the settings do not record the run's {key}"
-                break
-    return out
 
 
 def _section_failures(v: Mapping[str, Any], modes: Mapping[str, Any] | None) -> list[str]:

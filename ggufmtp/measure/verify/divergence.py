@@ -277,12 +277,12 @@ class _Analyser:
         character, vanilla's margin there and the four tokens by id (the MTP token's text is the
         listed one of the same id, else the server's detokenization of it)."""
         i, v_ex, m_ex = first_difference(vanilla, mtp)
-        (top_id, top), (ru_id, runner_up) = _top2(entry)
+        (_, top), (ru_id, runner_up) = _top2(entry)
         listed = {t: x for t, x in ((ru_id, runner_up), batched) if t is not None}
         mtp_text = listed[mtp_id] if mtp_id in listed else self.detokenize(mtp_id)
         return Divergence(i, v_ex, m_ex, margin, vanilla_token=str(entry.get("token", top or "")), mtp_token=mtp_text,
                           runner_up_token=runner_up, batched_token=batched[1],
-                          vanilla_token_id=int(entry.get("id", top_id)), mtp_token_id=mtp_id,  # type: ignore[arg-type]
+                          vanilla_token_id=int(entry["id"]), mtp_token_id=mtp_id,
                           runner_up_token_id=ru_id, batched_token_id=batched[0])
 
     def detokenize(self, token_id: int) -> str | None:
