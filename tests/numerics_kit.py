@@ -3,12 +3,14 @@ machine: whether batching flips vanilla's argmax is a CPU's rounding and cannot 
 the real server, so the test designs the two things the analysis reads instead.
 
 - The MTP reply: vanilla's (a synthetic model's, identical in both arms by construction) with one
-  letter changed (:func:`designed_mtp_text`), fed to verify or tune where their runs record it.
+  letter changed (:func:`designed_mtp_text`), fed to verify or tune where their runs record it, and
+  the MTP server's replay of it (:class:`NearTieMtp`): the real server's answer, its text the
+  designed one and its token there the designed runner-up (:func:`designed_token_id`).
 - The vanilla server's answers (:class:`NearTieVanilla`): every request goes to the real vanilla
   llama-server, and two answers are rewritten: vanilla's listing at the divergence (its token wins
-  by :data:`NEAR_TIE` nats over a runner-up whose text is the MTP reply's there) and vanilla's
-  one-batch evaluation of that prefix (the runner-up wins by :data:`BATCHED_MARGIN`), so the drift
-  measured there is their sum. The other sampled positions are the real server's (margins of ~16
+  by :data:`NEAR_TIE` nats over the designed runner-up, whose text is the MTP reply's there) and
+  vanilla's one-batch evaluation of that prefix (the runner-up wins by :data:`BATCHED_MARGIN`), so
+  the drift measured there is their sum. The other sampled positions are the real server's (margins of ~16
   nats on the synthetic trunk; what batching moves them by only adds to the drift, whose maximum is
   at least that sum on any machine).
 
@@ -27,6 +29,45 @@ NEAR_TIE = 0.01  # vanilla's designed top-2 margin at the divergence (nats)
 # counted) would be below NEAR_TIE: an analysis that missed the flip explains nothing
 BATCHED_MARGIN = 0.015
 TOP_LOGPROB = -0.69  # vanilla's token's designed log-probability there (about one half)
+
+
+def designed_token_id(vanilla_id: int) -> int:
+    """The designed runner-up's token id where vanilla's token there is ``vanilla_id`` (another id)."""
+    return vanilla_id + 1
+
+
+def _token_at(probs: list[dict[str, Any]], at: int) -> tuple[int, int]:
+    """(index, start character) of the listed token over character ``at`` of the listing's text."""
+    ends = list(itertools.accumulate(len(str(e["token"])) for e in probs))
+    j = next((t for t, end in enumerate(ends) if end > at), None)
+    assert j is not None, f"the designed divergence (character {at}) lies past the reply"
+    return j, ends[j] - len(str(probs[j]["token"]))
+
+
+class NearTieMtp:
+    """The MTP llama-server ``srv`` as the replay of a designed MTP reply reads it: the real answer
+    (the synthetic model's reply, vanilla's), its text the designed ``mtp`` and its token over the
+    changed letter the designed runner-up's id (see the module docstring)."""
+
+    def __init__(self, srv: Any, vanilla: str, mtp: str):
+        self.srv, self.mtp = srv, mtp
+        self.at = next(i for i, (a, b) in enumerate(zip(vanilla, mtp)) if a != b)
+        self.replays = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.srv, name)
+
+    def complete(self, ids: list[int], n_predict: int, **kw: Any) -> dict[str, Any]:
+        assert kw.get("return_tokens"), "the replay asks the server for its token ids"
+        r = self.srv.complete(ids, n_predict=n_predict, **kw, n_probs=1)  # the listing: where each token lies
+        j, _ = _token_at(list(r["completion_probabilities"]), self.at)
+        content = str(r["content"])
+        assert content.startswith(self.mtp[:self.at]), ("the designed case needs the chat reply to be the generated text",
+                                                        content, self.mtp)
+        tokens = list(r["tokens"])
+        tokens[j] = designed_token_id(tokens[j])
+        self.replays += 1
+        return {**r, "tokens": tokens, "content": content[:self.at] + self.mtp[self.at] + content[self.at + 1:]}
 
 
 def designed_mtp_text(vanilla: str, at: int = 10) -> str:
@@ -73,15 +114,13 @@ class NearTieVanilla:
         raw = "".join(str(e["token"]) for e in probs)
         assert raw.startswith(self.vanilla), ("the designed case needs the chat reply to be the generated text",
                                               raw, self.vanilla)
-        ends = list(itertools.accumulate(len(str(e["token"])) for e in probs))
-        j = next((t for t, end in enumerate(ends) if end > self.at), None)
-        assert j is not None, f"the designed divergence (character {self.at}) lies past vanilla's reply"
-        e, end = probs[j], ends[j]
-        start = end - len(str(e["token"]))
+        j, start = _token_at(probs, self.at)
+        e = probs[j]
         top = e["top_logprobs"]
-        runner_up = self.mtp[start:end]  # the MTP reply's text over vanilla's token there
+        runner_up = self.mtp[start:start + len(str(e["token"]))]  # the MTP reply's text over vanilla's token there
         mine = dict(top[0], logprob=TOP_LOGPROB)
-        other = dict(top[1], token=runner_up, bytes=list(runner_up.encode()), logprob=TOP_LOGPROB - NEAR_TIE)
+        other = dict(top[1], id=designed_token_id(int(e["id"])), token=runner_up, bytes=list(runner_up.encode()),
+                     logprob=TOP_LOGPROB - NEAR_TIE)
         self.prompt_n, self.j, self.tokens = prompt_n, j, (mine, other)
         probs[j] = dict(e, logprob=TOP_LOGPROB, top_logprobs=[mine, other])
         return probs

@@ -283,6 +283,30 @@ def test_the_report_marks_the_pareto_front_and_draws_it():
     assert predicted.n_bytes == a.n_bytes + 500  # whole-file sizes once a file was measured
 
 
+def test_a_proved_file_is_on_the_front_unless_its_own_prediction_undercuts_it():
+    """The front is of every point, and the found file is two of them at one size: its prediction
+    and its proof. Measured below the prediction (0.012 against 0.014), the proved file is on the
+    front; measured above it (0.016: the additive model optimistic, as one 2-core machine measured
+    the hifi-size search), a point of its size with a lower KLD is, and the proved file is not. The
+    beaten shipped file is off the front either way. Designed KLDs, apart by 0.002 and more."""
+    t = designed()
+    a = allocate(t, Budget(bpw=5.0))
+    assert a.predicted_kld == pytest.approx(0.014)
+    shipped = [x + 0.02 for x in SHIPPED]  # every chunk 0.02 above the found file's worst
+    for found_kld, on_front in ((0.012, True), (0.016, False)):
+        proof = judge(arm("searched-mtp", a.n_bytes + 500, [found_kld] * len(SHIPPED)),
+                      arm("hifi", a.n_bytes + 600, shipped))
+        assert proof.verdict is ProofVerdict.BEATS
+        marked = {p.label: p for p in with_front(all_points(t, a, proof))}
+        found = marked["searched-mtp (proved)"]
+        assert found.pareto is on_front and not marked["hifi (proved)"].pareto
+        below = [p.kld for p in marked.values() if p is not found and p.n_bytes <= found.n_bytes]
+        assert (min(below) < found.kld) is not on_front
+        # what the hifi-size test asserted before #49 ("a proved point is on the front") is this case's
+        # outcome, the prediction's rounding against the measurement's, not the search's
+        assert any(p.kind is PointKind.PROVED and p.pareto for p in marked.values()) is on_front
+
+
 # --- end to end, on the trained tiny model (runtime) -------------------------------------------
 
 # the types llama.cpp writes as asked on the tiny model's 64-wide rows (block 32), and the head's K-quants
@@ -314,11 +338,32 @@ def _beats(args: list[str], shipped: str) -> tuple[dict, dict]:
     return res, proof
 
 
+def _proved_on_the_report(res: dict, proof: dict) -> None:
+    """The proved files in the search's Pareto table, asserted only as the proof decides them: each
+    at its measured size and KLD; the shipped file, beaten, off the front; no measured file (a
+    candidate or the shipped one) at most as large as the found one with a lower KLD; and the found
+    file on the front exactly when its own prediction (the same file, the same size) does not
+    undercut it: whether it does is the additive model's rounding, which no test may assume."""
+    points = {p["label"]: p for p in res["pareto"]}
+    found, shipped = (points[f"{proof[arm]['recipe']} (proved)"] for arm in ("found", "shipped"))
+    for pt, arm in ((found, "found"), (shipped, "shipped")):
+        assert pt["kind"] == "proved" and (pt["n_bytes"], pt["kld"]) == (proof[arm]["n_bytes"], proof[arm]["kld"])
+    assert not shipped["pareto"]
+    assert not [p["label"] for p in res["pareto"] if p["kind"] != "predicted" and p is not found
+                and p["n_bytes"] <= found["n_bytes"] and p["kld"] < found["kld"]]
+    predicted = next(p for p in res["pareto"] if p["kind"] == "predicted")
+    assert predicted["n_bytes"] == found["n_bytes"]
+    assert found["pareto"] == (predicted["kld"] > found["kld"])
+
+
 def test_search_at_hifi_size_finds_an_ordinary_recipe_that_beats_it(llama_runtime, tmp_path):
     """#43's Done when, at a small size: searched under hifi-q4_k_m-mtp's own size, the recipe is an
     ordinary one (it loads, plans and quantizes) and the proof against hifi-q4_k_m-mtp says it beats it:
     lower KLD with the paired CI clear of zero (measured: 0.00086 against 0.00355, CI of the
-    difference [-0.0036, -0.0019], so the margin is wide)."""
+    difference [-0.0036, -0.0019], so the margin is wide). What the report shows of the proof is
+    asserted only where it follows from the proof (:func:`_proved_on_the_report`), not from how
+    close the prediction came to the measurement (2026-11-29: 0.00089 predicted against 0.00086
+    measured here; the other way round on another 2-core machine)."""
 
     from click.testing import CliRunner
 
@@ -333,7 +378,7 @@ def test_search_at_hifi_size_finds_an_ordinary_recipe_that_beats_it(llama_runtim
     assert lo <= proof["acceptance_diff"] <= hi and "non-inferior to the shipped file's" in proof["reason"]
     assert 0 < proof["found"]["acceptance"] <= 1 and 0 < proof["shipped"]["acceptance"] <= 1
     assert res["allocation"]["n_bytes"] <= res["allocation"]["budget_bytes"]
-    assert any(p["kind"] == "proved" and p["pareto"] for p in res["pareto"])
+    _proved_on_the_report(res, proof)
     assert plot.read_text().startswith("<svg")
     recipe = ggufmtp.Recipe.load(out)  # an ordinary recipe: plan and quantize take it
     assert len(recipe.rules) == len(res["allocation"]["types"])

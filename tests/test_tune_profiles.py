@@ -436,9 +436,9 @@ def test_tune_keeps_a_configuration_whose_only_difference_is_numerics(llama_serv
     evaluation flips: verify passes it; tune dropped the configuration as "output differs". With
     verify's analysis, the unit is lossless up to numerics. The near-tie is designed, as in
     tests/test_verify_numerics.py (tests/numerics_kit.py): the MTP reply of seed 42 is changed where
-    the unit records it, and the analysis reads the real vanilla server with the designed answers at
-    that divergence; the search, the analysis and the keep decision are tune's own."""
-    from numerics_kit import NEAR_TIE, NearTieVanilla, designed_mtp_text
+    the unit records it and in its replay on the MTP server, and the analysis reads the real vanilla
+    server with the designed answers at that divergence; the search, the analysis and the keep decision are tune's own."""
+    from numerics_kit import NEAR_TIE, NearTieMtp, NearTieVanilla, designed_mtp_text
 
     from ggufmtp.measure.core.suite import load_suite
     from ggufmtp.measure.tune import bench as T
@@ -452,9 +452,10 @@ def test_tune_keeps_a_configuration_whose_only_difference_is_numerics(llama_serv
             return out, ms
 
     class NearTieEvaluator(T.ServerEvaluator):
-        def _mismatch(self, vsrv, differing):
+        def _mismatch(self, vsrv, mtp, differing):
             assert [s for _, s, _, _ in differing] == [42], "the synthetic model's replies differ by themselves"
-            return super()._mismatch(NearTieVanilla(vsrv, differing[0][2].text, differing[0][3].text), differing)
+            texts = (differing[0][2].text, differing[0][3].text)
+            return super()._mismatch(NearTieVanilla(vsrv, *texts), NearTieMtp(mtp, *texts), differing)
 
     st = load_suite().limit(1)
     base = dict(model=f20, threads=2, metrics=True, extra_args=[])
@@ -684,7 +685,7 @@ def test_tune_counts_no_decode_for_a_reply_that_ends_at_once():
     evaluator = SimpleNamespace(order=SimpleNamespace(run=lambda a, b: (a(), b())), bar=None,
                                 bench=SimpleNamespace(concurrency=1, run=lambda srv, u: (mtp, 1.0)),
                                 _vanilla=lambda srv, u: (van, 1.0), suite=None)
-    evaluator._mismatch = lambda srv, differing: ServerEvaluator._mismatch(evaluator, srv, differing)
+    evaluator._mismatch = lambda srv, mtp, differing: ServerEvaluator._mismatch(evaluator, srv, mtp, differing)
     r = ServerEvaluator._pair(evaluator, None, None, 0)
     assert (r.mtp_tokens, r.mtp_ms, r.van_tokens, r.van_ms) == (33, 50.0, 33, 100.0)
     assert r.identical and r.requests == 2

@@ -3,9 +3,10 @@
 Whether evaluating a prefix as one batch flips vanilla's argmax is a CPU's rounding, so no real
 run can be relied on to diverge at a near-tie. The near-tie is designed instead (tests/numerics_kit.py):
 a real verify run on the synthetic model (identical replies in both arms), one MTP reply changed
-where the run records it, and the vanilla server's answers the analysis reads designed at that
-divergence (vanilla's margin 0.01 nats, its own one-batch evaluation of the prefix picking the MTP
-reply's token), everything else the real server's. A real divergence (``--spec-synth-len``: wrong
+where the run records it and in the MTP server's replay of it (its token there the designed
+runner-up's id), and the vanilla server's answers the analysis reads designed at that divergence
+(vanilla's margin 0.01 nats, its own one-batch evaluation of the prefix picking the MTP reply's
+token), everything else the real servers'. A real divergence (``--spec-synth-len``: wrong
 drafts accepted) must stay unexplained. The judging itself is tested on recorded data, as ``audit``
 re-judges a receipt; the llama-server protocol the stand-ins imitate is pinned on the real server.
 """
@@ -17,7 +18,7 @@ import dataclasses
 import json
 
 import pytest
-from numerics_kit import BATCHED_MARGIN, NEAR_TIE, NearTieVanilla, designed_mtp_text
+from numerics_kit import BATCHED_MARGIN, NEAR_TIE, NearTieMtp, NearTieVanilla, designed_mtp_text
 
 from ggufmtp.measure.core.options import VerifyOptions
 from ggufmtp.measure.core.suite import load_suite
@@ -42,29 +43,37 @@ TH = Thresholds(min_acceptance=0.3, min_speedup=1.1, source="test")
 def designed_near_tie(llama_server_bin, tiny_mtp_model):
     """A real verify run of the synthetic model on two prompts whose second MTP reply departs from
     vanilla's at a designed near-tie: the reply is changed where the run records it (``on_record``),
-    and the analysis reads the real vanilla server through :class:`NearTieVanilla`."""
+    its replay on the MTP server reads the real one through :class:`NearTieMtp`, and the analysis
+    reads the real vanilla server through :class:`NearTieVanilla`."""
     from ggufmtp.measure.verify import run as verify_run
-    from ggufmtp.measure.verify.divergence import analyse_mismatches
+    from ggufmtp.measure.verify.divergence import analyse_mismatches, replay_mtp
 
     suite = load_suite().limit(2)
     differs = suite.prompts[1].id
     seen: list[NearTieVanilla] = []
+    replayed: list[NearTieMtp] = []
 
     def on_record(rec):
         if rec.arm == "mtp" and rec.prompt_id == differs:
             rec.text = designed_mtp_text(rec.text)
 
-    def analyse(van, st, pairs, max_tokens):
+    def replay(mtp, st, pairs, max_tokens):
+        assert [m.prompt_id for _, m in pairs] == [differs], "the synthetic model's replies differ by themselves"
+        replayed.append(NearTieMtp(mtp, pairs[0][0].text, pairs[0][1].text))
+        return replay_mtp(replayed[-1], st, pairs, max_tokens)
+
+    def analyse(van, st, pairs, max_tokens, mtp_replies):
         assert [m.prompt_id for _, m in pairs] == [differs], "the synthetic model's replies differ by themselves"
         seen.append(NearTieVanilla(van, pairs[0][0].text, pairs[0][1].text))
-        return analyse_mismatches(seen[-1], st, pairs, max_tokens)
+        return analyse_mismatches(seen[-1], st, pairs, max_tokens, mtp_replies)
 
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verify_run, "replay_mtp", replay)
         mp.setattr(verify_run, "analyse_mismatches", analyse)
         res = verify(tiny_mtp_model, VerifyOptions.from_dict(dict(suite=suite, seeds=(42,), max_tokens=32, threads=2,
                                                                    draft_n_max=3, thresholds=TH)),
                      progress=False, on_record=on_record)
-    return {"model": tiny_mtp_model, "result": res, "prompt_id": differs, "vanilla": seen[0]}
+    return {"model": tiny_mtp_model, "result": res, "prompt_id": differs, "vanilla": seen[0], "mtp": replayed[0]}
 
 
 def test_a_near_tie_divergence_is_explained_by_numerics_and_passes(designed_near_tie):
@@ -81,6 +90,10 @@ def test_a_near_tie_divergence_is_explained_by_numerics_and_passes(designed_near
     assert m["margin_nats"] == pytest.approx(NEAR_TIE, abs=1e-6)
     assert m["mtp_token"] == m["runner_up_token"] == m["batched_token"] == stand_in.tokens[1]["token"]
     assert m["vanilla_token"] == stand_in.tokens[0]["token"] != m["mtp_token"]
+    # judged by id: the MTP server's replay says it generated the designed runner-up's id there
+    assert designed_near_tie["mtp"].replays == 1
+    assert m["mtp_token_id"] == m["runner_up_token_id"] == m["batched_token_id"] == stand_in.tokens[1]["id"]
+    assert m["vanilla_token_id"] == stand_in.tokens[0]["id"] != m["mtp_token_id"]
     # the drift: the designed flip's (NEAR_TIE + BATCHED_MARGIN) at least, the real positions' changes beside it
     assert NEAR_TIE + BATCHED_MARGIN - 1e-6 <= d["numerics_drift_nats"] < 1.0
     assert d["numerics_positions"] >= MIN_DRIFT_POSITIONS and d["numerics_flips"] >= 1
@@ -111,7 +124,8 @@ def test_audit_recomputes_explained_from_the_margin_not_the_flag(designed_near_t
     rc.write_text(json.dumps(st))
     check = next(c for c in audit(out, rc).checks if c.name == "verdict follows from the figures")
     assert not check.ok and "give 'fail'" in check.detail and "unexplained" in check.detail
-    for key in ("margin_nats", "mtp_token", "runner_up_token", "batched_token"):  # an older receipt's mismatch
+    for key in ("margin_nats", "mtp_token", "runner_up_token", "batched_token", "vanilla_token_id", "mtp_token_id",
+                "runner_up_token_id", "batched_token_id"):  # an older receipt's mismatch
         v["mismatches"][0].pop(key)
     rc.write_text(json.dumps(st))
     check = next(c for c in audit(out, rc).checks if c.name == "verdict follows from the figures")
@@ -127,6 +141,13 @@ def test_a_real_divergence_stays_unexplained_and_fails(llama_server_bin, synth_m
     d = res.to_dict()
     assert d["verdict"] == "fail" and d["mismatch_count"] > 0
     assert all(m["explained"] is False and m["margin_nats"] > 1.0 for m in d["mismatches"]), d["mismatches"]
+    # the token ids as the servers generated them (#49 item 5): the MTP server's replay reproduced each
+    # reply, and the first id that differs is the divergence, where vanilla's own token is top-1
+    for m in d["mismatches"]:
+        ids = [m[f] for f in ("vanilla_token_id", "mtp_token_id", "runner_up_token_id", "batched_token_id")]
+        assert all(isinstance(i, int) for i in ids) and ids[0] != ids[1], m
+        assert "neither vanilla's runner-up" in m["unexplained_why"] or "margin there" in m["unexplained_why"], m
+    assert d["settings"]["prompt_ids"] == [p.id for p in load_suite().limit(3).prompts]
     assert d["numerics_drift_nats"] is not None and d["numerics_drift_nats"] < 1.0
     reason = next(r for r in d["reasons"] if r.startswith("identical output"))
     assert "unexplained" in reason and "first: prompt" in reason and "margin there" in reason
@@ -145,13 +166,15 @@ def _recorded(margins: list[float | None], drift: float | None, pairs: int = 4) 
              "vanilla_tokens": 9, "mtp_tokens": 9}
             | ({} if mg is None else {"margin_nats": mg, "batched_flip": False, "explained": True, "token_index": 8,
                                       "vanilla_token": "2", "mtp_token": "3", "runner_up_token": "3",
-                                      "batched_token": "2"})
+                                      "batched_token": "2", "vanilla_token_id": 17, "mtp_token_id": 18,
+                                      "runner_up_token_id": 18, "batched_token_id": 17})
             for i, mg in enumerate(margins)]
     v = {"verdict": "pass", "mtp": {"acceptance": 0.8}, "speedup": 1.0, "identical_output_fraction": same / pairs,
          "identical_outputs": {"identical": same, "pairs": pairs}, "mismatch_count": len(margins),
          "mismatches": mism, "modes": {"default": {"mtp": {"acceptance": 0.8}, "speedup": 1.0,
                                                    "identical_output_fraction": same / pairs}},
-         "settings": {"n_prompts": pairs, "seeds": [42], "draft_n_max": 3, "max_tokens": 64},
+         "settings": {"n_prompts": pairs, "seeds": [42], "draft_n_max": 3, "max_tokens": 64,
+                      "prompt_ids": [f"p{i}" for i in range(pairs)]},
          "thresholds": TH.to_dict(), "hardware": {"offloaded": False}}
     if drift is not None:
         v |= {"numerics_drift_nats": drift, "numerics_positions": 32}
@@ -161,7 +184,7 @@ def _recorded(margins: list[float | None], drift: float | None, pairs: int = 4) 
 def test_explained_by_numerics_rule():
     def d(margin):
         return Divergence(23, "The sum of 5 and 7 is 12.", "The sum of 5 and 7 is 13.", margin, vanilla_token="2",
-                          mtp_token="3", runner_up_token="3")
+                          mtp_token="3", runner_up_token="3", vanilla_token_id=17, mtp_token_id=18, runner_up_token_id=18)
 
     assert explained_by_numerics(d(0.05), 0.21, 32) and explained_by_numerics(d(0.21), 0.21, 32)
     assert not explained_by_numerics(d(0.3), 0.21, 32)
@@ -227,6 +250,7 @@ class _EndsServer:
     ``completion_probabilities`` with token text ""), nearly tied with " d"."""
 
     ENTRIES = [(ch, -0.1, "x", -3.0) for ch in "abcdefghij"] + [("", -0.70, " d", -0.71)]
+    TIE = 10  # the near-tie's entry, whose one-batch evaluation moves its margin
 
     def __init__(self, batched_eos_margin: float):
         self.batched_eos_margin = batched_eos_margin
@@ -244,7 +268,7 @@ class _EndsServer:
         if n_predict != 1:
             return {"completion_probabilities": entries}
         e = dict(entries[len(ids) - 1])  # the one-batch evaluation of the prefix
-        if e["token"] == "":
+        if len(ids) - 1 == self.TIE:
             e["top_logprobs"] = [dict(e["top_logprobs"][0], logprob=-0.70),
                                  dict(e["top_logprobs"][1], logprob=-0.70 - self.batched_eos_margin)]
         return {"completion_probabilities": [e]}
@@ -255,7 +279,7 @@ def test_vanilla_ending_at_a_near_tie_where_mtp_goes_on_is_analysed():
     on: the divergence is that token, its margin is measured like any other, and it is explained
     when the batching drift covers it; before, it was left unexplained whatever its margin."""
     from ggufmtp.measure.core.suite import Prompt, Suite
-    from ggufmtp.measure.verify.divergence import analyse_mismatches
+    from ggufmtp.measure.verify.divergence import TokenReply, analyse_mismatches
     from ggufmtp.measure.verify.summary import Record
 
     suite = dataclasses.replace(load_suite("chat-v1"), prompts=(Prompt("p", "general", ({"role": "user", "content": "q"},)),))
@@ -266,12 +290,52 @@ def test_vanilla_ending_at_a_near_tie_where_mtp_goes_on_is_analysed():
                       predicted_n=len(text), predicted_ms=1.0, prompt_n=1, draft_n=None, draft_n_accepted=None, text=text)
 
     key = (3, "chat", "default", "p", 42)
+    mtp = {key: TokenReply((*range(10), 99, 11), "abcdefghij d")}  # the MTP server's: " d" (id 99) where vanilla ends
     for batched_margin, explained in ((0.05, True), (0.012, False)):
         pair = (rec("vanilla", "abcdefghij"), rec("mtp", "abcdefghij d"))
-        numerics = analyse_mismatches(_EndsServer(batched_margin), suite, [pair], 64)
+        numerics = analyse_mismatches(_EndsServer(batched_margin), suite, [pair], 64, mtp)
         a = numerics.by_key[key]
         assert a.reproduced and a.token_index == 10 and a.margin_nats == pytest.approx(0.01), a
         assert numerics.fields(key)["explained"] is explained, (numerics.drift, a)
+
+
+class _PrefixServer(_EndsServer):
+    """A vanilla server whose greedy reply is "Look at the green leaves. It is a day", its " the"
+    nearly tied with the runner-up " tr" (id 99)."""
+
+    ENTRIES = ([(t, -0.1, "x", -3.0) for t in ("Look", " at")] + [(" the", -0.70, " tr", -0.71)]
+               + [(t, -0.1, "x", -3.0) for t in (" green", " leaves", ".", " It", " is", " a", " day", "")])
+    TIE = 2
+
+
+def test_the_mtp_token_is_its_id_not_a_text_the_runner_up_begins():
+    """#49 item 5: where vanilla took " the" over " tr" by 0.01 nats (a drift of 0.04 measured), an
+    MTP reply "Look at tree bark." is explained by numerics only if the MTP server generated the
+    runner-up's id there (" tr", then "ee"); generated as " tree" (another id) it is a real
+    divergence, though the text is the same. Before, the runner-up's text lying in the MTP reply
+    was enough: both were explained."""
+    from ggufmtp.measure.core.suite import Prompt, Suite
+    from ggufmtp.measure.verify.divergence import TokenReply, analyse_mismatches
+    from ggufmtp.measure.verify.summary import Record
+
+    suite = dataclasses.replace(load_suite("chat-v1"), prompts=(Prompt("p", "general", ({"role": "user", "content": "q"},)),))
+    assert isinstance(suite, Suite)
+
+    def rec(arm, text):
+        return Record(arm=arm, k=3, endpoint="chat", mode="default", prompt_id="p", category="general", seed=42, order=0,
+                      predicted_n=9, predicted_ms=1.0, prompt_n=1, draft_n=None, draft_n_accepted=None, text=text)
+
+    key, text = (3, "chat", "default", "p", 42), "Look at tree bark."
+    pair = (rec("vanilla", "Look at the green leaves. It is a day"), rec("mtp", text))
+    for ids, explained in (((0, 1, 99, 80, 81, 82), True), ((0, 1, 77, 81, 82), False)):
+        numerics = analyse_mismatches(_PrefixServer(0.05), suite, [pair], 64, {key: TokenReply(ids, text)})
+        f = numerics.fields(key)
+        assert (f["token_index"], f["mtp_token_id"], f["runner_up_token_id"]) == (2, ids[2], 99), f
+        assert f["explained"] is explained, f
+    assert "neither vanilla's runner-up (id 99, ' tr')" in f["unexplained_why"]
+    # without the MTP server's ids (a replay that failed) nothing is explained
+    f = analyse_mismatches(_PrefixServer(0.05), suite, [pair], 64, {key: "the MTP reply's replay failed: x"}).fields(key)
+    assert f["explained"] is False and f["unexplained_why"] == "the MTP reply's replay failed: x"
 
 
 def test_llama_server_lists_the_end_of_generation_token_with_empty_text(llama_server_bin):

@@ -6,12 +6,13 @@ recorded figures; these bounds are policy, not thresholds: a receipt cannot loos
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EXCERPT_BEFORE", "MAX_DRIFT_NATS", "MAX_EXPLAINED_SHARE", "MIN_DRIFT_POSITIONS", "Divergence",
-           "RecordedMismatch", "explained_by_numerics", "numerics_failure", "nats", "token_covers"]
+__all__ = ["EXCERPT_BEFORE", "MAX_DRIFT_NATS", "MAX_EXPLAINED_SHARE", "MIN_DRIFT_POSITIONS", "TOKEN_ID_FIELDS",
+           "Divergence", "RecordedMismatch", "explained_by_numerics", "numerics_failure", "nats",
+           "unmeasured_mismatches"]
 
 
 def _number(x: Any) -> float | None:
@@ -29,12 +30,16 @@ MAX_EXPLAINED_SHARE = 0.5  # past half the replies, "numerics" is the model, not
 EXCERPT_BEFORE = 30  # the mismatch excerpts start this many characters before the difference
 
 
+TOKEN_ID_FIELDS = ("vanilla_token_id", "mtp_token_id", "runner_up_token_id", "batched_token_id")
+
+
 @dataclass(frozen=True)
 class Divergence:
     """What the numerics rule reads of one differing reply: vanilla's top-2 margin where the
-    replies part, the tokens there (vanilla's, the MTP reply's, vanilla's runner-up and vanilla's
-    one-batch argmax; token texts, "" for an end-of-generation token) and the replies' text around
-    the difference (``vanilla``/``mtp``: from :data:`EXCERPT_BEFORE` characters before it)."""
+    replies part (the first token whose id differs), the tokens there by id as the servers generated
+    them (vanilla's, the MTP reply's, vanilla's runner-up and vanilla's one-batch argmax) with their
+    texts ("" for vanilla's end-of-generation token), and the replies' text around the first
+    differing character (``vanilla``/``mtp``: from :data:`EXCERPT_BEFORE` characters before it)."""
 
     first_difference_at: int | None
     vanilla: str | None
@@ -44,6 +49,10 @@ class Divergence:
     mtp_token: str | None = None
     runner_up_token: str | None = None
     batched_token: str | None = None
+    vanilla_token_id: int | None = None
+    mtp_token_id: int | None = None
+    runner_up_token_id: int | None = None
+    batched_token_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,31 +69,23 @@ class RecordedMismatch(Divergence):
     @classmethod
     def of(cls, d: Any) -> RecordedMismatch:
         d = d if isinstance(d, Mapping) else {}
-        seed, k, at = (d.get(x) if isinstance(d.get(x), int) and not isinstance(d.get(x), bool) else None
-                       for x in ("seed", "k", "first_difference_at"))
-        tokens = {x: _text(d.get(x)) for x in ("vanilla_token", "mtp_token", "runner_up_token", "batched_token")}
-        return cls(at, _text(d.get("vanilla")), _text(d.get("mtp")), _number(d.get("margin_nats")), **tokens,
-                   prompt_id=_text(d.get("prompt_id")), seed=seed, mode=_text(d.get("mode")),
-                   endpoint=_text(d.get("endpoint")), k=k,
+        return cls(_int(d.get("first_difference_at")), _text(d.get("vanilla")), _text(d.get("mtp")),
+                   _number(d.get("margin_nats")), vanilla_token=_text(d.get("vanilla_token")),
+                   mtp_token=_text(d.get("mtp_token")), runner_up_token=_text(d.get("runner_up_token")),
+                   batched_token=_text(d.get("batched_token")), vanilla_token_id=_int(d.get("vanilla_token_id")),
+                   mtp_token_id=_int(d.get("mtp_token_id")), runner_up_token_id=_int(d.get("runner_up_token_id")),
+                   batched_token_id=_int(d.get("batched_token_id")), prompt_id=_text(d.get("prompt_id")),
+                   seed=_int(d.get("seed")), mode=_text(d.get("mode")), endpoint=_text(d.get("endpoint")),
+                   k=_int(d.get("k")),
                    batched_flip=d.get("batched_flip") if isinstance(d.get("batched_flip"), bool) else None)
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
 def _text(x: Any) -> str | None:
     return x if isinstance(x, str) else None
-
-
-def token_covers(text: str, at: int, token: str | None) -> bool:
-    """Whether a token with this text lies in ``text`` over character ``at`` (the first difference):
-    starting at or before it and reaching past it. The end-of-generation token ("") covers the end
-    of the reply; whitespace the chat parser trimmed is tolerated at either end of the token."""
-    if token is None or at < 0:
-        return False
-    if not token.strip() and not text[at:].strip():  # the reply ends there
-        return True
-    for tok in dict.fromkeys(t for t in (token, token.strip(), token.lstrip(), token.rstrip()) if t):
-        if any(text.startswith(tok, q) for q in range(max(0, at - len(tok) + 1), at + 1)):
-            return True
-    return False
 
 
 def numerics_failure(d: Divergence, drift_nats: float | None, positions: int) -> str | None:
@@ -101,13 +102,29 @@ def numerics_failure(d: Divergence, drift_nats: float | None, positions: int) ->
                 "moves margins that much is not numerics")
     if not margin <= drift:
         return f"vanilla's margin there {nats(margin)} exceeds the batching drift {nats(drift)}"
-    if d.mtp_token is None or d.mtp_token not in (d.runner_up_token, d.batched_token):
-        return (f"the MTP reply's token there ({d.mtp_token!r}) is neither vanilla's runner-up ({d.runner_up_token!r}) "
-                f"nor vanilla's one-batch argmax ({d.batched_token!r})")
-    at = min(d.first_difference_at, EXCERPT_BEFORE) if d.first_difference_at is not None else -1
-    if (d.vanilla_token == d.mtp_token or d.vanilla is None or d.mtp is None
-            or not token_covers(d.vanilla, at, d.vanilla_token) or not token_covers(d.mtp, at, d.mtp_token)):
-        return "the recorded tokens are not the replies' text at the first difference"
+    return _token_failure(d)
+
+
+def _token_failure(d: Divergence) -> str | None:
+    """Why the recorded tokens do not show a runner-up or a batched argmax taken (None: they do).
+    Judged on token ids, never on text: a runner-up whose text merely begins the MTP token's text
+    (" t" against " tree") is another token. A record without the ids (older receipts recorded
+    text only) cannot show it; one whose texts differ for one id is not what verify writes."""
+    if d.vanilla_token_id is None or d.mtp_token_id is None:
+        return "no token ids recorded at the divergence (a text-only record cannot show which token the MTP reply took)"
+    if d.mtp_token_id == d.vanilla_token_id:
+        return f"the recorded MTP token (id {d.mtp_token_id}) is vanilla's own"
+    if d.mtp_token_id not in (d.runner_up_token_id, d.batched_token_id):
+        return (f"the MTP reply's token there (id {d.mtp_token_id}, {d.mtp_token!r}) is neither vanilla's runner-up "
+                f"(id {d.runner_up_token_id}, {d.runner_up_token!r}) nor vanilla's one-batch argmax "
+                f"(id {d.batched_token_id}, {d.batched_token!r})")
+    texts: dict[int, set[str]] = {}
+    for tid, text in ((d.vanilla_token_id, d.vanilla_token), (d.mtp_token_id, d.mtp_token),
+                      (d.runner_up_token_id, d.runner_up_token), (d.batched_token_id, d.batched_token)):
+        if tid is not None and text is not None:
+            texts.setdefault(tid, set()).add(text)
+    if any(len(t) > 1 for t in texts.values()):
+        return "the recorded tokens' texts disagree with their ids"
     return None
 
 
@@ -116,3 +133,30 @@ def explained_by_numerics(d: Divergence, drift_nats: float | None, positions: in
     return numerics_failure(d, drift_nats, positions) is None
 
 
+ENDPOINT_NAMES = {"/v1/chat/completions": "chat", "/completion": "raw"}  # settings' endpoints, as mismatches name them
+
+
+def unmeasured_mismatches(listed: Sequence[RecordedMismatch], settings: Any) -> dict[RecordedMismatch, str]:
+    """The listed mismatches that are not the run's, each with why: a seed, prompt, mode, endpoint
+    or draft window the ``settings`` do not record as measured. A mismatch with token ids (what
+    verify writes with them also records ``seeds`` and ``prompt_ids``) needs both lists to be
+    checked; an older receipt's text-only mismatch, which explains nothing, is checked against what
+    its settings record."""
+    st = settings if isinstance(settings, Mapping) else {}
+    k_max, sweep = st.get("draft_n_max"), st.get("sweep")
+    windows = ([k_max] if isinstance(k_max, int) else []) + (list(sweep) if isinstance(sweep, list) else [])
+    out: dict[RecordedMismatch, str] = {}
+    for m in listed:
+        for name, key, x in (("seed", "seeds", m.seed), ("prompt", "prompt_ids", m.prompt_id), ("mode", "modes", m.mode),
+                             ("endpoint", "endpoints", m.endpoint), ("window k", "windows", m.k)):
+            measured = windows or None if key == "windows" else st.get(key)
+            if key == "endpoints" and isinstance(measured, list):  # the settings name the server's paths
+                measured = [ENDPOINT_NAMES.get(e, e) for e in measured]
+            if isinstance(measured, list) and x not in measured:
+                shown = ", ".join(repr(y) for y in measured[:8]) + (", ..." if len(measured) > 8 else "")
+                out[m] = f"its {name} {x!r} is not among the run's ({shown})"
+                break
+            if measured is None and key in ("seeds", "prompt_ids") and m.mtp_token_id is not None:
+                out[m] = f"it records token ids, but the settings do not record the run's {key}"
+                break
+    return out

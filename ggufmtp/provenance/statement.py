@@ -243,6 +243,7 @@ class VerifySettings(TypedDict, total=False):
     draft_n_min: int | None
     mtp_flags: list[str]
     mtp_env: dict[str, str]
+    prompt_ids: list[str]  # the prompts measured (absent in older receipts)
 
 
 class ThresholdsSection(TypedDict, total=False):
@@ -306,6 +307,10 @@ class MismatchEntry(TypedDict, total=False):
     mtp_token: str | None
     runner_up_token: str | None
     batched_token: str | None
+    vanilla_token_id: int | None
+    mtp_token_id: int | None
+    runner_up_token_id: int | None
+    batched_token_id: int | None
     explained: bool | None
     unexplained_why: str | None
 

@@ -23,15 +23,19 @@ numerics* (:func:`numerics_failure` finds nothing wrong with it):
   of token by token caused on the same run (:mod:`ggufmtp.measure.verify.divergence`);
 - that drift was measured on at least :data:`MIN_DRIFT_POSITIONS` positions and is at most
   :data:`MAX_DRIFT_NATS` (a batching that moves margins by more is not a rounding to forgive);
-- the MTP reply's token there (``mtp_token``) is vanilla's runner-up (``runner_up_token``) or
-  vanilla's own one-batch argmax (``batched_token``), and the recorded tokens are the replies' text
-  at the first difference (``vanilla_token`` differs from ``mtp_token``): a token vanilla ranks third
-  is a real divergence, however small the margin;
+- the MTP reply's token there is vanilla's runner-up or vanilla's own one-batch argmax, BY TOKEN ID
+  as the servers generated and listed them (``mtp_token_id`` equals ``runner_up_token_id`` or
+  ``batched_token_id`` and differs from ``vanilla_token_id``; one id, one recorded text): a token
+  vanilla ranks third is a real divergence, however small the margin, and so is one whose text
+  merely begins with the runner-up's;
 - numerics explain at most :data:`MAX_EXPLAINED_SHARE` of a comparison's pairs; mismatches are
-  counted once per (prompt, seed, mode, endpoint, k).
+  counted once per (prompt, seed, mode, endpoint, k), and only those the run measured: a listed
+  mismatch under a seed, prompt, mode, endpoint or window the settings do not record is refused as
+  not what verify writes (:func:`unmeasured_mismatches`).
 
 The rule is recomputed from the recorded figures, never read from a recorded ``explained`` flag; a
-mismatch without them (an older receipt, an unreproducible or unanalysed reply) is unexplained.
+mismatch without them (an older receipt's text-only record, an unreproducible or unanalysed reply)
+is unexplained.
 These bounds are policy, not thresholds: a receipt cannot loosen them.
 """
 
@@ -57,13 +61,13 @@ from .numerics import (
     explained_by_numerics,
     nats,
     numerics_failure,
-    token_covers,
+    unmeasured_mismatches,
 )
 
 __all__ = ["DEFAULT_THRESHOLDS", "Divergence", "EXCERPT_BEFORE", "Evidence", "Finding", "Findings", "HeadBasis",
            "Judgment", "MAX_DRIFT_NATS", "MAX_EXPLAINED_SHARE", "MIN_DRIFT_POSITIONS", "OVERALL_RULE",
            "Thresholds", "Verdict", "evaluate_verdict", "explained_by_numerics", "judge", "judge_record",
-           "judge_recorded", "numerics_failure", "slot_failures", "speed_checked", "token_covers"]
+           "judge_recorded", "numerics_failure", "slot_failures", "speed_checked", "unmeasured_mismatches"]
 
 
 class Verdict(str, enum.Enum):
@@ -206,6 +210,8 @@ def judge_record(v: Mapping[str, Any]) -> Judgment:
     th = Thresholds.coerce(dict(th_d))
     hw = v.get("hardware") if isinstance(v.get("hardware"), Mapping) else {}
     listed = [RecordedMismatch.of(x) for x in v.get("mismatches") or [] if isinstance(v.get("mismatches"), list)]
+    unmeasured = unmeasured_mismatches(listed, v.get("settings"))
+    listed = [m for m in listed if m not in unmeasured]  # refused below: none may count as explained
     overall = dataclasses.replace(RecordedFigures.of(v), mismatches=listed)
     modes = v.get("modes") if isinstance(v.get("modes"), Mapping) and v.get("modes") else None
     per_mode = {str(m): _recorded_mode(str(m), d, v, listed) for m, d in modes.items()} if modes else {"default": overall}
@@ -214,6 +220,8 @@ def judge_record(v: Mapping[str, Any]) -> Judgment:
     j = judge(per_mode, th, bool(hw.get("offloaded")), [overall], drift, int_or_zero(v.get("numerics_positions")), head)
     j.head.extend(head_problems)
     j.lossless.extend(_shape_failures(v, modes) + _section_failures(v, modes) + slot_failures(v.get("slots"), th))
+    j.lossless.extend(f"the mismatch listed under prompt {m.prompt_id!r} seed {m.seed} ({m.mode}, {m.endpoint}, k={m.k}) "
+                      f"is not one the run measured ({why}): not what verify writes" for m, why in unmeasured.items())
     return j
 
 

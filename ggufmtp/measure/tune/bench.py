@@ -35,7 +35,7 @@ from ...runtime.server import LlamaServer, ServerConfig, binary_flags, build_com
 from ..core.arms import ABBA, MTP, VANILLA, WARMUP_TOKENS, send, send_concurrently
 from ..core.options import DEFAULT_MAX_TOKENS, ArmArgs, TuneConfig
 from ..core.suite import Prompt, Suite, load_suite
-from ..verify.divergence import analyse_mismatches
+from ..verify.divergence import analyse_mismatches, replay_mtp
 from ..verify.summary import Record
 from .search import Mismatch, UnitResult
 
@@ -204,7 +204,7 @@ class ServerEvaluator:
         (van, van_ms), (mt, mt_ms) = self.order.run(lambda: self._vanilla(vsrv, u), lambda: self.bench.run(mtp, u))
         if self.bar is not None:
             self.bar.update(len(mt))
-        mism, explained = self._mismatch(vsrv, [(p, s, a, b) for (p, s, a), (_, _, b) in zip(van, mt) if a.text != b.text])
+        mism, explained = self._mismatch(vsrv, mtp, [(p, s, a, b) for (p, s, a), (_, _, b) in zip(van, mt) if a.text != b.text])
         if self.bench.concurrency > 1:  # aggregate output tok/s over the batch's wall time
             (m_n, m_ms), (v_n, v_ms) = (sum(r.predicted_n for *_, r in mt), mt_ms), (sum(r.predicted_n for *_, r in van), van_ms)
         else:  # decode throughput, as verify (a reply that ended at once decoded nothing)
@@ -216,10 +216,12 @@ class ServerEvaluator:
             prompt_ids=tuple(dict.fromkeys(p.id for p, _, _ in mt)))
 
 
-    def _mismatch(self, vsrv: LlamaServer, differing: Sequence[tuple[Prompt, int, Reply, Reply]]) -> tuple[Mismatch | None, bool]:
+    def _mismatch(self, vsrv: LlamaServer, mtp: LlamaServer,
+                  differing: Sequence[tuple[Prompt, int, Reply, Reply]]) -> tuple[Mismatch | None, bool]:
         """The unit's first differing reply and whether every difference is explained by numerics:
         verify's analysis (:func:`~ggufmtp.measure.verify.divergence.analyse_mismatches`) on the
-        vanilla server, judged by the same rule, when the evaluator has the suite."""
+        vanilla server against the MTP replies' token ids (replayed on ``mtp``), judged by the same
+        rule, when the evaluator has the suite."""
         if not differing:
             return None, False
         p, s, a, b = differing[0]
@@ -227,8 +229,9 @@ class ServerEvaluator:
         if self.suite is None:
             return first, False
         mode = self.bench.mode
-        numerics = analyse_mismatches(vsrv, self.suite, [(_record(VANILLA, p_, s_, a_, mode), _record(MTP, p_, s_, b_, mode))
-                                                         for p_, s_, a_, b_ in differing], self.bench.max_tokens)
+        pairs = [(_record(VANILLA, p_, s_, a_, mode), _record(MTP, p_, s_, b_, mode)) for p_, s_, a_, b_ in differing]
+        numerics = analyse_mismatches(vsrv, self.suite, pairs, self.bench.max_tokens,
+                                      replay_mtp(mtp, self.suite, pairs, self.bench.max_tokens))
         assert numerics is not None
         fields = [numerics.fields((0, "chat", mode, p_.id, s_)) for p_, s_, _, _ in differing]
         first = dataclasses.replace(first, margin_nats=fields[0].get("margin_nats"), drift_nats=numerics.drift.drift_nats,

@@ -10,24 +10,27 @@ the other token, and vanilla ITSELF does so when the same prefix is evaluated as
 :func:`analyse_mismatches` tells the two apart on the VANILLA server, before the servers stop, with
 evidence bound to the run:
 
-- each mismatching reply is reproduced through ``/completion`` on the templated prompt
-  (``/apply-template`` with the same messages and ``chat_template_kwargs``; the raw prompt for
-  ``--raw``) as token ids, with ``n_probs: 2``: the reply must reproduce (else the mismatch is
-  *unreproducible*: unexplained); the token at the first differing character is the divergence (where
-  vanilla's reply ends and the MTP reply goes on: vanilla's end-of-generation token, which
+- each differing MTP reply is replayed on the MTP server while it is still up
+  (:func:`replay_mtp`): ``/completion`` on the templated prompt (``/apply-template`` with the same
+  messages and ``chat_template_kwargs``; the raw prompt for ``--raw``) with ``return_tokens``, so
+  the server itself says which token ids it generated (the end-of-generation token included);
+- vanilla's reply is reproduced the same way on the vanilla server, with ``n_probs: 2`` (each
+  token's id and its top-2 by id); both replies must reproduce their recorded text (else the
+  mismatch is *unreproducible*: unexplained). The divergence is the first token whose ID differs
+  (where vanilla's reply ends and the MTP reply goes on: vanilla's end-of-generation token, which
   ``completion_probabilities`` lists with the text ""), and vanilla's top-2 margin there (nats) is
-  recorded (:class:`MismatchAnalysis`);
+  recorded (:class:`MismatchAnalysis`). Text is never compared to decide a token: a runner-up
+  whose text begins the MTP token's text (" t" against " tree") is another token;
 - the drift batching alone causes is calibrated on the same run (:class:`NumericsDrift`): at a
   seeded sample of positions of each analysed reply (up to :data:`POSITIONS_PER_REPLY`, always
   including the divergence), the prefix is evaluated as one batch (prompt ids + the reply's first j
   tokens, ``n_predict`` 1, ``n_probs`` 2) and ``|margin_sequential - margin_batched|`` taken (the sum
   of the two margins where the argmax flips); the drift is the maximum.
 
-The tokens at the divergence are recorded too: vanilla's (top-1), its runner-up, vanilla's own
-one-batch argmax there, and the MTP reply's (whichever of the runner-up and the batched argmax the
-MTP reply continues with; else its text there). A mismatch is explained by numerics when vanilla's
-margin at the divergence is at most the drift and the MTP token is the runner-up or the batched
-argmax, within the bounds of :func:`ggufmtp.provenance.verdict.numerics_failure` (a batched flip at
+The tokens at the divergence are recorded by id, with their texts: vanilla's (top-1), its
+runner-up, vanilla's own one-batch argmax there, and the MTP reply's. A mismatch is explained by
+numerics when vanilla's margin at the divergence is at most the drift and the MTP token's id is the
+runner-up's or the batched argmax's, within the bounds of :func:`ggufmtp.provenance.verdict.numerics_failure` (a batched flip at
 the divergence is covered: the divergence is always sampled, and a flip there makes the drift at
 least the margin).
 Nothing runs without mismatches; requests are capped (:data:`MAX_REPLIES`, :data:`MAX_BATCHED`).
@@ -37,12 +40,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from ...errors import ServerError
-from ...provenance.numerics import EXCERPT_BEFORE, Divergence, numerics_failure, token_covers
+from ...provenance.numerics import TOKEN_ID_FIELDS, Divergence, numerics_failure
 from ...runtime.server import LlamaServer
 from ..core.arms import MTP, VANILLA
 from ..core.records import first_difference
@@ -50,7 +53,7 @@ from ..core.suite import Prompt, Suite, mode_request_fields
 from .summary import MAX_LISTED_MISMATCHES, Comparison, Record
 
 __all__ = ["MAX_BATCHED", "MAX_REPLIES", "POSITIONS_PER_REPLY", "MismatchAnalysis", "NumericsDrift", "Numerics",
-           "analyse_mismatches", "annotate", "mismatched_pairs"]
+           "TokenReply", "analyse_mismatches", "annotate", "mismatched_pairs", "replay_mtp"]
 
 POSITIONS_PER_REPLY = 16  # batched evaluations per analysed reply (the divergence among them)
 MAX_REPLIES = 64  # distinct vanilla replies analysed per run
@@ -72,7 +75,20 @@ class ProbEntry(TopLogprob, total=False):
 
     top_logprobs: list[TopLogprob]
 
-TOKEN_FIELDS = ("vanilla_token", "mtp_token", "runner_up_token", "batched_token")
+TOKEN_FIELDS = ("vanilla_token", "mtp_token", "runner_up_token", "batched_token", *TOKEN_ID_FIELDS)
+
+
+@dataclass(frozen=True)
+class TokenReply:
+    """A reply as the server generated it: its token ids (llama-server's ``return_tokens``, the
+    end-of-generation token included) and its text (``content``)."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
+def _key(r: Record) -> Key:
+    return (r.k, r.endpoint, r.mode, r.prompt_id, r.seed)
 
 
 @dataclass(frozen=True)
@@ -159,10 +175,14 @@ def _align(parsed: str, raw: str) -> list[int] | None:
     return out if raw[b:].strip() == "" else None
 
 
-def _top2_texts(entry: ProbEntry) -> tuple[str | None, str | None]:
-    """(top token's text, runner-up's text) of one ``completion_probabilities`` entry."""
+Token = tuple[int | None, str | None]  # (id, text) of one listed token
+
+
+def _top2(entry: ProbEntry) -> tuple[Token, Token]:
+    """((id, text) of the top token, (id, text) of the runner-up) of one ``completion_probabilities`` entry."""
     top = list(entry.get("top_logprobs") or []) + [{}, {}]
-    return tuple(str(t["token"]) if "token" in t else None for t in top[:2])  # type: ignore[return-value]
+    a, b = ((t.get("id"), str(t["token"]) if "token" in t else None) for t in top[:2])
+    return a, b
 
 
 def _margin(entry: ProbEntry) -> tuple[int | None, float | None]:
@@ -185,21 +205,13 @@ class _Analyser:
         self.flips = 0
         self.sampled: set[tuple[str, str, str, int]] = set()
 
-    def prompt_ids(self, p: Prompt, mode: str, endpoint: str) -> list[int]:
-        if endpoint == "raw":
-            text = p.raw_text()
-        else:
-            text = self.srv.post_json("/apply-template", {"messages": p.chat_messages(),
-                                                          **mode_request_fields(mode)})["prompt"]
-        return self.srv.tokenize(text, add_special=True, parse_special=True)
-
     def sequential(self, v: Record) -> tuple[list[int], list[ProbEntry], str] | None:
         """(prompt ids, per-token probabilities, generated text) of vanilla's reply, once per reply."""
         key = (v.prompt_id, v.mode, v.endpoint)
         if key not in self.replies:
             if len(self.replies) >= MAX_REPLIES:
                 return None
-            ids = self.prompt_ids(self.prompts[v.prompt_id], v.mode, v.endpoint)
+            ids = prompt_ids(self.srv, self.prompts[v.prompt_id], v.mode, v.endpoint)
             r = self.srv.complete(ids, n_predict=self.max_tokens, temperature=0.0, seed=v.seed, cache_prompt=False,
                                   n_probs=2)
             probs = list(r.get("completion_probabilities") or [])
@@ -215,9 +227,9 @@ class _Analyser:
         return entries[0] if entries else {}
 
     def drift_at(self, key: tuple[str, str, str], ids: list[int], probs: list[ProbEntry],
-                 j: int) -> tuple[bool, str | None] | None:
+                 j: int) -> tuple[bool, Token] | None:
         """Measure position ``j`` once (cached per reply): whether the batched argmax flips there, and
-        the batched argmax's text."""
+        the batched argmax (id, text)."""
         if (*key, j) in self.sampled or self.batched >= MAX_BATCHED:
             return None
         self.sampled.add((*key, j))
@@ -229,71 +241,98 @@ class _Analyser:
         flip = b_id != s_id
         self.flips += flip
         self.drifts.append(s_margin + b_margin if flip else abs(s_margin - b_margin))
-        return flip, _top2_texts(entry)[0]
+        return flip, _top2(entry)[0]
 
-    def one(self, v: Record, m: Record) -> MismatchAnalysis:
+    def one(self, v: Record, m: Record, mtp: TokenReply | str | None) -> MismatchAnalysis:
+        if not isinstance(mtp, TokenReply):
+            return MismatchAnalysis(False, why=mtp or "the MTP reply's token ids were not replayed")
+        if _align(m.text, mtp.text) is None:
+            return MismatchAnalysis(False, why="the MTP reply did not reproduce through /completion")
         rep = self.sequential(v)
         if rep is None:
             return MismatchAnalysis(False, why=f"not analysed (more than {MAX_REPLIES} distinct replies)")
         ids, probs, raw = rep
-        pos = _align(v.text, raw)
-        if pos is None or not probs:
+        if _align(v.text, raw) is None or not probs:
             return MismatchAnalysis(False, why="vanilla's reply did not reproduce through /completion")
-        i = first_difference(v.text, m.text)[0]
-        c = pos[i] if i < len(pos) else len(raw)
-        ends = list(_ends(probs))
-        j = next((t for t, e in enumerate(ends) if e > c), None)
-        if j is None:  # MTP's reply is longer: vanilla's end-of-generation token (text "", listed) is the divergence
-            j = next((t for t, e in enumerate(probs) if ends[t] == c and not str(e.get("token", ""))), None)
-        if j is None:  # vanilla stopped there without such a token (a stop string, the token limit)
-            return MismatchAnalysis(True, why="vanilla's reply ends where the MTP reply goes on")
+        v_ids = [int(e["id"]) for e in probs]
+        j = next((t for t, (a, b) in enumerate(zip(v_ids, mtp.ids)) if a != b), None)
+        if j is None:  # one reply's ids begin the other's: it stopped without a token of its own there
+            return MismatchAnalysis(True, why="vanilla's reply ends where the MTP reply goes on" if len(v_ids) < len(mtp.ids)
+                                    else "the MTP reply ends where vanilla's goes on" if len(v_ids) > len(mtp.ids)
+                                    else "the replies' token ids do not differ")
         key = (v.prompt_id, v.mode, v.endpoint)
         at_j = self.drift_at(key, ids, probs, j)
-        flip, batched = at_j if at_j is not None else (None, None)
+        flip, batched = at_j if at_j is not None else (None, (None, None))
         rng = random.Random(f"{v.prompt_id}/{v.mode}/{v.endpoint}")
         others = [t for t in range(len(probs)) if t != j]
         for t in sorted(rng.sample(others, min(len(others), POSITIONS_PER_REPLY - 1))):
             self.drift_at(key, ids, probs, t)
         margin = _margin(probs[j])[1]
         return MismatchAnalysis(True, token_index=j, margin_nats=margin, batched_flip=flip,
-                                divergence=_divergence(v.text, m.text, margin, probs[j], batched))
+                                divergence=self.divergence(v.text, m.text, margin, probs[j], batched, mtp.ids[j]))
+
+    def divergence(self, vanilla: str, mtp: str, margin: float | None, entry: ProbEntry, batched: Token,
+                   mtp_id: int) -> Divergence:
+        """The divergence as the rule reads it: the replies' excerpts at the first differing
+        character, vanilla's margin there and the four tokens by id (the MTP token's text is the
+        listed one of the same id, else the server's detokenization of it)."""
+        i, v_ex, m_ex = first_difference(vanilla, mtp)
+        (_, top), (ru_id, runner_up) = _top2(entry)
+        listed = {t: x for t, x in ((ru_id, runner_up), batched) if t is not None}
+        mtp_text = listed[mtp_id] if mtp_id in listed else self.detokenize(mtp_id)
+        return Divergence(i, v_ex, m_ex, margin, vanilla_token=str(entry.get("token", top or "")), mtp_token=mtp_text,
+                          runner_up_token=runner_up, batched_token=batched[1],
+                          vanilla_token_id=int(entry["id"]), mtp_token_id=mtp_id,
+                          runner_up_token_id=ru_id, batched_token_id=batched[0])
+
+    def detokenize(self, token_id: int) -> str | None:
+        try:
+            return str(self.srv.post_json("/detokenize", {"tokens": [token_id]})["content"])
+        except (ServerError, KeyError, TypeError, ValueError):
+            return None  # the text is for the reader; the rule reads the id
 
 
-def _divergence(vanilla: str, mtp: str, margin: float | None, entry: ProbEntry,
-                batched: str | None) -> Divergence:
-    """The divergence as the rule reads it: the replies' excerpts at the first difference, vanilla's
-    margin and tokens there, and the MTP reply's token: the runner-up or the batched argmax when the
-    MTP reply continues with it, else the MTP reply's text there (up to 8 characters past it)."""
-    i, v_ex, m_ex = first_difference(vanilla, mtp)
-    top, runner_up = _top2_texts(entry)
-    at = min(i, EXCERPT_BEFORE)
-    mtp_token = next((t for t in (runner_up, batched) if t != top and token_covers(m_ex, at, t)), None)
-    return Divergence(i, v_ex, m_ex, margin, vanilla_token=str(entry.get("token", top or "")),
-                      mtp_token=mtp_token if mtp_token is not None else m_ex[at:at + 8],
-                      runner_up_token=runner_up, batched_token=batched)
+def prompt_ids(srv: LlamaServer, p: Prompt, mode: str, endpoint: str) -> list[int]:
+    """The prompt a measured request sent, as ``srv`` tokenizes it (templated for "chat")."""
+    if endpoint == "raw":
+        text = p.raw_text()
+    else:
+        text = srv.post_json("/apply-template", {"messages": p.chat_messages(), **mode_request_fields(mode)})["prompt"]
+    return srv.tokenize(text, add_special=True, parse_special=True)
 
 
-def _ends(probs: Sequence[ProbEntry]):
-    n = 0
-    for e in probs:
-        n += len(str(e.get("token", "")))
-        yield n
+def replay_mtp(srv: LlamaServer, suite: Suite, pairs: Sequence[tuple[Record, Record]],
+               max_tokens: int) -> dict[Key, TokenReply | str]:
+    """Each differing MTP reply of ``pairs`` generated again on the MTP server ``srv`` (the run's,
+    before it stops) through ``/completion`` with ``return_tokens``: the token ids the server itself
+    generated, by key (a failed request: why, as text). At most :data:`MAX_REPLIES` replies."""
+    prompts = {p.id: p for p in suite.prompts}
+    out: dict[Key, TokenReply | str] = {}
+    for _, m in pairs[:MAX_REPLIES]:
+        try:
+            r = srv.complete(prompt_ids(srv, prompts[m.prompt_id], m.mode, m.endpoint), n_predict=max_tokens,
+                             temperature=0.0, seed=m.seed, cache_prompt=False, return_tokens=True)
+            out[_key(m)] = TokenReply(tuple(int(t) for t in r["tokens"]), str(r.get("content", "")))
+        except (ServerError, KeyError, ValueError, TypeError) as e:
+            out[_key(m)] = f"the MTP reply's replay failed: {e}"
+    return out
 
 
 def analyse_mismatches(srv: LlamaServer, suite: Suite, pairs: Sequence[tuple[Record, Record]],
-                       max_tokens: int) -> Numerics | None:
-    """Analyse each mismatching (vanilla, MTP) pair on the vanilla server ``srv`` (see the module
-    docstring); None when there is none. A request that fails leaves its mismatch unexplained."""
+                       max_tokens: int, mtp_replies: Mapping[Key, TokenReply | str]) -> Numerics | None:
+    """Analyse each mismatching (vanilla, MTP) pair on the vanilla server ``srv`` against the MTP
+    reply's token ids (``mtp_replies``: :func:`replay_mtp`'s; see the module docstring); None when
+    there is no pair. A request that fails, or a reply without its ids, leaves its mismatch unexplained."""
     if not pairs:
         return None
     an = _Analyser(srv, suite, max_tokens)
     by_key: dict[Key, MismatchAnalysis] = {}
     for v, m in pairs:
         try:
-            a = an.one(v, m)
+            a = an.one(v, m, mtp_replies.get(_key(m)))
         except (ServerError, KeyError, ValueError, TypeError) as e:
             a = MismatchAnalysis(False, why=f"analysis failed: {e}")
-        by_key[(m.k, m.endpoint, m.mode, m.prompt_id, m.seed)] = a
+        by_key[_key(m)] = a
     drift = NumericsDrift(max(an.drifts) if an.drifts else None, len(an.drifts), an.flips)
     return Numerics(by_key, drift)
 

@@ -70,6 +70,7 @@ class VerifySettings:
     server_args: dict[str, list[str]] | None = None  # ArmArgs.to_dict(): --server-arg / --mtp- / --vanilla-
     prompt_budget: int | None = None  # the prompts planned; n_prompts is fewer when a look decided the head early
     reference_phase: ReferencePhase | None = None  # its cache key, cached or measured, wall time
+    prompt_ids: list[str] | None = None  # the suite's prompts the run measured (a listed mismatch must be of one)
 
     @staticmethod
     def bootstrap_of(resamples: int, seed: int) -> BootstrapInfo:

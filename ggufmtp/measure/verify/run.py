@@ -118,7 +118,7 @@ from ..core.arms import MTP, VANILLA
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
 from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
 from ..core.suite import Suite, load_suite, modes_for_template
-from .divergence import Numerics, analyse_mismatches, annotate, mismatched_pairs
+from .divergence import Key, Numerics, TokenReply, analyse_mismatches, annotate, mismatched_pairs, replay_mtp
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
 from .reference import ReferenceArm, ReferencePhase, check_reference_matches, head_comparison, head_stop, reference_phase
 from .report import VerifyResult, VerifySettings, format_result, undecoded_arms
@@ -234,6 +234,7 @@ class _Servers:
     fill: ContextFill | None = None  # the neutral prefix of a context depth
     numerics: Numerics | None = None  # the mismatches seen from the vanilla server (divergence)
     reference: ReferencePhase | None = None  # the reference phase, when there is a reference
+    mtp_replies: dict[Key, TokenReply | str] = field(default_factory=dict)  # differing MTP replies' token ids
 
 
 def _vanilla_servers(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any],
@@ -290,10 +291,13 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
                 for mode in modes:
                     check_drafting(mtp, warm_up_arm(mtp, plan.suite.prompts[0], mode, "MTP", k), k)
                 runner.run_k(k, van, mtp, default, stop=stop)
+                # before the MTP server stops: the token ids of its replies that differ (those the result lists)
+                listed = mismatched_pairs(runner.records, plan.ks, plan.endpoints, modes)
+                out.mtp_replies.update(replay_mtp(mtp, plan.suite, [p for p in listed if p[1].k == k], max_tokens))
         runner.records.extend(ref_records)
         # before the vanilla server stops: is each differing reply a numerics divergence?
         out.numerics = analyse_mismatches(van, plan.suite, mismatched_pairs(runner.records, plan.ks, plan.endpoints,
-                                                                            modes), max_tokens)
+                                                                            modes), max_tokens, out.mtp_replies)
     return runner, out
 
 
@@ -363,7 +367,8 @@ def _settings(plan: _Plan, o: VerifyOptions, base: dict[str, Any], modes: list[s
         mtp_config=cfg, mtp_flags=_mtp_only_flags(cfg),
         mtp_env=cfg.env() if cfg is not None else None, server_args=plan.arms.to_dict(),
         cache_type_k=plan.kv.cache_type_k if plan.kv else None, cache_type_v=plan.kv.cache_type_v if plan.kv else None,
-        context_fill=fill, reference_phase=reference)
+        context_fill=fill, reference_phase=reference,
+        prompt_ids=[p.id for p in plan.suite.prompts[:runner.stopped_at or len(plan.suite.prompts)]])
 
 
 def _notes(runner: Runner, comparisons: Sequence[Comparison], gpu_layers: int | str | None,

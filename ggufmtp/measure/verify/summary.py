@@ -132,11 +132,16 @@ class OutputMismatch:
     margin_nats: float | None = None
     batched_flip: bool | None = None
     # the tokens there (texts; "" is an end-of-generation token): vanilla's, the MTP reply's,
-    # vanilla's runner-up and vanilla's one-batch argmax (provenance.verdict.numerics_failure)
+    # vanilla's runner-up and vanilla's one-batch argmax; and their ids, as the servers generated and
+    # listed them, which the rule judges (provenance.verdict.numerics_failure)
     vanilla_token: str | None = None
     mtp_token: str | None = None
     runner_up_token: str | None = None
     batched_token: str | None = None
+    vanilla_token_id: int | None = None
+    mtp_token_id: int | None = None
+    runner_up_token_id: int | None = None
+    batched_token_id: int | None = None
     explained: bool | None = None
     unexplained_why: str | None = None
 
