@@ -67,6 +67,8 @@ class VerifySettings:
     cache_type_v: str | None = None
     context_fill: ContextFill | None = None  # the neutral prefix every request sat behind
     server_args: dict[str, list[str]] | None = None  # ArmArgs.to_dict(): --server-arg / --mtp- / --vanilla-
+    offload: dict[str, Any] | None = None  # Offload.to_dict(): --n-cpu-moe / --cpu-moe / -ot, every arm alike
+    memory: MemoryPlan | None = None  # the GPU memory plan checked before any server started
 
     @staticmethod
     def bootstrap_of(resamples: int, seed: int) -> BootstrapInfo:
@@ -79,7 +81,8 @@ class VerifySettings:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d.update(bootstrap=self.bootstrap.to_dict(VERIFY_BOOTSTRAP_KEYS),
                  mtp_config=self.mtp_config.to_dict() if self.mtp_config is not None else None,
-                 context_fill=self.context_fill.to_dict() if self.context_fill is not None else None)
+                 context_fill=self.context_fill.to_dict() if self.context_fill is not None else None,
+                 memory=self.memory.to_dict() if self.memory is not None else None)
         return copy.deepcopy(d)
 
 
@@ -305,6 +308,8 @@ def format_result(res: VerifyResult) -> str:
     bw = format_bandwidth(res.bandwidth)
     if bw:
         lines.append(bw)
+    if res.settings.memory is not None:
+        lines.append(res.settings.memory.format())
     lines.append("")
     t = res.thresholds
     head_rule = (f"head non-inferior to {res.head.reference.name} within {res.head.margin * 100:.1f} points"

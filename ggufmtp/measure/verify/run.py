@@ -115,6 +115,7 @@ from ...runtime.hardware import (
 )
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
 from ..core.arms import ABBA, DEFAULT_VANILLA, MTP, REFERENCE, VANILLA, paired, send, warm_up
+from ..core.memory import plan_for_verify
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
 from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
 from ..core.suite import Prompt, Suite, load_suite, modes_for_template
@@ -558,6 +559,8 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     plan = _plan(o)
     path = Path(model)
     rep = _check_model(path) if o.sidecar is None else _check_pair(path, Path(o.sidecar))
+    memory = plan_for_verify(path, o)  # every phase against the GPUs' free memory, before any server starts
+    memory.refuse_unless_fits("serving")
     base = o.server.base_fields(model=path, ctx_size=o.ctx_size, parallel=1)
     plan, base = _with_kv_depth(plan, base, o.cache_type_k, o.cache_type_v, o.context_fill, o.max_tokens)
     served = ServedFile.of(path)  # the bytes llama-server is about to serve
@@ -581,7 +584,9 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     res = VerifyResult(
         model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks,
                         {"name": side.path.name, "sha256": side.sha256} if side else None),
-        suite=plan.suite.info(), settings=_settings(plan, o, base, srv.modes, runner, srv.fill),
+        suite=plan.suite.info(),
+        settings=dataclasses.replace(_settings(plan, o, base, srv.modes, runner, srv.fill),
+                                     offload=o.server.offload.to_dict(), memory=memory),
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
