@@ -332,6 +332,7 @@ class _Run:
     artifact_key: str = ""
     artifact_sha256: str = ""
     verification: JsonObject | None = None  # the receipt's section, as the verify stage recorded it
+    planned_bytes: dict[str, int] = dataclasses.field(default_factory=dict)  # the plan's bytes per tensor
     # the receipt (or eval) stage's record: set by the receipt stage, empty before it
     receipted: ReceiptStage = dataclasses.field(default_factory=lambda: cast(ReceiptStage, {}))
 
@@ -405,13 +406,29 @@ def _stage_plan(r: _Run) -> None:
             raise PlanError(f"{r.model_path}: pre-flight checks failed:\n  " + "\n  ".join(p.errors), p.errors)
         d = p.to_dict()
         return {"size_bytes": d["size_bytes"], "bpw": d["bpw"], "mtp": d["mtp"], "warnings": d["warnings"],
-                "llama_quantize_command": p.llama_quantize_command("OUT.gguf")}
+                "llama_quantize_command": p.llama_quantize_command("OUT.gguf"),
+                "tensor_bytes": {t.name: t.bytes for t in p.tensors}}
 
     im_key = {"name": Path(r.imatrix).name, "sha256": sha256_file(r.imatrix)} if r.imatrix else None
     r.plan_key = _key("plan", r.model_key, _recipe_content(r.recipe), im_key)
-    planned = r.cache.run("plan", r.plan_key, do)
+    planned = r.cache.run("plan", r.plan_key, do, lambda rec: "tensor_bytes" in rec)
+    r.planned_bytes = planned["tensor_bytes"]
     for w in planned["warnings"]:
         r.log(f"warning: {w}")
+
+
+def _check_memory(r: _Run, verify_options: VerifyOptions, reference_base: bool) -> None:
+    """Before quantizing: the verification's GPU memory plan (:mod:`ggufmtp.measure.core.memory`),
+    the artifact's bytes taken from the quantization plan, printed to the log; MemoryPlanError when
+    a phase does not fit, saying what would."""
+    from .measure.core.memory import plan_for_verify
+
+    if reference_base and verify_options.reference is None:
+        verify_options = dataclasses.replace(verify_options, reference=r.model_path)
+    plan = plan_for_verify(r.model_path, verify_options.with_defaults(draft_n_max=r.recipe.verify.draft_n_max),
+                           tensor_bytes=r.planned_bytes)
+    r.log(plan.format())
+    plan.refuse_unless_fits("quantizing")
 
 
 def _stage_quantize(r: _Run) -> None:
@@ -578,7 +595,11 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
              imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
              progress=progress, log=log, name=model_name(model, resolved.path, converted=converted is not None),
              signing_key=key, public_key=pub, allow_unverified=o.allow_unverified, split=o.split_max_size)
-    for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
+    for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan):
+        stage(r)
+    if o.verify:
+        _check_memory(r, o.verify_options or VerifyOptions(), o.reference_base)
+    for stage in (_stage_quantize, _stage_audit):
         stage(r)
     if o.until == "audit":
         return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=None, stages=r.cache.records)
