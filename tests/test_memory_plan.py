@@ -28,7 +28,7 @@ from ggufmtp.measure.core.memory import (
     server_memory,
 )
 from ggufmtp.measure.core.offload import Offload
-from ggufmtp.measure.core.options import ServerOptions, VerifyOptions
+from ggufmtp.measure.core.options import ServerOptions
 from ggufmtp.runtime.server import LlamaServer, ServerConfig
 
 # tiny-qwen35moe (ggufmtp.synth): 5 blocks, blk.4 the MTP block, layers 0-2 Gated DeltaNet, layer 3

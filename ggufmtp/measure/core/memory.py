@@ -45,7 +45,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,8 +359,8 @@ def server_memory(s: ServerSpec, free: Sequence[int], draft: ModelFacts | None =
             usage[dev] = usage[dev].plus(kv=cells * (_row_bytes(s.cache_type_k, k) + _row_bytes(s.cache_type_v, v)))
     rollback = s.draft_n_max if s.mtp and m.arch in _RS_ROLLBACK else 0
     for il in m.recurrent:
-        if devs[il] is not None:
-            usage[devs[il]] = usage[devs[il]].plus(recurrent=max(1, s.parallel) * (1 + rollback) * m.recurrent_width * 4)
+        if (gpu := devs[il]) is not None:
+            usage[gpu] = usage[gpu].plus(recurrent=max(1, s.parallel) * (1 + rollback) * m.recurrent_width * 4)
     out = devs[m.n_layer_all]
     if out is not None:
         ub = min(s.ubatch, cells)
@@ -422,7 +422,8 @@ class MemoryPlan:
 
     def format(self) -> str:
         """The plan as a table: one row per server, one per phase total (binary units)."""
-        rows = [("phase", "server", "model", "weights", "KV", "recurrent", "compute", "GPU total", "host weights")]
+        rows: list[tuple[str, ...]] = [("phase", "server", "model", "weights", "KV", "recurrent", "compute",
+                                        "GPU total", "host weights")]
         for p in self.phases:
             for s in p.servers:
                 u = [sum(getattr(g, k) for g in s.gpus) for k in ("weights", "kv", "recurrent", "compute")]
