@@ -56,6 +56,7 @@ from ...errors import GgufmtpError, VerifyError
 from ...fmt import human_bytes
 from ...gguf.model import split_shards
 from ...gguf.reader import GGUFHeader, read_header, tensor_nbytes
+from . import arms
 from .offload import Offload
 
 __all__ = ["FREE_MEMORY_ENV", "ModelFacts", "Role", "ServerSpec", "Usage", "ServerMemory", "PhaseMemory", "MemoryPlan",
@@ -189,10 +190,10 @@ def _recurrent_width(meta: Mapping[str, Any], arch: str) -> int:
 class Role(enum.StrEnum):
     """The servers a verification starts (the arms of :mod:`ggufmtp.measure.core.arms`)."""
 
-    VANILLA = "vanilla"
-    MTP = "mtp"
-    DEFAULT_VANILLA = "vanilla-default"
-    REFERENCE = "reference"
+    VANILLA = arms.VANILLA
+    MTP = arms.MTP
+    DEFAULT_VANILLA = arms.DEFAULT_VANILLA
+    REFERENCE = arms.REFERENCE
 
 
 @dataclass(frozen=True)
