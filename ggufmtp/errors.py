@@ -13,7 +13,7 @@ import os
 __all__ = [
     "GgufmtpError", "DigestMismatch", "AuditDigestMismatch", "GGUFReadError", "RuntimeMissingError", "RuntimeBuildError", "RecipeError",
     "ImatrixError", "CorpusError", "PlanError", "QuantizeError", "UnpredictableHeader", "AuditError",
-    "ServerError", "VerifyError",
+    "ServerError", "VerifyError", "MemoryPlanError",
     "SuiteError",
     "TuneError", "FatalTuneError", "ProfileError", "BandwidthError", "SynthError", "HubError",
     "HubHTTPError", "HubDigestMismatchError", "HubManifestError", "HubRefusedError",
@@ -121,6 +121,11 @@ class AuditDigestMismatch(AuditError, DigestMismatch):
 
 class VerifyError(GgufmtpError):
     """Verification could not run (e.g. speculation never drafted)."""
+
+
+class MemoryPlanError(VerifyError):
+    """A phase of the verification does not fit the GPUs' free memory (refused before any work:
+    :mod:`ggufmtp.measure.core.memory`)."""
 
 
 class SuiteError(VerifyError, ValueError):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import hashlib
 import json
 import shutil
@@ -55,7 +54,7 @@ from .quant.recipe import Recipe
 from .quant.split import SplitSize
 from .refs import ModelRef, is_builtin, parse_model_ref, resolve
 from .run_options import RunOptions
-from .run_summary import format_summary
+from .run_summary import RunSummary, StageStatus, format_summary
 from .runtime.build import installed_runtime
 from .stage_records import (
     CardStage,
@@ -70,18 +69,13 @@ from .stage_records import (
     VerifyStage,
 )
 
+__all__ = ["RunResult", "RunSummary", "StageRecord", "StageStatus", "format_summary", "run"]
+
 STAGES = ("pull", "inspect", "plan", "quantize", "audit", "verify", "receipt", "eval", "card", "upload")
 
 # What the inspect stage keeps of the model report.
 _INSPECT_FIELDS = ("architecture", "block_count", "nextn_predict_layers", "mtp_block", "mtp_blocks", "mtp_status",
                    "mtp_missing", "file_type", "n_params", "size_bytes", "bpw")
-
-
-class StageStatus(enum.StrEnum):
-    """What a stage did in this run."""
-
-    RAN = "ran"
-    CACHED = "cached"
 
 
 @dataclasses.dataclass
@@ -98,40 +92,6 @@ class StageRecord:
     @property
     def status(self) -> StageStatus:
         return StageStatus.CACHED if self.cached else StageStatus.RAN
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSummary:
-    """The run in one record: what ``ggufmtp run`` prints (:meth:`format`) or emits as JSON (:meth:`to_dict`)."""
-
-    artifact: str
-    receipt: str
-    card: str | None
-    size_bytes: int | None
-    bpw: float | None
-    mtp_status: str | None
-    mtp_block: int | None  # the first MTP block
-    mtp_blocks: list[int]  # every MTP block
-    acceptance: float | None
-    acceptance_ci95: list[float] | None
-    speedup: float | None
-    speedup_ci95: list[float] | None
-    verdict: str | None
-    uploaded: str | None
-    stages: dict[str, StageStatus]
-    speed_checked: bool | None = None  # whether the verdict judged the speedup (GPU offload)
-    findings: JsonObject | None = None  # the verdict's three findings (provenance.verdict.Findings)
-    head: JsonObject | None = None  # the judged mode's head against the reference (provenance.head)
-    reasons: list[str] = dataclasses.field(default_factory=list)  # why the verdict is not pass
-    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # each stage's wall time here
-
-    def to_dict(self) -> JsonObject:
-        d = dataclasses.asdict(self)
-        d["stages"] = {k: str(v) for k, v in self.stages.items()}
-        return d
-
-    def format(self) -> str:
-        return format_summary(self.to_dict())
 
 
 @dataclasses.dataclass
@@ -334,6 +294,7 @@ class _Run:
     artifact_key: str = ""
     artifact_sha256: str = ""
     verification: JsonObject | None = None  # the receipt's section, as the verify stage recorded it
+    planned_bytes: dict[str, int] = dataclasses.field(default_factory=dict)  # the plan's bytes per tensor
     # the receipt (or eval) stage's record: set by the receipt stage, empty before it
     receipted: ReceiptStage = dataclasses.field(default_factory=lambda: cast(ReceiptStage, {}))
 
@@ -407,13 +368,29 @@ def _stage_plan(r: _Run) -> None:
             raise PlanError(f"{r.model_path}: pre-flight checks failed:\n  " + "\n  ".join(p.errors), p.errors)
         d = p.to_dict()
         return {"size_bytes": d["size_bytes"], "bpw": d["bpw"], "mtp": d["mtp"], "warnings": d["warnings"],
-                "llama_quantize_command": p.llama_quantize_command("OUT.gguf")}
+                "llama_quantize_command": p.llama_quantize_command("OUT.gguf"),
+                "tensor_bytes": {t.name: t.bytes for t in p.tensors}}
 
     im_key = {"name": Path(r.imatrix).name, "sha256": sha256_file(r.imatrix)} if r.imatrix else None
     r.plan_key = _key("plan", r.model_key, _recipe_content(r.recipe), im_key)
-    planned = r.cache.run("plan", r.plan_key, do)
+    planned = r.cache.run("plan", r.plan_key, do, lambda rec: "tensor_bytes" in rec)
+    r.planned_bytes = planned["tensor_bytes"]
     for w in planned["warnings"]:
         r.log(f"warning: {w}")
+
+
+def _check_memory(r: _Run, verify_options: VerifyOptions, reference_base: bool) -> None:
+    """Before quantizing: the verification's GPU memory plan (:mod:`ggufmtp.measure.core.memory`),
+    the artifact's bytes taken from the quantization plan, printed to the log; MemoryPlanError when
+    a phase does not fit, saying what would."""
+    from .measure.core.memory import plan_for_verify
+
+    if reference_base and verify_options.reference is None:
+        verify_options = dataclasses.replace(verify_options, reference=r.model_path)
+    plan = plan_for_verify(r.model_path, verify_options.with_defaults(draft_n_max=r.recipe.verify.draft_n_max),
+                           tensor_bytes=r.planned_bytes)
+    r.log(plan.format())
+    plan.refuse_unless_fits("quantizing")
 
 
 def _stage_quantize(r: _Run) -> None:
@@ -580,7 +557,11 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
              imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
              progress=progress, log=log, name=model_name(model, resolved.path, converted=converted is not None),
              signing_key=key, public_key=pub, allow_unverified=o.allow_unverified, split=o.split_max_size)
-    for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
+    for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan):
+        stage(r)
+    if o.verify:
+        _check_memory(r, o.verify_options or VerifyOptions(), o.reference_base)
+    for stage in (_stage_quantize, _stage_audit):
         stage(r)
     if o.until == "audit":
         return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=None, stages=r.cache.records)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +12,7 @@ from .jsontypes import JsonObject
 from .provenance.head import level_text
 from .provenance.verdict import Findings
 
-__all__ = ["format_summary", "verdict_text"]
+__all__ = ["RunSummary", "StageStatus", "format_summary", "verdict_text"]
 
 
 def verdict_text(s: Mapping[str, Any]) -> str:
@@ -63,3 +65,44 @@ def _head_text(h: Mapping[str, Any]) -> str:
     return (f"{pct(h.get('acceptance'), space=False)} vs reference {pct(h.get('reference_acceptance'), space=False)}: "
             f"{points(h.get('difference'))} ({level_text(h.get('level') or 0.95)} CI {points(lo, '')} to {points(hi, '')}; "
             f"margin {h.get('margin', 0) * 100:.1f}): {h.get('decision', 'inconclusive')}")
+
+
+class StageStatus(enum.StrEnum):
+    """What a stage did in this run."""
+
+    RAN = "ran"
+    CACHED = "cached"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """The run in one record: what ``ggufmtp run`` prints (:meth:`format`) or emits as JSON (:meth:`to_dict`)."""
+
+    artifact: str
+    receipt: str
+    card: str | None
+    size_bytes: int | None
+    bpw: float | None
+    mtp_status: str | None
+    mtp_block: int | None  # the first MTP block
+    mtp_blocks: list[int]  # every MTP block
+    acceptance: float | None
+    acceptance_ci95: list[float] | None
+    speedup: float | None
+    speedup_ci95: list[float] | None
+    verdict: str | None
+    uploaded: str | None
+    stages: dict[str, StageStatus]
+    speed_checked: bool | None = None  # whether the verdict judged the speedup (GPU offload)
+    findings: JsonObject | None = None  # the verdict's three findings (provenance.verdict.Findings)
+    head: JsonObject | None = None  # the judged mode's head against the reference (provenance.head)
+    reasons: list[str] = dataclasses.field(default_factory=list)  # why the verdict is not pass
+    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # each stage's wall time here
+
+    def to_dict(self) -> JsonObject:
+        d = dataclasses.asdict(self)
+        d["stages"] = {k: str(v) for k, v in self.stages.items()}
+        return d
+
+    def format(self) -> str:
+        return format_summary(self.to_dict())

@@ -77,6 +77,7 @@ class PlanStage(TypedDict):
     mtp: MtpRecord
     warnings: list[str]
     llama_quantize_command: str
+    tensor_bytes: dict[str, int]  # the planned bytes of every tensor (the memory plan before quantizing)
 
 
 class VerifyStage(TypedDict):

@@ -13,7 +13,7 @@ import click
 from ..run_summary import verdict_text
 from .app import emit_json, handle_errors, json_option, main
 from .hub_cmds import allow_unverified_option
-from .measure_common import arm_args_options, verify_judging_options, verify_option_dict
+from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
 from .options import (
     gpu_layers_option,
     model_at_revision,
@@ -108,6 +108,7 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
                    "default: the ladder file's sidecars, else Q8_0).")
 @verify_judging_options
 @arm_args_options
+@offload_options
 @signing_key_option
 @public_key_option
 @allow_unverified_option

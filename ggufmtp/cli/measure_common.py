@@ -44,6 +44,17 @@ HEAD_MARGIN_HELP = ("Non-inferiority margin of the head against the reference, a
                     "[verify] head_margin, else 0.03 = 3 acceptance points); printed with every finding.")
 
 
+def offload_options(f: Callable) -> Callable:
+    """Partial offload, every arm alike (the reference included): ``--n-cpu-moe``, ``--cpu-moe``,
+    ``--override-tensor``, as llama-server spells them (see ggufmtp.measure.core.offload)."""
+    f = click.option("--override-tensor", "-ot", "override_tensor", multiple=True, metavar="PATTERN=BUFT",
+                     help="llama-server --override-tensor for every arm (repeatable), e.g. -ot 'exps=CPU'.")(f)
+    f = click.option("--cpu-moe", is_flag=True, help="Keep every MoE expert tensor in host memory, every arm.")(f)
+    return click.option("--n-cpu-moe", type=click.IntRange(min=0), default=None, metavar="N",
+                        help="Keep the MoE experts of the first N layers in host memory, every arm; the memory "
+                             "plan (checked before any work) says which N fits.")(f)
+
+
 def verify_judging_options(f: Callable) -> Callable:
     """The window and the head's judgment of the commands that verify as a stage (``run``,
     ``ladder``): ``--draft-n-max``, ``--reference``/``--no-reference``, ``--head-margin``,
@@ -68,9 +79,13 @@ def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
         out["reference"] = resolve_model_arg(judging["reference"])
     if judging.get("absolute_acceptance"):
         out["absolute_acceptance"] = True
-    for k in ("server_args", "mtp_server_args", "vanilla_server_args"):
+    for k in ("server_args", "mtp_server_args", "vanilla_server_args", "override_tensor"):
         if judging.get(k):
             out[k] = tuple(judging[k])
+    if judging.get("cpu_moe"):
+        out["cpu_moe"] = True
+    if judging.get("n_cpu_moe") is not None:
+        out["n_cpu_moe"] = judging["n_cpu_moe"]
     return out
 
 
@@ -94,14 +109,16 @@ def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None,
 
 def server_options(gpu_layers: int | str | None, threads: int | None, llama_cpp_bin: str | None,
                    server_args: tuple[str, ...] = (), mtp_server_args: tuple[str, ...] = (),
-                   vanilla_server_args: tuple[str, ...] = ()) -> ServerOptions:
-    """The servers' settings of a measuring command (``-ngl``, ``-t``, ``--llama-cpp-bin`` and
-    :func:`arm_args_options`' flags)."""
+                   vanilla_server_args: tuple[str, ...] = (), n_cpu_moe: int | None = None, cpu_moe: bool = False,
+                   override_tensor: tuple[str, ...] = ()) -> ServerOptions:
+    """The servers' settings of a measuring command (``-ngl``, ``-t``, ``--llama-cpp-bin``,
+    :func:`arm_args_options`' and :func:`offload_options`' flags)."""
     from ..measure.core.options import ServerOptions
 
     return ServerOptions(threads=threads, gpu_layers=gpu_layers, llama_cpp_bin=llama_cpp_bin,
                          server_args=server_args, mtp_server_args=mtp_server_args,
-                         vanilla_server_args=vanilla_server_args)
+                         vanilla_server_args=vanilla_server_args, n_cpu_moe=n_cpu_moe, cpu_moe=cpu_moe,
+                         override_tensor=override_tensor)
 
 
 def _run_tune(model: str, options: TuneOptions, receipt_path: str | None, out_path: str | None,

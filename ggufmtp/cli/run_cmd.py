@@ -9,7 +9,7 @@ import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .hub_cmds import allow_unverified_option
-from .measure_common import arm_args_options, verify_judging_options, verify_option_dict
+from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
 from .options import (
     gpu_layers_option,
     include_option,
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 @click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
 @verify_judging_options
 @arm_args_options
+@offload_options
 @signing_key_option
 @public_key_option
 @allow_unverified_option

@@ -11,7 +11,7 @@ import click
 from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
 from .app import _int_list, bin_option, emit_json, handle_errors, json_option, main, resolve_model_arg
 from .matrix_cmd import kv_depth_options, run_matrix
-from .measure_common import HEAD_MARGIN_HELP, _run_tune, arm_args_options, server_options
+from .measure_common import HEAD_MARGIN_HELP, _run_tune, arm_args_options, offload_options, server_options
 from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, output_option, threads_option
 from .provenance_cmds import signing_key_option
 
@@ -63,6 +63,7 @@ from .provenance_cmds import signing_key_option
               help="Write the results into this receipt's verification section.")
 @output_option("the full results as JSON (with every request), written atomically.", hidden=("--out",))
 @arm_args_options
+@offload_options
 @kv_depth_options
 @signing_key_option
 @bin_option
@@ -84,7 +85,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = (),
                cache_type_k: str | None = None, cache_type_v: str | None = None, context_fill: int = 0,
                matrix: str | None = None, reference: str | None = None, head_margin: float | None = None,
-               absolute_acceptance: bool = False, sidecar: str | None = None) -> None:
+               absolute_acceptance: bool = False, sidecar: str | None = None, n_cpu_moe: int | None = None,
+               cpu_moe: bool = False, override_tensor: tuple[str, ...] = ()) -> None:
     """Verify MODEL's MTP head with a real llama-server: vanilla vs --spec-type draft-mtp, interleaved.
 
     Reports draft acceptance and decode speedup with 95% bootstrap CIs (overall, per category, per
@@ -140,7 +142,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
         suite=suite, max_tokens=max_tokens, limit=limit, raw=raw, ctx_size=ctx_size, parallel=parallel,
         reference=resolve_model_arg(reference) if reference else None,
         sidecar=resolve_model_arg(sidecar) if sidecar else None,
-        server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args, vanilla_server_args),
+        server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args, vanilla_server_args,
+                              n_cpu_moe, cpu_moe, override_tensor),
         judge=JudgeOptions(thresholds=th, peak_bandwidth_gbs=peak_bandwidth_gbs, head_margin=head_margin,
                            absolute_acceptance=absolute_acceptance))
     kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)

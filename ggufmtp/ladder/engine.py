@@ -105,7 +105,7 @@ def _variant_task(job: VariantJob, measure: bool) -> VariantOutcome:
         # a trunk is cut from one file (quant/sidecar.py): its unpublished full variant is never split
         options = RunOptions(imatrix=job.imatrix, threads=job.threads, split_max_size=None if trunk else job.split,
                              verify=job.verify,
-                             verify_options=job.verify_options if measure else None,
+                             verify_options=job.verify_options,  # building: the memory plan before quantizing
                              reference_base=job.reference_base,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
                              base_dir=job.base_dir, until=None if measure and not trunk else "audit")

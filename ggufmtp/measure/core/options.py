@@ -37,6 +37,7 @@ from ...provenance.head import check_margin
 from ...provenance.verdict import Thresholds
 from ...runtime.hardware import peak_bandwidth
 from ...stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+from .offload import Offload, check_fit_args
 from .suite import DEFAULT_SUITE, Suite
 
 #: verify's defaults, written once: the API, the CLI and tune read them from here (and :class:`VerifyOptions`)
@@ -308,6 +309,9 @@ def check_seeds(seeds: Sequence[int], max_tokens: int) -> list[int]:
 # ----------------------------------------------------------------------------- the options objects
 
 _ARG_FIELDS = ("extra_args", "server_args", "mtp_server_args", "vanilla_server_args")
+#: every arm's first flags: llama-server's --fit (on by default) would size each server to the memory
+#: free when it starts; ggufmtp sets the offload explicitly (the memory plan checks it fits)
+FIT_OFF = ("--fit", "off")
 
 
 @dataclass(frozen=True)
@@ -319,7 +323,10 @@ class ServerOptions:
     ``threads``, ``gpu_layers``: ``--threads`` and ``--n-gpu-layers`` of every arm. ``extra_args``:
     base flags of every arm, the default vanilla one included; ``server_args`` (``--server-arg``):
     every arm but the default vanilla one (non-speculative flags only: fair baseline);
-    ``mtp_server_args`` / ``vanilla_server_args``: one arm only. Argument lists are kept as tuples."""
+    ``mtp_server_args`` / ``vanilla_server_args``: one arm only. Argument lists are kept as tuples.
+    ``n_cpu_moe``, ``cpu_moe``, ``override_tensor``: partial offload (:class:`~ggufmtp.measure.core.offload.Offload`),
+    every arm alike. llama-server's ``--fit`` is refused in any of them and ``--fit off`` given to
+    every arm: it would size each server to the memory free when it starts."""
 
     threads: int | None = None
     gpu_layers: int | str | None = None
@@ -328,10 +335,22 @@ class ServerOptions:
     server_args: Sequence[str] = ()
     mtp_server_args: Sequence[str] = ()
     vanilla_server_args: Sequence[str] = ()
+    n_cpu_moe: int | None = None
+    cpu_moe: bool = False
+    override_tensor: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        for name in _ARG_FIELDS:
+        for name in (*_ARG_FIELDS, "override_tensor"):
             object.__setattr__(self, name, tuple(str(a) for a in getattr(self, name) or ()))
+        for name, flag in zip(_ARG_FIELDS, ("extra_args", "--server-arg", "--mtp-server-arg", "--vanilla-server-arg"),
+                              strict=True):
+            check_fit_args(getattr(self, name), flag)
+        self.offload  # a bad --n-cpu-moe or --override-tensor fails now  # noqa: B018
+
+    @property
+    def offload(self) -> Offload:
+        """The partial offload every arm gets."""
+        return Offload(tuple(self.override_tensor), self.cpu_moe, self.n_cpu_moe)
 
     def arm_args(self, tuned: TuneConfig | None = None) -> ArmArgs:
         """The flags by arm, checked (:meth:`ArmArgs.of`: TuneError on a speculative flag for the vanilla arm)."""
@@ -341,7 +360,7 @@ class ServerOptions:
         """The :class:`~ggufmtp.runtime.server.ServerConfig` fields every arm starts from (``fields``
         added: the model, the context, the slots)."""
         return dict(threads=self.threads, gpu_layers=self.gpu_layers, llama_cpp_bin=self.llama_cpp_bin, metrics=True,
-                    extra_args=list(self.extra_args), **fields)
+                    extra_args=[*FIT_OFF, *self.offload.args(), *self.extra_args], **fields)
 
 
 @dataclass(frozen=True)

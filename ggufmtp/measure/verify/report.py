@@ -15,6 +15,8 @@ from ...fmt import ci_text, num, pct, times
 from ...provenance.head import HeadComparison
 from ...provenance.verdict import Evidence, Findings, Thresholds, Verdict, speed_checked
 from ...runtime.hardware import HardwareInfo, format_bandwidth
+from ..core.memory import MemoryPlan
+from ..core.offload import Offload
 from ..core.options import TuneConfig
 from ..core.records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
 from ..core.suite import SuiteInfo
@@ -71,6 +73,8 @@ class VerifySettings:
     prompt_budget: int | None = None  # the prompts planned; n_prompts is fewer when a look decided the head early
     reference_phase: ReferencePhase | None = None  # its cache key, cached or measured, wall time
     prompt_ids: list[str] | None = None  # the suite's prompts the run measured (a listed mismatch must be of one)
+    offload: Offload | None = None  # --n-cpu-moe / --cpu-moe / -ot, every arm alike
+    memory: MemoryPlan | None = None  # the GPU memory plan checked before any server started
 
     @staticmethod
     def bootstrap_of(resamples: int, seed: int) -> BootstrapInfo:
@@ -84,7 +88,9 @@ class VerifySettings:
         d.update(bootstrap=self.bootstrap.to_dict(VERIFY_BOOTSTRAP_KEYS),
                  mtp_config=self.mtp_config.to_dict() if self.mtp_config is not None else None,
                  context_fill=self.context_fill.to_dict() if self.context_fill is not None else None,
-                 reference_phase=self.reference_phase.to_dict() if self.reference_phase is not None else None)
+                 reference_phase=self.reference_phase.to_dict() if self.reference_phase is not None else None,
+                 memory=self.memory.to_dict() if self.memory is not None else None,
+                 offload=self.offload.to_dict() if self.offload is not None else None)
         return copy.deepcopy(d)
 
 
@@ -310,6 +316,8 @@ def format_result(res: VerifyResult) -> str:
     bw = format_bandwidth(res.bandwidth)
     if bw:
         lines.append(bw)
+    if res.settings.memory is not None:
+        lines.append(res.settings.memory.format())
     lines.append("")
     t = res.thresholds
     head_rule = (f"head non-inferior to {res.head.reference.name} within {res.head.margin * 100:.1f} points"

@@ -115,6 +115,7 @@ from ...runtime.hardware import (
 )
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
 from ..core.arms import MTP, VANILLA
+from ..core.memory import plan_for_verify
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
 from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
 from ..core.suite import Suite, load_suite, modes_for_template
@@ -478,6 +479,8 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     side = ServedFile.of(o.sidecar) if o.sidecar is not None else None
     if o.reference is not None:
         plan = dataclasses.replace(plan, reference=_reference(o.reference, path))
+    memory = plan_for_verify(path, o)  # every phase against the GPUs' free memory, before any server starts
+    memory.refuse_unless_fits("serving")
     runner, srv = _run(plan, base, o.max_tokens, progress, on_record)
     boot = (o.judge.bootstrap_resamples, o.judge.bootstrap_seed)
     comparisons = _summaries(runner.records, plan, srv.modes, *boot)
@@ -496,7 +499,9 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     res = VerifyResult(
         model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks,
                         {"name": side.path.name, "sha256": side.sha256} if side else None),
-        suite=plan.suite.info(), settings=_settings(plan, o, base, srv.modes, runner, srv.fill, srv.reference),
+        suite=plan.suite.info(),
+        settings=dataclasses.replace(_settings(plan, o, base, srv.modes, runner, srv.fill, srv.reference),
+                                     offload=o.server.offload, memory=memory),
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],

@@ -1,0 +1,585 @@
+"""The memory plan of a verification: what each llama-server it starts will hold on each GPU, by
+phase (the servers resident at the same time), against the GPUs' free memory, decided before any
+work (``verify`` before serving; ``run`` and ``ladder`` before quantizing).
+
+Per server (vanilla, MTP, default vanilla, reference) the plan adds, on each device:
+
+- **weights**: every tensor's bytes (the GGUF header, read with :mod:`ggufmtp.gguf.reader`; before
+  quantizing, the quantization plan's bytes), placed as the pinned llama.cpp places them
+  (``src/llama-model.cpp: load_tensors``): the input layer (``token_embd``) always in host memory;
+  repeating layer ``il`` on the GPU when ``il >= n_layer_all + 1 - ngl`` (no ``-ngl`` with
+  ``--fit off``: every layer); every other tensor with the output layer (``il = n_layer_all``);
+  then the partial-offload overrides (:class:`Offload`: ``-ot``, ``--cpu-moe``, ``--n-cpu-moe``),
+  the first matching pattern winning (``llama-model-loader.cpp``). A server without
+  ``--spec-type draft-mtp`` does not load the MTP block (``TENSOR_SKIP`` without ``load_mtp`` in
+  every MTP architecture's loader); a GGUF without ``output.weight`` puts a second copy of
+  ``token_embd`` with the output layer (``TENSOR_DUPLICATED``).
+- **KV cache**: per attention layer of the trunk ``cells x (K row + V row)`` with
+  ``K = key_length x head_count_kv`` and ``V = value_length x head_count_kv`` elements in the KV
+  types (f16 unless ``-ctk``/``-ctv``), ``cells = pad256(ctx / slots) x slots``
+  (``llama-context.cpp``; the KV cache is not unified under an explicit ``--parallel``), on the
+  layer's device. The MTP server's draft context holds the MTP layer(s) only. An MLA model
+  (``attention.kv_lora_rank``) is counted as ``kv_lora_rank + rope dims`` for K and ``kv_lora_rank``
+  for V (an estimate: the MLA, DSA and SWA caches have their own layouts).
+- **recurrent state** (Gated DeltaNet / Mamba layers of qwen35moe-style hybrids, not KV): per
+  recurrent layer ``slots x (1 + n_rs_seq)`` rows of ``(conv_kernel - 1) x (inner + 2 x groups x
+  state) + state x inner`` F32 values (``llama-memory-recurrent.cpp``, ``llama-hparams.cpp``);
+  ``n_rs_seq`` is the MTP server's draft window (rollback snapshots) on the architectures that
+  roll back (``llm_arch_supports_rs_rollback``), else 0.
+- **compute buffer**: :func:`compute_estimate`, a formula calibrated against what the pinned
+  llama-server reports (see there), on the device of the output layer when anything is offloaded,
+  plus :data:`GPU_PROCESS_OVERHEAD_MIB` per server for the CUDA context itself.
+
+Free memory: :envvar:`GGUFMTP_GPU_FREE_MIB` (comma-separated MiB per GPU, for tests and for
+planning another machine), else ``nvidia-smi``'s ``memory.free``. Without a GPU the plan is
+informational. Several GPUs: each server's layers are split in proportion to the memory free when
+it starts, as llama.cpp does without ``--tensor-split``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ...errors import GgufmtpError, MemoryPlanError, VerifyError
+from ...fmt import human_bytes
+from ...gguf.model import split_shards
+from ...gguf.reader import GGUFHeader, read_header, tensor_nbytes
+from . import arms
+from .offload import Offload
+
+__all__ = ["FREE_MEMORY_ENV", "ModelFacts", "Role", "ServerSpec", "Usage", "ServerMemory", "PhaseMemory", "MemoryPlan",
+           "MemoryPlanError", "compute_estimate", "gpu_free", "plan_memory", "plan_for_verify"]
+
+FREE_MEMORY_ENV = "GGUFMTP_GPU_FREE_MIB"
+MIB = 1024 * 1024
+#: Memory a llama-server process holds on a GPU beyond the buffers llama.cpp reports (the CUDA
+#: context, cuBLAS workspace, CUDA graphs). Not measurable on CPU; an allowance from the H200 run of
+#: 2026-11-29 (the vanilla 35B server held 20.9 GiB by nvidia-smi, about 0.5 GiB beyond its weights,
+#: KV, recurrent state and compute buffer as the formulas here give them).
+GPU_PROCESS_OVERHEAD_MIB = 512
+#: llama.cpp's default physical batch (``-ub``), the compute graph's worst case
+DEFAULT_UBATCH = 512
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+_INPUT_TENSORS = ("token_embd.", "token_types.", "position_embd.")
+# llm_arch_supports_rs_rollback (src/llama-arch.cpp at 0c1e570)
+_RS_ROLLBACK = frozenset({"kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h",
+                          "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3"})
+
+
+# ----------------------------------------------------------------------------- what a GGUF holds
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the plan needs of one GGUF: its tensors' bytes and the shapes of its caches. ``tensors``
+    maps every tensor's name to its bytes (all shards of a split model); ``attention``: per trunk
+    attention layer, (layer, K width, V width) in elements per cell; ``mtp_attention`` the same of
+    the MTP layers; ``recurrent``: the recurrent layers and the F32 widths of one state row."""
+
+    name: str
+    arch: str
+    n_layer_all: int
+    n_nextn: int
+    n_embd: int
+    n_vocab: int
+    n_head: int
+    n_ctx_train: int
+    tensors: Mapping[str, int]
+    attention: tuple[tuple[int, int, int], ...]
+    mtp_attention: tuple[tuple[int, int, int], ...]
+    recurrent: tuple[int, ...] = ()
+    recurrent_width: int = 0  # n_embd_r + n_embd_s (F32 values per row)
+    estimated_kv: bool = False  # MLA: the cache layout is estimated
+    elements: Mapping[str, int] = field(default_factory=dict, repr=False)  # values per tensor
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.tensors.values())
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, tensor_bytes: Mapping[str, int] | None = None) -> ModelFacts:
+        """The facts of the GGUF at ``path`` (every shard of a split model); ``tensor_bytes``
+        replaces the file's bytes per tensor (a quantization plan's, before the artifact exists)."""
+        p = Path(path)
+        headers = [read_header(s) for s in split_shards(p)]
+        sizes = {t.name: tensor_nbytes(t.shape, t.type_id)[1] for h in headers for t in h.tensors}
+        if tensor_bytes is not None:
+            sizes.update({k: int(v) for k, v in tensor_bytes.items() if k in sizes})
+        facts = _facts(p.name, headers[0], {t.name: t.shape for h in headers for t in h.tensors}, sizes)
+        return dataclasses.replace(facts, elements={t.name: math.prod(t.shape) for h in headers for t in h.tensors})
+
+
+def _key(meta: Mapping[str, Any], arch: str, key: str, default: Any = None) -> Any:
+    v = meta.get(f"{arch}.{key}")
+    return default if v is None or isinstance(v, str) else v
+
+
+def _per_layer(value: Any, il: int, default: int) -> int:
+    """A per-layer hyperparameter (a scalar or an array of block_count values)."""
+    if isinstance(value, list):
+        return int(value[il]) if il < len(value) else default
+    return int(value) if value is not None else default
+
+
+def _facts(name: str, h: GGUFHeader, shapes: Mapping[str, tuple[int, ...]], sizes: dict[str, int]) -> ModelFacts:
+    meta = h.metadata
+    arch = str(meta.get("general.architecture") or "")
+    n_all = int(_key(meta, arch, "block_count", 0))
+    if n_all <= 0:
+        raise GgufmtpError(f"{name}: no {arch}.block_count in the header", path=name)
+    nextn = int(_key(meta, arch, "nextn_predict_layers", 0) or 0)
+    n_embd = int(_key(meta, arch, "embedding_length", 0))
+    heads, heads_kv = _key(meta, arch, "attention.head_count", 1), _key(meta, arch, "attention.head_count_kv")
+    n_head = max(heads) if isinstance(heads, list) else int(heads or 1)
+    embd = shapes.get("token_embd.weight") or shapes.get("output.weight") or (n_embd, 0)
+    vocab = h.array_lengths.get("tokenizer.ggml.tokens") or int(embd[1]) if len(embd) > 1 else 0
+    layers = {int(m.group(1)) for t in shapes if (m := _BLOCK.match(t))}
+    recurrent = tuple(sorted(il for il in layers if il < n_all - nextn and _has(shapes, il, ("ssm_conv1d", "ssm_a"))))
+    attn = [il for il in sorted(layers) if il not in recurrent
+            and _has(shapes, il, ("attn_k", "attn_qkv", "attn_kv_a_mqa", "attn_q_a", "attn_q"))]
+    lora = _key(meta, arch, "attention.kv_lora_rank")
+
+    def widths(il: int) -> tuple[int, int, int]:
+        if lora:  # MLA: the compressed latent and the rope part per cell (estimate)
+            return il, int(lora) + int(_key(meta, arch, "rope.dimension_count", 0) or 0), int(lora)
+        hk = _per_layer(heads_kv, il, _per_layer(heads, il, 1))
+        dk = int(_key(meta, arch, "attention.key_length", 0) or n_embd // max(1, _per_layer(heads, il, 1)))
+        dv = int(_key(meta, arch, "attention.value_length", 0) or dk)
+        return il, dk * hk, dv * hk
+
+    trunk = n_all - nextn
+    return ModelFacts(
+        name=name, arch=arch, n_layer_all=n_all, n_nextn=nextn, n_embd=n_embd, n_vocab=int(vocab), n_head=n_head,
+        n_ctx_train=int(_key(meta, arch, "context_length", 4096) or 4096), tensors=dict(sizes),
+        attention=tuple(widths(il) for il in attn if il < trunk),
+        mtp_attention=tuple(widths(il) for il in attn if il >= trunk),
+        recurrent=recurrent, recurrent_width=_recurrent_width(meta, arch) if recurrent else 0,
+        estimated_kv=bool(lora))
+
+
+def _has(shapes: Mapping[str, Any], il: int, parts: Sequence[str]) -> bool:
+    return any(f"blk.{il}.{p}.weight" in shapes or f"blk.{il}.{p}" in shapes for p in parts)
+
+
+def _recurrent_width(meta: Mapping[str, Any], arch: str) -> int:
+    """F32 values of one recurrent-state row: conv state (``n_embd_r``) + SSM state (``n_embd_s``)."""
+    conv, inner = int(_key(meta, arch, "ssm.conv_kernel", 0) or 0), int(_key(meta, arch, "ssm.inner_size", 0) or 0)
+    state, groups = int(_key(meta, arch, "ssm.state_size", 0) or 0), int(_key(meta, arch, "ssm.group_count", 0) or 0)
+    return max(conv - 1, 0) * (inner + 2 * groups * state) + state * inner
+
+
+# ----------------------------------------------------------------------------- one server
+
+
+class Role(enum.StrEnum):
+    """The servers a verification starts (the arms of :mod:`ggufmtp.measure.core.arms`)."""
+
+    VANILLA = arms.VANILLA
+    MTP = arms.MTP
+    DEFAULT_VANILLA = arms.DEFAULT_VANILLA
+    REFERENCE = arms.REFERENCE
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One llama-server as the plan sees it: its model, whether it drafts (loads the MTP block,
+    runs a draft context and keeps rollback states), and the settings every arm shares."""
+
+    role: Role
+    model: ModelFacts
+    mtp: bool
+    gpu_layers: int | str | None = None
+    offload: Offload = field(default_factory=Offload)
+    ctx_size: int | None = 4096
+    parallel: int = 1
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    draft_n_max: int = 0
+    ubatch: int = DEFAULT_UBATCH
+
+    @property
+    def n_gpu_layers(self) -> int:
+        """llama.cpp's layer count on the GPU (``n_layer_all + 1`` = every layer and the output):
+        no ``-ngl`` (``--fit off``), ``all`` and ``auto`` offload everything."""
+        g = self.gpu_layers
+        if g is None or (isinstance(g, str) and not g.lstrip("-").isdigit()) or int(g) < 0:
+            return self.model.n_layer_all + 1
+        return min(int(g), self.model.n_layer_all + 1)
+
+    @property
+    def cells(self) -> int:
+        """KV cells in total: ``pad256(ctx / slots) x slots`` (no ``-c``: the training context)."""
+        n_ctx = _pad(self.ctx_size or self.model.n_ctx_train, 256)
+        slots = max(1, self.parallel)
+        return _pad(n_ctx // slots, 256) * slots
+
+
+def _pad(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _row_bytes(type_name: str | None, width: int) -> int:
+    qt = GGMLQuantizationType[(type_name or "f16").upper()]
+    block, size = GGML_QUANT_SIZES[qt]
+    return width // block * size
+
+
+#: Calibration of :func:`compute_estimate`: F32 activation rows of ``n_embd`` per token of the
+#: physical batch, of a whole model's graph and of the MTP draft context's one-layer graph. Fitted
+#: to the pinned llama-server's ``compute buffer size`` on CPU (flash attention ``auto``, i.e. on;
+#: ``-c 4096/8192``, ``-ub 256/512``): tiny-qwen35moe 9.03 MiB (draft context 7.02), tiny-qwen35
+#: 8.53 (7.02), tiny-glm4moe 8.01 (6.01); the estimates are within 8 % of each.
+COMPUTE_ROWS = 9
+COMPUTE_ROWS_DRAFT = 5
+#: relative error of :func:`compute_estimate` against the server's report that the tests allow
+COMPUTE_TOLERANCE = 0.15
+
+
+def compute_estimate(m: ModelFacts, ubatch: int, cells: int, outputs: int, draft: bool = False) -> int:
+    """Bytes of one context's compute buffer: the worst-case graph llama.cpp reserves for
+    ``ubatch`` tokens against ``cells`` KV cells with ``outputs`` logits rows (the server's
+    ``n_outputs_max``: slots x (1 + draft window) on the MTP server, slots elsewhere). Three terms,
+    calibrated as :data:`COMPUTE_ROWS` says: the F16 attention mask (``ubatch x cells x 2``; with
+    flash attention, llama-server's default, there is no score matrix), the logits (``outputs x
+    n_vocab x 4``) and ``COMPUTE_ROWS`` F32 rows of ``n_embd`` per token (``COMPUTE_ROWS_DRAFT``
+    for the draft context's one-layer graph, ``draft=True``). Calibrated on CPU only: a CUDA
+    build's buffer also holds its kernels' scratch, which :data:`GPU_PROCESS_OVERHEAD_MIB` allows for."""
+    mask = 2 * ubatch * cells if (m.attention or m.mtp_attention) else 0
+    rows = COMPUTE_ROWS_DRAFT if draft else COMPUTE_ROWS
+    return mask + 4 * outputs * m.n_vocab + 4 * ubatch * rows * m.n_embd
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One server's bytes on one GPU, by kind."""
+
+    weights: int = 0
+    kv: int = 0
+    recurrent: int = 0
+    compute: int = 0
+    overhead: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.recurrent + self.compute + self.overhead
+
+    def plus(self, **kw: int) -> Usage:
+        return dataclasses.replace(self, **{k: getattr(self, k) + v for k, v in kw.items()})
+
+    def to_dict(self) -> dict[str, int]:
+        return {**dataclasses.asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class ServerMemory:
+    """What one server holds: per GPU (:class:`Usage`), and the weights left in host memory."""
+
+    role: Role
+    model: str
+    gpus: tuple[Usage, ...]
+    host_weights: int
+
+    @property
+    def gpu_total(self) -> int:
+        return sum(u.total for u in self.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": str(self.role), "model": self.model, "gpus": [u.to_dict() for u in self.gpus],
+                "gpu_bytes": self.gpu_total, "host_weight_bytes": self.host_weights}
+
+
+def _layer_gpus(n_all: int, ngl: int, free: Sequence[int]) -> list[int | None]:
+    """The GPU of each layer 0..n_all (n_all: the output layer), or None (host), as
+    ``load_tensors`` assigns them: the last ``ngl`` layers, split by the GPUs' free memory."""
+    total = sum(free)
+    cum, acc = [], 0.0
+    for f in free:
+        acc += f / total if total else 1 / len(free)
+        cum.append(acc)
+    start, act = max(n_all + 1 - ngl, 0), min(ngl, n_all + 1)
+    out: list[int | None] = []
+    for il in range(n_all + 1):
+        if il < start or il - start >= act:
+            out.append(None)
+        else:
+            x = (il - start) / act
+            out.append(min(next((i for i, c in enumerate(cum) if c > x), len(cum) - 1), len(free) - 1))
+    return out
+
+
+def _weights(s: ServerSpec, devs: list[int | None]) -> dict[int | None, int]:
+    """Weight bytes per device (None: host) of the server ``s``."""
+    m, rules = s.model, s.offload.rules()
+    out: dict[int | None, int] = {}
+    placed = list(m.tensors.items())
+    if "output.weight" not in m.tensors and "token_embd.weight" in m.tensors:
+        placed.append(("token_embd.weight#output", m.tensors["token_embd.weight"]))  # TENSOR_DUPLICATED
+    for name, nbytes in placed:
+        blk = _BLOCK.match(name)
+        if blk and int(blk.group(1)) >= m.n_layer_all - m.n_nextn and not s.mtp:
+            continue  # the MTP block is not loaded without --spec-type draft-mtp
+        dev = (devs[int(blk.group(1))] if blk else None if name.startswith(_INPUT_TENSORS) and "#" not in name
+               else devs[m.n_layer_all])
+        real = name.split("#", 1)[0]
+        dev = next((target for pattern, target in rules if pattern.search(real)), dev)
+        out[dev] = out.get(dev, 0) + nbytes
+    return out
+
+
+def server_memory(s: ServerSpec, free: Sequence[int], draft: ModelFacts | None = None) -> ServerMemory:
+    """The memory of the server ``s`` when it starts with ``free`` bytes free per GPU (the split of
+    its layers follows them); ``draft``: an MTP-only sidecar it drafts with (``-md``)."""
+    m, n_gpus = s.model, max(1, len(free))
+    devs = _layer_gpus(m.n_layer_all, s.n_gpu_layers, free or [1])
+    usage = [Usage() for _ in range(n_gpus)]
+    weights = _weights(s, devs)
+    for dev, b in weights.items():
+        if dev is not None:
+            usage[dev] = usage[dev].plus(weights=b)
+    cells = s.cells
+    draft_attention = (draft or m).mtp_attention if s.mtp else ()
+    for il, k, v in (*m.attention, *draft_attention):
+        dev = devs[min(il, m.n_layer_all)] if draft is None or (il, k, v) in m.attention else devs[m.n_layer_all]
+        if dev is not None:
+            usage[dev] = usage[dev].plus(kv=cells * (_row_bytes(s.cache_type_k, k) + _row_bytes(s.cache_type_v, v)))
+    rollback = s.draft_n_max if s.mtp and m.arch in _RS_ROLLBACK else 0
+    for il in m.recurrent:
+        if (gpu := devs[il]) is not None:
+            usage[gpu] = usage[gpu].plus(recurrent=max(1, s.parallel) * (1 + rollback) * m.recurrent_width * 4)
+    out = devs[m.n_layer_all]
+    if out is not None:
+        ub = min(s.ubatch, cells)
+        slots = max(1, s.parallel)
+        compute = compute_estimate(m, ub, cells, slots * (1 + s.draft_n_max if s.mtp else 1))
+        compute += compute_estimate(draft or m, ub, cells, slots, draft=True) if s.mtp else 0
+        usage[out] = usage[out].plus(compute=compute)
+    if draft is not None and out is not None:
+        usage[out] = usage[out].plus(weights=draft.weight_bytes)
+    usage = [u.plus(overhead=GPU_PROCESS_OVERHEAD_MIB * MIB) if u.total else u for u in usage]
+    return ServerMemory(s.role, m.name, tuple(usage), weights.get(None, 0))
+
+
+# ----------------------------------------------------------------------------- phases and the plan
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """The servers resident at the same time, and what they need per GPU together."""
+
+    name: str
+    servers: tuple[ServerMemory, ...]
+    free: tuple[int, ...] | None
+
+    @property
+    def need(self) -> tuple[int, ...]:
+        n = max((len(s.gpus) for s in self.servers), default=1)
+        return tuple(sum(s.gpus[i].total for s in self.servers if i < len(s.gpus)) for i in range(n))
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether every GPU has room (None: no free memory known)."""
+        return None if self.free is None else all(n <= f for n, f in zip(self.need, self.free, strict=False))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "servers": [s.to_dict() for s in self.servers], "need_bytes": list(self.need),
+                "free_bytes": list(self.free) if self.free is not None else None, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Every phase of a verification against the GPUs' free memory (``free``: bytes per GPU, None
+    without a GPU: the plan is then informational), and what would fit when a phase does not."""
+
+    phases: tuple[PhaseMemory, ...]
+    free: tuple[int, ...] | None
+    free_source: str
+    advice: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool | None:
+        verdicts = [p.fits for p in self.phases]
+        return None if self.free is None else all(verdicts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phases": [p.to_dict() for p in self.phases], "free_bytes": list(self.free) if self.free else None,
+                "free_source": self.free_source, "fits": self.fits, "advice": list(self.advice),
+                "gpu_process_overhead_bytes": GPU_PROCESS_OVERHEAD_MIB * MIB}
+
+    def format(self) -> str:
+        """The plan as a table: one row per server, one per phase total (binary units)."""
+        rows: list[tuple[str, ...]] = [("phase", "server", "model", "weights", "KV", "recurrent", "compute",
+                                        "GPU total", "host weights")]
+        for p in self.phases:
+            for s in p.servers:
+                u = [sum(getattr(g, k) for g in s.gpus) for k in ("weights", "kv", "recurrent", "compute")]
+                rows.append((p.name, str(s.role), s.model, *map(human_bytes, u), human_bytes(s.gpu_total),
+                             human_bytes(s.host_weights)))
+            verdict = {True: "fits", False: "DOES NOT FIT", None: "no GPU: informational"}[p.fits]
+            free = " + ".join(human_bytes(f) for f in p.free) if p.free else "n/a"
+            rows.append((p.name, "= phase", "", "", "", "", "", " + ".join(human_bytes(n) for n in p.need),
+                         f"free {free}: {verdict}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["GPU memory plan (free memory: " + self.free_source + ")"]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines += [f"  would fit: {a}" for a in self.advice]
+        return "\n".join(lines)
+
+    def refuse_unless_fits(self, what: str) -> None:
+        """MemoryPlanError naming the phase that does not fit and what would, before ``what``."""
+        bad = [p for p in self.phases if p.fits is False]
+        if not bad:
+            return
+        p = bad[0]
+        need = " + ".join(human_bytes(n) for n in p.need)
+        free = " + ".join(human_bytes(f) for f in p.free or ())
+        hint = "; ".join(self.advice) if self.advice else "nothing ggufmtp can configure: use a GPU with more memory"
+        raise MemoryPlanError(f"GPU memory: the {p.name} phase ({', '.join(str(s.role) for s in p.servers)}) needs "
+                              f"{need} but {free} is free ({self.free_source}); refused before {what}. Would fit: "
+                              f"{hint}")
+
+
+def gpu_free(env: Mapping[str, str] | None = None) -> tuple[tuple[int, ...] | None, str]:
+    """(free bytes per GPU, where that came from): ``$GGUFMTP_GPU_FREE_MIB`` (comma-separated MiB
+    per GPU; for tests and for planning another machine), else ``nvidia-smi``; (None, ...) without."""
+    raw = (env if env is not None else os.environ).get(FREE_MEMORY_ENV, "").strip()
+    if raw:
+        try:
+            mib = [float(x) for x in raw.split(",")]
+        except ValueError:
+            mib = []
+        if not mib or any(not math.isfinite(x) or x < 0 for x in mib):
+            raise VerifyError(f"${FREE_MEMORY_ENV}={raw!r}: expected MiB per GPU, comma-separated (e.g. 81920)")
+        return tuple(int(x * MIB) for x in mib), f"${FREE_MEMORY_ENV}"
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None, "no GPU found"
+    try:
+        p = subprocess.run([exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"], capture_output=True,
+                           text=True, timeout=20)
+        free = tuple(int(float(x)) * MIB for x in p.stdout.split())
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None, "nvidia-smi failed"
+    return (free, "nvidia-smi") if free else (None, "no GPU found")
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a verification will start: the variant (and an MTP-only sidecar it drafts with), the
+    reference, whether a default vanilla arm runs, and the settings every arm shares."""
+
+    variant: ModelFacts
+    reference: ModelFacts | None = None
+    sidecar: ModelFacts | None = None
+    default_vanilla: bool = False
+    gpu_layers: int | str | None = None
+    offload: Offload = field(default_factory=Offload)
+    ctx_size: int | None = 4096
+    slots: int = 1  # --parallel N > 1: the slot study's largest servers
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    draft_n_max: int = 4  # the largest window measured
+
+
+def _phases(i: PlanInputs, free: Sequence[int]) -> tuple[PhaseMemory, ...]:
+    """The verification's phases: "reference" (the reference's MTP server alone), "main" (vanilla,
+    MTP, default vanilla) and, with ``--parallel N``, "slots" (vanilla and MTP at N slots)."""
+    def spec(role: Role, model: ModelFacts, mtp: bool, slots: int = 1) -> ServerSpec:
+        return ServerSpec(role, model, mtp, i.gpu_layers, i.offload, i.ctx_size and i.ctx_size * slots, slots,
+                          i.cache_type_k, i.cache_type_v, i.draft_n_max if mtp else 0)
+
+    groups: list[tuple[str, list[tuple[ServerSpec, ModelFacts | None]]]] = []
+    if i.reference is not None:
+        groups.append(("reference", [(spec(Role.REFERENCE, i.reference, True), None)]))
+    main = [(spec(Role.VANILLA, i.variant, False), None), (spec(Role.MTP, i.variant, True), i.sidecar)]
+    if i.default_vanilla:
+        main.append((spec(Role.DEFAULT_VANILLA, i.variant, False), None))
+    groups.append(("main", main))
+    if i.slots > 1:
+        groups.append(("slots", [(spec(Role.VANILLA, i.variant, False, i.slots), None),
+                                 (spec(Role.MTP, i.variant, True, i.slots), i.sidecar)]))
+    out = []
+    for name, servers in groups:
+        left, mems = list(free), []
+        for s, draft in servers:  # each server's layers split by what is free when it starts
+            mem = server_memory(s, [max(f, 0) for f in left], draft)
+            left = [f - (mem.gpus[g].total if g < len(mem.gpus) else 0) for g, f in enumerate(left)]
+            mems.append(mem)
+        out.append(PhaseMemory(name, tuple(mems), None))
+    return tuple(out)
+
+
+def plan_memory(i: PlanInputs, free: Sequence[int] | None = None, free_source: str = "given") -> MemoryPlan:
+    """The memory plan of the verification ``i`` against ``free`` bytes per GPU (None: informational,
+    laid out as on one GPU), with the advice of :func:`_advice` when a phase does not fit."""
+    phases = tuple(dataclasses.replace(p, free=tuple(free) if free else None) for p in _phases(i, free or [1]))
+    plan = MemoryPlan(phases, tuple(free) if free else None, free_source)
+    if plan.fits is False:
+        plan = dataclasses.replace(plan, advice=tuple(_advice(i, free or [])))
+    return plan
+
+
+def _fits(i: PlanInputs, free: Sequence[int]) -> bool:
+    return all(p.need[g] <= free[g] for p in _phases(i, free) for g in range(min(len(p.need), len(free))))
+
+
+def _advice(i: PlanInputs, free: Sequence[int]) -> list[str]:
+    """What would fit, each alone: fewer MoE layers' experts on the GPU (the smallest
+    ``--n-cpu-moe``), no default vanilla arm, a Q8_0 reference."""
+    out: list[str] = []
+    trunk = i.variant.n_layer_all - i.variant.n_nextn
+    if any(re.search(r"_(ch|)exps", t) for t in i.variant.tensors):
+        if i.offload.override_tensor or i.offload.cpu_moe:
+            pass  # the user's own placement: not second-guessed
+        else:
+            n = next((n for n in range(i.offload.n_cpu_moe or 0, i.variant.n_layer_all + 1)
+                      if _fits(dataclasses.replace(i, offload=Offload(n_cpu_moe=n)), free)), None)
+            if n is not None:
+                out.append(f"--n-cpu-moe {n} (the experts of layers 0-{n - 1} in host memory)"
+                           if n <= trunk else "--cpu-moe (every expert in host memory)")
+    if i.default_vanilla and _fits(dataclasses.replace(i, default_vanilla=False), free):
+        out.append("no default-vanilla arm (it runs only with --server-arg, --vanilla-server-arg or --tuned-from)")
+    if i.reference is not None:
+        q8 = _as_q8_0(i.reference)
+        if q8.weight_bytes < i.reference.weight_bytes and _fits(dataclasses.replace(i, reference=q8), free):
+            out.append("a Q8_0 reference (--reference a Q8_0 variant of the source)")
+        elif _fits(dataclasses.replace(i, reference=None), free):
+            out.append("--no-reference (the head judged by the recipe's absolute minimum acceptance)")
+    return out
+
+
+def _as_q8_0(m: ModelFacts) -> ModelFacts:
+    """``m`` with its 16- and 32-bit matrices at Q8_0 (34 bytes per 32 values); norms stay F32."""
+    def q8(name: str, nbytes: int) -> int:
+        n = m.elements.get(name, 0)
+        return n // 32 * 34 if n and n >= 1024 and nbytes >= 2 * n else nbytes
+    return dataclasses.replace(m, name=f"{m.name} as Q8_0", tensors={k: q8(k, b) for k, b in m.tensors.items()})
+
+
+def plan_for_verify(model: str | os.PathLike, options: Any, *, tensor_bytes: Mapping[str, int] | None = None,
+                    free: tuple[tuple[int, ...] | None, str] | None = None) -> MemoryPlan:
+    """The memory plan of ``verify(model, options)`` (a :class:`~ggufmtp.measure.core.options.VerifyOptions`);
+    ``tensor_bytes``: the model's planned bytes per tensor (before quantizing it); ``free``: (bytes
+    per GPU, source), default :func:`gpu_free`."""
+    o = options
+    srv = o.server
+    free_bytes, source = free if free is not None else gpu_free()
+    inputs = PlanInputs(
+        variant=ModelFacts.read(model, tensor_bytes),
+        reference=ModelFacts.read(o.reference) if o.reference is not None else None,
+        sidecar=ModelFacts.read(o.sidecar) if o.sidecar is not None else None,
+        default_vanilla=o.arm_args().differs_from_default, gpu_layers=srv.gpu_layers, offload=srv.offload,
+        ctx_size=o.ctx_size, slots=o.parallel or 1, cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
+        draft_n_max=max(o.windows))
+    return plan_memory(inputs, free_bytes, source)
