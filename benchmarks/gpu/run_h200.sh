@@ -59,6 +59,8 @@
 #                                             #   setsid nohup bash benchmarks/gpu/run_h200.sh all &  (then `wait 560`)
 #                                             # results in $RES/study/ (train.json, train-log.jsonl, reproduce.json,
 #                                             # study.md, study.json, arms/, raw/); the models stay in $WORK/study
+#   bash benchmarks/gpu/run_h200.sh memplan   # issue #49 item 6: `run` with an 80 GB ballast, `verify --n-cpu-moe`
+#                                             # with a 24 GB one (STAGES=memplan ... all)
 #   bash benchmarks/gpu/run_h200.sh all       # build+synth in parallel, then $STAGES (default: all of the above)
 #   bash benchmarks/gpu/run_h200.sh detach    # after `all`, on the same warm machine: $STAGES, detached
 #   bash benchmarks/gpu/run_h200.sh wait N    # wait up to N s for `all` to finish, then collect
@@ -554,6 +556,35 @@ PY
     [ -f "$S/numerics-q4km.gguf" ] || bash "$0" numerics
     python3 benchmarks/gpu/gopt_determinism.py "$S/numerics-q4km.gguf" \
       benchmarks/gpu/results-2026-11-26-h100-study/study/inputs/suite-heldout.jsonl "$RES/gopt.json" | tee "$RES/gopt.txt" ;;
+  memplan)
+    # issue #49 item 6: the publisher's GPU. A ballast process holds all but $FREE80 GiB of the H200
+    # (an 80 GB card), then `ggufmtp run` with default settings (Hi-Fi, the BF16 source as the
+    # reference, -ngl 999); then all but $FREE24 GiB (a 24 GB card) and `verify --n-cpu-moe N`, N as
+    # the memory plan's refusal names it. nvidia-smi samples used memory every 0.5 s -> memplan-smi.csv,
+    # each phase's start time -> memplan-phases.txt.
+    env_setup
+    M=$WORK/qwen36-shape-bf16.gguf
+    ph() { date +"%s.%N $1" >> "$RES/memplan-phases.txt"; }
+    ballast() {  # hold all but $1 GiB of GPU 0 until killed
+      python3 -c "import sys,time,torch; free,_=torch.cuda.mem_get_info(); n=free-int(float(sys.argv[1])*2**30); \
+x=torch.empty(n,dtype=torch.uint8,device='cuda'); print('ballast GiB', n/2**30, flush=True); time.sleep(10**6)" "$1" &
+      BAL=$!; sleep 20; nvidia-smi --query-gpu=memory.used,memory.free --format=csv | tee -a "$RES/memplan-ballast.txt"; }
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 500 > "$RES/memplan-smi.csv" & SMI=$!
+    ph start; ballast "${FREE80:-78}"; ph run80
+    /usr/bin/time -v python3 -m ggufmtp run --model "$M" --recipe hifi-q4_k_m-mtp -o "$WORK/run80" --gpu-layers 999 \
+      --json > "$RES/memplan-run80.json" 2> "$RES/memplan-run80.log" || true
+    ph run80-end; kill $BAL; sleep 5
+    A=$(ls "$WORK"/run80/*.gguf | head -1)
+    cp "$WORK"/run80/*.receipt.json "$RES/" 2>/dev/null || true
+    ballast "${FREE24:-23}"; ph plan24
+    python3 -m ggufmtp verify "$A" --gpu-layers 999 --seeds 42 --limit "${LIMIT24:-16}" --recipe hifi-q4_k_m-mtp \
+      > "$RES/memplan-refused24.txt" 2>&1 || true
+    N=$(grep -o -- '--n-cpu-moe [0-9]*' "$RES/memplan-refused24.txt" | head -1 | awk '{print $2}')
+    ph "verify24 n-cpu-moe=${N:-none}"
+    /usr/bin/time -v python3 -m ggufmtp verify "$A" --gpu-layers 999 --n-cpu-moe "${N:-40}" --seeds 42 \
+      --limit "${LIMIT24:-16}" --recipe hifi-q4_k_m-mtp --json -o "$RES/memplan-verify24-full.json" \
+      > "$RES/memplan-verify24.json" 2> "$RES/memplan-verify24.log" || true
+    ph end; kill $BAL $SMI || true ;;
   synth-and-train)
     # the 72 GB model (synth) and the study's trained model at once, beside the build
     bash "$0" synth > "$RES/stage-synth-only.out" 2>&1 & s=$!
