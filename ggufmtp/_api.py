@@ -51,7 +51,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
                             draft_n_max=rec.verify.draft_n_max if o.tuned is None else None)
     path = local_model_arg(model)
     refuse_later_shard(path)  # llama-server loads a split model from its first shard only
-    res = _verify_mod.verify(path, o, progress=progress, on_record=on_record)
+    res = _verify_mod.verify(path, o, progress=progress, on_record=on_record, receipt=receipt)
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True)
     return res

@@ -43,6 +43,7 @@ from .imatrix.compute import RunImatrix, imatrix_for_run
 from .jsontypes import JsonObject
 from .measure.core.options import VerifyOptions
 from .measure.verify import run as verify_mod
+from .measure.verify.reference import check_reference
 from .provenance.audit import audit
 from .provenance.card import make_card
 from .provenance.receipt import read_receipt, receipt_for_quantize, set_verification
@@ -464,7 +465,7 @@ def _stage_verify(r: _Run, verify_options: VerifyOptions, reference_base: bool =
             draft_n_max=r.recipe.verify.draft_n_max,
             thresholds=verify_mod.Thresholds.from_recipe(r.recipe.verify, r.recipe.name))
         # Through the module attribute, so that a patched ``verify`` (tests) is the one called.
-        res = verify_mod.verify(r.artifact, opts, progress=r.progress)
+        res = verify_mod.verify(r.artifact, opts, progress=r.progress, receipt=r.receipt)
         return {"verification": res.to_receipt()}
 
     key = _key("verify", r.artifact_key, {k: str(v) for k, v in verify_options.to_dict().items()},
@@ -578,7 +579,10 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
              imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
              progress=progress, log=log, name=model_name(model, resolved.path, converted=converted is not None),
              signing_key=key, public_key=pub, allow_unverified=o.allow_unverified, split=o.split_max_size)
-    for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
+    _stage_pull(r)
+    if o.verify and o.verify_options is not None and o.verify_options.reference is not None:
+        check_reference(o.verify_options.reference, r.model_path)  # not the source: refused before any work
+    for stage in (_stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
         stage(r)
     if o.until == "audit":
         return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=None, stages=r.cache.records)

@@ -146,7 +146,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)
     if matrix:
         return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, output, receipt_path, as_json, key)
-    res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json)
+    res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json,
+                 receipt=receipt_path)
     _write_and_show(res, output, receipt_path, as_json, key)
     if not res.ok:
         sys.exit(1)

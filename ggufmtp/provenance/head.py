@@ -38,14 +38,23 @@ MAX_PAIRS = 100_000  # a receipt's pairs past this are no verification of ours
 
 @dataclass(frozen=True)
 class ReferenceModel:
-    """The reference the head was measured against: its file name (no path), size and digest."""
+    """The reference the head was measured against: its file name (no path), size and digest; a
+    split reference's every shard (name and sha256); and what binds it to the artifact's source
+    (``bound``: :class:`~ggufmtp.provenance.binding.ReferenceBinding`'s dict, which ``audit`` checks)."""
 
     name: str
     size_bytes: int
     sha256: str
+    shards: tuple[JsonObject, ...] | None = None
+    bound: JsonObject | None = None
 
     def to_dict(self) -> JsonObject:
-        return {"name": self.name, "size_bytes": self.size_bytes, "sha256": self.sha256}
+        d: JsonObject = {"name": self.name, "size_bytes": self.size_bytes, "sha256": self.sha256}
+        if self.shards is not None:
+            d["shards"] = list(self.shards)
+        if self.bound is not None:
+            d["bound"] = self.bound
+        return d
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...fmt import ci_text, num, pct, times
+from ...provenance.binding import ReferenceBinding
 from ...provenance.head import HeadComparison
 from ...provenance.verdict import Evidence, Findings, Thresholds, Verdict, speed_checked
 from ...runtime.hardware import HardwareInfo, format_bandwidth
@@ -374,6 +375,8 @@ def _arm_lines(res: VerifyResult) -> list[str]:
         ref = res.head.reference
         out.append(f"reference arm: the MTP arm's flags on {ref.name} (sha256 {ref.sha256[:16]}…), same rotation; "
                    f"its drafts paired with the MTP arm's by prompt and seed")
+        if ref.bound is not None:
+            out.append(f"reference bound to: {ReferenceBinding.of_dict(ref.bound).text()}")
     return out
 
 

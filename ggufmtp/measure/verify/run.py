@@ -32,9 +32,12 @@ sum(accepted) / sum(drafted); speedup = MTP decode throughput / vanilla decode t
 summed tokens over summed decode time); 95% percentile-bootstrap CIs resampling *prompts* (a prompt's seeds pooled, arms paired), 2000
 resamples, fixed generator seed 0. Per category and per seed the same, on that subset.
 
-Identity: the model file is hashed (sha256) before the servers start, and its size and mtime are
-checked unchanged after the run (else :class:`VerifyError`), so ``model.sha256`` names the bytes
-llama-server served; a receipt refuses a verification whose digest is not its subject's. With a
+Identity: every file of the model (each shard of a split model: llama-server reads the MTP head
+from the last) is hashed (sha256) before the servers start and checked unchanged after the run
+(:class:`~ggufmtp.measure.core.records.ServedSet`; else :class:`VerifyError`), so ``model.sha256``
+and ``model.shards`` name the bytes llama-server served; a receipt refuses a verification whose
+digests are not its subjects'. A reference is bound to the artifact's source before anything is
+served (:mod:`ggufmtp.measure.verify.reference`). With a
 ``sidecar`` (an MTP-only GGUF, ``ggufmtp sidecar``) the model is its trunk: the MTP arm runs
 ``-m TRUNK --spec-draft-model SIDECAR --spec-type draft-mtp`` (``-md`` is the short form), the
 vanilla arm the trunk alone; the pair must fit and be bound by the sidecar's receipt
@@ -116,11 +119,11 @@ from ...runtime.hardware import (
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
 from ..core.arms import ABBA, DEFAULT_VANILLA, MTP, REFERENCE, VANILLA, paired, send, warm_up
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
-from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
+from ..core.records import ArmFlags, ModelInfo, ServedFile, ServedSet, ServerInfo
 from ..core.suite import Prompt, Suite, load_suite, modes_for_template
 from .divergence import Numerics, analyse_mismatches, annotate, mismatched_pairs
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
-from .reference import ReferenceArm, head_comparison
+from .reference import ReferenceArm, artifact_receipt, head_comparison
 from .report import VerifyResult, VerifySettings, format_result, undecoded_arms
 from .slots import SlotStudy, measure_slots, slot_counts
 from .summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
@@ -386,14 +389,15 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
     return runner, out
 
 
-def _reference(reference: str | os.PathLike, artifact: Path) -> ReferenceArm:
-    """The reference: another file with a complete MTP block (each error names it), then hashed."""
-    ReferenceArm.check_path(reference, artifact)
+def _reference(reference: str | os.PathLike, artifact: ServedSet, receipt: str | os.PathLike | None) -> ReferenceArm:
+    """The reference: another file with a complete MTP block (each error names it), then hashed and
+    bound to the source the artifact's receipt names (:mod:`ggufmtp.measure.verify.reference`)."""
+    ReferenceArm.check_path(reference, artifact.first.path)
     try:
         _check_model(Path(reference))
     except VerifyError as e:
         raise VerifyError(f"reference: {e}") from None
-    return ReferenceArm.of(reference, artifact)
+    return ReferenceArm.of(reference, artifact, artifact_receipt(artifact.first.path, artifact, receipt))
 
 
 def _reference_server(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any], k: int,
@@ -545,10 +549,11 @@ def _with_kv_depth(plan: _Plan, base: dict[str, Any], cache_type_k: str | None, 
 
 
 def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, progress: bool = True,
-           on_record: Callable[[Record], None] | None = None) -> VerifyResult:
+           on_record: Callable[[Record], None] | None = None, receipt: str | os.PathLike | None = None) -> VerifyResult:
     """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) with ``options`` (default:
     :class:`VerifyOptions`'s, the command line's) and judge the result (see the module docstring).
-    ``on_record`` is called after each request.
+    ``on_record`` is called after each request. ``receipt``: the artifact's receipt (default: the one
+    beside it), which names the source a reference must be bound to; it is only read, never written.
 
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
@@ -560,10 +565,10 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     rep = _check_model(path) if o.sidecar is None else _check_pair(path, Path(o.sidecar))
     base = o.server.base_fields(model=path, ctx_size=o.ctx_size, parallel=1)
     plan, base = _with_kv_depth(plan, base, o.cache_type_k, o.cache_type_v, o.context_fill, o.max_tokens)
-    served = ServedFile.of(path)  # the bytes llama-server is about to serve
+    served = ServedSet.of(path)  # the bytes llama-server is about to serve: every shard of a split model
     side = ServedFile.of(o.sidecar) if o.sidecar is not None else None
     if o.reference is not None:
-        plan = dataclasses.replace(plan, reference=_reference(o.reference, path))
+        plan = dataclasses.replace(plan, reference=_reference(o.reference, served, receipt))
     runner, srv = _run(plan, base, o.max_tokens, progress, on_record)
     boot = (o.judge.bootstrap_resamples, o.judge.bootstrap_seed)
     comparisons = _summaries(runner.records, plan, srv.modes, *boot)
@@ -579,14 +584,16 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     gpu_layers = o.server.gpu_layers
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
-        model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks,
-                        {"name": side.path.name, "sha256": side.sha256} if side else None),
+        model=ModelInfo(str(path), served.first.size, rep.architecture, rep.mtp_block, rep.file_type, served.first.sha256,
+                        rep.mtp_blocks, {"name": side.path.name, "sha256": side.sha256} if side else None,
+                        served.shards()),
         suite=plan.suite.info(), settings=_settings(plan, o, base, srv.modes, runner, srv.fill),
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
         records=runner.records, slots=slots, numerics=srv.numerics.drift if srv.numerics else None, head=head)
     notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary, plan.arms, res.main)
+    notes += plan.reference.notes() if plan.reference is not None else []
     if len(plan.ks) > 1:
         res.tuned = _sweep_recommendation(res, path, gpu_layers, o.ctx_size)
     try:
