@@ -58,11 +58,11 @@ def made(synth_model, tmp_path_factory, llama_runtime):
             "other_q8": _quantized(other, "Q8_0", d / "other" / "tiny-Q8_0.gguf")}
 
 
-def _never_served(art, reference, match, receipt=None):
+def _never_served(art, reference, match):
     """verify refuses before any server starts: no request is ever recorded."""
     served = []
     with pytest.raises(VerifyError, match=match):
-        verify(art, _options(reference), progress=False, on_record=served.append, receipt=receipt)
+        verify(art, _options(reference), progress=False, on_record=served.append)
     assert served == []
 
 

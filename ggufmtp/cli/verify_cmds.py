@@ -39,7 +39,9 @@ from .provenance_cmds import signing_key_option
               help="Judge the head against this model (the BF16 base, or a Q8_0 variant where BF16 does not fit): "
                    "served with the MTP arm's settings in the same rotation; the head is preserved when the paired "
                    "acceptance difference's 95% CI lower bound is above -(--head-margin). The absolute "
-                   "--min-acceptance is then off unless --absolute-acceptance.")
+                   "--min-acceptance is then off unless --absolute-acceptance. It must be the source MODEL's receipt "
+                   "names (by sha256), or a more precise variant whose own receipt (beside it) names that source; "
+                   "never MODEL's bytes. Without a receipt the head finding is unbound (not publishable).")
 @click.option("--head-margin", type=click.FloatRange(0, 0.5), default=0.03, show_default=True,
               help="Non-inferiority margin of the head against --reference (0.03 = 3 acceptance points).")
 @click.option("--absolute-acceptance", is_flag=True,
@@ -60,7 +62,8 @@ from .provenance_cmds import signing_key_option
 @click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the results into this receipt's verification section.")
+              help="Write the results into this receipt's verification section; its source binds --reference "
+                   "(default for that: MODEL.receipt.json beside MODEL).")
 @output_option("the full results as JSON (with every request), written atomically.", hidden=("--out",))
 @arm_args_options
 @kv_depth_options

@@ -32,12 +32,10 @@ sum(accepted) / sum(drafted); speedup = MTP decode throughput / vanilla decode t
 summed tokens over summed decode time); 95% percentile-bootstrap CIs resampling *prompts* (a prompt's seeds pooled, arms paired), 2000
 resamples, fixed generator seed 0. Per category and per seed the same, on that subset.
 
-Identity: every file of the model (each shard of a split model: llama-server reads the MTP head
-from the last) is hashed (sha256) before the servers start and checked unchanged after the run
-(:class:`~ggufmtp.measure.core.records.ServedSet`; else :class:`VerifyError`), so ``model.sha256``
-and ``model.shards`` name the bytes llama-server served; a receipt refuses a verification whose
-digests are not its subjects'. A reference is bound to the artifact's source before anything is
-served (:mod:`ggufmtp.measure.verify.reference`). With a
+Identity: every file of the model (each shard: the head is in the last) is hashed before the servers
+start and checked unchanged after the run (:class:`~ggufmtp.measure.core.records.ServedSet`), so
+``model.sha256``/``model.shards`` name the bytes served; a receipt refuses other digests, and a
+reference not bound to the source (:mod:`ggufmtp.measure.verify.reference`). With a
 ``sidecar`` (an MTP-only GGUF, ``ggufmtp sidecar``) the model is its trunk: the MTP arm runs
 ``-m TRUNK --spec-draft-model SIDECAR --spec-type draft-mtp`` (``-md`` is the short form), the
 vanilla arm the trunk alone; the pair must fit and be bound by the sidecar's receipt
@@ -390,8 +388,7 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
 
 
 def _reference(reference: str | os.PathLike, artifact: ServedSet, receipt: str | os.PathLike | None) -> ReferenceArm:
-    """The reference: another file with a complete MTP block (each error names it), then hashed and
-    bound to the source the artifact's receipt names (:mod:`ggufmtp.measure.verify.reference`)."""
+    """The reference: another file with a complete MTP block, hashed and bound to the artifact's source."""
     ReferenceArm.check_path(reference, artifact.first.path)
     try:
         _check_model(Path(reference))
@@ -552,8 +549,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
            on_record: Callable[[Record], None] | None = None, receipt: str | os.PathLike | None = None) -> VerifyResult:
     """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) with ``options`` (default:
     :class:`VerifyOptions`'s, the command line's) and judge the result (see the module docstring).
-    ``on_record`` is called after each request. ``receipt``: the artifact's receipt (default: the one
-    beside it), which names the source a reference must be bound to; it is only read, never written.
+    ``on_record`` is called after each request; ``receipt`` (read only; default: beside it) names its source.
 
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
