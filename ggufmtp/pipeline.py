@@ -572,17 +572,14 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
     pub = resolve_public_key(o.public_key) if o.upload else None
     include = list(o.include) if o.include is not None else None
     resolved = _resolve_model(ref, shared, include, o.token, progress, o.allow_unverified)
-    job = (imatrix_for_run(resolved.path, o.imatrix_corpus, out, chunks=o.imatrix_chunks) if o.imatrix_corpus
-           else None)
+    check_reference(o.verify_options if o.verify else None, resolved.path)  # another model: refused before any work
+    job = imatrix_for_run(resolved.path, o.imatrix_corpus, out, chunks=o.imatrix_chunks) if o.imatrix_corpus else None
     out.mkdir(parents=True, exist_ok=True)
     r = _Run(out=out, cache=_StageCache(out, log, o.force), recipe=rec, model_arg=model, ref=ref, model=resolved,
              imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
              progress=progress, log=log, name=model_name(model, resolved.path, converted=converted is not None),
              signing_key=key, public_key=pub, allow_unverified=o.allow_unverified, split=o.split_max_size)
-    _stage_pull(r)
-    if o.verify and o.verify_options is not None and o.verify_options.reference is not None:
-        check_reference(o.verify_options.reference, r.model_path)  # not the source: refused before any work
-    for stage in (_stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
+    for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan, _stage_quantize, _stage_audit):
         stage(r)
     if o.until == "audit":
         return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=None, stages=r.cache.records)

@@ -29,6 +29,8 @@ from .. import stats
 from ..fmt import pct
 from ..fmt import points as _points
 from ..jsontypes import JsonObject
+from .binding import ReferenceBinding
+from .statement import NamedDigest
 
 __all__ = ["DEFAULT_MARGIN", "HeadComparison", "HeadFinding", "HeadPair", "ReferenceModel", "judge_head"]
 
@@ -40,20 +42,20 @@ MAX_PAIRS = 100_000  # a receipt's pairs past this are no verification of ours
 class ReferenceModel:
     """The reference the head was measured against: its file name (no path), size and digest; a
     split reference's every shard (name and sha256); and what binds it to the artifact's source
-    (``bound``: :class:`~ggufmtp.provenance.binding.ReferenceBinding`'s dict, which ``audit`` checks)."""
+    (``bound``: :class:`~ggufmtp.provenance.binding.ReferenceBinding`, which ``audit`` checks)."""
 
     name: str
     size_bytes: int
     sha256: str
-    shards: tuple[JsonObject, ...] | None = None
-    bound: JsonObject | None = None
+    shards: tuple[NamedDigest, ...] | None = None
+    bound: ReferenceBinding | None = None
 
     def to_dict(self) -> JsonObject:
         d: JsonObject = {"name": self.name, "size_bytes": self.size_bytes, "sha256": self.sha256}
         if self.shards is not None:
-            d["shards"] = list(self.shards)
+            d["shards"] = [dict(s) for s in self.shards]
         if self.bound is not None:
-            d["bound"] = self.bound
+            d["bound"] = self.bound.to_dict()
         return d
 
 

@@ -21,6 +21,7 @@ from ...files.digest_cache import DigestCache, FileKey, file_key
 from ...files.hashing import sha256_cached
 from ...gguf.model import split_shards
 from ...provenance.numerics import EXCERPT_BEFORE
+from ...provenance.statement import NamedDigest
 from ...runtime.build import cache_root
 
 __all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "ServedSet", "first_difference"]
@@ -49,7 +50,7 @@ class ModelInfo(Keyed):
     sha256: str | None = None
     mtp_blocks: list[int] | None = None
     sidecar: dict[str, str] | None = None  # the MTP-only sidecar served with it (-md): name and sha256
-    shards: list[dict[str, str]] | None = None  # a split model: every shard served, in order (ServedSet)
+    shards: list[NamedDigest] | None = None  # a split model: every shard served, in order (ServedSet)
 
     def to_dict(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
         d = super().to_dict(keys)
@@ -192,9 +193,9 @@ class ServedSet:
     def digests(self) -> list[str]:
         return [f.sha256 for f in self.files]
 
-    def shards(self) -> list[dict[str, str]] | None:
+    def shards(self) -> list[NamedDigest] | None:
         """Every shard by name and sha256 (None for one file): the verification's ``model.shards``."""
-        return [{"name": f.path.name, "sha256": f.sha256} for f in self.files] if len(self.files) > 1 else None
+        return [NamedDigest(name=f.path.name, sha256=f.sha256) for f in self.files] if len(self.files) > 1 else None
 
     def check_unchanged(self, when: str = "during the run") -> None:
         for f in self.files:

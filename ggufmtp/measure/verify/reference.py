@@ -18,7 +18,7 @@ Before anything is served, the reference is bound to the artifact's source
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from ...provenance.binding import BoundBy, ReferenceBinding, ReferenceFacts, bin
 from ...provenance.head import HeadComparison, HeadPair, ReferenceModel
 from ...provenance.receipt import Receipt, default_receipt_path, read_receipt
 from ..core.arms import MTP, REFERENCE
+from ..core.options import VerifyOptions
 from ..core.records import ServedSet
 from .summary import Record
 
@@ -78,9 +79,12 @@ def _facts(path: Path, served: ServedSet, source: frozenset[str] | None) -> Refe
                           float(bpw) if bpw is not None else None)
 
 
-def check_reference(reference: str | os.PathLike, source_model: str | os.PathLike) -> ReferenceBinding:
-    """Before anything is quantized (``run``, ``ladder`` with a reference): ``reference`` is the
-    source model or a variant of it by its own receipt; VerifyError naming both digests."""
+def check_reference(options: VerifyOptions | None, source_model: str | os.PathLike) -> ReferenceBinding | None:
+    """Before anything is quantized (``run``, ``ladder``): the reference ``options`` name (None: none)
+    is the source model or a variant of it by its own receipt; VerifyError naming both digests."""
+    reference = options.reference if options is not None else None
+    if reference is None:
+        return None
     if not Path(reference).is_file():
         raise VerifyError(f"reference {reference}: no such file (--reference: the BF16 base or a Q8_0 variant)")
     source = frozenset(ServedSet.of(source_model).digests)
@@ -107,20 +111,27 @@ class ReferenceArm:
             raise VerifyError(f"reference {p}: the artifact itself; a reference is another file (the BF16 base)")
 
     @classmethod
-    def of(cls, path: str | os.PathLike, artifact: ServedSet, receipt: Receipt | None) -> ReferenceArm:
-        """The reference at ``path``, hashed (every shard) and bound to the source ``receipt`` (the
-        artifact's) names (:meth:`check_path` first)."""
+    def of(cls, path: str | os.PathLike, artifact: ServedSet, receipt: str | os.PathLike | None,
+           check_model: Callable[[Path], object]) -> ReferenceArm:
+        """The reference at ``path``: another file (:meth:`check_path`) that ``check_model`` accepts
+        (verify's: a complete MTP block; its error names the reference), hashed (every shard) and
+        bound to the source named by the artifact's receipt (:func:`artifact_receipt` of ``receipt``)."""
         cls.check_path(path, artifact.first.path)
+        try:
+            check_model(Path(path))
+        except VerifyError as e:
+            raise VerifyError(f"reference: {e}") from None
+        found = artifact_receipt(artifact.first.path, artifact, receipt)
         served = ServedSet.of(path)
-        source = source_digests(receipt.statement) if receipt is not None else None
-        bpw = receipt.predicate["result"].get("bpw") if receipt is not None else None
+        source = source_digests(found.statement) if found is not None else None
+        bpw = found.predicate["result"].get("bpw") if found is not None else None
         binding = bind_reference(_facts(Path(path), served, source), source, artifact.digests, bpw)
         return cls(Path(path), served, binding)
 
     def model(self) -> ReferenceModel:
         shards = self.served.shards()
         return ReferenceModel(self.path.name, self.served.first.size, self.served.first.sha256,
-                              tuple(shards) if shards else None, self.binding.to_dict())
+                              tuple(shards) if shards else None, self.binding)
 
     def notes(self) -> list[str]:
         """What the reader must know of the reference's binding (an unbound one: not publishable)."""

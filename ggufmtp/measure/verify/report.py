@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from ...fmt import ci_text, num, pct, times
-from ...provenance.binding import ReferenceBinding
 from ...provenance.head import HeadComparison
 from ...provenance.verdict import Evidence, Findings, Thresholds, Verdict, speed_checked
 from ...runtime.hardware import HardwareInfo, format_bandwidth
@@ -376,7 +375,7 @@ def _arm_lines(res: VerifyResult) -> list[str]:
         out.append(f"reference arm: the MTP arm's flags on {ref.name} (sha256 {ref.sha256[:16]}…), same rotation; "
                    f"its drafts paired with the MTP arm's by prompt and seed")
         if ref.bound is not None:
-            out.append(f"reference bound to: {ReferenceBinding.of_dict(ref.bound).text()}")
+            out.append(f"reference bound to: {ref.bound.text()}")
     return out
 
 

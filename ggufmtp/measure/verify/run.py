@@ -121,7 +121,7 @@ from ..core.records import ArmFlags, ModelInfo, ServedFile, ServedSet, ServerInf
 from ..core.suite import Prompt, Suite, load_suite, modes_for_template
 from .divergence import Numerics, analyse_mismatches, annotate, mismatched_pairs
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
-from .reference import ReferenceArm, artifact_receipt, head_comparison
+from .reference import ReferenceArm, head_comparison
 from .report import VerifyResult, VerifySettings, format_result, undecoded_arms
 from .slots import SlotStudy, measure_slots, slot_counts
 from .summary import Comparison, Record, SweepAdvice, format_step_cost, recommend, step_cost, summarize
@@ -387,16 +387,6 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
     return runner, out
 
 
-def _reference(reference: str | os.PathLike, artifact: ServedSet, receipt: str | os.PathLike | None) -> ReferenceArm:
-    """The reference: another file with a complete MTP block, hashed and bound to the artifact's source."""
-    ReferenceArm.check_path(reference, artifact.first.path)
-    try:
-        _check_model(Path(reference))
-    except VerifyError as e:
-        raise VerifyError(f"reference: {e}") from None
-    return ReferenceArm.of(reference, artifact, artifact_receipt(artifact.first.path, artifact, receipt))
-
-
 def _reference_server(stack: contextlib.ExitStack, plan: _Plan, base: dict[str, Any], k: int,
                       modes: list[str]) -> LlamaServer | None:
     """The reference's MTP server at window ``k`` (the MTP arm's configuration, the model changed),
@@ -545,8 +535,8 @@ def _with_kv_depth(plan: _Plan, base: dict[str, Any], cache_type_k: str | None, 
     return dataclasses.replace(plan, kv=kv), {**base, **kv.server_fields(base["extra_args"])}
 
 
-def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, progress: bool = True,
-           on_record: Callable[[Record], None] | None = None, receipt: str | os.PathLike | None = None) -> VerifyResult:
+def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, receipt: str | os.PathLike | None = None,
+           progress: bool = True, on_record: Callable[[Record], None] | None = None) -> VerifyResult:
     """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) with ``options`` (default:
     :class:`VerifyOptions`'s, the command line's) and judge the result (see the module docstring).
     ``on_record`` is called after each request; ``receipt`` (read only; default: beside it) names its source.
@@ -564,7 +554,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     served = ServedSet.of(path)  # the bytes llama-server is about to serve: every shard of a split model
     side = ServedFile.of(o.sidecar) if o.sidecar is not None else None
     if o.reference is not None:
-        plan = dataclasses.replace(plan, reference=_reference(o.reference, served, receipt))
+        plan = dataclasses.replace(plan, reference=ReferenceArm.of(o.reference, served, receipt, _check_model))
     runner, srv = _run(plan, base, o.max_tokens, progress, on_record)
     boot = (o.judge.bootstrap_resamples, o.judge.bootstrap_seed)
     comparisons = _summaries(runner.records, plan, srv.modes, *boot)
