@@ -197,3 +197,27 @@ def test_a_bare_gguf_gives_an_unbound_head_that_no_receipt_takes(made, tmp_path,
     bound = verify(bare, _options(made["source"]), progress=False, receipt=default_receipt_path(art))
     assert bound.to_receipt()["head"]["reference"]["bound"] == {"by": "source", "source_sha256": [
         sha256_file(made["source"])]}
+
+
+def test_the_binding_rule_on_designed_digests():
+    """:func:`bind_reference` alone (no runtime): a split source is bound by all its shards, not by
+    its first; a variant needs its receipt's source to be the very set and more bits per weight;
+    any shared digest with the artifact is refused first, whatever else holds."""
+    from ggufmtp.provenance.binding import BoundBy, ReferenceFacts, bind_reference
+
+    a, b, c, art = ("a" * 64, "b" * 64), "c" * 64, "d" * 64, "e" * 64
+    source = frozenset(a)
+    assert bind_reference(ReferenceFacts("src", a), source, [art], 4.5).by == BoundBy.SOURCE
+    with pytest.raises(VerifyError, match="not the artifact's source"):  # the first shard alone is not the source
+        bind_reference(ReferenceFacts("src", a[:1]), source, [art], 4.5)
+    q8 = ReferenceFacts("q8", (c,), source, b, 8.5)
+    bound = bind_reference(q8, source, [art], 4.5)
+    assert bound.to_dict() == {"by": "reference receipt", "source_sha256": sorted(a), "receipt_sha256": b, "bpw": 8.5}
+    for ref, artifact_bpw, why in ((q8, 8.5, "no more precise"), (ReferenceFacts("q8", (c,), frozenset(a[:1]), b, 8.5),
+                                                                   4.5, "another model"),
+                                   (ReferenceFacts("copy", (art,), source, b, 8.5), 4.5, "the artifact's own bytes")):
+        with pytest.raises(VerifyError, match=why):
+            bind_reference(ref, source, [art], artifact_bpw)
+    assert bind_reference(ReferenceFacts("src", a), None, [art], None).by == BoundBy.NONE  # no receipt: unbound
+    with pytest.raises(VerifyError, match="own bytes"):
+        bind_reference(ReferenceFacts("copy", (art,)), None, [art], None)
