@@ -79,14 +79,20 @@ def _facts(path: Path, served: ServedSet, source: frozenset[str] | None) -> Refe
                           float(bpw) if bpw is not None else None)
 
 
+def _existing(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise VerifyError(f"reference {p}: no such file (--reference: the BF16 base or a Q8_0 variant)")
+    return p
+
+
 def check_reference(options: VerifyOptions | None, source_model: str | os.PathLike) -> ReferenceBinding | None:
     """Before anything is quantized (``run``, ``ladder``): the reference ``options`` name (None: none)
     is the source model or a variant of it by its own receipt; VerifyError naming both digests."""
     reference = options.reference if options is not None else None
     if reference is None:
         return None
-    if not Path(reference).is_file():
-        raise VerifyError(f"reference {reference}: no such file (--reference: the BF16 base or a Q8_0 variant)")
+    _existing(reference)
     source = frozenset(ServedSet.of(source_model).digests)
     served = ServedSet.of(reference)
     return bind_reference(_facts(Path(reference), served, source), source, (), None)
@@ -104,9 +110,7 @@ class ReferenceArm:
     @staticmethod
     def check_path(path: str | os.PathLike, artifact: Path) -> None:
         """VerifyError when the reference is missing or is the artifact itself."""
-        p = Path(path)
-        if not p.is_file():
-            raise VerifyError(f"reference {p}: no such file (--reference: the BF16 base or a Q8_0 variant)")
+        p = _existing(path)
         if p.resolve() == artifact.resolve():
             raise VerifyError(f"reference {p}: the artifact itself; a reference is another file (the BF16 base)")
 
