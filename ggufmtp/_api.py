@@ -41,9 +41,10 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
            on_record: Callable[[_verify_mod.Record], None] | None = None) -> _verify_mod.VerifyResult:
     """Verify MTP drafting with llama-server (see :func:`ggufmtp.measure.verify.run.verify`, whose
     parameters these are, and :class:`~ggufmtp.measure.core.options.VerifyOptions`). With
-    ``receipt``, the results go into that receipt's verification section; what tune, curve and
-    profiles added there is kept; without thresholds in ``options``, the recipe the receipt names
-    judges (and gives the draft window, unless a tuned configuration fixes it)."""
+    ``receipt``, a reference is bound to the source it names, and the results go into that
+    receipt's verification section; what tune, curve and profiles added there is kept; without
+    thresholds in ``options``, the recipe the receipt names judges (and gives the draft window,
+    unless a tuned configuration fixes it)."""
     o = options if options is not None else VerifyOptions()
     if o.judge.thresholds is None and receipt is not None:
         rec = verify_recipe(None, receipt)  # the receipt's recipe judges its artifact
@@ -51,7 +52,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
                             draft_n_max=rec.verify.draft_n_max if o.tuned is None else None)
     path = local_model_arg(model)
     refuse_later_shard(path)  # llama-server loads a split model from its first shard only
-    res = _verify_mod.verify(path, o, progress=progress, on_record=on_record)
+    res = _verify_mod.verify(path, o, progress=progress, on_record=on_record, receipt=receipt)
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True)
     return res

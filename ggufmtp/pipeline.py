@@ -42,6 +42,7 @@ from .imatrix.compute import RunImatrix, imatrix_for_run
 from .jsontypes import JsonObject
 from .measure.core.options import VerifyOptions
 from .measure.verify import run as verify_mod
+from .measure.verify.reference import check_reference
 from .provenance.audit import audit
 from .provenance.card import make_card
 from .provenance.receipt import read_receipt, receipt_for_quantize, set_verification
@@ -443,7 +444,7 @@ def _stage_verify(r: _Run, verify_options: VerifyOptions, reference_base: bool =
             draft_n_max=r.recipe.verify.draft_n_max,
             thresholds=verify_mod.Thresholds.from_recipe(r.recipe.verify, r.recipe.name))
         # Through the module attribute, so that a patched ``verify`` (tests) is the one called.
-        res = verify_mod.verify(r.artifact, opts, progress=r.progress)
+        res = verify_mod.verify(r.artifact, opts, progress=r.progress, receipt=r.receipt)
         return {"verification": res.to_receipt()}
 
     key = _key("verify", r.artifact_key, {k: str(v) for k, v in verify_options.to_dict().items()},
@@ -550,8 +551,8 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
     pub = resolve_public_key(o.public_key) if o.upload else None
     include = list(o.include) if o.include is not None else None
     resolved = _resolve_model(ref, shared, include, o.token, progress, o.allow_unverified)
-    job = (imatrix_for_run(resolved.path, o.imatrix_corpus, out, chunks=o.imatrix_chunks) if o.imatrix_corpus
-           else None)
+    check_reference(o.verify_options if o.verify else None, resolved.path)  # another model: refused before any work
+    job = imatrix_for_run(resolved.path, o.imatrix_corpus, out, chunks=o.imatrix_chunks) if o.imatrix_corpus else None
     out.mkdir(parents=True, exist_ok=True)
     r = _Run(out=out, cache=_StageCache(out, log, o.force), recipe=rec, model_arg=model, ref=ref, model=resolved,
              imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,

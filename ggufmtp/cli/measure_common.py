@@ -67,7 +67,9 @@ def verify_judging_options(f: Callable) -> Callable:
                      help="Judge the head by the recipe's absolute minimum acceptance, not against the source model "
                           "(e.g. when the BF16 source does not fit the GPU beside the variant: or --reference a Q8_0).")(f)
     f = click.option("--reference", default=None, metavar="MODEL",
-                     help="Judge the head against this model instead of the source model (e.g. a Q8_0 variant).")(f)
+                     help="Judge the head against this model instead of the source model: a more precise variant of "
+                          "the same source whose receipt (MODEL.receipt.json beside it) says so (e.g. a Q8_0); "
+                          "anything else is refused before quantizing.")(f)
     return draft_n_max_option("Of the verification; default: the recipe's, else 4.")(f)
 
 

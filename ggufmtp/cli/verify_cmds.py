@@ -40,7 +40,9 @@ from .provenance_cmds import signing_key_option
                    "measured alone first (cached by content) with the MTP arm's settings; the head is preserved, "
                    "degraded or inconclusive as the paired acceptance difference's interval lies above, below or "
                    "across -(--head-margin), looked at after 8, 16, 32, ... prompts (the run stops when decided). "
-                   "The absolute --min-acceptance is then off unless --absolute-acceptance.")
+                   "The absolute --min-acceptance is then off unless --absolute-acceptance. It must be the source MODEL's "
+                   "receipt names (by sha256), or a more precise variant whose own receipt (beside it) names that source; "
+                   "never MODEL's bytes. Without a receipt the head finding is unbound (not publishable).")
 @click.option("--head-margin", type=click.FloatRange(0, 0.10, min_open=True), default=None, help=HEAD_MARGIN_HELP)
 @click.option("--absolute-acceptance", is_flag=True,
               help="With --reference, also require the minimum acceptance (--min-acceptance or the recipe's).")
@@ -60,7 +62,8 @@ from .provenance_cmds import signing_key_option
 @click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the results into this receipt's verification section.")
+              help="Write the results into this receipt's verification section; its source binds --reference "
+                   "(default for that: MODEL.receipt.json beside MODEL).")
 @output_option("the full results as JSON (with every request), written atomically.", hidden=("--out",))
 @arm_args_options
 @offload_options
@@ -149,7 +152,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)
     if matrix:
         return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, output, receipt_path, as_json, key)
-    res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json)
+    res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json,
+                 receipt=receipt_path)
     _write_and_show(res, output, receipt_path, as_json, key)
     if not res.ok:
         sys.exit(1)

@@ -6,9 +6,11 @@ recorded in the *trunk's* receipt). So :mod:`ggufmtp.hub.gate` takes a sidecar t
 
 * a sidecar goes up only beside at least one trunk of the same upload whose receipt names it, by
   sha256 (its ``pair`` section's ``sidecar``, or the sidecar its verification drafted with), and it
-  must pair with every such trunk (:func:`~ggufmtp.provenance.pair.pair_problem`: the files fit and
-  the receipts bind them to one source). A sidecar of another model, or one no trunk names, is
-  refused, naming both files;
+  must pair with every such trunk (:func:`~ggufmtp.provenance.pair.pair_problem` with ``bound``: the
+  files fit, and the sidecar's own receipt, the one of the upload that describes its bytes, binds it
+  to the trunk's source). A sidecar of another model, one whose receipt names another source, or one
+  no trunk names, is refused, naming both files; so is a trunk audited with a sidecar that has no
+  receipt beside it (``audit --sidecar``);
 * its verification status is its trunks': verified when one of them has a publishable verification;
 * a trunk whose verification drafted with a sidecar goes up only with that sidecar (by sha256), and
   is audited as that pair (``audit TRUNK --sidecar SIDECAR``): a swapped trunk or sidecar is refused.
@@ -48,9 +50,12 @@ def _names(rc: Receipt) -> set[str]:
     return {str(d).lower() for d in (side["sha256"] if side else None, drafted) if d}
 
 
-def _pairs(trunk: Path, sidecar: Path) -> str | None:
+def _pairs(trunk: Path, sidecar: Path, receipts: Mapping[Path, Receipt]) -> str | None:
+    """Why the upload's ``sidecar`` does not pair with its ``trunk``, by their receipts in the upload
+    (a sidecar without one describing its bytes, or naming another source, is refused)."""
     try:
-        return pair_problem(trunk, sidecar)
+        return pair_problem(trunk, sidecar, bound=True, trunk_receipt=receipts.get(trunk),
+                            sidecar_receipt=receipts.get(sidecar))
     except GgufmtpError as e:
         return str(e)
 
@@ -63,12 +68,12 @@ def sidecar_trunks(sidecar: Path, sha256: str, artifacts: Mapping[Path, str],
               and sha256.lower() in _names(receipts[t])]
     if not trunks:
         others = [t for t in artifacts if t != sidecar and not is_sidecar(receipts[t])]
-        why = "; ".join(p for t in others if (p := _pairs(t, sidecar))) if others else ""
+        why = "; ".join(p for t in others if (p := _pairs(t, sidecar, receipts))) if others else ""
         raise HubRefusedError(f"refusing to publish the MTP sidecar {sidecar} (sha256 {sha256}): no trunk in this "
                               f"upload names it in its receipt (a sidecar goes up with the trunks verified with it)"
                               + (f": {why}" if why else ""))
     for t in trunks:
-        if problem := _pairs(t, sidecar):
+        if problem := _pairs(t, sidecar, receipts):
             raise HubRefusedError(f"refusing to publish {sidecar} with {t}: {problem}")
     return trunks
 

@@ -155,7 +155,7 @@ def _measure_pair(job: VariantJob, trunk: Path, rc: Path, timed: Callable[[str, 
             thresholds=verify_mod.Thresholds.from_recipe(recipe.verify, recipe.name))
 
         def verify() -> None:
-            res = verify_mod.verify(trunk, o, progress=False)
+            res = verify_mod.verify(trunk, o, progress=False, receipt=rc)
             set_verification(rc, res.to_receipt(), signing_key=job.signing_key)
 
         timed("verify", verify)

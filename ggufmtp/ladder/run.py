@@ -144,6 +144,10 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
 
     spec = spec.check()
     spec.out_dir.mkdir(parents=True, exist_ok=True)
+    if spec.verify and spec.verify_options.reference is not None:  # another model: refused before any variant
+        from ..measure.verify.reference import check_reference
+
+        check_reference(spec.verify_options, _local_model(spec, progress))
     engine = engine or Sequential()
     imatrix = _shared_imatrix(spec, progress)
     phase("imatrix")

@@ -39,11 +39,12 @@ from ..provenance.receipt import (
     default_receipt_path,
     integrity_digest,
     read_receipt,
+    served_problem,
     table_digest,
-    verification_problem,
     write_statement,
 )
 from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact, verify_envelope
+from .binding import head_binding_problem, shards_problem
 from .pair import expected_status, pair_problem, pair_section_problems
 from .statement import ImatrixSection, ResultSection, Statement
 
@@ -152,13 +153,8 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, *, progress: 
     report = AuditReport(str(artifact), str(receipt) if receipt else None, checks,
                          signatures_checked=public_key is not None,
                          unchecked=[] if receipt is not None else list(RECEIPT_CHECKS))
-    if sidecar is not None:
-        try:
-            problem = pair_problem(artifact, sidecar)
-        except GgufmtpError as e:
-            problem = str(e)
-        checks.append(Check(f"pairs with {Path(sidecar).name}", problem is None,
-                            problem or "the sidecar's head fits this trunk and its receipt binds them"))
+    if sidecar is not None and receipt is None:
+        checks.append(_pair_check(artifact, sidecar, None))
     if receipt is not None:
         try:
             rf = read_receipt(receipt)
@@ -170,10 +166,23 @@ def audit(artifact: str | Path, receipt: str | Path | None = None, *, progress: 
         report.signed = rf.signed
         checks += _signature_checks(artifact, rf, public_key, signature)
         checks += _against_receipt(artifact, shards, model, rf, progress)
+        if sidecar is not None:
+            checks.append(_pair_check(artifact, sidecar, rf))
         checks += _verified_sidecar(rf, sidecar)
     elif model is not None:
         checks += _standalone(model, trunk=sidecar is not None)
     return report
+
+
+def _pair_check(trunk: Path, sidecar: str | Path, rf: Receipt | None) -> Check:
+    """The sidecar fits the trunk and its own receipt (beside it: required) binds it to the trunk's
+    source (``rf``: the trunk's receipt, when read)."""
+    try:
+        problem = pair_problem(trunk, sidecar, bound=True, trunk_receipt=rf)
+    except GgufmtpError as e:
+        problem = str(e)
+    return Check(f"pairs with {Path(sidecar).name}", problem is None,
+                 problem or "the sidecar's head fits this trunk and its receipt binds them")
 
 
 def _verified_sidecar(rf: Receipt, sidecar: str | Path | None) -> list[Check]:
@@ -337,16 +346,24 @@ def _verification_checks(st: Statement) -> list[Check]:
     v = st["predicate"].get("verification")
     if not v:
         return [Check.info("verification", "none recorded: the receipt claims no runtime verification")]
-    problem = verification_problem(st, v)
+    problem = served_problem(st, v)
     verdict, reasons = judge_recorded(v)
     recorded = v.get("verdict")
     follows = recorded == verdict.value
     detail = (f"{recorded}, as its figures and thresholds ({(v.get('thresholds') or {}).get('source')}) give"
               if follows else f"recorded {recorded!r}, but its own figures and thresholds give {verdict.value!r}"
               + (f": {'; '.join(reasons[:3])}" if reasons else ""))
-    return [Check("verification of these bytes", problem is None,
-                  problem or f"served file sha256 {v['model']['sha256']} is the artifact's"),
-            Check("verdict follows from the figures", follows, detail)]
+    checks = [Check("verification of these bytes", problem is None,
+                    problem or f"served file sha256 {v['model']['sha256']} is the artifact's")]
+    if len(st["subject"]) > 1 or (v.get("model") or {}).get("shards") is not None:
+        shards = shards_problem(st, v)
+        checks.append(Check("verification of every shard", shards is None,
+                            shards or f"all {len(st['subject'])} shards served are the receipt's (sha256 each)"))
+    if v.get("head") is not None:
+        unbound = head_binding_problem(st, v)
+        checks.append(Check("head reference is the source", unbound is None, unbound or
+                            f"{v['head']['reference']['name']}: bound by {v['head']['reference']['bound']['by']}"))
+    return [*checks, Check("verdict follows from the figures", follows, detail)]
 
 
 def source_problems(st: Statement) -> list[str]:

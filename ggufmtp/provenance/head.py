@@ -54,6 +54,8 @@ from ..fmt import pct
 from ..fmt import points as _points
 from ..jsontypes import JsonObject
 from ..stats import MAX_MARGIN, check_margin
+from .binding import ReferenceBinding
+from .statement import NamedDigest
 
 __all__ = ["ALPHA", "BOOT_SEED", "level_text", "DEFAULT_MARGIN", "FIRST_LOOK", "HeadComparison", "HeadDecision", "HeadFinding",
            "HeadPair", "MAX_MARGIN", "RESAMPLES", "ReferenceModel", "check_margin", "decide_head", "judge_head",
@@ -115,14 +117,23 @@ def look_alpha(schedule: Sequence[int], j: int) -> float:
 
 @dataclass(frozen=True)
 class ReferenceModel:
-    """The reference the head was measured against: its file name (no path), size and digest."""
+    """The reference the head was measured against: its file name (no path), size and digest; a
+    split reference's every shard (name and sha256); and what binds it to the artifact's source
+    (``bound``: :class:`~ggufmtp.provenance.binding.ReferenceBinding`, which ``audit`` checks)."""
 
     name: str
     size_bytes: int
     sha256: str
+    shards: tuple[NamedDigest, ...] | None = None
+    bound: ReferenceBinding | None = None
 
     def to_dict(self) -> JsonObject:
-        return {"name": self.name, "size_bytes": self.size_bytes, "sha256": self.sha256}
+        d: JsonObject = {"name": self.name, "size_bytes": self.size_bytes, "sha256": self.sha256}
+        if self.shards is not None:
+            d["shards"] = [dict(s) for s in self.shards]
+        if self.bound is not None:
+            d["bound"] = self.bound.to_dict()
+        return d
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, cast
 from ..errors import AuditError
 from ..files.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPStatus, check_mtp
+from .binding import source_digests
 from .receipt import (
     Receipt,
     _planned_imatrix,
@@ -175,13 +176,6 @@ def pair_section_problems(st: Statement) -> list[str]:
     return []
 
 
-def _source_digests(rf: Receipt) -> set[str]:
-    pair = rf.predicate.get("pair")
-    if pair is not None:
-        return set(pair["source_sha256"])
-    return {f["sha256"] for f in rf.predicate["base_model"]["files"]}
-
-
 def _shape_problem(trunk: GGUFModel, side: GGUFModel) -> str | None:
     if trunk.architecture != side.architecture:
         return f"architecture {trunk.architecture}, the sidecar's {side.architecture}"
@@ -194,9 +188,12 @@ def _shape_problem(trunk: GGUFModel, side: GGUFModel) -> str | None:
     return None
 
 
-def pair_problem(trunk: str | Path, sidecar: str | Path) -> str | None:
+def pair_problem(trunk: str | Path, sidecar: str | Path, *, bound: bool = False, trunk_receipt: Receipt | None = None,
+                 sidecar_receipt: Receipt | None = None) -> str | None:
     """Why ``sidecar`` cannot be served as the MTP draft of ``trunk`` (None when it can): see the
-    module docstring. Receipts are read beside each file (``FILE.receipt.json``)."""
+    module docstring. Receipts are the ones given, else read beside each file (``FILE.receipt.json``).
+    ``bound`` (audit, the upload gate): a sidecar without a receipt describing its bytes is refused
+    too: nothing then says which source its head was made from."""
     trunk, sidecar = Path(trunk), Path(sidecar)
     for p in (trunk, sidecar):
         if not p.is_file():
@@ -209,22 +206,35 @@ def pair_problem(trunk: str | Path, sidecar: str | Path) -> str | None:
     if (shape := _shape_problem(tg, sg)) is not None:
         return f"{sidecar} does not fit {trunk}: the trunk has {shape}"
     srec = default_receipt_path(sidecar)
-    if not srec.is_file():
-        return None  # nothing recorded to bind: the files fit
-    side_pair = read_receipt(srec).predicate.get("pair")
+    if sidecar_receipt is None and not srec.is_file():
+        return (f"{sidecar.name} has no receipt ({srec.name} beside it): nothing says which source its head was made "
+                f"from, so it cannot be bound to {trunk.name}; publish it with the receipt `ggufmtp sidecar` wrote"
+                if bound else None)  # verify: nothing recorded to bind, the files fit
+    rf = sidecar_receipt or read_receipt(srec)
+    side_pair = rf.predicate.get("pair")
     if side_pair is None:
-        return f"{srec}: not a sidecar's receipt (no pair section)"
+        return f"{rf.path}: not a sidecar's receipt (no pair section)"
+    if bound and (ssha := sha256_file(sidecar)) != rf.artifact.sha256:
+        return (f"{rf.path} describes sha256 {rf.artifact.sha256}, not {sidecar.name} (sha256 {ssha}): the sidecar "
+                f"has no receipt of its own")
+    return _bound_problem(trunk, sidecar, side_pair, trunk_receipt)
+
+
+def _bound_problem(trunk: Path, sidecar: Path, side_pair: PairSection, trunk_receipt: Receipt | None) -> str | None:
+    """Why the sidecar's receipt (its ``pair`` section) does not bind it to ``trunk``: it was written
+    with that trunk, split from it, or made from the source the trunk's receipt names."""
     tsha = sha256_file(trunk)
     bound = {d["sha256"] for d in (side_pair["made_from"], side_pair.get("trunk")) if d}
     if tsha in bound:
         return None
     trec = default_receipt_path(trunk)
-    if trec.is_file() and _source_digests(read_receipt(trec)) & set(side_pair["source_sha256"]):
+    trf = trunk_receipt or (read_receipt(trec) if trec.is_file() else None)
+    if trf is not None and source_digests(trf.statement) == frozenset(side_pair["source_sha256"]):
         return None
     made = side_pair.get("trunk") or side_pair["made_from"]
     return (f"{sidecar.name} belongs to another model: it was made with {made['name']} (sha256 {made['sha256']}) "
             f"from source sha256 {', '.join(side_pair['source_sha256'])}; {trunk.name} (sha256 {tsha}) is not that "
-            f"trunk" + (" and its receipt names another source" if trec.is_file() else
+            f"trunk" + (" and its receipt names another source" if trf is not None else
                         " and has no receipt naming the same source"))
 
 

@@ -39,6 +39,7 @@ from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_file
 from ..files.records import dataset_name, read_conversion_record, receipt_schema
 from ..jsontypes import JsonObject
+from .binding import head_binding_problem, shards_problem
 from .names import local_paths, non_finite_numbers, plain_file_name, redact_local_paths
 from .search_card import search_record
 from .signing import (
@@ -477,8 +478,17 @@ def write_statement(path: str | Path, statement: Statement, signing_key: str | P
 
 
 def verification_problem(statement: Statement, verification: Verification) -> str | None:
-    """Why ``verification`` is not bound to the receipt's artifact (None when it is): the sha256 of
-    the file llama-server served (``verification.model.sha256``) must equal the digest of the
+    """Why ``verification`` is not bound to the receipt's artifact and source (None when it is):
+    the file llama-server was given (:func:`served_problem`), every shard it read
+    (:func:`~ggufmtp.provenance.binding.shards_problem`), and the head's reference is the source
+    (:func:`~ggufmtp.provenance.binding.head_binding_problem`)."""
+    return (served_problem(statement, verification) or shards_problem(statement, verification)
+            or head_binding_problem(statement, verification))
+
+
+def served_problem(statement: Statement, verification: Verification) -> str | None:
+    """Why ``verification`` is not of the receipt's artifact (None when it is): the sha256 of the
+    file llama-server served (``verification.model.sha256``) must equal the digest of the
     receipt's artifact (its first subject: the file a server is given)."""
     subject = statement["subject"][0]
     want = subject["digest"]["sha256"]

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import VerifyError
+from ...errors import GgufmtpError, VerifyError
 from ...files.digest_cache import DigestCache, FileKey, file_key
 from ...files.hashing import sha256_cached
+from ...gguf.model import split_shards
 from ...provenance.numerics import EXCERPT_BEFORE
+from ...provenance.statement import NamedDigest
 from ...runtime.build import cache_root
 
-__all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "first_difference"]
+__all__ = ["Keyed", "ModelInfo", "ArmFlags", "ServerInfo", "BootstrapInfo", "ServedFile", "ServedSet", "first_difference"]
 
 
 class Keyed:
@@ -48,13 +50,13 @@ class ModelInfo(Keyed):
     sha256: str | None = None
     mtp_blocks: list[int] | None = None
     sidecar: dict[str, str] | None = None  # the MTP-only sidecar served with it (-md): name and sha256
+    shards: list[NamedDigest] | None = None  # a split model: every shard served, in order (ServedSet)
 
     def to_dict(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
         d = super().to_dict(keys)
-        if self.mtp_blocks is None:  # not named by the caller: the JSON such a record always had
-            d.pop("mtp_blocks", None)
-        if self.sidecar is None:
-            d.pop("sidecar", None)
+        for optional in ("mtp_blocks", "sidecar", "shards"):  # not named: the JSON such a record always had
+            if d.get(optional) is None:
+                d.pop(optional, None)
         return d
 
     @property
@@ -163,6 +165,41 @@ class ServedFile:
             raise VerifyError(f"model {self.path}: changed {when} (file key {self.key.text()} -> {now.text()}: device:inode:size:"
                               f"mtime_ns:ctime_ns); the measured bytes are not the ones hashed (sha256 "
                               f"{self.sha256}): verify again on a file nothing writes to")
+
+
+@dataclass(frozen=True)
+class ServedSet:
+    """Every file llama-server loads for one model: a split model's shards in order (it reads the
+    MTP head from the last one), else the one file; each a :class:`ServedFile`, hashed before the
+    servers start and checked unchanged after the run, so no byte served goes unnamed."""
+
+    files: tuple[ServedFile, ...]
+
+    @classmethod
+    def of(cls, path: str | os.PathLike) -> ServedSet:
+        """Hash ``path`` and, when it is a split model's first shard, every other shard."""
+        try:
+            shards = split_shards(Path(path))
+        except GgufmtpError as e:
+            raise VerifyError(str(e)) from None
+        return cls(tuple(ServedFile.of(s) for s in shards))
+
+    @property
+    def first(self) -> ServedFile:
+        """The file a server is given (``-m``): a split model's first shard."""
+        return self.files[0]
+
+    @property
+    def digests(self) -> list[str]:
+        return [f.sha256 for f in self.files]
+
+    def shards(self) -> list[NamedDigest] | None:
+        """Every shard by name and sha256 (None for one file): the verification's ``model.shards``."""
+        return [NamedDigest(name=f.path.name, sha256=f.sha256) for f in self.files] if len(self.files) > 1 else None
+
+    def check_unchanged(self, when: str = "during the run") -> None:
+        for f in self.files:
+            f.check_unchanged(when)
 
 
 def first_difference(a: str, b: str) -> tuple[int, str, str]:

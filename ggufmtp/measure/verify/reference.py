@@ -12,6 +12,12 @@ and environment, the llama.cpp build, the prompts, seeds, reply limit and contex
 variant of a ladder and every later run with the same settings reuses one measurement. Its replies
 are not compared with vanilla's (another model's may differ); its drafted and accepted counts are
 paired with the artifact's MTP arm by (prompt, seed, mode) (:func:`head_comparison`).
+
+Before anything is served, the reference is bound to the artifact's source
+(:func:`~ggufmtp.provenance.binding.bind_reference`): the source named by the artifact's receipt
+(given, else ``ARTIFACT.receipt.json`` beside it), or a more precise variant of it whose own receipt
+(beside the reference) names that source; never the artifact's bytes. Every file of both is hashed
+(:class:`~ggufmtp.measure.core.records.ServedSet`) and checked unchanged after the run.
 """
 
 from __future__ import annotations
@@ -28,51 +34,140 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import ServerError, VerifyError
+from ...errors import GgufmtpError, ServerError, VerifyError
+from ...files.hashing import sha256_file
 from ...files.memo import JsonMemo
+from ...gguf.model import SPLIT_RE
 from ...jsontypes import JsonObject
 from ...progress import bar as progress_bar
+from ...provenance.binding import BoundBy, ReferenceBinding, ReferenceFacts, bind_reference, source_digests
 from ...provenance.head import HeadComparison, HeadDecision, HeadPair, ReferenceModel, look_schedule
+from ...provenance.receipt import Receipt, default_receipt_path, read_receipt
 from ...runtime.build import binary_version, cache_root, find_binary
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without
 from ..core.arms import MTP, REFERENCE, send
-from ..core.records import ServedFile
+from ..core.options import VerifyOptions
+from ..core.records import ServedSet
 from ..core.suite import Suite, modes_for_template
 from .kvdepth import fill_context
 from .runner import check_drafting, warm_up_arm
 from .summary import Record
 
-__all__ = ["ReferenceArm", "ReferencePhase", "check_reference_matches", "head_comparison", "head_stop", "reference_key",
-           "reference_phase"]
+__all__ = ["ReferenceArm", "ReferencePhase", "artifact_receipt", "check_reference", "check_reference_matches",
+           "head_comparison", "head_stop", "reference_key", "reference_phase"]
 
 CACHE_FILE = "references.json"
 _CACHE_VERSION = 1
 
 
+def _receipt_beside(path: Path) -> Path | None:
+    """``FILE.receipt.json`` beside ``path`` (a split model's first shard: also the set's
+    ``NAME.gguf.receipt.json``, as quantize names it), when there is one."""
+    candidates = [default_receipt_path(path)]
+    if (m := SPLIT_RE.match(path.name)) is not None:
+        candidates.append(path.with_name(f"{m.group('stem')}.gguf.receipt.json"))
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _describing(path: Path, served: ServedSet, what: str) -> Receipt:
+    """The receipt at ``path``, read strictly; VerifyError unless it is intact and its subjects are
+    exactly the served files' digests."""
+    try:
+        rf = read_receipt(path)
+    except GgufmtpError as e:
+        raise VerifyError(f"{what}: {e}") from None
+    if not rf.intact:
+        raise VerifyError(f"{what} {path}: edited after it was written (its integrity digest does not match)")
+    if [s.sha256 for s in rf.subjects] != served.digests:
+        raise VerifyError(f"{what} {path} describes sha256 {', '.join(s.sha256 for s in rf.subjects)}, not "
+                          f"{served.first.path.name}'s bytes (sha256 {', '.join(served.digests)})")
+    return rf
+
+
+def artifact_receipt(path: Path, served: ServedSet, given: str | os.PathLike | None) -> Receipt | None:
+    """The artifact's receipt, which names its source: ``given``, else the one beside ``path``
+    (None: a bare GGUF); VerifyError when it does not describe the served bytes."""
+    found = Path(given) if given is not None else _receipt_beside(path)
+    return _describing(found, served, "the artifact's receipt") if found is not None else None
+
+
+def _facts(path: Path, served: ServedSet, source: frozenset[str] | None) -> ReferenceFacts:
+    """What binds the reference: its digests and, unless it is the source itself, its own receipt's."""
+    facts = ReferenceFacts(path.name, tuple(served.digests))
+    found = _receipt_beside(path)
+    if source is None or set(served.digests) == source or found is None:
+        return facts
+    st = _describing(found, served, "the reference's receipt").statement
+    bpw = st["predicate"]["result"].get("bpw")
+    return ReferenceFacts(path.name, facts.digests, source_digests(st), sha256_file(found),
+                          float(bpw) if bpw is not None else None)
+
+
+def _existing(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise VerifyError(f"reference {p}: no such file (--reference: the BF16 base or a Q8_0 variant)")
+    return p
+
+
+def check_reference(options: VerifyOptions | None, source_model: str | os.PathLike) -> ReferenceBinding | None:
+    """Before anything is quantized (``run``, ``ladder``): the reference ``options`` name (None: none)
+    is the source model or a variant of it by its own receipt; VerifyError naming both digests."""
+    reference = options.reference if options is not None else None
+    if reference is None:
+        return None
+    _existing(reference)
+    source = frozenset(ServedSet.of(source_model).digests)
+    served = ServedSet.of(reference)
+    return bind_reference(_facts(Path(reference), served, source), source, (), None)
+
+
 @dataclass(frozen=True)
 class ReferenceArm:
-    """The reference file as served: its path, and the bytes checked before and after the run."""
+    """The reference as served: its path, every file's bytes checked before and after the run, and
+    what binds it to the artifact's source."""
 
     path: Path
-    served: ServedFile
+    served: ServedSet
+    binding: ReferenceBinding
 
     @staticmethod
     def check_path(path: str | os.PathLike, artifact: Path) -> None:
         """VerifyError when the reference is missing or is the artifact itself."""
-        p = Path(path)
-        if not p.is_file():
-            raise VerifyError(f"reference {p}: no such file (--reference: the BF16 base or a Q8_0 variant)")
+        p = _existing(path)
         if p.resolve() == artifact.resolve():
             raise VerifyError(f"reference {p}: the artifact itself; a reference is another file (the BF16 base)")
 
     @classmethod
-    def of(cls, path: str | os.PathLike, artifact: Path) -> ReferenceArm:
-        """The reference at ``path``, hashed (:meth:`check_path` first)."""
-        cls.check_path(path, artifact)
-        return cls(Path(path), ServedFile.of(path))
+    def of(cls, path: str | os.PathLike, artifact: ServedSet, receipt: str | os.PathLike | None,
+           check_model: Callable[[Path], object]) -> ReferenceArm:
+        """The reference at ``path``: another file (:meth:`check_path`) that ``check_model`` accepts
+        (verify's: a complete MTP block; its error names the reference), hashed (every shard) and
+        bound to the source named by the artifact's receipt (:func:`artifact_receipt` of ``receipt``)."""
+        cls.check_path(path, artifact.first.path)
+        try:
+            check_model(Path(path))
+        except VerifyError as e:
+            raise VerifyError(f"reference: {e}") from None
+        found = artifact_receipt(artifact.first.path, artifact, receipt)
+        served = ServedSet.of(path)
+        source = source_digests(found.statement) if found is not None else None
+        bpw = found.predicate["result"].get("bpw") if found is not None else None
+        binding = bind_reference(_facts(Path(path), served, source), source, artifact.digests, bpw)
+        return cls(Path(path), served, binding)
 
     def model(self) -> ReferenceModel:
-        return ReferenceModel(self.path.name, self.served.size, self.served.sha256)
+        shards = self.served.shards()
+        return ReferenceModel(self.path.name, self.served.first.size, self.served.first.sha256,
+                              tuple(shards) if shards else None, self.binding)
+
+    def notes(self) -> list[str]:
+        """What the reader must know of the reference's binding (an unbound one: not publishable)."""
+        if self.binding.by != BoundBy.NONE:
+            return []
+        return [f"the head was judged against {self.path.name}, but the artifact has no receipt naming its source, so "
+                "nothing shows that reference is the model it was made from: the head finding is unbound (a receipt "
+                "will not take this verification; verify with the artifact's receipt to publish it)"]
 
 
 def head_comparison(records: Sequence[Record], ref: ReferenceArm, k: int, margin: float, budget: int,
@@ -122,7 +217,7 @@ def reference_key(ref: ReferenceArm, cfg: ServerConfig, suite: Suite, seeds: Seq
     """What the reference's counts depend on, hashed: its bytes, the server's flags (the model path
     left out) and environment, the llama.cpp build, the prompts' content, seeds, reply limit, depth."""
     binary = find_binary("llama-server", cfg.llama_cpp_bin)
-    payload = {"version": _CACHE_VERSION, "reference": ref.served.sha256,
+    payload = {"version": _CACHE_VERSION, "reference": ref.served.digests,
                "flags": flags_without(build_command(cfg, "llama-server", 0)), "env": dict(cfg.env or {}),
                "llama.cpp": binary_version(binary), "suite": suite.sha256,
                "prompts": [[p.id, p.category, p.chat_messages()] for p in suite.prompts],

@@ -388,6 +388,8 @@ def _arm_lines(res: VerifyResult) -> list[str]:
         ref = res.head.reference
         out.append(f"reference arm: the MTP arm's flags on {ref.name} (sha256 {ref.sha256[:16]}…), in its own phase "
                    f"(measured alone first, cached by content); its drafts paired with the MTP arm's by prompt and seed")
+        if ref.bound is not None:
+            out.append(f"reference bound to: {ref.bound.text()}")
     return out
 
 

@@ -32,9 +32,10 @@ sum(accepted) / sum(drafted); speedup = MTP decode throughput / vanilla decode t
 summed tokens over summed decode time); 95% percentile-bootstrap CIs resampling *prompts* (a prompt's seeds pooled, arms paired), 2000
 resamples, fixed generator seed 0. Per category and per seed the same, on that subset.
 
-Identity: the model file is hashed (sha256) before the servers start, and its size and mtime are
-checked unchanged after the run (else :class:`VerifyError`), so ``model.sha256`` names the bytes
-llama-server served; a receipt refuses a verification whose digest is not its subject's. With a
+Identity: every file of the model (each shard: the head is in the last) is hashed before the servers
+start and checked unchanged after the run (:class:`~ggufmtp.measure.core.records.ServedSet`), so
+``model.sha256``/``model.shards`` name the bytes served; a receipt refuses other digests, and a
+reference not bound to the source (:mod:`ggufmtp.measure.verify.reference`). With a
 ``sidecar`` (an MTP-only GGUF, ``ggufmtp sidecar``) the model is its trunk: the MTP arm runs
 ``-m TRUNK --spec-draft-model SIDECAR --spec-type draft-mtp`` (``-md`` is the short form), the
 vanilla arm the trunk alone; the pair must fit and be bound by the sidecar's receipt
@@ -117,7 +118,7 @@ from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_wi
 from ..core.arms import MTP, VANILLA
 from ..core.memory import plan_for_verify
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
-from ..core.records import ArmFlags, ModelInfo, ServedFile, ServerInfo
+from ..core.records import ArmFlags, ModelInfo, ServedFile, ServedSet, ServerInfo
 from ..core.suite import Suite, load_suite, modes_for_template
 from .divergence import Key, Numerics, TokenReply, analyse_mismatches, annotate, mismatched_pairs, replay_mtp
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
@@ -312,14 +313,6 @@ def _reference_config(plan: _Plan, base: dict[str, Any]) -> ServerConfig | None:
                               plan.tuned, arms)
 
 
-def _reference(reference: str | os.PathLike, artifact: Path) -> ReferenceArm:
-    """The reference: another file with a complete MTP block (each error names it), then hashed."""
-    ReferenceArm.check_path(reference, artifact)
-    try:
-        _check_model(Path(reference))
-    except VerifyError as e:
-        raise VerifyError(f"reference: {e}") from None
-    return ReferenceArm.of(reference, artifact)
 
 
 def _parse_build_commit(build_info: str | None) -> str | None:
@@ -459,11 +452,11 @@ def _with_kv_depth(plan: _Plan, base: dict[str, Any], cache_type_k: str | None, 
     return dataclasses.replace(plan, kv=kv), {**base, **kv.server_fields(base["extra_args"])}
 
 
-def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, progress: bool = True,
-           on_record: Callable[[Record], None] | None = None) -> VerifyResult:
+def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, receipt: str | os.PathLike | None = None,
+           progress: bool = True, on_record: Callable[[Record], None] | None = None) -> VerifyResult:
     """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) with ``options`` (default:
     :class:`VerifyOptions`'s, the command line's) and judge the result (see the module docstring).
-    ``on_record`` is called after each request.
+    ``on_record`` is called after each request; ``receipt`` (read only; default: beside it) names its source.
 
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
@@ -475,10 +468,10 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     rep = _check_model(path) if o.sidecar is None else _check_pair(path, Path(o.sidecar))
     base = o.server.base_fields(model=path, ctx_size=o.ctx_size, parallel=1)
     plan, base = _with_kv_depth(plan, base, o.cache_type_k, o.cache_type_v, o.context_fill, o.max_tokens)
-    served = ServedFile.of(path)  # the bytes llama-server is about to serve
+    served = ServedSet.of(path)  # the bytes llama-server is about to serve: every shard of a split model
     side = ServedFile.of(o.sidecar) if o.sidecar is not None else None
     if o.reference is not None:
-        plan = dataclasses.replace(plan, reference=_reference(o.reference, path))
+        plan = dataclasses.replace(plan, reference=ReferenceArm.of(o.reference, served, receipt, _check_model))
     memory = plan_for_verify(path, o)  # every phase against the GPUs' free memory, before any server starts
     memory.refuse_unless_fits("serving")
     runner, srv = _run(plan, base, o.max_tokens, progress, on_record)
@@ -497,8 +490,9 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
     gpu_layers = o.server.gpu_layers
     hw = probe_hardware(srv.binary, gpu_layers)
     res = VerifyResult(
-        model=ModelInfo(str(path), served.size, rep.architecture, rep.mtp_block, rep.file_type, served.sha256, rep.mtp_blocks,
-                        {"name": side.path.name, "sha256": side.sha256} if side else None),
+        model=ModelInfo(str(path), served.first.size, rep.architecture, rep.mtp_block, rep.file_type, served.first.sha256,
+                        rep.mtp_blocks, {"name": side.path.name, "sha256": side.sha256} if side else None,
+                        served.shards()),
         suite=plan.suite.info(),
         settings=dataclasses.replace(_settings(plan, o, base, srv.modes, runner, srv.fill, srv.reference),
                                      offload=o.server.offload, memory=memory),
@@ -507,6 +501,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, pr
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
         records=runner.records, slots=slots, numerics=srv.numerics.drift if srv.numerics else None, head=head)
     notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary, plan.arms, res.main)
+    notes += plan.reference.notes() if plan.reference is not None else []
     if len(plan.ks) > 1:
         res.tuned = _sweep_recommendation(res, path, gpu_layers, o.ctx_size)
     try:
