@@ -28,7 +28,8 @@ Per server (vanilla, MTP, default vanilla, reference) the plan adds, on each dev
   roll back (``llm_arch_supports_rs_rollback``), else 0.
 - **compute buffer**: :func:`compute_estimate`, a formula calibrated against what the pinned
   llama-server reports (see there), on the device of the output layer when anything is offloaded,
-  plus :data:`GPU_PROCESS_OVERHEAD_MIB` per server for the CUDA context itself.
+  plus :data:`GPU_PROCESS_OVERHEAD_MIB` per server for the CUDA context itself (and
+  :data:`HOST_WEIGHTS_OVERHEAD_MIB` more where weights stay in host memory).
 
 Free memory: :envvar:`GGUFMTP_GPU_FREE_MIB` (comma-separated MiB per GPU, for tests and for
 planning another machine), else ``nvidia-smi``'s ``memory.free``. Without a GPU the plan is
@@ -65,10 +66,17 @@ __all__ = ["FREE_MEMORY_ENV", "ModelFacts", "Role", "ServerSpec", "Usage", "Serv
 FREE_MEMORY_ENV = "GGUFMTP_GPU_FREE_MIB"
 MIB = 1024 * 1024
 #: Memory a llama-server process holds on a GPU beyond the buffers llama.cpp reports (the CUDA
-#: context, cuBLAS workspace, CUDA graphs). Not measurable on CPU; an allowance from the H200 run of
-#: 2026-11-29 (the vanilla 35B server held 20.9 GiB by nvidia-smi, about 0.5 GiB beyond its weights,
-#: KV, recurrent state and compute buffer as the formulas here give them).
-GPU_PROCESS_OVERHEAD_MIB = 512
+#: context, cuBLAS workspace, CUDA graphs). Not measurable on CPU; calibrated on one H200 on
+#: 2026-11-29 (benchmarks/README.md, "The publisher's GPU"): against nvidia-smi, the formulas here
+#: with 512 MiB a server came out 0.5 GiB short for the 35B BF16 reference alone and 0.7 GiB short
+#: for vanilla + MTP; 1 GiB a server covers both.
+GPU_PROCESS_OVERHEAD_MIB = 1024
+#: More per server when weights stay in host memory (``--n-cpu-moe``, ``--cpu-moe``, ``-ot``): the
+#: CUDA backend stages host weights through device buffers for large batches (op offload). The same
+#: run measured 1.1 GiB beyond the formulas with 512 MiB a server for vanilla + MTP at --n-cpu-moe
+#: 28 and 36 (17.2 and 10.0 GiB), and --n-cpu-moe 21, which they called a fit at 22.9 GiB of 23.0,
+#: ran out of memory.
+HOST_WEIGHTS_OVERHEAD_MIB = 256
 #: llama.cpp's default physical batch (``-ub``), the compute graph's worst case
 DEFAULT_UBATCH = 512
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -367,7 +375,8 @@ def server_memory(s: ServerSpec, free: Sequence[int], draft: ModelFacts | None =
         usage[out] = usage[out].plus(compute=compute)
     if draft is not None and out is not None:
         usage[out] = usage[out].plus(weights=draft.weight_bytes)
-    usage = [u.plus(overhead=GPU_PROCESS_OVERHEAD_MIB * MIB) if u.total else u for u in usage]
+    overhead = (GPU_PROCESS_OVERHEAD_MIB + (HOST_WEIGHTS_OVERHEAD_MIB if weights.get(None, 0) else 0)) * MIB
+    usage = [u.plus(overhead=overhead) if u.total else u for u in usage]
     return ServerMemory(s.role, m.name, tuple(usage), weights.get(None, 0))
 
 
