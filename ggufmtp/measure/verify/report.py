@@ -365,6 +365,9 @@ def _header_lines(res: VerifyResult) -> list[str]:
                + ", ".join(f"{k} {v}" for k, v in s.categories.items())
                + f"; sha256 {s.sha256[:16]}…)  seeds {', '.join(map(str, st.seeds))}  "
                f"max_tokens {st.max_tokens}  temperature 0, /v1/chat/completions")
+    if st.prompt_budget is not None and st.n_prompts < st.prompt_budget:
+        out.append(f"measured {st.n_prompts} of the {st.prompt_budget} prompts: a look decided the head there and the "
+                   "run stopped (the sequential design, docs/concepts/verification.md)")
     gpu = (f"GPU {hw.gpu}, gpu_layers {hw.gpu_layers} (offloaded)" if hw.offloaded
            else f"no GPU offload (gpu_layers {hw.gpu_layers}" + (f"; GPU present: {hw.gpu}" if hw.gpu else "") + ")")
     out.append(f"server {srv.build_info} (commit {srv.commit}) {srv.binary}")
