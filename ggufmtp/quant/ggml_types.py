@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 import gguf
 
-__all__ = ["GgmlType", "ggml_type", "ggml_types", "tensor_problem", "unwritable_types", "writable_problem"]
+__all__ = ["GgmlType", "ggml_type", "ggml_types", "tensor_problem", "unwritable_types", "writable_problem",
+           "writable_type"]
 
 
 class _Traits(ctypes.Structure):
@@ -108,6 +109,19 @@ def writable_problem(type_name: str) -> str | None:
         return (f"{t.name} is not a type llama.cpp can quantize to (ggml has no conversion from float to it; "
                 f"llama-quantize aborts on it)")
     return None
+
+
+def writable_type(name: str, where: str) -> str:
+    """A type named where ggufmtp will quantize to it (``search --types``, ``head-sweep --types``), as
+    gguf-py spells it; RecipeError naming ``where``, before any work, for a name that is no type or
+    one llama.cpp cannot quantize to."""
+    from ..errors import RecipeError
+    from .recipe import normalize_type
+
+    qt = normalize_type(name, where)
+    if problem := writable_problem(qt):
+        raise RecipeError(f"{where}: {problem}")
+    return qt
 
 
 def tensor_problem(name: str, shape: Sequence[int], from_type: str, to_type: str) -> str | None:

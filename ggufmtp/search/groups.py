@@ -18,7 +18,7 @@ searched unanchored, ``{mtp}`` for the head's blocks) and is checked with the re
 alternation of the names otherwise.
 
 A type llama.cpp cannot quantize to at all (I8 ... F64, Q8_1, Q8_K: it aborts on them) is refused
-as a ``--types`` entry before anything is measured (:func:`candidate_type`). A type is a candidate
+as a ``--types`` entry before anything is measured (:func:`~ggufmtp.quant.ggml_types.writable_type`). A type is a candidate
 for a group only where llama-quantize would write it as asked: its block size
 divides every tensor's row width (``ne0``; otherwise llama.cpp falls back to another type, so the
 size and the cost would be another type's), and, for the types that need statistics
@@ -37,16 +37,16 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
-from ..errors import RecipeError, SearchError
+from ..errors import SearchError
 from ..gguf.model import GGUFModel, TensorInfo, check_mtp
 from ..imatrix.check import is_quantizable, needs_imatrix
 from ..imatrix.format import read_imatrix
-from ..quant.ggml_types import ggml_types, writable_problem
+from ..quant.ggml_types import ggml_types, writable_type
 from ..quant.plan import row_bytes
 from ..quant.recipe import MTP_PLACEHOLDER, Rule, normalize_type
 from .records import Candidate, GroupRole, TensorGroup
 
-__all__ = ["DEFAULT_LAYERS_PER_GROUP", "candidate_type", "candidates", "group_rule", "groups_of", "imatrix_covers", "matching_tensors"]
+__all__ = ["DEFAULT_LAYERS_PER_GROUP", "candidates", "group_rule", "groups_of", "imatrix_covers", "matching_tensors"]
 
 DEFAULT_LAYERS_PER_GROUP = 4
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -197,15 +197,6 @@ def _fits(qtype: str, info: TensorInfo) -> bool:
     return ggml_types()[qtype].fits(int(info.shape[0]))
 
 
-def candidate_type(name: str) -> str:
-    """A ``--types`` entry as gguf-py spells it; RecipeError, before any measuring, for a name that
-    is no type or one llama.cpp cannot quantize to (I8 ... F64, Q8_1, Q8_K: it aborts on them)."""
-    qt = normalize_type(name, "candidate types")
-    if problem := writable_problem(qt):
-        raise RecipeError(f"candidate types: {problem}")
-    return qt
-
-
 def imatrix_covers(imatrix: str | os.PathLike | None) -> frozenset[str] | None:
     """The tensors ``imatrix`` has statistics for (:func:`candidates`' argument; None: no imatrix)."""
     return None if imatrix is None else frozenset(read_imatrix(imatrix).entries)
@@ -218,7 +209,7 @@ def candidates(model_path: str | Path, groups: Sequence[TensorGroup], types: Seq
     type that needs statistics is a candidate only where every tensor of the group that needs them
     has them: token_embd and output at IQ2_XXS without them abort llama.cpp, the MTP head at IQ3_XXS
     is refused. RecipeError naming an unknown type, SearchError for a group of another model."""
-    qtypes = [candidate_type(t) for t in types]
+    qtypes = [writable_type(t, "candidate types") for t in types]
     gm = GGUFModel(model_path)
     covered = frozenset(imatrix or ())
     out = []
