@@ -5,8 +5,11 @@ with exactly the parameters the real run will use (so the plan *is* what llama.c
 adds the reason for each decision and the pre-flight checks llama-quantize lacks: imatrix
 coverage of every tensor whose type needs one (the MTP block, which llama-imatrix never
 covers, is written last and would fail hours in), overrides that an F16/BF16/F32 base would
-silently ignore, a missing or incomplete MTP block, and an MTP recipe on an architecture
-llama.cpp has no MTP draft graph for.
+silently ignore, a missing or incomplete MTP block, an MTP recipe on an architecture
+llama.cpp has no MTP draft graph for, and every planned conversion the pinned llama.cpp would abort
+on rather than refuse (:mod:`.ggml_types`: a type it cannot write, a token-embedding or output type
+whose block does not divide the rows; the dry run checks neither). Where llama.cpp falls back to
+another type for a row width, the dry run reports it and the plan shows the type really written.
 
 A model with several MTP blocks (``nextn_predict_layers`` > 1) is planned for all of them: the
 recipe's ``{mtp}`` rules and ``[mtp]`` roles cover each block (:mod:`ggufmtp.quant.recipe`), every
