@@ -12,7 +12,7 @@ import os
 
 __all__ = [
     "GgufmtpError", "DigestMismatch", "AuditDigestMismatch", "GGUFReadError", "RuntimeMissingError", "RuntimeBuildError", "RecipeError",
-    "ImatrixError", "CorpusError", "PlanError", "QuantizeError", "UnpredictableHeader", "AuditError",
+    "TomlError", "ImatrixError", "CorpusError", "PlanError", "QuantizeError", "UnpredictableHeader", "AuditError",
     "ServerError", "VerifyError", "MemoryPlanError",
     "SuiteError",
     "TuneError", "FatalTuneError", "ProfileError", "BandwidthError", "SynthError", "HubError",
@@ -63,6 +63,11 @@ class CorpusError(GgufmtpError, ValueError):
 
 class RecipeError(GgufmtpError, ValueError):
     """A recipe file is malformed or names an unknown type."""
+
+
+class TomlError(GgufmtpError, ValueError):
+    """Bytes that are not a TOML document ggufmtp reads (not UTF-8, not TOML, nested too deep:
+    :func:`ggufmtp.files.tomlfile.loads_toml`); callers wrap it in their own error naming the file."""
 
 
 # ----------------------------------------------------------------------------- the pinned runtime

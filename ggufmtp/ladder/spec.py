@@ -30,7 +30,6 @@ import collections.abc
 import datetime
 import enum
 import os
-import tomllib
 import types
 import typing
 from collections.abc import Mapping
@@ -38,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ..errors import GgufmtpError, LadderError, QualityError, VerifyError
+from ..errors import GgufmtpError, LadderError, QualityError, TomlError, VerifyError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
+from ..files.tomlfile import loads_toml
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
 from ..quant.naming import ambiguous_tags, sidecar_file_name, tag_problem, variant_file_name, variant_folder
@@ -292,10 +292,10 @@ def load_ladder_file(path: str | Path) -> LadderFields:
     :class:`~ggufmtp.quality.options.EvalOptions` (LadderError naming the file and the problem)."""
     p = Path(path)
     try:
-        data = tomllib.loads(read_regular_file(p, MAX_TEXT_FILE_BYTES).decode("utf-8"))
+        data: Any = loads_toml(read_regular_file(p, MAX_TEXT_FILE_BYTES))  # its values: _check_types below
     except OSError as e:
         raise LadderError(f"{p}: cannot read the ladder file ({e.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except TomlError as e:
         raise LadderError(f"{p}: not a TOML ladder file ({e})") from None
     bad = sorted(set(data) - _FILE_KEYS)
     if bad:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypedDict
 
+from ..errors import TomlError
+from ..files.tomlfile import loads_toml
 from ..fmt import divergence, human_bytes
 
 __all__ = ["SEARCH_HEADING", "SearchPoint", "SearchRecord", "search_lines", "search_record", "text_plot"]
@@ -154,8 +155,8 @@ def search_record(recipe_path: str | Path | None, sha256: str | None) -> SearchR
     if hashlib.sha256(data).hexdigest() != sha256:
         return None
     try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        doc = loads_toml(data)
+    except TomlError:
         return None
     return record_of(doc.get("search"))
 

@@ -22,6 +22,7 @@ from ..gguf.model import GGUFModel, tensor_array
 from ..jsontypes import JsonObject
 from ..measure.core.options import VerifyOptions
 from ..measure.verify import run as verify_mod
+from ..quant.ggml_types import writable_type
 from ..quant.quantize import quantize
 from ..quant.recipe import MTP_ROLES, Recipe, normalize_type
 
@@ -125,7 +126,7 @@ def sweep_types(types: Sequence[str]) -> list[str]:
     """The head types to run: BF16 first (the reference), then ``types`` in order, no repeats."""
     out = [REFERENCE_TYPE]
     for t in types:
-        t = normalize_type(t, "head-sweep --types")
+        t = writable_type(t, "head-sweep --types")  # before any head is made
         if t not in out:
             out.append(t)
     return out

@@ -5,8 +5,11 @@ with exactly the parameters the real run will use (so the plan *is* what llama.c
 adds the reason for each decision and the pre-flight checks llama-quantize lacks: imatrix
 coverage of every tensor whose type needs one (the MTP block, which llama-imatrix never
 covers, is written last and would fail hours in), overrides that an F16/BF16/F32 base would
-silently ignore, a missing or incomplete MTP block, and an MTP recipe on an architecture
-llama.cpp has no MTP draft graph for.
+silently ignore, a missing or incomplete MTP block, an MTP recipe on an architecture
+llama.cpp has no MTP draft graph for, and every planned conversion the pinned llama.cpp would abort
+on rather than refuse (:mod:`.ggml_types`: a type it cannot write, a token-embedding or output type
+whose block does not divide the rows; the dry run checks neither). Where llama.cpp falls back to
+another type for a row width, the dry run reports it and the plan shows the type really written.
 
 A model with several MTP blocks (``nextn_predict_layers`` > 1) is planned for all of them: the
 recipe's ``{mtp}`` rules and ``[mtp]`` roles cover each block (:mod:`ggufmtp.quant.recipe`), every
@@ -35,6 +38,7 @@ from ..imatrix import entries as imx_entries
 from ..imatrix import format as imx
 from ..jsontypes import JsonObject
 from ..runtime.libllama import KVOverride, QuantizeParams
+from .ggml_types import tensor_problem
 from .qtypes import FTYPE_DEFAULT_TYPE, bits_per_weight
 from .recipe import NO_IMATRIX_TYPES, Recipe, Rule, ftype_names, ggml_type_names
 from .worker import run_quantize_interruptible
@@ -257,6 +261,7 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
         gm, rec, rules, mtp_prefixes, lambda rs: quantize_params(rec, rs, im, str(imatrix) if imatrix else None,
                                                                  threads, dry_run=True))
     found.errors += _requantize_errors(model, rec, tensors)
+    found.errors += _abort_errors(model, tensors)
     names = [t.name for t in tensors]
     for r in rules:
         if not any(re.search(r.llama_pattern, n) for n in names):
@@ -318,6 +323,17 @@ def _requantize_errors(model: str | Path, rec: Recipe, tensors: list[PlannedTens
     types = sorted({t.from_type for t in again})
     return [f"{model}: {len(again)} tensor(s) are already quantized ({', '.join(types)}: {again[0].name} ...); "
             f"llama.cpp requantizes them only with --allow-requantize (allow_requantize = true in a recipe)"]
+
+
+def _abort_errors(model: str | Path, tensors: list[PlannedTensor]) -> list[str]:
+    """The planned conversions the pinned llama.cpp would abort on rather than refuse (a type it
+    cannot write, a block that does not divide the rows: :func:`.ggml_types.tensor_problem`), as one
+    error; the dry run does not check them, the real run asserts."""
+    problems = [p for t in tensors if (p := tensor_problem(t.name, t.shape, t.from_type, t.to_type))]
+    if not problems:
+        return []
+    more = f" (and {len(problems) - 1} more tensor(s))" if len(problems) > 1 else ""
+    return [f"{model}: llama-quantize would abort here: {problems[0]}{more}"]
 
 
 def _mtp_errors(model: str | Path, rec: Recipe, mtp: MTPCheck, arch: str) -> list[str]:

@@ -57,16 +57,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import RecipeError
+from ..errors import RecipeError, TomlError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
+from ..files.tomlfile import loads_toml
 from ..jsontypes import JsonObject
 from ..stats import check_margin
 from .naming import tag_problem
+from .patterns import pattern_problem
 from .qtypes import FTYPE_DEFAULT_TYPE, QUANT_OPTIONS, REFUSED_QUANT_OPTIONS, match_quant_option, valid_quant_types
 
 MTP_PLACEHOLDER = "{mtp}"
@@ -127,16 +128,22 @@ def normalize_ftype(name: str, where: str) -> str:
 
 
 def validate_pattern(pattern: str, where: str) -> None:
-    """RecipeError unless ``pattern`` (placeholders filled in) is a regex; a ``{mtp...}`` that is
-    not a placeholder is refused (``{`` would reach llama.cpp's std::regex as a bad quantifier)."""
+    """RecipeError unless ``pattern`` (placeholders filled in) is a regex whose matching time its
+    shape bounds (:func:`.patterns.pattern_problem`: llama.cpp's std::regex has no time limit); a
+    ``{mtp...}`` that is not a placeholder is refused (``{`` would reach std::regex as a bad quantifier)."""
     stray = MTP_PLACEHOLDER_RE.sub("", pattern)
     if "{mtp" in stray:
         raise RecipeError(f"{where}: {pattern!r}: placeholders are {{mtp}} (every MTP block) or {{mtp0}}, "
                           f"{{mtp1}} ... (one, by position)")
+    filled = MTP_PLACEHOLDER_RE.sub("(0|1)", pattern)  # as a chain's {mtp} resolves: an alternation
     try:
-        re.compile(MTP_PLACEHOLDER_RE.sub("0", pattern))
+        re.compile(filled)
+        problem = pattern_problem(filled)
     except re.error as e:
         raise RecipeError(f"{where}: invalid regex {pattern!r}: {e}") from None
+    if problem:
+        raise RecipeError(f"{where}: pattern {pattern!r} is refused: {problem}; tensor names are short, "
+                          f"so write it without nesting (e.g. 'blk\\.[0-9]+\\.ffn_down')")
 
 
 def as_mtp_blocks(mtp_blocks: int | Sequence[int] | None) -> list[int]:
@@ -273,8 +280,8 @@ class Recipe:
         except OSError as e:
             raise RecipeError(f"{path}: {e.strerror or type(e).__name__}") from None
         try:
-            doc = tomllib.loads(data.decode("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            doc = loads_toml(data)
+        except TomlError as e:
             raise RecipeError(f"{path}: not valid TOML ({e})") from None
         try:
             recipe = cls.from_dict(doc, where=str(path))

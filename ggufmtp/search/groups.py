@@ -17,7 +17,9 @@ searched unanchored, ``{mtp}`` for the head's blocks) and is checked with the re
 ``^...$``, compact (``^blk\\.(0|1)\\.ffn_(down|gate|up)_exps\\.weight$``) where that is exact, the
 alternation of the names otherwise.
 
-A type is a candidate for a group only where llama-quantize would write it as asked: its block size
+A type llama.cpp cannot quantize to at all (I8 ... F64, Q8_1, Q8_K: it aborts on them) is refused
+as a ``--types`` entry before anything is measured (:func:`~ggufmtp.quant.ggml_types.writable_type`). A type is a candidate
+for a group only where llama-quantize would write it as asked: its block size
 divides every tensor's row width (``ne0``; otherwise llama.cpp falls back to another type, so the
 size and the cost would be another type's), and, for the types that need statistics
 (:func:`~ggufmtp.imatrix.check.needs_imatrix`), only where the imatrix has them for every tensor of
@@ -35,12 +37,11 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
-import gguf
-
 from ..errors import SearchError
 from ..gguf.model import GGUFModel, TensorInfo, check_mtp
 from ..imatrix.check import is_quantizable, needs_imatrix
 from ..imatrix.format import read_imatrix
+from ..quant.ggml_types import ggml_types, writable_type
 from ..quant.plan import row_bytes
 from ..quant.recipe import MTP_PLACEHOLDER, Rule, normalize_type
 from .records import Candidate, GroupRole, TensorGroup
@@ -193,8 +194,7 @@ def group_rule(group: TensorGroup, qtype: str) -> Rule:
 
 def _fits(qtype: str, info: TensorInfo) -> bool:
     """Whether llama-quantize writes ``info`` as ``qtype`` (its block size divides the row width)."""
-    block, _ = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
-    return info.shape[0] % block == 0
+    return ggml_types()[qtype].fits(int(info.shape[0]))
 
 
 def imatrix_covers(imatrix: str | os.PathLike | None) -> frozenset[str] | None:
@@ -209,7 +209,7 @@ def candidates(model_path: str | Path, groups: Sequence[TensorGroup], types: Seq
     type that needs statistics is a candidate only where every tensor of the group that needs them
     has them: token_embd and output at IQ2_XXS without them abort llama.cpp, the MTP head at IQ3_XXS
     is refused. RecipeError naming an unknown type, SearchError for a group of another model."""
-    qtypes = [normalize_type(t, "candidate types") for t in types]
+    qtypes = [writable_type(t, "candidate types") for t in types]
     gm = GGUFModel(model_path)
     covered = frozenset(imatrix or ())
     out = []
