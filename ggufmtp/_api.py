@@ -10,6 +10,7 @@ plus ``receipt``; ``tests/test_public_api.py`` checks that both signatures stay 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,10 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
                             draft_n_max=rec.verify.draft_n_max if o.tuned is None else None)
     path = local_model_arg(model)
     refuse_later_shard(path)  # llama-server loads a split model from its first shard only
+    for field_name in ("reference", "sidecar"):  # what the CLI accepts: builtin:NAME, a path
+        given = getattr(o, field_name)
+        if isinstance(given, str) and given.startswith("builtin:"):
+            o = dataclasses.replace(o, **{field_name: local_model_arg(given)})
     res = _verify_mod.verify(path, o, progress=progress, on_record=on_record, receipt=receipt)
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True)

@@ -188,3 +188,13 @@ def test_an_undersized_run_is_inconclusive_not_a_failure(synth_model, llama_serv
     assert d["verdict"] == "inconclusive" and d["findings"]["head"] == "inconclusive", d["reasons"]
     assert d["reasons"] and all("degraded" not in r and "fail" not in r for r in d["reasons"]), d["reasons"]
     assert any("inconclusive" in r and "8 prompts" in r for r in d["reasons"]), d["reasons"]
+
+
+def test_the_python_api_takes_a_builtin_reference_as_the_cli_does(q8, llama_server_bin):
+    """#51 item 3: ``VerifyOptions(reference="builtin:...")`` said "no such file" through
+    ``ggufmtp.verify`` (main 480238f) while the CLI accepted the name."""
+    import ggufmtp
+
+    o = dataclasses.replace(_options("builtin:tiny-qwen35moe"), limit=8)
+    res = ggufmtp.verify(q8[0], o, progress=False)
+    assert res.head is not None and res.head.reference.name.startswith("tiny-qwen35moe"), res.head

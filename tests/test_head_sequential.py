@@ -183,3 +183,13 @@ def test_a_section_with_nothing_measured_is_no_evidence(section):
          **section}
     j = judge_record(v)
     assert j.verdict == Verdict.FAIL and any("nothing measured is no evidence" in r for r in j.reasons), j.reasons
+
+
+@pytest.mark.parametrize("kw", [{"seeds": 42}, {"seeds": "42"}, {"limit": 0}, {"limit": -3}, {"limit": True}])
+def test_verify_options_name_the_bad_field(kw):
+    """#51 item 3: VerifyOptions(seeds=42) was a bare TypeError, limit=0 was accepted (main 480238f)."""
+    from ggufmtp.errors import VerifyError
+    from ggufmtp.measure.core.options import VerifyOptions
+
+    with pytest.raises(VerifyError, match=next(iter(kw))):
+        VerifyOptions(**kw)

@@ -429,9 +429,10 @@ class VerifyOptions:
     first N prompts), ``max_tokens``: the requests; ``raw``: also ``/completion`` without the chat
     template. ``ctx_size`` (both arms), ``parallel`` (N > 1: the slot study of
     :mod:`ggufmtp.measure.verify.slots`), ``cache_type_k``/``cache_type_v`` (both arms) and
-    ``context_fill`` (see :mod:`ggufmtp.measure.verify.kvdepth`). ``reference``: a model served
-    with the MTP arm's settings in the same rotation, against which the head is judged
-    (:mod:`ggufmtp.measure.verify.reference`). ``sidecar``: an MTP-only GGUF the MTP arm drafts
+    ``context_fill`` (see :mod:`ggufmtp.measure.verify.kvdepth`). ``reference``: a model measured
+    alone first with the MTP arm's settings (cached by content), against which the head is judged
+    (:mod:`ggufmtp.measure.verify.reference`; it must be the artifact's source or a more precise
+    variant of it). ``sidecar``: an MTP-only GGUF the MTP arm drafts
     with (``--spec-draft-model``/``-md``), the model being its trunk; the vanilla arm serves the
     trunk alone (:mod:`ggufmtp.provenance.pair` checks they pair). ``server``: the servers' settings
     (:class:`ServerOptions`); ``judge``: thresholds and statistics (:class:`JudgeOptions`).
@@ -464,6 +465,10 @@ class VerifyOptions:
         except TuneError as e:
             raise VerifyError(str(e)) from e
         set_("sweep", tuple(int(k) for k in self.sweep or ()))
+        if isinstance(self.seeds, (int, str)) or not isinstance(self.seeds, Sequence):
+            raise VerifyError(f"seeds {self.seeds!r}: a sequence of integers, e.g. (42,) or (42, 1337, 2024)")
+        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1):
+            raise VerifyError(f"limit {self.limit!r}: the number of the suite's prompts to run, at least 1")
         set_("seeds", tuple(check_seeds(self.seeds, self.max_tokens)))
         ks = self.windows
         if ks[0] < 1:
