@@ -193,3 +193,13 @@ def test_verify_options_name_the_bad_field(kw):
 
     with pytest.raises(VerifyError, match=next(iter(kw))):
         VerifyOptions(**kw)
+
+
+def test_recorded_flags_name_a_sidecar_by_its_file_name_not_its_path():
+    """#51 item 4: a sidecar ladder's trunk receipt recorded ``--spec-draft-model <out folder>/mtp-...``
+    (a local path in a receipt) on main 480238f."""
+    from ggufmtp.runtime.server import flags_without
+
+    cmd = ["llama-server", "--model", "/home/me/out/t.gguf", "--spec-type", "draft-mtp", "--spec-draft-model",
+           "/home/me/out/mtp-x-Q8_0.gguf", "--port", "8080"]
+    assert flags_without(cmd) == ["--spec-type", "draft-mtp", "--spec-draft-model", "mtp-x-Q8_0.gguf"]

@@ -124,9 +124,14 @@ def _valued_flags(pairs: Iterable[tuple[str, Any]]) -> list[str]:
     return [a for flag, v in pairs if v is not None for a in (flag, str(v))]
 
 
+# flags whose value is a local file: recorded by the file's name (a local path never reaches a receipt)
+PATH_FLAGS = ("--spec-draft-model", "-md", "--model-draft")
+
+
 def flags_without(command: Sequence[str], drop: Iterable[str] = SERVER_ONLY_FLAGS) -> list[str]:
     """``command`` without its binary (``command[0]``) and without the flags in ``drop`` and their
-    values (default: the model path and listening address, which differ from run to run)."""
+    values (default: the model path and listening address, which differ from run to run); a draft
+    model's path (:data:`PATH_FLAGS`) is kept as its file name."""
     dropped = set(drop)
     out: list[str] = []
     args = iter(command[1:])
@@ -135,6 +140,10 @@ def flags_without(command: Sequence[str], drop: Iterable[str] = SERVER_ONLY_FLAG
             next(args, None)
             continue
         out.append(a)
+        if a in PATH_FLAGS:
+            value = next(args, None)
+            if value is not None:
+                out.append(Path(value).name)
     return out
 
 
