@@ -396,7 +396,7 @@ class Findings:
                 HeadBasis.BOTH: "head preserved and meets the minimum" if ok else "head degraded or below the minimum",
                 HeadBasis.NONE: "head not judged"}[self.head_basis]
         if self.head == Finding.INCONCLUSIVE:
-            head = "head inconclusive (more evidence decides it)"
+            head = "head inconclusive"
         basis = " (vs reference)" if self.head_basis in (HeadBasis.REFERENCE, HeadBasis.BOTH) else ""
         lossless = "lossless" if self.lossless == Finding.PASS else "NOT lossless"
         speed = {Finding.PASS: "speed verified", Finding.FAIL: "speed below minimum",
