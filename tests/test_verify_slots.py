@@ -10,7 +10,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from receipt_kit import honest_statement, synth_artifact, verification_record
+from receipt_kit import honest_statement, slot_replies, synth_artifact, verification_record
 
 from ggufmtp.cli import main
 from ggufmtp.measure.core.suite import load_suite
@@ -27,7 +27,8 @@ N_PROMPTS, MAX_TOKENS = 8, 64
 
 def _slots(reference: float, ci: tuple[float, float], *rows: tuple[int, float, int, int]) -> dict:
     return {"reference": {"slots": 1, "acceptance": reference, "acceptance_ci95": list(ci)},
-            "rows": [{"slots": s, "acceptance": a, "identical": same, "pairs": pairs} for s, a, same, pairs in rows]}
+            "rows": [{"slots": s, "acceptance": a, "identical": same, "pairs": pairs,
+                      "replies": slot_replies(pairs, pairs - same)} for s, a, same, pairs in rows]}
 
 
 def test_slot_counts_double_up_to_n():
