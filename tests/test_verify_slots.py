@@ -59,6 +59,10 @@ def test_verify_parallel_reports_acceptance_per_slot_count_against_one_slot(meas
         assert row["identical"] == row["pairs"] == N_PROMPTS and row["requests"] == N_PROMPTS
         assert row["mtp_tokens_per_second"] > 0 and row["vanilla_tokens_per_second"] > 0
     assert d["verdict"] == "pass" and slot_failures(slots, Thresholds()) == []
+    assert judge_recorded(d)[0] == Verdict.PASS, judge_recorded(d)[1]  # the recorded per-request evidence re-judges
+    for row in slots["rows"]:
+        assert sorted((r["prompt"], r["seed"]) for r in row["replies"]) == sorted((p.id, 42) for p in load_suite().limit(N_PROMPTS).prompts)
+        assert all(r["first_difference"] is None and r["text_of"] is None for r in row["replies"])
     assert 0.5 < ref["acceptance"] < 0.9, "the knob's model must draft and also miss"
 
 

@@ -107,14 +107,13 @@ def _records(row: Mapping[str, Any]) -> list[ReplyRecord] | str:
 
 def _mixed(r: ReplyRecord, records: Sequence[ReplyRecord]) -> str | None:
     """The request of ``r``'s batch whose text MTP's reply to ``r`` carries: the recorded ``text_of``
-    (which must name a request of the batch) or, re-derived, the one whose vanilla hash it has."""
-    if r.first_difference is None:
-        return None
-    batch = [o for o in records if o.batch == r.batch and (o.prompt, o.seed) != (r.prompt, r.seed)]
-    if r.text_of is not None:
+    (checked to name a request of the batch by :func:`identity_failures`) or, re-derived from the
+    hashes, the one whose vanilla reply MTP's reply to ``r`` is (a swap)."""
+    if r.first_difference is None or r.text_of is not None:
         return r.text_of
-    return next((request_label(o.prompt, o.seed) for o in batch
-                 if o.vanilla_sha256 == r.mtp_sha256 and o.vanilla_sha256 != r.vanilla_sha256), None)
+    return next((request_label(o.prompt, o.seed) for o in records
+                 if o.batch == r.batch and (o.prompt, o.seed) != (r.prompt, r.seed)
+                 and o.vanilla_sha256 == r.mtp_sha256 != r.vanilla_sha256), None)
 
 
 def identity_failures(row: Mapping[str, Any], min_identical: float) -> list[str]:
