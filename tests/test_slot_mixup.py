@@ -172,6 +172,9 @@ def test_compare_batch_keys_each_reply_by_its_own_request():
     assert [(r.first_difference, r.text_of) for r in recs] == [(0, "p1/seed 7"), (0, "p0/seed 7"),
                                                               (12, "p3/seed 7"), (30, None)]
     assert all(r.batch == 3 for r in recs)
+    # a divergence into text the request's own vanilla reply also has is not another request's
+    own = compare_batch(0, keys[:2], [van[0] + van[1], van[1]], [van[1] + van[1], van[1]])
+    assert (own[0].first_difference, own[0].text_of) == (0, None)
     same = compare_batch(0, keys[:2], ["same"] * 2, ["same"] * 2)  # equal replies: nothing to mix up
     assert [(r.first_difference, r.text_of) for r in same] == [(None, None)] * 2
 

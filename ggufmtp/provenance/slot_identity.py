@@ -29,8 +29,8 @@ from ..fmt import pct
 __all__ = ["SPLICE_CHARS", "ReplyRecord", "compare_batch", "identity_failures", "request_label"]
 
 # How many characters of MTP's reply, from where it leaves vanilla's, must occur in another
-# concurrent request's vanilla reply to call it that request's text: long enough that two prompts'
-# ordinary replies do not share it by chance.
+# concurrent request's vanilla reply (and not in the request's own) to call it that request's text:
+# long enough that two prompts' ordinary replies do not share it by chance.
 SPLICE_CHARS = 24
 NAMED = 5  # differing requests a reason names before "and N more"
 
@@ -79,7 +79,8 @@ def compare_batch(batch: int, keys: Sequence[tuple[str, int]], vanilla: Sequence
         if at is not None:
             tail = m[at:at + SPLICE_CHARS]
             for j, other in enumerate(vanilla):
-                if j != i and other != v and (m == other or (len(tail) == SPLICE_CHARS and tail in other)):
+                spliced = len(tail) == SPLICE_CHARS and tail in other and tail not in v
+                if j != i and other != v and (m == other or spliced):
                     source = request_label(*keys[j])
                     break
         out.append(ReplyRecord(prompt, seed, batch, _sha(v), _sha(m), at, source))
