@@ -80,3 +80,16 @@ def honest_statement(art: Path, verification: dict[str, Any] | None | str = "pas
     elif isinstance(verification, dict):
         st["predicate"]["verification"] = verification
     return seal(st)
+
+
+def slot_replies(pairs: int, differing: int = 0, batch_size: int = 2, seed: int = 42) -> list[dict[str, Any]]:
+    """The per-request records of a slots row (:class:`ggufmtp.provenance.slot_identity.ReplyRecord`):
+    ``pairs`` requests p0..p{pairs-1} at ``seed`` sent ``batch_size`` at a time, the last ``differing``
+    of them with an MTP reply of its own (no other request's text)."""
+    out = []
+    for i in range(pairs):
+        van = f"{i:064x}"
+        mtp = van if i < pairs - differing else f"{i + 10**6:064x}"
+        out.append({"prompt": f"p{i}", "seed": seed, "batch": i // batch_size, "vanilla_sha256": van,
+                    "mtp_sha256": mtp, "first_difference": None if mtp == van else 3, "text_of": None})
+    return out

@@ -14,7 +14,7 @@ import random
 from typing import Any
 
 import pytest
-from receipt_kit import honest_statement, synth_artifact
+from receipt_kit import honest_statement, slot_replies, synth_artifact
 
 from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.card import card_text
@@ -30,7 +30,7 @@ RICH = {  # sections verify can write, added to the honest record so the walk re
     "acceptance_curve": {"points": [{"k": 1, "acceptance": 0.9, "speedup": 1.1}]},
     "slots": {"reference": {"slots": 1, "acceptance": 0.9, "acceptance_ci95": [0.88, 0.92]},
               "rows": [{"slots": 2, "acceptance": 0.9, "acceptance_ci95": [0.88, 0.92], "identical": 162,
-                        "pairs": 162, "speedup": 1.3}]},
+                        "pairs": 162, "speedup": 1.3, "replies": slot_replies(162)}]},
 }
 
 

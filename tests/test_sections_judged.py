@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 
-from receipt_kit import honest_statement, synth_artifact
+from receipt_kit import honest_statement, slot_replies, synth_artifact
 
 from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.receipt import seal
@@ -27,7 +27,8 @@ def _audited(tmp_path, mutate) -> tuple[bool, list[str]]:
 
 def _slots(v: dict, acceptance: float, ci: list) -> None:
     v["slots"] = {"reference": {"slots": 1, "acceptance": acceptance, "acceptance_ci95": ci},
-                  "rows": [{"slots": 2, "acceptance": acceptance, "acceptance_ci95": ci, "identical": 162, "pairs": 162}]}
+                  "rows": [{"slots": 2, "acceptance": acceptance, "acceptance_ci95": ci, "identical": 162, "pairs": 162,
+                            "replies": slot_replies(162)}]}
 
 
 def test_the_slot_reference_must_be_the_judged_comparison(tmp_path):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from receipt_kit import honest_statement, synth_artifact, verification_record
+from receipt_kit import honest_statement, slot_replies, synth_artifact, verification_record
 
 from ggufmtp.cli import main
 from ggufmtp.measure.core.suite import load_suite
@@ -27,7 +27,8 @@ N_PROMPTS, MAX_TOKENS = 8, 64
 
 def _slots(reference: float, ci: tuple[float, float], *rows: tuple[int, float, int, int]) -> dict:
     return {"reference": {"slots": 1, "acceptance": reference, "acceptance_ci95": list(ci)},
-            "rows": [{"slots": s, "acceptance": a, "identical": same, "pairs": pairs} for s, a, same, pairs in rows]}
+            "rows": [{"slots": s, "acceptance": a, "identical": same, "pairs": pairs,
+                      "replies": slot_replies(pairs, pairs - same)} for s, a, same, pairs in rows]}
 
 
 def test_slot_counts_double_up_to_n():
@@ -58,6 +59,10 @@ def test_verify_parallel_reports_acceptance_per_slot_count_against_one_slot(meas
         assert row["identical"] == row["pairs"] == N_PROMPTS and row["requests"] == N_PROMPTS
         assert row["mtp_tokens_per_second"] > 0 and row["vanilla_tokens_per_second"] > 0
     assert d["verdict"] == "pass" and slot_failures(slots, Thresholds()) == []
+    assert judge_recorded(d)[0] == Verdict.PASS, judge_recorded(d)[1]  # the recorded per-request evidence re-judges
+    for row in slots["rows"]:
+        assert sorted((r["prompt"], r["seed"]) for r in row["replies"]) == sorted((p.id, 42) for p in load_suite().limit(N_PROMPTS).prompts)
+        assert all(r["first_difference"] is None and r["text_of"] is None for r in row["replies"])
     assert 0.5 < ref["acceptance"] < 0.9, "the knob's model must draft and also miss"
 
 

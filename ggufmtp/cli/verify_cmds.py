@@ -55,7 +55,8 @@ from .provenance_cmds import signing_key_option
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
               help="N > 1: also measure acceptance with s concurrent clients on servers with --parallel s "
                    "(s = 2, 4, ... N), against the single-slot run; the verdict fails when it leaves the "
-                   "single-slot 95% CI or a reply differs from vanilla's.")
+                   "single-slot 95% CI, a reply carries another concurrent request's text, or a request's "
+                   "reply differs from vanilla's reply to the same request (named in the reason).")
 @click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Run the MTP arm with the configuration `ggufmtp tune` recommended (a receipt or a tune "
                    "--output JSON) against default vanilla: confirms the tuned speedup on the full suite.")

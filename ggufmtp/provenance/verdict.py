@@ -12,8 +12,9 @@ fails, and the reason names the comparison and the first differing prompt); spee
 ``min_speedup`` only when the model was offloaded to a GPU (or ``enforce_speedup``), since a small
 model on CPU is compute-bound and MTP is expected to be slower there. With several slots measured
 (``verify --parallel N``, :mod:`ggufmtp.measure.verify.slots`), each slot count's acceptance must lie within
-the single-slot acceptance's 95% CI and its replies must equal vanilla's at the same slot count
-(:func:`slot_failures`).
+the single-slot acceptance's 95% CI and each request's MTP reply must equal vanilla's reply to the same
+request at the same slot count; a reply carrying another request's text fails whatever ``min_identical``
+allows (:func:`slot_failures`, :mod:`ggufmtp.provenance.slot_identity`).
 
 Numerics: a differing reply counts against ``min_identical`` only when it is *explained by
 numerics* (:func:`numerics_failure` finds nothing wrong with it):
@@ -63,6 +64,7 @@ from .numerics import (
     numerics_failure,
     unmeasured_mismatches,
 )
+from .slot_identity import identity_failures
 
 __all__ = ["DEFAULT_THRESHOLDS", "Divergence", "EXCERPT_BEFORE", "Evidence", "Finding", "Findings", "HeadBasis",
            "Judgment", "MAX_DRIFT_NATS", "MAX_EXPLAINED_SHARE", "MIN_DRIFT_POSITIONS", "OVERALL_RULE",
@@ -320,7 +322,8 @@ def _recorded_mode(mode: str, d: Mapping[str, Any], v: Mapping[str, Any],
 def slot_failures(slots: Any, t: Thresholds) -> list[str]:
     """Why the acceptance under several slots fails (none when it holds, or nothing was measured).
     ``slots``: the verification's ``slots`` section (:meth:`ggufmtp.measure.verify.slots.SlotStudy.to_dict`):
-    the single-slot ``reference`` (acceptance and its CI) and one row per slot count."""
+    the single-slot ``reference`` (acceptance and its CI) and one row per slot count, each with its
+    per-request records (:mod:`ggufmtp.provenance.slot_identity`)."""
     if slots is None:
         return []
     if not isinstance(slots, Mapping) or not isinstance(slots.get("reference"), Mapping) \
@@ -340,10 +343,7 @@ def slot_failures(slots: Any, t: Thresholds) -> list[str]:
         if acc is None or lo is None or hi is None or not lo <= acc <= hi:
             out.append(f"acceptance at {n} slots {pct(acc)} lies outside the single-slot acceptance's 95% CI "
                        f"[{pct(lo)}, {pct(hi)}] (upstream ggml-org/llama.cpp#27572: the MTP head under -np > 1)")
-        same, pairs = int_or_zero(row.get("identical")), int_or_zero(row.get("pairs"))
-        if not pairs or same / pairs < t.min_identical:
-            out.append(f"identical output at {n} slots: {same}/{pairs} MTP replies equal the vanilla replies at "
-                       f"{n} slots (required {pct(t.min_identical)})")
+        out.extend(identity_failures(row, t.min_identical))  # per request, not a count (llama.cpp#28286)
     return out
 
 

@@ -11,12 +11,16 @@ arms alternating in ABBA order (:class:`~ggufmtp.measure.core.arms.ABBA`).
 
 Per slot count: acceptance (sum accepted / sum drafted over the replies' own ``draft_n``, with a
 95% bootstrap CI over prompts), aggregate decode throughput of each arm (tokens over the batches'
-wall time: what the clients got, prompt processing included) and their ratio, and how many MTP
-replies equal the vanilla replies of the same slot count (both arms batched alike: lossless means
-equal to vanilla *at the same settings*). The verdict (:func:`ggufmtp.provenance.verdict.slot_failures`)
-fails when a slot count's acceptance lies outside the single-slot acceptance CI, or its replies
-differ from vanilla's; the figures are recorded in the receipt's ``verification.slots``, so an
-audit re-derives the same verdict.
+wall time: what the clients got, prompt processing included) and their ratio, and identity per
+request: each request's MTP reply against vanilla's reply to the same (prompt, seed) at the same slot
+count (both arms batched alike: lossless means equal to vanilla *at the same settings*), one record
+per request (its batch, both hashes, the first differing character, and the concurrent request whose
+text MTP's reply carries, if any: upstream ggml-org/llama.cpp#28286 reports ``draft-mtp`` mixing
+requests under ``--parallel`` > 1; :mod:`ggufmtp.provenance.slot_identity`). The verdict
+(:func:`ggufmtp.provenance.verdict.slot_failures`) fails when a slot count's acceptance lies outside
+the single-slot acceptance CI, a reply carries another request's text, or too few replies equal
+vanilla's; the figures and records are the receipt's ``verification.slots``, so an audit re-derives
+the same verdict and names the same requests.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ... import stats
 from ...errors import ServerError, VerifyError
 from ...progress import bar as progress_bar
+from ...provenance.slot_identity import ReplyRecord, compare_batch
 from ...runtime.replies import Reply
 from ...runtime.server import LlamaServer, ServerConfig
 from ..core.arms import ABBA, send_concurrently, warm_up
@@ -61,6 +66,7 @@ class SlotRow:
     vanilla_tokens_per_second: float | None
     identical: int
     pairs: int
+    replies: tuple[ReplyRecord, ...] = ()  # one per request: identity per request (provenance.slot_identity)
 
     @property
     def speedup(self) -> float | None:
@@ -72,7 +78,7 @@ class SlotRow:
                 "draft_n_accepted": self.draft_n_accepted, "acceptance": self.acceptance,
                 "acceptance_ci95": list(self.acceptance_ci95), "mtp_tokens_per_second": self.mtp_tokens_per_second,
                 "vanilla_tokens_per_second": self.vanilla_tokens_per_second, "speedup": self.speedup,
-                "identical": self.identical, "pairs": self.pairs}
+                "identical": self.identical, "pairs": self.pairs, "replies": [r.to_dict() for r in self.replies]}
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ class SlotStudy:
 class _Arm:
     replies: list[tuple[Prompt, int, Reply]]
     wall_ms: float = 0.0
+    batches: list[int] = field(default_factory=list)  # each reply's batch index, in the replies' order
 
 
 def _batches(jobs: Sequence[tuple[Prompt, int]], size: int) -> list[list[tuple[Prompt, int]]]:
@@ -110,12 +117,25 @@ def _row(slots: int, van: _Arm, mtp: _Arm, resamples: int, boot_seed: int) -> Sl
         acc[1] += r.draft_n or 0
     est = stats.ratio_of_sums([a for a, _ in by_prompt.values()], [d for _, d in by_prompt.values()],
                               resamples=resamples, seed=boot_seed)
-    same = sum(a[2].text == b[2].text for a, b in zip(van.replies, mtp.replies, strict=True))
+    records = _records(van, mtp)
+    same = sum(r.first_difference is None for r in records)
     tps = lambda arm: sum(r.predicted_n for *_, r in arm.replies) / arm.wall_ms * 1000 if arm.wall_ms else None  # noqa: E731
     return SlotRow(slots=slots, requests=len(mtp.replies), draft_n=sum(d for _, d in by_prompt.values()),
                    draft_n_accepted=sum(a for a, _ in by_prompt.values()), acceptance=est.value,
                    acceptance_ci95=(est.lo, est.hi), mtp_tokens_per_second=tps(mtp), vanilla_tokens_per_second=tps(van),
-                   identical=same, pairs=len(mtp.replies))
+                   identical=same, pairs=len(mtp.replies), replies=tuple(records))
+
+
+def _records(van: _Arm, mtp: _Arm) -> list[ReplyRecord]:
+    """Each request's MTP reply against vanilla's reply to the SAME (prompt, seed), batch by batch (the
+    replies are kept in job order per arm, so index i is one request in both)."""
+    out: list[ReplyRecord] = []
+    for b in dict.fromkeys(mtp.batches):
+        idx = [i for i, x in enumerate(mtp.batches) if x == b]
+        keys = [(mtp.replies[i][0].id, mtp.replies[i][1]) for i in idx]
+        assert keys == [(van.replies[i][0].id, van.replies[i][1]) for i in idx], "the arms' requests differ"
+        out += compare_batch(b, keys, [van.replies[i][2].text for i in idx], [mtp.replies[i][2].text for i in idx])
+    return out
 
 
 def _measure_one(slots: int, servers: tuple[ServerConfig, ServerConfig], jobs: Sequence[tuple[Prompt, int]],
@@ -129,7 +149,7 @@ def _measure_one(slots: int, servers: tuple[ServerConfig, ServerConfig], jobs: S
             except ServerError as e:
                 raise VerifyError(f"{name} server with {slots} slots: warm-up request failed: {e}") from e
 
-        def batch_on(i: int, batch: list[tuple[Prompt, int]]) -> Callable[[], None]:
+        def batch_on(i: int, b: int, batch: list[tuple[Prompt, int]]) -> Callable[[], None]:
             def go() -> None:
                 try:
                     replies, ms = send_concurrently(up[i], batch, max_tokens, mode, pool)
@@ -137,11 +157,12 @@ def _measure_one(slots: int, servers: tuple[ServerConfig, ServerConfig], jobs: S
                     raise VerifyError(f"{('vanilla', 'MTP')[i]} server with {slots} slots: {e}") from e
                 arms[i].replies.extend((p, s, r) for (p, s), r in zip(batch, replies, strict=True))
                 arms[i].wall_ms += ms
+                arms[i].batches.extend([b] * len(batch))
                 bar.update(len(batch))
             return go
 
-        for batch in _batches(jobs, slots):
-            order.run(batch_on(0, batch), batch_on(1, batch))
+        for b, batch in enumerate(_batches(jobs, slots)):
+            order.run(batch_on(0, b, batch), batch_on(1, b, batch))
     return arms
 
 
