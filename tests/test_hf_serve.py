@@ -37,10 +37,11 @@ LADDERS = {
                 {"Q8_0", "Q4_K_M_HiFi"}),
     "split": ("me/tiny-trained-split", ("-r", "q8_0-mtp", "--split-max-size", "1M"), {"Q8_0"}),
 }
-# short verifications (8 prompts x 64 tokens is the publishable minimum); the head's margin is wide
-# because this test is about serving what was published, not about judging a 3-point margin
+# short verifications (8 prompts x 64 tokens), too few to decide a trained head at 8 prompts on every
+# machine: this test is about serving what was published, not about judging the head, so the ladder
+# publishes with --allow-unverified (the card then says so) whatever the head finding
 LADDER_ARGS = ("--imatrix-corpus", "builtin:calib-v1", "--imatrix-chunks", "2", "--seeds", "42", "--limit", "8",
-               "--max-tokens", "64", "-t", "1", "--head-margin", "0.5")
+               "--max-tokens", "64", "-t", "1", "--head-margin", "0.10", "--allow-unverified")
 
 
 def _cli(*argv: str, env: dict[str, str] | None = None) -> str:
@@ -57,8 +58,12 @@ def hub(tmp_path_factory, llama_server_bin):
         isolate_hf_client(root / "hf_home", mp)
         mp.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
         for layout, (repo, args, _) in LADDERS.items():
-            _cli("ladder", "-m", MODEL, *args, *LADDER_ARGS, "-o", str(root / layout), "--upload", repo,
-                 env={"HF_TOKEN": TOKEN, "HF_ENDPOINT": fake.url})
+            r = CliRunner().invoke(main, ["--no-progress", "ladder", "-m", MODEL, *args, *LADDER_ARGS, "-o",
+                                          str(root / layout), "--upload", repo],
+                                   env={"HF_TOKEN": TOKEN, "HF_ENDPOINT": fake.url})
+            # exit 1 where a head is undecided at 8 prompts (the ladder says so), but the release went up
+            assert "uploaded: " in r.output and "Traceback" not in r.output, r.output
+            assert r.exit_code == 0 or "inconclusive" in r.output, r.output
         yield fake
 
 

@@ -241,7 +241,8 @@ def test_candidate_space_dimensions():
     # fair baseline: the vanilla arm gets the configuration's non-speculative settings too (-bs, graph
     # optimisation), never its speculative ones
     van = profile_server_config(Path("m.gguf"), WORKLOADS["A"], False, ProfilesOptions(tuned=g.to_dict()))
-    assert van.env == g.env() and van.extra_args == ["-bs"] and not van.draft_mtp
+    # (every arm starts with --fit off: the pinned server would otherwise size each arm to what is free)
+    assert van.env == g.env() and van.extra_args == ["--fit", "off", "-bs"] and not van.draft_mtp
     assert TuneConfig(3, backend_sampling=True, draft_backend_sampling=False).vanilla_fields({"model": "m"})["extra_args"] == ["-bs"]
     # tune: each candidate's vanilla arm has its non-speculative settings and slots
     from ggufmtp.measure.tune.bench import ServerEvaluator

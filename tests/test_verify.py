@@ -831,7 +831,7 @@ def test_raw_replies_that_end_at_once_are_reported_as_not_decoded(llama_server_b
     """The same on the real server: every ``/completion`` reply cut to one token (as a raw prompt
     the model ends at once): the raw row says n/a, not a throughput; the JSON and the receipt
     section hold no figure for it; a note says nothing was decoded there."""
-    from ggufmtp.measure.verify import run as verify_run
+    from ggufmtp.measure.verify import runner as verify_run  # the request loop's module
 
     real_send = verify_run.send
 

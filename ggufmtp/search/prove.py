@@ -229,8 +229,8 @@ def prove(model: str | Path, found: Recipe, shipped: str | None = None, options:
         if size is None:
             raise SearchError(f"{found.name}: the found recipe does not plan on {src.name}")
         shipped = nearest_shipped(src, size, o.imatrix)
-    o = dataclasses.replace(o, verify=dataclasses.replace(
-        o.verify, judge=dataclasses.replace(o.verify.judge, head_margin=o.margin)))
+    # the proof judges the heads' paired interval with its own margin (_head_problem); verify's head
+    # margin (the recipe's, at most 10 points) only decides when its sequential design stops
     with tempfile.TemporaryDirectory(prefix="ggufmtp-prove-", dir=o.workdir) as tmp:
         paths = Path(tmp) / "found.gguf", Path(tmp) / "shipped.gguf"
         a = measure_arm(src, found, paths[0], o, log)
