@@ -154,6 +154,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                "verify": False if no_verify else None, "signing_key": signing_key,
                                "reference_base": False if judging.get("no_reference") else None,
                                "quantized_by": quantized_by, "repo_id": upload_repo, "layout": layout,
+                               "path_in_repo": path_in_repo if upload_repo else None,
                                "sidecars": sidecars}, vopts, eval_corpus)
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None

@@ -144,6 +144,8 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
 
     spec = spec.check()
     spec.out_dir.mkdir(parents=True, exist_ok=True)
+    if is_builtin(spec.model) or Path(spec.model).is_file():  # its name known without a pull (upload checks later)
+        spec.check_names(_local_source(spec, progress)[1])  # before the imatrix and any variant
     if spec.verify and spec.verify_options.reference is not None:  # another model: refused before any variant
         from ..measure.verify.reference import check_reference
 
