@@ -97,7 +97,9 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--commit-message", default=None, metavar="TEXT",
               help="With --upload: the commit's message (default: what goes up, e.g. 'ggufmtp ladder: 4 MTP GGUF variants').")
 @click.option("--path-in-repo", default=None, metavar="FOLDER",
-              help="With --upload: the repo folder the variants go into (default the top; the card is README.md).")
+              help="With --upload: the repo folder the variants go into (default the top; the card is README.md, "
+              "its links and download lines name the folder); refused before any work when the folder makes "
+              "a variant's Hub label load another file (Q8_0-old).")
 @click.option("--quantized-by", default=None,
               help="The card's quantized_by (default: the ladder file's quantized_by, else ggufmtp).")
 @click.option("--layout", type=click.Choice(["full", "sidecar"]), default=None,
