@@ -6,8 +6,8 @@ at 0c1e570; docs/reference/names.md quotes the rules):
 * a variant is ``<Model>-<TAG>.gguf`` (:func:`variant_file_name`), in a folder named ``<TAG>`` when
   a ladder makes several (:func:`variant_folder`). ``Model`` is the model's name without its
   precision or a cache hash (:func:`model_name`: ``Qwen3.6-35B-A3B``, not
-  ``Qwen3.6-35B-A3B-BF16``); ``TAG`` the recipe's declared ``tag`` (``Q4_K_M-HiFi``), by default its
-  ftype (``Q8_0``, ``IQ4_XS``);
+  ``Qwen3.6-35B-A3B-BF16``); ``TAG`` the recipe's declared ``tag`` (``Q4_K_M_HiFi``), by default its
+  ftype (``Q8_0``, ``IQ4_XS``): the label the Hub reads in the file's name (:func:`hub_label`);
 * an MTP sidecar (an MTP-only GGUF) is ``mtp-<Model>-<TYPE>.gguf`` (:func:`sidecar_file_name`).
 
 Why: ``find_best_model`` (download.cpp:655) takes the first file whose path matches the regex
@@ -65,7 +65,7 @@ def tag_problem(tag: str) -> str | None:
     """Why ``tag`` cannot name a variant (None when it can)."""
     if not _TAG_RE.fullmatch(tag):
         return (f"tag {tag!r} must be letters, digits and '_' in parts joined by '-' (e.g. Q4_K_M, "
-                "Q4_K_M-HiFi): llama.cpp reads it after the ':' of -hf owner/repo:TAG and searches it as a regex")
+                "Q4_K_M_HiFi): llama.cpp reads it after the ':' of -hf owner/repo:TAG and searches it as a regex")
     bad = next((k for k in NOT_A_MODEL if k in f"{tag}.gguf".lower()), None)
     if bad:
         return (f"tag {tag!r} contains {bad!r}: llama.cpp's -hf never takes a file whose name holds it as a model "
