@@ -189,3 +189,21 @@ def test_the_ladder_card_is_a_model_page(tmp_path):
     assert f'hf download {REPO} --include "tiny-qwen35moe-Q8_0.gguf"' in body  # the verified pick
     assert f"llama-server -hf {REPO}:Q8_0 --spec-type draft-mtp --spec-draft-n-max 4" in body and "`:Q4_K_M`" in body
     assert "## Which file should I pick" in body and "## Prompt format" in body and "ChatML" in body
+
+
+def test_the_ladder_card_links_and_downloads_under_path_in_repo(tmp_path):
+    """#50 item 2, fails on 8641bee: with ``--path-in-repo DIR`` the files are DIR/NAME in the repo,
+    and the card's ``hf download --include NAME`` selected nothing and its links pointed beside DIR."""
+    pairs = []
+    for i, tag in enumerate(("Q8_0", "Q4_K_M")):
+        a = synth_artifact(tmp_path / tag, f"tiny-qwen35moe-{tag}.gguf", seed=i)
+        rc = a.with_name(a.name + ".receipt.json")
+        rc.write_text(json.dumps(seal(honest_statement(a, n_prompts=54))))
+        pairs.append((a, rc))
+    rows = ladder_rows(pairs)
+    _, body = ladder_card_text(rows, options=PageOptions(repo_id=REPO, path_in_repo="gguf/v2/"))
+    assert f'hf download {REPO} --include "gguf/v2/tiny-qwen35moe-Q8_0.gguf" --local-dir .' in body
+    assert '--include "gguf/v2/*.gguf"' in body and "[tiny-qwen35moe-Q8_0.gguf](gguf/v2/tiny-qwen35moe-Q8_0.gguf)" in body
+    assert '--include "tiny-qwen35moe' not in body and "](tiny-qwen35moe" not in body
+    _, flat = ladder_card_text(rows, options=PageOptions(repo_id=REPO))  # no folder: the names as they are
+    assert f'hf download {REPO} --include "tiny-qwen35moe-Q8_0.gguf" --local-dir .' in flat

@@ -199,7 +199,7 @@ def test_the_ladder_file_and_the_cli(ladder, tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output[r.output.index("{"):])
     assert d["ok"] and [v["recipe"] for v in d["variants"]] == list(RECIPES)
-    assert [v["variant"] for v in d["variants"]] == ["Q8_0", "Q4_K_M_HeadQ8", "IQ4_XS"]
+    assert [v["variant"] for v in d["variants"]] == ["Q8_0", "Q4_K_M_FullHead", "IQ4_XS"]
     assert all(set(v["summary"]["stages"].values()) == {"cached"} for v in d["variants"])
     for bad, said in (("recipes = 3\n", "recipes must be an array of strings"), ("colour = 1\n", "unknown keys colour"),
                       ("[verify]\nspeed = 1\n", "unknown keys speed"), ("model = \n", "not a TOML ladder file")):
@@ -228,7 +228,7 @@ def test_bad_values_in_a_ladder_file_name_the_file_and_the_table(tmp_path):
 def test_a_searched_recipe_is_a_ladder_rung_like_a_shipped_one(llama_server_bin, tmp_path):
     """#43: a recipe `ggufmtp search` wrote (its [search] table included) is one of a ladder's recipes:
     planned, quantized, verified and carded beside a shipped one, its file named by its release tag
-    (``Searched-<bpw>``) and its receipt binding the recipe file by sha256. The allocation is designed on
+    (``<FTYPE>_Searched``) and its receipt binding the recipe file by sha256. The allocation is designed on
     the model's real groups (half of them at Q8_0, half at Q4_0), so no search runs here."""
     from ggufmtp.quant.recipe import Recipe
     from ggufmtp.refs import local_model_arg

@@ -20,6 +20,7 @@ from ggufmtp.errors import LadderError, RecipeError
 from ggufmtp.ladder.spec import LadderSpec
 from ggufmtp.quant.naming import (
     ambiguous_tags,
+    hub_label,
     model_name,
     name_problem,
     sidecar_file_name,
@@ -80,10 +81,14 @@ def test_a_ladder_refuses_tags_llama_cpp_cannot_tell_apart(tmp_path):
         p.write_text(f'name = "{name}"\nftype = "Q4_K_M"\ntag = "{tag}"\n')
         return str(p)
 
-    for recipes, said in (((recipe("a", "Q4_K_M_HiFi"), "hifi-q4_k_m-mtp"), "tag Q4_K_M_HIFI is given twice"),
-                          ((recipe("b", "Q4_K_M"), recipe("c", "Q4_K_M-x")), "-hf REPO:Q4_K_M would match")):
-        with pytest.raises(LadderError, match=re.escape(said)):
-            LadderSpec(model="builtin:tiny-qwen35moe", recipes=recipes, out_dir=tmp_path / "out").check()
+    with pytest.raises(LadderError, match=re.escape("tag Q4_K_M_HIFI is given twice")):
+        LadderSpec(model="builtin:tiny-qwen35moe", recipes=(recipe("a", "Q4_K_M_HiFi"), "hifi-q4_k_m-mtp"),
+                   out_dir=tmp_path / "out").check()
+    # Q4_K_M-x is refused as it loads (the Hub labels its file Q4_K_M: tests/test_hub_labels.py), so
+    # a colliding pair can no longer be declared
+    with pytest.raises(RecipeError, match=re.escape("reads the label Q4_K_M in")):
+        LadderSpec(model="builtin:tiny-qwen35moe", recipes=(recipe("b", "Q4_K_M"), recipe("c", "Q4_K_M-x")),
+                   out_dir=tmp_path / "out").check()
     spec = LadderSpec(model="builtin:tiny-qwen35moe", recipes=tuple(TAGS), out_dir=tmp_path / "out").check()
     assert {spec.variant_dir(r).name for r in TAGS} == set(TAGS.values())
 
@@ -125,7 +130,10 @@ def test_llama_server_hf_resolves_every_variant_and_the_sidecar(tiny_mtp_model, 
              for t in TAGS.values()}
     sidecar = sidecar_file_name(model, "Q8_0")
     snapshot = _hub_cache(tmp_path / "cache", [*where.values(), sidecar, f"{model}-BF16.gguf"], tiny_mtp_model)
-    for tag in [*TAGS.values(), None]:
-        got_model, got_draft = _resolved(tmp_path / "cache", tag, tiny_mtp_model)
-        assert got_model == str(snapshot / where[tag or "Q8_0"]), tag
-        assert got_draft == str(snapshot / sidecar), tag
+    # each file's label as the Hub shows it (#50: huggingface.js parseGGUFQuantLabel), typed into -hf
+    labels = {hub_label(path): path for path in where.values()}
+    assert None not in labels and len(labels) == len(where)
+    for label in [*labels, None]:
+        got_model, got_draft = _resolved(tmp_path / "cache", label, tiny_mtp_model)
+        assert got_model == str(snapshot / (labels[label] if label else where["Q8_0"])), label
+        assert got_draft == str(snapshot / sidecar), label

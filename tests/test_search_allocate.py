@@ -202,7 +202,7 @@ def test_the_found_recipe_is_an_ordinary_recipe_with_its_search_table(tmp_path):
     # measured with one (the gpu-small search's IQ4_XS experts, 2026-11-29): the file it proved had
     # statistics, so quantizing the recipe without them is warned about
     assert allocation_recipe(t, a, Recipe.load("Q8_0"), measured_with_imatrix=True).imatrix == "recommended"
-    assert loaded.release_tag == "Searched-4_84bpw"  # 43,392 bytes over 71,680 weights; not Q8_0's name
+    assert loaded.release_tag == "Q8_0_Searched"  # its base type, told apart from Q8_0 by both parsers
     doc = tomllib.loads(path.read_text())["search"]
     assert doc["table_sha256"] == table_digest(t) and doc["method"] == "pareto-dp"
     assert doc["model_sha256"] == "ab" * 32 and doc["corpus"] == "builtin:eval-v1"

@@ -97,7 +97,9 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--commit-message", default=None, metavar="TEXT",
               help="With --upload: the commit's message (default: what goes up, e.g. 'ggufmtp ladder: 4 MTP GGUF variants').")
 @click.option("--path-in-repo", default=None, metavar="FOLDER",
-              help="With --upload: the repo folder the variants go into (default the top; the card is README.md).")
+              help="With --upload: the repo folder the variants go into (default the top; the card is README.md, "
+              "its links and download lines name the folder); refused before any work when the folder makes "
+              "a variant's Hub label load another file (Q8_0-old).")
 @click.option("--quantized-by", default=None,
               help="The card's quantized_by (default: the ladder file's quantized_by, else ggufmtp).")
 @click.option("--layout", type=click.Choice(["full", "sidecar"]), default=None,
@@ -154,6 +156,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                "verify": False if no_verify else None, "signing_key": signing_key,
                                "reference_base": False if judging.get("no_reference") else None,
                                "quantized_by": quantized_by, "repo_id": upload_repo, "layout": layout,
+                               "path_in_repo": path_in_repo if upload_repo else None,
                                "sidecars": sidecars}, vopts, eval_corpus)
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None

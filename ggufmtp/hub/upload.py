@@ -42,7 +42,7 @@ from ..progress import is_disabled as progress_disabled
 from ..provenance.receipt import read_receipt
 from ..provenance.signing import resolve_public_key, signature_path
 from ..provenance.statement import Statement
-from ..quant.naming import name_problem
+from ..quant.naming import SIDECAR_KEYWORD, label_problems, name_problem
 from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from .gate import PublishCheck, check_publishable
 from .transport import HubErrorContext, guard_secrets, host, hub_errors, resolve_endpoint
@@ -337,6 +337,24 @@ def _name_notes(ops: list[UploadOperation]) -> tuple[str, ...]:
                  and (problem := name_problem(op.path_in_repo)) and not is_mtp_sidecar(op.local_path))
 
 
+def _check_release_names(ops: list[UploadOperation]) -> None:
+    """Refuse, before anything is hashed, an MTP sidecar whose path lacks ``mtp-`` (llama.cpp's -hf
+    would take it as a model, never as a draft) and model files whose Hub labels do not each load
+    their own file through ``-hf REPO:LABEL`` (:func:`ggufmtp.quant.naming.label_problems`: a
+    ``path_in_repo`` folder or a model name holding another file's type, a label -hf cannot resolve)."""
+    arts = [op for op in ops if op.kind == UploadKind.ARTIFACT]
+    sidecars = {op.path_in_repo for op in arts if is_mtp_sidecar(op.local_path)}
+    unnamed = sorted(p for p in sidecars if SIDECAR_KEYWORD not in p.lower())
+    if unnamed:
+        raise HubRefusedError(f"{unnamed[0]} is an MTP sidecar (an MTP-only GGUF) and its path lacks "
+                              f"{SIDECAR_KEYWORD!r}: llama.cpp's -hf would take it as a model and never load it as "
+                              "a draft (common/download.cpp, find_best_mtp); name it mtp-<Model>-<TYPE>.gguf")
+    problems = label_problems([op.path_in_repo for op in arts if op.path_in_repo not in sidecars])
+    if problems:
+        raise HubRefusedError("the Hub's label of a file would not load that file through llama-server -hf "
+                              f"REPO:LABEL (docs/reference/names.md): {'; '.join(problems)}")
+
+
 def _check_artifact_digest(ops: list[UploadOperation], artifact_sha256: str | None) -> None:
     """Refuse a receipt sha256 that is none of the artifacts': the receipt describes another file."""
     artifacts = [o for o in ops if o.kind == UploadKind.ARTIFACT]
@@ -376,7 +394,9 @@ def upload(repo_id: str, files: Sequence[str | os.PathLike], receipt: str | os.P
     req = _UploadRequest(repo_id, _whole_sets(_as_paths(files)), _as_paths(receipt),
                          Path(card) if card is not None else None, o.folder)
     key = resolve_public_key(o.public_key)
-    ops = _hashed(req.operations(), progress)
+    ops = req.operations()
+    _check_release_names(ops)
+    ops = _hashed(ops, progress)
     checks = check_publishable({op.local_path: str(op.sha256) for op in ops if op.kind == UploadKind.ARTIFACT},
                                [op.local_path for op in ops if op.kind == UploadKind.RECEIPT],
                                next((op.local_path for op in ops if op.kind == UploadKind.CARD), None),

@@ -144,6 +144,8 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
 
     spec = spec.check()
     spec.out_dir.mkdir(parents=True, exist_ok=True)
+    if is_builtin(spec.model) or Path(spec.model).is_file():  # its name known without a pull (upload checks later)
+        spec.check_names(_local_source(spec, progress)[1])  # before the imatrix and any variant
     if spec.verify and spec.verify_options.reference is not None:  # another model: refused before any variant
         from ..measure.verify.reference import check_reference
 
@@ -165,7 +167,7 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     phase("variants")
     outcomes = [done[r] for r in spec.recipes]
     made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
-    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by)
+    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by, path_in_repo=spec.path_in_repo)
     card = make_ladder_card(made, spec.out_dir / "README.md", options=options, sidecars=sidecars) if made else None
     phase("card")
     return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases,
@@ -187,10 +189,11 @@ def upload_ladder(result: LadderResult, repo_id: str, options: UploadOptions | N
                           "fix them and rerun the ladder before publishing it")
     arts: Sequence[tuple[Path, Path]] = result.variants()
     sidecars = [(p, default_receipt_path(p)) for p in result.sidecars]
-    if result.spec.repo_id != repo_id:  # the card's download and run lines name the repo it goes to
+    # the card's download and run lines name the repo it goes to, and its folder
+    if (result.spec.repo_id, result.spec.path_in_repo) != (repo_id, opts.path_in_repo):
         make_ladder_card(arts, result.card, public_key=None if opts.public_key is None else Path(opts.public_key),
-                         options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by),
-                         sidecars=result.sidecars)
+                         options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by,
+                                             path_in_repo=opts.path_in_repo), sidecars=result.sidecars)
     if opts.commit_message is None:
         opts = dataclasses.replace(opts, commit_message=_commit_message(len(arts), len(sidecars)))
     files = [*arts, *sidecars]  # a sidecar passes the gate through its trunks' receipts (hub/gate.py)

@@ -87,6 +87,7 @@ class LadderSpec:
     layout: Layout = Layout.FULL
     sidecars: tuple[str, ...] = ()  # with layout sidecar: one MTP sidecar per recipe or type (none given: Q8_0)
     split_max_size: str = str(DEFAULT_SPLIT_MAX_SIZE)  # a larger variant is written as shards; "none": one file
+    path_in_repo: str | None = None  # the repo folder --upload puts the files in (UploadOptions.path_in_repo)
 
     @property
     def split(self) -> SplitSize | None:
@@ -107,16 +108,27 @@ class LadderSpec:
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
             raise LadderError(f"recipes {', '.join(self.recipes)} name the variant {', '.join(clash)} twice")
-        # the variants' names with a stand-in model name: the tags alone must tell the files apart
-        names_in_repo = [(r.release_tag, f"{variant_folder(r.release_tag)}/{variant_file_name('M', r.release_tag)}")
-                         for r in loaded]
-        problems = ambiguous_tags(names_in_repo)
-        if problems:
-            tags = ", ".join(f"{given} -> {r.release_tag}" for given, r in zip(self.recipes, loaded, strict=True))
-            raise LadderError(f"the recipes' tags ({tags}) would not name distinct variants for llama.cpp's "
-                              f"-hf REPO:TAG: {'; '.join(problems)}")
         self._check_sidecars()
+        self.check_names("M")  # a stand-in model name: the tags and the folder alone must tell the files apart
         return self
+
+    def check_names(self, model: str) -> None:
+        """LadderError unless every variant's Hub label names it alone, for llama.cpp's ``-hf`` and the
+        Hub's parser (:func:`~ggufmtp.quant.naming.ambiguous_tags`), in the ladder's ``<TAG>/`` folders
+        and as ``--upload`` commits them (flat, under ``path_in_repo``), with the model's release name
+        ``model``: a folder or model name holding another variant's type is refused here, before any work."""
+        loaded = [Recipe.load(r) for r in self.recipes]
+        folder = (self.path_in_repo or "").strip("/")
+        at = f"{folder}/" if folder not in ("", ".") else ""
+        for layout in (lambda t: f"{variant_folder(t)}/", lambda t: at):
+            problems = ambiguous_tags([(r.release_tag, layout(r.release_tag) + variant_file_name(model, r.release_tag))
+                                       for r in loaded])
+            if problems:
+                tags = ", ".join(f"{given} -> {r.release_tag}" for given, r in zip(self.recipes, loaded, strict=True))
+                raise LadderError(f"the recipes' tags ({tags}) of model {model}"
+                                  + (f" under --path-in-repo {folder}" if at else "")
+                                  + f" would not name distinct variants for the Hub and llama.cpp's -hf REPO:TAG: "
+                                  f"{'; '.join(problems)}")
 
     def _check_sidecars(self) -> None:
         """The sidecar layout's sidecars: at least one, loadable, with distinct tags (their names)."""

@@ -61,10 +61,16 @@ class PageOptions:
     repo_id: str | None = None
     quantized_by: str = "ggufmtp"
     license: str | None = None
+    path_in_repo: str | None = None  # the repo folder the files go to (upload --path-in-repo)
 
     @property
     def repo(self) -> str:
         return self.repo_id or REPO_PLACEHOLDER
+
+    def at(self, name: str) -> str:
+        """``name`` as a path in the repo: under ``path_in_repo``, as the card's links and ``--include`` need it."""
+        folder = (self.path_in_repo or "").strip("/")
+        return f"{folder}/{name}" if folder not in ("", ".") else name
 
 
 def _mapping(x: Any) -> Mapping[str, Any]:
@@ -262,9 +268,10 @@ def download_pattern(artifact: str) -> str:
     return f"{m.group('stem')}-*-of-{m.group('n')}.gguf" if m else artifact
 
 
-def file_row(r: FileRow) -> str:
+def file_row(r: FileRow, options: PageOptions | None = None) -> str:
     q, n = r.quality, shard_count(r.artifact)  # a split artifact is one row: its first shard, the set's size
-    return (f"| [{r.artifact}]({r.artifact}){f' ({n} shards)' if n > 1 else ''} | {_cell(r.tag)} | "
+    link = (options or PageOptions()).at(r.artifact)
+    return (f"| [{r.artifact}]({link}){f' ({n} shards)' if n > 1 else ''} | {_cell(r.tag)} | "
             f"{human_bytes(r.size_bytes)} | {_bpw(r.bpw)} | "
             f"{_cell(significant(q.get('ppl')))} | {_cell(divergence(q.get('kld_mean')))} | "
             f"{_cell(pct(q.get('same_top_p'), 2, space=False))} | {_acceptance_cell(r)} | {head_cell(r)} | "
@@ -289,7 +296,7 @@ def reference_row(rows: Sequence[FileRow]) -> str | None:
             "reference |")
 
 
-def files_table(rows: Sequence[FileRow]) -> list[str]:
+def files_table(rows: Sequence[FileRow], options: PageOptions | None = None) -> list[str]:
     """``## Files``: one row per file, largest first, and the reference row."""
     out = ["## Files\n",
            "KLD and same top p are against the base model (`llama-perplexity --kl-divergence`); acceptance is "
@@ -298,7 +305,7 @@ def files_table(rows: Sequence[FileRow]) -> list[str]:
            "llama-server with the same settings, judged only with GPU offload.\n",
            "| file | quant | size | bpw | PPL | KLD vs base | same top p | acceptance | head vs reference | speed "
            "| verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    out += [file_row(r) for r in sorted(rows, key=lambda r: -r.size_bytes)]
+    out += [file_row(r, options) for r in sorted(rows, key=lambda r: -r.size_bytes)]
     ref = reference_row(rows)
     return out + ([ref] if ref else []) + [""]
 
@@ -367,15 +374,15 @@ def run_lines(rows: Sequence[FileRow], options: PageOptions, sidecar: str | None
     pick = picked_row(rows)
     v, repo = pick.verification, options.repo
     flags = " ".join(verified_mtp_flags(v))
-    also = f' --include "{sidecar}"' if sidecar else ""
-    cmds = [f'hf download {repo} --include "{download_pattern(pick.artifact)}"{also} --local-dir .']
+    also = f' --include "{options.at(sidecar)}"' if sidecar else ""
+    cmds = [f'hf download {repo} --include "{options.at(download_pattern(pick.artifact))}"{also} --local-dir .']
     if pick.tag:
         cmds.append(f"{verified_mtp_env(v)}llama-server -hf {repo}:{pick.tag} --spec-type draft-mtp {flags}")
     out = ["```sh", *cmds, "```\n"]
     others = [r.tag for r in rows if r is not pick and r.tag]
     if others:
         out.append(f"Another file: its tag after the colon ({', '.join(f'`:{t}`' for t in others)}), or "
-                   f'`hf download {repo} --include "*.gguf"` for every file.\n')
+                   f'`hf download {repo} --include "{options.at("*.gguf")}"` for every file.\n')
     k = "the draft window the verification ran" if v else "llama.cpp's default draft window"
     out.append(f"`{flags}`: {k}. " + build_line(v))
     if not options.repo_id:

@@ -85,7 +85,7 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, option
              f"`{LLAMA_CPP_COMMIT}`). {keeps} `llama-server --spec-type draft-mtp` can draft with it. Every row is "
              "read from the variant's receipt (`FILE.receipt.json` beside it) after its bytes were audited against "
              "it.\n"]
-    lines += files_table(rows)
+    lines += files_table(rows, o)
     unverified = [r for r in rows if r.unverified]
     if unverified:
         lines += [UNVERIFIED_HEADING, ""]

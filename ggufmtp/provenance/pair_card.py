@@ -116,8 +116,9 @@ def pair_lines(rows: Sequence[FileRow], sidecars: Sequence[SidecarFile], options
              "llama.cpp takes a file whose name holds `mtp-` beside the model as its MTP draft (the one whose type "
              "is nearest the tag). With local files, give it with `-md` (`--spec-draft-model`):\n",
              "```sh",
-             f'hf download {repo} --include "{pick.artifact}" --include "{side}" --local-dir .',
-             f"{verified_mtp_env(pick.verification)}llama-server -m {pick.artifact} -md {side} --spec-type draft-mtp "
+             f'hf download {repo} --include "{options.at(pick.artifact)}" --include "{options.at(side)}" --local-dir .',
+             f"{verified_mtp_env(pick.verification)}llama-server -m {options.at(pick.artifact)} -md {options.at(side)} "
+             "--spec-type draft-mtp "
              f"{flags}",
              "```\n",
              "Each trunk was verified served with the sidecar its receipt names (the `pair` section), and the "

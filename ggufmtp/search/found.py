@@ -56,11 +56,12 @@ def public_name(corpus: str) -> str:
     return corpus if corpus.startswith("builtin:") or os.sep not in corpus else os.path.basename(corpus)
 
 
-def release_tag(allocation: Allocation) -> str:
-    """The variant's release tag (``<Model>-Searched-6_22bpw.gguf``): its bits per weight over the
-    groups, so a ladder of searched and shipped recipes names each file apart."""
-    hundredths = round(allocation.bpw * 100)
-    return f"Searched-{hundredths // 100}_{hundredths % 100:02d}bpw"
+def release_tag(ftype: str) -> str:
+    """The variant's release tag (``<Model>-Q4_K_M_Searched.gguf``): the base's file type with
+    ``_Searched``, a name the Hub labels as it is (``Q4_K_M_SEARCHED``, huggingface.js
+    parseGGUFQuantLabel: no digit may follow the type) and llama.cpp's ``-hf REPO:Q4_K_M_SEARCHED``
+    resolves, apart from a shipped ``Q4_K_M``; the bits per weight are in the description and the card."""
+    return f"{ftype}_Searched"
 
 
 def allocation_recipe(table: SensitivityTable, allocation: Allocation, base: Recipe, name: str = "searched-mtp", *,
@@ -74,7 +75,7 @@ def allocation_recipe(table: SensitivityTable, allocation: Allocation, base: Rec
     imatrix = ("required" if any(needs_imatrix(t, base.ftype) for _, t in allocation.types)
                else "recommended" if measured_with_imatrix and base.imatrix == "none" else base.imatrix)
     return dataclasses.replace(
-        base, name=name, tag=release_tag(allocation), path=None, sha256=None, mtp_roles=(), mtp_floor=None, rules=rules,
+        base, name=name, tag=release_tag(base.ftype), path=None, sha256=None, mtp_roles=(), mtp_floor=None, rules=rules,
         overrides=(), imatrix=imatrix,
         description=(f"searched by ggufmtp {__version__}: {len(rules)} groups, {allocation.bpw:.3f} bpw over them, "
                      f"predicted KLD {allocation.predicted_kld:.6f} (baseline {table.baseline_recipe})"))
