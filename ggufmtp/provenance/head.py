@@ -342,10 +342,6 @@ class HeadComparison:
         return out
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _int(x: Any, what: str, minimum: int = 0) -> int:
     if not isinstance(x, int) or isinstance(x, bool) or x < minimum:
         raise ValueError(f"{what} {x!r}: not an integer >= {minimum}")
