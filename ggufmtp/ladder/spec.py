@@ -102,7 +102,13 @@ class LadderSpec:
             raise LadderError(f"recipe {', '.join(dup)} given twice")
         if self.imatrix and self.imatrix_corpus:
             raise LadderError(f"give imatrix {self.imatrix} or imatrix_corpus {self.imatrix_corpus}, not both")
-        _split_size(self.split_max_size, "split_max_size")
+        split = _split_size(self.split_max_size, "split_max_size")
+        sidecar_layout = str(getattr(self.layout, "value", self.layout)) == Layout.SIDECAR.value
+        if sidecar_layout and split not in (NO_SPLIT, str(DEFAULT_SPLIT_MAX_SIZE)):
+            # the sidecar layout writes each trunk as one file; said before any work, not found after it
+            raise LadderError(f"split_max_size {self.split_max_size}: the sidecar layout does not split its trunks "
+                              "(each trunk is one file beside its MTP sidecars); use the full layout to split, or "
+                              "--split-max-size none")
         loaded = [Recipe.load(r) for r in self.recipes]  # RecipeError naming a bad one, before any work
         names = [r.name for r in loaded]
         clash = sorted({n for n in names if names.count(n) > 1})
