@@ -159,8 +159,8 @@ def test_a_clear_case_stops_at_the_first_look_and_the_reference_is_measured_once
     """The budget is 24 prompts (looks at 8, 16 and 24). The Q8_0 head drafts exactly as the source's
     (0.0 points, no variance): preserved at 8 prompts, and the run stops there. A designed loss
     (the -f20 head drafts a wrong successor for a fifth of the tokens) is degraded at the same first
-    look. The second run's reference phase comes from the cache the first one filled (the same
-    reference bytes, settings and prompts): a ladder measures its reference once."""
+    look. The reference arm is the source's head drafting on each artifact's own trunk, so its cache
+    key names the trunk: the -f20 model's differs, and a rerun of the Q8_0 reads the first run's."""
     o = dataclasses.replace(_options(synth_model("tiny-qwen35moe")), limit=24)
     first = verify(q8[0], o, progress=False).to_dict()
     h = first["head"]
@@ -173,7 +173,8 @@ def test_a_clear_case_stops_at_the_first_look_and_the_reference_is_measured_once
     assert worse["settings"]["n_prompts"] == 8 and worse["verdict"] == "fail"
     again = verify(q8[0], o, progress=False).to_dict()
     assert again["settings"]["reference_phase"]["cached"] is True
-    assert again["settings"]["reference_phase"]["key"] == worse["settings"]["reference_phase"]["key"]
+    assert again["settings"]["reference_phase"]["key"] == first["settings"]["reference_phase"]["key"]
+    assert worse["settings"]["reference_phase"]["key"] != first["settings"]["reference_phase"]["key"]
     assert again["head"]["pairs"] == h["pairs"]
 
 

@@ -3,10 +3,11 @@ three outcomes and a sequential design.
 
 A publisher's question is whether quantizing kept the head, not whether the model's head clears a
 fixed minimum: a near-lossless Q8_0 of a model whose head accepts 45 % is a good quant. So ``verify``
-measures the reference (the source model, or a Q8_0 variant made from it where the source does not
-fit) with the MTP arm's settings and window, on the same suite, seeds and modes. Each (prompt, seed,
-mode) gives a :class:`HeadPair`: what the artifact's head drafted and had accepted, and what the
-reference's did.
+measures the reference's head (the source model's, or a more precise variant's made from it)
+drafting on the artifact's own trunk with the MTP arm's settings and window, on the same suite,
+seeds and modes (:mod:`ggufmtp.measure.verify.reference`): both heads then draft on the same text,
+so the difference is the head's alone. Each (prompt, seed, mode) gives a :class:`HeadPair`: what the
+artifact's head drafted and had accepted, and what the reference's did.
 
 The judgment, per thinking mode, is the paired acceptance difference d (artifact minus reference,
 each a ratio of sums over the prompts measured) against the non-inferiority margin m (the recipe's,
@@ -47,7 +48,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -120,19 +121,23 @@ def look_alpha(schedule: Sequence[int], j: int) -> float:
 @dataclass(frozen=True)
 class ReferenceModel:
     """The reference the head was measured against: its file name (no path), size and digest; a
-    split reference's every shard (name and sha256); and what binds it to the artifact's source
-    (``bound``: :class:`~ggufmtp.provenance.binding.ReferenceBinding`, which ``audit`` checks)."""
+    split reference's every shard (name and sha256); what binds it to the artifact's source
+    (``bound``: :class:`~ggufmtp.provenance.binding.ReferenceBinding`, which ``audit`` checks); and
+    ``head``, the reference's MTP head cut as a sidecar that drafted on the artifact's trunk."""
 
     name: str
     size_bytes: int
     sha256: str
     shards: tuple[NamedDigest, ...] | None = None
     bound: ReferenceBinding | None = None
+    head: NamedDigest | None = None
 
     def to_dict(self) -> JsonObject:
         d: JsonObject = {"name": self.name, "size_bytes": self.size_bytes, "sha256": self.sha256}
         if self.shards is not None:
             d["shards"] = [dict(s) for s in self.shards]
+        if self.head is not None:
+            d["head"] = dict(self.head)
         if self.bound is not None:
             d["bound"] = self.bound.to_dict()
         return d
@@ -303,7 +308,7 @@ class HeadComparison:
                              "its statistics")
         margin = check_margin(d.get("margin"))
         sha = ref.get("sha256")
-        if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        if not _is_digest(sha):
             raise ValueError("the reference's sha256 is not a digest")
         parsed = tuple(_pair(p) for p in pairs)
         n_prompts = len(dict.fromkeys(p.prompt_id for p in parsed))
@@ -312,7 +317,7 @@ class HeadComparison:
             raise ValueError(f"head budget {budget}: not between the {n_prompts} prompts measured and {MAX_PROMPTS}")
         tokens = d.get("tokens")
         return cls(ReferenceModel(_str(ref.get("name"), "reference name"), _int(ref.get("size_bytes"), "reference size"),
-                                  sha), _int(d.get("k"), "k", 1), margin, budget, parsed,
+                                  sha, head=_head(ref.get("head"))), _int(d.get("k"), "k", 1), margin, budget, parsed,
                    None if tokens is None else _int(tokens, "head tokens", 1))
 
     def run_problems(self, settings: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
@@ -352,6 +357,20 @@ def _str(x: Any, what: str) -> str:
     if not isinstance(x, str) or not x or "/" in x or "\\" in x:
         raise ValueError(f"{what} {x!r}: not a file name")
     return x
+
+
+def _is_digest(x: Any) -> TypeGuard[str]:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+
+
+def _head(x: Any) -> NamedDigest | None:
+    """The reference head's name and sha256 as recorded (None: a receipt from before the head was
+    recorded)."""
+    if x is None:
+        return None
+    if not isinstance(x, Mapping) or not _is_digest(x.get("sha256")):
+        raise ValueError("the reference head is not a name and a sha256")
+    return NamedDigest(name=_str(x.get("name"), "reference head name"), sha256=x["sha256"])
 
 
 def _pair(p: Any) -> HeadPair:

@@ -120,18 +120,21 @@ def _check_source(model: Path) -> GGUFModel:
 
 def write_part(src: Path, out: Path, role: Role) -> None:
     """Write ``role``'s part of the full model ``src`` to ``out`` (created or replaced as is: the
-    caller stages it): key/values and tensor bytes copied with gguf-py, nothing re-quantized."""
+    caller stages it): key/values and tensor bytes copied with gguf-py, nothing re-quantized. ``src``
+    may be a split model's first shard: the key/values are the first shard's (its ``split.*`` keys
+    left out) and the tensors are read from whichever shard holds them (verify's reference head)."""
     gm = GGUFModel(src)
     mtp = gm.mtp_blocks
     prefixes = block_prefixes(mtp)
-    reader = GGUFReader(src)
+    readers = [GGUFReader(s) for s in gm.shards]
+    reader = readers[0]
     arch = gm.architecture
     keep: Callable[[str], bool] = ((lambda n: n.startswith(prefixes) or not n.startswith("blk.")) if role == Role.SIDECAR
                                    else (lambda n: not n.startswith(prefixes)))
     writer = GGUFWriter(out, arch=arch)
     try:
         for field in reader.fields.values():
-            if field.name == Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            if field.name == Keys.General.ARCHITECTURE or field.name.startswith(("GGUF.", "split.")):
                 continue
             value = field.contents()
             if field.name == Keys.General.ALIGNMENT:
@@ -144,7 +147,7 @@ def write_part(src: Path, out: Path, role: Role) -> None:
             vtype = field.types[0]
             writer.add_key_value(field.name, value, vtype,
                                  sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
-        tensors = [t for t in reader.tensors if keep(t.name)]
+        tensors = [t for r in readers for t in r.tensors if keep(t.name)]
         for t in tensors:
             writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
         writer.write_header_to_file()

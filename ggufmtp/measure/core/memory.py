@@ -509,8 +509,8 @@ def _phases(i: PlanInputs, free: Sequence[int]) -> tuple[PhaseMemory, ...]:
                           i.cache_type_k, i.cache_type_v, i.draft_n_max if mtp else 0)
 
     groups: list[tuple[str, list[tuple[ServerSpec, ModelFacts | None]]]] = []
-    if i.reference is not None:
-        groups.append(("reference", [(spec(Role.REFERENCE, i.reference, True), None)]))
+    if i.reference is not None:  # the artifact's trunk drafting with the reference's head (measure.verify.reference)
+        groups.append(("reference", [(spec(Role.REFERENCE, i.variant, True), head_of(i.reference))]))
     main = [(spec(Role.VANILLA, i.variant, False), None), (spec(Role.MTP, i.variant, True), i.sidecar)]
     if i.default_vanilla:
         main.append((spec(Role.DEFAULT_VANILLA, i.variant, False), None))
@@ -566,6 +566,17 @@ def _advice(i: PlanInputs, free: Sequence[int]) -> list[str]:
         elif _fits(dataclasses.replace(i, reference=None), free):
             out.append("--no-reference (the head judged by the recipe's absolute minimum acceptance)")
     return out
+
+
+def head_of(m: ModelFacts) -> ModelFacts:
+    """``m``'s MTP head as verify's reference arm serves it: an MTP-only sidecar (the MTP blocks,
+    ``token_embd``, ``output_norm``, ``output``)."""
+    trunk = m.n_layer_all - m.n_nextn
+
+    def kept(name: str) -> bool:
+        b = _BLOCK.match(name)
+        return b is None or int(b.group(1)) >= trunk
+    return dataclasses.replace(m, name=f"{m.name}'s head", tensors={k: v for k, v in m.tensors.items() if kept(k)})
 
 
 def _as_q8_0(m: ModelFacts) -> ModelFacts:

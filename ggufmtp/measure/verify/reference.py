@@ -1,23 +1,34 @@
-"""verify's reference arm: the reference model's MTP server in a phase of its own, and the pairs it
-gives (:mod:`ggufmtp.provenance.head` judges them).
+"""verify's reference arm: the reference's MTP head drafting on the artifact's own trunk, in a phase
+of its own, and the pairs it gives (:mod:`ggufmtp.provenance.head` judges them).
 
-The reference (the source model, or a Q8_0 variant made from it where the source does not fit) is
-served with the MTP arm's exact configuration (window, server arguments, KV types, context, GPU
-layers, tuned settings) with only the model changed. Acceptance is a count, not a timing, so the
-reference needs no interleaving with the other arms: it runs first and alone (:func:`reference_phase`;
-on a GPU the reference, often the largest model, is then never resident beside the artifact's
+The question is whether quantizing kept the head, so the reference arm changes only the head: its
+server is the MTP arm's exact configuration (the artifact's trunk, window, server arguments, KV
+types, context, GPU layers, tuned settings) drafting with the reference's MTP head, an MTP-only
+sidecar cut from the reference (:func:`reference_head`: its MTP block, ``token_embd``, ``output_norm``
+and ``output`` as they are, ``-md``). Both arms then verify with the same trunk, so at temperature 0
+they write the same text, and each (prompt, seed, mode) pairs the two heads' drafts on the same
+tokens: the difference is the head's alone. (Serving the whole reference model instead paired two
+different texts wherever the quantized trunk's greedy reply diverges: on the trained tiny model its
+Q8_0 diverged on 27 of 54 prompts, per-prompt acceptance swung by up to 20 points, and a 3-point
+margin needed ~380 prompts; on the same trunk the per-prompt difference of the Q8_0 and BF16 heads
+had a standard deviation of 0.75 points; benchmarks/README.md.) What the trunk's precision does to
+acceptance is the absolute acceptance and speed findings' to say, not the head's.
+
+Acceptance is a count, not a timing, so the reference arm needs no interleaving with the other arms:
+it runs first and alone (:func:`reference_phase`; on a GPU it is never resident beside the artifact's
 servers), every (prompt, seed, mode) of the run's budget on the chat endpoint at the shipped window.
-Its records are cached by content (:func:`reference_key`: the reference's sha256, the server's flags
-and environment, the llama.cpp build, the prompts, seeds, reply limit and context fill), so every
-variant of a ladder and every later run with the same settings reuses one measurement. Its replies
-are not compared with vanilla's (another model's may differ); its drafted and accepted counts are
-paired with the artifact's MTP arm by (prompt, seed, mode) (:func:`head_comparison`).
+Its records are cached by content (:func:`reference_key`: the trunk's and the head's sha256, the
+server's flags and environment, the llama.cpp build, the prompts, seeds, reply limit and context
+fill), so a rerun with the same settings reuses one measurement; the head is cut once per reference
+(cached by its digest under the cache root). Its drafted and accepted counts are paired with the
+artifact's MTP arm by (prompt, seed, mode) (:func:`head_comparison`).
 
 Before anything is served, the reference is bound to the artifact's source
 (:func:`~ggufmtp.provenance.binding.bind_reference`): the source named by the artifact's receipt
 (given, else ``ARTIFACT.receipt.json`` beside it), or a more precise variant of it whose own receipt
-(beside the reference) names that source; never the artifact's bytes. Every file of both is hashed
-(:class:`~ggufmtp.measure.core.records.ServedSet`) and checked unchanged after the run.
+(beside the reference) names that source; never the artifact's bytes. Every file of both, and the
+head cut from the reference, is hashed (:class:`~ggufmtp.measure.core.records.ServedSet`) and
+checked unchanged after the run.
 """
 
 from __future__ import annotations
@@ -37,17 +48,18 @@ from typing import Any
 from ...errors import GgufmtpError, ServerError, VerifyError
 from ...files.hashing import sha256_file
 from ...files.memo import JsonMemo
-from ...gguf.model import SPLIT_RE
+from ...gguf.model import SPLIT_RE, GGUFModel
 from ...jsontypes import JsonObject
 from ...progress import bar as progress_bar
 from ...provenance.binding import BoundBy, ReferenceBinding, ReferenceFacts, bind_reference, source_digests
 from ...provenance.head import HeadComparison, HeadDecision, HeadPair, ReferenceModel, look_schedule
 from ...provenance.receipt import Receipt, default_receipt_path, read_receipt
+from ...provenance.statement import NamedDigest
 from ...runtime.build import binary_version, cache_root, find_binary
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without
 from ..core.arms import MTP, REFERENCE, send
 from ..core.options import VerifyOptions
-from ..core.records import ServedSet
+from ..core.records import ServedFile, ServedSet
 from ..core.suite import Suite, modes_for_template
 from .kvdepth import fill_context
 from .runner import check_drafting, warm_up_arm
@@ -57,7 +69,8 @@ __all__ = ["ReferenceArm", "ReferencePhase", "artifact_receipt", "check_referenc
            "head_comparison", "head_stop", "reference_key", "reference_phase"]
 
 CACHE_FILE = "references.json"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: the reference arm is the reference's head on the artifact's trunk
+HEADS_DIR = "heads"
 
 
 def _receipt_beside(path: Path) -> Path | None:
@@ -122,14 +135,56 @@ def check_reference(options: VerifyOptions | None, source_model: str | os.PathLi
     return bind_reference(_facts(Path(reference), served, source), source, (), None)
 
 
+def reference_head(path: Path, served: ServedSet) -> ServedFile:
+    """The reference's MTP head as an MTP-only sidecar (:func:`~ggufmtp.quant.sidecar.write_part`: its
+    MTP block, ``token_embd``, ``output_norm``, ``output`` and key/values as they are, a split
+    reference's shards read in turn), cut once per reference into the cache root
+    (``heads/<digest>/mtp-reference.gguf``, staged and renamed into place) and hashed."""
+    from ...quant.sidecar import Role, write_part
+
+    folder = cache_root() / HEADS_DIR / hashlib.sha256("\n".join(served.digests).encode()).hexdigest()[:32]
+    out = folder / "mtp-reference.gguf"
+    if not out.is_file():
+        staged = folder / f".mtp-reference.gguf.partial-{os.getpid()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_part(served.first.path, staged, Role.SIDECAR)
+            os.replace(staged, out)
+        except (OSError, ValueError, GgufmtpError) as e:
+            raise VerifyError(f"reference {path.name}: cannot cut its MTP head into {folder}: {e}") from None
+        finally:
+            staged.unlink(missing_ok=True)
+    return ServedFile.of(out)
+
+
+def _shape(path: Path) -> tuple[str, int, tuple[int, ...]]:
+    """What a head must share with the trunk it drafts on: architecture, trunk layers (the MTP
+    block's index) and the token embedding's shape (width and vocabulary)."""
+    gm = GGUFModel(path)
+    embd = gm.tensors.get("token_embd.weight")
+    return gm.architecture, gm.trunk_layers, tuple(embd.shape) if embd is not None else ()
+
+
+def check_head_fits(head: Path, reference: Path, artifact: Path) -> None:
+    """VerifyError naming both files unless the reference's head can draft on the artifact's trunk."""
+    want, got = _shape(artifact), _shape(head)
+    if want != got:
+        raise VerifyError(f"reference {reference.name}: its MTP head (architecture {got[0]}, {got[1]} trunk layers, "
+                          f"token_embd {list(got[2])}) cannot draft on {artifact.name}'s trunk (architecture "
+                          f"{want[0]}, {want[1]} trunk layers, token_embd {list(want[2])}): not the same model")
+
+
 @dataclass(frozen=True)
 class ReferenceArm:
-    """The reference as served: its path, every file's bytes checked before and after the run, and
-    what binds it to the artifact's source."""
+    """The reference as served: its path, every file's bytes checked before and after the run, what
+    binds it to the artifact's source, its MTP head cut as a sidecar (:func:`reference_head`), and the
+    digests of the artifact's trunk the head drafts on."""
 
     path: Path
     served: ServedSet
     binding: ReferenceBinding
+    head: ServedFile
+    trunk: tuple[str, ...]
 
     @staticmethod
     def check_path(path: str | os.PathLike, artifact: Path) -> None:
@@ -142,8 +197,9 @@ class ReferenceArm:
     def of(cls, path: str | os.PathLike, artifact: ServedSet, receipt: str | os.PathLike | None,
            check_model: Callable[[Path], object]) -> ReferenceArm:
         """The reference at ``path``: another file (:meth:`check_path`) that ``check_model`` accepts
-        (verify's: a complete MTP block; its error names the reference), hashed (every shard) and
-        bound to the source named by the artifact's receipt (:func:`artifact_receipt` of ``receipt``)."""
+        (verify's: a complete MTP block; its error names the reference), hashed (every shard), bound
+        to the source named by the artifact's receipt (:func:`artifact_receipt` of ``receipt``), and
+        its head cut (:func:`reference_head`) and checked to fit the artifact's trunk."""
         cls.check_path(path, artifact.first.path)
         try:
             check_model(Path(path))
@@ -154,12 +210,20 @@ class ReferenceArm:
         source = source_digests(found.statement) if found is not None else None
         bpw = found.predicate["result"].get("bpw") if found is not None else None
         binding = bind_reference(_facts(Path(path), served, source), source, artifact.digests, bpw)
-        return cls(Path(path), served, binding)
+        head = reference_head(Path(path), served)
+        check_head_fits(head.path, Path(path), artifact.first.path)
+        return cls(Path(path), served, binding, head, tuple(artifact.digests))
 
     def model(self) -> ReferenceModel:
         shards = self.served.shards()
         return ReferenceModel(self.path.name, self.served.first.size, self.served.first.sha256,
-                              tuple(shards) if shards else None, self.binding)
+                              tuple(shards) if shards else None, self.binding,
+                              NamedDigest(name=self.head.path.name, sha256=self.head.sha256))
+
+    def check_unchanged(self) -> None:
+        """VerifyError naming the file when the reference or the head cut from it changed."""
+        self.served.check_unchanged()
+        self.head.check_unchanged()
 
     def notes(self) -> list[str]:
         """What the reader must know of the reference's binding (an unbound one: not publishable)."""
@@ -214,10 +278,12 @@ def head_stop(ref: ReferenceArm, records: list[Record], ref_records: Sequence[Re
 
 def reference_key(ref: ReferenceArm, cfg: ServerConfig, suite: Suite, seeds: Sequence[int], max_tokens: int,
                   depth: int) -> str:
-    """What the reference's counts depend on, hashed: its bytes, the server's flags (the model path
-    left out) and environment, the llama.cpp build, the prompts' content, seeds, reply limit, depth."""
+    """What the reference arm's counts depend on, hashed: the trunk's and the head's bytes, the
+    server's flags (the model paths left out) and environment, the llama.cpp build, the prompts'
+    content, seeds, reply limit, depth."""
     binary = find_binary("llama-server", cfg.llama_cpp_bin)
-    payload = {"version": _CACHE_VERSION, "reference": ref.served.digests,
+    payload = {"version": _CACHE_VERSION, "reference": ref.served.digests, "trunk": list(ref.trunk),
+               "head": ref.head.sha256,
                "flags": flags_without(build_command(cfg, "llama-server", 0)), "env": dict(cfg.env or {}),
                "llama.cpp": binary_version(binary), "suite": suite.sha256,
                "prompts": [[p.id, p.category, p.chat_messages()] for p in suite.prompts],
@@ -260,7 +326,7 @@ def reference_phase(ref: ReferenceArm, cfg: ServerConfig | None, suite: Suite, s
         if cached is not None:
             return ReferencePhase(*cached, key, True, time.monotonic() - t0)
         records, fill = _measure(cfg, suite, seeds, max_tokens, depth, progress)
-        ref.served.check_unchanged()
+        ref.check_unchanged()
         _cache().put(key, {"fill": fill, "records": [dataclasses.asdict(r) for r in records]})
     return ReferencePhase(records, fill, key, False, time.monotonic() - t0)
 

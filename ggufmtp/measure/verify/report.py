@@ -389,8 +389,10 @@ def _arm_lines(res: VerifyResult) -> list[str]:
         out.append(f"default vanilla arm (for speedup_vs_default_vanilla only): {' '.join(res.default_vanilla_args)}")
     if res.head is not None:
         ref = res.head.reference
-        out.append(f"reference arm: the MTP arm's flags on {ref.name} (sha256 {ref.sha256[:16]}…), in its own phase "
-                   f"(measured alone first, cached by content); its drafts paired with the MTP arm's by prompt and seed")
+        head = f" (-md {ref.head['name']}, sha256 {ref.head['sha256'][:16]}…)" if ref.head is not None else ""
+        out.append(f"reference arm: the MTP arm's flags and trunk, drafting with the MTP head of {ref.name} (sha256 "
+                   f"{ref.sha256[:16]}…){head}, in its own phase (measured alone first, cached by content); its drafts "
+                   "paired with the MTP arm's by prompt and seed, on the same text")
         if ref.bound is not None:
             out.append(f"reference bound to: {ref.bound.text()}")
     return out

@@ -304,13 +304,12 @@ def _run(plan: _Plan, base: dict[str, Any], max_tokens: int, progress: bool,
 
 
 def _reference_config(plan: _Plan, base: dict[str, Any]) -> ServerConfig | None:
-    """The reference's MTP server: the MTP arm's configuration at the shipped window, the model
-    changed (it drafts with its own head: no sidecar)."""
+    """The reference arm's server: the MTP arm's configuration at the shipped window (the artifact's
+    trunk), drafting with the reference's head (``-md``, :func:`~.reference.reference_head`)."""
     if plan.reference is None:
         return None
-    arms = dataclasses.replace(plan.arms, draft_model=None)
-    return _mtp_server_config({**base, "model": plan.reference.path}, plan.draft_n_max, plan.draft_n_min,
-                              plan.tuned, arms)
+    arms = dataclasses.replace(plan.arms, draft_model=str(plan.reference.head.path))
+    return _mtp_server_config(base, plan.draft_n_max, plan.draft_n_min, plan.tuned, arms)
 
 
 
@@ -484,7 +483,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, re
         side.check_unchanged()
     head = None
     if plan.reference is not None:
-        plan.reference.served.check_unchanged()
+        plan.reference.check_unchanged()
         head = head_comparison(runner.records, plan.reference, plan.draft_n_max, plan.margin, len(plan.suite.prompts),
                                o.max_tokens)
     gpu_layers = o.server.gpu_layers
