@@ -391,6 +391,7 @@ def test_dense_27b_tensor_table_is_the_released_models():
         expect.update({f"blk.{il}.{k}": ne for k, ne in block.items()})
     assert plans == expect  # names and shapes, nothing more, nothing less
     assert [il for il in range(L) if f"blk.{il}.attn_q.weight" in plans] == list(range(3, L, 4))
+    assert (PUBLISHED[SHAPE_DENSE_27B].arch, PUBLISHED[SHAPE_DENSE_27B].layers) == ("qwen35", L)
     # "27B" (text model and MTP block; nextn.embed_tokens is synth's knob carrier, the release shares token_embd)
     n_params = sum(math.prod(ne) for name, ne in plans.items() if "embed_tokens" not in name)
     assert 26.5e9 < n_params < 28e9
