@@ -21,7 +21,7 @@ from ggufmtp.gguf.reader import read_header, tensor_nbytes
 from ggufmtp.synth.builtin import BUILTIN_MODELS, builtin_path
 from ggufmtp.synth.calibrate import calibrate_wrong_fraction
 from ggufmtp.synth.chain import chain_for, predict_tokens, simulate_acceptance, suite_acceptance
-from ggufmtp.synth.layout import SHAPE_REAL
+from ggufmtp.synth.layout import PUBLISHED, SHAPE_DENSE_27B, SHAPE_REAL
 from ggufmtp.synth.metadata import add_metadata
 from ggufmtp.synth.spec import SynthSpec, expected_acceptance
 from ggufmtp.synth.tensors import TensorBuilder, from_bf16
@@ -269,7 +269,7 @@ def test_builtin_path_caches(tmp_path):
 def test_invalid_specs():
     for bad in (SynthSpec(arch="llama"), SynthSpec(shape="huge"), SynthSpec(layers=0),
                 SynthSpec(wrong_successor_fraction=1.5), SynthSpec(mtp=False, wrong_successor_fraction=0.1),
-                SynthSpec(arch="qwen35", shape=SHAPE_REAL)):
+                SynthSpec(arch="qwen35", shape=SHAPE_REAL), SynthSpec(arch="qwen35moe", shape=SHAPE_DENSE_27B)):
         with pytest.raises(SynthError):
             bad.validate()
 
@@ -306,9 +306,10 @@ def test_real_shape_tensor_table():
     assert len(build_vocab(SHAPE_REAL)) == V
 
 
-def test_real_shape_metadata(tmp_path):
-    """The real-shape header (metadata and tensor infos) over a sparse file: no GBs written."""
-    spec = SynthSpec(shape=SHAPE_REAL, layers=2)
+def _sparse_header(tmp_path, spec: SynthSpec):
+    """``spec``'s real-shape file as its header (metadata and tensor infos) over a sparse data section:
+    no GBs written. Read back with the one header reader (llama.cpp's header rules; gguf-py's
+    GGUFReader takes seconds over 248k tokens): every string walked, the long arrays' lengths kept."""
     plans = plan(spec)
     w = gguf.GGUFWriter(path=None, arch=spec.arch)
     add_metadata(w, spec, build_vocab(spec.shape))
@@ -324,9 +325,18 @@ def test_real_shape_metadata(tmp_path):
     w.close()
     pad = lambda n: (n + 31) // 32 * 32  # noqa: E731
     os.truncate(out, pad(start) + sum(pad(p.nbytes) for p in plans))  # sparse: no disk blocks
-    # read back with the one header reader (llama.cpp's header rules; gguf-py's GGUFReader takes
-    # seconds over 248k tokens): every string walked, the long arrays' lengths kept
     h = read_header(out)
+    assert len(h.tensors) == len(plans)
+    assert h.array_lengths["tokenizer.ggml.tokens"] == 248320
+    # every tensor's data inside the file, the data section where the writer put it
+    assert h.data_offset == pad(start) and h.file_size == pad(start) + sum(pad(p.nbytes) for p in plans)
+    assert all(x.offset + tensor_nbytes(x.shape, x.type_id)[1] <= h.file_size for x in h.tensors)
+    return h
+
+
+def test_real_shape_metadata(tmp_path):
+    """The real-shape header (metadata and tensor infos) over a sparse file: no GBs written."""
+    h = _sparse_header(tmp_path, SynthSpec(shape=SHAPE_REAL, layers=2))
     m, a = h.metadata, "qwen35moe."
     assert m[a + "embedding_length"] == 2048
     assert m[a + "attention.head_count"] == 16 and m[a + "attention.head_count_kv"] == 2
@@ -338,15 +348,84 @@ def test_real_shape_metadata(tmp_path):
     assert m[a + "ssm.inner_size"] == 4096 and m[a + "ssm.conv_kernel"] == 4
     assert m[a + "rope.dimension_count"] == 64  # 25% of the 256 head dim
     assert m[a + "block_count"] == 3 and m[a + "nextn_predict_layers"] == 1
-    assert h.array_lengths["tokenizer.ggml.tokens"] == 248320
     t = {x.name: x for x in h.tensors}
-    assert len(t) == len(plans)
     assert list(t["blk.2.ffn_down_exps.weight"].shape) == [512, 2048, 256]
     assert list(t["blk.2.nextn.eh_proj.weight"].shape) == [4096, 2048]
     assert t["token_embd.weight"].type_id == gguf.GGMLQuantizationType.BF16
-    # every tensor's data inside the file, the data section where the writer put it
-    assert h.data_offset == pad(start) and h.file_size == pad(start) + sum(pad(p.nbytes) for p in plans)
-    assert all(x.offset + tensor_nbytes(x.shape, x.type_id)[1] <= h.file_size for x in h.tensors)
+
+
+# Qwen3.6-27B's text config.json (model_type qwen3_5_text), the figures the dense shape must reproduce
+Q27 = dict(hidden=5120, layers=64, interval=4, ffn=17408, heads=24, kv_heads=4, head_dim=256, k_heads=16,
+           v_heads=48, k_dim=128, v_dim=128, conv=4, vocab=248320)
+
+
+def _dense_27b(**kw) -> SynthSpec:
+    return SynthSpec(arch="qwen35", shape=SHAPE_DENSE_27B, layers=Q27["layers"], **kw)
+
+
+def test_dense_27b_tensor_table_is_the_released_models():
+    """The dense shape at its released depth, listed without data: every tensor llama.cpp's qwen35
+    loader creates (``load_arch_tensors``) with the ggml shape it computes from the config, full
+    attention on layers 3, 7, ..., 63, the MTP block blk.64, ~27 B parameters."""
+    c = Q27
+    H, V, key, val = c["hidden"], c["vocab"], c["k_heads"] * c["k_dim"], c["v_heads"] * c["v_dim"]
+    q, kv = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
+    spec = _dense_27b(wrong_successor_fraction=PUBLISHED[SHAPE_DENSE_27B].head.wrong_successor_fraction)
+    plans = {p.name: p.ne for p in plan(spec)}
+    common = {"attn_norm.weight": (H,), "post_attention_norm.weight": (H,), "ffn_gate.weight": (H, c["ffn"]),
+              "ffn_up.weight": (H, c["ffn"]), "ffn_down.weight": (c["ffn"], H)}
+    recurrent = {"attn_qkv.weight": (H, 2 * key + val), "attn_gate.weight": (H, val),
+                 "ssm_conv1d.weight": (c["conv"], 2 * key + val), "ssm_dt.bias": (c["v_heads"],),
+                 "ssm_a": (c["v_heads"],), "ssm_beta.weight": (H, c["v_heads"]),
+                 "ssm_alpha.weight": (H, c["v_heads"]), "ssm_norm.weight": (c["v_dim"],), "ssm_out.weight": (val, H)}
+    attention = {"attn_q.weight": (H, 2 * q), "attn_k.weight": (H, kv), "attn_v.weight": (H, kv),  # q carries the gate
+                 "attn_output.weight": (q, H), "attn_q_norm.weight": (c["head_dim"],),
+                 "attn_k_norm.weight": (c["head_dim"],)}
+    nextn = {"nextn.eh_proj.weight": (2 * H, H), "nextn.enorm.weight": (H,), "nextn.hnorm.weight": (H,),
+             "nextn.shared_head_norm.weight": (H,), "nextn.embed_tokens.weight": (H, V)}
+    expect = {"token_embd.weight": (H, V), "output.weight": (H, V), "output_norm.weight": (H,)}
+    L = c["layers"]
+    for il in range(L + 1):
+        full = il == L or (il + 1) % c["interval"] == 0
+        block = {**common, **(attention if full else recurrent), **(nextn if il == L else {})}
+        expect.update({f"blk.{il}.{k}": ne for k, ne in block.items()})
+    assert plans == expect  # names and shapes, nothing more, nothing less
+    assert [il for il in range(L) if f"blk.{il}.attn_q.weight" in plans] == list(range(3, L, 4))
+    assert (PUBLISHED[SHAPE_DENSE_27B].arch, PUBLISHED[SHAPE_DENSE_27B].layers) == ("qwen35", L)
+    # "27B" (text model and MTP block; nextn.embed_tokens is synth's knob carrier, the release shares token_embd)
+    n_params = sum(math.prod(ne) for name, ne in plans.items() if "embed_tokens" not in name)
+    assert 26.5e9 < n_params < 28e9
+
+
+def test_dense_27b_metadata(tmp_path):
+    """The dense shape's header (block_count 65: 64 trunk layers, for which the qwen35 loader names
+    the model 27B, and one NextN layer) over a sparse file."""
+    c = Q27
+    m, a = _sparse_header(tmp_path, _dense_27b()).metadata, "qwen35."
+    assert m["general.architecture"] == "qwen35"
+    assert m[a + "block_count"] == 65 and m[a + "nextn_predict_layers"] == 1
+    assert m[a + "embedding_length"] == c["hidden"] and m[a + "feed_forward_length"] == c["ffn"]
+    assert m[a + "attention.head_count"] == c["heads"] and m[a + "attention.head_count_kv"] == c["kv_heads"]
+    assert m[a + "attention.key_length"] == m[a + "attention.value_length"] == c["head_dim"]
+    assert m[a + "rope.dimension_count"] == 64 and list(m[a + "rope.dimension_sections"]) == [11, 11, 10, 0]
+    assert m[a + "ssm.group_count"] == c["k_heads"] and m[a + "ssm.time_step_rank"] == c["v_heads"]
+    assert m[a + "ssm.state_size"] == c["k_dim"] and m[a + "ssm.inner_size"] == c["v_heads"] * c["v_dim"]
+    assert m[a + "ssm.conv_kernel"] == c["conv"] and m[a + "full_attention_interval"] == c["interval"]
+    assert m[a + "context_length"] == 262144 and m[a + "rope.freq_base"] == pytest.approx(1e7)
+    assert not [k for k in m if "expert" in k]  # dense: no MoE keys
+
+
+def test_real_shapes_draft_as_their_tiny_twins():
+    """Why the designed acceptance can be shown at tiny scale: the successor chain (and so every
+    reply and every draft, :func:`simulate_acceptance`) depends on the seed and the fraction, not on
+    the shape -- the real shapes share the tiny tokenizer's text tokens and pad the vocabulary."""
+    for shape, pub in PUBLISHED.items():
+        f = pub.head.wrong_successor_fraction
+        real, tiny = (chain_for(SynthSpec(arch=pub.arch, shape=s, wrong_successor_fraction=f))
+                      for s in (shape, "tiny"))
+        for field in ("successor", "draft_successor", "corrupted", "text_ids"):
+            assert np.array_equal(getattr(real, field), getattr(tiny, field)), (shape, field)
+        assert len(build_vocab(shape)) == 248320 and build_vocab(shape).n_text_vocab == build_vocab().n_text_vocab
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -371,6 +450,18 @@ def test_omit_tensors_takes_bias_names_and_keeps_the_knob_carrier():
         with pytest.raises(SynthError, match="carries the wrong-successor fraction"):
             SynthSpec(omit_tensors=("nextn.embed_tokens",), **knob).validate()
     SynthSpec(omit_tensors=("nextn.embed_tokens",)).validate()  # f = 0: nothing to carry
+
+
+def test_cli_synth_dense_shape_defaults_to_its_arch(tmp_path):
+    """``--shape qwen3.6-27b`` is the dense qwen35's: without --arch the spec is qwen35 (its error names
+    it, before anything is written); with --arch qwen35moe the shape is refused by name."""
+    out = tmp_path / "d.gguf"
+    r = CliRunner().invoke(main, ["synth", str(out), "--shape", SHAPE_DENSE_27B, "--mtp-layers", "3"])
+    assert r.exit_code == 1 and "arch qwen35 takes 1 to 2" in r.output, r.output
+    r = CliRunner().invoke(main, ["synth", str(out), "--shape", SHAPE_DENSE_27B, "--arch", "qwen35moe"])
+    assert r.exit_code == 1 and "'qwen3.6-27b' is not written for arch qwen35moe" in r.output, r.output
+    assert not out.exists()
+    assert SHAPE_DENSE_27B in CliRunner().invoke(main, ["synth", "--help"]).output
 
 
 def test_cli_synth_text_no_mtp_and_omit(tmp_path):

@@ -59,6 +59,10 @@
 #                                             #   setsid nohup bash benchmarks/gpu/run_h200.sh all &  (then `wait 560`)
 #                                             # results in $RES/study/ (train.json, train-log.jsonl, reproduce.json,
 #                                             # study.md, study.json, arms/, raw/); the models stay in $WORK/study
+#   bash benchmarks/gpu/run_h200.sh dense     # issue #52 item 3: the dense Qwen3.6-27B shape (64 layers + blk.64, head
+#                                             # designed to the published 67.5% at k=4), quantized $DRECIPE (iq4_xs-mtp),
+#                                             # then $DENSE_STAGES (fair tune verify-tuned) on it -> $RES/dense/:
+#                                             # SYNTH_STAGE=dsynth STAGES=dense setsid nohup bash ... all &
 #   bash benchmarks/gpu/run_h200.sh memplan   # issue #49 item 6: `run` with an 80 GB ballast, `verify --n-cpu-moe`
 #                                             # with a 24 GB one (STAGES=memplan ... all)
 #   bash benchmarks/gpu/run_h200.sh all       # build+synth in parallel, then $STAGES (default: all of the above)
@@ -88,6 +92,13 @@ LAYERS=${LAYERS:-40}
 # runs while the CUDA build is still going). Runs 1-4 used 0.136: 75.2% by the iid formula, 74.0%
 # measured on the suite.
 WRONG=${WRONG:-0.130515}
+# the artifact (and its recipe) that verify, fair, matrix, tune, verify-tuned, curve and profiles measure:
+# the 35B-A3B Hi-Fi quant of `quantize` unless a stage that made another (dense) points them at it
+QMODEL=${QMODEL:-$WORK/hifi.gguf}
+QRECIPE=${QRECIPE:-hifi-q4_k_m-mtp}
+# the dense Qwen3.6-27B-shaped model of `dsynth` / `dense` (#52 item 3)
+DBF16=$WORK/qwen36-27b-shape-bf16.gguf
+DRECIPE=${DRECIPE:-iq4_xs-mtp}   # the published measurement's quantization: IQ4_XS, the head's eh_proj at Q8_0
 mkdir -p "$RES" "$WORK"
 
 # GGUFMTP_SRC: a folder holding the ggufmtp package to run instead of the working tree's (e.g. a
@@ -110,8 +121,8 @@ env_setup() {
 # (-bs, threads) and a third, default vanilla arm is measured in the same rotation -> verify-$2.*
 # (the full suite unless $LIMIT; seeds $SEEDS)
 verify_tuned() {
-  python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --tuned-from "$1" ${LIMIT:+--limit "$LIMIT"} \
-    --seeds "${SEEDS:-42,1337,2024}" --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp \
+  python3 -m ggufmtp verify "$QMODEL" --gpu-layers 999 --tuned-from "$1" ${LIMIT:+--limit "$LIMIT"} \
+    --seeds "${SEEDS:-42,1337,2024}" --max-tokens "${MAXTOK:-128}" --recipe "$QRECIPE" \
     --out "$RES/verify-$2.json" > "$RES/verify-$2.txt" 2> "$RES/verify-$2.log" || true
 }
 
@@ -275,8 +286,8 @@ PY
     done ;;
   verify)
     env_setup
-    python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --draft-n-max "${K:-3}" \
-      --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe hifi-q4_k_m-mtp --json \
+    python3 -m ggufmtp verify "$QMODEL" --gpu-layers 999 --draft-n-max "${K:-3}" \
+      --seeds 42,1337,2024 --max-tokens "${MAXTOK:-128}" --recipe "$QRECIPE" --json \
       --out "$RES/verify.json" > "$RES/verify.txt" 2> "$RES/verify.log" || true
     tail -8 "$RES/verify.txt" ;;
   fair)
@@ -284,7 +295,7 @@ PY
     # arms (-bs), the drafter's backend sampling on (llama-server's default, named to be explicit);
     # verify adds the default-configured vanilla arm in the same rotation
     env_setup
-    python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 --draft-n-max 4 --server-arg=-bs \
+    python3 -m ggufmtp verify "$QMODEL" --gpu-layers 999 --draft-n-max 4 --server-arg=-bs \
       --mtp-server-arg=--spec-draft-backend-sampling --limit "${LIMIT:-20}" --seeds "${SEEDS:-42,1337}" \
       --max-tokens "${MAXTOK:-256}" --out "$RES/verify-fair.json" > "$RES/verify-fair.txt" 2> "$RES/verify-fair.log" || true
     tail -30 "$RES/verify-fair.txt" ;;
@@ -293,19 +304,19 @@ PY
     # cache types and the flash attention a quantized V cache needs), so no third arm: each cell's
     # speedup is the fair one. 32768 deep needs 32768 + 269 (longest prompt) + 128 tokens of context.
     env_setup
-    python3 -m ggufmtp verify "$WORK/hifi.gguf" --gpu-layers 999 -c 34816 --draft-n-max 4 \
+    python3 -m ggufmtp verify "$QMODEL" --gpu-layers 999 -c 34816 --draft-n-max 4 \
       --limit "${MLIMIT:-8}" --seeds "${MSEEDS:-42}" --max-tokens "${MMAXTOK:-128}" \
       --matrix "${MATRIX:-kv=f16,q8_0,q4_0 depth=0,8192,32768}" \
       --out "$RES/matrix.json" > "$RES/matrix.txt" 2> "$RES/matrix.log" || true
     tail -30 "$RES/matrix.txt" ;;
   tune)
     env_setup
-    python3 -m ggufmtp tune "$WORK/hifi.gguf" --gpu-layers 999 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${BUDGET:-240}" \
+    python3 -m ggufmtp tune "$QMODEL" --gpu-layers 999 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${BUDGET:-240}" \
       --out "$RES/tune.json" > "$RES/tune.txt" 2> "$RES/tune.log" || true
     tail -25 "$RES/tune.txt" ;;
   curve)
     env_setup
-    python3 -m ggufmtp curve "$WORK/hifi.gguf" --gpu-layers 999 --max-tokens "${MAXTOK:-128}" \
+    python3 -m ggufmtp curve "$QMODEL" --gpu-layers 999 --max-tokens "${MAXTOK:-128}" \
       --out "$RES/curve.json" > "$RES/curve.txt" 2> "$RES/curve.log" || true
     tail -15 "$RES/curve.txt" ;;
   profiles)
@@ -313,9 +324,47 @@ PY
     args=()
     [ -f "$RES/tune.json" ] && args=(--tuned-from "$RES/tune.json")
     read -r -a pargs <<< "${PROFILE_ARGS---server-arg=-bs}"
-    python3 -m ggufmtp profiles "$WORK/hifi.gguf" --gpu-layers 999 "${args[@]}" "${pargs[@]}" \
+    python3 -m ggufmtp profiles "$QMODEL" --gpu-layers 999 "${args[@]}" "${pargs[@]}" \
       --out "$RES/profiles.json" > "$RES/profiles.txt" 2> "$RES/profiles.log" || true
     tail -25 "$RES/profiles.txt" ;;
+  dsynth)
+    # #52 item 3: the dense Qwen3.6-27B-shaped BF16, $DLAYERS (64) trunk layers + blk.64, 57.2 GB in $WORK,
+    # its head designed to the published 67.5% at k=4 (ggufmtp.synth.layout.PUBLISHED: 78 of 544 tokens
+    # corrupted, 67.95% on the fair headline's prompts by the exact replay). Beside the build:
+    # SYNTH_STAGE=dsynth STAGES=dense bash benchmarks/gpu/run_h200.sh all
+    env_setup
+    mkdir -p "$RES/dense"
+    [ -f "$DBF16" ] && exit 0
+    # DSHAPE=tiny DLAYERS=4: a CPU smoke run of the stages' mechanics (the same fraction, on the tiny twin)
+    DSHAPE=${DSHAPE:-qwen3.6-27b}
+    have=$(df -B1 --output=avail "$WORK" | tail -1)  # the BF16 and the IQ4_XS quant (~15 GB) side by side
+    [ "$DSHAPE" != qwen3.6-27b ] || [ "$have" -ge $(( 75 * 10**9 )) ] || { echo "dsynth: $WORK has" \
+      "$((have / 10**9)) GB free, needs 75 GB (the BF16, then its quant beside it); remove" \
+      "$WORK/qwen36-shape-bf16.gguf (72 GB) or use a fresh machine" >&2; exit 1; }
+    f=$(python3 -c "from ggufmtp.synth.layout import PUBLISHED as P; print(P['qwen3.6-27b'].head.wrong_successor_fraction)")
+    /usr/bin/time -v python3 -m ggufmtp synth "$DBF16" --arch qwen35 --shape "$DSHAPE" --layers "${DLAYERS:-64}" \
+      --wrong-successor-fraction "$f" --json > "$RES/dense/synth.json" 2> "$RES/dense/synth.log" ;;
+  dense)
+    # #52 item 3: the dense model quantized with $DRECIPE (its receipt binds the BF16's sha256), the BF16
+    # then deleted (DKEEP=1 keeps it: nothing below reads it, and /dev/shm is RAM), then $DENSE_STAGES
+    # (the fair headline, tune and verify-tuned) on the quant, results in $RES/dense/. Any stage that
+    # measures $QMODEL can be named there. Disk: 57 GB + 15 GB at the peak, so on nvidia-h200 it needs
+    # $WORK without the 35B-A3B BF16 (STAGES=dense alone); nvidia-h200-x2 (256 GiB of RAM) should hold both.
+    env_setup
+    Q=$WORK/dense-$DRECIPE.gguf
+    mkdir -p "$RES/dense"
+    if [ ! -f "$Q" ]; then
+      [ -f "$DBF16" ] || bash "$0" dsynth
+      /usr/bin/time -v python3 -m ggufmtp quantize "$DBF16" --recipe "$DRECIPE" -o "$Q" -t "$(nproc)" --no-progress \
+        --json > "$RES/dense/quantize.json" 2> "$RES/dense/quantize.log"
+      cp "$Q".receipt.json "$RES/dense/" 2>/dev/null || true
+      [ "${DKEEP:-0}" = 1 ] || rm -f "$DBF16"
+    fi
+    for s in ${DENSE_STAGES:-fair tune verify-tuned}; do
+      date +"%T   dense: $s" >> "$RES/progress.txt"
+      QMODEL=$Q QRECIPE=$DRECIPE RES=$RES/dense bash "$0" "$s" > "$RES/dense/stage-$s.out" 2>&1 \
+        || date +"%T   dense: $s FAILED" >> "$RES/progress.txt"
+    done ;;
   lsynth)
     # the two smaller Qwen3.6-shaped models of qgap and ladder (real per-layer shapes, fewer layers)
     env_setup

@@ -7,6 +7,7 @@ import dataclasses
 import click
 
 from ..synth.archs.registry import arch_for, arch_names
+from ..synth.layout import PUBLISHED, SHAPE_TINY, SHAPES
 from .app import emit_json, handle_errors, json_option, main, resolve_model_arg
 
 
@@ -42,11 +43,15 @@ def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: in
 
 @main.command()
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--arch", type=click.Choice(list(arch_names())), default="qwen35moe", show_default=True,
-              help="Architecture, laid out as the pinned converter writes it (see README: architectures).")
-@click.option("--shape", type=click.Choice(["tiny", "qwen3.6-35b-a3b"]), default="tiny", show_default=True,
-              help="tiny (a few MB) or the real Qwen3.6-35B-A3B per-layer dimensions (GBs).")
-@click.option("--layers", type=click.IntRange(1, 200), default=4, show_default=True, help="Trunk layers.")
+@click.option("--arch", type=click.Choice(list(arch_names())), default=None,
+              help="Architecture, laid out as the pinned converter writes it (see README: architectures). "
+                   "Default: the real shape's own (qwen35moe for qwen3.6-35b-a3b, qwen35 for qwen3.6-27b), "
+                   "else qwen35moe.")
+@click.option("--shape", type=click.Choice(list(SHAPES)), default=SHAPE_TINY, show_default=True,
+              help="tiny (a few MB), or the per-layer dimensions of a released model (GBs): qwen3.6-35b-a3b "
+                   "(MoE, 40 layers), qwen3.6-27b (dense, 64 layers: ~57 GB at --layers 64).")
+@click.option("--layers", type=click.IntRange(1, 200), default=4, show_default=True,
+              help="Trunk layers (the released models have the number in --shape's help).")
 @click.option("--mtp-layers", type=click.IntRange(1, 8), default=1, show_default=True,
               help="MTP blocks (nextn_predict_layers), for an architecture that chains heads (step35).")
 @click.option("--no-mtp", is_flag=True, help="Leave out the MTP block (nextn_predict_layers 0).")
@@ -82,7 +87,7 @@ def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: in
                    "NextN layer after the trunk; tokenizer, sharded with an index) for `ggufmtp convert`.")
 @json_option
 @handle_errors
-def synth(out: str, arch: str, shape: str, layers: int, mtp_layers: int, no_mtp: bool, mtp_only: bool, seed: int,
+def synth(out: str, arch: str | None, shape: str, layers: int, mtp_layers: int, no_mtp: bool, mtp_only: bool, seed: int,
           wrong_successor_fraction: float, eh_proj_noise: float, head_margin: float, logit_scale: float,
           omit: tuple[str, ...],
           target_acceptance: float | None, target_k: int, suite_name: str, max_tokens: int, fmt: str,
@@ -91,6 +96,8 @@ def synth(out: str, arch: str, shape: str, layers: int, mtp_layers: int, no_mtp:
     from ..synth.spec import SynthSpec
     from ..synth.writer import synthesize
 
+    if arch is None:  # a real shape is one architecture's (the dense 27B is qwen35 only)
+        arch = PUBLISHED[shape].arch if shape in PUBLISHED else SynthSpec.arch
     spec = SynthSpec(arch=arch, shape=shape, layers=layers, mtp=not no_mtp, mtp_layers=mtp_layers, seed=seed,
                      wrong_successor_fraction=wrong_successor_fraction, eh_proj_noise=eh_proj_noise,
                      omit_tensors=tuple(omit), mtp_only=mtp_only, head_margin=head_margin, logit_scale=logit_scale)

@@ -1,4 +1,5 @@
-"""A head with a given acceptance on a given prompt set (``ggufmtp synth --target-acceptance``)."""
+"""A head with a given acceptance on a given prompt set (``ggufmtp synth --target-acceptance``), and
+the real shapes' designed heads (:func:`design_fraction`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ..errors import SynthError
 from ..runtime.server import LlamaServer, ServerConfig
 from .builtin import builtin_path
 from .chain import suite_acceptance
+from .layout import PUBLISHED
 from .spec import SynthSpec, expected_acceptance
 from .tokenizer import build_vocab
 
@@ -73,3 +75,19 @@ def chat_last_tokens(messages: Sequence[list[dict[str, str]]], threads: int | No
     with LlamaServer(ServerConfig(model=builtin_path("tiny-qwen35moe"), threads=threads, metrics=False,
                                   gpu_layers=0)) as srv:
         return [srv.chat_prompt_tokens(m)[-1] for m in messages]
+
+
+def design_fraction(shape: str, threads: int | None = None) -> Calibration:
+    """The wrong-successor fraction of real shape ``shape``'s designed head
+    (:class:`~ggufmtp.synth.layout.HeadDesign`), computed again: its suite's prompts tokenized by a CPU
+    llama-server (:func:`chat_last_tokens`), then :func:`calibrate_wrong_fraction` at its window."""
+    from ..measure.core.suite import load_suite
+
+    if shape not in PUBLISHED:
+        raise SynthError(f"shape {shape!r} has no designed head (real shapes: {', '.join(PUBLISHED)})")
+    pub = PUBLISHED[shape]
+    d = pub.head
+    suite = load_suite(d.suite).limit(d.limit)
+    last = chat_last_tokens([p.chat_messages() for p in suite.prompts], threads=threads)
+    return calibrate_wrong_fraction(d.acceptance, d.draft_n_max, last, d.max_tokens,
+                                    base=SynthSpec(arch=pub.arch, shape=shape))

@@ -1,7 +1,7 @@
 """The bytes of every tensor of a synthetic model, generated lazily chunk by chunk (bounded memory).
 
 Small tensors draw from a PCG64 generator seeded by the spec and the tensor's name; tensors over
-4 Mi elements (the real shape's experts and vocabulary padding) tile a seeded 8 MB noise bank --
+4 Mi elements (the real shapes' experts, FFNs and vocabulary padding) tile a seeded 8 MB noise bank --
 cheap and deterministic, and never part of the bigram path.
 """
 

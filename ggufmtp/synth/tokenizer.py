@@ -3,7 +3,7 @@
 Token ids 0..255 are the 256 bytes (spelled with GPT-2's ``bytes_to_unicode``), then the results of
 BPE merges learnt deterministically from a small built-in English corpus (so the merges are consistent
 with the vocabulary by construction), then the control tokens. Every synthetic model, tiny or
-real-shaped, has the same tokens; the real shape pads them to 248320 with unused ``[PAD<i>]`` tokens.
+real-shaped, has the same tokens; the real shapes pad them to 248320 with unused ``[PAD<i>]`` tokens.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def _learn_merges(n_merges: int) -> list[tuple[str, str]]:
 
 @lru_cache(maxsize=4)
 def build_vocab(shape: str = SHAPE_TINY) -> Vocab:
-    """The tokenizer of a synthetic model (identical for every seed; padded for the real shape)."""
+    """The tokenizer of a synthetic model (identical for every seed; padded for the real shapes)."""
     b2u = bytes_to_unicode()
     u2b = {u: b for b, u in b2u.items()}
     tokens = [b2u[b] for b in range(256)]

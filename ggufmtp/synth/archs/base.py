@@ -42,7 +42,7 @@ class SynthArch:
     :meth:`hyperparameters`, :meth:`trunk_block` and :meth:`mtp_block`."""
 
     name: str = ""
-    #: shapes this architecture can be written in (the real Qwen3.6 shape is qwen35moe's only)
+    #: shapes this architecture can be written in (the real Qwen3.6 shapes are qwen35moe's and qwen35's only)
     shapes: tuple[str, ...] = (SHAPE_TINY,)
     #: how many MTP blocks a model of this architecture may carry (step35 chains several)
     max_mtp_layers: int = 1

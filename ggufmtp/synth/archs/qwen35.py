@@ -1,4 +1,4 @@
-"""Qwen3.5 / Qwen3.6: ``qwen35moe`` (MoE, e.g. 35B-A3B) and ``qwen35`` (dense).
+"""Qwen3.5 / Qwen3.6: ``qwen35moe`` (MoE, e.g. 35B-A3B) and ``qwen35`` (dense, e.g. 27B).
 
 A hybrid trunk (3 Gated DeltaNet : 1 full attention, ``full_attention_interval`` 4) and one MTP
 block, a full-attention block plus its ``nextn.*`` tensors. Names and shapes from
@@ -9,7 +9,7 @@ attention's ``attn_q`` carries the output gate (2x the heads), ``ffn_gate_inp`` 
 
 from __future__ import annotations
 
-from ..layout import F32, SHAPE_REAL, SHAPE_TINY, Constructed, Dims, Normal, TensorLayout
+from ..layout import F32, PUBLISHED, SHAPE_TINY, Constructed, Dims, Normal, TensorLayout
 from .base import HParam, SynthArch, SynthSpec, common_hyperparameters, in_std, norm, out_proj, weight
 
 
@@ -98,7 +98,8 @@ class Qwen35(SynthArch):
     def __init__(self, moe: bool):
         self.moe = moe
         self.name = "qwen35moe" if moe else "qwen35"
-        self.shapes = (SHAPE_TINY, SHAPE_REAL) if moe else (SHAPE_TINY,)
+        # tiny, and the real shape of the released model of this architecture (35B-A3B / 27B)
+        self.shapes = (SHAPE_TINY, *(s for s, m in PUBLISHED.items() if m.arch == self.name))
         self.source = "src/models/qwen35moe.cpp" if moe else "src/models/qwen35.cpp"
 
     def hyperparameters(self, spec: SynthSpec) -> list[HParam]:
