@@ -32,8 +32,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["NOT_A_MODEL", "PRESET", "SIDECAR_KEYWORD", "Resolution", "find_draft", "find_model", "is_model_file",
-           "order_problems", "quant_bits", "resolve", "selects", "split_files", "split_info"]
+__all__ = ["NOT_A_MODEL", "PRESET", "SIDECAR_KEYWORD", "Planned", "Resolution", "draft_for", "find_draft", "find_model",
+           "is_model_file", "order_problems", "quant_bits", "release_problems", "resolve", "selects", "split_files",
+           "split_info"]
 
 # gguf_filename_is_model (download.cpp:637): a file whose name holds one of these is no model
 NOT_A_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
@@ -182,4 +183,42 @@ def order_problems(listing: Sequence[str], tags: Iterable[str]) -> list[str]:
         elif ahead.draft != back.draft:
             out.append(f"-hf REPO:{tag} --spec-type draft-mtp ties between the sidecars {ahead.draft} and "
                        f"{back.draft} (llama.cpp takes the first the Hub lists): keep one sidecar per folder and type")
+    return out
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A model file of a release as it was (or will be) verified: its tag, its path in the repo (the
+    unsplit name, or any shard: a split set is known by its prefix) and the draft it was verified
+    with (a sidecar's path in the repo; None: its own MTP head)."""
+
+    tag: str
+    model: str
+    draft: str | None
+
+
+def draft_for(listing: Sequence[str], tag: str) -> str | None:
+    """The MTP draft ``-hf REPO:TAG --spec-type draft-mtp`` loads (a sidecar's path; None: the
+    model's own head), what a card says for each tag."""
+    return resolve(listing, tag).draft
+
+
+def release_problems(listing: Sequence[str], planned: Sequence[Planned]) -> list[str]:
+    """One line per planned model that ``-hf REPO:TAG --spec-type draft-mtp`` on the repo's final
+    ``listing`` would not load as it was verified: another file (or none) for its tag, or another
+    draft (a variant with its own head beside a reachable sidecar loads the sidecar); and every tag
+    whose outcome the listing's order decides (:func:`order_problems`)."""
+    out = order_problems(listing, [p.tag for p in planned])
+    for p in planned:
+        got = resolve(listing, p.tag)
+        if got.model is None or split_info(got.model).prefix != split_info(p.model).prefix:
+            out.append(f"-hf REPO:{p.tag} loads {got.model or 'no file'}, not {p.model}")
+        elif got.draft != p.draft and p.draft is None:
+            out.append(f"{p.model} has its own MTP head and is verified with it, but -hf REPO:{p.tag} --spec-type "
+                       f"draft-mtp loads {got.draft} as its draft (llama.cpp takes an mtp- file in the model's folder "
+                       "or above it, whatever the model holds): publish it where no sidecar is in its folder or "
+                       "above (another --path-in-repo or repo), or as a trunk with that sidecar (--layout sidecar)")
+        elif got.draft != p.draft:
+            out.append(f"{p.model} is verified with the sidecar {p.draft}, but -hf REPO:{p.tag} --spec-type draft-mtp "
+                       f"loads {got.draft or 'no sidecar (a trunk cannot draft alone)'}")
     return out
