@@ -10,7 +10,7 @@ first. :func:`final_listing_problems` names each such file before anything is co
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,10 @@ def planned_from_receipt(path_in_repo: str, artifact: Path) -> Planned | None:
         p = read_receipt(default_receipt_path(artifact)).predicate
     except (OSError, AuditError, GGUFReadError):
         return None  # the publish gate refuses an artifact without a readable receipt
-    served = ((p.get("verification") or {}).get("model") or {}).get("sidecar")
-    pair = p.get("pair") or {}
-    named = served or (pair.get("sidecar") if pair.get("role") == "trunk" else None)
+    v: Mapping[str, Any] = p.get("verification") or {}
+    served = (v.get("model") or {}).get("sidecar")
+    pair = p.get("pair")
+    named = served or (pair["sidecar"] if pair is not None and pair["role"] == "trunk" else None)
     folder = path_in_repo.rpartition("/")[0]
     return Planned(tag, path_in_repo, (f"{folder}/" if folder else "") + named["name"] if named else None)
 
