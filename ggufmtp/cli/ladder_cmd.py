@@ -158,6 +158,10 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                "quantized_by": quantized_by, "repo_id": upload_repo, "layout": layout,
                                "path_in_repo": path_in_repo if upload_repo else None,
                                "sidecars": sidecars}, vopts, eval_corpus)
+    if upload_repo and not dry_run_upload:  # the repo's final listing is checked before any work, too
+        from ..hub.release import list_repo
+
+        spec = dataclasses.replace(spec, repo_files=tuple(list_repo(upload_repo, upload_revision, token)))
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None
     res = run_ladder(spec, engine, progress=not as_json, log=log)

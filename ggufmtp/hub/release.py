@@ -19,7 +19,7 @@ from ..provenance.receipt import default_receipt_path, read_receipt
 from ..quant.naming import hub_label
 from .resolve import Planned, is_model_file, release_problems, split_info
 
-__all__ = ["final_listing_problems", "planned_from_receipt", "repo_files"]
+__all__ = ["final_listing_problems", "list_repo", "planned_from_receipt", "repo_files"]
 
 
 def planned_from_receipt(path_in_repo: str, artifact: Path) -> Planned | None:
@@ -61,3 +61,18 @@ def repo_files(api: Any, repo_id: str, revision: str | None) -> list[str]:
             return list(api.list_repo_files(repo_id, repo_type="model"))
     except RepositoryNotFoundError:
         return []
+
+
+def list_repo(repo_id: str, revision: str | None = None, token: str | None = None) -> list[str]:
+    """:func:`repo_files` of ``repo_id`` on the configured endpoint (``HF_ENDPOINT``), one scrubbed
+    HubError naming the repo when the Hub cannot be asked."""
+    from huggingface_hub import HfApi
+
+    from .._version import __version__
+    from .transport import guard_secrets, hub_errors, resolve_endpoint
+
+    endpoint = resolve_endpoint(None)
+    with guard_secrets(token) as secrets, hub_errors(f"listing {repo_id}", repo_id=repo_id, endpoint=endpoint,
+                                                     secrets=secrets, revision=revision):
+        api = HfApi(endpoint=endpoint, token=token, library_name="ggufmtp", library_version=__version__)
+        return repo_files(api, repo_id, revision)

@@ -89,6 +89,7 @@ class LadderSpec:
     sidecars: tuple[str, ...] = ()  # with layout sidecar: one MTP sidecar per recipe or type (none given: Q8_0)
     split_max_size: str = str(DEFAULT_SPLIT_MAX_SIZE)  # a larger variant is written as shards; "none": one file
     path_in_repo: str | None = None  # the repo folder --upload puts the files in (UploadOptions.path_in_repo)
+    repo_files: tuple[str, ...] = ()  # the --upload repo's files, listed before any work: part of its final listing
 
     @property
     def split(self) -> SplitSize | None:
@@ -127,13 +128,16 @@ class LadderSpec:
         for root, layout in (("", lambda t: f"{variant_folder(t)}/"), (at, lambda t: at)):
             problems = ambiguous_tags([(r.release_tag, layout(r.release_tag) + variant_file_name(model, r.release_tag))
                                        for r in loaded])
-            problems = problems or release_problems(*self.planned_release(model, root, layout))
+            under = f" under --path-in-repo {folder}" if at else ""
             if problems:
                 tags = ", ".join(f"{given} -> {r.release_tag}" for given, r in zip(self.recipes, loaded, strict=True))
-                raise LadderError(f"the recipes' tags ({tags}) of model {model}"
-                                  + (f" under --path-in-repo {folder}" if at else "")
-                                  + f" would not name distinct variants for the Hub and llama.cpp's -hf REPO:TAG: "
-                                  f"{'; '.join(problems)}")
+                raise LadderError(f"the recipes' tags ({tags}) of model {model}{under} would not name distinct "
+                                  f"variants for the Hub and llama.cpp's -hf REPO:TAG: {'; '.join(problems)}")
+            served = release_problems(*self.planned_release(model, root, layout))
+            if served:
+                where = f"the repo {self.repo_id}" if self.repo_files and root == at else "the release"
+                raise LadderError(f"in {where}, llama-server -hf REPO:TAG --spec-type draft-mtp would not serve the "
+                                  f"variants of model {model}{under} as they are verified: {'; '.join(served)}")
 
     def planned_release(self, model: str, root: str, folder: Callable[[str], str]) -> tuple[list[str], list[Planned]]:
         """The model files of the release (each variant in ``folder(tag)``, the sidecars in ``root``)
@@ -145,6 +149,8 @@ class LadderSpec:
                     for s in (self.sidecar_recipes if sidecar else ())]
         variants = [folder(t) + variant_file_name(model, t) for t in tags]
         listing = [*variants, *sidecars]
+        if root == folder(""):  # as --upload lays the release out: beside what the repo already holds
+            listing += sorted(set(self.repo_files) - set(listing))
         # a trunk has no head: it is verified with the sidecar the resolver picks (None: none reachable)
         return listing, [Planned(t, v, find_draft(sidecars, v, t) if sidecar else None)
                          for t, v in zip(tags, variants, strict=True)]
