@@ -80,7 +80,8 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
 @threads_option("The servers' and llama-perplexity's (verify, --eval).")
 @quantize_threads_option("Per variant; default: the ladder file's threads, else 0.", default=None)
-@split_max_size_option("Per variant; default: the ladder file's split_max_size, else 48G.", from_file=True)
+@split_max_size_option("Per variant (with --layout sidecar: per trunk; the sidecar stays one file); default: the "
+                       "ladder file's split_max_size, else 48G.", from_file=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Run the variants on a local Dask cluster of N worker processes (pip install 'ggufmtp[ladder]').")
 @click.option("--gpus", type=click.IntRange(min=0), default=0, show_default=True,
@@ -99,7 +100,8 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--path-in-repo", default=None, metavar="FOLDER",
               help="With --upload: the repo folder the variants go into (default the top; the card is README.md, "
               "its links and download lines name the folder); refused before any work when the folder makes "
-              "a variant's Hub label load another file (Q8_0-old).")
+              "a variant's Hub label load another file (Q8_0-old), or -hf would serve a variant with another "
+              "draft than it is verified with (an mtp- sidecar already in the repo at or above the folder).")
 @click.option("--quantized-by", default=None,
               help="The card's quantized_by (default: the ladder file's quantized_by, else ggufmtp).")
 @click.option("--layout", type=click.Choice(["full", "sidecar"]), default=None,
@@ -158,6 +160,10 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                "quantized_by": quantized_by, "repo_id": upload_repo, "layout": layout,
                                "path_in_repo": path_in_repo if upload_repo else None,
                                "sidecars": sidecars}, vopts, eval_corpus)
+    if upload_repo and not dry_run_upload:  # the repo's final listing is checked before any work, too
+        from ..hub.release import list_repo
+
+        spec = dataclasses.replace(spec, repo_files=tuple(list_repo(upload_repo, upload_revision, token)))
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None
     res = run_ladder(spec, engine, progress=not as_json, log=log)

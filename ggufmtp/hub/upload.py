@@ -45,6 +45,7 @@ from ..provenance.statement import Statement
 from ..quant.naming import SIDECAR_KEYWORD, label_problems, name_problem
 from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from .gate import PublishCheck, check_publishable
+from .release import final_listing_problems, planned_from_receipt, repo_files
 from .transport import HubErrorContext, guard_secrets, host, hub_errors, resolve_endpoint
 
 __all__ = ["CommitFacts", "UploadKind", "UploadOperation", "UploadOptions", "UploadResult", "default_commit_message",
@@ -355,6 +356,19 @@ def _check_release_names(ops: list[UploadOperation]) -> None:
                               f"REPO:LABEL (docs/reference/names.md): {'; '.join(problems)}")
 
 
+def _check_final_listing(result: UploadResult, existing: Sequence[str]) -> None:
+    """Refuse, before the repo is touched, a commit after which ``llama-server -hf REPO:TAG
+    --spec-type draft-mtp`` would load another file or another draft than a model going up was
+    verified with (:mod:`ggufmtp.hub.release`: e.g. an ``mtp-`` sidecar already in the repo, in the
+    folder or above, becomes the draft of a variant with its own head)."""
+    arts = [op for op in result.operations if op.kind == UploadKind.ARTIFACT]
+    planned = [p for op in arts if (p := planned_from_receipt(op.path_in_repo, op.local_path)) is not None]
+    problems = final_listing_problems(existing, planned, [op.path_in_repo for op in result.operations])
+    if problems:
+        raise HubRefusedError(f"after this commit llama-server -hf {result.repo_id}:TAG would not load what was "
+                              f"verified, so nothing was sent: {'; '.join(problems)}")
+
+
 def _check_artifact_digest(ops: list[UploadOperation], artifact_sha256: str | None) -> None:
     """Refuse a receipt sha256 that is none of the artifacts': the receipt describes another file."""
     artifacts = [o for o in ops if o.kind == UploadKind.ARTIFACT]
@@ -456,6 +470,9 @@ def _commit(result: UploadResult, o: UploadOptions, endpoint: str, secrets: Sequ
     additions = [_addition(op) for op in ops]  # before any request: a changed file creates nothing
     api = HfApi(endpoint=endpoint, token=o.token, library_name="ggufmtp", library_version=__version__)
     errs = HubErrorContext(repo_id=repo_id, endpoint=endpoint, secrets=secrets, revision=revision, writing=True)
+    with hub_errors(f"listing {repo_id}", **errs):
+        existing = repo_files(api, repo_id, branch)
+    _check_final_listing(result, existing)
     with hub_errors(f"creating repo {repo_id}", **errs):
         repo_url = api.create_repo(repo_id, private=True if result.private else None, exist_ok=True,
                                    repo_type="model")

@@ -29,6 +29,7 @@ made from the same source, imatrix, recipe, signing key and toolchain.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -111,7 +112,7 @@ def _trunk_key(job: VariantJob, full_sha: str, side_sha: str) -> JsonObject:
             "verify_options": {k: str(v) for k, v in job.verify_options.to_dict().items()},
             "reference_base": job.reference_base, "signing_key": job.signing_key,
             "eval_options": {k: str(v) for k, v in job.eval_options.to_dict().items()} if job.eval_options else None,
-            "ggufmtp": __version__}
+            "split_max_size": str(job.split), "ggufmtp": __version__}
 
 
 def _recorded(record: Path) -> object:
@@ -130,12 +131,27 @@ def _trunk_current(rc_path: Path, trunk: Path, full_sha: str, side_sha: str, job
         return False
     pair, v = rc.predicate.get("pair"), rc.predicate.get("verification") or {}
     named = pair.get("sidecar") if pair is not None else None
-    if pair is None or named is None or not (rc.intact and trunk.is_file() and rc.artifact.sha256 == sha256_file(trunk)
+    if pair is None or named is None or not (rc.intact and _same_bytes(rc, trunk.parent)
                                              and pair["made_from"]["sha256"] == full_sha and named["sha256"] == side_sha):
         return False
     served = (v.get("model") or {}).get("sidecar")
     verified = v.get("verdict") == "pass" and served is not None and served["sha256"] == side_sha
     return (verified or not job.verify) and (job.eval_options is None or rc.predicate.get("quality") is not None)
+
+
+def _same_bytes(rc: Receipt, folder: Path) -> bool:
+    """Every file the receipt names (a split trunk's every shard) is in ``folder`` with its bytes."""
+    return all((folder / f.name).is_file() and sha256_file(folder / f.name) == f.sha256 for f in rc.subjects)
+
+
+def _published_trunk(folder: Path, name: str) -> Path:
+    """The trunk published as ``name`` in ``folder``, or its split set's first shard (the file with
+    a receipt); ``folder/name`` when there is none yet."""
+    stem = glob.escape(name.removesuffix(".gguf"))
+    for p in (folder / name, *sorted(folder.glob(f"{stem}-00001-of-*.gguf"))):
+        if default_receipt_path(p).is_file():
+            return p
+    return folder / name
 
 
 def _measure_pair(job: VariantJob, trunk: Path, rc: Path, timed: Callable[[str, Callable[[], object]], None]) -> None:
@@ -172,8 +188,8 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
 
     sidecar = job.sidecar
     assert sidecar is not None
-    full, trunk = built.artifact, job.out_dir / built.artifact.name
-    rc = default_receipt_path(trunk)
+    full = built.artifact
+    trunk = _published_trunk(job.out_dir, built.artifact.name)  # a split trunk: its first shard
     seconds: dict[str, float] = {}
 
     def timed(stage: str, fn: Callable[[], object]) -> None:
@@ -184,18 +200,22 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
     full_sha, side_sha = sha256_file(full), sha256_file(sidecar)
     record = job.base_dir / _RECORDS / f"trunk-{job.out_dir.name}.json"
     key = _trunk_key(job, full_sha, side_sha)
-    cached = _recorded(record) == key and _trunk_current(rc, trunk, full_sha, side_sha, job)
+    cached = _recorded(record) == key and _trunk_current(default_receipt_path(trunk), trunk, full_sha, side_sha, job)
     if not cached:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         src = PairSources(full, job.model, full)
-        timed("trunk", lambda: make_trunk(full, trunk, lambda staged, final: write_trunk_receipt(
-            src, (staged, final), sidecar, job.signing_key)))
-        _measure_pair(job, trunk, rc, timed)
-        timed("card", lambda: make_card(trunk, rc, job.out_dir / "README.md"))
+        made: list[Path] = []
+        timed("trunk", lambda: made.extend(make_trunk(
+            full, job.out_dir / built.artifact.name, lambda staged, final: write_trunk_receipt(
+                src, (staged, final), sidecar, job.signing_key, str(job.split)), split=job.split)))
+        trunk = made[0]
+        _measure_pair(job, trunk, default_receipt_path(trunk), timed)
+        timed("card", lambda: make_card(trunk, default_receipt_path(trunk), job.out_dir / "README.md"))
         atomic_write_json(record, {"key": key})
     names = ["trunk", *(["verify"] if job.verify else []), *(["eval"] if job.eval_options else []), "card"]
     stages = {k: StageStatus.CACHED if cached else StageStatus.RAN for k in names}
-    return _summary(built, read_receipt(rc), job.out_dir / "README.md", stages, seconds, sidecar)
+    return _summary(built, read_receipt(default_receipt_path(trunk)), job.out_dir / "README.md", stages, seconds,
+                    sidecar)
 
 
 def _summary(built: RunResult, rc: Receipt, card: Path, stages: Mapping[str, StageStatus],
@@ -210,7 +230,7 @@ def _summary(built: RunResult, rc: Receipt, card: Path, stages: Mapping[str, Sta
     base = built.summary_record()
     summary = dataclasses.replace(
         base, artifact=str(trunk), receipt=str(rc.path), card=str(card) if card.is_file() else None,
-        size_bytes=trunk.stat().st_size, bpw=rc.predicate["result"].get("bpw"), mtp_status="absent", mtp_block=None,
+        size_bytes=sum(f.size for f in rc.subjects), bpw=rc.predicate["result"].get("bpw"), mtp_status="absent", mtp_block=None,
         acceptance=v["mtp"]["acceptance"] if v else None, acceptance_ci95=v["mtp"]["acceptance_ci95"] if v else None,
         speedup=v["speedup"] if v else None, speedup_ci95=v["speedup_ci95"] if v else None,
         verdict=v["verdict"] if v else None, speed_checked=v.get("speed_checked") if v else None,

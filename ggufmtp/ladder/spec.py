@@ -32,7 +32,7 @@ import enum
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -40,6 +40,7 @@ from typing import Any, TypedDict
 from ..errors import GgufmtpError, LadderError, QualityError, TomlError, VerifyError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..files.tomlfile import loads_toml
+from ..hub.resolve import Planned, find_draft, release_problems
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
 from ..quant.naming import ambiguous_tags, sidecar_file_name, tag_problem, variant_file_name, variant_folder
@@ -88,6 +89,7 @@ class LadderSpec:
     sidecars: tuple[str, ...] = ()  # with layout sidecar: one MTP sidecar per recipe or type (none given: Q8_0)
     split_max_size: str = str(DEFAULT_SPLIT_MAX_SIZE)  # a larger variant is written as shards; "none": one file
     path_in_repo: str | None = None  # the repo folder --upload puts the files in (UploadOptions.path_in_repo)
+    repo_files: tuple[str, ...] = ()  # the --upload repo's files, listed before any work: part of its final listing
 
     @property
     def split(self) -> SplitSize | None:
@@ -102,13 +104,7 @@ class LadderSpec:
             raise LadderError(f"recipe {', '.join(dup)} given twice")
         if self.imatrix and self.imatrix_corpus:
             raise LadderError(f"give imatrix {self.imatrix} or imatrix_corpus {self.imatrix_corpus}, not both")
-        split = _split_size(self.split_max_size, "split_max_size")
-        sidecar_layout = str(getattr(self.layout, "value", self.layout)) == Layout.SIDECAR.value
-        if sidecar_layout and split not in (NO_SPLIT, str(DEFAULT_SPLIT_MAX_SIZE)):
-            # the sidecar layout writes each trunk as one file; said before any work, not found after it
-            raise LadderError(f"split_max_size {self.split_max_size}: the sidecar layout does not split its trunks "
-                              "(each trunk is one file beside its MTP sidecars); use the full layout to split, or "
-                              "--split-max-size none")
+        _split_size(self.split_max_size, "split_max_size")
         loaded = [Recipe.load(r) for r in self.recipes]  # RecipeError naming a bad one, before any work
         names = [r.name for r in loaded]
         clash = sorted({n for n in names if names.count(n) > 1})
@@ -122,19 +118,42 @@ class LadderSpec:
         """LadderError unless every variant's Hub label names it alone, for llama.cpp's ``-hf`` and the
         Hub's parser (:func:`~ggufmtp.quant.naming.ambiguous_tags`), in the ladder's ``<TAG>/`` folders
         and as ``--upload`` commits them (flat, under ``path_in_repo``), with the model's release name
-        ``model``: a folder or model name holding another variant's type is refused here, before any work."""
+        ``model``, and unless ``-hf REPO:TAG --spec-type draft-mtp`` on each of those listings loads
+        every variant with the draft it is verified with (:func:`~ggufmtp.hub.resolve.release_problems`):
+        a folder or model name holding another variant's type is refused here, before any work."""
         loaded = [Recipe.load(r) for r in self.recipes]
         folder = (self.path_in_repo or "").strip("/")
         at = f"{folder}/" if folder not in ("", ".") else ""
-        for layout in (lambda t: f"{variant_folder(t)}/", lambda t: at):
+        # the ladder's folder (sidecars at its root), then the repo as --upload lays it out (flat)
+        for root, layout in (("", lambda t: f"{variant_folder(t)}/"), (at, lambda t: at)):
             problems = ambiguous_tags([(r.release_tag, layout(r.release_tag) + variant_file_name(model, r.release_tag))
                                        for r in loaded])
+            under = f" under --path-in-repo {folder}" if at else ""
             if problems:
                 tags = ", ".join(f"{given} -> {r.release_tag}" for given, r in zip(self.recipes, loaded, strict=True))
-                raise LadderError(f"the recipes' tags ({tags}) of model {model}"
-                                  + (f" under --path-in-repo {folder}" if at else "")
-                                  + f" would not name distinct variants for the Hub and llama.cpp's -hf REPO:TAG: "
-                                  f"{'; '.join(problems)}")
+                raise LadderError(f"the recipes' tags ({tags}) of model {model}{under} would not name distinct "
+                                  f"variants for the Hub and llama.cpp's -hf REPO:TAG: {'; '.join(problems)}")
+            served = release_problems(*self.planned_release(model, root, layout))
+            if served:
+                where = f"the repo {self.repo_id}" if self.repo_files and root == at else "the release"
+                raise LadderError(f"in {where}, llama-server -hf REPO:TAG --spec-type draft-mtp would not serve the "
+                                  f"variants of model {model}{under} as they are verified: {'; '.join(served)}")
+
+    def planned_release(self, model: str, root: str, folder: Callable[[str], str]) -> tuple[list[str], list[Planned]]:
+        """The model files of the release (each variant in ``folder(tag)``, the sidecars in ``root``)
+        as a listing, and each variant as it is verified: with its own head, or (the sidecar layout)
+        with the sidecar ``-hf REPO:TAG`` takes for its tag (:func:`pair_jobs` pairs it so)."""
+        tags = [Recipe.load(r).release_tag for r in self.recipes]
+        sidecar = Layout(self.layout) == Layout.SIDECAR
+        sidecars = [root + sidecar_file_name(model, Recipe.load(s).release_tag)
+                    for s in (self.sidecar_recipes if sidecar else ())]
+        variants = [folder(t) + variant_file_name(model, t) for t in tags]
+        listing = [*variants, *sidecars]
+        if root == folder(""):  # as --upload lays the release out: beside what the repo already holds
+            listing += sorted(set(self.repo_files) - set(listing))
+        # a trunk has no head: it is verified with the sidecar the resolver picks (None: none reachable)
+        return listing, [Planned(t, v, find_draft(sidecars, v, t) if sidecar else None)
+                         for t, v in zip(tags, variants, strict=True)]
 
     def _check_sidecars(self) -> None:
         """The sidecar layout's sidecars: at least one, loadable, with distinct tags (their names)."""

@@ -36,7 +36,7 @@ from .card_page import (
     read_chat_template,
     run_lines,
 )
-from .pair_card import SIDECAR_HEADING, SidecarFile, pair_lines, served_with
+from .pair_card import SIDECAR_HEADING, SidecarFile, draft_lines, pair_lines, served_with
 from .receipt import read_receipt
 from .search_card import search_lines
 from .vacuous import VACUOUS_HEADING, vacuous_thresholds
@@ -96,7 +96,8 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, option
                   "claim nothing there:", ""]
         lines += [f"- `{r.artifact}`: {'; '.join(found.values())}" for r, found in vacuous] + [""]
     side = served_with(picked_row(rows), sidecars) if rows and sidecars else None
-    lines += pick_lines(rows) + ["## How to run\n", *run_lines(rows, o, side)] + pair_lines(rows, sidecars, o)
+    lines += pick_lines(rows) + ["## How to run\n", *run_lines(rows, o, side), *draft_lines(rows, sidecars, o)]
+    lines += pair_lines(rows, sidecars, o)
     modes = sorted({m for r in rows if isinstance(r.verification.get("modes"), dict) for m in r.verification["modes"]})
     lines += prompt_format_lines(next((r.chat_template for r in rows if r.chat_template), None), modes)
     for r in rows:  # a searched recipe: how it was found (its own section, its file named)

@@ -21,6 +21,7 @@ import datetime as _dt
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from ..constants import SPLIT_TOOL
 from ..errors import AuditError
 from ..files.hashing import sha256_file
 from ..gguf.model import GGUFModel, MTPStatus, check_mtp
@@ -38,7 +39,7 @@ from .receipt import (
     toolchain,
     write_statement,
 )
-from .statement import NamedDigest, PairSection, Predicate, RecipeSection, ResultSection, Statement
+from .statement import NamedDigest, PairSection, Predicate, RecipeSection, ResultSection, SplitSection, Statement
 
 if TYPE_CHECKING:
     from ..quant.quantize import QuantizeResult
@@ -114,23 +115,28 @@ def write_pair_receipts(src: PairSources, sidecar: tuple[Path, Path], trunk: tup
     side_named = _named(sidecar[1], digests["sidecar"])
     trunk_named = _named(trunk[1], digests["trunk"]) if trunk else None
     made_from = _made_from(src, full_sha)
-    side = _write_part_receipt(sidecar, digests["sidecar"], predicate,
+    side = _write_part_receipt(([sidecar[0]], sidecar[1]), {str(sidecar[0]): digests["sidecar"]}, predicate,
                                _pair("sidecar", made_from, predicate, trunk=trunk_named), signing_key)
     if trunk is None:
         return side, None
-    return side, _write_part_receipt(trunk, digests["trunk"], predicate,
+    return side, _write_part_receipt(([trunk[0]], trunk[1]), {str(trunk[0]): digests["trunk"]}, predicate,
                                      _pair("trunk", made_from, predicate, sidecar=side_named), signing_key)
 
 
-def write_trunk_receipt(src: PairSources, trunk: tuple[Path, Path], sidecar: Path,
-                        signing_key: str | Path | None = None) -> Path:
-    """The receipt of a trunk (``(staged file, final path)``) cut from ``src.full`` to be served with
-    the published ``sidecar`` made apart from the same source (a ladder's trunk-only variant): its
-    pair section names that sidecar by name and sha256. Returns the receipt's path."""
+def write_trunk_receipt(src: PairSources, trunk: tuple[list[Path], Path], sidecar: Path,
+                        signing_key: str | Path | None = None, split_max_size: str | None = None) -> Path:
+    """The receipt of a trunk (``(staged files, final path of the first)``: one file, or the shards
+    ``llama-gguf-split --split-max-size split_max_size`` wrote) cut from ``src.full`` to be served
+    with the published ``sidecar`` made apart from the same source (a ladder's trunk-only variant):
+    its pair section names that sidecar by name and sha256. Returns the receipt's path."""
     predicate, full_sha = _base(src)
     side_named = _named(sidecar, sha256_file(sidecar))
-    return _write_part_receipt(trunk, sha256_file(trunk[0]), predicate,
-                               _pair("trunk", _made_from(src, full_sha), predicate, sidecar=side_named), signing_key)
+    staged, final = trunk
+    split: SplitSection | None = ({"count": len(staged), "max_size": str(split_max_size), "tool": SPLIT_TOOL}
+                                  if len(staged) > 1 else None)
+    return _write_part_receipt((staged, final), {str(f): sha256_file(f) for f in staged}, predicate,
+                               _pair("trunk", _made_from(src, full_sha), predicate, sidecar=side_named), signing_key,
+                               split)
 
 
 def _made_from(src: PairSources, full_sha: str) -> NamedDigest:
@@ -143,16 +149,22 @@ def _pair(role: str, made_from: NamedDigest, predicate: Predicate, *, trunk: Nam
     return {"role": role, "made_from": made_from, "source_sha256": source, "trunk": trunk, "sidecar": sidecar}
 
 
-def _write_part_receipt(files: tuple[Path, Path], digest: str, predicate: Predicate, pair: PairSection,
-                        signing_key: str | Path | None) -> Path:
-    """One part's receipt at ``FINAL.receipt.json`` (and ``FINAL.sig`` with ``signing_key``)."""
+def _write_part_receipt(files: tuple[list[Path], Path], digests: dict[str, str], predicate: Predicate,
+                        pair: PairSection, signing_key: str | Path | None, split: SplitSection | None = None) -> Path:
+    """One part's receipt at ``FINAL.receipt.json`` (``FINAL``: the first file's published path; and
+    each file's ``.sig`` beside it with ``signing_key``). ``files``: the staged file, or a split
+    part's shards (``split``: the receipt's ``result.split``, the subjects every shard in order)."""
     from .signing import sign_artifact, signature_path
 
     staged, final = files
-    p = cast(Predicate, {**predicate, "result": _result_section(GGUFModel(staged)), "pair": pair})
-    st = build_statement([staged], p, {str(staged): digest})
+    result = _result_section(GGUFModel(staged[0]))
+    if split is not None:
+        result["split"] = split
+    p = cast(Predicate, {**predicate, "result": result, "pair": pair})
+    st = build_statement(staged, p, digests)
     if signing_key is not None:
-        sign_artifact(staged, signing_key, signature=signature_path(final))
+        for f in staged:
+            sign_artifact(f, signing_key, signature=signature_path(final.parent / f.name if len(staged) > 1 else final))
     return write_statement(default_receipt_path(final), seal(st), signing_key)
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 from ..files.hashing import sha256_file
 from ..fmt import human_bytes
 from ..gguf.model import GGUFModel, block_prefixes
+from ..hub.resolve import draft_for
 from ..quant.naming import best_sidecar
-from .card_page import FileRow, PageOptions, picked_row, verified_mtp_env, verified_mtp_flags
+from .card_page import FileRow, PageOptions, download_pattern, picked_row, verified_mtp_env, verified_mtp_flags
 from .statement import NamedDigest, Predicate
 
-__all__ = ["SIDECAR_HEADING", "SidecarFile", "find_sidecar", "pair_lines", "served_with", "trunk_intro",
+__all__ = ["SIDECAR_HEADING", "SidecarFile", "draft_lines", "find_sidecar", "pair_lines", "served_with", "trunk_intro",
            "trunk_sidecar"]
 
 SIDECAR_HEADING = "## The MTP sidecar"
@@ -100,6 +101,19 @@ def served_with(row: FileRow, sidecars: Sequence[SidecarFile]) -> str:
     return (best_sidecar(row.tag, names) if row.tag else None) or names[0]
 
 
+def draft_lines(rows: Sequence[FileRow], sidecars: Sequence[SidecarFile], options: PageOptions) -> list[str]:
+    """Which draft ``-hf REPO:TAG --spec-type draft-mtp`` loads for each tag of the release (the
+    pinned llama.cpp's resolver on the release's files: :func:`ggufmtp.hub.resolve.draft_for`)."""
+    listing = [options.at(r.artifact) for r in rows] + [options.at(s.name) for s in sidecars]
+    said = []
+    for r in rows:
+        if r.tag:
+            draft = draft_for(listing, r.tag)
+            said.append(f"`:{r.tag}` drafts with " + (f"the sidecar `{draft}`" if draft else "the head inside its file"))
+    return [f"What `-hf {options.repo}:TAG --spec-type draft-mtp` loads as the draft (llama.cpp's own choice, "
+            f"which the variant was verified with): {'; '.join(said)}.\n"] if said else []
+
+
 def pair_lines(rows: Sequence[FileRow], sidecars: Sequence[SidecarFile], options: PageOptions) -> list[str]:
     """The section that explains the pair (module docstring); ``rows``: the trunks."""
     if not rows or not sidecars:
@@ -116,7 +130,8 @@ def pair_lines(rows: Sequence[FileRow], sidecars: Sequence[SidecarFile], options
              "llama.cpp takes a file whose name holds `mtp-` beside the model as its MTP draft (the one whose type "
              "is nearest the tag). With local files, give it with `-md` (`--spec-draft-model`):\n",
              "```sh",
-             f'hf download {repo} --include "{options.at(pick.artifact)}" --include "{options.at(side)}" --local-dir .',
+             f'hf download {repo} --include "{options.at(download_pattern(pick.artifact))}" --include '
+             f'"{options.at(side)}" --local-dir .',
              f"{verified_mtp_env(pick.verification)}llama-server -m {options.at(pick.artifact)} -md {options.at(side)} "
              "--spec-type draft-mtp "
              f"{flags}",

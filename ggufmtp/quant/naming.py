@@ -27,13 +27,13 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..hub.resolve import NOT_A_MODEL, SIDECAR_KEYWORD, find_draft, is_model_file, split_info
+from ..hub.resolve import selects as _selects
+
 __all__ = ["HUB_FILE_QUANTS", "NOT_A_MODEL", "SIDECAR_KEYWORD", "ambiguous_tags", "best_sidecar", "hub_label",
            "label_problems", "model_name", "name_problem", "selects", "sidecar_file_name", "tag_problem",
            "variant_file_name", "variant_folder"]
 
-# gguf_filename_is_model (common/download.cpp:637): a file whose name holds one of these is no model
-NOT_A_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
-SIDECAR_KEYWORD = "mtp-"  # find_best_mtp (common/download.cpp:613): a path holding it is an MTP sidecar
 # A tag is typed after the colon of `-hf owner/repo:TAG` and becomes a regex (download.cpp:666):
 # letters, digits and `_`, in parts joined by `-` (no regex metacharacter, no `:`, no `.`).
 _TAG_RE = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
@@ -92,13 +92,9 @@ def hub_label(path_in_repo: str) -> str | None:
 
 
 def _is_model_file(path_in_repo: str) -> bool:
-    """Whether llama.cpp's -hf may pick ``path_in_repo`` as a model: a GGUF none of whose name is
-    :data:`NOT_A_MODEL` (gguf_filename_is_model), of a split set its first shard only."""
-    name = path_in_repo.rsplit("/", 1)[-1].lower()
-    stem = name.removesuffix(".gguf")
-    split = _SPLIT_RE.search(stem)
-    return (name.endswith(".gguf") and not any(k in name for k in NOT_A_MODEL)
-            and (split is None or split.group().startswith("-00001-")))
+    """Whether llama.cpp's -hf may pick ``path_in_repo`` as a model (:func:`~ggufmtp.hub.resolve.is_model_file`),
+    of a split set its first shard only."""
+    return is_model_file(path_in_repo) and split_info(path_in_repo).index == 1
 
 
 def label_problems(paths: Sequence[str]) -> list[str]:
@@ -169,36 +165,16 @@ def sidecar_file_name(model: str, type_name: str) -> str:
     return f"{SIDECAR_KEYWORD}{model}-{type_name}.gguf"
 
 
-def _quant_bits(text: str) -> int:
-    """``extract_quant_bits`` (common/download.cpp:513): the number that starts at the first digit of
-    the file's last ``-``/``.`` part (``Q8_0`` -> 8, ``F16`` -> 16, none -> 0)."""
-    stem = _SPLIT_RE.sub("", text.removesuffix(".gguf"))
-    m = re.search(r"[-.]([A-Za-z0-9_]+)$", stem)
-    digits = re.search(r"\d+", m.group(1)) if m else None
-    return int(digits.group()) if digits else 0
-
-
 def best_sidecar(tag: str, sidecars: Sequence[str]) -> str | None:
-    """The sidecar llama.cpp's ``-hf REPO:TAG`` takes among ``sidecars`` (file names in the variant's
-    folder or above it at one depth), as ``find_best_sibling`` (common/download.cpp:545) chooses: a
-    name holding ``-TAG.`` first, else the one whose type's bits are closest to the tag's (its first
-    number: ``Q4_K_M`` -> 4), the first listed on a tie."""
-    digits = re.search(r"\d+", tag)
-    want = int(digits.group()) if digits else 0
-    best: tuple[bool, int] | None = None
-    found = None
-    for name in sidecars:
-        exact = f"-{tag.upper()}." in name.upper()
-        score = (exact, -abs(_quant_bits(name) - want))
-        if best is None or score > best:
-            best, found = score, name
-    return found
+    """The sidecar llama.cpp's ``-hf REPO:TAG`` takes among ``sidecars`` (file names in one folder
+    with the variant): :func:`ggufmtp.hub.resolve.find_draft`."""
+    return find_draft(sidecars, None, tag)
 
 
 def selects(tag: str, path_in_repo: str) -> bool:
-    """Whether llama.cpp's model search for ``tag`` (the regex ``TAG[.-]``, case-insensitive, searched
-    in the path: common/download.cpp:666) matches ``path_in_repo``."""
-    return re.search(re.escape(tag) + r"[.-]", path_in_repo, re.IGNORECASE) is not None
+    """Whether llama.cpp's model search for ``tag`` matches ``path_in_repo`` (:func:`ggufmtp.hub.resolve.selects`;
+    a tag here is letters, digits, '_' and '-': :func:`tag_problem`)."""
+    return _selects(re.escape(tag), path_in_repo)
 
 
 def ambiguous_tags(variants: Sequence[tuple[str, str]]) -> list[str]:

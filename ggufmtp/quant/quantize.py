@@ -316,7 +316,7 @@ def _split_if_larger(staged: Path, split: SplitSize | None, plan: Plan, source: 
     return shards
 
 
-def _remove_replaced(out: Path, published: list[Path]) -> None:
+def remove_replaced(out: Path, published: list[Path]) -> None:
     """Remove what an earlier quantize to ``out`` left that the new artifact replaces, as writing
     ``out`` replaces ``out``: ``out`` itself or shards of another split of it, with their
     ``.receipt.json`` and ``.sig`` (a stale shard beside a set is an extra shard to the audit)."""
@@ -352,7 +352,7 @@ def _publish(result: QuantizeResult, out: Path, streamed: BackgroundHash | Outpu
     finals = [out] if not result.shards else [out.parent / f.name for f in files]
     for staged, final in reversed(list(zip(files, finals, strict=True))):
         os.replace(staged, final)
-    _remove_replaced(out, finals)
+    remove_replaced(out, finals)
     fsync_dir(out.parent)
     if streamed is not None:  # eval or run --eval need not read the output again
         for st, final in zip(stats, finals, strict=True):

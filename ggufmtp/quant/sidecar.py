@@ -40,6 +40,7 @@ from ..files.fsutil import fsync_dir, fsync_path
 from ..gguf.model import GGUFModel, MTPStatus, block_prefixes, check_mtp, format_blocks, split_shards
 from .naming import model_name, name_problem, sidecar_file_name
 from .quantize import QuantizeResult
+from .split import SplitSize
 
 __all__ = ["Role", "SidecarOptions", "SidecarResult", "make_sidecar", "make_trunk", "write_part", "sidecar_default_name"]
 
@@ -252,10 +253,17 @@ def make_sidecar(model: str | Path, out: str | Path, options: SidecarOptions | N
     return SidecarResult(out, receipts[0], trunk_out, receipts[1], list(head.blocks), dict(head.tensors))
 
 
-def make_trunk(full: str | Path, out: str | Path, before_publish: Callable[[Path, Path], Path | None]) -> Path | None:
+def make_trunk(full: str | Path, out: str | Path, before_publish: Callable[[list[Path], Path], Path | None],
+               split: SplitSize | None = None) -> list[Path]:
     """Write the trunk of the full model ``full`` to ``out`` (a ladder's trunk-only variant, its
-    sidecar made apart): staged, ``before_publish(staged, out)`` writes its receipt (returned), then
-    renamed into place. QuantizeError naming the file when ``full`` cannot be split."""
+    sidecar made apart), as shards named for ``out`` by the pinned ``llama-gguf-split`` when larger
+    than ``split`` (:mod:`.split`): staged, ``before_publish(staged files, final first file)`` writes
+    their receipt, then each is renamed into place (the first shard last) and what an earlier trunk
+    at ``out`` left that these replace is removed. Returns the published files, the first first.
+    QuantizeError naming the file when ``full`` cannot be split."""
+    from .quantize import remove_replaced
+    from .split import split_gguf
+
     full, out = Path(full), Path(out)
     _refuse_paths(full, out, None)
     if problem := name_problem(out.name):
@@ -265,12 +273,19 @@ def make_trunk(full: str | Path, out: str | Path, before_publish: Callable[[Path
     try:
         staged = work / out.name  # staged under its final name: its receipt names it
         write_part(full, staged, Role.TRUNK)
-        receipt = before_publish(staged, out)
-        os.replace(staged, out)
+        files = [staged]
+        if split is not None and staged.stat().st_size > split.n_bytes:
+            files = split_gguf(staged, staged, split)  # the shards' names are the published ones
+            staged.unlink()
+        finals = [out] if len(files) == 1 else [out.parent / f.name for f in files]
+        before_publish(files, finals[0])
+        for f, final in reversed(list(zip(files, finals, strict=True))):
+            os.replace(f, final)
+        remove_replaced(out, finals)
         fsync_dir(out.parent)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return receipt
+    return finals
 
 
 def _refuse_paths(model: Path, out: Path, trunk_out: Path | None) -> None:
