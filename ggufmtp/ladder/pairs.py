@@ -22,7 +22,7 @@ Each variant's *build* task is ``ggufmtp run ... until audit`` into ``.full/<TAG
 *measure* task cuts the trunk (:func:`ggufmtp.quant.sidecar.make_trunk`, its receipt by
 :func:`ggufmtp.provenance.pair.write_trunk_receipt`), verifies the pair into that receipt, evaluates
 it and writes its card. A rerun reuses a trunk whose receipt still binds the same full variant and
-sidecar and holds a passing verification of the pair (and the eval, when asked for), and a sidecar
+sidecar and holds a verification of the pair, failing ones too (and the eval, when asked for), and a sidecar
 made from the same source, imatrix, recipe, signing key and toolchain.
 """
 
@@ -123,7 +123,8 @@ def _recorded(record: Path) -> object:
 
 def _trunk_current(rc_path: Path, trunk: Path, full_sha: str, side_sha: str, job: VariantJob) -> bool:
     """The trunk's receipt binds these bytes, cut from this full variant, served with this sidecar,
-    and holds what the job asks for (a passing verification of the pair; the eval)."""
+    and holds what the job asks for (a verification of the pair, whatever its verdict: the same bytes
+    measured with the same settings again tell nothing new; the eval)."""
     try:
         rc = read_receipt(rc_path)
     except (OSError, GgufmtpError):
@@ -134,7 +135,7 @@ def _trunk_current(rc_path: Path, trunk: Path, full_sha: str, side_sha: str, job
                                              and pair["made_from"]["sha256"] == full_sha and named["sha256"] == side_sha):
         return False
     served = (v.get("model") or {}).get("sidecar")
-    verified = v.get("verdict") == "pass" and served is not None and served["sha256"] == side_sha
+    verified = v.get("verdict") is not None and served is not None and served["sha256"] == side_sha
     return (verified or not job.verify) and (job.eval_options is None or rc.predicate.get("quality") is not None)
 
 
@@ -184,7 +185,9 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
     full_sha, side_sha = sha256_file(full), sha256_file(sidecar)
     record = job.base_dir / _RECORDS / f"trunk-{job.out_dir.name}.json"
     key = _trunk_key(job, full_sha, side_sha)
-    cached = _recorded(record) == key and _trunk_current(rc, trunk, full_sha, side_sha, job)
+    why = _why_remade(_recorded(record), key) or (None if _trunk_current(rc, trunk, full_sha, side_sha, job)
+                                                  else "its receipt or files changed since")
+    cached = why is None
     if not cached:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         src = PairSources(full, job.model, full)
@@ -195,7 +198,16 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
         atomic_write_json(record, {"key": key})
     names = ["trunk", *(["verify"] if job.verify else []), *(["eval"] if job.eval_options else []), "card"]
     stages = {k: StageStatus.CACHED if cached else StageStatus.RAN for k in names}
-    return _summary(built, read_receipt(rc), job.out_dir / "README.md", stages, seconds, sidecar)
+    summary = _summary(built, read_receipt(rc), job.out_dir / "README.md", stages, seconds, sidecar)
+    return {**summary, "ran_because": {**built.summary_record().ran_because, **{k: str(why) for k in names if why}}}
+
+
+def _why_remade(recorded: object, key: JsonObject) -> str | None:
+    """Why a trunk's record does not hold for ``key`` (None: it does): no record, or which inputs changed."""
+    if not isinstance(recorded, dict):
+        return "no record"
+    changed = [k.replace("_", " ") for k in key if recorded.get(k) != key[k]]
+    return f"{' and '.join(changed)} changed" if changed else None
 
 
 def _summary(built: RunResult, rc: Receipt, card: Path, stages: Mapping[str, StageStatus],
