@@ -111,8 +111,7 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
                revision: str | None, token: str | None, commit_message: str | None, create_pr: bool,
                path_in_repo: str | None, dry_run: bool, passing_only: bool, public_key: str | None,
                allow_unverified: bool, as_json: bool) -> None:
-    """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit; or, as
-    `ggufmtp upload LADDER_DIR REPO_ID`, a ladder's folder (`ggufmtp ladder -o LADDER_DIR`).
+    """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit.
 
     Every artifact must pass `ggufmtp audit ARTIFACT --receipt R` (with the public key, when one is
     set: valid signatures; ARTIFACT.sig is uploaded alongside) and have a publishable verification
@@ -123,7 +122,8 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     default main), --path-in-repo puts the files in a folder of the repo. The token comes from
     --token, HF_TOKEN or `hf auth login` (HF_TOKEN keeps it off the command line).
 
-    A ladder's folder goes up as `ladder --upload` sends it: each variant before the gate, printed as
+    `ggufmtp upload LADDER_DIR REPO_ID` publishes a ladder's folder (`ggufmtp ladder -o LADDER_DIR`)
+    as `ladder --upload` sends it: each variant before the gate, printed as
     `Q8_0: ok` or `IQ2_XXS: refused — <reason>` (a failing verdict, too little evidence, an audit
     failure, a variant the ladder did not make); all or nothing (exit 1, nothing sent, when one is
     refused) unless --passing-only; nothing is measured again. Its card is the ladder's README.md.
