@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -139,3 +138,19 @@ def test_a_folder_that_is_not_a_ladder_s_is_one_clear_error(tmp_path):
     r = CliRunner().invoke(main, ["upload", str(tmp_path / "d"), "me/rel", "--dry-run"])
     assert r.exit_code != 0 and "Traceback" not in r.output
     assert f"{tmp_path / 'd'} is not a ladder's folder: it has no .ggufmtp/ladder.json" in r.stderr, r.output
+
+
+def test_a_stage_that_runs_again_names_the_input_that_changed(tmp_path):
+    """What the per-variant line is made of: a stage's record keeps each named input's digest, so a
+    rerun says which one changed; a failing verdict is measured again unless reuse_failed (a ladder)."""
+    from ggufmtp.stage_cache import StageCache, named_key
+
+    def verify(limit: int, cache: StageCache, verdict: str = "fail") -> str | None:
+        key = named_key(stage="verify", artifact="a" * 64, verify_settings={"limit": limit})
+        cache.run("verify", key, lambda: {"verdict": verdict}, ok=lambda r: r["verdict"] == "pass")
+        return cache.records[-1].why
+
+    assert verify(8, StageCache(tmp_path, lambda m: None, force=False)) == "no record"
+    assert verify(8, StageCache(tmp_path, lambda m: None, force=False)) == "its last verdict failed (measured again)"
+    assert verify(8, StageCache(tmp_path, lambda m: None, force=False, reuse_failed=True)) is None  # reused: not run
+    assert verify(16, StageCache(tmp_path, lambda m: None, force=False, reuse_failed=True)) == "verify settings changed"

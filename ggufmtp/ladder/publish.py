@@ -131,9 +131,11 @@ def publish_ladder(result: LadderResult, repo_id: str, options: UploadOptions | 
     passing = [r for r in reviews if r.ok]
     if not passing or (len(passing) < len(reviews) and not passing_only):
         return LadderUpload(repo_id, tuple(reviews), None, passing_only)
-    arts = [r.files[0] for r in passing]
-    sidecars = list(dict.fromkeys(f for r in passing for f in r.files[1:]))  # one each, in order
-    card = _card(result, repo_id, opts, arts, [s for s, _ in sidecars], subset=len(passing) < len(reviews))
+    arts, subset = [r.files[0] for r in passing], len(passing) < len(reviews)
+    # every sidecar the ladder made (the gate refuses one no trunk pairs with); of a subset, its trunks' own
+    sidecars = (list(dict.fromkeys(f for r in passing for f in r.files[1:])) if subset
+                else [(p, default_receipt_path(p)) for p in result.sidecars])
+    card = _card(result, repo_id, opts, arts, [s for s, _ in sidecars], subset)
     if opts.commit_message is None:
         opts = dataclasses.replace(opts, commit_message=_commit_message(len(arts), len(sidecars)))
     files = [*arts, *sidecars]  # a sidecar passes the gate through its trunks' receipts (hub/gate.py)
