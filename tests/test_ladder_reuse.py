@@ -154,3 +154,27 @@ def test_a_stage_that_runs_again_names_the_input_that_changed(tmp_path):
     assert verify(8, StageCache(tmp_path, lambda m: None, force=False)) == "its last verdict failed (measured again)"
     assert verify(8, StageCache(tmp_path, lambda m: None, force=False, reuse_failed=True)) is None  # reused: not run
     assert verify(16, StageCache(tmp_path, lambda m: None, force=False, reuse_failed=True)) == "verify settings changed"
+
+
+def test_the_sidecar_layout_reuses_a_failing_pair_verdict_too(llama_server_bin, tmp_path, monkeypatch):
+    """The sidecar layout keeps its trunks' measurements in their receipts (ladder/pairs.py): a trunk
+    whose pair verdict failed was cut and verified again on every rerun; now the rerun reuses it,
+    says why nothing ran, and starts nothing."""
+    from ggufmtp.ladder.run import run_ladder
+    from ggufmtp.ladder.spec import LadderSpec, Layout
+    from ggufmtp.measure.core.options import VerifyOptions
+
+    (tmp_path / "lenient.toml").write_text(LENIENT)
+    spec = LadderSpec(model=MODEL, recipes=("q8_0-mtp", str(tmp_path / "lenient.toml")), out_dir=tmp_path / "ladder",
+                      threads=1, reference_base=False, layout=Layout.SIDECAR,
+                      verify_options=VerifyOptions.from_dict({"seeds": (42,), "limit": 3, "max_tokens": 24,
+                                                              "threads": 1}))
+    first = run_ladder(spec, progress=False)
+    assert [o.summary.get("verdict") or o.error for o in first.outcomes] == ["fail", "pass"]
+    started = _spy_on_processes(monkeypatch)
+    lines: list[str] = []
+    again = run_ladder(spec, progress=False, log=lines.append)
+    assert started == [], started
+    assert [o.summary["verdict"] for o in again.outcomes] == ["fail", "pass"]
+    assert all(set(o.summary["stages"].values()) == {"cached"} for o in again.outcomes)
+    assert "Q8_0: reused — fail — acceptance" in "\n".join(lines) and "Q4_0: reused — pass" in lines, lines

@@ -226,6 +226,7 @@ def _summary(built: RunResult, rc: Receipt, card: Path, stages: Mapping[str, Sta
         acceptance=v["mtp"]["acceptance"] if v else None, acceptance_ci95=v["mtp"]["acceptance_ci95"] if v else None,
         speedup=v["speedup"] if v else None, speedup_ci95=v["speedup_ci95"] if v else None,
         verdict=v["verdict"] if v else None, speed_checked=v.get("speed_checked") if v else None,
+        reasons=[str(r) for r in v.get("reasons") or []] if v else [],  # why it is not pass: the console says it
         findings=cast(JsonObject | None, v.get("findings")) if v else None, head=head, stages={**base.stages, **stages},
         stage_seconds={**base.stage_seconds, **seconds})
     return {**summary.to_dict(), "sidecar": str(sidecar)}
