@@ -134,10 +134,15 @@ def test_upload_ladder_dir_all_or_nothing_then_the_passing_ones(made, tmp_path, 
 
 
 def test_a_folder_that_is_not_a_ladder_s_is_one_clear_error(tmp_path):
-    (tmp_path / "d").mkdir()
+    """A folder without the ladder's record, and a record cut short: one error naming it, nothing sent."""
+    (tmp_path / "d" / ".ggufmtp").mkdir(parents=True)
     r = CliRunner().invoke(main, ["upload", str(tmp_path / "d"), "me/rel", "--dry-run"])
-    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert r.exit_code == 1 and "Traceback" not in r.output
     assert f"{tmp_path / 'd'} is not a ladder's folder: it has no .ggufmtp/ladder.json" in r.stderr, r.output
+    (tmp_path / "d" / ".ggufmtp" / "ladder.json").write_text('{"out_dir": "x", "mod')
+    r = CliRunner().invoke(main, ["upload", str(tmp_path / "d"), "me/rel", "--dry-run"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert f"{tmp_path / 'd' / '.ggufmtp' / 'ladder.json'}: not a ladder record ggufmtp can read" in r.stderr
 
 
 def test_a_stage_that_runs_again_names_the_input_that_changed(tmp_path):
