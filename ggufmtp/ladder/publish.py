@@ -1,13 +1,15 @@
 """Publishing a ladder: ``ggufmtp ladder --upload REPO`` and ``ggufmtp upload LADDER_DIR REPO``.
 
-Each variant first goes before the publish gate alone: a dry run of :func:`ggufmtp.hub.upload.upload`
-with its files, its receipt and the ladder's card, so exactly the checks of the real upload, and each
-variant's reason can be named (``Q8_0: ok``, ``IQ2_XXS: refused — <reason>``); a variant the ladder
-did not make is refused with its error. A ladder goes up all or nothing by default: one refusal and
-nothing is sent. ``passing_only`` (``--passing-only``) publishes the variants the gate passes, with
-a card of those alone (``DIR/.ggufmtp/published/README.md``; the ladder's own card is left as it is)
-and the sidecars their trunks are served with, and still names the refused ones. What goes up goes
-in ONE commit, through the gate again (the bytes sent are the bytes gated)."""
+Every variant gets a line before the publish gate (``Q8_0: ok``, ``IQ2_XXS: refused — <reason>``).
+The whole ladder goes to the gate first, as one upload; when it passes, every variant is ``ok`` and
+that is the commit. When it refuses (or with ``passing_only``), each variant goes before the gate
+alone, a dry run of :func:`ggufmtp.hub.upload.upload` with its files, its receipt and the ladder's
+card (exactly the real upload's checks), so each refusal is named; a variant the ladder did not make
+is refused with its error. All or nothing by default: one refusal and nothing is sent (the gate
+runs before any request). ``passing_only`` (``--passing-only``) publishes the variants the gate
+passes, with a card of those alone (``DIR/.ggufmtp/published/README.md``; the ladder's own card is
+left as it is) and the sidecars their trunks are served with, and still names the refused ones.
+What goes up goes in ONE commit, through the gate (the bytes sent are the bytes gated)."""
 
 from __future__ import annotations
 
@@ -122,16 +124,30 @@ def review_ladder(result: LadderResult, repo_id: str, options: UploadOptions | N
 
 def publish_ladder(result: LadderResult, repo_id: str, options: UploadOptions | None = None, *,
                    passing_only: bool = False, progress: bool = True) -> LadderUpload:
-    """Review every variant, then publish them in ONE commit (module docstring): all, or with
-    ``passing_only`` those the gate passes; nothing when the gate refuses one (all or nothing) or all.
-    ``options`` as ``ggufmtp upload``'s (branch, ``create_pr``, ``path_in_repo``, ``commit_message``:
-    default one naming what goes up)."""
+    """Publish the ladder in ONE commit (module docstring): all its variants, or with ``passing_only``
+    those the gate passes; nothing when the gate refuses one (all or nothing) or all. ``options`` as
+    ``ggufmtp upload``'s (branch, ``create_pr``, ``path_in_repo``, ``commit_message``: default one
+    naming what goes up). All or nothing tries the whole upload first (its gate passing names every
+    variant ``ok``); only a refusal sends each variant before the gate alone, to name its reason."""
     opts = options if options is not None else UploadOptions()
+    if not passing_only and all(o.ok for o in result.outcomes):
+        whole = [VariantReview(o.variant, o.recipe, None, made=True, files=_files(o)) for o in result.outcomes]
+        try:
+            return LadderUpload(repo_id, tuple(whole), _send(result, repo_id, opts, whole, False, progress))
+        except HubRefusedError:  # nothing was sent (the gate runs first): which variant, and why, below
+            pass
     reviews = review_ladder(result, repo_id, opts)
     passing = [r for r in reviews if r.ok]
     if not passing or (len(passing) < len(reviews) and not passing_only):
         return LadderUpload(repo_id, tuple(reviews), None, passing_only)
-    arts, subset = [r.files[0] for r in passing], len(passing) < len(reviews)
+    sent = _send(result, repo_id, opts, passing, len(passing) < len(reviews), progress)
+    return LadderUpload(repo_id, tuple(reviews), sent, passing_only)
+
+
+def _send(result: LadderResult, repo_id: str, opts: UploadOptions, passing: Sequence[VariantReview],
+          subset: bool, progress: bool) -> UploadResult:
+    """The ONE commit of ``passing``'s files, their receipts and the card, through the gate."""
+    arts = [r.files[0] for r in passing]
     # every sidecar the ladder made (the gate refuses one no trunk pairs with); of a subset, its trunks' own
     sidecars = (list(dict.fromkeys(f for r in passing for f in r.files[1:])) if subset
                 else [(p, default_receipt_path(p)) for p in result.sidecars])
@@ -139,8 +155,7 @@ def publish_ladder(result: LadderResult, repo_id: str, options: UploadOptions | 
     if opts.commit_message is None:
         opts = dataclasses.replace(opts, commit_message=_commit_message(len(arts), len(sidecars)))
     files = [*arts, *sidecars]  # a sidecar passes the gate through its trunks' receipts (hub/gate.py)
-    sent = upload(repo_id, [a for a, _ in files], [r for _, r in files], card, opts, progress=progress)
-    return LadderUpload(repo_id, tuple(reviews), sent, passing_only)
+    return upload(repo_id, [a for a, _ in files], [r for _, r in files], card, opts, progress=progress)
 
 
 def _card(result: LadderResult, repo_id: str, opts: UploadOptions, arts: Sequence[tuple[Path, Path]],
