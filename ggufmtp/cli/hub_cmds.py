@@ -140,6 +140,9 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
         return _upload_ladder(Path(repo_id), str(artifacts[0]), options, passing_only, as_json)
     if not receipts:
         raise click.UsageError("Missing option '--receipt': every artifact goes up with its receipt")
+    if passing_only:
+        raise click.UsageError("--passing-only goes with a ladder's folder (`ggufmtp upload LADDER_DIR REPO_ID`): "
+                               "the artifacts given here go up together or not at all")
 
     # Facts for the commit message only; the upload itself refuses receipts it cannot parse.
     facts = receipt_commit_facts(receipts, artifacts)
