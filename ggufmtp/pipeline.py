@@ -8,9 +8,12 @@ imatrix, the resolved Hub commit (not the requested revision), the recipe's cont
 version and the llama.cpp runtime (commit, variant). A rerun reuses every stage whose key is
 unchanged and whose outputs still hold the bytes recorded, so a run that failed in ``verify``
 resumes there, and a changed recipe reruns plan and quantize but not pull. A failing verdict
-is recorded but never reused (the next run verifies again), and ``upload`` publishes only an
+is recorded but not reused (the next run verifies again) unless ``RunOptions.reuse_failed`` (a
+ladder's variants: a rerun measures nothing again), and ``upload`` publishes only an
 artifact with a passing verification of its bytes (:mod:`ggufmtp.hub.gate`). The model is made
-local, checked to be a GGUF and hashed before anything is written into ``OUT``.
+local, checked to be a GGUF and hashed before anything is written into ``OUT``. A stage that runs
+says why (:attr:`StageRecord.why`: no record, which of its named inputs changed, its files changed,
+its last verdict failed), and the summary carries it (``ran_because``).
 
 Each stage is a ``_stage_*`` function below; :func:`run` calls them in order on one ``_Run``
 record, which carries the inputs and what the earlier stages found (paths, keys).
@@ -21,17 +24,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import shutil
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import cast
 
 from ._version import __version__
 from .constants import LLAMA_CPP_COMMIT
 from .errors import GgufmtpError, HubRefusedError, PlanError, RecipeError
-from .files.fsutil import atomic_write_json
 from .files.hashing import sha256_cached, sha256_file
 from .gguf.model import inspect_model, shard_path, split_shards
 from .gguf.reader import read_header
@@ -57,6 +57,10 @@ from .refs import ModelRef, is_builtin, parse_model_ref, resolve
 from .run_options import RunOptions
 from .run_summary import RunSummary, StageStatus, format_summary
 from .runtime.build import installed_runtime
+from .stage_cache import StageCache, StageRecord
+from .stage_cache import intact as _intact
+from .stage_cache import named_key as _named_key
+from .stage_cache import stage_key as _key
 from .stage_records import (
     CardStage,
     EvalStage,
@@ -77,22 +81,6 @@ STAGES = ("pull", "inspect", "plan", "quantize", "audit", "verify", "receipt", "
 # What the inspect stage keeps of the model report.
 _INSPECT_FIELDS = ("architecture", "block_count", "nextn_predict_layers", "mtp_block", "mtp_blocks", "mtp_status",
                    "mtp_missing", "file_type", "n_params", "size_bytes", "bpw")
-
-
-@dataclasses.dataclass
-class StageRecord:
-    """One stage of a run: its input key, whether its result came from the cache, and the result
-    (the JSON the stage stored in ``OUT/.ggufmtp/stages/<stage>.json``)."""
-
-    stage: str
-    key: str
-    cached: bool
-    result: JsonObject
-    seconds: float = 0.0  # the stage's wall time in this run (a cached one: checking its record)
-
-    @property
-    def status(self) -> StageStatus:
-        return StageStatus.CACHED if self.cached else StageStatus.RAN
 
 
 @dataclasses.dataclass
@@ -136,6 +124,7 @@ class RunResult:
             uploaded=self._result("upload").get("commit_url") if self.stage("upload") else None,
             stages={s.stage: s.status for s in self.stages},
             stage_seconds={s.stage: round(s.seconds, 3) for s in self.stages},
+            ran_because={s.stage: s.why for s in self.stages if s.why is not None},
         )
 
     def summary(self) -> JsonObject:
@@ -154,25 +143,9 @@ def _mtp_blocks(q_mtp: MtpRecord, ins: InspectStage) -> list[int]:
     return [block] if block is not None else []
 
 
-def _key(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
 def _file_record(path: Path) -> FileRecord:
     """The identity of a file a stage produced: its path and the sha256 of its bytes."""
     return {"path": str(path), "sha256": sha256_file(path)}
-
-
-def _intact(*keys: str) -> Callable[[Mapping[str, object]], bool]:
-    """A cached result (any stage's record) is valid while the files it recorded under ``keys``
-    (:class:`FileRecord`) still hold the same bytes (hashed again: a file rewritten with its size and
-    mtime restored is not intact)."""
-    def check(r: Mapping[str, object]) -> bool:  # a key holding a list: every record of it (a split's shards)
-        recs = [rec for v in (r.get(k) for k in keys) for rec in (v if isinstance(v, list) else [v])]
-        return all(isinstance(rec, dict) and rec.get("sha256") and Path(rec["path"]).is_file()
-                   and sha256_file(Path(rec["path"])) == rec["sha256"] for rec in recs)
-
-    return check
 
 
 def _secret_id(path: Path | None) -> str | None:
@@ -187,39 +160,6 @@ def _toolchain_key() -> str:
     does not load libllama, which a fully cached run never needs)."""
     info = installed_runtime()
     return _key("toolchain", __version__, info.commit if info else LLAMA_CPP_COMMIT, info.variant if info else None)
-
-
-_R = TypeVar("_R", bound=Mapping[str, object])  # a stage's record (stage_records.py)
-
-
-class _StageCache:
-    """Runs a stage unless ``OUT/.ggufmtp/stages/<stage>.json`` holds a successful result for the
-    same key whose outputs are still intact; records what happened either way. A result that
-    ``ok`` judges a failure (a failing verdict) is recorded but not reused: a rerun runs it again."""
-
-    def __init__(self, out_dir: Path, log: Callable[[str], None], force: bool):
-        self.dir = out_dir / ".ggufmtp" / "stages"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.log = log
-        self.force = force
-        self.records: list[StageRecord] = []
-
-    def run(self, stage: str, key: str, fn: Callable[[], _R], still_valid: Callable[[_R], bool] = lambda r: True,
-            ok: Callable[[_R], bool] = lambda r: True) -> _R:
-        """``fn()``'s record (a JSON object: written to the stage's file), or the one that file holds."""
-        path, t0 = self.dir / f"{stage}.json", time.monotonic()
-        if not self.force and path.exists():
-            rec = json.loads(path.read_text())
-            if rec.get("key") == key and rec.get("ok") and still_valid(rec["result"]):
-                self.log(f"[{stage}] cached")
-                self.records.append(StageRecord(stage, key, True, rec["result"], time.monotonic() - t0))
-                return rec["result"]
-        self.log(f"[{stage}] running")
-        path.unlink(missing_ok=True)
-        result = fn()
-        atomic_write_json(path, {"stage": stage, "key": key, "ok": bool(ok(result)), "result": result})
-        self.records.append(StageRecord(stage, key, False, cast(JsonObject, result), time.monotonic() - t0))
-        return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +212,7 @@ class _Run:
     earlier ones set)."""
 
     out: Path
-    cache: _StageCache
+    cache: StageCache
     recipe: Recipe
     model_arg: str
     ref: ModelRef
@@ -329,9 +269,9 @@ def _stage_pull(r: _Run) -> None:
     source: PullSource = {"kind": str(r.ref.kind), "ident": r.ref.ident, "requested_revision": r.ref.revision,
                           "resolved_commit": m.resolved_commit, "include": r.include,
                           "shards": [list(s) for s in m.shards]}
-    pull_key = _key("pull", source)
+    pull_key, inputs = _named_key(stage="pull", source_model=source)
     manifest = m.manifest.to_dict() if m.manifest else None
-    r.cache.run("pull", pull_key, lambda: PullStage(model_path=str(m.path), manifest=manifest, source=source))
+    r.cache.run("pull", (pull_key, inputs), lambda: PullStage(model_path=str(m.path), manifest=manifest, source=source))
     r.model_key = _key(pull_key, _toolchain_key())
 
 
@@ -373,8 +313,9 @@ def _stage_plan(r: _Run) -> None:
                 "tensor_bytes": {t.name: t.bytes for t in p.tensors}}
 
     im_key = {"name": Path(r.imatrix).name, "sha256": sha256_file(r.imatrix)} if r.imatrix else None
-    r.plan_key = _key("plan", r.model_key, _recipe_content(r.recipe), im_key)
-    planned = r.cache.run("plan", r.plan_key, do, lambda rec: "tensor_bytes" in rec)
+    r.plan_key, inputs = _named_key(stage="plan", model_or_toolchain=r.model_key, recipe=_recipe_content(r.recipe),
+                                    imatrix=im_key)
+    planned = r.cache.run("plan", (r.plan_key, inputs), do, lambda rec: "tensor_bytes" in rec)
     r.planned_bytes = planned["tensor_bytes"]
     for w in planned["warnings"]:
         r.log(f"warning: {w}")
@@ -414,8 +355,9 @@ def _stage_quantize(r: _Run) -> None:
                             for p in res.shards]
         return d
 
-    quant_key = _key("quantize", r.plan_key, _secret_id(r.signing_key), str(r.split))
-    quantized = r.cache.run("quantize", quant_key, do, _intact("artifact", "shard_files"))
+    quant_key, inputs = _named_key(stage="quantize", plan=r.plan_key, signing_key=_secret_id(r.signing_key),
+                                   split_size=str(r.split))
+    quantized = r.cache.run("quantize", (quant_key, inputs), do, _intact("artifact", "shard_files"))
     r.shards = len(quantized["shard_files"])
     r.artifact_sha256 = quantized["artifact"]["sha256"]
     r.artifact_key = _key(quant_key, r.artifact_sha256)
@@ -447,8 +389,10 @@ def _stage_verify(r: _Run, verify_options: VerifyOptions, reference_base: bool =
         res = verify_mod.verify(r.artifact, opts, progress=r.progress, receipt=r.receipt)
         return {"verification": res.to_receipt()}
 
-    key = _key("verify", r.artifact_key, {k: str(v) for k, v in verify_options.to_dict().items()},
-               dataclasses.asdict(r.recipe.verify), r.model_key if verify_options.reference == r.model_path else None)
+    key = _named_key(stage="verify", artifact=r.artifact_key,
+                     verify_settings={k: str(v) for k, v in verify_options.to_dict().items()},
+                     recipe_thresholds=dataclasses.asdict(r.recipe.verify),
+                     reference=r.model_key if verify_options.reference == r.model_path else None)
     passed = r.cache.run("verify", key, do, ok=lambda res: res["verification"].get("verdict") == "pass")
     r.verification = passed["verification"]
 
@@ -486,7 +430,8 @@ def _stage_eval(r: _Run, eval_options: EvalOptions) -> None:
                                     r.progress).to_dict()
         return {"quality": quality, "receipt": _file_record(r.receipt), "artifact_sha256": r.artifact_sha256}
 
-    key = _key("eval", r.artifact_key, r.receipted, {k: str(v) for k, v in eval_options.to_dict().items()})
+    key = _named_key(stage="eval", artifact=r.artifact_key, receipt=r.receipted,
+                     eval_settings={k: str(v) for k, v in eval_options.to_dict().items()})
     r.receipted = r.cache.run("eval", key, do, _intact("receipt"))
 
 
@@ -554,7 +499,7 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
     check_reference(o.verify_options if o.verify else None, resolved.path)  # another model: refused before any work
     job = imatrix_for_run(resolved.path, o.imatrix_corpus, out, chunks=o.imatrix_chunks) if o.imatrix_corpus else None
     out.mkdir(parents=True, exist_ok=True)
-    r = _Run(out=out, cache=_StageCache(out, log, o.force), recipe=rec, model_arg=model, ref=ref, model=resolved,
+    r = _Run(out=out, cache=StageCache(out, log, o.force, o.reuse_failed), recipe=rec, model_arg=model, ref=ref, model=resolved,
              imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
              progress=progress, log=log, name=model_name(model, resolved.path, converted=converted is not None),
              signing_key=key, public_key=pub, allow_unverified=o.allow_unverified, split=o.split_max_size)

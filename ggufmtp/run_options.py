@@ -41,7 +41,9 @@ class RunOptions:
     signatures. ``signing_key`` (default ``$GGUFMTP_SIGNING_KEY``) signs the receipt and the
     artifact (``ARTIFACT.sig``).
 
-    ``force``: ignore cached stage results. ``base_dir`` (default the output folder): where a
+    ``force``: ignore cached stage results. ``reuse_failed``: reuse a recorded failing verdict of the
+    same bytes and settings too (by default a rerun verifies a failed artifact again; a ladder's
+    variants reuse it, so that a rerun, ``--upload`` added, measures nothing again). ``base_dir`` (default the output folder): where a
     pulled model and a converted checkpoint are kept, so that several runs (a ladder's variants)
     share one pull and one conversion. ``until="audit"``: stop after the audit (a ladder builds
     every variant so, then measures it with a second call).
@@ -67,6 +69,7 @@ class RunOptions:
     public_key: str | Path | None = None
     signing_key: str | Path | None = None
     force: bool = False
+    reuse_failed: bool = False
     base_dir: str | Path | None = None
     until: str | None = None
 

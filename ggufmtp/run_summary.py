@@ -98,6 +98,7 @@ class RunSummary:
     head: JsonObject | None = None  # the judged mode's head against the reference (provenance.head)
     reasons: list[str] = dataclasses.field(default_factory=list)  # why the verdict is not pass
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # each stage's wall time here
+    ran_because: dict[str, str] = dataclasses.field(default_factory=dict)  # each stage that ran: why (not cached)
 
     def to_dict(self) -> JsonObject:
         d = dataclasses.asdict(self)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,10 +12,24 @@ from .app import emit_json, handle_errors, json_option, main
 from .options import exclude_option, include_option, revision_option, token_option, with_revision
 from .provenance_cmds import public_key_option
 
+if TYPE_CHECKING:
+    from ..hub.upload import UploadOptions
+    from ..ladder.publish import LadderUpload
+
 allow_unverified_option = click.option(
     "--allow-unverified", is_flag=True,
     help="Publish even without a publishable verification of the artifact (the card then says so); an "
          "artifact that fails `ggufmtp audit` is never published.")
+passing_only_option = click.option(
+    "--passing-only", is_flag=True,
+    help="A ladder: publish the variants the publish gate passes and leave out the refused ones (each named "
+         "with its reason; the card then shows the published ones). Default: all or nothing.")
+
+
+def print_reviews(published: LadderUpload) -> None:
+    """Each variant's line before the publish gate (``Q8_0: ok``, ``IQ2_XXS: refused — <reason>``)."""
+    for review in published.reviews:
+        click.echo(f"  {review.line()}", err=not review.ok)
 
 
 @main.command("pull")
@@ -72,8 +87,8 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], exclu
 @main.command("upload")
 @click.argument("repo_id")
 @click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--receipt", "receipts", multiple=True, required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Receipt of the artifact(s) (repeatable); uploaded next to them.")
+@click.option("--receipt", "receipts", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Receipt of the artifact(s) (repeatable; required with artifacts); uploaded next to them.")
 @click.option("--card", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Model card, uploaded as README.md.")
 @click.option("--private", is_flag=True, help="Create the repo private (no effect on an existing repo).")
@@ -87,14 +102,15 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], exclu
               help="Folder of the repo for the artifacts, their signatures and receipts (default the top); "
               "the card stays the repo's README.md.")
 @click.option("--dry-run", is_flag=True, help="Run every check and list what would be uploaded; touch no network.")
+@passing_only_option
 @public_key_option
 @allow_unverified_option
 @json_option
 @handle_errors
 def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, ...], card: Path | None, private: bool,
                revision: str | None, token: str | None, commit_message: str | None, create_pr: bool,
-               path_in_repo: str | None, dry_run: bool, public_key: str | None, allow_unverified: bool,
-               as_json: bool) -> None:
+               path_in_repo: str | None, dry_run: bool, passing_only: bool, public_key: str | None,
+               allow_unverified: bool, as_json: bool) -> None:
     """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit.
 
     Every artifact must pass `ggufmtp audit ARTIFACT --receipt R` (with the public key, when one is
@@ -105,8 +121,28 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     a branch (created when missing), --create-pr opens a pull request instead (against --revision,
     default main), --path-in-repo puts the files in a folder of the repo. The token comes from
     --token, HF_TOKEN or `hf auth login` (HF_TOKEN keeps it off the command line).
+
+    `ggufmtp upload LADDER_DIR REPO_ID` publishes a ladder's folder (`ggufmtp ladder -o LADDER_DIR`)
+    as `ladder --upload` sends it: each variant before the gate, printed as
+    `Q8_0: ok` or `IQ2_XXS: refused — <reason>` (a failing verdict, too little evidence, an audit
+    failure, a variant the ladder did not make); all or nothing (exit 1, nothing sent, when one is
+    refused) unless --passing-only; nothing is measured again. Its card is the ladder's README.md.
     """
     from ..hub.upload import UploadOptions, receipt_commit_facts, upload
+
+    if repo_id and Path(repo_id).is_dir():  # `upload LADDER_DIR REPO_ID`
+        if len(artifacts) != 1 or receipts or card:
+            raise click.UsageError("a ladder's folder goes up as `ggufmtp upload LADDER_DIR REPO_ID` (its receipts "
+                                   "and card are the ladder's: no --receipt or --card)")
+        options = UploadOptions(private=private, revision=revision, dry_run=dry_run, allow_unverified=allow_unverified,
+                                public_key=public_key, commit_message=commit_message, create_pr=create_pr,
+                                path_in_repo=path_in_repo, token=token)
+        return _upload_ladder(Path(repo_id), str(artifacts[0]), options, passing_only, as_json)
+    if not receipts:
+        raise click.UsageError("Missing option '--receipt': every artifact goes up with its receipt")
+    if passing_only:
+        raise click.UsageError("--passing-only goes with a ladder's folder (`ggufmtp upload LADDER_DIR REPO_ID`): "
+                               "the artifacts given here go up together or not at all")
 
     # Facts for the commit message only; the upload itself refuses receipts it cannot parse.
     facts = receipt_commit_facts(receipts, artifacts)
@@ -134,3 +170,28 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
         click.echo(f"  commit: {res.commit_sha}  {res.commit_url or ''}".rstrip())
     if res.pr_url:
         click.echo(f"  pull request: {res.pr_url}")
+
+
+def _upload_ladder(ladder_dir: Path, repo_id: str, options: UploadOptions, passing_only: bool, as_json: bool) -> None:
+    """``ggufmtp upload LADDER_DIR REPO_ID``: the ladder's record read, every variant before the gate."""
+    import sys
+
+    from ..ladder.publish import publish_ladder
+    from ..ladder.run import load_ladder
+
+    published = publish_ladder(load_ladder(ladder_dir), repo_id, options, passing_only=passing_only,
+                               progress=not as_json)
+    refusal = published.refusal()
+    if as_json:
+        emit_json({**published.to_dict(), "error": str(refusal) if refusal else None})
+    else:
+        click.echo(f"ladder {ladder_dir} -> {repo_id}")
+        print_reviews(published)
+        if published.upload is not None:
+            up = published.upload
+            click.echo(("dry run, nothing sent: would commit" if up.dry_run else "committed")
+                       + f" {len(up.operations)} file(s), {decimal_bytes(up.total_size)}"
+                       + (f": {up.commit_sha}  {up.commit_url or ''}".rstrip() if up.commit_sha else ""))
+    if refusal is not None:
+        click.echo(f"error: nothing uploaded: {refusal}", err=True)
+        sys.exit(1)

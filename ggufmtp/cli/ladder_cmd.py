@@ -12,7 +12,7 @@ import click
 
 from ..run_summary import verdict_text
 from .app import emit_json, handle_errors, json_option, main
-from .hub_cmds import allow_unverified_option
+from .hub_cmds import allow_unverified_option, passing_only_option, print_reviews
 from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
 from .options import (
     gpu_layers_option,
@@ -88,7 +88,10 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
               help="With --workers: GPUs on this host; worker i measures on GPU i mod N, one at a time each.")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Run the variants on this Dask cluster's scheduler (e.g. tcp://host:8786, a dask-jobqueue cluster).")
-@click.option("--upload", "upload_repo", default=None, help="Publish every variant, its receipt and the card in one commit.")
+@click.option("--upload", "upload_repo", default=None,
+              help="Publish every variant, its receipt and the card in one commit, through the publish gate: each "
+                   "variant's reason when it refuses one, and then nothing is sent (see --passing-only).")
+@passing_only_option
 @click.option("--private", is_flag=True, help="Create the Hub repo private.")
 @click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
 @click.option("--upload-revision", default=None, metavar="BRANCH",
@@ -125,7 +128,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                gpu_layers: int | str | None, threads: int | None, quantize_threads: int | None,
                split_max_size: str | None, workers: int | None,
                gpus: int, scheduler: str | None,
-               upload_repo: str | None, private: bool, dry_run_upload: bool, upload_revision: str | None,
+               upload_repo: str | None, passing_only: bool, private: bool, dry_run_upload: bool, upload_revision: str | None,
                create_pr: bool, commit_message: str | None, path_in_repo: str | None, quantized_by: str | None,
                layout: str | None, sidecars: tuple[str, ...],
                signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
@@ -140,10 +143,10 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     variant failed or a verdict is not pass (fail, or inconclusive: the head undecided, with the
     prompts that would decide it). Each verdict judges the quantization: the head against the source
     model (or --reference: preserved, degraded or inconclusive), lossless output, speed."""
-    from ..errors import LadderError
     from ..hub.upload import UploadOptions
     from ..ladder.engine import DaskEngine
-    from ..ladder.run import run_ladder, upload_ladder
+    from ..ladder.publish import publish_ladder
+    from ..ladder.run import run_ladder
 
     vopts: dict[str, object] = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
                                ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers),
@@ -169,14 +172,16 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     res = run_ladder(spec, engine, progress=not as_json, log=log)
     out, refused = res.to_dict(), None
     if upload_repo:
-        try:
-            up = UploadOptions(private=private, revision=upload_revision, create_pr=create_pr, token=token,
-                               dry_run=dry_run_upload, commit_message=commit_message, path_in_repo=path_in_repo,
-                               allow_unverified=allow_unverified, public_key=public_key)
-            out["upload"] = upload_ladder(res, upload_repo, up, progress=not as_json).to_dict()
-        except LadderError as e:  # a variant failed: the upload is refused, naming it; nothing is sent
-            refused = f"not uploaded to {upload_repo}: {e}"
-            out["upload"] = {"error": refused}
+        up = UploadOptions(private=private, revision=upload_revision, create_pr=create_pr, token=token,
+                           dry_run=dry_run_upload, commit_message=commit_message, path_in_repo=path_in_repo,
+                           allow_unverified=allow_unverified, public_key=public_key)
+        published = publish_ladder(res, upload_repo, up, passing_only=passing_only, progress=not as_json)
+        sent = published.to_dict()
+        if not as_json:
+            print_reviews(published)
+        if published.upload is None:  # refused: each variant's reason above; nothing is sent
+            refused = sent["error"] = f"not uploaded to {upload_repo}: {published.refusal()}"
+        out["upload"] = sent
     if as_json:
         emit_json(out)
     else:

@@ -108,7 +108,8 @@ def _variant_task(job: VariantJob, measure: bool) -> VariantOutcome:
                              verify_options=job.verify_options,  # building: the memory plan before quantizing
                              reference_base=job.reference_base,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
-                             base_dir=job.base_dir, until=None if measure and not trunk else "audit")
+                             base_dir=job.base_dir, until=None if measure and not trunk else "audit",
+                             reuse_failed=True)  # a failing verdict of the same bytes and settings: reused
         res = run(job.model, job.recipe, options, out_dir=job.build_dir, progress=False)
         summary = trunk_variant(job, res) if measure and trunk else res.summary()
     except GgufmtpError as e:  # the variant's failure is reported; the other variants go on
@@ -126,8 +127,13 @@ def build_variant(job: VariantJob) -> VariantOutcome:
 
 
 def measure_variant(built: VariantOutcome, job: VariantJob) -> VariantOutcome:
-    """Verify, receipt, eval and card of a built variant (the stages before come from its stage cache)."""
-    return built if not built.ok else _run_variant(job, measure=True, before=built.tasks)
+    """Verify, receipt, eval and card of a built variant (the stages before come from its stage cache;
+    the summary's ``ran_because`` keeps why the build ran its stages, which the measure found cached)."""
+    if not built.ok:
+        return built
+    measured = _run_variant(job, measure=True, before=built.tasks)
+    why = {**built.summary.get("ran_because", {}), **measured.summary.get("ran_because", {})}
+    return dataclasses.replace(measured, summary={**measured.summary, "ran_because": why}) if measured.ok else measured
 
 
 class EngineInfo(TypedDict):

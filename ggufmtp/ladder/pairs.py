@@ -22,7 +22,7 @@ Each variant's *build* task is ``ggufmtp run ... until audit`` into ``.full/<TAG
 *measure* task cuts the trunk (:func:`ggufmtp.quant.sidecar.make_trunk`, its receipt by
 :func:`ggufmtp.provenance.pair.write_trunk_receipt`), verifies the pair into that receipt, evaluates
 it and writes its card. A rerun reuses a trunk whose receipt still binds the same full variant and
-sidecar and holds a passing verification of the pair (and the eval, when asked for), and a sidecar
+sidecar and holds a verification of the pair, failing ones too (and the eval, when asked for), and a sidecar
 made from the same source, imatrix, recipe, signing key and toolchain.
 """
 
@@ -124,7 +124,8 @@ def _recorded(record: Path) -> object:
 
 def _trunk_current(rc_path: Path, trunk: Path, full_sha: str, side_sha: str, job: VariantJob) -> bool:
     """The trunk's receipt binds these bytes, cut from this full variant, served with this sidecar,
-    and holds what the job asks for (a passing verification of the pair; the eval)."""
+    and holds what the job asks for (a verification of the pair, whatever its verdict: the same bytes
+    measured with the same settings again tell nothing new; the eval)."""
     try:
         rc = read_receipt(rc_path)
     except (OSError, GgufmtpError):
@@ -135,7 +136,7 @@ def _trunk_current(rc_path: Path, trunk: Path, full_sha: str, side_sha: str, job
                                              and pair["made_from"]["sha256"] == full_sha and named["sha256"] == side_sha):
         return False
     served = (v.get("model") or {}).get("sidecar")
-    verified = v.get("verdict") == "pass" and served is not None and served["sha256"] == side_sha
+    verified = v.get("verdict") is not None and served is not None and served["sha256"] == side_sha
     return (verified or not job.verify) and (job.eval_options is None or rc.predicate.get("quality") is not None)
 
 
@@ -200,7 +201,10 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
     full_sha, side_sha = sha256_file(full), sha256_file(sidecar)
     record = job.base_dir / _RECORDS / f"trunk-{job.out_dir.name}.json"
     key = _trunk_key(job, full_sha, side_sha)
-    cached = _recorded(record) == key and _trunk_current(default_receipt_path(trunk), trunk, full_sha, side_sha, job)
+    rc = default_receipt_path(trunk)
+    why = _why_remade(_recorded(record), key) or (None if _trunk_current(rc, trunk, full_sha, side_sha, job)
+                                                  else "its receipt or files changed since")
+    cached = why is None
     if not cached:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         src = PairSources(full, job.model, full)
@@ -209,13 +213,22 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
             full, job.out_dir / built.artifact.name, lambda staged, final: write_trunk_receipt(
                 src, (staged, final), sidecar, job.signing_key, str(job.split)), split=job.split)))
         trunk = made[0]
-        _measure_pair(job, trunk, default_receipt_path(trunk), timed)
+        rc = default_receipt_path(trunk)
+        _measure_pair(job, trunk, rc, timed)
         timed("card", lambda: make_card(trunk, default_receipt_path(trunk), job.out_dir / "README.md"))
         atomic_write_json(record, {"key": key})
     names = ["trunk", *(["verify"] if job.verify else []), *(["eval"] if job.eval_options else []), "card"]
     stages = {k: StageStatus.CACHED if cached else StageStatus.RAN for k in names}
-    return _summary(built, read_receipt(default_receipt_path(trunk)), job.out_dir / "README.md", stages, seconds,
-                    sidecar)
+    summary = _summary(built, read_receipt(rc), job.out_dir / "README.md", stages, seconds, sidecar)
+    return {**summary, "ran_because": {**built.summary_record().ran_because, **{k: str(why) for k in names if why}}}
+
+
+def _why_remade(recorded: object, key: JsonObject) -> str | None:
+    """Why a trunk's record does not hold for ``key`` (None: it does): no record, or which inputs changed."""
+    if not isinstance(recorded, dict):
+        return "no record"
+    changed = [k.replace("_", " ") for k in key if recorded.get(k) != key[k]]
+    return f"{' and '.join(changed)} changed" if changed else None
 
 
 def _summary(built: RunResult, rc: Receipt, card: Path, stages: Mapping[str, StageStatus],
@@ -234,6 +247,7 @@ def _summary(built: RunResult, rc: Receipt, card: Path, stages: Mapping[str, Sta
         acceptance=v["mtp"]["acceptance"] if v else None, acceptance_ci95=v["mtp"]["acceptance_ci95"] if v else None,
         speedup=v["speedup"] if v else None, speedup_ci95=v["speedup_ci95"] if v else None,
         verdict=v["verdict"] if v else None, speed_checked=v.get("speed_checked") if v else None,
+        reasons=[str(r) for r in v.get("reasons") or []] if v else [],  # why it is not pass: the console says it
         findings=cast(JsonObject | None, v.get("findings")) if v else None, head=head, stages={**base.stages, **stages},
         stage_seconds={**base.stage_seconds, **seconds})
     return {**summary.to_dict(), "sidecar": str(sidecar)}

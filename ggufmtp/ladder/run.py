@@ -7,29 +7,32 @@ computed by the first variant's eval and reused by the others (``llama-perplexit
 cached by the base model's digest and the corpus). Then each variant runs as ``ggufmtp run`` does
 into ``DIR/<recipe>/`` (quantize, audit, verify, receipt, eval, card) on an engine
 (:mod:`.engine`): in sequence, or concurrently on Dask. A variant that fails is reported and the
-others go on; rerunning the ladder resumes each variant from its stage cache. Last, ``DIR/README.md``
-is written from the variants' receipts, each audited first (:mod:`ggufmtp.provenance.ladder_card`),
-and ``--upload`` publishes every variant, its receipt and that card in one commit through the same
-gate as ``ggufmtp upload``. The result's JSON times the ladder's own phases (``phases``: imatrix, variants,
-card) beside each variant's tasks (:class:`.engine.TaskTime`) and stages (``summary.stage_seconds``).
+others go on; rerunning the ladder resumes each variant from its stage cache, and reuses its
+verdict, failing ones too, while its bytes and settings are the same (the log names why a variant
+was made again: which input changed). Last, ``DIR/README.md`` is written from the variants'
+receipts, each audited first (:mod:`ggufmtp.provenance.ladder_card`), the ladder's record
+``DIR/.ggufmtp/ladder.json`` (what ``ggufmtp upload DIR REPO`` publishes later), and ``--upload``
+publishes every variant, its receipt and that card in one commit through the same gate as
+``ggufmtp upload`` (:mod:`.publish`: each variant's reason when the gate refuses it). The result's
+JSON times the ladder's own phases (``phases``: imatrix, variants, card) beside each variant's tasks
+(:class:`.engine.TaskTime`) and stages (``summary.stage_seconds``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from ..errors import LadderError
+from ..files.fsutil import atomic_write_json
 from ..jsontypes import JsonObject
 from ..progress import bar as progress_bar
 from ..provenance.card_page import PageOptions
 from ..provenance.ladder_card import make_ladder_card
-from ..provenance.receipt import default_receipt_path
 from ..quant.naming import model_name
 from ..refs import is_builtin, parse_model_ref, resolve
 from ..run_summary import verdict_text
@@ -37,11 +40,13 @@ from .engine import Engine, EngineInfo, Sequential, VariantOutcome
 from .spec import LadderSpec, Layout, VariantJob
 
 if TYPE_CHECKING:
-    from ..hub.upload import UploadOptions
+    from ..hub.upload import UploadOptions, UploadResult
 
-__all__ = ["LadderResult", "run_ladder", "upload_ladder"]
+__all__ = ["LADDER_RECORD", "LadderResult", "load_ladder", "run_ladder", "upload_ladder"]
 
 LADDER_IMATRIX = "ladder-imatrix.gguf"
+LADDER_RECORD = ".ggufmtp/ladder.json"  # under the ladder's folder: its last run (LadderResult.to_dict)
+MEASURING = ("imatrix", "quantize", "verify", "eval", "trunk")  # the stages whose rerun costs a measurement
 
 
 @dataclass
@@ -72,7 +77,8 @@ class LadderResult:
                 "seconds": round(self.seconds, 2), "phases": {k: round(v, 3) for k, v in self.phases.items()},
                 "threads": self.spec.threads, "cpus": os.cpu_count(), "finished_order": self.finished_order,
                 "layout": str(self.spec.layout), "sidecars": [str(p) for p in self.sidecars],
-                "ok": self.ok, "variants": [o.to_dict() for o in self.outcomes]}
+                "quantized_by": self.spec.quantized_by, "repo_id": self.spec.repo_id,
+                "path_in_repo": self.spec.path_in_repo, "ok": self.ok, "variants": [o.to_dict() for o in self.outcomes]}
 
 
 def _local_model(spec: LadderSpec, progress: bool) -> Path:
@@ -160,9 +166,7 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     with progress_bar(len(jobs), "ladder", "variant", enabled=progress) as bar:
         for outcome in engine.run(jobs):
             done[outcome.recipe] = outcome
-            log(f"{outcome.variant}: " + ((verdict_text(outcome.summary) if outcome.summary.get("verdict") else "made")
-                                          if outcome.ok
-                                         else f"FAILED: {outcome.error}"))
+            log(f"{outcome.variant}: {outcome_text(outcome)}")
             bar.update(1)
     phase("variants")
     outcomes = [done[r] for r in spec.recipes]
@@ -170,37 +174,59 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by, path_in_repo=spec.path_in_repo)
     card = make_ladder_card(made, spec.out_dir / "README.md", options=options, sidecars=sidecars) if made else None
     phase("card")
-    return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases,
-                        sidecars)
+    result = LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases,
+                          sidecars)
+    atomic_write_json(spec.out_dir / LADDER_RECORD, result.to_dict())
+    return result
+
+
+def outcome_text(o: VariantOutcome) -> str:
+    """A variant's line: ``reused — pass``, ``made (verify: verify settings changed) — fail — ...``,
+    ``FAILED: ...``; made again: the first measuring stage that ran and why."""
+    if not o.ok:
+        return f"FAILED: {o.error}"
+    verdict = verdict_text(o.summary) if o.summary.get("verdict") else "not verified"
+    why = cast(Mapping[str, str], o.summary.get("ran_because") or {})
+    ran = next((f"{s}: {why[s]}" for s in MEASURING if s in why), None)
+    return f"{'reused' if ran is None else f'made ({ran})'} — {verdict}"
+
+
+def load_ladder(out_dir: Path) -> LadderResult:
+    """The ladder last run into ``out_dir``, from its record (``DIR/.ggufmtp/ladder.json``); a folder
+    moved since is followed (its files are taken under ``out_dir``). LadderError when there is none.
+    The record lists what was made; the publish gate checks the bytes themselves."""
+    import json
+
+    path = out_dir / LADDER_RECORD
+    try:
+        d = json.loads(path.read_text())
+        was = Path(d["out_dir"])
+
+        def here(p: str) -> Path:  # a recorded path, under out_dir when the folder moved
+            return out_dir / Path(p).relative_to(was) if Path(p).is_relative_to(was) else Path(p)
+
+        spec = LadderSpec(model=d["model"], recipes=tuple(d["recipes"]), out_dir=out_dir, layout=Layout(d["layout"]),
+                          quantized_by=d.get("quantized_by") or "ggufmtp", repo_id=d.get("repo_id"),
+                          path_in_repo=d.get("path_in_repo"))
+        outcomes = [VariantOutcome(v["recipe"], bool(v["ok"]), {**v["summary"], **{
+            k: str(here(v["summary"][k])) for k in ("artifact", "receipt", "sidecar") if v["summary"].get(k)}},
+            v.get("error"), variant=v.get("variant") or "") for v in d["variants"]]
+        card = here(d["card"]) if d.get("card") else None
+        return LadderResult(spec, outcomes, card, d.get("imatrix"), d["engine"], float(d.get("seconds") or 0),
+                            sidecars=[here(p) for p in d.get("sidecars") or []])
+    except FileNotFoundError:
+        raise LadderError(f"{out_dir} is not a ladder's folder: it has no {LADDER_RECORD} (made by "
+                          f"`ggufmtp ladder -o {out_dir}`)") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LadderError(f"{path}: not a ladder record ggufmtp can read ({type(e).__name__}: {e}); rerun "
+                          "the ladder to write it again") from None
 
 
 def upload_ladder(result: LadderResult, repo_id: str, options: UploadOptions | None = None, *,
-                  progress: bool = True) -> Any:
+                  progress: bool = True) -> UploadResult:
     """Every made variant, its receipt and the ladder's card in ONE commit, through the publish gate
-    (:func:`ggufmtp.hub.upload.upload`), with ``options`` as ``ggufmtp upload``'s (branch,
-    ``create_pr``, ``path_in_repo``, ``commit_message``: default one naming what goes up);
-    LadderError when a variant failed or nothing was made."""
-    from ..hub.upload import UploadOptions, upload
+    (:func:`ggufmtp.ladder.publish.publish_ladder`: all or nothing); LadderError naming every variant
+    that failed, HubRefusedError naming every variant the gate refuses and why; nothing is sent then."""
+    from .publish import publish_ladder
 
-    opts = options if options is not None else UploadOptions()
-    failed = [f"{o.recipe} in {o.variant or '?'}/: {o.error}" for o in result.outcomes if not o.ok]
-    if failed or result.card is None:
-        raise LadderError(f"the ladder has variants that failed ({'; '.join(failed) or 'all'}); "
-                          "fix them and rerun the ladder before publishing it")
-    arts: Sequence[tuple[Path, Path]] = result.variants()
-    sidecars = [(p, default_receipt_path(p)) for p in result.sidecars]
-    # the card's download and run lines name the repo it goes to, and its folder
-    if (result.spec.repo_id, result.spec.path_in_repo) != (repo_id, opts.path_in_repo):
-        make_ladder_card(arts, result.card, public_key=None if opts.public_key is None else Path(opts.public_key),
-                         options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by,
-                                             path_in_repo=opts.path_in_repo), sidecars=result.sidecars)
-    if opts.commit_message is None:
-        opts = dataclasses.replace(opts, commit_message=_commit_message(len(arts), len(sidecars)))
-    files = [*arts, *sidecars]  # a sidecar passes the gate through its trunks' receipts (hub/gate.py)
-    return upload(repo_id, [a for a, _ in files], [r for _, r in files], result.card, opts, progress=progress)
-
-
-def _commit_message(variants: int, sidecars: int) -> str:
-    if not sidecars:
-        return f"ggufmtp ladder: {variants} MTP GGUF variants"
-    return f"ggufmtp ladder: {variants} trunk-only GGUF variants and {sidecars} MTP sidecar{'s' * (sidecars > 1)}"
+    return publish_ladder(result, repo_id, options, progress=progress).sent()
