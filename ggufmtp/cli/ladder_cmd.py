@@ -101,7 +101,12 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
               "its links and download lines name the folder); refused before any work when the folder makes "
               "a variant's Hub label load another file (Q8_0-old).")
 @click.option("--quantized-by", default=None,
-              help="The card's quantized_by (default: the ladder file's quantized_by, else ggufmtp).")
+              help="The cards' quantized_by, the ladder's and each variant's (default: the ladder file's "
+                   "quantized_by, else ggufmtp).")
+@click.option("--base-model", default=None, metavar="OWNER/NAME",
+              help="The upstream model's Hub repo (owner/name) for the cards' base_model, with base_model_relation: "
+                   "quantized (default: the checkpoint converted, else what the pulled repo's card names, else the "
+                   "repo pulled).")
 @click.option("--layout", type=click.Choice(["full", "sidecar"]), default=None,
               help="full (default): every variant with its MTP head; sidecar: trunk-only variants and MTP sidecars "
                    "(DIR/mtp-<Model>-<TYPE>.gguf), each pair verified (-m TRUNK -md SIDECAR).")
@@ -125,7 +130,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                gpus: int, scheduler: str | None,
                upload_repo: str | None, private: bool, dry_run_upload: bool, upload_revision: str | None,
                create_pr: bool, commit_message: str | None, path_in_repo: str | None, quantized_by: str | None,
-               layout: str | None, sidecars: tuple[str, ...],
+               base_model: str | None, layout: str | None, sidecars: tuple[str, ...],
                signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
     """Make every variant of a model, one per recipe: the shared stages once (the model pulled or
     converted, the imatrix with the MTP head, the base model's logits), then per variant quantize,
@@ -155,7 +160,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                "threads": quantize_threads, "split_max_size": split_max_size,
                                "verify": False if no_verify else None, "signing_key": signing_key,
                                "reference_base": False if judging.get("no_reference") else None,
-                               "quantized_by": quantized_by, "repo_id": upload_repo, "layout": layout,
+                               "quantized_by": quantized_by, "base_model": base_model, "repo_id": upload_repo, "layout": layout,
                                "path_in_repo": path_in_repo if upload_repo else None,
                                "sidecars": sidecars}, vopts, eval_corpus)
     log = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))

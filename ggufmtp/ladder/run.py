@@ -167,7 +167,8 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     phase("variants")
     outcomes = [done[r] for r in spec.recipes]
     made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
-    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by, path_in_repo=spec.path_in_repo)
+    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by, path_in_repo=spec.path_in_repo,
+                          base_model=spec.base_model)
     card = make_ladder_card(made, spec.out_dir / "README.md", options=options, sidecars=sidecars) if made else None
     phase("card")
     return LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases,
@@ -193,7 +194,8 @@ def upload_ladder(result: LadderResult, repo_id: str, options: UploadOptions | N
     if (result.spec.repo_id, result.spec.path_in_repo) != (repo_id, opts.path_in_repo):
         make_ladder_card(arts, result.card, public_key=None if opts.public_key is None else Path(opts.public_key),
                          options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by,
-                                             path_in_repo=opts.path_in_repo), sidecars=result.sidecars)
+                                             path_in_repo=opts.path_in_repo, base_model=result.spec.base_model),
+                         sidecars=result.sidecars)
     if opts.commit_message is None:
         opts = dataclasses.replace(opts, commit_message=_commit_message(len(arts), len(sidecars)))
     files = [*arts, *sidecars]  # a sidecar passes the gate through its trunks' receipts (hub/gate.py)
