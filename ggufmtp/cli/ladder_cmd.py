@@ -136,10 +136,12 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     converted, the imatrix with the MTP head, the base model's logits), then per variant quantize,
     audit, verify, receipt and (with --eval) KLD, each in DIR/<TAG>/ as <Model>-<TAG>.gguf (TAG: the
     recipe's release tag; the names llama.cpp's -hf REPO:TAG resolves) and resumable; then
-    DIR/README.md, the model's page: one table of size, bpw, PPL, KLD, acceptance and speedup from the
-    variants' audited receipts, which file to pick, the download and run lines (naming the --upload
-    repo). With --layout sidecar each variant is published trunk-only, with MTP sidecars made once
-    from the source beside them (DIR/mtp-<Model>-<TYPE>.gguf), each pair verified. Exit 1 when a
+    DIR/README.md, the model's page from the variants' audited receipts: which file by size and GPU
+    memory, PPL, KLD, acceptance and speedup, each variant's findings in words, the download and run
+    lines of every variant (naming the --upload repo), the chat template, the imatrix credited, the
+    provenance, base_model the upstream model (--base-model) as quantized. With --layout sidecar
+    each variant is published trunk-only, with MTP sidecars made once from the source beside them
+    (DIR/mtp-<Model>-<TYPE>.gguf), each pair verified. Exit 1 when a
     variant failed or a verdict is not pass (fail, or inconclusive: the head undecided, with the
     prompts that would decide it). Each verdict judges the quantization: the head against the source
     model (or --reference: preserved, degraded or inconclusive), lossless output, speed."""

@@ -166,8 +166,9 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
 def card(artifact: str, receipt_path: str | None, output: str | None, quantized_by: str, license_: str | None,
          repo_id: str | None, path_in_repo: str | None, base_model: str | None) -> None:
     """Write a Hugging Face model card for ARTIFACT from its receipt (and its verification): the
-    model's page (title, files table, which file to pick, download and run lines, prompt format),
-    then the evidence, stating only what audit judges."""
+    model's page (title, the file's size and GPU memory, download and run lines, the chat template,
+    the imatrix credited; base_model the upstream model as quantized), then the evidence, stating
+    only what audit judges."""
     from ..provenance.card import make_card
     from ..provenance.receipt import default_receipt_path
 

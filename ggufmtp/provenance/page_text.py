@@ -31,7 +31,8 @@ def _head_words(f: HeadFinding, with_ci: bool) -> str:
     ci = (f" ({level_text(f.level)} CI {100 * (f.difference_ci[0] or 0):+.1f} to {100 * (f.difference_ci[1] or 0):+.1f})"
           if with_ci and None not in f.difference_ci else "")
     diff = f.difference or 0.0
-    how = f"{abs(100 * diff):.1f} points {'less' if diff < 0 else 'more'} often than the reference's{ci}"
+    how = (f"as often as the reference's{ci}" if abs(diff) < 0.0005 else
+           f"{abs(100 * diff):.1f} points {'less' if diff < 0 else 'more'} often than the reference's{ci}")
     margin = f"{100 * f.margin:.1f}-point margin"
     if f.decision == HeadDecision.PRESERVED:
         return f"the MTP head is **preserved**: its drafts are accepted {how}, within the {margin}"
@@ -142,12 +143,13 @@ def provenance_summary(rows: Sequence[FileRow]) -> list[str]:
     base = src.get("repo_id") or src.get("name") or "the base model"
     at = f" at commit `{src['commit']}`" if src.get("commit") else ""
     signed = sum(r.signed for r in rows)
-    sig = (f"all {len(rows)} are signed (a DSSE envelope, and `FILE.gguf.sig` beside the file, a model-signing "
-           "bundle)" if signed == len(rows) else f"{signed} of {len(rows)} signed" if signed else "not signed")
+    sig = (f"all {len(rows)} are signed (DSSE envelopes)" if signed == len(rows) else
+           f"{signed} of {len(rows)} are signed (DSSE envelopes)" if signed else "they are not signed")
     return ["## Provenance\n",
             f"- Made from `{base}`{at}" + (f" (upstream: `{rows[0].original}`)" if rows[0].original not in (None, base)
                                             else "") + ": every input's sha256 is in each file's receipt.",
             f"- Receipts: `FILE.gguf.receipt.json` beside each file, an in-toto statement of its inputs, recipe, "
             f"toolchain, verification and quality; {sig}.",
             "- Audit any file: `ggufmtp audit FILE.gguf` re-hashes it, checks the receipt's integrity and re-derives "
-            "the verdict from the recorded measurements; `--public-key KEY.pem` also checks the signatures.", ""]
+            "the verdict from the recorded measurements; `--public-key KEY.pem` also checks the signatures (the "
+            "receipt's and, where published, the file's `FILE.gguf.sig`).", ""]
