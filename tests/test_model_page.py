@@ -248,3 +248,28 @@ def test_findings_in_words_the_imatrix_credited_and_the_provenance(tmp_path):
     assert "Used by `tiny-qwen35moe-Q8_0.gguf`, `tiny-qwen35moe-Q4_K_M.gguf`" in im
     prov = _section(body, "## Provenance")
     assert "all 2 are signed" in prov and "`ggufmtp audit FILE.gguf`" in prov and "receipt.json" in prov
+
+
+def test_base_model_of_a_local_checkpoint_is_its_config_name_or_path(tmp_path):
+    """Fails on eed9fb2: a GGUF converted from a local checkpoint had no base_model, though its
+    config.json (``save_pretrained``'s ``_name_or_path``) names the Hub repo it came from."""
+    from ggufmtp.files.fsutil import atomic_write_json
+    from ggufmtp.hfconvert.convert import ConvertResult, source_record_path
+    from ggufmtp.provenance.receipt import base_model_section
+
+    meta, _ = ladder_card_text([])  # nothing known: no base_model claimed
+    assert "base_model" not in meta
+    for name_or_path, expected in ((UPSTREAM, UPSTREAM), ("/home/me/ckpt", None), ("./ckpt", None)):
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir(exist_ok=True)
+        (ckpt / "config.json").write_text(json.dumps({"_name_or_path": name_or_path}))
+        gguf = synth_artifact(tmp_path / "conv", "ckpt-bf16.gguf")
+        res = ConvertResult(output=gguf, source=str(ckpt), source_dir=ckpt, outtype="bf16", architecture="qwen35moe",
+                            block_count=5, nextn_predict_layers=1, mtp_status="complete", mtp_layers_in_config=1,
+                            source_files={"model.safetensors": "ab" * 32})
+        atomic_write_json(source_record_path(gguf), res.source_record())
+        st = honest_statement(gguf)
+        st["predicate"]["base_model"] = base_model_section(gguf)
+        meta, _ = card_text(seal(st))
+        assert meta.get("base_model") == expected, name_or_path
+        assert (meta.get("base_model_relation") == "quantized") == (expected is not None)

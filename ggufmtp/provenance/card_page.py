@@ -120,13 +120,14 @@ def check_base_model(repo_id: str) -> str:
 
 
 def original_model(p: Predicate) -> str | None:
-    """The upstream model's Hub repo: the checkpoint a converted GGUF came from; else the model the
+    """The upstream model's Hub repo: the checkpoint a converted GGUF came from (a local one: the repo
+    its config.json's ``_name_or_path`` names); else the model the
     pulled repo's card names as its ``base_model`` (a GGUF conversion or quantization of it, recorded
     at the pull as ``source.upstream``); else the repo pulled."""
     bm = p["base_model"]
     conv = bm.get("converted_from")
     if conv:
-        return conv.get("repo_id") or None
+        return conv.get("repo_id") or conv.get("upstream") or None
     src = bm["source"]
     return (src.get("upstream") or src.get("repo_id") or None) if src.get("type") == "hub" else None
 

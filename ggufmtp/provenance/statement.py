@@ -114,6 +114,7 @@ class ConvertedFrom(TypedDict, total=False):
     converter: str
     outtype: str
     files: list[CheckpointFile]
+    upstream: str  # a local checkpoint's config.json ``_name_or_path`` naming a Hub repo
 
 
 class BaseModelSection(TypedDict):
