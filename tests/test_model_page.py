@@ -52,6 +52,14 @@ def _receipted(folder: Path, tag: str, seed: int = 0, layers: int = 4, **figures
     return a, rc
 
 
+def _card_cli(art: Path, tmp_path: Path, *args: str, out: str = "README.md"):
+    """``ggufmtp card ART`` with its honest receipt and ``args``: (the result, the card's path)."""
+    rc = tmp_path / "r.json"
+    rc.write_text(json.dumps(honest_statement(art)))
+    path = tmp_path / out
+    return CliRunner().invoke(main, ["card", str(art), "--receipt", str(rc), "-o", str(path), *args]), path
+
+
 def _tables(body: str) -> list[list[str]]:
     """Every markdown table of ``body``: its consecutive ``|`` lines."""
     out: list[list[str]] = [[]]
@@ -91,15 +99,11 @@ def test_both_cards_name_the_upstream_model_as_quantized_with_quantized_by_and_t
 
 def test_base_model_override_and_a_bad_one_refused_naming_it(art, tmp_path):
     """Fails on eed9fb2: ``card`` has no ``--base-model``; the receipt's pulled repo was the base model."""
-    rc = tmp_path / "r.json"
-    rc.write_text(json.dumps(honest_statement(art)))
-    out = tmp_path / "README.md"
-    r = CliRunner().invoke(main, ["card", str(art), "--receipt", str(rc), "-o", str(out), "--base-model", UPSTREAM])
+    r, out = _card_cli(art, tmp_path, "--base-model", UPSTREAM)
     assert r.exit_code == 0, r.output
     meta = yaml.safe_load(out.read_text().split("---")[1])
     assert meta["base_model"] == UPSTREAM and meta["base_model_relation"] == "quantized"
-    bad = tmp_path / "bad.md"
-    r = CliRunner().invoke(main, ["card", str(art), "--receipt", str(rc), "-o", str(bad), "--base-model", "not a repo"])
+    r, bad = _card_cli(art, tmp_path, "--base-model", "not a repo", out="bad.md")
     assert r.exit_code == 1 and "--base-model 'not a repo'" in r.output and "Traceback" not in r.output
     assert not bad.exists()
     meta, _ = ladder_card_text([FileRow.of(honest_statement(art), art.name, "r")],
@@ -170,10 +174,7 @@ def test_no_table_is_wider_than_six_columns(art, tmp_path):
 
 def test_the_chat_template_is_on_the_page_as_a_block(art, tmp_path):
     """Fails on eed9fb2: the prompt format was one line naming the template's kind."""
-    rc = tmp_path / "r.json"
-    rc.write_text(json.dumps(honest_statement(art)))
-    out = tmp_path / "README.md"
-    r = CliRunner().invoke(main, ["card", str(art), "--receipt", str(rc), "-o", str(out)])
+    r, out = _card_cli(art, tmp_path)
     assert r.exit_code == 0, r.output
     template = read_header(art).metadata["tokenizer.chat_template"]
     fmt = _section(out.read_text(), "## Prompt format")
@@ -193,11 +194,7 @@ def test_download_and_run_lines_for_every_file_under_the_folder(art, tmp_path):
     for tag in ("Q8_0", "Q4_K_M"):
         assert f'hf download {REPO} --include "gguf/v2/tiny-qwen35moe-{tag}.gguf" --local-dir .' in run
         assert f"llama-server -hf {REPO}:{tag} --spec-type draft-mtp --spec-draft-n-max 4" in run
-    rc = tmp_path / "r.json"
-    rc.write_text(json.dumps(honest_statement(art)))
-    out = tmp_path / "README.md"
-    r = CliRunner().invoke(main, ["card", str(art), "--receipt", str(rc), "-o", str(out), "--repo", REPO,
-                                  "--path-in-repo", "gguf/v2"])
+    r, out = _card_cli(art, tmp_path, "--repo", REPO, "--path-in-repo", "gguf/v2")
     assert r.exit_code == 0, r.output
     text = out.read_text()
     assert f"[{art.name}](gguf/v2/{art.name})" in text and f"llama-server -m gguf/v2/{art.name} " in text

@@ -24,7 +24,7 @@ from .options import (
     threads_option,
     token_option,
 )
-from .provenance_cmds import public_key_option, signing_key_option
+from .provenance_cmds import base_model_option, public_key_option, signing_key_option
 
 if TYPE_CHECKING:
     from ..ladder.spec import LadderSpec
@@ -103,10 +103,7 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--quantized-by", default=None,
               help="The cards' quantized_by, the ladder's and each variant's (default: the ladder file's "
                    "quantized_by, else ggufmtp).")
-@click.option("--base-model", default=None, metavar="OWNER/NAME",
-              help="The upstream model's Hub repo (owner/name) for the cards' base_model, with base_model_relation: "
-                   "quantized (default: the checkpoint converted, else what the pulled repo's card names, else the "
-                   "repo pulled).")
+@base_model_option
 @click.option("--layout", type=click.Choice(["full", "sidecar"]), default=None,
               help="full (default): every variant with its MTP head; sidecar: trunk-only variants and MTP sidecars "
                    "(DIR/mtp-<Model>-<TYPE>.gguf), each pair verified (-m TRUNK -md SIDECAR).")

@@ -17,6 +17,10 @@ signing_key_option = click.option(
 public_key_option = click.option(
     "--public-key", "public_key", type=click.Path(), default=None,
     help="EC public key (PEM) that must have signed the receipt and the artifact. Default: $GGUFMTP_PUBLIC_KEY.")
+base_model_option = click.option(
+    "--base-model", "base_model", default=None, metavar="OWNER/NAME",
+    help="The upstream model's Hub repo (owner/name): the card's base_model, with base_model_relation: quantized "
+         "(default: the checkpoint converted, else what the pulled repo's card names, else the repo pulled).")
 
 
 @main.group()
@@ -158,10 +162,7 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
 @click.option("--path-in-repo", default=None, metavar="FOLDER",
               help="The repo folder the files go to (upload --path-in-repo): the card's links and --include lines "
                    "name it.")
-@click.option("--base-model", default=None, metavar="OWNER/NAME",
-              help="The upstream model's Hub repo (owner/name) for the card's base_model, with base_model_relation: "
-                   "quantized (default: the checkpoint converted, else what the pulled repo's card names, else the "
-                   "repo pulled).")
+@base_model_option
 @handle_errors
 def card(artifact: str, receipt_path: str | None, output: str | None, quantized_by: str, license_: str | None,
          repo_id: str | None, path_in_repo: str | None, base_model: str | None) -> None:

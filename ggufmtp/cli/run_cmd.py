@@ -21,7 +21,7 @@ from .options import (
     threads_option,
     token_option,
 )
-from .provenance_cmds import public_key_option, signing_key_option
+from .provenance_cmds import base_model_option, public_key_option, signing_key_option
 
 if TYPE_CHECKING:
     from ..quant.split import SplitSize
@@ -56,10 +56,7 @@ if TYPE_CHECKING:
 @quantize_threads_option()
 @split_max_size_option()
 @click.option("--quantized-by", default="ggufmtp", show_default=True, help="The card's quantized_by field.")
-@click.option("--base-model", default=None, metavar="OWNER/NAME",
-              help="The upstream model's Hub repo (owner/name) for the card's base_model, with base_model_relation: "
-                   "quantized (default: the checkpoint converted, else what the pulled repo's card names, else the "
-                   "repo pulled).")
+@base_model_option
 @click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
 @verify_judging_options
 @arm_args_options
