@@ -19,7 +19,7 @@ __all__ = [
     "HubHTTPError", "HubDigestMismatchError", "HubManifestError", "HubRefusedError",
     "QualityError", "ModelMismatchError", "LogitsFileError", "HeadSweepError",
     "ConvertError", "ConvertDependencyError", "LadderError", "TrainError", "TrainDependencyError",
-    "SearchError",
+    "SearchError", "CardError",
 ]
 
 
@@ -216,6 +216,10 @@ class ConvertDependencyError(ConvertError, ImportError):
 
 class LadderError(GgufmtpError, ValueError):
     """A ladder that cannot run: a bad ladder file or option, a missing engine, a variant that failed."""
+
+
+class CardError(GgufmtpError, ValueError):
+    """A model card that cannot be written as asked: a ``--base-model`` that is not a Hub model repo id."""
 
 
 class SearchError(GgufmtpError, ValueError):

@@ -435,13 +435,15 @@ def _stage_eval(r: _Run, eval_options: EvalOptions) -> None:
     r.receipted = r.cache.run("eval", key, do, _intact("receipt"))
 
 
-def _stage_card(r: _Run, repo_id: str | None) -> None:
-    """The card; its download and run lines name ``repo_id``, the repo ``--upload`` publishes to."""
+def _stage_card(r: _Run, repo_id: str | None, quantized_by: str, base_model: str | None) -> None:
+    """The card; its download and run lines name ``repo_id``, the repo ``--upload`` publishes to;
+    its metadata ``quantized_by`` and ``base_model`` (None: what the receipt names)."""
     def do() -> CardStage:
-        make_card(r.artifact, r.receipt, r.card, repo_id=repo_id)
+        make_card(r.artifact, r.receipt, r.card, repo_id=repo_id, quantized_by=quantized_by, base_model=base_model)
         return {"card": _file_record(r.card)}
 
-    r.cache.run("card", _key("card", r.receipted["receipt"], __version__, repo_id), do, _intact("card"))
+    key = _key("card", r.receipted["receipt"], __version__, repo_id, quantized_by, base_model)
+    r.cache.run("card", key, do, _intact("card"))
 
 
 def _stage_upload(r: _Run, repo_id: str, private: bool, dry_run: bool) -> None:
@@ -516,7 +518,7 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
     _stage_receipt(r)
     if o.eval_options is not None:
         _stage_eval(r, o.eval_options)
-    _stage_card(r, o.upload)
+    _stage_card(r, o.upload, o.quantized_by, o.base_model)
     if o.upload:
         _stage_upload(r, o.upload, o.private, o.dry_run_upload)
     return RunResult(out_dir=out, artifact=r.artifact, receipt=r.receipt, card=r.card, stages=r.cache.records)

@@ -41,6 +41,9 @@ class RunOptions:
     signatures. ``signing_key`` (default ``$GGUFMTP_SIGNING_KEY``) signs the receipt and the
     artifact (``ARTIFACT.sig``).
 
+    ``quantized_by`` and ``base_model`` (the upstream model's Hub repo; default: what the receipt
+    names): the card's metadata (:class:`~ggufmtp.provenance.card_page.PageOptions`).
+
     ``force``: ignore cached stage results. ``reuse_failed``: reuse a recorded failing verdict of the
     same bytes and settings too (by default a rerun verifies a failed artifact again; a ladder's
     variants reuse it, so that a rerun, ``--upload`` added, measures nothing again). ``base_dir`` (default the output folder): where a
@@ -68,6 +71,8 @@ class RunOptions:
     allow_unverified: bool = False
     public_key: str | Path | None = None
     signing_key: str | Path | None = None
+    quantized_by: str = "ggufmtp"
+    base_model: str | None = None
     force: bool = False
     reuse_failed: bool = False
     base_dir: str | Path | None = None
@@ -76,6 +81,10 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.imatrix and self.imatrix_corpus:
             raise GgufmtpError(f"give --imatrix {self.imatrix} or --imatrix-corpus {self.imatrix_corpus}, not both")
+        if self.base_model is not None:  # refused before any work, not when the card is written
+            from .provenance.card_page import check_base_model
+
+            check_base_model(self.base_model)
         if self.until not in (None, "audit"):
             raise GgufmtpError(f"until={self.until!r}: only 'audit' (or None: every stage)")
         if self.upload and not self.verify and not self.allow_unverified:

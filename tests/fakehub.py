@@ -508,12 +508,17 @@ class FakeHub:
                     s["lfs"] = {"size": e.size, "sha256": e.sha256, "pointerSize": e.pointer_size}
             siblings.append(s)
         author = repo_id.split("/")[0] if "/" in repo_id else None
-        return _Response(200, {
+        info = {
             "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": repo_id, "modelId": repo_id,
             "author": author, "sha": oid, "lastModified": _iso(commit.date), "createdAt": _iso(repo.created),
             "private": repo.private, "disabled": False, "gated": False, "downloads": 0, "likes": 0,
             "tags": [], "siblings": siblings,
-        })
+        }
+        readme = commit.files.get("README.md")
+        card = _front_matter(readme.content) if readme is not None and readme.content is not None else None
+        if card is not None:  # the Hub parses the README's YAML into cardData
+            info["cardData"] = card
+        return _Response(200, info)
 
     def _refs(self, req, repo, repo_id, query) -> _Response:
         """The repo's git refs as the Hub lists them: branches (``main`` first), tags (none here),
@@ -758,6 +763,17 @@ class FakeHub:
         return _Response(200, {"success": True, "commitOid": oid, "commitUrl": f"{self.url}/{repo_id}/commit/{oid}",
                                "hookOutput": "",
                                "pullRequestUrl": f"{self.url}/{repo_id}/discussions/{pr_num}" if pr_num else None})
+
+
+def _front_matter(readme: bytes) -> dict | None:
+    """The YAML block at the top of a README (``---`` ... ``---``), as the Hub reads it."""
+    import yaml
+
+    text = readme.decode("utf-8", "replace")
+    if not text.startswith("---\n") or "\n---" not in text[4:]:
+        return None
+    data = yaml.safe_load(text[4:].split("\n---", 1)[0])
+    return data if isinstance(data, dict) else None
 
 
 def _read_body(handler: BaseHTTPRequestHandler) -> bytes:

@@ -20,7 +20,7 @@ from ggufmtp.cli import main
 from ggufmtp.fmt import divergence, significant
 from ggufmtp.ladder.spec import load_ladder_file
 from ggufmtp.provenance.card import UNVERIFIED_HEADING, card_text
-from ggufmtp.provenance.card_page import FileRow, PageOptions, pick_lines
+from ggufmtp.provenance.card_page import PageOptions
 from ggufmtp.provenance.head import HeadComparison, HeadPair, ReferenceModel
 from ggufmtp.provenance.ladder_card import ladder_card_text, ladder_rows
 from ggufmtp.provenance.receipt import seal
@@ -75,28 +75,20 @@ def test_the_files_table_has_each_column_and_a_reference_row(art):
     table = body.split("## Files", 1)[1].split("\n## ", 1)[0]
     row = next(line for line in table.splitlines() if line.startswith(f"| [{art.name}]"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] == "Q4_K_M" and cells[2].endswith("MiB") and cells[3] == f"{st['predicate']['result']['bpw']:.2f}"
-    assert cells[4] == "2.31e10" and cells[5] == "0.000000" and cells[6] == "98.76%"
-    assert cells[7].startswith("70.0% (95% CI")
-    assert cells[8] == "-20.0 pts (95% CI -20.0 to -20.0), margin 3.0: degraded"  # re-derived from the pairs
-    assert cells[9].startswith("1.40×")
-    assert cells[10] == f"{judge_record(v).verdict.value} ({judge_record(v).findings.text()})"
-    assert "head degraded" in cells[10] and cells[10].startswith("fail")
+    assert cells[1] == "Q4_K_M" and cells[2].endswith("MiB")
+    quality = body.split("## Quality", 1)[1].split("\n## ", 1)[0]
+    assert "| 2.31e10 ± 1234 | 8.12 ± 0.050 | 0.000000 ± 0.000000 | 0.0001 | 98.76% |" in quality
+    table = body.split("## MTP head", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in table.splitlines() if line.startswith(f"| `{art.name}`"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].startswith("70.0% (95% CI")
+    assert cells[2] == "-20.0 pts (95% CI -20.0 to -20.0), margin 3.0: degraded"  # re-derived from the pairs
+    assert cells[3].startswith("1.40×")
+    assert cells[4] == f"{judge_record(v).verdict.value} ({judge_record(v).findings.text()})"
+    assert "head degraded" in cells[4] and cells[4].startswith("fail")
     ref = next(line for line in table.splitlines() if "tiny-qwen35moe-BF16.gguf" in line)
-    assert "(reference, not in this repo)" in ref and "| 8.12 |" in ref and "| 90.0% |" in ref
+    assert "(reference, not in this repo)" in ref and "| 90.0% |" in ref
     assert UNVERIFIED_HEADING in body and "Verdict: **fail** (head degraded" in body
-
-
-def test_which_file_to_pick_by_memory(art):
-    base = FileRow.of(honest_statement(art), art.name, art.name + ".receipt.json")
-    gib = 1 << 30
-    rows = [FileRow(**{**base.__dict__, "artifact": f"M-{t}.gguf", "tag": t, "size_bytes": s})
-            for t, s in (("Q4_K_M", 20 * gib), ("Q8_0", 36 * gib), ("IQ2_XXS", gib // 2))]
-    text = "\n".join(pick_lines(rows))
-    assert "## Which file should I pick" in text
-    lines = [line for line in text.splitlines() if line.startswith("| ") and "GiB" in line]
-    assert lines == ["| 39.6 GiB or more | `M-Q8_0.gguf` (Q8_0) |", "| 22.0 GiB or more | `M-Q4_K_M.gguf` (Q4_K_M) |",
-                     "| 1.5 GiB or more | `M-IQ2_XXS.gguf` (IQ2_XXS) |"]
 
 
 def test_download_and_run_lines_name_the_repo_tag_k_and_the_build(art):
@@ -164,7 +156,7 @@ def test_no_ci_below_the_evidence_minimum_and_no_pass_when_not_verified(art):
         d["mtp"].update(draft_n=200, draft_n_accepted=180)
     _, body = card_text(seal(st))
     assert UNVERIFIED_HEADING in body and "95% CI" not in body and "(1.35–1.45×)" not in body
-    row = next(line for line in body.splitlines() if line.startswith(f"| [{art.name}]"))
+    row = next(line for line in body.splitlines() if line.startswith(f"| `{art.name}`"))
     assert row.endswith("| not verified |") and "pass" not in row
     assert "Verdict: **not verified**" in body and "Verdict: **pass**" not in body
     assert "Runtime-verified" not in body and "MTP head verified" not in body
@@ -183,12 +175,14 @@ def test_the_ladder_card_is_a_model_page(tmp_path):
     assert meta["quantized_by"] == "me" and body.startswith("# tiny-qwen35moe MTP GGUF\n")
     rows = [line for line in body.splitlines() if line.startswith("| [")]
     assert [r.split("]")[0] for r in rows] == ["| [tiny-qwen35moe-Q8_0.gguf", "| [tiny-qwen35moe-Q4_K_M.gguf"]
+    rows = [line for line in body.split("## MTP head", 1)[1].splitlines() if line.startswith("| `tiny")]
     assert "pass (head meets the minimum; lossless; speed verified)" in rows[0] and "95% CI" in rows[0]
     assert rows[1].endswith("| not verified |") and "95% CI" not in rows[1] and "-0.000000" not in body
     assert body.index(UNVERIFIED_HEADING) > body.index(rows[1]) and "- `tiny-qwen35moe-Q4_K_M.gguf`:" in body
     assert f'hf download {REPO} --include "tiny-qwen35moe-Q8_0.gguf"' in body  # the verified pick
-    assert f"llama-server -hf {REPO}:Q8_0 --spec-type draft-mtp --spec-draft-n-max 4" in body and "`:Q4_K_M`" in body
-    assert "## Which file should I pick" in body and "## Prompt format" in body and "ChatML" in body
+    assert f"llama-server -hf {REPO}:Q8_0 --spec-type draft-mtp --spec-draft-n-max 4" in body
+    assert f"llama-server -hf {REPO}:Q4_K_M --spec-type draft-mtp --spec-draft-n-max 4" in body  # every file's line
+    assert "## Files" in body and "## Prompt format" in body and "ChatML" in body
 
 
 def test_the_ladder_card_links_and_downloads_under_path_in_repo(tmp_path):

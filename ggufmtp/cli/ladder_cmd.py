@@ -24,7 +24,7 @@ from .options import (
     threads_option,
     token_option,
 )
-from .provenance_cmds import public_key_option, signing_key_option
+from .provenance_cmds import base_model_option, public_key_option, signing_key_option
 
 if TYPE_CHECKING:
     from ..ladder.spec import LadderSpec
@@ -106,7 +106,9 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
               "a variant's Hub label load another file (Q8_0-old), or -hf would serve a variant with another "
               "draft than it is verified with (an mtp- sidecar already in the repo at or above the folder).")
 @click.option("--quantized-by", default=None,
-              help="The card's quantized_by (default: the ladder file's quantized_by, else ggufmtp).")
+              help="The cards' quantized_by, the ladder's and each variant's (default: the ladder file's "
+                   "quantized_by, else ggufmtp).")
+@base_model_option
 @click.option("--layout", type=click.Choice(["full", "sidecar"]), default=None,
               help="full (default): every variant with its MTP head; sidecar: trunk-only variants and MTP sidecars "
                    "(DIR/mtp-<Model>-<TYPE>.gguf), each pair verified (-m TRUNK -md SIDECAR).")
@@ -130,16 +132,18 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                gpus: int, scheduler: str | None,
                upload_repo: str | None, passing_only: bool, private: bool, dry_run_upload: bool, upload_revision: str | None,
                create_pr: bool, commit_message: str | None, path_in_repo: str | None, quantized_by: str | None,
-               layout: str | None, sidecars: tuple[str, ...],
+               base_model: str | None, layout: str | None, sidecars: tuple[str, ...],
                signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
     """Make every variant of a model, one per recipe: the shared stages once (the model pulled or
     converted, the imatrix with the MTP head, the base model's logits), then per variant quantize,
     audit, verify, receipt and (with --eval) KLD, each in DIR/<TAG>/ as <Model>-<TAG>.gguf (TAG: the
     recipe's release tag; the names llama.cpp's -hf REPO:TAG resolves) and resumable; then
-    DIR/README.md, the model's page: one table of size, bpw, PPL, KLD, acceptance and speedup from the
-    variants' audited receipts, which file to pick, the download and run lines (naming the --upload
-    repo). With --layout sidecar each variant is published trunk-only, with MTP sidecars made once
-    from the source beside them (DIR/mtp-<Model>-<TYPE>.gguf), each pair verified. Exit 1 when a
+    DIR/README.md, the model's page from the variants' audited receipts: which file by size and GPU
+    memory, PPL, KLD, acceptance and speedup, each variant's findings in words, the download and run
+    lines of every variant (naming the --upload repo), the chat template, the imatrix credited, the
+    provenance, base_model the upstream model (--base-model) as quantized. With --layout sidecar
+    each variant is published trunk-only, with MTP sidecars made once from the source beside them
+    (DIR/mtp-<Model>-<TYPE>.gguf), each pair verified. Exit 1 when a
     variant failed or a verdict is not pass (fail, or inconclusive: the head undecided, with the
     prompts that would decide it). Each verdict judges the quantization: the head against the source
     model (or --reference: preserved, degraded or inconclusive), lossless output, speed."""
@@ -160,7 +164,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                "threads": quantize_threads, "split_max_size": split_max_size,
                                "verify": False if no_verify else None, "signing_key": signing_key,
                                "reference_base": False if judging.get("no_reference") else None,
-                               "quantized_by": quantized_by, "repo_id": upload_repo, "layout": layout,
+                               "quantized_by": quantized_by, "base_model": base_model, "repo_id": upload_repo, "layout": layout,
                                "path_in_repo": path_in_repo if upload_repo else None,
                                "sidecars": sidecars}, vopts, eval_corpus)
     if upload_repo and not dry_run_upload:  # the repo's final listing is checked before any work, too

@@ -17,6 +17,10 @@ signing_key_option = click.option(
 public_key_option = click.option(
     "--public-key", "public_key", type=click.Path(), default=None,
     help="EC public key (PEM) that must have signed the receipt and the artifact. Default: $GGUFMTP_PUBLIC_KEY.")
+base_model_option = click.option(
+    "--base-model", "base_model", default=None, metavar="OWNER/NAME",
+    help="The upstream model's Hub repo (owner/name): the card's base_model, with base_model_relation: quantized "
+         "(default: the checkpoint converted, else what the pulled repo's card names, else the repo pulled).")
 
 
 @main.group()
@@ -155,15 +159,20 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
 @click.option("--license", "license_", default=None, help="License (default: inherited from the base model).")
 @click.option("--repo", "repo_id", default=None, metavar="OWNER/REPO",
               help="The Hub repo the card's hf download and llama-server -hf lines name (default: OWNER/REPO).")
+@click.option("--path-in-repo", default=None, metavar="FOLDER",
+              help="The repo folder the files go to (upload --path-in-repo): the card's links and --include lines "
+                   "name it.")
+@base_model_option
 @handle_errors
 def card(artifact: str, receipt_path: str | None, output: str | None, quantized_by: str, license_: str | None,
-         repo_id: str | None) -> None:
+         repo_id: str | None, path_in_repo: str | None, base_model: str | None) -> None:
     """Write a Hugging Face model card for ARTIFACT from its receipt (and its verification): the
-    model's page (title, files table, which file to pick, download and run lines, prompt format),
-    then the evidence, stating only what audit judges."""
+    model's page (title, the file's size and GPU memory, download and run lines, the chat template,
+    the imatrix credited; base_model the upstream model as quantized), then the evidence, stating
+    only what audit judges."""
     from ..provenance.card import make_card
     from ..provenance.receipt import default_receipt_path
 
     path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by=quantized_by,
-                     license=license_, repo_id=repo_id)
+                     license=license_, repo_id=repo_id, path_in_repo=path_in_repo, base_model=base_model)
     click.echo(str(path))

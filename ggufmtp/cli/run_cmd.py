@@ -21,7 +21,7 @@ from .options import (
     threads_option,
     token_option,
 )
-from .provenance_cmds import public_key_option, signing_key_option
+from .provenance_cmds import base_model_option, public_key_option, signing_key_option
 
 if TYPE_CHECKING:
     from ..quant.split import SplitSize
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 @threads_option("The servers' and llama-perplexity's (verify, --eval).")
 @quantize_threads_option()
 @split_max_size_option()
+@click.option("--quantized-by", default="ggufmtp", show_default=True, help="The card's quantized_by field.")
+@base_model_option
 @click.option("--force", is_flag=True, help="Ignore cached stage results and rerun everything.")
 @verify_judging_options
 @arm_args_options
@@ -68,7 +70,8 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
             imatrix_corpus: str | None, imatrix_chunks: int | None, output: str, include: tuple[str, ...],
             no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
             limit: int | None, max_tokens: int | None, gpu_layers: int | str | None, threads: int | None,
-            quantize_threads: int, split_max_size: SplitSize | None, force: bool, eval_corpus: str | None,
+            quantize_threads: int, split_max_size: SplitSize | None, quantized_by: str, base_model: str | None,
+            force: bool, eval_corpus: str | None,
             signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool,
             **judging: Any) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
@@ -104,7 +107,7 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
         eval_options=None if eval_corpus is None else EvalOptions(corpus=eval_corpus, gpu_layers=gpu_layers,
                                                                   threads=threads),
         upload=upload_repo, private=private, dry_run_upload=dry_run_upload, allow_unverified=allow_unverified,
-        public_key=public_key, signing_key=signing_key, force=force)
+        public_key=public_key, signing_key=signing_key, force=force, quantized_by=quantized_by, base_model=base_model)
     res = run(model_at_revision(model, revision), recipe_name, options, out_dir=output, progress=not as_json,
               log=lambda m: click.echo(m, err=True))
     summary = res.summary_record()

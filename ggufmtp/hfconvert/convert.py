@@ -17,13 +17,14 @@ a subprocess (:mod:`ggufmtp.hfconvert.runner`); ggufmtp never converts a tensor 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from ..errors import ConvertDependencyError, ConvertError, GgufmtpError
 from ..files.fsutil import atomic_write_json
@@ -51,6 +52,7 @@ class SourceRecord(TypedDict):
     converter: str
     outtype: str
     files: list[CheckpointFile]
+    upstream: NotRequired[str]  # a local checkpoint's config.json ``_name_or_path``, when it names a Hub repo
 
 
 @dataclass
@@ -81,10 +83,30 @@ class ConvertResult:
 
     def source_record(self) -> SourceRecord:
         """The sidecar's content: what the GGUF was converted from."""
-        return {"format": "safetensors", "repo_id": self.repo_id, "commit": self.commit,
-                "path": str(self.source_dir), "converter": "convert_hf_to_gguf.py (pinned llama.cpp)",
-                "outtype": self.outtype,
-                "files": [{"path": n, "sha256": d} for n, d in sorted(self.source_files.items())]}
+        record: SourceRecord = {
+            "format": "safetensors", "repo_id": self.repo_id, "commit": self.commit, "path": str(self.source_dir),
+            "converter": "convert_hf_to_gguf.py (pinned llama.cpp)", "outtype": self.outtype,
+            "files": [{"path": n, "sha256": d} for n, d in sorted(self.source_files.items())]}
+        named = None if self.repo_id else config_repo(self.source_dir)
+        if named:  # a local checkpoint saved from a Hub model: the card's base_model (issue #50)
+            record["upstream"] = named
+        return record
+
+
+def config_repo(checkpoint: Path) -> str | None:
+    """The Hub repo a checkpoint's ``config.json`` names as ``_name_or_path`` (what transformers'
+    ``save_pretrained`` writes: the repo it was loaded from), None when it names a local path or nothing."""
+    from ..hub.manifest import PulledCard
+
+    try:
+        data = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    name = data.get("_name_or_path") if isinstance(data, dict) else None
+    if not isinstance(name, str) or name.startswith((".", "/", "~")):  # a local path: no Hub repo
+        return None
+    card = PulledCard.of({"base_model": name})
+    return card.base_model if card else None
 
 
 def source_record_path(gguf_path: str | os.PathLike) -> Path:

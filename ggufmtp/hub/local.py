@@ -126,6 +126,7 @@ def pull_directory(base: Path, include: list[str] | None, progress: bool, *, sou
         repo_id=repo_id, source=source, requested_revision=requested_revision, resolved_commit=commit,
         endpoint_host=prev.endpoint_host if prev else None, local_dir=base, files=files, gguf_models=models,
         include=include, hub_files=prev.hub_files if prev else None, exclude=exclude,
+        card=prev.card if prev else None,
     )
     write_manifest(result)
     return result

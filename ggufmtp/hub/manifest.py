@@ -13,6 +13,7 @@ import enum
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from ..errors import HubError, HubManifestError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, atomic_write_json, read_regular_file
 from ..jsontypes import JsonObject
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA", "PulledModel", "HubFile", "PullResult", "PullSource", "PulledFile",
+__all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA", "PulledCard", "PulledModel", "HubFile", "PullResult", "PullSource",
+           "PulledFile",
            "read_manifest", "try_read_manifest", "write_manifest"]
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,37 @@ class HubFile:
             return None
 
 
+@dataclass(frozen=True)
+class PulledCard:
+    """What the pulled repo's model card (its README's YAML, as the Hub parses it: ``cardData``) says
+    of the model: ``base_model``, the upstream model of a repo that is itself a conversion or a
+    quantization (e.g. a BF16-GGUF repo), and its ``license``. Only a Hub model repo id (owner/name)
+    and a short one-line license are kept: both reach published cards."""
+
+    base_model: str | None = None
+    license: str | None = None
+
+    def to_dict(self) -> JsonObject:
+        return {"base_model": self.base_model, "license": self.license}
+
+    @classmethod
+    def of(cls, data: Any) -> PulledCard | None:
+        """The facts of ``cardData`` (or a manifest's ``card``); None when it says neither."""
+        if not isinstance(data, dict):
+            return None
+        base = data.get("base_model")
+        if isinstance(base, list) and len(base) == 1:  # a merge names several: none is "the" upstream
+            base = base[0]
+        lic = data.get("license")
+        card = cls(base if isinstance(base, str) and _REPO_ID.fullmatch(base) else None,
+                   lic if isinstance(lic, str) and _LICENSE.fullmatch(lic) else None)
+        return card if card.base_model or card.license else None
+
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+_LICENSE = re.compile(r"[\w.+-]{1,64}")
+
+
 def hub_files_by_path(hub_files: list[HubFile] | None) -> dict[str, HubFile]:
     """``hub_files`` keyed by path (empty when there is no Hub metadata)."""
     return {f.path: f for f in hub_files or []}
@@ -105,6 +138,7 @@ class PullResult:
     hub_files: list[HubFile] | None = None  # the Hub's metadata for every file of the commit
     manifest_path: Path | None = None
     exclude: list[str] | None = None  # the pull's ignore patterns (``include``: its allow patterns)
+    card: PulledCard | None = None  # what the repo's model card says of the model (base_model, license)
 
     def __post_init__(self) -> None:
         self.source = PullSource(self.source)
@@ -147,6 +181,7 @@ class PullResult:
             "total_size": self.total_size,
             "files": [f.to_dict() for f in self.files],
             "hub_files": None if self.hub_files is None else [h.to_dict() for h in self.hub_files],
+            "card": None if self.card is None else self.card.to_dict(),
         }
 
 
@@ -197,7 +232,7 @@ def read_manifest(path: str | os.PathLike) -> PullResult:
             repo_id=data.get("repo_id"), source=data["source"], requested_revision=data.get("requested_revision"),
             resolved_commit=data.get("resolved_commit"), endpoint_host=data.get("endpoint_host"),
             local_dir=p.parent, files=files, gguf_models=models, include=data.get("include"), exclude=data.get("exclude"),
-            hub_files=_recorded_hub_files(data.get("hub_files")), manifest_path=p,
+            hub_files=_recorded_hub_files(data.get("hub_files")), manifest_path=p, card=PulledCard.of(data.get("card")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise HubManifestError(f"pull manifest {p} is malformed ({e!r}); delete it and pull again") from None

@@ -57,7 +57,7 @@ from .files import (
     normalize_include,
 )
 from .local import pull_directory, pull_offline
-from .manifest import MANIFEST_NAME, HubFile, PulledFile, PullResult, PullSource, try_read_manifest, write_manifest
+from .manifest import MANIFEST_NAME, HubFile, PulledCard, PulledFile, PullResult, PullSource, try_read_manifest, write_manifest
 from .transport import (
     HubErrorContext,
     SilentBar,
@@ -182,9 +182,21 @@ def _pull_online(req: _HubPull) -> PullResult:
         repo_id=req.repo_id, source=PullSource.HUB, requested_revision=req.revision, resolved_commit=commit,
         endpoint_host=host(req.endpoint), local_dir=base_dir, files=files, gguf_models=models,
         include=req.include, hub_files=[hub[p] for p in sorted(hub)], exclude=req.exclude,
+        card=_read_card(api, req, commit) if "README.md" in hub else None,
     )
     write_manifest(result)
     return result
+
+
+def _read_card(api: Any, req: _HubPull, commit: str) -> PulledCard | None:
+    """What the repo's model card says of the model at ``commit`` (the Hub's parse of its README's
+    YAML, ``cardData``): the upstream ``base_model`` of a repo that is itself a conversion or a
+    quantization, and the license. The release's card names that upstream model, so the Hub's model
+    tree lists the release under it, not under the repo pulled."""
+    with hub_errors(f"reading the model card of {req.repo_id} @ {commit[:12]}", **req.errs):
+        info = api.model_info(req.repo_id, revision=commit)
+    data = getattr(info, "card_data", None)
+    return PulledCard.of(data.to_dict() if data is not None else None)
 
 
 def _pin_commit(api: Any, req: _HubPull) -> str:

@@ -109,7 +109,8 @@ def _variant_task(job: VariantJob, measure: bool) -> VariantOutcome:
                              reference_base=job.reference_base,
                              token=job.token, signing_key=job.signing_key, eval_options=job.eval_options,
                              base_dir=job.base_dir, until=None if measure and not trunk else "audit",
-                             reuse_failed=True)  # a failing verdict of the same bytes and settings: reused
+                             reuse_failed=True,  # a failing verdict of the same bytes and settings: reused
+                             quantized_by=job.quantized_by, base_model=job.base_model)
         res = run(job.model, job.recipe, options, out_dir=job.build_dir, progress=False)
         summary = trunk_variant(job, res) if measure and trunk else res.summary()
     except GgufmtpError as e:  # the variant's failure is reported; the other variants go on

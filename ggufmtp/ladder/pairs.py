@@ -215,7 +215,8 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
         trunk = made[0]
         rc = default_receipt_path(trunk)
         _measure_pair(job, trunk, rc, timed)
-        timed("card", lambda: make_card(trunk, default_receipt_path(trunk), job.out_dir / "README.md"))
+        timed("card", lambda: make_card(trunk, rc, job.out_dir / "README.md", quantized_by=job.quantized_by,
+                                        base_model=job.base_model))
         atomic_write_json(record, {"key": key})
     names = ["trunk", *(["verify"] if job.verify else []), *(["eval"] if job.eval_options else []), "card"]
     stages = {k: StageStatus.CACHED if cached else StageStatus.RAN for k in names}

@@ -170,7 +170,8 @@ def _card(result: LadderResult, repo_id: str, opts: UploadOptions, arts: Sequenc
     card.parent.mkdir(parents=True, exist_ok=True)
     make_ladder_card(arts, card, public_key=None if opts.public_key is None else Path(opts.public_key),
                      options=PageOptions(repo_id=repo_id, quantized_by=result.spec.quantized_by,
-                                         path_in_repo=opts.path_in_repo), sidecars=sidecars)
+                                         path_in_repo=opts.path_in_repo, base_model=result.spec.base_model),
+                     sidecars=sidecars)
     return card
 
 

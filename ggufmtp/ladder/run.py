@@ -171,7 +171,8 @@ def run_ladder(spec: LadderSpec, engine: Engine | None = None, *, progress: bool
     phase("variants")
     outcomes = [done[r] for r in spec.recipes]
     made = [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in outcomes if o.ok]
-    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by, path_in_repo=spec.path_in_repo)
+    options = PageOptions(repo_id=spec.repo_id, quantized_by=spec.quantized_by, path_in_repo=spec.path_in_repo,
+                          base_model=spec.base_model)
     card = make_ladder_card(made, spec.out_dir / "README.md", options=options, sidecars=sidecars) if made else None
     phase("card")
     result = LadderResult(spec, outcomes, card, imatrix, engine.describe(), time.monotonic() - t0, list(done), phases,

@@ -9,7 +9,8 @@ A ladder file is TOML::
     imatrix_chunks = 64
     threads = 8                            # quantization threads per variant
     split_max_size = "48G"                 # larger variants as shards <Model>-<TAG>-00001-of-0000N.gguf ("none": one file)
-    quantized_by = "me"                    # the card's quantized_by (default: ggufmtp)
+    quantized_by = "me"                    # the cards' quantized_by (default: ggufmtp)
+    base_model = "Qwen/Qwen3.6-35B-A3B"    # the cards' base_model (default: what the source's receipt names)
     layout = "sidecar"                     # "full" (default): every variant with its head;
     sidecars = ["Q8_0"]                    # "sidecar": trunk-only variants + these MTP sidecars
 
@@ -50,7 +51,7 @@ from ..quant.split import DEFAULT_SPLIT_MAX_SIZE, NO_SPLIT, SplitSize, parse_spl
 __all__ = ["DEFAULT_SIDECARS", "Layout", "LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
 
 _FILE_KEYS = {"model", "recipes", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by", "verify",
-              "eval", "layout", "sidecars", "split_max_size"}
+              "eval", "layout", "sidecars", "split_max_size", "base_model"}
 
 
 class Layout(enum.StrEnum):
@@ -83,7 +84,8 @@ class LadderSpec:
     signing_key: Path | None = None
     token: str | None = None
     reference_base: bool = True  # judge each head against the source model (RunOptions.reference_base)
-    quantized_by: str = "ggufmtp"  # the card's quantized_by
+    quantized_by: str = "ggufmtp"  # the cards' quantized_by (the ladder's and each variant's)
+    base_model: str | None = None  # the cards' base_model, the upstream model (None: what the receipts name)
     repo_id: str | None = None  # the Hub repo the card's download and run lines name (ladder --upload REPO)
     layout: Layout = Layout.FULL
     sidecars: tuple[str, ...] = ()  # with layout sidecar: one MTP sidecar per recipe or type (none given: Q8_0)
@@ -110,6 +112,10 @@ class LadderSpec:
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
             raise LadderError(f"recipes {', '.join(self.recipes)} name the variant {', '.join(clash)} twice")
+        if self.base_model is not None:  # refused before any work, not when the card is written
+            from ..provenance.card_page import check_base_model
+
+            check_base_model(self.base_model)
         self._check_sidecars()
         self.check_names("M")  # a stand-in model name: the tags and the folder alone must tell the files apart
         return self
@@ -209,6 +215,8 @@ class VariantJob:
     sidecar: Path | None = None  # layout sidecar: the MTP sidecar this variant's trunk is served and verified with
     source: Path | None = None  # layout sidecar: the local source model (the reference arm, eval's base)
     split: SplitSize | None = DEFAULT_SPLIT_MAX_SIZE  # a larger variant is written as shards (quant/split.py)
+    quantized_by: str = "ggufmtp"  # its card's quantized_by (LadderSpec's)
+    base_model: str | None = None  # its card's base_model (LadderSpec's)
 
     @classmethod
     def of(cls, spec: LadderSpec, recipe: str, imatrix: str | None, sidecar: Path | None = None,
@@ -219,7 +227,7 @@ class VariantJob:
                    imatrix=imatrix, threads=spec.threads, verify=spec.verify, verify_options=spec.verify_options,
                    eval_options=ev, signing_key=str(spec.signing_key) if spec.signing_key else None,
                    token=spec.token, uses_gpu=gpu, reference_base=spec.reference_base, sidecar=sidecar,
-                   source=source, split=spec.split)
+                   source=source, split=spec.split, quantized_by=spec.quantized_by, base_model=spec.base_model)
 
     @property
     def build_dir(self) -> Path:
@@ -243,6 +251,7 @@ class LadderFields(TypedDict, total=False):
     verify_options: VerifyOptions
     eval_options: EvalOptions
     quantized_by: str
+    base_model: str
     layout: Layout
     sidecars: tuple[str, ...]
     split_max_size: str
@@ -271,7 +280,7 @@ def _table(data: dict[str, Any], key: str, allowed: set[str], path: Path) -> dic
 
 # The type each top-level key must have (TOML gives bool for int's subclass, dates, tables, arrays).
 _FILE_TYPES: dict[str, object] = {"model": str, "recipes": list[str], "imatrix": str, "imatrix_corpus": str,
-                               "imatrix_chunks": int, "threads": int, "quantized_by": str, "layout": str,
+                               "imatrix_chunks": int, "threads": int, "quantized_by": str, "base_model": str, "layout": str,
                                "sidecars": list[str], "split_max_size": str}
 _TOML_NAMES = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
                (dict, "a table"), (datetime.datetime, "a date-time"), (datetime.date, "a date"),
@@ -349,7 +358,7 @@ def load_ladder_file(path: str | Path) -> LadderFields:
         out["sidecars"] = tuple(data["sidecars"])
     if "split_max_size" in data:
         out["split_max_size"] = _split_size(data["split_max_size"], f"{p}: split_max_size")
-    for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by"):
+    for k in ("model", "imatrix", "imatrix_corpus", "imatrix_chunks", "threads", "quantized_by", "base_model"):
         if data.get(k) is not None:
             out[k] = data[k]
     verify, ev, table = _table(data, "verify", _VERIFY_KEYS, p), _table(data, "eval", _EVAL_KEYS, p), "verify"

@@ -6,6 +6,7 @@ receipt; a section with no data is left out, never filled with placeholders.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -19,9 +20,7 @@ from .card_page import (  # unverified_reason: the card's, kept importable from 
     PageOptions,
     card_title,
     enough_evidence,
-    files_table,
     page_meta,
-    pick_lines,
     prompt_format_lines,
     read_chat_template,
     run_lines,
@@ -31,6 +30,8 @@ from .card_page import (  # unverified_reason: the card's, kept importable from 
     without_ci,
 )
 from .head import HeadFinding
+from .page_tables import files_tables, with_gpu_memory
+from .page_text import imatrix_lines
 from .pair_card import SidecarFile, find_sidecar, pair_lines, trunk_intro, trunk_sidecar
 from .quality_card import quality_lines
 from .search_card import search_lines
@@ -82,12 +83,14 @@ def _unverified_notice(problem: str | None) -> list[str]:
 
 
 def card_text(statement: Statement, artifact_name: str | None = None, options: PageOptions | None = None,
-              chat_template: str | None = None, sidecar: SidecarFile | None = None) -> tuple[CardMeta, str]:
+              chat_template: str | None = None, sidecar: SidecarFile | None = None,
+              row: FileRow | None = None) -> tuple[CardMeta, str]:
     """(YAML metadata, markdown body) for the artifact a receipt describes: the model page
-    (:mod:`.card_page`: title, files table, which file, download and run lines, prompt format), then
-    the evidence. ``chat_template``: the GGUF's ``tokenizer.chat_template`` where known. A trunk's
-    (its receipt names its MTP sidecar) explains the pair (:mod:`.pair_card`; ``sidecar``: that
-    file's sizes, where at hand)."""
+    (:mod:`.card_page`, :mod:`.page_tables`: title, the Files table by memory, download and run
+    lines, prompt template, imatrix), then the evidence. ``chat_template``: the GGUF's
+    ``tokenizer.chat_template`` where known. A trunk's (its receipt names its MTP sidecar) explains
+    the pair (:mod:`.pair_card`; ``sidecar``: that file's sizes, where at hand). ``row``: the file's
+    row as :func:`make_card` reads it with the file at hand (its GPU memory, its signature)."""
     o = options or PageOptions()
     p = statement["predicate"]
     subj = statement["subject"][0]
@@ -96,7 +99,7 @@ def card_text(statement: Statement, artifact_name: str | None = None, options: P
     rec = p["recipe"]
     v = p.get("verification")
     unverified = unverified_reason(statement)
-    row = FileRow.of(statement, name, name + ".receipt.json", chat_template)
+    row = row or FileRow.of(statement, name, name + ".receipt.json", chat_template)
     shown = v if not v or enough_evidence(v) else without_ci(v)  # no 95% CI below the evidence minimum
     named = trunk_sidecar(p)
     side = sidecar or (SidecarFile(named["name"]) if named else None)
@@ -106,13 +109,13 @@ def card_text(statement: Statement, artifact_name: str | None = None, options: P
     lines = [f"# {card_title(row.model)}\n", f"{intro} Recipe `{rec['name']}` ({rec['ftype']}), "
              f"{_bits(res.get('bpw'))} bits per weight, {human_bytes(res['size_bytes'])}.\n"]
     lines += _unverified_notice(unverified) + vacuous_notice(v)
-    lines += files_table([row]) + pick_lines([row]) + _how_to_run(name, v, [row], o, side.name if side else None)
+    lines += files_tables([row], o, quality=False) + _how_to_run(name, v, [row], o, side.name if side else None)
     lines += pair_lines([row], [side], o) if side else []
     modes = (v or {}).get("modes")
     lines += prompt_format_lines(chat_template, list(modes) if isinstance(modes, dict) else [])
     if shown:
         lines += _claim(shown, v, unverified) + _tables(shown)
-    lines += quality_lines(p) + search_lines(rec.get("search"), rec["name"])
+    lines += quality_lines(p) + imatrix_lines([row]) + search_lines(rec.get("search"), rec["name"])
     lines += _caveats(p) + _provenance(p, subj, name)
     return page_meta([row], o), "\n".join(lines)
 
@@ -235,9 +238,11 @@ def _how_to_run(name: str, v: Verification | None, rows: list[FileRow], options:
                 sidecar: str | None = None) -> list[str]:
     """Download and run from the Hub (:func:`.card_page.run_lines`), the llama-server command on the
     downloaded file the verification's numbers are true for (a trunk's with its ``sidecar``), and a request."""
-    lines = ["## How to run\n", *run_lines(rows, options, sidecar), "With the downloaded file:\n"]
+    lines = ["## How to run\n", *run_lines(rows, options, {name: sidecar} if sidecar else None),
+             "With the downloaded file:\n"]
+    local, side = options.at(name), options.at(sidecar) if sidecar else None
     lines.append("```sh\n"
-                 f"{verified_mtp_env(v)}llama-server -m {name}{f' -md {sidecar}' if sidecar else ''} -ngl 999 -c 4096 \\\n"
+                 f"{verified_mtp_env(v)}llama-server -m {local}{f' -md {side}' if side else ''} -ngl 999 -c 4096 \\\n"
                  f"  --spec-type draft-mtp {' '.join(verified_mtp_flags(v))}\n"
                  "```\n")
     lines.append("Request (through the chat template):\n\n```sh\n"
@@ -397,12 +402,15 @@ def _matrix(mx: MatrixSection | None) -> list[str]:
 
 
 def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | None = None, *,
-              quantized_by: str = "ggufmtp", license: str | None = None, repo_id: str | None = None) -> Path:
+              quantized_by: str = "ggufmtp", license: str | None = None, repo_id: str | None = None,
+              path_in_repo: str | None = None, base_model: str | None = None) -> Path:
     """Write the model card (default: README.md beside the artifact); returns its path. A receipt
     edited after it was written (its integrity digest does not hold) is refused: a card states
     only what an intact receipt claims (``audit`` and ``upload`` re-check the bytes). ``repo_id``:
-    the Hub repo the card's download and run lines name; ``license`` overrides the inherited one;
-    the prompt format is read from the artifact's chat template where it reads as a GGUF."""
+    the Hub repo the card's download and run lines name, ``path_in_repo`` the folder the files go to
+    there; ``license`` overrides the inherited one, ``base_model`` the upstream model the receipt
+    names (CardError: not a Hub model repo id); the prompt template is read from the artifact where
+    it reads as a GGUF, and the GPU memory it needs from its header."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..errors import AuditError
@@ -413,10 +421,14 @@ def make_card(artifact: str | Path, receipt: str | Path, output: str | Path | No
     if not rc.intact:
         raise AuditError(f"{receipt}: the receipt was edited after it was written (its integrity digest does not "
                          f"match); no card is written from it (check it: ggufmtp audit {Path(artifact).name})")
-    options = PageOptions(repo_id=repo_id, quantized_by=quantized_by, license=license)
+    options = PageOptions(repo_id=repo_id, quantized_by=quantized_by, license=license, path_in_repo=path_in_repo,
+                          base_model=base_model)
     named = trunk_sidecar(st["predicate"])
     sidecar = find_sidecar(Path(artifact), named) if named else None
-    meta, body = card_text(st, Path(artifact).name, options, read_chat_template(artifact), sidecar)
+    name, template = Path(artifact).name, read_chat_template(artifact)
+    row = dataclasses.replace(FileRow.of(st, name, name + ".receipt.json", template), signed=rc.signed)
+    row = with_gpu_memory(row, artifact, sidecar.path if sidecar else None)  # a trunk's with its sidecar, if found
+    meta, body = card_text(st, name, options, template, sidecar, row)
     data = ModelCardData(**meta)
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
     out = Path(output) if output else Path(artifact).with_name("README.md")

@@ -12,27 +12,25 @@ its figures carry no 95 % CI when the evidence is below the minimum (:class:`~.v
 
 from __future__ import annotations
 
-import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
 from ..constants import LLAMA_CPP_COMMIT
-from ..fmt import ci_phrase, divergence, human_bytes, pct, points, significant, times
+from ..fmt import human_bytes
 from ..gguf.model import SPLIT_RE
 from ..quant.naming import model_name, selects, tag_problem
-from .head import HeadComparison, HeadFinding, level_text
+from .head import HeadComparison, HeadFinding
 from .receipt import verification_problem
 from .search_card import SearchRecord
 from .statement import Predicate, Statement
 
-__all__ = ["CardMeta", "FileRow", "PageOptions", "TAGS", "card_title", "files_table", "page_meta", "pick_lines",
-           "prompt_format_lines", "run_lines", "verified_mtp_env", "verified_mtp_flags", "without_ci"]
+__all__ = ["CardMeta", "FileRow", "PageOptions", "TAGS", "card_title", "page_meta", "prompt_format_lines", "run_lines",
+           "template_block", "verified_mtp_env", "verified_mtp_flags", "without_ci"]
 
 TAGS = ["gguf", "llama.cpp", "mtp", "speculative-decoding"]
 REPO_PLACEHOLDER = "OWNER/REPO"  # a card made without --repo: the publisher's repo goes there
-HEADROOM_BYTES = 1 << 30  # memory beyond the file: the KV cache at a few thousand tokens, compute buffers
-HEADROOM_FRACTION = 0.1
 # Chat template kinds, recognised by a marker the template writes (first match wins).
 _TEMPLATE_KINDS = (("<|im_start|>", "ChatML (`<|im_start|>user ... <|im_end|>`)"),
                    ("<|start_header_id|>", "Llama 3 (`<|start_header_id|>user<|end_header_id|>`)"),
@@ -50,18 +48,25 @@ class CardMeta(TypedDict):
     pipeline_tag: str
     library_name: str
     base_model: NotRequired[str]
+    base_model_relation: NotRequired[str]
     license: NotRequired[str]
 
 
 @dataclass(frozen=True)
 class PageOptions:
     """What the publisher sets: the repo the card goes to (its download and run lines name it),
-    ``quantized_by`` and a license overriding the inherited one."""
+    ``quantized_by``, a license overriding the inherited one and ``base_model``, the upstream
+    model's Hub repo overriding the one the receipts name (``--base-model``)."""
 
     repo_id: str | None = None
     quantized_by: str = "ggufmtp"
     license: str | None = None
     path_in_repo: str | None = None  # the repo folder the files go to (upload --path-in-repo)
+    base_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.base_model is not None:
+            check_base_model(self.base_model)
 
     @property
     def repo(self) -> str:
@@ -98,24 +103,45 @@ def card_title(model: str) -> str:
     return f"{model} MTP GGUF"
 
 
+def check_base_model(repo_id: str) -> str:
+    """``repo_id`` when it is a Hub model repo id (``owner/name``), else CardError saying so: the
+    Hub's model tree links a release to its ``base_model`` only by such an id."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from ..errors import CardError
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise CardError(f"--base-model {repo_id!r}: not a Hub model repo id ({e})") from None
+    if repo_id.count("/") != 1:
+        raise CardError(f"--base-model {repo_id!r}: not a Hub model repo id of the form owner/name")
+    return repo_id
+
+
 def original_model(p: Predicate) -> str | None:
-    """The original model's Hub repo: the checkpoint a converted GGUF came from, else the repo pulled."""
+    """The upstream model's Hub repo: the checkpoint a converted GGUF came from (a local one: the repo
+    its config.json's ``_name_or_path`` names); else the model the
+    pulled repo's card names as its ``base_model`` (a GGUF conversion or quantization of it, recorded
+    at the pull as ``source.upstream``); else the repo pulled."""
     bm = p["base_model"]
     conv = bm.get("converted_from")
     if conv:
-        return conv.get("repo_id") or None
+        return conv.get("repo_id") or conv.get("upstream") or None
     src = bm["source"]
-    return (src.get("repo_id") or None) if src.get("type") == "hub" else None
+    return (src.get("upstream") or src.get("repo_id") or None) if src.get("type") == "hub" else None
 
 
 def page_meta(rows: Sequence[FileRow], options: PageOptions) -> CardMeta:
-    """The metadata: ``base_model`` the original model, the license the source recorded (unless
-    ``options.license``), ``quantized_by`` as set."""
+    """The metadata: ``base_model`` the upstream model (``options.base_model``, else the receipts'),
+    with ``base_model_relation: quantized`` (what lists the release in the Hub's model tree), the
+    license the source recorded (unless ``options.license``), ``quantized_by`` as set."""
     meta: CardMeta = {"tags": list(TAGS), "quantized_by": options.quantized_by, "pipeline_tag": "text-generation",
                       "library_name": "gguf"}
-    base = next((r.original for r in rows if r.original), None)
+    base = options.base_model or next((r.original for r in rows if r.original), None)
     if base:
         meta["base_model"] = base
+        meta["base_model_relation"] = "quantized"
     lic = options.license or next((str(r.source["license"]) for r in rows if r.source.get("license")), None)
     if lic:
         meta["license"] = lic
@@ -167,6 +193,11 @@ class FileRow:
     base_files: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     original: str | None = None  # the original model's Hub repo (:func:`original_model`)
     search: SearchRecord | None = None  # a searched recipe's [search] record (:mod:`.search_card`)
+    imatrix: Mapping[str, Any] | None = None  # the receipt's ``imatrix`` section (None: made without one)
+    # GPU memory llama-server needs to draft with the file, at stated contexts: ((context, bytes), ...),
+    # from the memory plan (:func:`.page_tables.gpu_memory`); () when the file was not at hand
+    gpu_memory: tuple[tuple[int, int], ...] = ()
+    signed: bool = False  # its receipt is a signed DSSE envelope
 
     @classmethod
     def of(cls, st: Statement, artifact: str, receipt: str, chat_template: str | None = None) -> FileRow:
@@ -177,7 +208,7 @@ class FileRow:
                    quality=dict(p.get("quality") or {}), verification=dict(p.get("verification") or {}),
                    unverified=unverified_reason(st), source=dict(p["base_model"]["source"]), model=model,
                    tag=release_tag(artifact, model, p["recipe"].get("ftype")), chat_template=chat_template,
-                   original=original_model(p), search=p["recipe"].get("search"),
+                   original=original_model(p), search=p["recipe"].get("search"), imatrix=p.get("imatrix"),
                    base_files=tuple((str(f["name"]), int(f.get("size") or 0)) for f in p["base_model"].get("files") or []))
 
     @property
@@ -198,64 +229,6 @@ class FileRow:
         return enough_evidence(self.verification)
 
 
-def _cell(text: str | None) -> str:
-    return "-" if text in (None, "n/a", "") else str(text)
-
-
-def head_cell(r: FileRow) -> str:
-    """The head against its reference (difference in points, its CI where the evidence allows, the finding)."""
-    f = r.head
-    if f is None:
-        return "-"
-    lo, hi = f.difference_ci
-    ci = f" ({level_text(f.level)} CI {points(lo, '')} to {points(hi, '')})" if r.shows_ci else ""
-    return f"{points(f.difference, '')} pts{ci}, margin {f.margin * 100:.1f}: {f.decision.value}"
-
-
-def _speed_judged(v: Mapping[str, Any]) -> bool:
-    from .verdict import Thresholds, speed_checked
-
-    try:
-        return speed_checked(Thresholds.coerce(dict(_mapping(v.get("thresholds")))),
-                             bool(_mapping(v.get("hardware")).get("offloaded")))
-    except (TypeError, ValueError):
-        return False
-
-
-def speed_cell(r: FileRow) -> str:
-    v = r.verification
-    if not v:
-        return "-"
-    if not _speed_judged(v):
-        return "not verified (no GPU offload)"
-    ci = ci_phrase(v.get("speedup_ci95"), 1, 2, "×") if r.shows_ci else ""
-    return _cell(times(v.get("speedup"), 2) + ci)
-
-
-def verdict_cell(r: FileRow) -> str:
-    """The verdict with its findings as audit re-derives them: "fail (...)" where they fail it,
-    "inconclusive (...)" where the head is undecided, "not verified" for any other file without a
-    publishable verification (never "pass")."""
-    from .verdict import Verdict, judge_record
-
-    if not r.verification:
-        return "not verified"
-    j = judge_record(r.verification)
-    if r.unverified and j.verdict == Verdict.PASS:
-        return "not verified"
-    return f"{j.verdict.value} ({j.findings.text()})"
-
-
-def _acceptance_cell(r: FileRow) -> str:
-    m = _mapping(r.verification.get("mtp"))
-    ci = ci_phrase(m.get("acceptance_ci95"), 100, 1, "%") if r.shows_ci else ""
-    return _cell(pct(m.get("acceptance"), 1, space=False) + ci) if r.verification else "-"
-
-
-def _bpw(x: float | None) -> str:
-    return "-" if not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.2f}"
-
-
 def shard_count(artifact: str) -> int:
     """How many files ``artifact`` is: a split one's first shard names the count (``-00001-of-00003``), else 1."""
     m = SPLIT_RE.match(artifact)
@@ -266,72 +239,6 @@ def download_pattern(artifact: str) -> str:
     """What ``hf download --include`` takes for ``artifact``: its name, or every shard of a split one."""
     m = SPLIT_RE.match(artifact)
     return f"{m.group('stem')}-*-of-{m.group('n')}.gguf" if m else artifact
-
-
-def file_row(r: FileRow, options: PageOptions | None = None) -> str:
-    q, n = r.quality, shard_count(r.artifact)  # a split artifact is one row: its first shard, the set's size
-    link = (options or PageOptions()).at(r.artifact)
-    return (f"| [{r.artifact}]({link}){f' ({n} shards)' if n > 1 else ''} | {_cell(r.tag)} | "
-            f"{human_bytes(r.size_bytes)} | {_bpw(r.bpw)} | "
-            f"{_cell(significant(q.get('ppl')))} | {_cell(divergence(q.get('kld_mean')))} | "
-            f"{_cell(pct(q.get('same_top_p'), 2, space=False))} | {_acceptance_cell(r)} | {head_cell(r)} | "
-            f"{speed_cell(r)} | {verdict_cell(r)} |")
-
-
-def reference_row(rows: Sequence[FileRow]) -> str | None:
-    """The reference the rows are measured against: the head's reference where one was measured,
-    else the base model; its PPL and acceptance where a receipt has them. None: nothing known."""
-    head_ref = next(((r, f) for r in rows if (f := r.head) is not None), None)
-    ppl = next((r.quality.get("ppl_base") for r in rows if r.quality.get("ppl_base") is not None), None)
-    if head_ref is not None:
-        hc = HeadComparison.of_dict(head_ref[0].verification.get("head"))
-        name, size, acc = hc.reference.name, hc.reference.size_bytes, head_ref[1].reference_acceptance
-    elif rows and rows[0].base_files:
-        name, size, acc = rows[0].base_files[0][0], sum(s for _, s in rows[0].base_files), None
-    else:
-        return None
-    itself = ("0", "100%") if any(r.quality for r in rows) else ("-", "-")  # the KLD of the base against itself
-    return (f"| `{name}` (reference, not in this repo) | reference | {human_bytes(size)} | - | "
-            f"{_cell(significant(ppl))} | {itself[0]} | {itself[1]} | {_cell(pct(acc, 1, space=False))} | - | - | "
-            "reference |")
-
-
-def files_table(rows: Sequence[FileRow], options: PageOptions | None = None) -> list[str]:
-    """``## Files``: one row per file, largest first, and the reference row."""
-    out = ["## Files\n",
-           "KLD and same top p are against the base model (`llama-perplexity --kl-divergence`); acceptance is "
-           "the MTP head's draft acceptance in llama-server, and the head is judged against the reference's "
-           "acceptance, paired by prompt (points of difference); speed is the decode speedup against vanilla "
-           "llama-server with the same settings, judged only with GPU offload.\n",
-           "| file | quant | size | bpw | PPL | KLD vs base | same top p | acceptance | head vs reference | speed "
-           "| verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    out += [file_row(r, options) for r in sorted(rows, key=lambda r: -r.size_bytes)]
-    ref = reference_row(rows)
-    return out + ([ref] if ref else []) + [""]
-
-
-def memory_needed(size_bytes: int) -> int:
-    """The file's size plus headroom for the KV cache and compute buffers."""
-    return size_bytes + max(HEADROOM_BYTES, int(size_bytes * HEADROOM_FRACTION))
-
-
-def pick_lines(rows: Sequence[FileRow]) -> list[str]:
-    """``## Which file should I pick``: the largest file that fits the memory at hand, by memory."""
-    ordered = sorted(rows, key=lambda r: -r.size_bytes)
-    out = ["## Which file should I pick\n",
-           "The largest file that fits in your memory (GPU memory, or GPU and system memory together with "
-           "partial offload) keeps the most quality. Each needs about its size plus 10% (at least 1 GiB) for "
-           "the KV cache at a few thousand tokens of context and compute buffers; longer contexts need more.\n",
-           "| memory you have | pick |", "|---|---|"]
-    said: set[str] = set()
-    for r in ordered:  # the largest file of each memory size
-        need = human_bytes(memory_needed(r.size_bytes))
-        if need in said:
-            continue
-        said.add(need)
-        note = "" if not r.unverified else " (not verified)"
-        out.append(f"| {need} or more | `{r.artifact}`{f' ({r.tag})' if r.tag else ''}{note} |")
-    return out + [""]
 
 
 def verified_mtp_flags(v: Mapping[str, Any] | None) -> list[str]:
@@ -366,25 +273,32 @@ def picked_row(rows: Sequence[FileRow]) -> FileRow:
     return next((r for r in sorted(rows, key=lambda r: -r.size_bytes) if not r.unverified), rows[0])
 
 
-def run_lines(rows: Sequence[FileRow], options: PageOptions, sidecar: str | None = None) -> list[str]:
-    """Download and run lines of the first row that is verified (else the first), and the other tags;
-    ``sidecar``: the MTP sidecar that row, a trunk, is served with (downloaded with it)."""
+def run_lines(rows: Sequence[FileRow], options: PageOptions, sidecars: Mapping[str, str] | None = None) -> list[str]:
+    """Download and run lines for every file, largest first (the largest verified one marked
+    recommended), each with the draft window its verification ran; ``sidecars``: the MTP sidecar
+    each trunk (by file name) is served with, downloaded with it."""
     if not rows:
         return []
-    pick = picked_row(rows)
-    v, repo = pick.verification, options.repo
-    flags = " ".join(verified_mtp_flags(v))
-    also = f' --include "{options.at(sidecar)}"' if sidecar else ""
-    cmds = [f'hf download {repo} --include "{options.at(download_pattern(pick.artifact))}"{also} --local-dir .']
-    if pick.tag:
-        cmds.append(f"{verified_mtp_env(v)}llama-server -hf {repo}:{pick.tag} --spec-type draft-mtp {flags}")
-    out = ["```sh", *cmds, "```\n"]
-    others = [r.tag for r in rows if r is not pick and r.tag]
-    if others:
-        out.append(f"Another file: its tag after the colon ({', '.join(f'`:{t}`' for t in others)}), or "
-                   f'`hf download {repo} --include "{options.at("*.gguf")}"` for every file.\n')
-    k = "the draft window the verification ran" if v else "llama.cpp's default draft window"
-    out.append(f"`{flags}`: {k}. " + build_line(v))
+    pick, repo, side = picked_row(rows), options.repo, sidecars or {}
+    cmds: list[str] = []
+    for r in sorted(rows, key=lambda r: -r.size_bytes):
+        v = r.verification
+        also = f' --include "{options.at(side[r.artifact])}"' if r.artifact in side else ""
+        cmds += [f"# {r.artifact} ({r.tag or r.recipe}, {human_bytes(r.size_bytes)})"
+                 + (" - recommended" if r is pick and len(rows) > 1 else "") + (" - not verified" if r.unverified else ""),
+                 f'hf download {repo} --include "{options.at(download_pattern(r.artifact))}"{also} --local-dir .']
+        flags = " ".join(verified_mtp_flags(v))
+        if r.tag:
+            cmds.append(f"{verified_mtp_env(v)}llama-server -hf {repo}:{r.tag} --spec-type draft-mtp {flags}")
+        else:  # no tag selects it: the downloaded file
+            cmds.append(f"{verified_mtp_env(v)}llama-server -m {options.at(r.artifact)} --spec-type draft-mtp {flags}")
+        cmds.append("")
+    out = ["```sh", *cmds[:-1], "```\n"]
+    if len(rows) > 1:
+        out.append(f'Every file: `hf download {repo} --include "{options.at("*.gguf")}" --local-dir .`.\n')
+    v = pick.verification
+    k = "the draft window each verification ran" if v else "llama.cpp's default draft window"
+    out.append(f"`--spec-draft-n-max`: {k}. " + build_line(v))
     if not options.repo_id:
         out.append(f"`{REPO_PLACEHOLDER}`: the Hub repository these files are published in.\n")
     return out
@@ -413,7 +327,18 @@ def prompt_format_lines(template: str | None, modes: Sequence[str] = ()) -> list
     if template_supports_thinking(template) or "thinking" in modes:
         text += (' The template has a thinking switch: `"chat_template_kwargs": {"enable_thinking": false}` in '
                  "the request turns thinking off (acceptance is measured in each mode separately).")
-    return ["## Prompt format\n", text + "\n"]
+    return ["## Prompt format\n", text + "\n", *template_block(template)]
+
+
+def template_block(template: str | None) -> list[str]:
+    """The chat template itself (the GGUF's ``tokenizer.chat_template``) as a folded code block; its
+    fence is longer than any run of backticks in it, so no template closes the block early."""
+    if not template:
+        return []
+    longest = max((len(m) for m in re.findall(r"`+", template)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return ["<details><summary>The chat template (<code>tokenizer.chat_template</code> in the GGUF)</summary>\n",
+            f"{fence}jinja\n{template.rstrip()}\n{fence}\n", "</details>\n"]
 
 
 def read_chat_template(artifact: Any) -> str | None:

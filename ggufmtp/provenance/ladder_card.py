@@ -1,18 +1,21 @@
-"""The card of a ladder (``ggufmtp ladder``): every variant of one model in one comparison table.
+"""The card of a ladder (``ggufmtp ladder``): every variant of one model on one model page.
 
-Published quant ladders compare variants in one table (size, bits per weight, PPL, KLD); for MTP
-GGUFs what decides whether a variant is worth downloading is also its acceptance and its fair
-speedup. Every row is read from that variant's receipt, and only after :func:`~.audit.audit` has
-checked the artifact's bytes against it (a receipt that does not audit clean is refused, naming the
-file and the failed checks): the card states nothing a receipt does not. A variant whose
-verification is missing or failed is listed under :data:`~.card.UNVERIFIED_HEADING`, so the upload
-gate's ``--allow-unverified`` finds it said, and its row reads "not verified". The page around the
-table (title, which file to pick, download and run lines, prompt format, metadata) is
-:mod:`.card_page`'s, as the single-variant card's.
+Published quant ladders compare variants side by side (size, the memory each needs, PPL, KLD); for
+MTP GGUFs what decides whether a variant is worth downloading is also its acceptance and its fair
+speedup, so the page has a Files table (which file, by memory), a Quality and an MTP head table
+(:mod:`.page_tables`), each file's findings in words, its download and run lines, the prompt
+template, the importance matrix credited and the provenance (:mod:`.page_text`). Every row is
+read from that variant's receipt, and only after :func:`~.audit.audit` has checked the artifact's
+bytes against it (a receipt that does not audit clean is refused, naming the file and the failed
+checks): the card states nothing a receipt does not. A variant whose verification is missing or
+failed is listed under :data:`~.card.UNVERIFIED_HEADING`, so the upload gate's
+``--allow-unverified`` finds it said, and its row reads "not verified". The parts of the page are
+shared with the single-variant card (:mod:`.card_page`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,14 +31,13 @@ from .card_page import (
     FileRow,
     PageOptions,
     card_title,
-    files_table,
     page_meta,
-    pick_lines,
-    picked_row,
     prompt_format_lines,
     read_chat_template,
     run_lines,
 )
+from .page_tables import files_tables, with_gpu_memory
+from .page_text import findings_lines, imatrix_lines, provenance_summary
 from .pair_card import SIDECAR_HEADING, SidecarFile, draft_lines, pair_lines, served_with
 from .receipt import read_receipt
 from .search_card import search_lines
@@ -57,15 +59,21 @@ def _audit_all(files: Sequence[tuple[Path, Path | None]], public_key: str | Path
         return list(pool.map(lambda f: audit(f[0], f[1], progress=False, public_key=public_key), files))
 
 
-def ladder_rows(variants: Sequence[tuple[Path, Path]], public_key: str | Path | None = None) -> list[LadderRow]:
-    """Each ``(artifact, receipt)`` audited, then read; AuditError naming the first that fails."""
+def ladder_rows(variants: Sequence[tuple[Path, Path]], public_key: str | Path | None = None,
+                sidecars: Sequence[Path] = ()) -> list[LadderRow]:
+    """Each ``(artifact, receipt)`` audited, then read, with the GPU memory it needs to draft (a
+    trunk: with the one of ``sidecars`` it is served with); AuditError naming the first that fails."""
     rows = []
+    by_name = {Path(s).name: Path(s) for s in sidecars}
     for (artifact, receipt), rep in zip(variants, _audit_all(variants, public_key)):
         if not rep.ok:
             raise AuditError(f"{artifact}: audit failed against {receipt}, so it has no row in the ladder's card: "
                              + "; ".join(f"{c.name}: {c.detail}" for c in rep.failures))
-        st = read_receipt(receipt).statement
-        rows.append(FileRow.of(st, Path(artifact).name, Path(receipt).name, read_chat_template(artifact)))
+        rc = read_receipt(receipt)
+        row = FileRow.of(rc.statement, Path(artifact).name, Path(receipt).name, read_chat_template(artifact))
+        row = dataclasses.replace(row, signed=rc.signed)
+        side = by_name[served_with(row, [SidecarFile(n) for n in by_name])] if by_name else None
+        rows.append(with_gpu_memory(row, artifact, side))
     return sorted(rows, key=lambda r: -r.size_bytes)
 
 
@@ -85,7 +93,7 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, option
              f"`{LLAMA_CPP_COMMIT}`). {keeps} `llama-server --spec-type draft-mtp` can draft with it. Every row is "
              "read from the variant's receipt (`FILE.receipt.json` beside it) after its bytes were audited against "
              "it.\n"]
-    lines += files_table(rows, o)
+    lines += files_tables(rows, o)
     unverified = [r for r in rows if r.unverified]
     if unverified:
         lines += [UNVERIFIED_HEADING, ""]
@@ -95,15 +103,16 @@ def ladder_card_text(rows: Sequence[LadderRow], title: str | None = None, option
         lines += [VACUOUS_HEADING, "", "These verdicts pass whatever was measured against these thresholds, so they "
                   "claim nothing there:", ""]
         lines += [f"- `{r.artifact}`: {'; '.join(found.values())}" for r, found in vacuous] + [""]
-    side = served_with(picked_row(rows), sidecars) if rows and sidecars else None
-    lines += pick_lines(rows) + ["## How to run\n", *run_lines(rows, o, side), *draft_lines(rows, sidecars, o)]
+    side = {r.artifact: served_with(r, sidecars) for r in rows} if sidecars else {}
+    lines += findings_lines(rows)
+    lines += ["## How to run\n", *run_lines(rows, o, side), *draft_lines(rows, sidecars, o)]
     lines += pair_lines(rows, sidecars, o)
     modes = sorted({m for r in rows if isinstance(r.verification.get("modes"), dict) for m in r.verification["modes"]})
     lines += prompt_format_lines(next((r.chat_template for r in rows if r.chat_template), None), modes)
     for r in rows:  # a searched recipe: how it was found (its own section, its file named)
         how = search_lines(r.search, r.recipe)
         lines += [how[0], f"For `{r.artifact}`.", "", *how[1:]] if how else []
-    lines += ["Audit any file: `ggufmtp audit FILE.gguf` (the receipt beside it is read).", ""]
+    lines += imatrix_lines(rows) + provenance_summary(rows)
     return page_meta(rows, o), "\n".join(lines)
 
 
@@ -116,7 +125,7 @@ def make_ladder_card(variants: Sequence[tuple[Path, Path]], output: str | Path, 
 
     from ..files.fsutil import atomic_write_text
 
-    rows = ladder_rows(variants, public_key)
+    rows = ladder_rows(variants, public_key, sidecars)
     for s, rep in zip(sidecars, _audit_all([(s, None) for s in sidecars], public_key)):
         if not rep.ok:
             raise AuditError(f"{s}: audit failed, so the ladder's card does not describe it: "

@@ -12,7 +12,7 @@ against full variants that would each carry the head (the sidecar's MTP block at
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files.hashing import sha256_file
@@ -37,13 +37,14 @@ class SidecarFile:
     name: str
     size_bytes: int | None = None
     head_bytes: int | None = None
+    path: Path | None = field(default=None, compare=False, repr=False)  # where it was at hand (never shown)
 
     @classmethod
     def of(cls, path: Path) -> SidecarFile:
         gm = GGUFModel(path)
         prefixes = block_prefixes(gm.mtp_blocks)
         head = sum(t.n_bytes for n, t in gm.tensors.items() if n.startswith(prefixes))
-        return cls(path.name, path.stat().st_size, head)
+        return cls(path.name, path.stat().st_size, head, path)
 
 
 def trunk_sidecar(p: Predicate) -> NamedDigest | None:

@@ -1,5 +1,5 @@
-"""The card's quality sections: the quant-ladder row (size, bpw, PPL, KLD, Same top p, acceptance,
-speedup side by side, the way published quant ladders compare) and the head-precision sweep."""
+"""The single-variant card's quality sections: the figures against the base model (PPL, KLD, Same
+top p, with their errors) and the head-precision sweep."""
 
 from __future__ import annotations
 
@@ -25,22 +25,19 @@ def quality_lines(p: Predicate) -> list[str]:
 
 
 def _ladder(p: Predicate) -> list[str]:
+    """The quality figures against the base, five columns (size, acceptance and speed are in the
+    page's Files and MTP head tables)."""
     q = p.get("quality")
     if not q:
         return []
-    res, v = p["result"], p.get("verification") or {}
-    m = v.get("mtp") or {}
     corpus = (q.get("corpus") or {}).get("name", "?")
-    out = ["## Quality\n",
-           f"Against the base model on `{corpus}` ({q.get('chunks')} chunks of {q.get('ctx_size')} tokens, "
-           f"`llama-perplexity --kl-divergence`, llama.cpp `{q.get('commit')}`).\n",
-           "| size | bpw | PPL | PPL(base) | mean KLD | KLD 99.9% | Same top p | acceptance | speedup |",
-           "|---|---|---|---|---|---|---|---|---|",
-           f"| {human_bytes(res.get('size_bytes', 0))} | {res.get('bpw')} | {_pm(q.get('ppl'), q.get('ppl_err'))} | "
-           f"{_pm(q.get('ppl_base'), q.get('ppl_base_err'))} | {_kld(q.get('kld_mean'), q.get('kld_mean_err'))} | "
-           f"{divergence(q.get('kld_p99_9'), 4)} | {pct(q.get('same_top_p'), 2, space=False)} | "
-           f"{pct(m.get('acceptance'), 1, space=False)} | {times(v.get('speedup'), 2)} |", ""]
-    return out
+    return ["## Quality\n",
+            f"Against the base model on `{corpus}` ({q.get('chunks')} chunks of {q.get('ctx_size')} tokens, "
+            f"`llama-perplexity --kl-divergence`, llama.cpp `{q.get('commit')}`).\n",
+            "| PPL | PPL(base) | mean KLD | KLD 99.9% | Same top p |", "|---|---|---|---|---|",
+            f"| {_pm(q.get('ppl'), q.get('ppl_err'))} | {_pm(q.get('ppl_base'), q.get('ppl_base_err'))} | "
+            f"{_kld(q.get('kld_mean'), q.get('kld_mean_err'))} | {divergence(q.get('kld_p99_9'), 4)} | "
+            f"{pct(q.get('same_top_p'), 2, space=False)} |", ""]
 
 
 def _head_sweep(hs: HeadSweepSection | None) -> list[str]:

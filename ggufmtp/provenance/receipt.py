@@ -161,6 +161,9 @@ def base_model_section(model_path: Path, model_arg: str | None = None, manifest:
         files = [file_entry(s, (known or {}).get(str(s.resolve())) or pulled.get(s.name)) for s in shards]
         source: Source = {"type": "hub", "repo_id": manifest.repo_id, "revision": manifest.requested_revision,
                           "commit": manifest.resolved_commit}
+        card = manifest.card
+        if card is not None and card.base_model and card.base_model != manifest.repo_id:
+            source["upstream"] = card.base_model  # the pulled repo is a conversion/quantization of it
     else:
         files = [file_entry(s, (known or {}).get(str(s.resolve()))) for s in shards]
         arg = model_arg or str(model_path)
@@ -170,7 +173,8 @@ def base_model_section(model_path: Path, model_arg: str | None = None, manifest:
     from ..gguf.model import GGUFModel
 
     lic = GGUFModel(model_path).metadata.get("general.license")
-    if isinstance(lic, str) and lic:
+    lic = lic if isinstance(lic, str) and lic else (manifest.card.license if manifest and manifest.card else None)
+    if lic:
         source["license"] = lic
     section: BaseModelSection = {"source": source, "files": files}
     if (conv := converted_from(model_path)) is not None:

@@ -49,6 +49,19 @@ class PullManifest(Protocol):
     @property
     def files(self) -> Sequence[PulledFileDigest]: ...
 
+    @property
+    def card(self) -> PulledCardFacts | None: ...
+
+
+class PulledCardFacts(Protocol):
+    """What the pulled repo's model card says (:class:`ggufmtp.hub.manifest.PulledCard` is one)."""
+
+    @property
+    def base_model(self) -> str | None: ...
+
+    @property
+    def license(self) -> str | None: ...
+
 
 class FileEntry(TypedDict):
     """An input file: name, size and sha256."""
@@ -83,6 +96,7 @@ class Source(TypedDict, total=False):
     commit: str | None
     name: str
     license: str
+    upstream: str  # the model the pulled repo's card names as its base_model (PulledCard)
 
 
 class CheckpointFile(TypedDict):
@@ -100,6 +114,7 @@ class ConvertedFrom(TypedDict, total=False):
     converter: str
     outtype: str
     files: list[CheckpointFile]
+    upstream: str  # a local checkpoint's config.json ``_name_or_path`` naming a Hub repo
 
 
 class BaseModelSection(TypedDict):
