@@ -111,7 +111,9 @@ class LlamaQuantizeLine:
             else:
                 positional.append(a)
         flags = QuantizeFlags.build(tensor_types, values.get("--output-tensor-type"),
-                                    values.get("--token-embedding-type"), **bools)
+                                    values.get("--token-embedding-type"), pure=bools.get("pure", False),
+                                    leave_output_tensor=bools.get("leave_output_tensor", False),
+                                    allow_requantize=bools.get("allow_requantize", False))
         return cls(flags, values.get("--imatrix"), tuple(positional))
 
 
