@@ -104,3 +104,22 @@ def test_hf_repo_with_a_quant_tag_is_refused_with_a_pointer():
 def test_help_shows_llama_cpps_names():
     out = CliRunner().invoke(main, ["verify", "--help"]).output
     assert "-md, --model-draft, --spec-draft-model, --sidecar" in out and "-n, --n-predict, --max-tokens" in out
+
+
+@pytest.mark.usefixtures("llama_runtime")
+def test_every_llama_quantize_option_works_or_is_refused_and_the_docs_say_which():
+    import re
+    from pathlib import Path
+
+    from ggufmtp.cli.options import LLAMA_REFUSALS
+    from ggufmtp.runtime import build as runtime
+
+    src = (runtime.source_tree() / "tools" / "quantize" / "quantize.cpp").read_text()
+    theirs = set(re.findall(r'strcmp\(argv\[arg_idx\], "(--[a-z-]+)"\) == 0', src))
+    assert len(theirs) >= 15, theirs  # the whole list, read off the pinned source
+    quantize = COMMANDS["quantize"]
+    ours = {s for o in quantize.params if isinstance(o, click.Option) for s in o.opts}
+    assert theirs - ours == set(LLAMA_REFUSALS) & theirs == {"--keep-split", "--prune-layers", "--max-buffer-size"}
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "flags.md").read_text()
+    assert all(f"`{flag}" in docs for flag in theirs), sorted(f for f in theirs if f"`{f}" not in docs)
+    assert all(f"`{name}`" in docs for row in LLAMA_SPELLINGS for name in row.names)

@@ -246,12 +246,14 @@ class LlamaSpelling:
     names: tuple[str, ...]
     targets: tuple[str, ...]
     meaning: str
+    only: tuple[str, ...] = ()  # these commands only (by name); empty: every command with a target
 
 
 LLAMA_SPELLINGS: tuple[LlamaSpelling, ...] = (
     LlamaSpelling(("-md", "--model-draft", "--spec-draft-model"), ("--sidecar",),
                   "the draft model: ggufmtp's MTP-only sidecar"),
-    LlamaSpelling(("-hf", "--hf-repo"), ("--model",), "a Hub repo REPO_ID[@REVISION] to pull the model from"),
+    LlamaSpelling(("-hf", "--hf-repo"), ("--model",), "a Hub repo REPO_ID[@REVISION] to pull the model from",
+                  only=("run", "ladder")),  # the commands whose --model takes a Hub repo
     LlamaSpelling(("-f", "--file"), ("--corpus", "--suite"), "the text file: a corpus, or a prompt suite"),
     LlamaSpelling(("-n", "--n-predict"), ("--max-tokens",), "tokens to generate per reply"),
     LlamaSpelling(("-s", "--seed"), ("--seeds", "--seed"), "the RNG seed (verify: the request seeds, comma-separated)"),
@@ -282,6 +284,8 @@ def _attach_llama_spellings(cmd: click.Command) -> None:
     taken = {s for p in cmd.params if isinstance(p, click.Option) for s in (*p.opts, *p.secondary_opts)}
     by_name = {s: p for p in cmd.params if isinstance(p, click.Option) for s in p.opts}
     for row in LLAMA_SPELLINGS:
+        if row.only and cmd.name not in row.only:
+            continue
         targets = [by_name[t] for t in row.targets if t in by_name]
         if len({id(t) for t in targets}) != 1:
             continue  # none, or ambiguous (search has --corpus and --suite): the spelling stays unknown here

@@ -238,9 +238,11 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
                per-tensor types, no head defaults, the MTP block optional), plus the
                audit and the receipt.
 
-    llama-quantize's flags (--tensor-type, --output-tensor-type, --token-embedding-type, --pure,
-    --leave-output-tensor, --allow-requantize, --imatrix) mean what they mean there, with either
-    form; with -r they override the recipe's rules. For example:
+    llama-quantize's flags (--tensor-type, --tensor-type-file, --output-tensor-type,
+    --token-embedding-type, --pure, --leave-output-tensor, --allow-requantize, --imatrix,
+    --include-weights, --exclude-weights, --override-kv, --dry-run) mean what they mean there, with
+    either form; with -r they override the recipe's rules. --keep-split, --prune-layers and
+    --max-buffer-size are refused (docs/reference/flags.md says why). For example:
 
     \b
     ggufmtp quantize in.gguf -r Q4_K_M -o out.gguf
