@@ -9,20 +9,10 @@ from __future__ import annotations
 import click
 import pytest
 from click.testing import CliRunner
+from test_flag_vocabulary import COMMANDS  # every command of the app, walked once
 
 from ggufmtp.cli import main
 from ggufmtp.cli.options import LLAMA_SPELLINGS
-
-
-def _commands(group: click.Group = main, path: tuple[str, ...] = ()):
-    for name, cmd in sorted(group.commands.items()):
-        if isinstance(cmd, click.Group):
-            yield from _commands(cmd, (*path, name))
-        else:
-            yield " ".join((*path, name)), cmd
-
-
-COMMANDS = dict(_commands())
 
 
 def _params(path: str, args: list[str]) -> dict:
