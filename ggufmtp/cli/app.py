@@ -22,6 +22,7 @@ import click
 from .._version import __version__
 from ..errors import GgufmtpError, Terminated
 from ..refs import local_model_arg
+from .options import LlamaGroup
 
 
 def emit_json(obj: Any) -> None:
@@ -95,10 +96,13 @@ class _CommandLineError(click.UsageError):
             click.echo(f"Try '{self.ctx.command_path} --help' for help.", err=True)
 
 
-class SectionedGroup(click.Group):
+class SectionedGroup(LlamaGroup):
     """A group whose help lists its commands under :data:`SECTIONS` (a command in none of them
     under "Other"), each with its whole one-line summary, and whose usage errors, its own and its
-    commands', are :class:`_CommandLineError`."""
+    commands', are :class:`_CommandLineError`. Its commands read llama.cpp's spellings
+    (:class:`~ggufmtp.cli.options.LlamaCommand`), and so do its sub-groups' (:class:`LlamaGroup`)."""
+
+    group_class = LlamaGroup
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:

@@ -15,6 +15,7 @@ from .app import emit_json, handle_errors, json_option, main
 from .hub_cmds import allow_unverified_option, passing_only_option, print_reviews
 from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
 from .options import (
+    ctx_size_option,
     gpu_layers_option,
     model_at_revision,
     output_option,
@@ -79,6 +80,7 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
 @gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
 @threads_option("The servers' and llama-perplexity's (verify, --eval).")
+@ctx_size_option("The servers' (verify; default verify's, 4096).", default=None)
 @quantize_threads_option("Per variant; default: the ladder file's threads, else 0.", default=None)
 @split_max_size_option("Per variant (with --layout sidecar: per trunk; the sidecar stays one file); default: the "
                        "ladder file's split_max_size, else 48G.", from_file=True)
@@ -127,7 +129,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                ladder_file: str | None, output: str,
                imatrix: str | None, imatrix_corpus: str | None, imatrix_chunks: int | None, eval_corpus: str | None,
                no_verify: bool, seeds: str | None, limit: int | None, max_tokens: int | None,
-               gpu_layers: int | str | None, threads: int | None, quantize_threads: int | None,
+               gpu_layers: int | str | None, threads: int | None, ctx_size: int | None, quantize_threads: int | None,
                split_max_size: str | None, workers: int | None,
                gpus: int, scheduler: str | None,
                upload_repo: str | None, passing_only: bool, private: bool, dry_run_upload: bool, upload_revision: str | None,
@@ -154,7 +156,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
 
     vopts: dict[str, object] = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
                                ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers),
-                               ("threads", threads)) if v is not None}
+                               ("threads", threads), ("ctx_size", ctx_size)) if v is not None}
     vopts.update(verify_option_dict(judging))
     if revision and not model:
         raise click.UsageError("--revision goes with -m MODEL (a ladder file's model names its own: REPO@REVISION)")

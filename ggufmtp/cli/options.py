@@ -25,7 +25,8 @@ from typing import Any
 
 import click
 
-__all__ = ["LEGACY_ALIASES", "VOCABULARY", "GpuLayers", "SharedName", "SharedOption", "ctx_size_option",
+__all__ = ["LEGACY_ALIASES", "LLAMA_SPELLINGS", "VOCABULARY", "GpuLayers", "LlamaCommand", "LlamaGroup", "SharedName",
+           "SharedOption", "ctx_size_option",
            "draft_n_max_option", "exclude_option", "gpu_layers_option", "include_option", "output_option",
            "model_at_revision", "quantize_threads_option", "revision_option", "split_max_size_option", "threads_option",
            "token_option", "with_revision"]
@@ -144,8 +145,9 @@ def quantize_threads_option(detail: str = "", *, hidden: Sequence[str] = (), def
                    show_default=default is not None)
 
 
-def ctx_size_option(detail: str = "", *, default: int, min_ctx: int = 256) -> Decorator:
-    return _shared("--ctx-size", detail, type=click.IntRange(min=min_ctx), default=default, show_default=True)
+def ctx_size_option(detail: str = "", *, default: int | None, min_ctx: int = 256) -> Decorator:
+    return _shared("--ctx-size", detail, type=click.IntRange(min=min_ctx), default=default,
+                   show_default=default is not None)
 
 
 def draft_n_max_option(detail: str = "", *, default: int | None = None) -> Decorator:
@@ -216,6 +218,10 @@ def with_revision(model: str, revision: str | None) -> tuple[str, str | None]:
             raise click.UsageError(f"--revision {revision}: {model} is not a Hub repo (a revision names a Hub commit)")
         return model, None
     repo, at, rev = model.partition("@")
+    if ":" in repo:  # llama.cpp's -hf REPO:QUANT picks a GGUF of a quantized repo; ggufmtp makes that file
+        raise click.UsageError(f"{model}: REPO:QUANT names a file of a quantized repo (llama.cpp's -hf); ggufmtp "
+                               f"starts from the source model: give -hf REPO (or -m REPO), and -r {repo.partition(':')[2]}"
+                               f" for the type")
     if at and revision is not None and rev != revision:
         raise click.UsageError(f"two revisions: {model} and --revision {revision}; give one")
     return repo, (revision or rev or None)
@@ -225,3 +231,146 @@ def model_at_revision(model: str, revision: str | None) -> str:
     """``MODEL`` with ``--revision`` folded in, as ``REPO@REV`` (:func:`with_revision`)."""
     ident, rev = with_revision(model, revision)
     return f"{ident}@{rev}" if rev else ident
+
+
+# ------------------------------------------------------------------------------------------------
+# llama.cpp's spellings: one table, attached to every command by :class:`LlamaCommand`
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaSpelling:
+    """llama.cpp's names of a concept (``-n, --n-predict``) and the ggufmtp options that are that
+    concept (``--max-tokens``): a command with exactly one of them takes llama.cpp's names too."""
+
+    names: tuple[str, ...]
+    targets: tuple[str, ...]
+    meaning: str
+    only: tuple[str, ...] = ()  # these commands only (by name); empty: every command with a target
+
+
+LLAMA_SPELLINGS: tuple[LlamaSpelling, ...] = (
+    LlamaSpelling(("-md", "--model-draft", "--spec-draft-model"), ("--sidecar",),
+                  "the draft model: ggufmtp's MTP-only sidecar"),
+    LlamaSpelling(("-hf", "--hf-repo"), ("--model",), "a Hub repo REPO_ID[@REVISION] to pull the model from",
+                  only=("run", "ladder")),  # the commands whose --model takes a Hub repo
+    LlamaSpelling(("-f", "--file"), ("--corpus", "--suite"), "the text file: a corpus, or a prompt suite"),
+    LlamaSpelling(("-n", "--n-predict"), ("--max-tokens",), "tokens to generate per reply"),
+    LlamaSpelling(("-s", "--seed"), ("--seeds", "--seed"), "the RNG seed (verify: the request seeds, comma-separated)"),
+)
+
+# (spelling) -> why a command without it refuses it, where llama.cpp's meaning has no place here
+LLAMA_REFUSALS: dict[str, str] = {
+    "-hf": "this command takes a local model file or builtin:NAME; `ggufmtp pull REPO` fetches one; "
+           "run and ladder take -hf REPO themselves",
+    "-md": "only verify (and audit, as --sidecar) take a draft model: ggufmtp's MTP-only sidecar",
+    "-f": "this command reads no text file, or more than one: give --corpus or --suite",
+    # llama-quantize's options that ggufmtp's quantize does not take (docs/reference/flags.md says why)
+    "--keep-split": "llama-quantize's --keep-split is not taken: ggufmtp writes one file, or shards of "
+                    "--split-max-size (give the first shard of a split input)",
+    "--prune-layers": "llama-quantize's --prune-layers is not taken: pruning renumbers the blocks, the MTP block "
+                      "included; prune with llama-quantize, then `ggufmtp inspect` and `audit` the result",
+    "--max-buffer-size": "llama-quantize's --max-buffer-size is not taken: ggufmtp quantizes with libllama's "
+                         "default buffer (8 GiB of rows)",
+}
+# a positional argument llama.cpp's -m/--model names (the model file)
+MODEL_ARGUMENTS = ("model", "artifact")
+MODEL_SPELLINGS = ("-m", "--model")
+
+
+def _attach_llama_spellings(cmd: click.Command) -> None:
+    """Give each option of ``cmd`` that is the concept of a :data:`LLAMA_SPELLINGS` row that row's
+    names (those the command does not already use), shown first in ``--help``."""
+    taken = {s for p in cmd.params if isinstance(p, click.Option) for s in (*p.opts, *p.secondary_opts)}
+    by_name = {s: p for p in cmd.params if isinstance(p, click.Option) for s in p.opts}
+    for row in LLAMA_SPELLINGS:
+        if row.only and cmd.name not in row.only:
+            continue
+        targets = [by_name[t] for t in row.targets if t in by_name]
+        if len({id(t) for t in targets}) != 1:
+            continue  # none, or ambiguous (search has --corpus and --suite): the spelling stays unknown here
+        new = [n for n in row.names if n not in taken]
+        targets[0].opts = [*new, *targets[0].opts]
+        taken.update(new)
+
+
+def _looks_like_flag(token: str) -> bool:
+    if len(token) < 2 or not token.startswith("-"):
+        return False
+    try:
+        float(token)  # a negative number is a value
+    except ValueError:
+        return True
+    return False
+
+
+class LlamaCommand(click.Command):
+    """A command that reads llama.cpp's spellings as llama.cpp does: a multi-letter short flag
+    (``-md``, ``-hf``, ``-ngl``) is one whole name, never click's ``-m -d``; ``-m/--model MODEL``
+    is the command's MODEL argument; an unknown flag is reported exactly as typed, with the nearest
+    names (or why llama.cpp's name has no place here). The llama.cpp names of a concept come from
+    :data:`LLAMA_SPELLINGS`, attached when the command is made."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _attach_llama_spellings(self)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not ctx.ignore_unknown_options:  # recipe from-flags: a llama-quantize line, read as such
+            args = self._normalize(ctx, args)
+        return super().parse_args(ctx, args)
+
+    def _model_argument(self) -> click.Argument | None:
+        first = next((p for p in self.params if isinstance(p, click.Argument)), None)
+        return first if first is not None and first.name in MODEL_ARGUMENTS else None
+
+    def _normalize(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """``args`` with ``-m/--model X`` moved to the front as MODEL; every flag checked whole."""
+        options = {s: p for p in self.get_params(ctx) if isinstance(p, click.Option)
+                   for s in (*p.opts, *p.secondary_opts)}
+        model, out, i = [], [], 0
+        while i < len(args):
+            token = args[i]
+            if token == "--":
+                out.extend(args[i:])
+                break
+            if not _looks_like_flag(token):
+                out.append(token)
+                i += 1
+                continue
+            name, eq, value = token.partition("=")
+            opt = options.get(name)
+            if opt is None and name in MODEL_SPELLINGS and self._model_argument() is not None:
+                model.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+                i += 1 if eq else 2
+                continue
+            if opt is None:
+                raise _no_such_option(ctx, token, name, options)
+            takes = 0 if eq or opt.is_flag or opt.count else opt.nargs
+            if takes and getattr(opt, "_flag_needs_value", False) and i + 1 < len(args) and \
+                    _looks_like_flag(args[i + 1]):
+                takes = 0  # an option with an optional value (--eval), given none
+            out.extend(args[i:i + 1 + takes])
+            i += 1 + takes
+        return model + out
+
+
+def _no_such_option(ctx: click.Context, token: str, name: str, options: dict[str, click.Option]) -> click.UsageError:
+    """The error for an unknown flag: named as typed, with the nearest names or llama.cpp's reason."""
+    import difflib
+
+    refusal = next((why for s, why in LLAMA_REFUSALS.items()
+                    if name in next((r.names for r in LLAMA_SPELLINGS if s in r.names), (s,))), None)
+    if refusal:
+        return click.UsageError(f"No such option '{token}': {refusal}.", ctx)
+    near = difflib.get_close_matches(name, list(options), n=3, cutoff=0.5)
+    return click.NoSuchOption(token, possibilities=near, ctx=ctx)
+
+
+class LlamaGroup(click.Group):
+    """A group whose commands (and sub-groups' commands) are :class:`LlamaCommand`."""
+
+    command_class = LlamaCommand
+
+
+LlamaGroup.group_class = LlamaGroup  # a sub-group's sub-groups too

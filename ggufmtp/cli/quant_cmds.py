@@ -15,6 +15,7 @@ from .provenance_cmds import signing_key_option
 
 if TYPE_CHECKING:
     from ..quant.flags import QuantizeFlags
+    from ..quant.plan import Plan
     from ..quant.quantize import QuantizeResult
     from ..quant.recipe import Recipe
     from ..quant.split import SplitSize
@@ -34,18 +35,35 @@ def llama_quantize_flag_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--leave-output-tensor", is_flag=True, help="As llama-quantize: leave output.weight unquantized."),
         click.option("--allow-requantize", is_flag=True,
                      help="As llama-quantize: allow requantizing tensors that are already quantized."),
+        click.option("--tensor-type-file", type=click.Path(dir_okay=False), default=None,
+                     help="As llama-quantize: --tensor-type items (PATTERN=TYPE) from this file, separated by "
+                          "spaces or newlines; after the --tensor-type ones."),
+        click.option("--override-kv", "kv_overrides", multiple=True, metavar="KEY=TYPE:VALUE",
+                     help="As llama-quantize: set this metadata key in the output (TYPE int, float, bool or str; "
+                          "repeatable)."),
+        click.option("--include-weights", "include_weights", multiple=True, metavar="NAME",
+                     help="As llama-quantize: use only the imatrix entries whose name contains NAME (repeatable)."),
+        click.option("--exclude-weights", "exclude_weights", multiple=True, metavar="NAME",
+                     help="As llama-quantize: leave out the imatrix entries whose name contains NAME (repeatable; "
+                          "not with --include-weights)."),
     ]):
         fn = opt(fn)
     return fn
 
 
 def quantize_flags(tensor_types: tuple[str, ...], output_tensor_type: str | None, token_embedding_type: str | None,
-                   pure: bool, leave_output_tensor: bool, allow_requantize: bool) -> QuantizeFlags:
+                   pure: bool, leave_output_tensor: bool, allow_requantize: bool, tensor_type_file: str | None,
+                   kv_overrides: tuple[str, ...], include_weights: tuple[str, ...],
+                   exclude_weights: tuple[str, ...]) -> QuantizeFlags:
     """The values of :func:`llama_quantize_flag_options`, read (RecipeError naming a malformed one)."""
     from ..quant.flags import QuantizeFlags
+    from ..quant.kv import read_tensor_type_file
 
-    return QuantizeFlags.build(tensor_types, output_tensor_type, token_embedding_type, pure=pure,
-                               leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize)
+    from_file = read_tensor_type_file(tensor_type_file) if tensor_type_file else []
+    return QuantizeFlags.build([*tensor_types, *from_file], output_tensor_type, token_embedding_type, pure=pure,
+                               leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize,
+                               kv_overrides=kv_overrides, include_weights=include_weights,
+                               exclude_weights=exclude_weights)
 
 
 @main.group()
@@ -157,11 +175,17 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
     RECIPE may be a llama-quantize type (-r Q4_K_M: with ggufmtp's head defaults; Q4_K_M-plain:
     llama-quantize's own); llama-quantize's flags apply as in `quantize`.
     Exits 1 when a pre-flight check fails (listed as errors)."""
-    from ..quant.plan import format_plan, make_plan
+    from ..quant.plan import make_plan
     from ..quant.recipe import Recipe
 
     rec = Recipe.load(recipe_name).with_flags(quantize_flags(**flag_values))
-    p = make_plan(resolve_model_arg(model), rec, imatrix)
+    _show_plan(make_plan(resolve_model_arg(model), rec, imatrix), as_json, emit, out_name, show_all)
+
+
+def _show_plan(p: Plan, as_json: bool, emit: str = "table", out_name: str = "OUT.gguf", show_all: bool = False) -> None:
+    """Print a plan as ``plan`` does (``quantize --dry-run`` too); exit 1 when a pre-flight check failed."""
+    from ..quant.plan import format_plan
+
     if as_json:
         emit_json(p.to_dict())
     elif emit == "llama-quantize":
@@ -190,13 +214,17 @@ def plan(model: str, recipe_name: str, imatrix: str | None, emit: str, out_name:
               help="Receipt path (default: OUT.receipt.json; for a split OUT, its first shard's).")
 @click.option("--no-receipt", is_flag=True, help="Do not write a receipt.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--dry-run", is_flag=True,
+              help="As llama-quantize: write nothing; print the plan (`ggufmtp plan`): every tensor's type and "
+                   "the size. Exit 1 when a pre-flight check fails.")
 @llama_quantize_flag_options
 @signing_key_option
 @json_option
 @handle_errors
 def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, imatrix: str | None,
              output: str | None, quantize_threads: int | None, split_max_size: SplitSize | None, receipt: str | None,
-             no_receipt: bool, no_progress: bool, signing_key: str | None, as_json: bool, **flag_values: Any) -> None:
+             no_receipt: bool, no_progress: bool, dry_run: bool, signing_key: str | None, as_json: bool,
+             **flag_values: Any) -> None:
     """Quantize MODEL into OUT (in-process libllama), audit it and write its receipt (with a signing
     key: a signed receipt and OUT.sig). What to make, two ways:
 
@@ -210,9 +238,11 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
                per-tensor types, no head defaults, the MTP block optional), plus the
                audit and the receipt.
 
-    llama-quantize's flags (--tensor-type, --output-tensor-type, --token-embedding-type, --pure,
-    --leave-output-tensor, --allow-requantize, --imatrix) mean what they mean there, with either
-    form; with -r they override the recipe's rules. For example:
+    llama-quantize's flags (--tensor-type, --tensor-type-file, --output-tensor-type,
+    --token-embedding-type, --pure, --leave-output-tensor, --allow-requantize, --imatrix,
+    --include-weights, --exclude-weights, --override-kv, --dry-run) mean what they mean there, with
+    either form; with -r they override the recipe's rules. --keep-split, --prune-layers and
+    --max-buffer-size are refused (docs/reference/flags.md says why). For example:
 
     \b
     ggufmtp quantize in.gguf -r Q4_K_M -o out.gguf
@@ -227,7 +257,12 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
     from ..quant.quantize import quantize as run
 
     rec, output, threads = _quantize_inputs(model, positional, recipe_name, output, quantize_threads,
-                                            quantize_flags(**flag_values))
+                                            quantize_flags(**flag_values), dry_run=dry_run)
+    if dry_run:  # llama-quantize --dry-run: the types and the size, nothing written (its OUT is optional)
+        from ..quant.plan import make_plan
+
+        _show_plan(make_plan(resolve_model_arg(model), rec, imatrix, threads=threads), as_json)
+        return
     key = resolve_signing_key(signing_key)  # a bad key fails before any work
 
     if receipt and Path(receipt).resolve() == Path(output).resolve():
@@ -266,7 +301,7 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
 
 
 def _quantize_inputs(model: str, positional: tuple[str, ...], recipe_name: str | None, output: str | None,
-                     threads: int | None, flags: QuantizeFlags) -> tuple[Recipe, str, int]:
+                     threads: int | None, flags: QuantizeFlags, *, dry_run: bool = False) -> tuple[Recipe, str, int]:
     """The recipe (with the flags applied), output and thread count of a ``quantize`` line: ``-r``
     or llama-quantize's ``IN [OUT] TYPE [NTHREADS]``, each said once."""
     from ..errors import RecipeError
@@ -284,9 +319,9 @@ def _quantize_inputs(model: str, positional: tuple[str, ...], recipe_name: str |
     out = output or pos.out
     if out is None and pos.type:  # llama-quantize IN TYPE: ggml-model-<TYPE>.gguf beside the input
         out = str((Path(model).parent if Path(model).exists() else Path(".")) / f"ggml-model-{pos.type}.gguf")
-    if out is None:
+    if out is None and not dry_run:
         raise RecipeError("no output: give -o OUT (or the positional OUT)")
     if threads is not None and pos.threads is not None and threads != pos.threads:
         raise RecipeError(f"two thread counts: --quantize-threads {threads} and {pos.threads}; give one")
     rec = Recipe.load(recipe_name) if recipe_name else Recipe.for_type(pos.type or "", head_defaults=False)
-    return rec.with_flags(flags), out, threads if threads is not None else pos.threads or 0
+    return rec.with_flags(flags), out or "", threads if threads is not None else pos.threads or 0

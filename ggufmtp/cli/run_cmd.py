@@ -11,6 +11,7 @@ from .app import emit_json, handle_errors, imatrix_option, json_option, main, re
 from .hub_cmds import allow_unverified_option
 from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
 from .options import (
+    ctx_size_option,
     gpu_layers_option,
     include_option,
     model_at_revision,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 @click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
 @gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
 @threads_option("The servers' and llama-perplexity's (verify, --eval).")
+@ctx_size_option("The servers' (verify; default verify's, 4096).", default=None)
 @quantize_threads_option()
 @split_max_size_option()
 @click.option("--quantized-by", default="ggufmtp", show_default=True, help="The card's quantized_by field.")
@@ -70,8 +72,8 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
             imatrix_corpus: str | None, imatrix_chunks: int | None, output: str, include: tuple[str, ...],
             no_verify: bool, upload_repo: str | None, private: bool, dry_run_upload: bool, seeds: str | None,
             limit: int | None, max_tokens: int | None, gpu_layers: int | str | None, threads: int | None,
-            quantize_threads: int, split_max_size: SplitSize | None, quantized_by: str, base_model: str | None,
-            force: bool, eval_corpus: str | None,
+            ctx_size: int | None, quantize_threads: int, split_max_size: SplitSize | None, quantized_by: str,
+            base_model: str | None, force: bool, eval_corpus: str | None,
             signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool,
             **judging: Any) -> None:
     """Checkpoint to verified, receipted artifact: pull, inspect, plan, quantize, audit, verify,
@@ -97,7 +99,8 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
         vopts["limit"] = limit
     if max_tokens is not None:
         vopts["max_tokens"] = max_tokens
-    vopts.update({k: v for k, v in (("gpu_layers", gpu_layers), ("threads", threads)) if v is not None})
+    vopts.update({k: v for k, v in (("gpu_layers", gpu_layers), ("threads", threads), ("ctx_size", ctx_size))
+                  if v is not None})
     vopts.update(verify_option_dict(judging))
     options = RunOptions(
         imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,

@@ -2,7 +2,8 @@
 
 ``ggufmtp quantize`` and ``plan`` take llama-quantize's flags with its names and meaning
 (``--tensor-type PATTERN=TYPE``, ``--output-tensor-type``, ``--token-embedding-type``, ``--pure``,
-``--leave-output-tensor``, ``--allow-requantize``) and its positional ``IN [OUT] TYPE [NTHREADS]``;
+``--leave-output-tensor``, ``--allow-requantize``; ``--tensor-type-file``, ``--override-kv``,
+``--include-weights``/``--exclude-weights``: :mod:`.kv`) and its positional ``IN [OUT] TYPE [NTHREADS]``;
 ``recipe from-flags`` turns a whole llama-quantize line into a recipe. All of them go through
 :class:`QuantizeFlags` and :meth:`Recipe.with_flags <ggufmtp.quant.recipe.Recipe.with_flags>`: the
 flags become the recipe's ``overrides`` (rules ahead of its ``[mtp]`` roles and rules, so they
@@ -111,7 +112,9 @@ class LlamaQuantizeLine:
             else:
                 positional.append(a)
         flags = QuantizeFlags.build(tensor_types, values.get("--output-tensor-type"),
-                                    values.get("--token-embedding-type"), **bools)
+                                    values.get("--token-embedding-type"), pure=bools.get("pure", False),
+                                    leave_output_tensor=bools.get("leave_output_tensor", False),
+                                    allow_requantize=bools.get("allow_requantize", False))
         return cls(flags, values.get("--imatrix"), tuple(positional))
 
 

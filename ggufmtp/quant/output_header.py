@@ -19,8 +19,8 @@ What llama-quant does to the header, mirrored here:
   ``general.file_type`` (the ftype): gguf.cpp's ``gguf_set_val_*`` REMOVES an existing key and
   APPENDS the new value (a key is never replaced in place), so both move to the end.
 - ``gguf_remove_key`` of ``split.no``, ``split.count``, ``split.tensors.count``.
-- every ``kv_override``, set the same way (INT as u32 of ``abs(value)``, STR as a string):
-  the ``quantize.imatrix.*`` keys ggufmtp adds with an imatrix.
+- every ``kv_override``, set the same way (INT as u32 of ``abs(value)``, FLOAT as f32, BOOL, STR
+  as a string): ``--override-kv``'s, then the ``quantize.imatrix.*`` keys ggufmtp adds with an imatrix.
 - ``block_count`` only changes with ``prune_layers``, which ggufmtp never passes.
 - tensor infos of every shard's tensors in ``weight_name_comparer`` order (layer number, then
   name; non-``blk`` tensors first), with ``ggml_n_dims`` dimensions (trailing 1s dropped), the
@@ -156,7 +156,7 @@ class _NewKV:
     """A value llama-quant sets: packed by gguf-py."""
 
     key: str
-    value: int | bytes
+    value: bool | int | float | bytes
     vtype: GGUFValueType
 
 
@@ -192,6 +192,10 @@ def _override(o: KVOverride) -> _NewKV:
     if isinstance(o.value, str):
         value = o.value.encode()[:_KV_STR_MAX].split(b"\0", 1)[0]  # char[128], read back as a C string
         return _NewKV(o.key, value, GGUFValueType.STRING)
+    if isinstance(o.value, bool):  # LLAMA_KV_OVERRIDE_TYPE_BOOL -> gguf_set_val_bool
+        return _NewKV(o.key, o.value, GGUFValueType.BOOL)
+    if isinstance(o.value, float):  # LLAMA_KV_OVERRIDE_TYPE_FLOAT -> gguf_set_val_f32((float) double)
+        return _NewKV(o.key, float(np.float32(o.value)), GGUFValueType.FLOAT32)
     # LLAMA_KV_OVERRIDE_TYPE_INT -> gguf_set_val_u32((uint32_t) std::abs(int64))
     return _NewKV(o.key, abs(int(o.value)) & 0xFFFFFFFF, GGUFValueType.UINT32)
 

@@ -39,6 +39,7 @@ from ..imatrix import format as imx
 from ..jsontypes import JsonObject
 from ..runtime.libllama import KVOverride, QuantizeParams
 from .ggml_types import tensor_problem
+from .kv import kept_entries, parse_kv_override
 from .qtypes import FTYPE_DEFAULT_TYPE, bits_per_weight
 from .recipe import NO_IMATRIX_TYPES, Recipe, Rule, ftype_names, ggml_type_names
 from .worker import run_quantize_interruptible
@@ -188,6 +189,9 @@ class Plan:
         if r is not None:
             argv += [flag for flag, on in (("--leave-output-tensor", r.leave_output_tensor), ("--pure", r.pure),
                                            ("--allow-requantize", r.allow_requantize)) if on]
+            for flag, values in (("--override-kv", r.kv_overrides), ("--include-weights", r.include_weights),
+                                 ("--exclude-weights", r.exclude_weights)):
+                argv += [a for v in values for a in (flag, v)]
         argv += [Path(self.model).name if by_name else self.model, out, self.ftype]
         if threads:
             argv.append(str(threads))
@@ -203,7 +207,7 @@ def quantize_params(recipe: Recipe, rules: list[Rule], imatrix: imx_entries.Imat
     """The ``llama_model_quantize_params`` llama-quantize builds from the equivalent flags,
     including the ``quantize.imatrix.*`` metadata it adds through key overrides."""
     types = ggml_type_names()
-    kv: list[KVOverride] = []
+    kv: list[KVOverride] = [parse_kv_override(t) for t in recipe.kv_overrides]  # llama-quantize: these first
     data = None
     if imatrix is not None:
         data = imx_entries.to_quantize_data(imatrix)
@@ -377,7 +381,12 @@ def _read_imatrix(imatrix: str | Path | None, rec: Recipe, gm: GGUFModel, found:
     report = imx_check.validate(im, gm.shapes(), strict=False)
     found.errors += [f"{imatrix}: {p}" for p in getattr(report, "errors", [])]
     found.warnings += [f"{imatrix}: {p}" for p in getattr(report, "warnings", [])]
-    return im
+    if not (rec.include_weights or rec.exclude_weights):
+        return im
+    # --include-weights/--exclude-weights: llama-quantize filters the entries before it passes any,
+    # and passes no imatrix at all (nor its quantize.imatrix.* keys) when none is left
+    kept = kept_entries(im.entries, rec.include_weights, rec.exclude_weights)
+    return dataclasses.replace(im, entries={n: im.entries[n] for n in kept}) if kept else None
 
 
 def _annotate(tensors: list[PlannedTensor], rec: Recipe, rules: list[Rule], fallbacks: dict[str, str],

@@ -214,22 +214,40 @@ class QuantizeFlags:
     pure: bool = False  # --pure
     leave_output_tensor: bool = False  # --leave-output-tensor
     allow_requantize: bool = False  # --allow-requantize
+    kv_overrides: tuple[str, ...] = ()  # --override-kv KEY=TYPE:VALUE, checked (quant/kv.py)
+    include_weights: tuple[str, ...] = ()  # --include-weights: only these imatrix entries (substring)
+    exclude_weights: tuple[str, ...] = ()  # --exclude-weights: not these
 
     @classmethod
     def build(cls, tensor_types: Sequence[str] = (), output_type: str | None = None,
               token_embedding_type: str | None = None, *, pure: bool = False, leave_output_tensor: bool = False,
-              allow_requantize: bool = False) -> QuantizeFlags:
+              allow_requantize: bool = False, kv_overrides: Sequence[str] = (), include_weights: Sequence[str] = (),
+              exclude_weights: Sequence[str] = ()) -> QuantizeFlags:
         """The flags from their command-line values (``--tensor-type`` as ``PATTERN=TYPE`` strings);
         RecipeError naming a malformed one."""
+        from .kv import check_weights_filter, parse_kv_override
+
+        for v in kv_overrides:
+            parse_kv_override(v)
+        check_weights_filter(include_weights, exclude_weights)
         return cls(tensor_types=tuple(tensor_type_rule(v) for v in tensor_types),
                    output_type=normalize_type(output_type, "--output-tensor-type") if output_type else None,
                    token_embedding_type=(normalize_type(token_embedding_type, "--token-embedding-type")
                                          if token_embedding_type else None),
-                   pure=pure, leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize)
+                   pure=pure, leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize,
+                   kv_overrides=tuple(kv_overrides), include_weights=tuple(include_weights),
+                   exclude_weights=tuple(exclude_weights))
 
     @property
     def given(self) -> bool:
         return self != QuantizeFlags()
+
+
+def _texts(doc: JsonObject, key: str, where: str) -> tuple[str, ...]:
+    value = doc.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RecipeError(f"{where}: {key} must be a list of strings")
+    return tuple(value)
 
 
 def tensor_type_rule(value: str) -> Rule:
@@ -262,6 +280,9 @@ class Recipe:
     pure: bool = False  # llama-quantize --pure
     leave_output_tensor: bool = False  # --leave-output-tensor
     allow_requantize: bool = False  # --allow-requantize
+    kv_overrides: tuple[str, ...] = ()  # --override-kv KEY=TYPE:VALUE (override_kv in a TOML)
+    include_weights: tuple[str, ...] = ()  # --include-weights: the imatrix entries used (include_weights)
+    exclude_weights: tuple[str, ...] = ()  # --exclude-weights: the imatrix entries left out (exclude_weights)
     path: str | None = None
     sha256: str | None = None
     tag: str | None = None  # the variant's name in a release (Q4_K_M_HiFi); None: the ftype (quant/naming.py)
@@ -294,7 +315,8 @@ class Recipe:
     @classmethod
     def from_dict(cls, doc: JsonObject, where: str = "recipe") -> Recipe:
         known = {"name", "description", "ftype", "output_type", "token_embedding_type", "imatrix", "mtp",
-                 "overrides", "pure", "leave_output_tensor", "allow_requantize",
+                 "overrides", "pure", "leave_output_tensor", "allow_requantize", "override_kv", "include_weights",
+                 "exclude_weights",
                  "rules", "verify", "tag", "search"}
         unknown = sorted(set(doc) - known)
         if unknown:
@@ -345,7 +367,9 @@ class Recipe:
             leave_output_tensor=_flag(doc, "leave_output_tensor", where),
             allow_requantize=_flag(doc, "allow_requantize", where),
             tag=tag,
-        )
+        ).with_flags(QuantizeFlags.build(kv_overrides=_texts(doc, "override_kv", where),
+                                         include_weights=_texts(doc, "include_weights", where),
+                                         exclude_weights=_texts(doc, "exclude_weights", where)))
 
     @classmethod
     def for_type(cls, type_name: str, head_defaults: bool = True) -> Recipe:
@@ -389,7 +413,10 @@ class Recipe:
             output_type=flags.output_type or self.output_type,
             token_embedding_type=flags.token_embedding_type or self.token_embedding_type,
             pure=self.pure or flags.pure, leave_output_tensor=self.leave_output_tensor or flags.leave_output_tensor,
-            allow_requantize=self.allow_requantize or flags.allow_requantize)
+            allow_requantize=self.allow_requantize or flags.allow_requantize,
+            kv_overrides=self.kv_overrides + flags.kv_overrides,
+            include_weights=self.include_weights + flags.include_weights,
+            exclude_weights=self.exclude_weights + flags.exclude_weights)
 
     # --- resolution -----------------------------------------------------------------------
     def all_rules(self) -> list[Rule]:
@@ -433,6 +460,8 @@ class Recipe:
             "rules": [{"pattern": r.pattern, "type": r.type} for r in self.rules],
             "pure": self.pure, "leave_output_tensor": self.leave_output_tensor,
             "allow_requantize": self.allow_requantize,
+            **{k: list(v) for k, v in (("override_kv", self.kv_overrides), ("include_weights", self.include_weights),
+                                       ("exclude_weights", self.exclude_weights)) if v},
             "verify": dataclasses.asdict(self.verify), "path": self.path, "sha256": self.sha256,
         }
 

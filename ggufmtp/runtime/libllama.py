@@ -95,8 +95,10 @@ def _common_commit(lib: Path | None) -> str | None:
 
 @dataclasses.dataclass
 class KVOverride:
+    """One ``llama_model_kv_override``: its tag is the value's Python type (bool, int, float, str)."""
+
     key: str
-    value: int | str
+    value: bool | int | float | str
 
 
 @dataclasses.dataclass
@@ -164,6 +166,12 @@ class _Built:
                     arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_STR
                     # llama-quantize copies at most 127 bytes (strncpy + NUL): do the same.
                     arr[i].value.val_str = kv.value.encode()[:127]
+                elif isinstance(kv.value, bool):  # before int: a bool is an int in Python
+                    arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_BOOL
+                    arr[i].value.val_bool = kv.value
+                elif isinstance(kv.value, float):
+                    arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_FLOAT
+                    arr[i].value.val_f64 = kv.value
                 else:
                     arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_INT
                     arr[i].value.val_i64 = int(kv.value)
