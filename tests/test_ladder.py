@@ -19,7 +19,8 @@ from ggufmtp.errors import AuditError, LadderError, SearchError
 from ggufmtp.fmt import divergence
 from ggufmtp.hub.upload import UploadOptions
 from ggufmtp.ladder.engine import DaskEngine, task_result
-from ggufmtp.ladder.run import run_ladder, upload_ladder
+from ggufmtp.ladder.publish import upload_ladder
+from ggufmtp.ladder.run import run_ladder
 from ggufmtp.ladder.spec import LadderSpec, load_ladder_file
 from ggufmtp.measure.core.options import VerifyOptions
 from ggufmtp.provenance.audit import audit

@@ -187,7 +187,7 @@ def _upload(files, card):
 def test_the_gate_takes_the_sidecar_through_its_trunks_receipts(ladder):
     from ggufmtp.errors import HubRefusedError
     from ggufmtp.hub.upload import UploadOptions
-    from ggufmtp.ladder.run import upload_ladder
+    from ggufmtp.ladder.publish import upload_ladder
 
     out, res = ladder
     side = res.sidecars[0]
@@ -248,7 +248,7 @@ def test_a_signed_sidecar_ladder_audits_and_passes_the_gate_with_the_public_key(
     from fakehub import write_keypair
 
     from ggufmtp.hub.upload import UploadOptions
-    from ggufmtp.ladder.run import upload_ladder
+    from ggufmtp.ladder.publish import upload_ladder
 
     priv, pub = write_keypair(tmp_path, "signer")
     res = run_ladder(dataclasses.replace(_spec(tmp_path / "ladder", signing_key=priv), recipes=("q8_0-mtp",)),

@@ -275,7 +275,8 @@ def test_inspect_reads_the_set_as_one_model(split_set):
 def test_a_split_ladder_variant_goes_up_whole_in_the_ladder_commit(llama_runtime, synth_model, tmp_path, monkeypatch):
     from fakehub import FakeHub, isolate_hf_client
 
-    from ggufmtp.ladder.run import run_ladder, upload_ladder
+    from ggufmtp.ladder.publish import upload_ladder
+    from ggufmtp.ladder.run import run_ladder
     from ggufmtp.ladder.spec import LadderSpec
 
     spec = LadderSpec(model=str(synth_model("tiny-qwen35moe")), recipes=("q8_0-mtp",), out_dir=tmp_path / "out",

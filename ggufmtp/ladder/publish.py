@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .engine import VariantOutcome
     from .run import LadderResult
 
-__all__ = ["LadderUpload", "VariantReview", "publish_ladder", "review_ladder"]
+__all__ = ["LadderUpload", "VariantReview", "publish_ladder", "review_ladder", "upload_ladder"]
 
 PUBLISHED_CARD = ".ggufmtp/published/README.md"  # under the ladder's folder: the card of a --passing-only upload
 
@@ -179,3 +179,11 @@ def _commit_message(variants: int, sidecars: int) -> str:
     if not sidecars:
         return f"ggufmtp ladder: {variants} MTP GGUF variants"
     return f"ggufmtp ladder: {variants} trunk-only GGUF variants and {sidecars} MTP sidecar{'s' * (sidecars > 1)}"
+
+
+def upload_ladder(result: LadderResult, repo_id: str, options: UploadOptions | None = None, *,
+                  progress: bool = True) -> UploadResult:
+    """Every made variant, its receipt and the ladder's card in ONE commit, through the publish gate
+    (:func:`ggufmtp.ladder.publish.publish_ladder`: all or nothing); LadderError naming every variant
+    that failed, HubRefusedError naming every variant the gate refuses and why; nothing is sent then."""
+    return publish_ladder(result, repo_id, options, progress=progress).sent()

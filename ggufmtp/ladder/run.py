@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from ..errors import LadderError
 from ..files.fsutil import atomic_write_json
@@ -39,10 +39,7 @@ from ..run_summary import verdict_text
 from .engine import Engine, EngineInfo, Sequential, VariantOutcome
 from .spec import LadderSpec, Layout, VariantJob
 
-if TYPE_CHECKING:
-    from ..hub.upload import UploadOptions, UploadResult
-
-__all__ = ["LADDER_RECORD", "LadderResult", "load_ladder", "run_ladder", "upload_ladder"]
+__all__ = ["LADDER_RECORD", "LadderResult", "load_ladder", "run_ladder"]
 
 LADDER_IMATRIX = "ladder-imatrix.gguf"
 LADDER_RECORD = ".ggufmtp/ladder.json"  # under the ladder's folder: its last run (LadderResult.to_dict)
@@ -221,13 +218,3 @@ def load_ladder(out_dir: Path) -> LadderResult:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise LadderError(f"{path}: not a ladder record ggufmtp can read ({type(e).__name__}: {e}); rerun "
                           "the ladder to write it again") from None
-
-
-def upload_ladder(result: LadderResult, repo_id: str, options: UploadOptions | None = None, *,
-                  progress: bool = True) -> UploadResult:
-    """Every made variant, its receipt and the ladder's card in ONE commit, through the publish gate
-    (:func:`ggufmtp.ladder.publish.publish_ladder`: all or nothing); LadderError naming every variant
-    that failed, HubRefusedError naming every variant the gate refuses and why; nothing is sent then."""
-    from .publish import publish_ladder
-
-    return publish_ladder(result, repo_id, options, progress=progress).sent()
