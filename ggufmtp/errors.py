@@ -130,7 +130,7 @@ class VerifyError(GgufmtpError):
 
 class MemoryPlanError(VerifyError):
     """A phase of the verification does not fit the GPUs' free memory (refused before any work:
-    :mod:`ggufmtp.measure.core.memory`)."""
+    :mod:`ggufmtp.runtime.memory`)."""
 
 
 class SuiteError(VerifyError, ValueError):

@@ -322,10 +322,10 @@ def _stage_plan(r: _Run) -> None:
 
 
 def _check_memory(r: _Run, verify_options: VerifyOptions, reference_base: bool) -> None:
-    """Before quantizing: the verification's GPU memory plan (:mod:`ggufmtp.measure.core.memory`),
+    """Before quantizing: the verification's GPU memory plan (:mod:`ggufmtp.runtime.memory`),
     the artifact's bytes taken from the quantization plan, printed to the log; MemoryPlanError when
     a phase does not fit, saying what would."""
-    from .measure.core.memory import plan_for_verify
+    from .runtime.memory import plan_for_verify
 
     if reference_base and verify_options.reference is None:
         verify_options = dataclasses.replace(verify_options, reference=r.model_path)

@@ -101,7 +101,7 @@ class StageCache:
         self.records.append(StageRecord(stage, digest, False, cast(JsonObject, result), time.monotonic() - t0, why))
         return result
 
-    def _why_not(self, rec: JsonObject, key: str, inputs: dict[str, str] | None,
+    def _why_not(self, rec: Mapping[str, Any], key: str, inputs: dict[str, str] | None,
                  still_valid: Callable[[Any], bool]) -> str | None:
         """Why the record cannot be reused (None: it can): which named input changed, files, a failure."""
         if rec.get("key") != key:

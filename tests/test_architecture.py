@@ -65,7 +65,7 @@ def test_no_import_cycle():
 # the ones before it. ``ggufmtp`` is the package's own ``__init__`` (the public API).
 LAYERS = ["_version", "errors", "constants", "jsontypes", "fmt", "stats", "progress", "checks", "files", "gguf", "runtime", "imatrix",
           "synth", "quant", "provenance", "measure", "quality", "hub", "hfconvert", "train", "refs", "_api",
-          "run_options", "stage_records", "run_summary", "pipeline", "ladder", "search", "cli", "__main__", "ggufmtp"]
+          "run_options", "stage_records", "run_summary", "stage_cache", "pipeline", "ladder", "search", "cli", "__main__", "ggufmtp"]
 
 
 def test_each_folder_imports_only_from_earlier_ones():

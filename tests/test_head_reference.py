@@ -56,7 +56,8 @@ def test_a_near_lossless_quant_is_preserved_against_its_reference(preserved):
     assert any("absolute minimum 95.0 %" in n and "not applied" in n for n in d["notes"]), d["notes"]
     text = preserved.table()
     assert "verdict: PASS -- head preserved (vs reference); lossless; speed not verified" in text
-    assert "reference arm: the MTP arm's flags on " in text and "own phase" in text
+    assert "reference arm: the MTP arm's flags and trunk, drafting with the MTP head of " in text and "own phase" in text
+    assert "-md mtp-reference.gguf" in text and "on the same text" in text
 
 
 def test_a_worse_head_is_flagged_by_the_paired_ci(synth_model, llama_server_bin):

@@ -1,11 +1,11 @@
-"""#50 item 3: the simulated ``-hf`` resolver (ggufmtp/hub/resolve.py) agrees with the pinned
+"""#50 item 3: the simulated ``-hf`` resolver (ggufmtp/quant/hf_resolve.py) agrees with the pinned
 llama-server's own on the local Hub, layout by layout.
 
 Each repo is committed straight to the local Hub (tests/fakehub.py) from the tiny synthetic model
 with its MTP head: its full file, its trunk and MTP-only sidecar (``quant/sidecar.py``), its shards
 (``llama-gguf-split``). The pinned llama-server then runs ``-hf REPO:TAG --spec-type draft-mtp``
 from an empty cache; the test compares what it downloaded, the model it loaded and its draft with
-:func:`~ggufmtp.hub.resolve.resolve` on the repo's listing in the Hub's order. The last layout is
+:func:`~ggufmtp.quant.hf_resolve.resolve` on the repo's listing in the Hub's order. The last layout is
 the reported one: a variant with its own head in a folder below a root sidecar is served with
 that sidecar as its draft.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from fakehub import FakeHub
 
-from ggufmtp.hub.resolve import resolve
+from ggufmtp.quant.hf_resolve import resolve
 from ggufmtp.quant.sidecar import SidecarOptions, make_sidecar
 from ggufmtp.quant.split import SplitSize, split_gguf
 from ggufmtp.runtime.server import LlamaServer, ServerConfig

@@ -70,11 +70,17 @@ def hub(tmp_path_factory, llama_server_bin):
         yield fake
 
 
-def _run_line(card: str, repo: str) -> list[str]:
-    """The card's ``llama-server -hf REPO:TAG ...`` line, as argv (environment assignments first)."""
+def _run_lines(card: str, repo: str) -> dict[str, list[str]]:
+    """The card's ``llama-server -hf REPO:TAG ...`` lines, one per file, as argv (environment
+    assignments first), by TAG."""
     lines = [ln for ln in card.splitlines() if re.match(rf"^(\w+=\S+ )*llama-server -hf {re.escape(repo)}:", ln)]
-    assert len(lines) == 1, lines
-    return shlex.split(lines[0])
+    out: dict[str, list[str]] = {}
+    for ln in lines:
+        argv = shlex.split(ln)
+        tag = next(a for a in argv if a.startswith(f"{repo}:")).split(":", 1)[1]
+        assert tag not in out, lines
+        out[tag] = argv
+    return out
 
 
 def _tags(card: str) -> dict[str, str]:
@@ -122,17 +128,19 @@ def test_llama_server_hf_runs_each_variant_as_the_card_says(hub, tmp_path, layou
     or (trunk-only variants) with the ``mtp-`` sidecar beside it as the draft model."""
     repo, _, tags_expected = LADDERS[layout]
     card = hub.file(repo, "README.md").decode()
-    argv = _run_line(card, repo)
-    assert "--spec-type" in argv and argv[argv.index("--spec-type") + 1] == "draft-mtp"
+    runs = _run_lines(card, repo)
     tags = _tags(card)
     assert set(tags) == tags_expected, tags  # every variant of the ladder has its tag
+    assert set(runs) == set(tags), runs  # and its own run line
+    for argv in runs.values():
+        assert "--spec-type" in argv and argv[argv.index("--spec-type") + 1] == "draft-mtp"
     sidecars = {f for f in hub.history(repo)[0].files if f.startswith("mtp-") and f.endswith(".gguf")}
     assert len(sidecars) == layout.startswith("sidecar"), sidecars
     for tag, file in tags.items():
         hub.requests.clear()
         cache = tmp_path / tag
         snapshot = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / hub.head(repo)
-        model, draft, accepted = _serve(hub, argv, tag, cache)
+        model, draft, accepted = _serve(hub, runs[tag], tag, cache)
         assert model == str(snapshot / file), (tag, model)
         assert draft == (f"loading draft model '{snapshot / next(iter(sidecars))}'" if sidecars
                          else f"creating MTP draft context against the target model '{model}'"), draft

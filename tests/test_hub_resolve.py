@@ -1,10 +1,10 @@
-"""#50 item 3: the pinned llama.cpp's ``-hf`` resolver, simulated (ggufmtp/hub/resolve.py), rule by
+"""#50 item 3: the pinned llama.cpp's ``-hf`` resolver, simulated (ggufmtp/quant/hf_resolve.py), rule by
 rule on designed listings. ``test_hf_resolve_runtime.py`` checks the simulation against the real
 pinned llama-server on the local Hub."""
 
 from __future__ import annotations
 
-from ggufmtp.hub.resolve import find_draft, find_model, order_problems, quant_bits, resolve, split_files, split_info
+from ggufmtp.quant.hf_resolve import find_draft, find_model, order_problems, quant_bits, resolve, split_files, split_info
 
 
 def test_split_info_and_quant_bits_read_the_name_as_download_cpp_does():

@@ -2,7 +2,7 @@
 as one file, silently, after minutes of work (main 480238f), and eed9fb2 refused the combination
 instead: now the trunks are split by the pinned ``llama-gguf-split`` (the sidecar stays one
 ``mtp-`` file), and what ``-hf REPO:TAG --spec-type draft-mtp`` loads from the planned release
-(ggufmtp/hub/resolve.py) is checked before any work: what cannot combine is refused then."""
+(ggufmtp/quant/hf_resolve.py) is checked before any work: what cannot combine is refused then."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from ggufmtp.cli import main
 from ggufmtp.errors import LadderError
-from ggufmtp.hub.resolve import resolve
 from ggufmtp.ladder.spec import LadderSpec, Layout
 from ggufmtp.provenance.audit import audit
 from ggufmtp.provenance.receipt import default_receipt_path, read_receipt
+from ggufmtp.quant.hf_resolve import resolve
 
 MODEL = "builtin:tiny-qwen35moe"
 

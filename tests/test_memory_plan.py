@@ -1,4 +1,4 @@
-"""#49 item 6, the publisher's GPU: the memory plan of a verification (ggufmtp.measure.core.memory)
+"""#49 item 6, the publisher's GPU: the memory plan of a verification (ggufmtp.runtime.memory)
 against designed numbers and against what the pinned llama-server reports, the refusal before any
 work when a phase does not fit, and partial offload (--n-cpu-moe) on every arm."""
 
@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
 from ggufmtp.gguf.reader import read_header, tensor_nbytes
-from ggufmtp.measure.core.memory import (
+from ggufmtp.measure.core.options import ServerOptions
+from ggufmtp.runtime.memory import (
     COMPUTE_TOLERANCE,
     FREE_MEMORY_ENV,
     MIB,
@@ -27,8 +28,7 @@ from ggufmtp.measure.core.memory import (
     plan_memory,
     server_memory,
 )
-from ggufmtp.measure.core.offload import Offload
-from ggufmtp.measure.core.options import ServerOptions
+from ggufmtp.runtime.offload import Offload
 from ggufmtp.runtime.server import LlamaServer, ServerConfig
 
 # tiny-qwen35moe (ggufmtp.synth): 5 blocks, blk.4 the MTP block, layers 0-2 Gated DeltaNet, layer 3

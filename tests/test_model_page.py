@@ -23,12 +23,12 @@ from receipt_kit import honest_statement, synth_artifact
 from ggufmtp.cli import main
 from ggufmtp.fmt import human_bytes
 from ggufmtp.gguf.reader import read_header
-from ggufmtp.measure.core.memory import ModelFacts, PlanInputs, Role, plan_memory
 from ggufmtp.provenance.card import card_text
 from ggufmtp.provenance.card_page import FileRow, PageOptions
 from ggufmtp.provenance.head import HeadComparison, HeadPair, ReferenceModel
 from ggufmtp.provenance.ladder_card import ladder_card_text, ladder_rows
 from ggufmtp.provenance.receipt import read_receipt, seal
+from ggufmtp.runtime.memory import ModelFacts, PlanInputs, Role, plan_memory
 from ggufmtp.synth.spec import SynthSpec
 from ggufmtp.synth.writer import synthesize
 

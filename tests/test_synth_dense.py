@@ -28,7 +28,9 @@ def test_designed_heads_recompute_to_their_fractions_and_figures(llama_server_bi
     dense 27B (the published 67.5 %: the nearest a whole number of corrupted tokens gets, where the
     iid formula's own fraction gives 72.7 %), and 3,768 of 5,270 for the MoE 35B-A3B, what the H200
     measured per seed (7,536 of 10,540 over two seeds, benchmarks/README.md)."""
-    cal = design_fraction(SHAPE_DENSE_27B, threads=2)
+    d = PUBLISHED[SHAPE_DENSE_27B].head
+    cal = design_fraction(SHAPE_DENSE_27B, [p.chat_messages() for p in load_suite(d.suite).limit(d.limit).prompts],
+                          threads=2)
     assert cal.wrong_successor_fraction == DENSE.head.wrong_successor_fraction
     assert (cal.draft_n_max, cal.target) == (4, 0.675) and abs(cal.acceptance - 0.675) < 0.006
     last = chat_last_tokens([p.chat_messages() for p in load_suite("chat-v1").prompts], threads=2)

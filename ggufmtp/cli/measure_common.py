@@ -46,7 +46,7 @@ HEAD_MARGIN_HELP = ("Non-inferiority margin of the head against the reference, a
 
 def offload_options(f: Callable) -> Callable:
     """Partial offload, every arm alike (the reference included): ``--n-cpu-moe``, ``--cpu-moe``,
-    ``--override-tensor``, as llama-server spells them (see ggufmtp.measure.core.offload)."""
+    ``--override-tensor``, as llama-server spells them (see ggufmtp.runtime.offload)."""
     f = click.option("--override-tensor", "-ot", "override_tensor", multiple=True, metavar="PATTERN=BUFT",
                      help="llama-server --override-tensor for every arm (repeatable), e.g. -ot 'exps=CPU'.")(f)
     f = click.option("--cpu-moe", is_flag=True, help="Keep every MoE expert tensor in host memory, every arm.")(f)

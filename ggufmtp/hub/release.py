@@ -16,8 +16,8 @@ from typing import Any
 
 from ..errors import AuditError, GGUFReadError
 from ..provenance.receipt import default_receipt_path, read_receipt
+from ..quant.hf_resolve import Planned, is_model_file, release_problems, split_info
 from ..quant.naming import hub_label
-from .resolve import Planned, is_model_file, release_problems, split_info
 
 __all__ = ["final_listing_problems", "list_repo", "planned_from_receipt", "repo_files"]
 
@@ -43,7 +43,7 @@ def planned_from_receipt(path_in_repo: str, artifact: Path) -> Planned | None:
 
 
 def final_listing_problems(existing: Iterable[str], planned: Sequence[Planned], uploaded: Iterable[str]) -> list[str]:
-    """:func:`~ggufmtp.hub.resolve.release_problems` on the repo's files after the commit: ``existing``
+    """:func:`~ggufmtp.quant.hf_resolve.release_problems` on the repo's files after the commit: ``existing``
     (the repo's, at the target revision) with ``uploaded`` added or replacing them, in the Hub's order."""
     listing = sorted(set(existing) | set(uploaded))
     return release_problems(listing, planned)

@@ -224,7 +224,7 @@ def trunk_variant(job: VariantJob, built: RunResult) -> JsonObject:
     return {**summary, "ran_because": {**built.summary_record().ran_because, **{k: str(why) for k in names if why}}}
 
 
-def _why_remade(recorded: object, key: JsonObject) -> str | None:
+def _why_remade(recorded: object, key: Mapping[str, object]) -> str | None:
     """Why a trunk's record does not hold for ``key`` (None: it does): no record, or which inputs changed."""
     if not isinstance(recorded, dict):
         return "no record"

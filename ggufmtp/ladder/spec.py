@@ -41,12 +41,16 @@ from typing import Any, TypedDict
 from ..errors import GgufmtpError, LadderError, QualityError, TomlError, VerifyError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..files.tomlfile import loads_toml
-from ..hub.resolve import Planned, find_draft, release_problems
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
+from ..quant.hf_resolve import Planned, find_draft, release_problems
 from ..quant.naming import ambiguous_tags, sidecar_file_name, tag_problem, variant_file_name, variant_folder
 from ..quant.recipe import Recipe
 from ..quant.split import DEFAULT_SPLIT_MAX_SIZE, NO_SPLIT, SplitSize, parse_split_size
+
+# the model name the checks before any work use (the source's own name is known later): the repo's
+# files are compared with the release only under the real name (a rerun replaces its own files)
+_STAND_IN = "M"
 
 __all__ = ["DEFAULT_SIDECARS", "Layout", "LadderFields", "LadderSpec", "VariantJob", "load_ladder_file"]
 
@@ -117,7 +121,7 @@ class LadderSpec:
 
             check_base_model(self.base_model)
         self._check_sidecars()
-        self.check_names("M")  # a stand-in model name: the tags and the folder alone must tell the files apart
+        self.check_names(_STAND_IN)  # the tags and the folder alone must tell the files apart
         return self
 
     def check_names(self, model: str) -> None:
@@ -125,7 +129,7 @@ class LadderSpec:
         Hub's parser (:func:`~ggufmtp.quant.naming.ambiguous_tags`), in the ladder's ``<TAG>/`` folders
         and as ``--upload`` commits them (flat, under ``path_in_repo``), with the model's release name
         ``model``, and unless ``-hf REPO:TAG --spec-type draft-mtp`` on each of those listings loads
-        every variant with the draft it is verified with (:func:`~ggufmtp.hub.resolve.release_problems`):
+        every variant with the draft it is verified with (:func:`~ggufmtp.quant.hf_resolve.release_problems`):
         a folder or model name holding another variant's type is refused here, before any work."""
         loaded = [Recipe.load(r) for r in self.recipes]
         folder = (self.path_in_repo or "").strip("/")
@@ -155,7 +159,7 @@ class LadderSpec:
                     for s in (self.sidecar_recipes if sidecar else ())]
         variants = [folder(t) + variant_file_name(model, t) for t in tags]
         listing = [*variants, *sidecars]
-        if root == folder(""):  # as --upload lays the release out: beside what the repo already holds
+        if root == folder("") and model != _STAND_IN:  # as --upload lays it out: beside what the repo holds
             listing += sorted(set(self.repo_files) - set(listing))
         # a trunk has no head: it is verified with the sidecar the resolver picks (None: none reachable)
         return listing, [Planned(t, v, find_draft(sidecars, v, t) if sidecar else None)

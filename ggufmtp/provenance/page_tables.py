@@ -3,7 +3,7 @@ wide, the way the best GGUF pages split them:
 
 - **Files** (which file to pick): each file's size and the GPU memory llama-server needs to draft
   with it (the MTP head loaded, its draft context and rollback states) at stated contexts, read off
-  the verification's memory plan (:mod:`ggufmtp.measure.core.memory`, the one estimator), and a
+  the verification's memory plan (:mod:`ggufmtp.runtime.memory`, the one estimator), and a
   line saying what the file is for;
 - **Quality** against the base model (PPL, KLD, same top p), where a receipt has them;
 - **MTP head** (acceptance, the head against its reference, the fair speedup, the verdict).
@@ -45,8 +45,8 @@ def gpu_memory(artifact: str | Path, draft_n_max: int, sidecar: str | Path | Non
     """((context, bytes), ...): what llama-server drafting with ``artifact`` (a trunk: with its MTP
     ``sidecar``, ``-md``) holds on one GPU with every layer offloaded, f16 KV cache, one slot and a
     draft window of ``draft_n_max``, at each of ``contexts`` and at the model's training context:
-    the memory plan's MTP server (:func:`~ggufmtp.measure.core.memory.server_memory`)."""
-    from ..measure.core.memory import ModelFacts, Role, ServerSpec, server_memory
+    the memory plan's MTP server (:func:`~ggufmtp.runtime.memory.server_memory`)."""
+    from ..runtime.memory import ModelFacts, Role, ServerSpec, server_memory
 
     facts = ModelFacts.read(artifact)
     draft = ModelFacts.read(sidecar) if sidecar is not None else None

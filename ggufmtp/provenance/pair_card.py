@@ -18,7 +18,7 @@ from pathlib import Path
 from ..files.hashing import sha256_file
 from ..fmt import human_bytes
 from ..gguf.model import GGUFModel, block_prefixes
-from ..hub.resolve import draft_for
+from ..quant.hf_resolve import draft_for
 from ..quant.naming import best_sidecar
 from .card_page import FileRow, PageOptions, download_pattern, picked_row, verified_mtp_env, verified_mtp_flags
 from .statement import NamedDigest, Predicate
@@ -104,7 +104,7 @@ def served_with(row: FileRow, sidecars: Sequence[SidecarFile]) -> str:
 
 def draft_lines(rows: Sequence[FileRow], sidecars: Sequence[SidecarFile], options: PageOptions) -> list[str]:
     """Which draft ``-hf REPO:TAG --spec-type draft-mtp`` loads for each tag of the release (the
-    pinned llama.cpp's resolver on the release's files: :func:`ggufmtp.hub.resolve.draft_for`)."""
+    pinned llama.cpp's resolver on the release's files: :func:`ggufmtp.quant.hf_resolve.draft_for`)."""
     listing = [options.at(r.artifact) for r in rows] + [options.at(s.name) for s in sidecars]
     said = []
     for r in rows:

@@ -27,8 +27,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..hub.resolve import NOT_A_MODEL, SIDECAR_KEYWORD, find_draft, is_model_file, split_info
-from ..hub.resolve import selects as _selects
+from .hf_resolve import NOT_A_MODEL, SIDECAR_KEYWORD, find_draft, is_model_file, split_info
+from .hf_resolve import selects as _selects
 
 __all__ = ["HUB_FILE_QUANTS", "NOT_A_MODEL", "SIDECAR_KEYWORD", "ambiguous_tags", "best_sidecar", "hub_label",
            "label_problems", "model_name", "name_problem", "selects", "sidecar_file_name", "tag_problem",
@@ -92,7 +92,7 @@ def hub_label(path_in_repo: str) -> str | None:
 
 
 def _is_model_file(path_in_repo: str) -> bool:
-    """Whether llama.cpp's -hf may pick ``path_in_repo`` as a model (:func:`~ggufmtp.hub.resolve.is_model_file`),
+    """Whether llama.cpp's -hf may pick ``path_in_repo`` as a model (:func:`~ggufmtp.quant.hf_resolve.is_model_file`),
     of a split set its first shard only."""
     return is_model_file(path_in_repo) and split_info(path_in_repo).index == 1
 
@@ -167,12 +167,12 @@ def sidecar_file_name(model: str, type_name: str) -> str:
 
 def best_sidecar(tag: str, sidecars: Sequence[str]) -> str | None:
     """The sidecar llama.cpp's ``-hf REPO:TAG`` takes among ``sidecars`` (file names in one folder
-    with the variant): :func:`ggufmtp.hub.resolve.find_draft`."""
+    with the variant): :func:`ggufmtp.quant.hf_resolve.find_draft`."""
     return find_draft(sidecars, None, tag)
 
 
 def selects(tag: str, path_in_repo: str) -> bool:
-    """Whether llama.cpp's model search for ``tag`` matches ``path_in_repo`` (:func:`ggufmtp.hub.resolve.selects`;
+    """Whether llama.cpp's model search for ``tag`` matches ``path_in_repo`` (:func:`ggufmtp.quant.hf_resolve.selects`;
     a tag here is letters, digits, '_' and '-': :func:`tag_problem`)."""
     return _selects(re.escape(tag), path_in_repo)
 

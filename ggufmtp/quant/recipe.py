@@ -57,7 +57,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -243,7 +243,7 @@ class QuantizeFlags:
         return self != QuantizeFlags()
 
 
-def _texts(doc: JsonObject, key: str, where: str) -> tuple[str, ...]:
+def _texts(doc: Mapping[str, object], key: str, where: str) -> tuple[str, ...]:
     value = doc.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise RecipeError(f"{where}: {key} must be a list of strings")
@@ -518,7 +518,7 @@ def _parse_rules(items: Any, where: str, key: str) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def _flag(doc: JsonObject, key: str, where: str) -> bool:
+def _flag(doc: Mapping[str, object], key: str, where: str) -> bool:
     v = doc.get(key, False)
     if not isinstance(v, bool):
         raise RecipeError(f"{where}: {key} must be true or false, not {v!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import SynthError
@@ -77,17 +77,16 @@ def chat_last_tokens(messages: Sequence[list[dict[str, str]]], threads: int | No
         return [srv.chat_prompt_tokens(m)[-1] for m in messages]
 
 
-def design_fraction(shape: str, threads: int | None = None) -> Calibration:
+def design_fraction(shape: str, prompts: Sequence[Sequence[Mapping[str, str]]], threads: int | None = None) -> Calibration:
     """The wrong-successor fraction of real shape ``shape``'s designed head
-    (:class:`~ggufmtp.synth.layout.HeadDesign`), computed again: its suite's prompts tokenized by a CPU
-    llama-server (:func:`chat_last_tokens`), then :func:`calibrate_wrong_fraction` at its window."""
-    from ..measure.core.suite import load_suite
-
+    (:class:`~ggufmtp.synth.layout.HeadDesign`), computed again from ``prompts`` (the chat messages of
+    its design's suite, ``HeadDesign.suite`` limited to ``HeadDesign.limit``: the caller loads them, so
+    the factory does not depend on measuring) tokenized by a CPU llama-server (:func:`chat_last_tokens`),
+    then :func:`calibrate_wrong_fraction` at its window."""
     if shape not in PUBLISHED:
         raise SynthError(f"shape {shape!r} has no designed head (real shapes: {', '.join(PUBLISHED)})")
     pub = PUBLISHED[shape]
     d = pub.head
-    suite = load_suite(d.suite).limit(d.limit)
-    last = chat_last_tokens([p.chat_messages() for p in suite.prompts], threads=threads)
+    last = chat_last_tokens([[dict(x) for x in m] for m in prompts], threads=threads)
     return calibrate_wrong_fraction(d.acceptance, d.draft_n_max, last, d.max_tokens,
                                     base=SynthSpec(arch=pub.arch, shape=shape))

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ...runtime.memory import Role
 from ...runtime.replies import Reply
 from ...runtime.server import LlamaServer
 from .suite import Prompt, mode_request_fields
@@ -48,10 +49,11 @@ from .suite import Prompt, mode_request_fields
 __all__ = ["ABBA", "Pair", "paired", "send", "warm_up", "send_concurrently", "WARMUP_TOKENS", "VANILLA", "MTP",
            "DEFAULT_VANILLA", "REFERENCE"]
 
-VANILLA = "vanilla"
-MTP = "mtp"
-DEFAULT_VANILLA = "vanilla-default"  # verify's third arm: vanilla with llama-server's defaults
-REFERENCE = "reference"  # verify --reference: the reference model's MTP server (measure.verify.reference)
+# the arms' names are the memory plan's server roles (one list of them: runtime.memory.Role)
+VANILLA = Role.VANILLA.value
+MTP = Role.MTP.value
+DEFAULT_VANILLA = Role.DEFAULT_VANILLA.value  # verify's third arm: vanilla with llama-server's defaults
+REFERENCE = Role.REFERENCE.value  # verify --reference: the reference head on the artifact's trunk
 WARMUP_TOKENS = 24  # tokens of the unrecorded warm-up reply each server answers first
 
 T = TypeVar("T")

@@ -36,8 +36,8 @@ from ...provenance.head import DEFAULT_MARGIN as DEFAULT_HEAD_MARGIN
 from ...provenance.head import check_margin
 from ...provenance.verdict import Thresholds
 from ...runtime.hardware import peak_bandwidth
+from ...runtime.offload import Offload, check_fit_args
 from ...stats import DEFAULT_RESAMPLES, DEFAULT_SEED
-from .offload import Offload, check_fit_args
 from .suite import DEFAULT_SUITE, Suite
 
 #: verify's defaults, written once: the API, the CLI and tune read them from here (and :class:`VerifyOptions`)
@@ -324,7 +324,7 @@ class ServerOptions:
     base flags of every arm, the default vanilla one included; ``server_args`` (``--server-arg``):
     every arm but the default vanilla one (non-speculative flags only: fair baseline);
     ``mtp_server_args`` / ``vanilla_server_args``: one arm only. Argument lists are kept as tuples.
-    ``n_cpu_moe``, ``cpu_moe``, ``override_tensor``: partial offload (:class:`~ggufmtp.measure.core.offload.Offload`),
+    ``n_cpu_moe``, ``cpu_moe``, ``override_tensor``: partial offload (:class:`~ggufmtp.runtime.offload.Offload`),
     every arm alike. llama-server's ``--fit`` is refused in any of them and ``--fit off`` given to
     every arm: it would size each server to the memory free when it starts."""
 

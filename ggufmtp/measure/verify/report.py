@@ -15,8 +15,8 @@ from ...fmt import ci_text, num, pct, times
 from ...provenance.head import HeadComparison
 from ...provenance.verdict import Evidence, Findings, Thresholds, Verdict, speed_checked
 from ...runtime.hardware import HardwareInfo, format_bandwidth
-from ..core.memory import MemoryPlan
-from ..core.offload import Offload
+from ...runtime.memory import MemoryPlan
+from ...runtime.offload import Offload
 from ..core.options import TuneConfig
 from ..core.records import VERIFY_BOOTSTRAP_KEYS, VERIFY_SERVER_KEYS, BootstrapInfo, ModelInfo, ServerInfo
 from ..core.suite import SuiteInfo

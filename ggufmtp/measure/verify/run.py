@@ -114,9 +114,9 @@ from ...runtime.hardware import (
     peak_bandwidth,
     probe_hardware,
 )
+from ...runtime.memory import plan_for_verify
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without, pick_flags
 from ..core.arms import MTP, VANILLA
-from ..core.memory import plan_for_verify
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
 from ..core.records import ArmFlags, ModelInfo, ServedFile, ServedSet, ServerInfo
 from ..core.suite import Suite, load_suite, modes_for_template

@@ -2,7 +2,7 @@
 ``--override-tensor``, ``--cpu-moe``, ``--n-cpu-moe``), and the refusal of llama-server's ``--fit``
 (:func:`check_fit_args`), which would size each arm to the memory free when it starts. The flags
 are spelled as ``common/arg.cpp`` spells them at 0c1e570; :class:`~ggufmtp.measure.core.options.ServerOptions`
-writes them into every arm's command line and :mod:`ggufmtp.measure.core.memory` places the
+writes them into every arm's command line and :mod:`ggufmtp.runtime.memory` places the
 tensors by them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import VerifyError
+from ..errors import VerifyError
 
 __all__ = ["FFN_EXPS_REGEX", "Offload", "check_fit_args"]
 

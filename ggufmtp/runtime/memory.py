@@ -53,11 +53,10 @@ from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ...errors import GgufmtpError, MemoryPlanError, VerifyError
-from ...fmt import human_bytes
-from ...gguf.model import split_shards
-from ...gguf.reader import GGUFHeader, read_header, tensor_nbytes
-from . import arms
+from ..errors import GgufmtpError, MemoryPlanError, VerifyError
+from ..fmt import human_bytes
+from ..gguf.model import split_shards
+from ..gguf.reader import GGUFHeader, read_header, tensor_nbytes
 from .offload import Offload
 
 __all__ = ["FREE_MEMORY_ENV", "ModelFacts", "Role", "ServerSpec", "Usage", "ServerMemory", "PhaseMemory", "MemoryPlan",
@@ -194,10 +193,10 @@ def _recurrent_width(meta: Mapping[str, Any], arch: str) -> int:
 class Role(enum.StrEnum):
     """The servers a verification starts (the arms of :mod:`ggufmtp.measure.core.arms`)."""
 
-    VANILLA = arms.VANILLA
-    MTP = arms.MTP
-    DEFAULT_VANILLA = arms.DEFAULT_VANILLA
-    REFERENCE = arms.REFERENCE
+    VANILLA = "vanilla"
+    MTP = "mtp"
+    DEFAULT_VANILLA = "vanilla-default"  # verify's third arm: vanilla with llama-server's defaults
+    REFERENCE = "reference"  # verify --reference: the reference head on the artifact's trunk
 
 
 @dataclass(frozen=True)
@@ -418,8 +417,7 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool | None:
-        verdicts = [p.fits for p in self.phases]
-        return None if self.free is None else all(verdicts)
+        return None if self.free is None else all(p.fits for p in self.phases)
 
     def to_dict(self) -> dict[str, Any]:
         return {"phases": [p.to_dict() for p in self.phases], "free_bytes": list(self.free) if self.free else None,
@@ -569,14 +567,10 @@ def _advice(i: PlanInputs, free: Sequence[int]) -> list[str]:
 
 
 def head_of(m: ModelFacts) -> ModelFacts:
-    """``m``'s MTP head as verify's reference arm serves it: an MTP-only sidecar (the MTP blocks,
-    ``token_embd``, ``output_norm``, ``output``)."""
+    """``m``'s MTP head as an MTP-only sidecar (verify's reference arm): MTP blocks, token_embd, output."""
     trunk = m.n_layer_all - m.n_nextn
-
-    def kept(name: str) -> bool:
-        b = _BLOCK.match(name)
-        return b is None or int(b.group(1)) >= trunk
-    return dataclasses.replace(m, name=f"{m.name}'s head", tensors={k: v for k, v in m.tensors.items() if kept(k)})
+    kept = {k: v for k, v in m.tensors.items() if (b := _BLOCK.match(k)) is None or int(b.group(1)) >= trunk}
+    return dataclasses.replace(m, name=f"{m.name}'s head", tensors=kept)
 
 
 def _as_q8_0(m: ModelFacts) -> ModelFacts:
