@@ -97,8 +97,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     seed), per-position acceptance, and whether MTP output equals vanilla output at temperature 0.
     Exits 1 when the verdict fails. The verdict names three findings: the head (preserved against
     --reference, or meeting the minimum acceptance without one), lossless output, and speed. The
-    speedup threshold applies only with GPU offload (or
-    --enforce-speedup). With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
+    speedup threshold applies only with the weights on the GPU (GPU offload, no
+    partial offload to host memory), or with --enforce-speedup. With --tuned-from, the MTP arm uses a tuned configuration. Also reports the
     fraction of the memory-bandwidth limit each arm reached. Fair baseline: every non-speculative
     setting (--server-arg, a tuned -bs/threads) goes to the vanilla arm too; when that differs from
     llama-server's defaults a default vanilla arm also runs and speedup_vs_default_vanilla is reported

@@ -133,10 +133,9 @@ def _heads(res: ResultSection) -> str:
 
 
 def _speed_checked(v: Verification) -> bool:
-    from .verdict import Thresholds, speed_checked
+    from .verdict import speed_judged_record
 
-    th = v.get("thresholds") or {}
-    return speed_checked(Thresholds.coerce(dict(th)), bool((v.get("hardware") or {}).get("offloaded")))
+    return speed_judged_record(v)
 
 
 def _claim(v: Verification, judged_v: Verification, unverified: str | None) -> list[str]:
@@ -146,7 +145,7 @@ def _claim(v: Verification, judged_v: Verification, unverified: str | None) -> l
     ``v`` is what is shown (without CIs below the evidence minimum), ``judged_v`` the recorded
     section the verdict is re-derived from; with ``unverified`` (why it is no publishable
     verification) the sentence says "measured" and the verdict "not verified", never "pass"."""
-    from .verdict import Evidence
+    from .verdict import Evidence, Placement
 
     m, suite, settings = v["mtp"], v.get("suite", {}), v.get("settings", {})
     length = m.get("mean_acceptance_length")
@@ -164,8 +163,8 @@ def _claim(v: Verification, judged_v: Verification, unverified: str | None) -> l
         head = f"Runtime-verified in llama-server: {acceptance} and {speed}{where}"
     else:
         head = (f"MTP head verified in llama-server: {acceptance}{where}**Speed not verified on this hardware**: "
-                f"{_x(v.get('speedup'))} vanilla{_ci_x(v.get('speedup_ci95'))} (no GPU offload, where a small model "
-                f"is compute-bound; the speedup threshold was not applied). ")
+                f"{_x(v.get('speedup'))} vanilla{_ci_x(v.get('speedup_ci95'))} ({Placement.of_record(v).why_unjudged()}; "
+                f"the speedup threshold was not applied). ")
     ev = Evidence.of_settings(settings)
     j = judge_record(judged_v)  # what audit judges: the card states the findings as the audit re-derives them
     verdict = (f"**not verified** (its figures alone: {j.findings.text()})" if unverified and j.verdict.value == "pass"

@@ -157,13 +157,9 @@ def head_cell(r: FileRow) -> str:
 
 def speed_judged(v: Mapping[str, Any]) -> bool:
     """Whether the verdict judged the speedup (GPU offload, or a recipe that enforces it)."""
-    from .verdict import Thresholds, speed_checked
+    from .verdict import speed_judged_record
 
-    try:
-        return speed_checked(Thresholds.coerce(dict(_mapping(v.get("thresholds")))),
-                             bool(_mapping(v.get("hardware")).get("offloaded")))
-    except (TypeError, ValueError):
-        return False
+    return speed_judged_record(v, malformed=False)
 
 
 def speed_cell(r: FileRow) -> str:
@@ -171,7 +167,9 @@ def speed_cell(r: FileRow) -> str:
     if not v:
         return "-"
     if not speed_judged(v):
-        return "not verified (no GPU offload)"
+        from .verdict import Placement
+
+        return f"not verified ({Placement.of_record(v).short})"
     ci = ci_phrase(v.get("speedup_ci95"), 1, 2, "×") if r.shows_ci else ""
     return _cell(times(v.get("speedup"), 2) + ci)
 
@@ -200,7 +198,7 @@ def _mtp_table(rows: Sequence[FileRow]) -> list[str]:
     out = ["## MTP head\n",
            "Acceptance is the MTP head's draft acceptance in llama-server; the head is judged against the "
            "reference's acceptance, paired by prompt (points of difference, within a margin); speed is the decode "
-           "speedup against vanilla llama-server with the same settings, judged only with GPU offload.\n",
+           "speedup against vanilla llama-server with the same settings, judged only with the weights on the GPU.\n",
            "| file | acceptance | head vs reference | speed | verdict |", "|---|---|---|---|---|"]
     out += [f"| `{r.artifact}` | {acceptance_cell(r)} | {head_cell(r)} | {speed_cell(r)} | {verdict_cell(r)} |"
             for r in sorted(rows, key=lambda r: -r.size_bytes)]

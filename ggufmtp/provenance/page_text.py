@@ -51,7 +51,9 @@ def _speed_words(r: FileRow) -> str:
     if speed_judged(v):
         return (f"decoding ran {times(v.get('speedup'), 2)} as fast as vanilla llama-server with the same settings"
                 f"{ci}{f' on {gpu}' if gpu else ''}")
-    return (f"speed was not verified (no GPU offload, where a small model is compute-bound; measured "
+    from .verdict import Placement
+
+    return (f"speed was not verified ({Placement.of_record(v).why_unjudged()}; measured "
             f"{times(v.get('speedup'), 2)}{ci})")
 
 

@@ -39,7 +39,7 @@ def _zero(x: Any) -> bool:
 def vacuous_thresholds(verification: Any) -> dict[str, str]:
     """Each threshold of a recorded verification that judges nothing, by its key, with why
     (empty when none does)."""
-    from .verdict import Thresholds, speed_checked
+    from .verdict import speed_judged_record
 
     v = verification if isinstance(verification, Mapping) else {}
     th = v.get("thresholds")
@@ -51,13 +51,7 @@ def vacuous_thresholds(verification: Any) -> dict[str, str]:
     head_vs_reference = isinstance(v.get("head"), Mapping) and not th.get("absolute_acceptance")
     if _zero(th.get("min_acceptance")) and not head_vs_reference:
         out["min_acceptance"] = f"min_acceptance {pct(th['min_acceptance'])}: any head passes"
-    hw = v.get("hardware")
-    hardware: Mapping[str, Any] = hw if isinstance(hw, Mapping) else {}
-    try:
-        judged = speed_checked(Thresholds.coerce(dict(th)), bool(hardware.get("offloaded")))
-    except (TypeError, ValueError):
-        judged = True
-    if _zero(th.get("min_speedup")) and judged:
+    if _zero(th.get("min_speedup")) and speed_judged_record(v):
         out["min_speedup"] = f"min_speedup {times(th['min_speedup'])}: any speed passes, slower than vanilla included"
     return out
 

@@ -64,6 +64,7 @@ from .numerics import (
     numerics_failure,
     unmeasured_mismatches,
 )
+from .placement import Placement
 from .slot_identity import identity_failures
 
 __all__ = ["DEFAULT_THRESHOLDS", "Divergence", "EXCERPT_BEFORE", "Evidence", "Finding", "Findings", "HeadBasis",
@@ -186,9 +187,20 @@ def _number(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def speed_checked(thresholds: Thresholds, offloaded: bool) -> bool:
-    """Whether the speedup threshold is judged: with GPU offload, or when enforced."""
-    return bool(offloaded or thresholds.enforce_speedup)
+def speed_checked(thresholds: Thresholds, offloaded: bool | Placement) -> bool:
+    """Whether the speedup threshold is judged: with the weights on the GPU, or when enforced."""
+    resident = offloaded.gpu_resident if isinstance(offloaded, Placement) else offloaded
+    return bool(resident or thresholds.enforce_speedup)
+
+
+def speed_judged_record(v: Mapping[str, Any], malformed: bool = True) -> bool:
+    """Whether a recorded verification's verdict judged its speedup; ``malformed``: the answer for a
+    threshold table that does not parse (a check takes it as judged, a claim as not)."""
+    th = v.get("thresholds")
+    try:
+        return speed_checked(Thresholds.coerce(dict(th if isinstance(th, Mapping) else {})), Placement.of_record(v))
+    except (TypeError, ValueError):
+        return malformed
 
 
 def judge_recorded(v: Mapping[str, Any]) -> tuple[Verdict, list[str]]:
@@ -210,7 +222,6 @@ def judge_record(v: Mapping[str, Any]) -> Judgment:
         return Judgment(["the verification records no acceptance threshold: a verdict without thresholds "
                          "is not a verdict"], [], [], [], HeadBasis.NONE, False)
     th = Thresholds.coerce(dict(th_d))
-    hw = v.get("hardware") if isinstance(v.get("hardware"), Mapping) else {}
     listed = [RecordedMismatch.of(x) for x in v.get("mismatches") or [] if isinstance(v.get("mismatches"), list)]
     unmeasured = unmeasured_mismatches(listed, v.get("settings"))
     listed = [m for m in listed if m not in unmeasured]  # refused below: none may count as explained
@@ -219,7 +230,7 @@ def judge_record(v: Mapping[str, Any]) -> Judgment:
     per_mode = {str(m): _recorded_mode(str(m), d, v, listed) for m, d in modes.items()} if modes else {"default": overall}
     head, head_problems = _recorded_head(v, modes)
     drift = _number(v.get("numerics_drift_nats"))
-    j = judge(per_mode, th, bool(hw.get("offloaded")), [overall], drift, int_or_zero(v.get("numerics_positions")), head)
+    j = judge(per_mode, th, Placement.of_record(v), [overall], drift, int_or_zero(v.get("numerics_positions")), head)
     j.head.extend(head_problems)
     j.lossless.extend(_shape_failures(v, modes) + _section_failures(v, modes) + slot_failures(v.get("slots"), th))
     j.lossless.extend(f"the mismatch listed under prompt {m.prompt_id!r} seed {m.seed} ({m.mode}, {m.endpoint}, k={m.k}) "
@@ -451,7 +462,7 @@ class Judgment:
         return Findings(head, self.head_basis, f(self.lossless), f(self.speed, self.speed_applies))
 
 
-def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool,
+def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool | Placement,
                      others: Sequence[Figures] = (), drift_nats: float | None = None,
                      drift_positions: int = 0) -> tuple[Verdict, list[str], list[str]]:
     """``(verdict, reasons, notes)`` of :func:`judge` (without a reference)."""
@@ -459,7 +470,7 @@ def evaluate_verdict(per_mode: Mapping[str, Figures], thresholds: Thresholds, of
     return j.verdict, j.reasons, j.notes
 
 
-def judge(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool,
+def judge(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bool | Placement,
           others: Sequence[Figures] = (), drift_nats: float | None = None, drift_positions: int = 0,
           head: Mapping[str, Any] | None = None) -> Judgment:
     """The :class:`Judgment` of each mode's main numbers and every other comparison's identity.
@@ -510,7 +521,7 @@ def judge(per_mode: Mapping[str, Figures], thresholds: Thresholds, offloaded: bo
     for c in others:
         if not any(c is m for m in per_mode.values()):
             lossless += _identity_failure(f" [{_where(c)}]", c, t, drift, notes)
-    notes += _unchecked_notes(t, speed_applies, offloaded)
+    notes += _unchecked_notes(t, speed_applies, offloaded if isinstance(offloaded, Placement) else Placement(offloaded))
     if t.min_identical < 1.0:
         notes.append(f"identical output required in only {pct(t.min_identical)} of the pairs (--min-identical): "
                      "replies that differ from vanilla without a numerics explanation are tolerated up to that share")
@@ -561,15 +572,15 @@ def _identity_failure(tag: str, m: Figures, t: Thresholds, drift: tuple[float | 
             f"speculative decoding at temperature 0 must be lossless{where}"]
 
 
-def _unchecked_notes(t: Thresholds, speed_applies: bool, offloaded: bool) -> list[str]:
+def _unchecked_notes(t: Thresholds, speed_applies: bool, placement: Placement) -> list[str]:
     notes = []
     if t.min_speedup is None:
         notes.append("no speedup threshold set: speed not verified")
     elif not speed_applies:
         notes.append(f"speed not verified on this hardware: the speedup threshold {times(t.min_speedup)} was not "
-                     "applied because the model ran on CPU without GPU offload, where a small model is "
-                     "compute-bound and MTP is expected to be slower; the speedup is reported for information "
+                     f"applied because {placement.why_unjudged()}; the speedup is reported for information "
                      "(--enforce-speedup checks it anyway)")
-    elif not offloaded:
-        notes.append("speedup threshold enforced on a CPU run (--enforce-speedup)")
+    elif not placement.gpu_resident:
+        notes.append("speedup threshold enforced " + ("on a CPU run" if not placement.offloaded
+                                                      else "with weights in host memory") + " (--enforce-speedup)")
     return notes

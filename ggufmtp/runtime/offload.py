@@ -70,6 +70,25 @@ class Offload:
             out.append((re.compile(rf"blk\.{il}{FFN_EXPS_REGEX}"), None))
         return out
 
+    @property
+    def keeps_host_weights(self) -> bool:
+        """Whether a rule keeps weights in host memory (``--cpu-moe``, ``--n-cpu-moe``, ``-ot ...=CPU``):
+        their matmuls then run on the CPU, which bounds what speculative decoding can gain."""
+        return any(device is None for _, device in self.rules())
+
+    @classmethod
+    def of_record(cls, d: Any) -> Offload | None:
+        """The offload a verification records (``settings.offload``); None for none or a record that
+        does not parse (a reader then takes the model as GPU-resident: the stricter reading)."""
+        if not isinstance(d, dict):
+            return None
+        try:
+            ot, n = d.get("override_tensor") or (), d.get("n_cpu_moe")
+            return cls(tuple(ot) if isinstance(ot, (list, tuple)) else (), d.get("cpu_moe") is True,
+                       n if isinstance(n, int) and not isinstance(n, bool) else None)
+        except VerifyError:
+            return None
+
     def to_dict(self) -> dict[str, Any]:
         return {"override_tensor": list(self.override_tensor), "cpu_moe": self.cpu_moe, "n_cpu_moe": self.n_cpu_moe}
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...fmt import ci_text, num, pct, times
 from ...provenance.head import HeadComparison
-from ...provenance.verdict import Evidence, Findings, Thresholds, Verdict, speed_checked
+from ...provenance.verdict import Evidence, Findings, Placement, Thresholds, Verdict, speed_checked
 from ...runtime.hardware import HardwareInfo, format_bandwidth
 from ...runtime.memory import MemoryPlan
 from ...runtime.offload import Offload
@@ -142,9 +142,14 @@ class VerifyResult:
         return Evidence.of_settings(self.settings.to_dict())
 
     @property
+    def placement(self) -> Placement:
+        """Where the weights lived: on the GPU, and which partial offload kept some in host memory."""
+        return Placement.of(self.hardware.offloaded, self.settings.offload)
+
+    @property
     def speed_checked(self) -> bool:
-        """Whether the verdict judged the speedup (GPU offload, or --enforce-speedup)."""
-        return speed_checked(self.thresholds, self.hardware.offloaded)
+        """Whether the verdict judged the speedup (weights on the GPU, or --enforce-speedup)."""
+        return speed_checked(self.thresholds, self.placement)
 
     @property
     def main(self) -> Comparison:

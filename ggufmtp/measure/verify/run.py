@@ -420,7 +420,7 @@ def _judge(res: VerifyResult, notes: list[str]) -> None:
     per_mode = {mode: res.comparison(mode=mode) for mode in res.modes}
     assert all(c is not None for c in per_mode.values())
     drift = res.numerics
-    j = judge(per_mode, res.thresholds, res.hardware.offloaded, res.comparisons,  # type: ignore[arg-type]
+    j = judge(per_mode, res.thresholds, res.placement, res.comparisons,  # type: ignore[arg-type]
               drift.drift_nats if drift else None, drift.positions if drift else 0,
               res.head.findings() if res.head is not None else None)
     j.lossless.extend(slot_failures(res.slots.to_dict() if res.slots else None, res.thresholds))
