@@ -65,6 +65,8 @@
 #                                             # SYNTH_STAGE=dsynth STAGES=dense setsid nohup bash ... all &
 #   bash benchmarks/gpu/run_h200.sh memplan   # issue #49 item 6: `run` with an 80 GB ballast, `verify --n-cpu-moe`
 #                                             # with a 24 GB one (STAGES=memplan ... all)
+#   bash benchmarks/gpu/run_h200.sh cputests  # the numerical tests on this machine's CPU ($TEST_CORES, default 0-5),
+#                                             # beside the CUDA build: setsid nohup bash ... cputests &
 #   bash benchmarks/gpu/run_h200.sh all       # build+synth in parallel, then $STAGES (default: all of the above)
 #   bash benchmarks/gpu/run_h200.sh detach    # after `all`, on the same warm machine: $STAGES, detached
 #   bash benchmarks/gpu/run_h200.sh wait N    # wait up to N s for `all` to finish, then collect
@@ -634,6 +636,23 @@ x=torch.empty(n,dtype=torch.uint8,device='cuda'); print('ballast GiB', n/2**30, 
       --limit "${LIMIT24:-16}" --recipe hifi-q4_k_m-mtp --json -o "$RES/memplan-verify24-full.json" \
       > "$RES/memplan-verify24.json" 2> "$RES/memplan-verify24.log" || true
     ph end; kill $BAL $SMI || true ;;
+  cputests)
+    # the suite's numerical tests on this machine's CPU, another CPU than the developers' (#49 item 7):
+    # a CPU-only runtime of the pinned commit in a cache of its own (the CUDA build runs beside it),
+    # the working tree's package and tests, pinned to $TEST_CORES cores (other thread counts than a
+    # 2-core machine's), the trained builtin carried from the developer's cache (.device-carry/trained:
+    # trained there once; its key names the trainer and data, not the machine), hub 2.x from testwheels
+    env_setup
+    unset PYTHONSAFEPATH
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/testsite "$CARRY"/testwheels/*.whl
+    export PYTHONPATH=$SITE:/tmp/testsite:$PWD:$PWD/$CARRY/pylib GGUFMTP_RUNTIME_VARIANT=cpu GGUFMTP_CACHE=/tmp/ggufmtp-cache-cpu
+    mkdir -p "$GGUFMTP_CACHE/builtin/trained" && cp -r "$CARRY"/trained/* "$GGUFMTP_CACHE/builtin/trained/"
+    lscpu | grep -E "Model name|^CPU\(s\)" > "$RES/cputests-cpu.txt"
+    taskset -c "${TEST_CORES:-0-5}" python3 -m ggufmtp runtime build -j 6 --json > "$RES/cputests-build.json" 2> "$RES/cputests-build.log"
+    timeout "${TEST_LIMIT:-420}" taskset -c "${TEST_CORES:-0-5}" python3 -m pytest -p no:cacheprovider -q --durations=15 \
+      ${TESTS:-tests/test_search_allocate.py tests/test_head_same_trunk.py tests/test_head_sequential.py tests/test_trained.py \
+      tests/test_verify_numerics.py tests/test_numerics_bounds.py tests/test_synth_dense.py tests/test_head_reference.py} \
+      > "$RES/cputests.txt" 2>&1 || true ;;
   synth-and-train)
     # the 72 GB model (synth) and the study's trained model at once, beside the build
     bash "$0" synth > "$RES/stage-synth-only.out" 2>&1 & s=$!
