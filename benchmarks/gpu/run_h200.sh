@@ -640,13 +640,13 @@ x=torch.empty(n,dtype=torch.uint8,device='cuda'); print('ballast GiB', n/2**30, 
     # the suite's numerical tests on this machine's CPU, another CPU than the developers' (#49 item 7):
     # a CPU-only runtime of the pinned commit in a cache of its own (the CUDA build runs beside it),
     # the working tree's package and tests, pinned to $TEST_CORES cores (other thread counts than a
-    # 2-core machine's), the trained builtin carried from the developer's cache (.device-carry/trained:
-    # trained there once; its key names the trainer and data, not the machine), hub 2.x from testwheels
+    # 2-core machine's); the trained builtin is trained here (its corpus is this Python's standard
+    # library, so the model differs from a developer's: a held-out check of the designed margins);
+    # testwheels: hub 2.x and what it and transformers >= 5.18 need beyond this image
     env_setup
     unset PYTHONSAFEPATH
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/testsite "$CARRY"/testwheels/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/testsite "$CARRY"/testwheels/*.whl
     export PYTHONPATH=$SITE:/tmp/testsite:$PWD:$PWD/$CARRY/pylib GGUFMTP_RUNTIME_VARIANT=cpu GGUFMTP_CACHE=/tmp/ggufmtp-cache-cpu
-    mkdir -p "$GGUFMTP_CACHE/builtin/trained" && cp -r "$CARRY"/trained/* "$GGUFMTP_CACHE/builtin/trained/"
     lscpu | grep -E "Model name|^CPU\(s\)" > "$RES/cputests-cpu.txt"
     taskset -c "${TEST_CORES:-0-5}" python3 -m ggufmtp runtime build -j 6 --json > "$RES/cputests-build.json" 2> "$RES/cputests-build.log"
     timeout "${TEST_LIMIT:-420}" taskset -c "${TEST_CORES:-0-5}" python3 -m pytest -p no:cacheprovider -q --durations=15 \
