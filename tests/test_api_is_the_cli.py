@@ -4,9 +4,14 @@ refuses a value its flag would refuse, with a typed error naming the field."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -133,3 +138,34 @@ def test_the_good_values_still_build():
     o = ggufmtp.VerifyOptions(seeds=[7], limit=1, sweep=[2, 3], draft_n_min=0, ctx_size=None, parallel=None,
                               server=ggufmtp.ServerOptions(threads=2, gpu_layers="all", extra_args=["-b", "256"]))
     assert o.seeds == (7,) and o.sweep == (2, 3) and o.server.extra_args == ("-b", "256")
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "quantize_verify_audit_card.py"
+
+
+def test_the_example_script_is_at_most_15_lines_of_public_api():
+    """#51's Done-when: a user's 15-line script (quantize, verify against the source, audit, card)
+    with builtin names; it imports ggufmtp alone (tests/test_wheel.py checks it under mypy --strict)."""
+    tree = ast.parse(EXAMPLE.read_text())
+    body = tree.body[1:] if ast.get_docstring(tree) else tree.body
+    lines = {n for stmt in body for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)}
+    assert len(lines) <= 15, len(lines)
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [a.name for n in imports for a in n.names] == ["ggufmtp"] and all(isinstance(n, ast.Import) for n in imports)
+    called = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and isinstance(n.func.value, ast.Name) and n.func.value.id == "ggufmtp"}
+    assert {"quantize", "verify", "audit", "make_card", "VerifyOptions"} <= called
+
+
+@pytest.mark.runtime
+def test_the_example_script_runs_as_written(tmp_path):
+    """The script, run as a user runs it, in an empty folder: the artifact, its receipt holding the
+    verification, whose head was judged against the source (``reference=``) and kept, and the card."""
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLE.parents[2])}
+    p = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "verdict " in p.stdout and "card: README.md" in p.stdout
+    assert {f.name for f in tmp_path.iterdir()} >= {"tiny-mtp.gguf", "tiny-mtp.gguf.receipt.json", "README.md"}
+    v = load_receipt(tmp_path / "tiny-mtp.gguf.receipt.json")["predicate"]["verification"]
+    assert v["head"]["decision"] == "preserved" and v["head"]["reference"]["bound"]["by"] == "source"
