@@ -6,7 +6,8 @@ layer writes no receipt).
 Every other public name of :mod:`ggufmtp` is a library function itself (see ``__init__``'s map).
 The verify wrapper takes the measuring function's parameters (:func:`ggufmtp.measure.verify.run.verify`:
 the model, a :class:`~ggufmtp.measure.core.options.VerifyOptions`, ``progress`` and ``on_record``)
-plus ``receipt``; ``tests/test_public_api.py`` checks that both signatures stay so. A keyword is
+plus ``signing_key`` for the receipt it writes; ``tests/test_public_api.py`` checks that both
+signatures stay so. A keyword is
 named as the command's option (``quantize_threads`` for ``--quantize-threads``)."""
 
 from __future__ import annotations
@@ -41,13 +42,16 @@ from .refs import local_model_arg
 
 def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
            receipt: str | os.PathLike | None = None, progress: bool = True,
-           on_record: Callable[[_verify_mod.Record], None] | None = None) -> _verify_mod.VerifyResult:
+           on_record: Callable[[_verify_mod.Record], None] | None = None,
+           signing_key: str | os.PathLike | None = None) -> _verify_mod.VerifyResult:
     """Verify MTP drafting with llama-server (see :func:`ggufmtp.measure.verify.run.verify`, whose
     parameters these are, and :class:`~ggufmtp.measure.core.options.VerifyOptions`). With
     ``receipt``, a reference is bound to the source it names, and the results go into that
     receipt's verification section; what tune, curve and profiles added there is kept; without
     thresholds in ``options``, the recipe the receipt names judges (and gives the draft window,
-    unless a tuned configuration fixes it)."""
+    unless a tuned configuration fixes it). ``signing_key`` (``--signing-key``; default
+    ``$GGUFMTP_SIGNING_KEY``) re-signs a signed receipt; it is loaded before any server starts."""
+    key = resolve_signing_key(signing_key) if receipt is not None else None  # a bad key fails before the run
     o = options if options is not None else VerifyOptions()
     if o.judge.thresholds is None and receipt is not None:
         rec = verify_recipe(None, receipt)  # the receipt's recipe judges its artifact
@@ -61,7 +65,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
             o = dataclasses.replace(o, **{field_name: local_model_arg(given)})
     res = _verify_mod.verify(path, o, progress=progress, on_record=on_record, receipt=receipt)
     if receipt is not None:
-        set_verification(receipt, res.to_receipt(), keep_added=True)
+        set_verification(receipt, res.to_receipt(), keep_added=True, signing_key=key)
     return res
 
 

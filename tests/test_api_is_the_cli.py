@@ -68,6 +68,34 @@ def test_the_api_s_quantize_writes_the_receipt_the_command_writes(tmp_path):
     assert bare.receipt is None and not (tmp_path / "bare.gguf.receipt.json").exists()
 
 
+@pytest.mark.runtime
+def test_signed_through_the_api_as_through_the_commands(tmp_path):
+    """``signing_key`` is the commands' ``--signing-key``: quantize signs the receipt and the
+    artifact, and verify re-signs the receipt it writes into (without the key the API's verify
+    refused a signed receipt, after the run). The public key checks both, as ``audit`` does."""
+    from fakehub import write_keypair
+
+    from ggufmtp.provenance.receipt import read_receipt
+
+    priv, pub = write_keypair(tmp_path, "signer")
+    made = ggufmtp.quantize(MODEL, "q8_0-mtp", tmp_path / "q.gguf", signing_key=priv, progress=False)
+    assert made.receipt is not None and made.signature == tmp_path / "q.gguf.sig" and made.signature.is_file()
+    options = ggufmtp.VerifyOptions(draft_n_max=2, seeds=(42,), limit=1, max_tokens=8)
+    check = ggufmtp.verify(made.output, options, receipt=made.receipt, signing_key=priv, progress=False)
+    rf = read_receipt(made.receipt)
+    assert rf.signed and rf.predicate["verification"]["verdict"] == check.verdict
+    assert ggufmtp.audit(made.output, made.receipt, public_key=pub, progress=False).ok
+
+
+def test_a_bad_signing_key_is_refused_before_any_work(tmp_path):
+    missing = tmp_path / "no-such-key.pem"
+    with pytest.raises(GgufmtpError, match="no-such-key.pem"):
+        ggufmtp.quantize(MODEL, "q8_0-mtp", tmp_path / "q.gguf", signing_key=missing, progress=False)
+    with pytest.raises(GgufmtpError, match="no-such-key.pem"):
+        ggufmtp.verify(tmp_path / "q.gguf", receipt=tmp_path / "q.gguf.receipt.json", signing_key=missing)
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_receipt_over_the_artifact_is_refused_before_any_work(tmp_path):
     out = tmp_path / "q.gguf"
     with pytest.raises(QuantizeError, match="the receipt path is the output path"):
