@@ -22,8 +22,13 @@ $(VENV)/.llama-cpp-python: | $(PY)
 	CMAKE_ARGS="$(LLAMA_CPP_PYTHON_CMAKE_ARGS)" $(PIP) install "$$($(PY) tools/build_runtime.py --print-sdist)"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml setup.py constraints.txt $(VENV)/.llama-cpp-python
-	$(PIP) install -c constraints.txt -e '.[test,convert,lint,docs,train,ladder]'
+# editable_mode=compat: a .pth line naming the checkout, which mypy follows (a user's `mypy --strict`
+# sees the package and its py.typed); setuptools' default editable finder is an import hook mypy
+# cannot see. The recipes are then read from the checkout's recipes/ (ggufmtp.quant.recipe.recipes_dir).
+EDITABLE := --config-settings editable_mode=compat
+
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt Makefile $(VENV)/.llama-cpp-python
+	$(PIP) install -c constraints.txt $(EDITABLE) -e '.[test,convert,lint,docs,train,ladder]'
 	touch $@
 
 setup: runtime $(VENV)/.installed

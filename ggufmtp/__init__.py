@@ -11,8 +11,8 @@ a path or ``builtin:NAME`` (``run`` and ``run_ladder`` also pull ``owner/repo[@r
     conv = ggufmtp.convert("Qwen/Qwen3.6-35B-A3B", "model-bf16.gguf")     # -> ConvertResult (safetensors)
     im = ggufmtp.compute_imatrix(pulled.model_path, "builtin:calib-v1", "im.gguf", mtp=True)  # -> ComputeResult
     p = ggufmtp.plan(pulled.model_path, "hifi-q4_k_m-mtp", im.path)        # -> Plan (libllama dry run)
-    q = ggufmtp.quantize(pulled.model_path, "hifi-q4_k_m-mtp", "out.gguf")  # -> QuantizeResult
-    r = ggufmtp.write_receipt(q)                                            # -> Path of out.gguf.receipt.json
+    q = ggufmtp.quantize(pulled.model_path, "hifi-q4_k_m-mtp", "out.gguf")  # -> QuantizeResult, its receipt written
+    r = q.receipt                                                           # -> Path of out.gguf.receipt.json
     a = ggufmtp.audit("out.gguf", r)                                        # -> AuditReport
     v = ggufmtp.verify("out.gguf", ggufmtp.VerifyOptions(draft_n_max=4), receipt=r)  # -> VerifyResult
     c = ggufmtp.make_card("out.gguf", r)                                    # -> Path of README.md
@@ -108,14 +108,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names above are lazy
-    from ._api import verify
+    # the functions as _LAZY maps them (the _api wrappers take builtin:NAME and write receipts)
+    from ._api import compute_imatrix, evaluate, inspect, plan, quantize, verify
     from .gguf.model import ModelReport
-    from .gguf.model import inspect_model as inspect
     from .hfconvert.convert import ConvertResult, convert
     from .hub.manifest import PullResult
     from .hub.pull import pull
     from .hub.upload import UploadOptions, UploadResult, upload
-    from .imatrix.compute import ComputeResult, compute_imatrix
+    from .imatrix.compute import ComputeResult
     from .ladder.run import LadderResult, run_ladder
     from .ladder.spec import LadderSpec
     from .measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
@@ -124,11 +124,10 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from .provenance.audit import AuditReport, audit
     from .provenance.card import make_card
     from .provenance.receipt import write_receipt
-    from .quality.eval import QualityResult, evaluate
+    from .quality.eval import QualityResult
     from .quality.options import EvalOptions
     from .quant.plan import Plan
-    from .quant.plan import make_plan as plan
-    from .quant.quantize import QuantizeResult, quantize
+    from .quant.quantize import QuantizeResult
     from .quant.recipe import Recipe
     from .run_options import RunOptions
     from .search.measure import MeasureOptions

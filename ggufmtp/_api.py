@@ -1,12 +1,14 @@
-"""Public functions that join two stages: :func:`verify` measures and records into a receipt;
-:func:`store_in_receipt` adds tune's, curve's and profiles' results to it (the measurement layer
-writes no receipt).
+"""Public functions that join two stages: :func:`quantize` quantizes and writes the receipt, as
+``ggufmtp quantize`` does (the command calls it); :func:`verify` measures and records into a
+receipt; :func:`store_in_receipt` adds tune's, curve's and profiles' results to it (the measurement
+layer writes no receipt).
 
 Every other public name of :mod:`ggufmtp` is a library function itself (see ``__init__``'s map).
-This wrapper takes the measuring function's parameters (:func:`ggufmtp.measure.verify.run.verify`:
+The verify wrapper takes the measuring function's parameters (:func:`ggufmtp.measure.verify.run.verify`:
 the model, a :class:`~ggufmtp.measure.core.options.VerifyOptions`, ``progress`` and ``on_record``)
-plus ``receipt``; ``tests/test_public_api.py`` checks that both signatures stay so.
-"""
+plus ``signing_key`` for the receipt it writes; ``tests/test_public_api.py`` checks that both
+signatures stay so. A keyword is
+named as the command's option (``quantize_threads`` for ``--quantize-threads``)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import TuneError
+from .errors import QuantizeError, TuneError
 from .files.hashing import sha256_file
 from .gguf.model import ModelReport, inspect_model, refuse_later_shard
 from .imatrix.compute import ComputeResult
@@ -25,12 +27,13 @@ from .imatrix.corpus import Corpus
 from .imatrix.entries import DEFAULT_CHUNK_SIZE
 from .measure.core.options import VerifyOptions
 from .measure.verify import run as _verify_mod
-from .provenance.receipt import load_receipt, set_verification
+from .provenance.receipt import default_receipt_path, load_receipt, receipt_for_quantize, set_verification
+from .provenance.signing import resolve_signing_key, sign_artifact, signature_path
 from .quality.eval import QualityResult
 from .quality.eval import evaluate as _evaluate
 from .quality.options import EvalOptions
 from .quant.plan import Plan, make_plan
-from .quant.quantize import QuantizeResult
+from .quant.quantize import QuantizeResult, check_quantize_threads
 from .quant.quantize import quantize as _quantize
 from .quant.recipe import Recipe
 from .quant.split import DEFAULT_SPLIT_MAX_SIZE, SplitSize
@@ -39,13 +42,16 @@ from .refs import local_model_arg
 
 def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
            receipt: str | os.PathLike | None = None, progress: bool = True,
-           on_record: Callable[[_verify_mod.Record], None] | None = None) -> _verify_mod.VerifyResult:
+           on_record: Callable[[_verify_mod.Record], None] | None = None,
+           signing_key: str | os.PathLike | None = None) -> _verify_mod.VerifyResult:
     """Verify MTP drafting with llama-server (see :func:`ggufmtp.measure.verify.run.verify`, whose
     parameters these are, and :class:`~ggufmtp.measure.core.options.VerifyOptions`). With
     ``receipt``, a reference is bound to the source it names, and the results go into that
     receipt's verification section; what tune, curve and profiles added there is kept; without
     thresholds in ``options``, the recipe the receipt names judges (and gives the draft window,
-    unless a tuned configuration fixes it)."""
+    unless a tuned configuration fixes it). ``signing_key`` (``--signing-key``; default
+    ``$GGUFMTP_SIGNING_KEY``) re-signs a signed receipt; it is loaded before any server starts."""
+    key = resolve_signing_key(signing_key) if receipt is not None else None  # a bad key fails before the run
     o = options if options is not None else VerifyOptions()
     if o.judge.thresholds is None and receipt is not None:
         rec = verify_recipe(None, receipt)  # the receipt's recipe judges its artifact
@@ -59,24 +65,59 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
             o = dataclasses.replace(o, **{field_name: local_model_arg(given)})
     res = _verify_mod.verify(path, o, progress=progress, on_record=on_record, receipt=receipt)
     if receipt is not None:
-        set_verification(receipt, res.to_receipt(), keep_added=True)
+        set_verification(receipt, res.to_receipt(), keep_added=True, signing_key=key)
     return res
 
 
 def plan(model: str | os.PathLike, recipe: Recipe | str | Path, imatrix: str | Path | None = None, *,
-         threads: int = 0, mtp_optional: bool = False) -> Plan:
-    """:func:`ggufmtp.quant.plan.make_plan` of ``model``: a path or ``builtin:NAME``."""
-    return make_plan(local_model_arg(model), recipe, imatrix, threads=threads, mtp_optional=mtp_optional)
+         quantize_threads: int = 0, mtp_optional: bool = False) -> Plan:
+    """:func:`ggufmtp.quant.plan.make_plan` of ``model``: a path or ``builtin:NAME``
+    (``quantize_threads``: ``--quantize-threads``, as :func:`quantize`)."""
+    check_quantize_threads(quantize_threads)
+    return make_plan(local_model_arg(model), recipe, imatrix, threads=quantize_threads, mtp_optional=mtp_optional)
 
 
-def quantize(model: str | os.PathLike, recipe: Recipe | str | Path, out: str | Path, imatrix: str | Path | None = None,
-             *, threads: int = 0, progress: bool = True, plan: Plan | None = None, mtp_optional: bool = False,
-             before_publish: Callable[[QuantizeResult], Any] | None = None,
-             split: SplitSize | None = DEFAULT_SPLIT_MAX_SIZE) -> QuantizeResult:
-    """:func:`ggufmtp.quant.quantize.quantize` of ``model``: a path or ``builtin:NAME`` (``split``:
-    the largest file to write, :class:`~ggufmtp.quant.split.SplitSize`; None: one file)."""
-    return _quantize(local_model_arg(model), recipe, out, imatrix, threads=threads, progress=progress, plan=plan,
-                     mtp_optional=mtp_optional, before_publish=before_publish, split=split)
+def quantize(model: str | os.PathLike, recipe: Recipe | str | Path, out: str | os.PathLike,
+             imatrix: str | Path | None = None, *, quantize_threads: int = 0,
+             split_max_size: SplitSize | None = DEFAULT_SPLIT_MAX_SIZE, receipt: str | os.PathLike | None = None,
+             no_receipt: bool = False, signing_key: str | os.PathLike | None = None, progress: bool = True
+             ) -> QuantizeResult:
+    """What ``ggufmtp quantize MODEL -r RECIPE -o OUT`` does, with its options' names: quantize
+    ``model`` (a path or ``builtin:NAME``) in-process with libllama, audit the output against the
+    plan, write its receipt (``receipt``: its path, default ``OUT.receipt.json`` beside the published
+    file; ``no_receipt``: none) and, with ``signing_key`` (default ``$GGUFMTP_SIGNING_KEY``), sign
+    the receipt and the artifact; only then is ``out`` renamed into place, so the artifact never
+    exists without its receipt. ``split_max_size``: the largest file to write
+    (:class:`~ggufmtp.quant.split.SplitSize`; None: one file); ``quantize_threads``: 0 for all
+    cores. The result's ``receipt`` and ``signature`` name what was written. The quantization
+    without a receipt (from a plan already made, the MTP block optional, a step of your own before
+    publishing) is :func:`ggufmtp.quant.quantize.quantize`."""
+    check_quantize_threads(quantize_threads)
+    key = resolve_signing_key(signing_key)  # a bad key fails before any work
+    if receipt is not None and Path(receipt).resolve() == Path(out).resolve():
+        raise QuantizeError(f"{receipt}: the receipt path is the output path (it would overwrite the artifact)")
+    publisher = _receipt_writer(str(model), Path(out), imatrix, receipt, key, write=not no_receipt)
+    return _quantize(local_model_arg(model), recipe, out, imatrix, threads=quantize_threads, progress=progress,
+                     before_publish=publisher, split=split_max_size)
+
+
+def _receipt_writer(model_arg: str, out: Path, imatrix: str | Path | None, receipt: str | os.PathLike | None,
+                    key: Path | None, *, write: bool) -> Callable[[QuantizeResult], None] | None:
+    """The step :func:`quantize` runs on the staged artifact before publishing it: its signatures
+    (with ``key``) and its receipt (with ``write``), their paths recorded in the result."""
+    if not write and key is None:
+        return None
+
+    def publish(staged: QuantizeResult) -> None:
+        final = staged.destination or out  # a split output's first shard
+        if key is not None:
+            for f in staged.files:
+                sign_artifact(f, key, signature=signature_path(final.parent / f.name))
+            staged.signature = signature_path(final)
+        if write:
+            staged.receipt = receipt_for_quantize(staged, model_arg=model_arg, imatrix=imatrix, signing_key=key,
+                                                  receipt_path=receipt or default_receipt_path(final))
+    return publish
 
 
 def compute_imatrix(model: str | os.PathLike, corpus: str | os.PathLike | Corpus, out: str | os.PathLike, *,

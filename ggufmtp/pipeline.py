@@ -502,7 +502,7 @@ def run(model: str, recipe: Recipe | str | Path, options: RunOptions | None = No
     job = imatrix_for_run(resolved.path, o.imatrix_corpus, out, chunks=o.imatrix_chunks) if o.imatrix_corpus else None
     out.mkdir(parents=True, exist_ok=True)
     r = _Run(out=out, cache=StageCache(out, log, o.force, o.reuse_failed), recipe=rec, model_arg=model, ref=ref, model=resolved,
-             imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.threads, token=o.token,
+             imatrix=o.imatrix, imatrix_job=job, include=include, threads=o.quantize_threads, token=o.token,
              progress=progress, log=log, name=model_name(model, resolved.path, converted=converted is not None),
              signing_key=key, public_key=pub, allow_unverified=o.allow_unverified, split=o.split_max_size)
     for stage in (_stage_pull, _stage_inspect, _stage_imatrix, _stage_plan):

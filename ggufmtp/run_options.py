@@ -11,6 +11,7 @@ from pathlib import Path
 from .errors import GgufmtpError, HubRefusedError
 from .measure.core.options import VerifyOptions
 from .quality.options import EvalOptions
+from .quant.quantize import check_quantize_threads
 from .quant.split import DEFAULT_SPLIT_MAX_SIZE, SplitSize
 
 __all__ = ["RunOptions"]
@@ -23,7 +24,8 @@ class RunOptions:
     The importance matrix: ``imatrix`` (a file), or ``imatrix_corpus`` (instead: compute one over
     this text, ``builtin:calib-v1`` or a file, at most ``imatrix_chunks`` chunks, with the MTP
     block's statistics when it has one). ``include``: with a Hub repo, pull only the files matching
-    these patterns; ``token``: the Hub token. ``threads``: quantization threads. ``split_max_size``:
+    these patterns; ``token``: the Hub token. ``quantize_threads``: quantization
+    (and imatrix) threads, ``--quantize-threads``; 0: all cores. ``split_max_size``:
     an artifact larger than this is written as shards (:mod:`ggufmtp.quant.split`; None: one file).
 
     ``verify``: run the verification with ``verify_options`` (a :class:`VerifyOptions`; the
@@ -59,7 +61,7 @@ class RunOptions:
     imatrix_chunks: int | None = None
     include: Sequence[str] | None = None
     token: str | None = None
-    threads: int = 0
+    quantize_threads: int = 0
     split_max_size: SplitSize | None = DEFAULT_SPLIT_MAX_SIZE
     verify: bool = True
     verify_options: VerifyOptions | None = None
@@ -79,6 +81,7 @@ class RunOptions:
     until: str | None = None
 
     def __post_init__(self) -> None:
+        check_quantize_threads(self.quantize_threads)
         if self.imatrix and self.imatrix_corpus:
             raise GgufmtpError(f"give --imatrix {self.imatrix} or --imatrix-corpus {self.imatrix_corpus}, not both")
         if self.base_model is not None:  # refused before any work, not when the card is written

@@ -165,11 +165,11 @@ class ArchArtifacts:
 
     def quantized(self, recipe: str) -> QuantizeResult:
         return self._once(f"quantize {recipe}", lambda: ggufmtp.quantize(
-            self.base, recipe, self.root / f"{recipe}.gguf", imatrix=self.imatrix(), threads=2, progress=False))
+            self.base, recipe, self.root / f"{recipe}.gguf", imatrix=self.imatrix(), quantize_threads=2, progress=False))
 
     def _run(self, verify: bool) -> RunResult:
         options = ggufmtp.RunOptions(imatrix=self.imatrix(), verify=verify,
-                                     verify_options=ggufmtp.VerifyOptions.from_dict(VERIFY), threads=2,
+                                     verify_options=ggufmtp.VerifyOptions.from_dict(VERIFY), quantize_threads=2,
                                      signing_key=self.keys["priv"])
         return ggufmtp.run(str(self.base), PIPELINE_RECIPE, options,
                            out_dir=self.root / ("verified" if verify else "unverified"), progress=False)

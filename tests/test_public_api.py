@@ -66,13 +66,15 @@ def test_public_functions_have_real_signatures():
         assert not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}, name
     # ggufmtp.verify is the measuring function: the model, one options object, and keyword-only
     # switches; the same parameters, same defaults (``receipt``: the measuring function reads it for
-    # the source a reference is bound to, ggufmtp.verify also writes the results into it).
+    # the source a reference is bound to, ggufmtp.verify also writes the results into it, signed
+    # with ``signing_key`` as ``verify --signing-key`` does).
     P = inspect.Parameter
     shape = lambda f: [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]  # noqa: E731
     assert shape(ggufmtp.verify) == [("model", P.POSITIONAL_OR_KEYWORD, P.empty),
                                      ("options", P.POSITIONAL_OR_KEYWORD, None), ("receipt", P.KEYWORD_ONLY, None),
-                                     ("progress", P.KEYWORD_ONLY, True), ("on_record", P.KEYWORD_ONLY, None)]
-    assert shape(verify_mod.verify) == shape(ggufmtp.verify)
+                                     ("progress", P.KEYWORD_ONLY, True), ("on_record", P.KEYWORD_ONLY, None),
+                                     ("signing_key", P.KEYWORD_ONLY, None)]
+    assert shape(verify_mod.verify) + [("signing_key", P.KEYWORD_ONLY, None)] == shape(ggufmtp.verify)
     assert inspect.signature(ggufmtp.verify).parameters["options"].annotation == "VerifyOptions | None"
     # upload and evaluate: their inputs, one options object, keyword-only switches
     for f, cls in ((ggufmtp.upload, "UploadOptions"), (ggufmtp.evaluate, "EvalOptions")):

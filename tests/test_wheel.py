@@ -167,21 +167,72 @@ n: int = ggufmtp.plan("in.gguf", "q8_0-mtp").model
 """
 
 
-def test_the_wheel_s_annotations_reach_a_user_s_mypy(installed, tmp_path):
-    """mypy (this environment's, run by the fresh environment's interpreter, so it finds the installed
-    wheel and no checkout) on a user's script: clean when correct, one error per wrong line."""
+EXAMPLE = ROOT / "docs" / "examples" / "quantize_verify_audit_card.py"  # the docs' 15-line script
+
+
+def _user_mypy(py: Path, tmp_path: Path, *args: str) -> list[str]:
+    """mypy (this environment's, run by ``py``, the interpreter of the environment under test, so
+    it finds the package as installed there and no checkout) on a user's scripts in ``tmp_path``;
+    returns the error lines."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "MYPYPATH")}
     # ggufmtp's modules are followed; the third-party ones they import are not (Any): a minute less
     config = tmp_path / "mypy.ini"
     config.write_text("[mypy]\nfollow_imports = skip\n\n[mypy-ggufmtp.*]\nfollow_imports = normal\n")
-    for name, text in (("ok.py", USER_SCRIPT_OK), ("wrong.py", USER_SCRIPT_WRONG)):
+    p = subprocess.run([str(py), "-m", "mypy", "--no-incremental", "--no-error-summary", "--config-file", str(config),
+                        "--cache-dir", str(tmp_path / "mypy-cache"), *args], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode in (0, 1), p.stdout + p.stderr  # 2: mypy itself failed
+    return [m for m in p.stdout.splitlines() if ": error:" in m]
+
+
+def test_the_wheel_s_annotations_reach_a_user_s_mypy(installed, tmp_path):
+    """A user's script against the installed wheel: clean when correct, one error per wrong line;
+    the docs' example script is clean under ``--strict``."""
+    for name, text in (("ok.py", USER_SCRIPT_OK), ("wrong.py", USER_SCRIPT_WRONG), ("example.py", EXAMPLE.read_text())):
         (tmp_path / name).write_text(text)
-    p = subprocess.run([str(installed["py"]), "-m", "mypy", "--no-incremental", "--no-error-summary", "--config-file",
-                        str(config), "--cache-dir", str(tmp_path / "mypy-cache"), "ok.py", "wrong.py"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    errors = [m for m in p.stdout.splitlines() if ": error:" in m]
-    assert not [m for m in errors if not m.startswith("wrong.py:")], p.stdout + p.stderr  # ok.py checks clean
-    assert {int(m.split(":")[1]) for m in errors} == {3, 4, 5, 6, 7}, p.stdout + p.stderr
+    errors = _user_mypy(installed["py"], tmp_path, "ok.py", "wrong.py")
+    assert not [m for m in errors if not m.startswith("wrong.py:")], errors  # ok.py checks clean
+    assert {int(m.split(":")[1]) for m in errors} == {3, 4, 5, 6, 7}, errors
+    assert _user_mypy(installed["py"], tmp_path, "--strict", "example.py") == []
+
+
+@pytest.fixture(scope="module")
+def make_venv(tmp_path_factory) -> dict[str, Path]:
+    """The environment ``make setup`` makes, installed by the Makefile's own rule (its pip
+    arguments, the editable mode among them) from a copy of the tracked files. Offline: the
+    dependencies come by a path entry to this environment (as for the wheel), pip runs with
+    ``--no-deps --no-index`` (its environment variables), and the runtime's binding counts as installed."""
+    tmp = tmp_path_factory.mktemp("make")
+    src = _tracked_tree(tmp / "src")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    (purelib / "ggufmtp-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (venv / ".llama-cpp-python").touch()  # the binding: this environment's, through the path entry
+    # pip's own settings from the environment (PIP_NO_BUILD_ISOLATION=0 is --no-build-isolation)
+    env = {**os.environ, "PIP_NO_DEPS": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
+    p = subprocess.run(["make", "-C", str(src), f"VENV={venv}", f"{venv}/.installed"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return {"src": src, "py": py}
+
+
+@pytest.mark.runtime
+def test_a_user_s_mypy_strict_sees_the_package_in_the_make_venv(make_venv, tmp_path):
+    """#51: in the ``make`` environment a user's mypy could not find the package (setuptools'
+    editable finder is an import hook, invisible to mypy). Now the docs' example checks clean under
+    ``--strict``, and a wrong argument is an error: the annotations are read, not skipped."""
+    p = subprocess.run([str(make_venv["py"]), "-c", "import ggufmtp; print(ggufmtp.__file__)"], cwd=tmp_path,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, capture_output=True, text=True,
+                       check=True)
+    assert Path(p.stdout.strip()) == make_venv["src"] / "ggufmtp" / "__init__.py"  # the checkout, editable
+    (tmp_path / "example.py").write_text(EXAMPLE.read_text())
+    (tmp_path / "wrong.py").write_text('import ggufmtp\n\nggufmtp.quantize("m.gguf", "Q8_0", "o.gguf", threads=2)\n')
+    assert _user_mypy(make_venv["py"], tmp_path, "--strict", "example.py") == []
+    errors = _user_mypy(make_venv["py"], tmp_path, "--strict", "wrong.py")
+    assert len(errors) == 1 and 'Unexpected keyword argument "threads"' in errors[0], errors
 
 
 def readme_quickstart() -> list[list[str]]:

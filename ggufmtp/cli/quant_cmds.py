@@ -16,7 +16,6 @@ from .provenance_cmds import signing_key_option
 if TYPE_CHECKING:
     from ..quant.flags import QuantizeFlags
     from ..quant.plan import Plan
-    from ..quant.quantize import QuantizeResult
     from ..quant.recipe import Recipe
     from ..quant.split import SplitSize
 
@@ -252,9 +251,7 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
     as shards by llama-gguf-split: OUT less .gguf, then -00001-of-0000N.gguf; give llama-server,
     verify, audit and upload the first.
     """
-    from ..provenance.receipt import default_receipt_path, receipt_for_quantize
-    from ..provenance.signing import resolve_signing_key, sign_artifact, signature_path
-    from ..quant.quantize import quantize as run
+    from .._api import quantize as run
 
     rec, output, threads = _quantize_inputs(model, positional, recipe_name, output, quantize_threads,
                                             quantize_flags(**flag_values), dry_run=dry_run)
@@ -263,41 +260,21 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
 
         _show_plan(make_plan(resolve_model_arg(model), rec, imatrix, threads=threads), as_json)
         return
-    key = resolve_signing_key(signing_key)  # a bad key fails before any work
-
-    if receipt and Path(receipt).resolve() == Path(output).resolve():
-        from ..errors import QuantizeError
-
-        raise QuantizeError(f"{receipt}: the receipt path is the output path (--receipt would overwrite it)")
-    written: dict[str, Path] = {}
-
-    def write_receipt(staged: QuantizeResult) -> None:
-        # the artifact is renamed into place only after its receipt (and signatures) are written
-        final = staged.destination or Path(output)  # a split output's first shard
-        if key is not None:
-            for f in staged.files:
-                sign_artifact(f, key, signature=signature_path(final.parent / f.name))
-            written["signature"] = signature_path(final)
-        if not no_receipt:
-            written["receipt"] = receipt_for_quantize(staged, model_arg=model, imatrix=imatrix, signing_key=key,
-                                                      receipt_path=receipt or default_receipt_path(final))
-
-    res = run(resolve_model_arg(model), rec, output, imatrix=imatrix, threads=threads,
-              progress=not no_progress and not as_json, split=split_max_size,
-              before_publish=write_receipt if not no_receipt or key else None)
-    out: dict[str, Any] = res.to_dict() | {k: str(v) for k, v in written.items()}
+    # the command is the API's function: the same receipt, signatures and atomic publish
+    res = run(model, rec, output, imatrix, quantize_threads=threads, split_max_size=split_max_size, receipt=receipt,
+              no_receipt=no_receipt, signing_key=signing_key, progress=not no_progress and not as_json)
     if as_json:
-        emit_json(out)
+        emit_json(res.to_dict())
         return
     for w in res.plan.warnings:
         click.echo(f"warning: {w}", err=True)
     for c in res.checks:
         click.echo(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
     click.echo(res.summary())
-    if "receipt" in out:
-        click.echo(f"receipt {out['receipt']}" + (" (signed)" if key else ""))
-    if "signature" in out:
-        click.echo(f"signature {out['signature']}")
+    if res.receipt is not None:
+        click.echo(f"receipt {res.receipt}" + (" (signed)" if res.signature is not None else ""))
+    if res.signature is not None:
+        click.echo(f"signature {res.signature}")
 
 
 def _quantize_inputs(model: str, positional: tuple[str, ...], recipe_name: str | None, output: str | None,

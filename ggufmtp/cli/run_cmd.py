@@ -104,7 +104,7 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
     vopts.update(verify_option_dict(judging))
     options = RunOptions(
         imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,
-        token=token, threads=quantize_threads, split_max_size=split_max_size, verify=not no_verify,
+        token=token, quantize_threads=quantize_threads, split_max_size=split_max_size, verify=not no_verify,
         verify_options=VerifyOptions.from_dict(vopts),
         reference_base=not judging.get("no_reference"),
         eval_options=None if eval_corpus is None else EvalOptions(corpus=eval_corpus, gpu_layers=gpu_layers,

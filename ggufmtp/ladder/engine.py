@@ -103,7 +103,7 @@ def _variant_task(job: VariantJob, measure: bool) -> VariantOutcome:
     trunk = job.sidecar is not None  # layout sidecar: the full variant is built, the trunk measured (.pairs)
     try:
         # a trunk is cut from one file (quant/sidecar.py): its unpublished full variant is never split
-        options = RunOptions(imatrix=job.imatrix, threads=job.threads, split_max_size=None if trunk else job.split,
+        options = RunOptions(imatrix=job.imatrix, quantize_threads=job.threads, split_max_size=None if trunk else job.split,
                              verify=job.verify,
                              verify_options=job.verify_options,  # building: the memory plan before quantizing
                              reference_base=job.reference_base,

@@ -144,6 +144,9 @@ class QuantizeResult:
     #: where ``output`` is published: during ``before_publish`` ``output`` is still the staged file,
     #: and a split output's name is known only now (write the receipt beside this)
     destination: Path | None = None
+    #: the receipt and the artifact's signature written before publishing (:func:`ggufmtp.quantize`), else None
+    receipt: Path | None = None
+    signature: Path | None = None
 
     @property
     def files(self) -> list[Path]:
@@ -157,13 +160,21 @@ class QuantizeResult:
                 "sha256": self.output_sha256, "output_hashed": self.output_hashed,
                 "mtp": self.plan.mtp_summary().to_dict(), "started_at": self.started_at, "finished_at": self.finished_at,
                 "checks": [c.to_dict() for c in self.checks], "warnings": self.plan.warnings,
-                "stages": self.stages.to_dict()}
+                "stages": self.stages.to_dict(),
+                **{k: str(v) for k, v in (("receipt", self.receipt), ("signature", self.signature)) if v is not None}}
 
     def summary(self) -> str:
         """One line: what was written, how big, how fast, and what became of the MTP block."""
         m = self.plan.mtp_summary()
         return (f"wrote {self.output} ({self.size_bytes} bytes, {self.plan.bpw:.3f} bpw) in {self.seconds:.1f}s; "
                 f"MTP {m.where} {m.status}, eh_proj {m.eh_proj}")
+
+
+def check_quantize_threads(value: Any) -> int:
+    """``quantize_threads`` (``--quantize-threads``) checked: a whole number, 0 for all cores."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise QuantizeError(f"quantize_threads {value!r}: must be a whole number of at least 0 (0: all cores)")
+    return value
 
 
 def _now() -> str:

@@ -75,7 +75,7 @@ class MeasureOptions:
     follows (a recipe name, file or llama-quantize type; default ``Q8_0``); ``imatrix``: given to
     every quantization; ``acceptance``: also measure the head's groups' (and ``acceptance_groups``')
     paired acceptance against the source (starts llama-servers), with ``verify``'s settings (its
-    ``reference`` is the model, set here); ``threads``: quantization threads (0: libllama's choice);
+    ``reference`` is the model, set here); ``quantize_threads``: quantization threads (``--quantize-threads``; 0: all cores);
     ``cache``: read the measurement cache (a measurement is always stored); ``cache_dir``: where it is
     (default: ``cache_root()/search``; a folder a cluster's workers share); ``progress``: a bar over
     the candidates; ``work_dir``: where the temporary quantized files go (default: the system's)."""
@@ -86,7 +86,7 @@ class MeasureOptions:
     acceptance: bool = False
     acceptance_groups: tuple[str, ...] = ()
     verify: VerifyOptions | None = None
-    threads: int = 0
+    quantize_threads: int = 0
     cache: bool = True
     cache_dir: str | os.PathLike | None = None
     progress: bool = True
@@ -96,8 +96,10 @@ class MeasureOptions:
         object.__setattr__(self, "acceptance_groups", tuple(self.acceptance_groups))
         if self.verify is not None and self.verify.reference is not None:
             raise SearchError("measure options: verify.reference is set by the search (the source model); leave it out")
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
-            raise SearchError(f"measure options: threads {self.threads!r}: must be an integer of at least 0")
+        if isinstance(self.quantize_threads, bool) or not isinstance(self.quantize_threads, int) \
+                or self.quantize_threads < 0:
+            raise SearchError(f"measure options: quantize_threads {self.quantize_threads!r}: must be an integer of at "
+                              "least 0")
         Recipe.load(self.baseline)  # RecipeError naming a baseline that is no recipe, before any work
 
     def measures_acceptance(self, group: TensorGroup) -> bool:
@@ -229,7 +231,7 @@ def _quantized(model: Path, recipe: Recipe, o: MeasureOptions, name: str) -> Ite
     """``recipe`` on ``model`` in a temporary folder, removed on every path."""
     with tempfile.TemporaryDirectory(prefix="ggufmtp-search-", dir=o.work_dir) as tmp:
         yield quantize(model, recipe, Path(tmp) / f"{name}.gguf", Path(o.imatrix) if o.imatrix else None,
-                       threads=o.threads, progress=False).output
+                       threads=o.quantize_threads, progress=False).output
 
 
 def measure_candidate(model: str | os.PathLike, rule: Rule | None, options: MeasureOptions, *,
@@ -302,7 +304,7 @@ def _run_jobs(model: Path, jobs: Sequence[_Job], o: MeasureOptions, client: Any 
 def baseline_types(model: str | os.PathLike, options: MeasureOptions) -> dict[str, str]:
     """The type the baseline recipe gives each tensor, as llama.cpp decides it (the plan's dry run)."""
     plan = make_plan(Path(model), Recipe.load(options.baseline), Path(options.imatrix) if options.imatrix else None,
-                     threads=options.threads)
+                     threads=options.quantize_threads)
     return {t.name: t.to_type for t in plan.tensors}
 
 

@@ -35,6 +35,7 @@ from ...errors import GgufmtpError, TuneError, VerifyError
 from ...provenance.head import DEFAULT_MARGIN as DEFAULT_HEAD_MARGIN
 from ...provenance.head import check_margin
 from ...provenance.verdict import Thresholds
+from ...quant.recipe import VerifyThresholds
 from ...runtime.hardware import peak_bandwidth
 from ...runtime.offload import Offload, check_fit_args
 from ...stats import DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -294,9 +295,22 @@ def tuned_window(cfg: TuneConfig | None, sweep: Iterable[int] | None, draft_n_ma
     return cfg.draft_n_max, cfg.draft_n_min
 
 
+def check_whole(value: Any, name: str, minimum: int, *, optional: bool = False) -> None:
+    """VerifyError naming the field unless ``value`` is an int (a bool is not) of at least
+    ``minimum``, or None when ``optional``: an option object refuses what its flag's type would."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise VerifyError(f"{name} {value!r}: must be a whole number of at least {minimum}"
+                          + (" (or None)" if optional else ""))
+
+
 def check_seeds(seeds: Sequence[int], max_tokens: int) -> list[int]:
-    """The seeds as ints; VerifyError on none, duplicates, or a reply too short to draft."""
-    out = [int(s) for s in seeds]
+    """The seeds as ints; VerifyError on none, a non-integer, duplicates, or a reply too short to draft."""
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise VerifyError(f"seeds {tuple(seeds)!r}: {seed!r} is not an integer")
+    out = list(seeds)
     if not out:
         raise VerifyError("at least one seed is needed")
     if len(set(out)) != len(out):
@@ -341,10 +355,16 @@ class ServerOptions:
 
     def __post_init__(self) -> None:
         for name in (*_ARG_FIELDS, "override_tensor"):
+            if isinstance(getattr(self, name), str):  # a string is a sequence of characters, not of arguments
+                raise VerifyError(f"{name} {getattr(self, name)!r}: a sequence of arguments, e.g. ('-b', '256')")
             object.__setattr__(self, name, tuple(str(a) for a in getattr(self, name) or ()))
         for name, flag in zip(_ARG_FIELDS, ("extra_args", "--server-arg", "--mtp-server-arg", "--vanilla-server-arg"),
                               strict=True):
             check_fit_args(getattr(self, name), flag)
+        check_whole(self.threads, "threads", 1, optional=True)
+        if self.gpu_layers not in ("auto", "all") and (isinstance(self.gpu_layers, bool) or not (
+                self.gpu_layers is None or isinstance(self.gpu_layers, int) and self.gpu_layers >= 0)):
+            raise VerifyError(f"gpu_layers {self.gpu_layers!r}: a number of layers, 'auto', 'all' or None")
         self.offload  # a bad --n-cpu-moe or --override-tensor fails now  # noqa: B018
 
     @property
@@ -385,6 +405,11 @@ class JudgeOptions:
     absolute_acceptance: bool = False
 
     def __post_init__(self) -> None:
+        if self.thresholds is not None and not isinstance(self.thresholds, (Thresholds, VerifyThresholds, dict)):
+            raise VerifyError(f"thresholds {self.thresholds!r}: a Thresholds, a recipe's VerifyThresholds, their "
+                              "dict or None")
+        check_whole(self.bootstrap_resamples, "bootstrap_resamples", 1)
+        check_whole(self.bootstrap_seed, "bootstrap_seed", 0)
         try:
             check_margin(self.margin, "head_margin")
         except ValueError as e:
@@ -459,16 +484,13 @@ class VerifyOptions:
 
     def __post_init__(self) -> None:
         set_ = functools.partial(object.__setattr__, self)
+        self._check_fields()
         set_("tuned", None if self.tuned is None else TuneConfig.coerce(self.tuned))
         try:
             self.arm_args()
         except TuneError as e:
             raise VerifyError(str(e)) from e
-        set_("sweep", tuple(int(k) for k in self.sweep or ()))
-        if isinstance(self.seeds, (int, str)) or not isinstance(self.seeds, Sequence):
-            raise VerifyError(f"seeds {self.seeds!r}: a sequence of integers, e.g. (42,) or (42, 1337, 2024)")
-        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1):
-            raise VerifyError(f"limit {self.limit!r}: the number of the suite's prompts to run, at least 1")
+        set_("sweep", tuple(self.sweep))
         set_("seeds", tuple(check_seeds(self.seeds, self.max_tokens)))
         ks = self.windows
         if ks[0] < 1:
@@ -476,6 +498,27 @@ class VerifyOptions:
         draft_n_min = self.window[1]
         if draft_n_min is not None and draft_n_min > ks[0]:
             raise VerifyError(f"draft_n_min {draft_n_min} exceeds the smallest draft window {ks[0]}")
+
+    def _check_fields(self) -> None:
+        """VerifyError naming the first field whose value its flag would refuse (``--seeds``,
+        ``--limit``, ...), before anything uses it."""
+        for name, cls in (("server", ServerOptions), ("judge", JudgeOptions)):
+            if not isinstance(getattr(self, name), cls):
+                raise VerifyError(f"{name} {getattr(self, name)!r}: must be a {cls.__name__}")
+        for name in ("seeds", "sweep"):
+            if isinstance(getattr(self, name), (int, str)) or not isinstance(getattr(self, name), Sequence):
+                raise VerifyError(f"{name} {getattr(self, name)!r}: a sequence of integers, e.g. (42,) or (42, 1337)")
+        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1):
+            raise VerifyError(f"limit {self.limit!r}: the number of the suite's prompts to run, at least 1")
+        for k in self.sweep:
+            check_whole(k, "sweep", 1)
+        for name, minimum, optional in (("draft_n_max", 1, True), ("draft_n_min", 0, True), ("max_tokens", 2, False),
+                                        ("ctx_size", 1, True), ("parallel", 1, True), ("context_fill", 0, False)):
+            check_whole(getattr(self, name), name, minimum, optional=optional)
+        if not isinstance(self.raw, bool):
+            raise VerifyError(f"raw {self.raw!r}: must be True or False")
+        if not isinstance(self.suite, (str, os.PathLike, Suite)):
+            raise VerifyError(f"suite {self.suite!r}: a shipped suite's name, a JSONL path or a Suite")
 
     @property
     def window(self) -> tuple[int, int | None]:
