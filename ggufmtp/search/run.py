@@ -31,7 +31,8 @@ from ..errors import SearchError
 from ..files.fsutil import atomic_write_text
 from ..ladder.engine import DaskEngine
 from ..quant.plan import make_plan
-from ..quant.recipe import Recipe
+from ..quant.qtypes import bits_per_weight
+from ..quant.recipe import Recipe, shipped_recipes
 from ..refs import local_model_arg
 from .allocate import Floors, allocate, budget_bytes, group_types, size_text
 from .found import allocation_recipe, search_toml
@@ -71,6 +72,22 @@ def recipe_budget(model: Path, groups: tuple[TensorGroup, ...], recipe: str | Re
     names = {t for g in groups for t in g.tensors}
     budget = Budget(n_bytes=sum(t.bytes for t in plan.tensors if t.name in names))
     return budget, group_types(groups, {t.name: t.to_type for t in plan.tensors})
+
+
+def shipped_head_floors(model: Path, groups: tuple[TensorGroup, ...],
+                        imatrix: str | os.PathLike | None) -> tuple[tuple[str, str], ...]:
+    """Each head group's loosest type among the shipped recipes (``recipes/*.toml``), each recipe's
+    type for the group being its most precise planned one (:func:`.allocate.group_types`) as
+    llama.cpp's dry run plans it on ``model``: :attr:`.allocate.Floors.shipped_heads`. A recipe's
+    plan errors (iq2_xxs-mtp without an imatrix) do not matter: only its types are read."""
+    heads = tuple(g for g in groups if g.role.is_head)
+    loosest: dict[str, str] = {}
+    for name in shipped_recipes() if heads else ():
+        plan = make_plan(model, name, None if imatrix is None else Path(imatrix))
+        for group, qtype in group_types(heads, {t.name: t.to_type for t in plan.tensors}):
+            if group not in loosest or bits_per_weight(qtype) < bits_per_weight(loosest[group]):
+                loosest[group] = qtype
+    return tuple((g.name, loosest[g.name]) for g in heads if g.name in loosest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +202,8 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     planned = {r: recipe_budget(src, groups, r, o.measure.imatrix) for r in {beat, parsed} if isinstance(r, str)}
     limit = parsed if isinstance(parsed, Budget) else planned[parsed][0]
     floors = o.floors if beat is None else dataclasses.replace(o.floors, as_shipped=planned[beat][1])
+    if not o.measure.acceptance:  # unmeasured, the head keeps what every shipped recipe keeps
+        floors = dataclasses.replace(floors, shipped_heads=shipped_head_floors(src, groups, o.measure.imatrix))
     refuse_before_measuring(src, groups, limit, o)
     with _client(o) as client:
         table = measure_sensitivity(src, groups, o.types, o.measure, client=client, log=log)
