@@ -25,7 +25,8 @@ from .imatrix.corpus import Corpus
 from .imatrix.entries import DEFAULT_CHUNK_SIZE
 from .measure.core.options import VerifyOptions
 from .measure.verify import run as _verify_mod
-from .provenance.receipt import load_receipt, set_verification
+from .provenance.receipt import Receipt, load_receipt, read_receipt, set_verification
+from .provenance.recipe_store import receipt_recipe
 from .quality.eval import QualityResult
 from .quality.eval import evaluate as _evaluate
 from .quality.options import EvalOptions
@@ -101,28 +102,13 @@ def inspect(path: str | os.PathLike) -> ModelReport:
     return inspect_model(local_model_arg(path))
 
 
-def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | None) -> Recipe | None:
+def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | Receipt | None) -> Recipe | None:
     """The recipe whose ``[verify]`` table judges a verification: ``recipe_name``, else the recipe
-    the receipt names (the one its artifact was made with; refused when the recipe found by that
-    name is not the bytes the receipt records), else None (the project's defaults)."""
-    from .errors import RecipeError, VerifyError
-    from .provenance.receipt import read_receipt
-    from .quant.recipe import Recipe
-
-    if recipe_name:
-        return Recipe.load(recipe_name)
+    the receipt names (the one its artifact was made with, found by its sha256:
+    :func:`ggufmtp.provenance.recipe_store.receipt_recipe`), else None (the project's defaults)."""
     if receipt is None:
-        return None
-    named = read_receipt(receipt).predicate["recipe"]
-    try:
-        rec = Recipe.load(named["name"])
-    except RecipeError as e:
-        raise VerifyError(f"{receipt}: its recipe {named['name']!r} cannot be loaded to judge the verification "
-                          f"({e}); name the recipe with -r") from None
-    if named.get("sha256") and rec.sha256 != named["sha256"]:
-        raise VerifyError(f"{receipt}: its recipe {named['name']!r} had sha256 {named['sha256']}; the one found now "
-                          f"has {rec.sha256}: name the recipe to judge with (-r)")
-    return rec
+        return Recipe.load(recipe_name) if recipe_name else None
+    return receipt_recipe(receipt if isinstance(receipt, Receipt) else read_receipt(receipt), recipe_name)
 
 
 def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = None,

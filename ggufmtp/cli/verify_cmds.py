@@ -28,7 +28,8 @@ from .provenance_cmds import signing_key_option
 @click.option("--sweep", default=None, help="Draft windows to compare, e.g. 2,3,4,6,8 (the shipped k is always included).")
 @click.option("--recipe", "-r", "recipe_name", default=None,
               help="Take min_acceptance/min_speedup/draft_n_max from this recipe's [verify] table. Default: the "
-                   "recipe --receipt names, else ggufmtp's defaults (acceptance >= 50%, speedup >= 1.10x).")
+                   "recipe --receipt names (found by its recorded sha256: by name, beside the receipt, or in the search's "
+                   "store), else ggufmtp's defaults (acceptance >= 50%, speedup >= 1.10x).")
 @click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None, help="Minimum acceptance (0-1).")
 @click.option("--min-speedup", type=click.FloatRange(min=0), default=None, help="Minimum decode speedup.")
 @click.option("--min-identical", type=click.FloatRange(0, 1), default=1.0, show_default=True,

@@ -5,7 +5,8 @@ The stages: the model's tensor groups (:func:`~.groups.groups_of`), every candid
 budget (:func:`~.allocate.allocate`), the recipe (:func:`~.found.allocation_recipe`), and with
 ``prove`` the proof against the recipe to beat (``shipped``, else a budget given as a recipe, else
 the shipped recipe of the nearest size: :func:`~.prove.prove`). The
-recipe TOML (with its ``[search]`` table) is written atomically when ``out`` is given.
+recipe TOML (with its ``[search]`` table) is written atomically when ``out`` is given, and kept in
+the recipe store by its sha256 (:mod:`ggufmtp.provenance.recipe_store`: ``verify --receipt`` finds it).
 
 A budget (:func:`parse_budget`) is a size (``12MB``, ``11.5MiB``, ``1.2G``, ``123456`` bytes), bits
 per weight (``4.5bpw``), both over the groups' tensors, or a recipe (``hifi-q4_k_m-mtp``,
@@ -30,6 +31,7 @@ from typing import Any
 from ..errors import SearchError
 from ..files.fsutil import atomic_write_text
 from ..ladder.engine import DaskEngine
+from ..provenance.recipe_store import store_recipe
 from ..quant.plan import make_plan
 from ..quant.qtypes import bits_per_weight
 from ..quant.recipe import Recipe, shipped_recipes
@@ -216,4 +218,5 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None, points)
     if out is not None:
         atomic_write_text(out, text)
+        store_recipe(text)  # a receipt of a file quantized with it finds it by its sha256, wherever `out` goes
     return SearchResult(table, allocation, recipe, text, Path(out) if out is not None else None, proof)

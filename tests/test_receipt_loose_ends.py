@@ -1,0 +1,75 @@
+"""Receipts' loose ends (#51 item 4), on real receipts of ``builtin:tiny-qwen35moe``: a searched
+recipe found by its sha256."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ggufmtp.cli import main
+from ggufmtp.errors import VerifyError
+from ggufmtp.provenance import recipe_store
+from ggufmtp.provenance.receipt import read_receipt
+
+MODEL = "builtin:tiny-qwen35moe"
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, llama_runtime) -> tuple[Path, Path, str]:
+    """A recipe `ggufmtp search` wrote (tiny settings), a file quantized with it, and its receipt;
+    the search's store in this test's folder (the store's place, not what is stored, is redirected)."""
+    d = tmp_path_factory.mktemp("searched")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(recipe_store, "cache_root", lambda: d / "cache")
+    recipe = d / "search-out" / "found.toml"
+    recipe.parent.mkdir()
+    r = CliRunner().invoke(main, ["search", MODEL, "--budget", "8.5bpw", "--types", "Q8_0,Q4_0", "--chunks", "2",
+                                  "--ctx-size", "128", "--layers-per-group", "8", "-o", str(recipe), "--json"])
+    assert r.exit_code == 0, r.output
+    gguf = d / "out" / "model.gguf"
+    gguf.parent.mkdir()
+    r = CliRunner().invoke(main, ["quantize", MODEL, "-r", str(recipe), "-o", str(gguf)])
+    assert r.exit_code == 0, r.output
+    yield recipe, Path(f"{gguf}.receipt.json"), recipe.read_text()
+    mp.undo()
+
+
+def test_a_searched_recipe_is_found_by_its_sha256_in_the_store_and_beside_the_receipt(searched, tmp_path, monkeypatch):
+    from ggufmtp import _api
+
+    recipe, receipt, text = searched
+    named = read_receipt(receipt).predicate["recipe"]
+    assert named["name"] == "searched-mtp" and named["file"] == "found.toml"
+    moved = tmp_path / "elsewhere.toml"
+    shutil.move(recipe, moved)
+    try:
+        # the search kept it in its store: found by the sha256 although the file it wrote is gone
+        assert recipe_store.stored_recipe_path(named["sha256"]).is_file()
+        rec = _api.verify_recipe(None, receipt)
+        assert rec is not None and rec.sha256 == named["sha256"] and rec.name == "searched-mtp"
+        monkeypatch.setattr(recipe_store, "cache_root", lambda: tmp_path / "cache")  # an empty store
+        with pytest.raises(VerifyError, match="searched-mtp.*sha256 " + named["sha256"]):
+            _api.verify_recipe(None, receipt)  # named, with where it was looked for
+        recipe_store.store_recipe(text)
+        assert _api.verify_recipe(None, receipt).sha256 == named["sha256"]
+        # beside the receipt, by its recorded file name, with the store empty again
+        shutil.rmtree(tmp_path / "cache")
+        beside = receipt.parent / "found.toml"
+        beside.write_text(text)
+        assert _api.verify_recipe(None, receipt).sha256 == named["sha256"]
+        # a file of that name with other bytes: refused naming both digests
+        beside.write_text(text.replace("searched by", "edited; searched by"))
+        with pytest.raises(VerifyError) as e:
+            _api.verify_recipe(None, receipt)
+        assert named["sha256"] in str(e.value) and recipe_store.Recipe.load(beside).sha256 in str(e.value)
+        with pytest.raises(VerifyError) as e:  # given with -r: the same
+            _api.verify_recipe(str(beside), receipt)
+        assert named["sha256"] in str(e.value) and recipe_store.Recipe.load(beside).sha256 in str(e.value)
+        beside.unlink()
+        # given with -r, the right bytes under any file name
+        assert _api.verify_recipe(str(moved), receipt).sha256 == named["sha256"]
+    finally:
+        shutil.move(moved, recipe)
