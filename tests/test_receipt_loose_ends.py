@@ -73,3 +73,33 @@ def test_a_searched_recipe_is_found_by_its_sha256_in_the_store_and_beside_the_re
         assert _api.verify_recipe(str(moved), receipt).sha256 == named["sha256"]
     finally:
         shutil.move(moved, recipe)
+
+
+def _receipts_and_cards(folder: Path) -> list[Path]:
+    return sorted([*folder.rglob("*.receipt.json"), *folder.rglob("README.md")])
+
+
+def test_a_sidecar_ladder_s_receipts_and_cards_name_files_never_the_out_folder(tmp_path, monkeypatch, llama_runtime):
+    """A sidecar ladder into a RELATIVE out folder (the writer turns absolute paths into names, but
+    a relative one passed through: main's trunk receipt had ``quality.quant.path`` =
+    ``<out>/Q8_0/<file>``): no receipt or card holds the out folder's name or any local path."""
+    from ggufmtp.provenance.names import local_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ladder.toml").write_text(
+        f'model = "{MODEL}"\nrecipes = ["q8_0-mtp"]\nimatrix_corpus = "builtin:calib-v1"\nimatrix_chunks = 2\n'
+        'threads = 1\n[verify]\nseeds = [42]\nlimit = 2\nmax_tokens = 16\nthreads = 1\n'
+        '[eval]\ncorpus = "builtin:calib-v1"\nchunks = 2\nctx_size = 128\nthreads = 1\n')
+    r = CliRunner().invoke(main, ["ladder", "--ladder", "ladder.toml", "-o", "h2-ladder-out", "--layout", "sidecar",
+                                  "--json"])
+    assert r.exit_code in (0, 1) and '"layout": "sidecar"' in r.stdout, r.output
+    files = _receipts_and_cards(tmp_path / "h2-ladder-out")
+    receipts = [f for f in files if f.name.endswith(".receipt.json")]
+    assert len(receipts) >= 2 and any(f.name.startswith("mtp-") for f in receipts)  # the trunk's and the sidecar's
+    trunk = next(f for f in receipts if not f.name.startswith("mtp-") and ".full" not in f.parts)
+    assert read_receipt(trunk).predicate["quality"]["quant"]["path"] == trunk.name.removesuffix(".receipt.json")
+    for f in files:
+        text = f.read_text()
+        assert "h2-ladder-out" not in text and str(tmp_path) not in text, f
+        if f.suffix == ".json":
+            assert local_paths(read_receipt(f).statement) == [], f

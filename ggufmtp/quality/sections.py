@@ -26,7 +26,7 @@ def _refuse_other_artifact(receipt: str | Path, sha256: str | None, what: str) -
 def store_quality(receipt: str | Path, result: QualityResult, signing_key: str | Path | None = None) -> Statement:
     """Write ``result`` as the receipt's ``quality`` section (the quant must be the receipt's artifact)."""
     _refuse_other_artifact(receipt, result.quant_sha256, "eval")
-    return set_section(receipt, "quality", result.to_dict(), signing_key)
+    return set_section(receipt, "quality", result.to_dict(names=True), signing_key)
 
 
 def store_head_sweep(receipt: str | Path, section: JsonObject, signing_key: str | Path | None = None
