@@ -3,6 +3,7 @@ recipe found by its sha256."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -79,27 +80,67 @@ def _receipts_and_cards(folder: Path) -> list[Path]:
     return sorted([*folder.rglob("*.receipt.json"), *folder.rglob("README.md")])
 
 
-def test_a_sidecar_ladder_s_receipts_and_cards_name_files_never_the_out_folder(tmp_path, monkeypatch, llama_runtime):
-    """A sidecar ladder into a RELATIVE out folder (the writer turns absolute paths into names, but
-    a relative one passed through: main's trunk receipt had ``quality.quant.path`` =
-    ``<out>/Q8_0/<file>``): no receipt or card holds the out folder's name or any local path."""
-    from ggufmtp.provenance.names import local_paths
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "ladder.toml").write_text(
+@pytest.fixture(scope="module")
+def sidecar_ladder(tmp_path_factory, llama_runtime) -> Path:
+    """A sidecar ladder of the tiny model (one recipe, tiny settings: verified and evaluated) into a
+    RELATIVE out folder, ``h2-ladder-out`` under the module's folder (the cwd while it runs)."""
+    d = tmp_path_factory.mktemp("ladder")
+    (d / "ladder.toml").write_text(
         f'model = "{MODEL}"\nrecipes = ["q8_0-mtp"]\nimatrix_corpus = "builtin:calib-v1"\nimatrix_chunks = 2\n'
         'threads = 1\n[verify]\nseeds = [42]\nlimit = 2\nmax_tokens = 16\nthreads = 1\n'
         '[eval]\ncorpus = "builtin:calib-v1"\nchunks = 2\nctx_size = 128\nthreads = 1\n')
-    r = CliRunner().invoke(main, ["ladder", "--ladder", "ladder.toml", "-o", "h2-ladder-out", "--layout", "sidecar",
-                                  "--json"])
+    mp = pytest.MonkeyPatch()
+    mp.chdir(d)
+    try:
+        r = CliRunner().invoke(main, ["ladder", "--ladder", "ladder.toml", "-o", "h2-ladder-out", "--layout", "sidecar",
+                                      "--json"])
+    finally:
+        mp.undo()
     assert r.exit_code in (0, 1) and '"layout": "sidecar"' in r.stdout, r.output
-    files = _receipts_and_cards(tmp_path / "h2-ladder-out")
+    return d / "h2-ladder-out"
+
+
+def test_a_sidecar_ladder_s_receipts_and_cards_name_files_never_the_out_folder(sidecar_ladder):
+    """The writer turns absolute paths into names, but a relative one passed through: main's trunk
+    receipt had ``quality.quant.path`` = ``<out>/Q8_0/<file>``. No receipt or card holds the out
+    folder's name or any local path."""
+    from ggufmtp.provenance.names import local_paths
+
+    files = _receipts_and_cards(sidecar_ladder)
     receipts = [f for f in files if f.name.endswith(".receipt.json")]
     assert len(receipts) >= 2 and any(f.name.startswith("mtp-") for f in receipts)  # the trunk's and the sidecar's
     trunk = next(f for f in receipts if not f.name.startswith("mtp-") and ".full" not in f.parts)
     assert read_receipt(trunk).predicate["quality"]["quant"]["path"] == trunk.name.removesuffix(".receipt.json")
     for f in files:
         text = f.read_text()
-        assert "h2-ladder-out" not in text and str(tmp_path) not in text, f
+        assert "h2-ladder-out" not in text and str(sidecar_ladder.parent) not in text, f
         if f.suffix == ".json":
             assert local_paths(read_receipt(f).statement) == [], f
+
+
+_LONG_FLOAT = re.compile(r"\d\.\d{5,}")
+
+
+def test_receipt_show_and_audit_read_like_the_console_and_their_json_is_the_receipt_s(sidecar_ladder):
+    """The verified trunk (no MTP block; acceptance and speedup with CIs) and the sidecar (a
+    llama-quantize type: no recipe file, no recipe sha256): main printed ``blk.None``, ``sha256
+    None`` and 17-digit floats. --json stays the receipt's own numbers."""
+    import json
+
+    trunk = next(sidecar_ladder.glob("Q8_0/*.receipt.json"))
+    side = next(sidecar_ladder.glob("mtp-*.receipt.json"))
+    for receipt in (trunk, side):
+        artifact = receipt.with_name(receipt.name.removesuffix(".receipt.json"))
+        shown = CliRunner().invoke(main, ["receipt", "show", str(receipt)])
+        audited = CliRunner().invoke(main, ["audit", str(artifact)])
+        assert shown.exit_code == 0 and audited.exit_code == 0, shown.output + audited.output
+        for out in (shown.output, audited.output):
+            assert "None" not in out and not _LONG_FLOAT.search(out), out
+        st = read_receipt(receipt).statement
+        assert json.loads(CliRunner().invoke(main, ["receipt", "show", str(receipt), "--json"]).stdout) == st
+        assert json.loads(CliRunner().invoke(main, ["audit", str(artifact), "--json"]).stdout)["ok"] is True
+    shown = CliRunner().invoke(main, ["receipt", "show", str(trunk)]).output
+    v = read_receipt(trunk).predicate["verification"]
+    assert f"acceptance {v['mtp']['acceptance'] * 100:.1f} %" in shown and f"speedup {v['speedup']:.2f}×" in shown
+    assert "MTP       no block (absent)" in shown
+    assert "a llama-quantize type, no recipe file" in CliRunner().invoke(main, ["receipt", "show", str(side)]).output

@@ -428,6 +428,13 @@ def _model_checks(model: GGUFModel, st: Statement) -> list[Check]:
     return checks
 
 
+def _one_block(block: object, status: object) -> str:
+    """``blk.4 complete``, or ``no block (absent)`` for a trunk (``mtp_block`` null)."""
+    if isinstance(block, int) and not isinstance(block, bool):
+        return f"{format_blocks([block])} {status}"
+    return f"no block ({status})"
+
+
 def _mtp_check(mtp: MTPCheck, res: ResultSection, expected: MTPStatus = MTPStatus.COMPLETE) -> Check:
     """The file's MTP blocks against the receipt's: status, the first block, and every block when
     the receipt lists them (``mtp_blocks``; a receipt without it predates multi-block support and
@@ -439,7 +446,7 @@ def _mtp_check(mtp: MTPCheck, res: ResultSection, expected: MTPStatus = MTPStatu
     if listed is not None:
         ok = ok and list(mtp.blocks) == listed
     if listed is None or (len(listed) <= 1 and len(mtp.blocks) <= 1):  # the single-block wording, as before
-        detail = f"file blk.{mtp.block} {mtp.status}; receipt blk.{res.get('mtp_block')} {res.get('mtp_status')}"
+        detail = f"file {_one_block(mtp.block, mtp.status)}; receipt {_one_block(res.get('mtp_block'), res.get('mtp_status'))}"
     else:
         detail = (f"file {format_blocks(mtp.blocks) or 'no block'} {mtp.status}; receipt "
                   f"{format_blocks(listed) if isinstance(listed, list) else listed} {res.get('mtp_status')}")
