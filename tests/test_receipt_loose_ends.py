@@ -1,10 +1,13 @@
 """Receipts' loose ends (#51 item 4), on real receipts of ``builtin:tiny-qwen35moe``: a searched
-recipe found by its sha256."""
+recipe found by its sha256; receipts and cards naming files, never the out folder; ``receipt show``
+and ``audit`` as the console writes numbers; each receipt read once by ``verify --receipt`` and
+``audit``."""
 
 from __future__ import annotations
 
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -144,3 +147,40 @@ def test_receipt_show_and_audit_read_like_the_console_and_their_json_is_the_rece
     assert f"acceptance {v['mtp']['acceptance'] * 100:.1f} %" in shown and f"speedup {v['speedup']:.2f}×" in shown
     assert "MTP       no block (absent)" in shown
     assert "a llama-quantize type, no recipe file" in CliRunner().invoke(main, ["receipt", "show", str(side)]).output
+
+
+def _count_receipt_reads(monkeypatch) -> Counter:
+    """Reads of each receipt file by the one reader (read_receipt's file read, wrapped: instrumentation)."""
+    from ggufmtp.provenance import receipt as receipt_mod
+
+    reads: Counter = Counter()
+    real = receipt_mod.read_json_file
+
+    def counted(path, what):
+        reads[Path(path).name] += 1
+        return real(path, what)
+
+    monkeypatch.setattr(receipt_mod, "read_json_file", counted)
+    return reads
+
+
+def test_verify_receipt_and_audit_read_each_receipt_once(sidecar_ladder, tmp_path, monkeypatch):
+    """``verify TRUNK -md SIDECAR --receipt R`` (thresholds from R's recipe, the size check, the
+    source binding, the write) and ``audit TRUNK --sidecar SIDECAR``: one read of each receipt (main
+    read R four times in verify)."""
+    for f in [*sidecar_ladder.glob("Q8_0/*.gguf*"), *sidecar_ladder.glob("mtp-*.gguf*")]:
+        shutil.copy(f, tmp_path / f.name)
+    trunk = next(p for p in tmp_path.glob("*.gguf") if not p.name.startswith("mtp-"))
+    side = next(tmp_path.glob("mtp-*.gguf"))
+    receipt = Path(f"{trunk}.receipt.json")
+    before = read_receipt(receipt).verification
+    reads = _count_receipt_reads(monkeypatch)
+    r = CliRunner().invoke(main, ["verify", str(trunk), "-md", str(side), "--receipt", str(receipt), "--limit", "2",
+                                  "--max-tokens", "16", "--seeds", "42", "-t", "1", "--json"])
+    assert r.exit_code in (0, 1) and '"verdict"' in r.stdout, r.output
+    assert reads == {receipt.name: 1, f"{side.name}.receipt.json": 1}, reads  # the sidecar's binds the pair
+    assert read_receipt(receipt).verification != before  # written back, from that one read
+    reads.clear()
+    r = CliRunner().invoke(main, ["audit", str(trunk), "--sidecar", str(side), "--json"])
+    assert '"checks"' in r.stdout, r.output
+    assert reads == {receipt.name: 1, f"{side.name}.receipt.json": 1}, reads
