@@ -149,6 +149,17 @@ def test_receipt_show_and_audit_read_like_the_console_and_their_json_is_the_rece
     assert "a llama-quantize type, no recipe file" in CliRunner().invoke(main, ["receipt", "show", str(side)]).output
 
 
+def test_a_type_recipe_s_card_names_no_sha256_none(tmp_path, llama_runtime):
+    """``quantize MODEL OUT Q4_K_M`` (llama-quantize's line: a type, no recipe file): its card said
+    ``sha256 `None```."""
+    out = tmp_path / "m.gguf"
+    assert CliRunner().invoke(main, ["quantize", "--no-progress", MODEL, str(out), "Q4_K_M"]).exit_code == 0
+    r = CliRunner().invoke(main, ["card", str(out), "-o", str(tmp_path / "README.md")])
+    assert r.exit_code == 0, r.output
+    card = (tmp_path / "README.md").read_text()
+    assert "None" not in card and "- Recipe: `Q4_K_M-plain` (a llama-quantize type, no recipe file)" in card
+
+
 def _count_receipt_reads(monkeypatch) -> Counter:
     """Reads of each receipt file by the one reader (read_receipt's file read, wrapped: instrumentation)."""
     from ggufmtp.provenance import receipt as receipt_mod
