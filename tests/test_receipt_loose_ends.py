@@ -192,8 +192,8 @@ def _count_receipt_reads(monkeypatch) -> Counter:
 
 def test_verify_receipt_and_audit_read_each_receipt_once(sidecar_ladder, tmp_path, monkeypatch):
     """``verify TRUNK -md SIDECAR --receipt R`` (thresholds from R's recipe, the size check, the
-    source binding, the write) and ``audit TRUNK --sidecar SIDECAR``: one read of each receipt (main
-    read R four times in verify)."""
+    source binding, the write), ``audit TRUNK --sidecar SIDECAR`` and ``eval ... --receipt R``: one
+    read of each receipt (main read R five times in verify, twice in eval)."""
     for f in [*sidecar_ladder.glob("Q8_0/*.gguf*"), *sidecar_ladder.glob("mtp-*.gguf*")]:
         shutil.copy(f, tmp_path / f.name)
     trunk = next(p for p in tmp_path.glob("*.gguf") if not p.name.startswith("mtp-"))
@@ -210,3 +210,7 @@ def test_verify_receipt_and_audit_read_each_receipt_once(sidecar_ladder, tmp_pat
     r = CliRunner().invoke(main, ["audit", str(trunk), "--sidecar", str(side), "--json"])
     assert '"checks"' in r.stdout, r.output
     assert reads == {receipt.name: 1, f"{side.name}.receipt.json": 1}, reads
+    reads.clear()  # eval --receipt: the artifact check and the quality section's write, from one read
+    r = CliRunner().invoke(main, ["eval", MODEL, str(trunk), "--receipt", str(receipt), "--chunks", "2", "-c", "128"])
+    assert r.exit_code == 0, r.output
+    assert reads == {receipt.name: 1}, reads

@@ -543,14 +543,9 @@ def set_verification(path: str | Path | Receipt, verification: JsonObject, keep_
     ``path`` may be the receipt as the command read it (:meth:`Receipt.fresh`: not read again unless
     it changed on disk since)."""
     rf = path.fresh() if isinstance(path, Receipt) else read_receipt(path)
-    path = rf.path
     st = rf.statement
-    _refuse_unbound(st, cast(Verification, verification), path)
-    key = signing_key or (resolve_signing_key(None) if rf.signed else None)
-    if rf.signed and not key:
-        raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
-                         f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
-    check_intact(rf, key)
+    _refuse_unbound(st, cast(Verification, verification), rf.path)
+    key = _rewrite_key(rf, signing_key)
     old = cast(JsonObject, st["predicate"].get("verification") or {})
     if keep_added:
         kept = {k: old[k] for k in ADDED_VERIFICATION_SECTIONS if old.get(k) and not verification.get(k)}
@@ -560,19 +555,28 @@ def set_verification(path: str | Path | Receipt, verification: JsonObject, keep_
     st["predicate"]["verification"] = cast(Verification, verification)
     if verification.get("server"):
         st["predicate"]["toolchain"]["server"] = verification["server"]
-    write_statement(path, seal(st), key)
+    write_statement(rf.path, seal(st), key)
     return st
 
 
-def set_section(path: str | Path, name: str, section: JsonObject, signing_key: str | Path | None = None) -> Statement:
+def set_section(path: str | Path | Receipt, name: str, section: JsonObject,
+                signing_key: str | Path | None = None) -> Statement:
     """Store ``section`` as ``predicate[name]`` (e.g. ``quality``), re-sealed and re-signed like
-    :func:`set_verification` (an edited or unsigned-with-key receipt is refused first)."""
-    rf = read_receipt(path)
+    :func:`set_verification` (an edited or unsigned-with-key receipt is refused first; ``path`` may
+    be the receipt as the command read it)."""
+    rf = path.fresh() if isinstance(path, Receipt) else read_receipt(path)
+    key = _rewrite_key(rf, signing_key)
+    cast(JsonObject, rf.statement["predicate"])[name] = section
+    write_statement(rf.path, seal(rf.statement), key)
+    return rf.statement
+
+
+def _rewrite_key(rf: Receipt, signing_key: str | Path | None) -> str | Path | None:
+    """The key to re-sign ``rf`` with (``signing_key``, else ``$GGUFMTP_SIGNING_KEY`` for a signed
+    receipt), once the receipt is checked intact: a signed receipt is never rewritten unsigned."""
     key = signing_key or (resolve_signing_key(None) if rf.signed else None)
     if rf.signed and not key:
-        raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
+        raise AuditError(f"{rf.path}: the receipt is signed; give the signing key (--signing-key or "
                          f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
     check_intact(rf, key)
-    cast(JsonObject, rf.statement["predicate"])[name] = section
-    write_statement(path, seal(rf.statement), key)
-    return rf.statement
+    return key
