@@ -14,7 +14,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .errors import TuneError
 from .files.hashing import sha256_file
@@ -23,9 +23,10 @@ from .imatrix.compute import ComputeResult
 from .imatrix.compute import compute_imatrix as _compute
 from .imatrix.corpus import Corpus
 from .imatrix.entries import DEFAULT_CHUNK_SIZE
+from .jsontypes import JsonObject
 from .measure.core.options import VerifyOptions
 from .measure.verify import run as _verify_mod
-from .provenance.receipt import Receipt, load_receipt, read_receipt, set_verification
+from .provenance.receipt import Receipt, read_receipt, set_verification
 from .provenance.recipe_store import receipt_recipe
 from .quality.eval import QualityResult
 from .quality.eval import evaluate as _evaluate
@@ -118,8 +119,8 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
     section, so it is loaded and merged first), re-seal and write it back. The receipt must already
     hold a verification (``ggufmtp verify MODEL --receipt R``). ``model``: refuse when its size differs
     from the verified model's."""
-    st = load_receipt(path)
-    v = (st.get("predicate") or {}).get("verification")
+    rf = read_receipt(path)  # once: the check and the write below take this object
+    v = cast(JsonObject | None, rf.predicate.get("verification"))
     if not v:
         raise TuneError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
                         f"--receipt {path}` first (tune, profiles and curve add to it)")
@@ -130,7 +131,7 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
         sections["tuned"] = {**sections["tuned"], "verify_sweep": old_tuned}  # verify --sweep's, kept
     merged = dict(v)
     merged.update({k: val for k, val in sections.items() if val is not None})
-    return set_verification(path, merged)
+    return set_verification(rf, merged)
 
 
 def _check_same_model(receipt: str | os.PathLike, verified: dict[str, Any], p: Path) -> None:

@@ -121,16 +121,19 @@ def test_a_sidecar_ladder_s_receipts_and_cards_name_files_never_the_out_folder(s
             assert local_paths(read_receipt(f).statement) == [], f
 
 
-def test_a_command_line_stored_in_a_receipt_names_its_files(sidecar_ladder, tmp_path):
+def test_a_command_line_stored_in_a_receipt_names_its_files(sidecar_ladder, tmp_path, monkeypatch):
     """What tune stores (``verification.tuned``: llama-server's command line for the model as the
-    user named it, ``tune out/m.gguf``) keeps only the files' names, through the receipt writer."""
+    user named it, ``tune out/m.gguf``) keeps only the files' names, through the receipt writer;
+    the store reads the receipt once."""
     from ggufmtp import _api
 
     receipt = tmp_path / "t.gguf.receipt.json"
     shutil.copy(next(sidecar_ladder.glob("Q8_0/*.receipt.json")), receipt)
     command = ("GGML_X=1 llama-server --model h2-ladder-out/Q8_0/m.gguf -md ../h2-ladder-out/mtp-m.gguf "
                "--chat-template-file tmpl/chat.jinja --spec-type draft-mtp --spec-draft-n-max 3")
+    reads = _count_receipt_reads(monkeypatch)
     _api.store_in_receipt(receipt, tuned={"kind": "ggufmtp tune", "command": command})
+    assert reads == {receipt.name: 1}, reads
     stored = read_receipt(receipt).verification["tuned"]["command"]
     assert stored == ("GGML_X=1 llama-server --model m.gguf -md mtp-m.gguf --chat-template-file chat.jinja "
                       "--spec-type draft-mtp --spec-draft-n-max 3")
