@@ -157,7 +157,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                            absolute_acceptance=absolute_acceptance))
     kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)
     if matrix:
-        return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, output, receipt_path, as_json, key)
+        return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, output, rf, as_json, key)
     res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json,
                  receipt=rf)
     _write_and_show(res, output, receipt_path, as_json, key, rf)
