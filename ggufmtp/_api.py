@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .errors import QuantizeError, TuneError
 from .files.hashing import sha256_file
@@ -25,9 +25,17 @@ from .imatrix.compute import ComputeResult
 from .imatrix.compute import compute_imatrix as _compute
 from .imatrix.corpus import Corpus
 from .imatrix.entries import DEFAULT_CHUNK_SIZE
+from .jsontypes import JsonObject
 from .measure.core.options import VerifyOptions
 from .measure.verify import run as _verify_mod
-from .provenance.receipt import default_receipt_path, load_receipt, receipt_for_quantize, set_verification
+from .provenance.receipt import (
+    Receipt,
+    default_receipt_path,
+    read_receipt,
+    receipt_for_quantize,
+    set_verification,
+)
+from .provenance.recipe_store import receipt_recipe
 from .provenance.signing import resolve_signing_key, sign_artifact, signature_path
 from .quality.eval import QualityResult
 from .quality.eval import evaluate as _evaluate
@@ -142,28 +150,13 @@ def inspect(path: str | os.PathLike) -> ModelReport:
     return inspect_model(local_model_arg(path))
 
 
-def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | None) -> Recipe | None:
+def verify_recipe(recipe_name: str | None, receipt: str | os.PathLike | Receipt | None) -> Recipe | None:
     """The recipe whose ``[verify]`` table judges a verification: ``recipe_name``, else the recipe
-    the receipt names (the one its artifact was made with; refused when the recipe found by that
-    name is not the bytes the receipt records), else None (the project's defaults)."""
-    from .errors import RecipeError, VerifyError
-    from .provenance.receipt import read_receipt
-    from .quant.recipe import Recipe
-
-    if recipe_name:
-        return Recipe.load(recipe_name)
+    the receipt names (the one its artifact was made with, found by its sha256:
+    :func:`ggufmtp.provenance.recipe_store.receipt_recipe`), else None (the project's defaults)."""
     if receipt is None:
-        return None
-    named = read_receipt(receipt).predicate["recipe"]
-    try:
-        rec = Recipe.load(named["name"])
-    except RecipeError as e:
-        raise VerifyError(f"{receipt}: its recipe {named['name']!r} cannot be loaded to judge the verification "
-                          f"({e}); name the recipe with -r") from None
-    if named.get("sha256") and rec.sha256 != named["sha256"]:
-        raise VerifyError(f"{receipt}: its recipe {named['name']!r} had sha256 {named['sha256']}; the one found now "
-                          f"has {rec.sha256}: name the recipe to judge with (-r)")
-    return rec
+        return Recipe.load(recipe_name) if recipe_name else None
+    return receipt_recipe(receipt if isinstance(receipt, Receipt) else read_receipt(receipt), recipe_name)
 
 
 def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = None,
@@ -173,8 +166,8 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
     section, so it is loaded and merged first), re-seal and write it back. The receipt must already
     hold a verification (``ggufmtp verify MODEL --receipt R``). ``model``: refuse when its size differs
     from the verified model's."""
-    st = load_receipt(path)
-    v = (st.get("predicate") or {}).get("verification")
+    rf = read_receipt(path)  # once: the check and the write below take this object
+    v = cast(JsonObject | None, rf.predicate.get("verification"))
     if not v:
         raise TuneError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
                         f"--receipt {path}` first (tune, profiles and curve add to it)")
@@ -185,7 +178,7 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
         sections["tuned"] = {**sections["tuned"], "verify_sweep": old_tuned}  # verify --sweep's, kept
     merged = dict(v)
     merged.update({k: val for k, val in sections.items() if val is not None})
-    return set_verification(path, merged)
+    return set_verification(rf, merged)
 
 
 def _check_same_model(receipt: str | os.PathLike, verified: dict[str, Any], p: Path) -> None:

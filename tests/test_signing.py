@@ -30,7 +30,6 @@ from ggufmtp.provenance.receipt import (
     receipt_for_quantize,
     seal,
     set_verification,
-    toolchain,
     write_statement,
 )
 from ggufmtp.provenance.signing import (
@@ -42,6 +41,7 @@ from ggufmtp.provenance.signing import (
     verify_artifact,
     verify_receipt,
 )
+from ggufmtp.provenance.toolchain import toolchain
 from ggufmtp.provenance.verdict import Thresholds
 from ggufmtp.quant.plan import make_plan
 from ggufmtp.quant.quantize import quantize

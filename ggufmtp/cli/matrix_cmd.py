@@ -17,6 +17,7 @@ from .app import emit_json
 
 if TYPE_CHECKING:
     from ..measure.core.options import VerifyOptions
+    from ..provenance.receipt import Receipt
 
 
 def kv_depth_options(f: Callable) -> Callable:
@@ -36,27 +37,27 @@ def kv_depth_options(f: Callable) -> Callable:
                         help="llama-server --cache-type-k for both arms (f16, q8_0, q4_0, ...).")(f)
 
 
-def _receipt_verification(path: str) -> dict[str, Any]:
+def _receipt_verification(rf: Receipt) -> dict[str, Any]:
     """The receipt's verification section; VerifyError when it has none yet (checked before the run)."""
-    from ..provenance.receipt import load_receipt
-
-    v = (load_receipt(path).get("predicate") or {}).get("verification")
+    v = rf.predicate.get("verification")
     if not v:
-        raise VerifyError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
-                          f"--receipt {path}` first (--matrix adds verification.matrix to it)")
-    return v
+        raise VerifyError(f"{rf.path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
+                          f"--receipt {rf.path}` first (--matrix adds verification.matrix to it)")
+    return dict(v)
 
 
-def _store(path: str, section: dict[str, Any], signing_key: Any) -> None:
-    """``section`` as the receipt's ``verification.matrix``, when both measured the same bytes."""
+def _store(rf: Receipt, section: dict[str, Any], signing_key: Any) -> None:
+    """``section`` as the receipt's ``verification.matrix``, when both measured the same bytes (the
+    receipt as the command read it, unless it changed on disk during the run)."""
     from ..provenance.receipt import set_verification
 
-    v = _receipt_verification(path)
+    rf = rf.fresh()
+    v = _receipt_verification(rf)
     want, got = (v.get("model") or {}).get("sha256"), section["model"]["sha256"]
     if want and got != want:
-        raise VerifyError(f"{path}: its verification is of the model with sha256 {want}, the matrix measured "
+        raise VerifyError(f"{rf.path}: its verification is of the model with sha256 {want}, the matrix measured "
                           f"{got}; not stored")
-    set_verification(path, {**v, "matrix": section}, signing_key=signing_key)
+    set_verification(rf, {**v, "matrix": section}, signing_key=signing_key)
 
 
 def _progress(total: int, out_path: str | None, quiet: bool) -> Callable:
@@ -77,7 +78,7 @@ def _progress(total: int, out_path: str | None, quiet: bool) -> Callable:
 
 
 def run_matrix(model: Path, spec_text: str, options: VerifyOptions, single: dict[str, Any],
-               out_path: str | None, receipt_path: str | None, as_json: bool, signing_key: Any = None) -> None:
+               out_path: str | None, receipt: Receipt | None, as_json: bool, signing_key: Any = None) -> None:
     """``verify --matrix``: every cell, then -o/--output (every cell's full JSON), --receipt
     (``verification.matrix``), the JSON or the table; exit 1 unless every cell passes. ``single``:
     the one-run KV/depth options, which the matrix's cells replace (an error when set)."""
@@ -88,21 +89,21 @@ def run_matrix(model: Path, spec_text: str, options: VerifyOptions, single: dict
     if given:
         raise VerifyError(f"{', '.join(given)} and --matrix: the matrix's cells set the KV types and depth "
                           f"(give them in the spec: kv=..., depth=...)")
-    if receipt_path:
-        _receipt_verification(receipt_path)  # fails now, not after the run
+    if receipt is not None:
+        _receipt_verification(receipt)  # fails now, not after the run
     res = verify_matrix(model, spec.kv_types, spec.depths, options, draft_kv_types=spec.draft_kv_types,
                         on_cell=_progress(len(spec.cells), out_path, as_json), progress=not as_json)
     if out_path:
         from ..files.fsutil import atomic_write_json
 
         atomic_write_json(Path(out_path), res.to_dict(full=True))
-    if receipt_path:
-        _store(receipt_path, res.to_receipt(), signing_key)
+    if receipt is not None:
+        _store(receipt, res.to_receipt(), signing_key)
     if as_json:
         emit_json(res.to_dict())
     else:
         click.echo(res.table())
-        if receipt_path:
-            click.echo(f"receipt {receipt_path}: verification.matrix written (matrix verdict {res.verdict})")
+        if receipt is not None:
+            click.echo(f"receipt {receipt.path}: verification.matrix written (matrix verdict {res.verdict})")
     if not res.ok:
         sys.exit(1)

@@ -25,6 +25,8 @@ from typing import Any
 
 import click
 
+from ..quant.flags import QUANTIZE_REFUSALS
+
 __all__ = ["LEGACY_ALIASES", "LLAMA_SPELLINGS", "VOCABULARY", "GpuLayers", "LlamaCommand", "LlamaGroup", "SharedName",
            "SharedOption", "ctx_size_option",
            "draft_n_max_option", "exclude_option", "gpu_layers_option", "include_option", "output_option",
@@ -266,12 +268,7 @@ LLAMA_REFUSALS: dict[str, str] = {
     "-md": "only verify (and audit, as --sidecar) take a draft model: ggufmtp's MTP-only sidecar",
     "-f": "this command reads no text file, or more than one: give --corpus or --suite",
     # llama-quantize's options that ggufmtp's quantize does not take (docs/reference/flags.md says why)
-    "--keep-split": "llama-quantize's --keep-split is not taken: ggufmtp writes one file, or shards of "
-                    "--split-max-size (give the first shard of a split input)",
-    "--prune-layers": "llama-quantize's --prune-layers is not taken: pruning renumbers the blocks, the MTP block "
-                      "included; prune with llama-quantize, then `ggufmtp inspect` and `audit` the result",
-    "--max-buffer-size": "llama-quantize's --max-buffer-size is not taken: ggufmtp quantizes with libllama's "
-                         "default buffer (8 GiB of rows)",
+    **QUANTIZE_REFUSALS,
 }
 # a positional argument llama.cpp's -m/--model names (the model file)
 MODEL_ARGUMENTS = ("model", "artifact")

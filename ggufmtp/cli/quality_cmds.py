@@ -101,7 +101,7 @@ def head_sweep_cmd(model: str, recipe_name: str, types: str, imatrix: str | None
     if receipt_path:
         from ..quality.sections import store_head_sweep
 
-        store_head_sweep(receipt_path, res.to_dict(), signing_key)
+        store_head_sweep(receipt_path, res.to_dict(names=True), signing_key)
     if as_json:
         emit_json(res.to_dict())
     else:

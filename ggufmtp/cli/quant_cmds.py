@@ -56,13 +56,11 @@ def quantize_flags(tensor_types: tuple[str, ...], output_tensor_type: str | None
                    exclude_weights: tuple[str, ...]) -> QuantizeFlags:
     """The values of :func:`llama_quantize_flag_options`, read (RecipeError naming a malformed one)."""
     from ..quant.flags import QuantizeFlags
-    from ..quant.kv import read_tensor_type_file
 
-    from_file = read_tensor_type_file(tensor_type_file) if tensor_type_file else []
-    return QuantizeFlags.build([*tensor_types, *from_file], output_tensor_type, token_embedding_type, pure=pure,
+    return QuantizeFlags.build(tensor_types, output_tensor_type, token_embedding_type, pure=pure,
                                leave_output_tensor=leave_output_tensor, allow_requantize=allow_requantize,
                                kv_overrides=kv_overrides, include_weights=include_weights,
-                               exclude_weights=exclude_weights)
+                               exclude_weights=exclude_weights, tensor_type_file=tensor_type_file)
 
 
 @main.group()
@@ -136,7 +134,9 @@ def recipe_from_flags(flags: tuple[str, ...], name: str, mtp_blocks: tuple[int, 
 
     The MTP blocks come from the line's input model when it is here (else --mtp-block): their
     indices in patterns become {mtp} and the recipe requires the block ([mtp] required = true);
-    with neither, patterns stay as written and the block is optional."""
+    with neither, patterns stay as written and the block is optional. --tensor-type-file,
+    --override-kv and --include-weights/--exclude-weights mean what they mean to quantize;
+    --dry-run, --keep-split, --prune-layers and --max-buffer-size are refused with the reason."""
     from ..quant.flags import LlamaQuantizeLine, mtp_blocks_of, recipe_from_flags
 
     blocks: list[int] | None = list(mtp_blocks) or None

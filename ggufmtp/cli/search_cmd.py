@@ -27,7 +27,8 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
 @click.option("--baseline", default="Q8_0", show_default=True,
               help="The recipe every other tensor follows while one group is measured.")
 @click.option("--acceptance/--no-acceptance", default=False, show_default=True,
-              help="Also measure the head's groups' acceptance against the source (starts llama-servers).")
+              help="Also measure the head's groups' acceptance against the source (starts llama-servers); "
+                   "without it each head group keeps at least the loosest type a shipped recipe gives it.")
 @click.option("--acceptance-group", "acceptance_groups", multiple=True, metavar="GROUP",
               help="With --acceptance: also measure this trunk group's acceptance, e.g. the last layers' "
                    "routed_experts.2-3 (repeatable; a trunk's KLD does not show what it costs the head).")
@@ -42,7 +43,7 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
 @click.option("--max-kld", type=click.FloatRange(min=0), default=None, help="Refuse an allocation predicted above this KLD.")
 @click.option("--layers-per-group", type=click.IntRange(min=1), default=4, show_default=True,
               help="Trunk layers per group (fewer: finer allocation, more measurements).")
-@output_option("the recipe found (TOML, with its [search] table).")
+@output_option("the recipe found (TOML, with its [search] table; a copy is kept by its sha256 for verify --receipt).")
 @click.option("--name", default="searched-mtp", show_default=True, help="The recipe's name.")
 @click.option("--prove", is_flag=True, help="Quantize the found recipe and the recipe to beat (--against, else the "
                                             "budget's recipe, else the shipped recipe of the nearest size), "

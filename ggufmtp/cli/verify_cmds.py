@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,6 +15,9 @@ from .matrix_cmd import kv_depth_options, run_matrix
 from .measure_common import HEAD_MARGIN_HELP, _run_tune, arm_args_options, offload_options, server_options
 from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, output_option, threads_option
 from .provenance_cmds import signing_key_option
+
+if TYPE_CHECKING:
+    from ..provenance.receipt import Receipt
 
 
 @main.command("verify")
@@ -28,7 +32,8 @@ from .provenance_cmds import signing_key_option
 @click.option("--sweep", default=None, help="Draft windows to compare, e.g. 2,3,4,6,8 (the shipped k is always included).")
 @click.option("--recipe", "-r", "recipe_name", default=None,
               help="Take min_acceptance/min_speedup/draft_n_max from this recipe's [verify] table. Default: the "
-                   "recipe --receipt names, else ggufmtp's defaults (acceptance >= 50%, speedup >= 1.10x).")
+                   "recipe --receipt names (found by its recorded sha256: by name, beside the receipt, or in the search's "
+                   "store), else ggufmtp's defaults (acceptance >= 50%, speedup >= 1.10x).")
 @click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None, help="Minimum acceptance (0-1).")
 @click.option("--min-speedup", type=click.FloatRange(min=0), default=None, help="Minimum decode speedup.")
 @click.option("--min-identical", type=click.FloatRange(0, 1), default=1.0, show_default=True,
@@ -122,8 +127,10 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     seed_list, sweep_list = _int_list(seeds, "--seeds"), _int_list(sweep, "--sweep")
     th = Thresholds()  # the project's defaults: there is always a threshold
     from .._api import verify_recipe
+    from ..provenance.receipt import read_receipt, refuse_other_file
 
-    rec = verify_recipe(recipe_name, receipt_path)
+    rf = read_receipt(receipt_path) if receipt_path else None  # read once: every reader below takes this object
+    rec = verify_recipe(recipe_name, rf)
     if rec is not None:
         th = Thresholds.from_recipe(rec.verify, rec.name)
         if draft_n_max is None and not tuned_from:
@@ -136,10 +143,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     from ..gguf.model import refuse_later_shard
 
     refuse_later_shard(resolve_model_arg(model))  # llama-server loads a split model from its first shard only
-    if receipt_path:
-        from ..provenance.receipt import refuse_other_file
-
-        refuse_other_file(receipt_path, resolve_model_arg(model))  # another file's receipt fails before the run
+    if rf is not None:
+        refuse_other_file(rf, resolve_model_arg(model))  # another file's receipt fails before the run
     options = VerifyOptions(
         draft_n_max=draft_n_max, draft_n_min=draft_n_min, sweep=sweep_list or (),
         tuned=load_tuned_config(tuned_from) if tuned_from else None, seeds=seed_list or (),
@@ -152,15 +157,16 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                            absolute_acceptance=absolute_acceptance))
     kv_depth = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_fill=context_fill)
     if matrix:
-        return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, output, receipt_path, as_json, key)
+        return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, output, rf, as_json, key)
     res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json,
-                 receipt=receipt_path)
-    _write_and_show(res, output, receipt_path, as_json, key)
+                 receipt=rf)
+    _write_and_show(res, output, receipt_path, as_json, key, rf)
     if not res.ok:
         sys.exit(1)
 
 
-def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json: bool, signing_key=None) -> None:
+def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json: bool, signing_key=None,
+                    read: Receipt | None = None) -> None:
     """-o/--output (the full JSON), --receipt (its verification section), then JSON or the table."""
     if out_path:
         from ..files.fsutil import atomic_write_json
@@ -169,7 +175,7 @@ def _write_and_show(res, out_path: str | None, receipt_path: str | None, as_json
     if receipt_path:
         from ..provenance.receipt import set_verification
 
-        set_verification(receipt_path, res.to_receipt(), keep_added=True, signing_key=signing_key)
+        set_verification(read or receipt_path, res.to_receipt(), keep_added=True, signing_key=signing_key)
     if as_json:
         emit_json(res.to_dict())
         for r in res.reasons:

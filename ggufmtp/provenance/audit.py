@@ -377,7 +377,7 @@ def source_problems(st: Statement) -> list[str]:
     out = []
     want = st["subject"][0]["digest"]["sha256"]
     if src.get("artifact_sha256") != want:
-        out.append(f"bound to sha256 {src.get('artifact_sha256')}, not the artifact's {want}")
+        out.append(f"bound to sha256 {_shown(src.get('artifact_sha256'))}, not the artifact's {want}")
     tensors = src.get("tensors") or []
     bad = [t.get("name") for t in tensors if t.get("match") is not True]
     if not tensors:
@@ -422,10 +422,22 @@ def _model_checks(model: GGUFModel, st: Statement) -> list[Check]:
     checks.append(_mtp_check(check_mtp(model), res, expected_status(st)))
     figures = {"file_type": model.file_type, "nextn_predict_layers": model.nextn_predict_layers,
                "size_bytes": model.size_bytes, "bpw": round(model.bpw, 4)}
-    bad = [f"{k}: receipt {res.get(k)}, file {v}" for k, v in figures.items() if res.get(k) != v]
+    bad = [f"{k}: receipt {_shown(res.get(k))}, file {_shown(v)}" for k, v in figures.items() if res.get(k) != v]
     checks.append(Check("result figures", not bad, "; ".join(bad) or "file_type, layers, size, bpw match"))
     checks.append(imatrix_check(model.metadata, st.get("predicate", {}).get("imatrix")))
     return checks
+
+
+def _shown(value: object) -> str:
+    """A recorded value in a check's detail: ``none`` where the receipt or the file has none (never ``None``)."""
+    return "none" if value is None else str(value)
+
+
+def _one_block(block: object, status: object) -> str:
+    """``blk.4 complete``, or ``no block (absent)`` for a trunk (``mtp_block`` null)."""
+    if isinstance(block, int) and not isinstance(block, bool):
+        return f"{format_blocks([block])} {status}"
+    return f"no block ({status})"
 
 
 def _mtp_check(mtp: MTPCheck, res: ResultSection, expected: MTPStatus = MTPStatus.COMPLETE) -> Check:
@@ -439,7 +451,7 @@ def _mtp_check(mtp: MTPCheck, res: ResultSection, expected: MTPStatus = MTPStatu
     if listed is not None:
         ok = ok and list(mtp.blocks) == listed
     if listed is None or (len(listed) <= 1 and len(mtp.blocks) <= 1):  # the single-block wording, as before
-        detail = f"file blk.{mtp.block} {mtp.status}; receipt blk.{res.get('mtp_block')} {res.get('mtp_status')}"
+        detail = f"file {_one_block(mtp.block, mtp.status)}; receipt {_one_block(res.get('mtp_block'), res.get('mtp_status'))}"
     else:
         detail = (f"file {format_blocks(mtp.blocks) or 'no block'} {mtp.status}; receipt "
                   f"{format_blocks(listed) if isinstance(listed, list) else listed} {res.get('mtp_status')}")
@@ -464,9 +476,10 @@ def imatrix_check(md: Mapping[str, object], im: ImatrixSection | None) -> Check:
                                                 f"quantize.imatrix.* metadata")
     diffs = []
     if md.get("quantize.imatrix.entries_count") != im.get("entries"):
-        diffs.append(f"entries_count: file {md.get('quantize.imatrix.entries_count')}, receipt {im.get('entries')}")
+        diffs.append(f"entries_count: file {_shown(md.get('quantize.imatrix.entries_count'))}, "
+                     f"receipt {_shown(im.get('entries'))}")
     if "quantize.imatrix.chunks_count" in md and md["quantize.imatrix.chunks_count"] != im.get("chunk_count"):
-        diffs.append(f"chunks_count: file {md['quantize.imatrix.chunks_count']}, receipt {im.get('chunk_count')}")
+        diffs.append(f"chunks_count: file {md['quantize.imatrix.chunks_count']}, receipt {_shown(im.get('chunk_count'))}")
     datasets = im.get("datasets") or []
     dataset = md.get("quantize.imatrix.dataset")
     if (isinstance(dataset, str) and len(dataset.encode()) < _KV_STRING_MAX

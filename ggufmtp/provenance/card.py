@@ -279,7 +279,8 @@ def _provenance(p: Predicate, subj: SubjectEntry, name: str) -> list[str]:
         im = p["imatrix"]
         lines.append(f"- Imatrix: `{im['file']}` sha256 `{im['sha256']}` ({im['entries']} entries, "
                      f"{im['chunk_count']} chunks, datasets: {', '.join(im['datasets']) or '-'})")
-    lines.append(f"- Recipe: `{rec['name']}` sha256 `{rec['sha256']}`; equivalent command: "
+    digest = f"sha256 `{rec['sha256']}`" if rec.get("sha256") else "(a llama-quantize type, no recipe file)"
+    lines.append(f"- Recipe: `{rec['name']}` {digest}; equivalent command: "
                  f"`{rec.get('llama_quantize_command', '')}`")
     tc = p["toolchain"]
     lines.append(f"- llama.cpp commit `{tc['quantizer']['llama_cpp_commit']}` (quantizer: libllama via "

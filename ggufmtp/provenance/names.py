@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,9 +96,32 @@ def _scrub(text: str, machine: tuple[str, ...]) -> str:
     return _ANY_ABS_RE.sub(lambda m: Path(m.group(0)).name if _is_local(m.group(0)) else m.group(0), text)
 
 
+# llama.cpp flags whose value is a file: a recorded command line names it by its name alone (a
+# RELATIVE path, `tune out/m.gguf`, passes the absolute-path redaction: the files lie beside the artifact)
+_FILE_FLAGS = frozenset({"-m", "--model", "-md", "--model-draft", "--spec-draft-model", "--imatrix",
+                         "--chat-template-file", "--tensor-type-file"})
+
+
+def command_file_names(text: str) -> str:
+    """``text``, when it is a llama.cpp command line (``llama-server ...``, after any ``VAR=value``),
+    with the value of each file flag (:data:`_FILE_FLAGS`) as the file's name; any other text as is."""
+    if "llama-" not in text or "\n" in text:
+        return text
+    try:
+        args = shlex.split(text)
+    except ValueError:
+        return text
+    program = next((a for a in args if "=" not in a), "")
+    if not Path(program).name.startswith("llama-"):
+        return text
+    named = [Path(a).name if i and args[i - 1] in _FILE_FLAGS and Path(a).name else a for i, a in enumerate(args)]
+    return text if named == args else shlex.join(named)
+
+
 def redact_local_paths(obj: Any) -> Any:
     """``obj`` with every absolute local path in its strings and object keys replaced by the file's
-    name (the JSON edge of every receipt write: notes and messages may quote a path, a receipt never
+    name, and every file a recorded command line names by its name (:func:`command_file_names`):
+    the JSON edge of every receipt write (notes and messages may quote a path, a receipt never
     does; a key may name a file)."""
     machine = _machine_folders()
 
@@ -106,7 +130,7 @@ def redact_local_paths(obj: Any) -> Any:
             return {(_scrub(k, machine) if isinstance(k, str) else k): redact(v) for k, v in node.items()}
         if isinstance(node, list):
             return [redact(v) for v in node]
-        return _scrub(node, machine) if isinstance(node, str) else node
+        return _scrub(command_file_names(node), machine) if isinstance(node, str) else node
 
     return redact(obj)
 

@@ -36,10 +36,10 @@ from .receipt import (
     default_receipt_path,
     read_receipt,
     seal,
-    toolchain,
     write_statement,
 )
 from .statement import NamedDigest, PairSection, Predicate, RecipeSection, ResultSection, SplitSection, Statement
+from .toolchain import toolchain
 
 if TYPE_CHECKING:
     from ..quant.quantize import QuantizeResult

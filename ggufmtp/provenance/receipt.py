@@ -25,15 +25,11 @@ import dataclasses
 import functools
 import hashlib
 import json
-import platform
 import stat
-import sys
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from .._version import __version__
-from ..constants import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION, SPLIT_TOOL
+from ..constants import SPLIT_TOOL
 from ..errors import AuditDigestMismatch, AuditError
 from ..files.fsutil import atomic_write_json
 from ..files.hashing import sha256_file
@@ -60,16 +56,14 @@ from .statement import (
     ImatrixSection,
     Predicate,
     PullManifest,
-    Quantizer,
     RecipeSection,
     ResultSection,
-    ServerSection,
     Source,
     Statement,
     SubjectEntry,
-    Toolchain,
     Verification,
 )
+from .toolchain import toolchain
 
 if TYPE_CHECKING:  # annotations only: quantize and plan pull in libllama
     from ..gguf.model import GGUFModel
@@ -107,45 +101,6 @@ def file_entry(path: Path, sha256: str | None = None) -> FileEntry:
 def subject_entry(path: Path, sha256: str | None = None) -> SubjectEntry:
     e = file_entry(path, sha256)
     return {"name": e["name"], "digest": {"sha256": e["sha256"]}, "annotations": {"size": e["size"]}}
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def toolchain(server: ServerSection | None = None) -> Toolchain:
-    """Versions and build facts of everything that touched the artifact. The llama.cpp commit is
-    the one of the libllama this process loaded (its runtime record, else the ``LLAMA_COMMIT`` of
-    its build); ``pinned_commit`` appears when that is not the commit ggufmtp pins."""
-    from ..runtime.build import cpu_flags
-    from ..runtime.libllama import loaded_libllama  # loads libllama: quantize already has
-
-    lib = loaded_libllama()
-    quantizer: Quantizer = {
-        "library": "libllama via llama-cpp-python",
-        "llama_cpp_commit": lib.commit or "unknown",
-        "variant": lib.variant,
-        "build_flags": list(lib.build_flags),
-    }
-    if lib.commit != LLAMA_CPP_COMMIT:
-        quantizer["pinned_commit"] = LLAMA_CPP_COMMIT
-    flags = sorted(cpu_flags() & {"avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16",
-                                  "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"})
-    compiler = lib.compiler
-    return {
-        "ggufmtp": __version__,
-        "python": sys.version.split()[0],
-        "gguf": _dist_version("gguf"),
-        "llama_cpp_python": _dist_version("llama-cpp-python") or LLAMA_CPP_PYTHON_VERSION,
-        "quantizer": quantizer,
-        "server": server,
-        "compiler": compiler,
-        "cpu_flags": flags,
-        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
-    }
 
 
 def base_model_section(model_path: Path, model_arg: str | None = None, manifest: PullManifest | None = None,
@@ -347,6 +302,12 @@ class Receipt:
     statement: Statement
     subjects: tuple[Subject, ...]
     envelope: Envelope | None = None
+    stamp: tuple[int, int] | None = None  # the file's (mtime_ns, size) just before it was read
+
+    def fresh(self) -> Receipt:
+        """This receipt, or the file read again where it changed since (a long run may have another
+        command write it meanwhile): a command reads its receipt once and rewrites what is on disk."""
+        return self if self.stamp is not None and _stamp(self.path) == self.stamp else read_receipt(self.path)
 
     @property
     def signed(self) -> bool:
@@ -388,6 +349,7 @@ def read_receipt(path: str | Path) -> Receipt:
     beyond DSSE's, not an in-toto Statement v1, any schema error (unknown fields included), two
     subjects with one name, a subject name that is not a plain file name, or a local path."""
     p = Path(path)
+    stamp = _stamp(p)
     data = read_json_file(p, "receipt")
     envelope = None
     if is_envelope(data):
@@ -399,7 +361,20 @@ def read_receipt(path: str | Path) -> Receipt:
     if problems:
         raise AuditError(f"{p}: not a valid ggufmtp receipt: {'; '.join(problems[:3])}")
     subjects = tuple(Subject(s["name"], s["digest"]["sha256"], s["annotations"]["size"]) for s in data["subject"])
-    return Receipt(p, cast(Statement, data), subjects, envelope)
+    return Receipt(p, cast(Statement, data), subjects, envelope, stamp)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def as_receipt(receipt: str | Path | Receipt) -> Receipt:
+    """``receipt`` itself when already read (the one typed object a command passes down), else read."""
+    return receipt if isinstance(receipt, Receipt) else read_receipt(receipt)
 
 
 def load_receipt(path: str | Path) -> JsonObject:
@@ -507,11 +482,13 @@ def served_problem(statement: Statement, verification: Verification) -> str | No
     return None
 
 
-def refuse_other_file(receipt: str | Path, model: str | Path) -> None:
+def refuse_other_file(receipt: str | Path | Receipt, model: str | Path) -> None:
     """Before a verification runs: refuse a model whose size differs from the receipt's artifact, so a
     mismatched ``verify B --receipt A`` costs no server run. Sizes can only prove a mismatch; an equal
     size is settled by the sha256 binding when the results are written (:func:`set_verification`)."""
-    subject = read_receipt(receipt).statement["subject"][0]
+    rf = as_receipt(receipt)
+    receipt = rf.path
+    subject = rf.statement["subject"][0]
     size = (subject.get("annotations") or {}).get("size")
     try:
         actual = Path(model).stat().st_size
@@ -523,7 +500,7 @@ def refuse_other_file(receipt: str | Path, model: str | Path) -> None:
                                   f"file: {model} has sha256 {got} ({actual:,} bytes), the receipt's artifact "
                                   f"{subject['name']} has sha256 {subject['digest']['sha256']} ({size:,} bytes)",
                                   path=model, expected=subject["digest"]["sha256"], actual=got)
-    for other in read_receipt(receipt).subjects[1:]:  # a split artifact: llama-server loads these too
+    for other in rf.subjects[1:]:  # a split artifact: llama-server loads these too
         shard = Path(model).parent / other.name
         have = shard.stat().st_size if shard.is_file() else None
         if have != other.size:
@@ -555,22 +532,20 @@ def check_intact(rf: Receipt, signing_key: str | Path | None) -> None:
 ADDED_VERIFICATION_SECTIONS = ("tuned", "profiles", "acceptance_curve", "matrix")
 
 
-def set_verification(path: str | Path, verification: JsonObject, keep_added: bool = False,
+def set_verification(path: str | Path | Receipt, verification: JsonObject, keep_added: bool = False,
                      signing_key: str | Path | None = None) -> Statement:
     """Fill the receipt's ``verification`` slot (re-sealing it) and write it back atomically.
 
     Refused (AuditError naming both digests) unless ``verification.model.sha256`` equals the
     artifact's digest. ``keep_added``: carry over what tune, curve and profiles stored in the old
     section (a ``tuned`` of this verification, from a sweep, wins; an older sweep's is not carried).
-    A signed receipt stays signed: ``signing_key`` (else ``$GGUFMTP_SIGNING_KEY``) re-signs it."""
-    rf = read_receipt(path)
+    A signed receipt stays signed: ``signing_key`` (else ``$GGUFMTP_SIGNING_KEY``) re-signs it.
+    ``path`` may be the receipt as the command read it (:meth:`Receipt.fresh`: not read again unless
+    it changed on disk since)."""
+    rf = path.fresh() if isinstance(path, Receipt) else read_receipt(path)
     st = rf.statement
-    _refuse_unbound(st, cast(Verification, verification), path)
-    key = signing_key or (resolve_signing_key(None) if rf.signed else None)
-    if rf.signed and not key:
-        raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
-                         f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
-    check_intact(rf, key)
+    _refuse_unbound(st, cast(Verification, verification), rf.path)
+    key = _rewrite_key(rf, signing_key)
     old = cast(JsonObject, st["predicate"].get("verification") or {})
     if keep_added:
         kept = {k: old[k] for k in ADDED_VERIFICATION_SECTIONS if old.get(k) and not verification.get(k)}
@@ -580,19 +555,28 @@ def set_verification(path: str | Path, verification: JsonObject, keep_added: boo
     st["predicate"]["verification"] = cast(Verification, verification)
     if verification.get("server"):
         st["predicate"]["toolchain"]["server"] = verification["server"]
-    write_statement(path, seal(st), key)
+    write_statement(rf.path, seal(st), key)
     return st
 
 
-def set_section(path: str | Path, name: str, section: JsonObject, signing_key: str | Path | None = None) -> Statement:
+def set_section(path: str | Path | Receipt, name: str, section: JsonObject,
+                signing_key: str | Path | None = None) -> Statement:
     """Store ``section`` as ``predicate[name]`` (e.g. ``quality``), re-sealed and re-signed like
-    :func:`set_verification` (an edited or unsigned-with-key receipt is refused first)."""
-    rf = read_receipt(path)
+    :func:`set_verification` (an edited or unsigned-with-key receipt is refused first; ``path`` may
+    be the receipt as the command read it)."""
+    rf = path.fresh() if isinstance(path, Receipt) else read_receipt(path)
+    key = _rewrite_key(rf, signing_key)
+    cast(JsonObject, rf.statement["predicate"])[name] = section
+    write_statement(rf.path, seal(rf.statement), key)
+    return rf.statement
+
+
+def _rewrite_key(rf: Receipt, signing_key: str | Path | None) -> str | Path | None:
+    """The key to re-sign ``rf`` with (``signing_key``, else ``$GGUFMTP_SIGNING_KEY`` for a signed
+    receipt), once the receipt is checked intact: a signed receipt is never rewritten unsigned."""
     key = signing_key or (resolve_signing_key(None) if rf.signed else None)
     if rf.signed and not key:
-        raise AuditError(f"{path}: the receipt is signed; give the signing key (--signing-key or "
+        raise AuditError(f"{rf.path}: the receipt is signed; give the signing key (--signing-key or "
                          f"$GGUFMTP_SIGNING_KEY) to re-sign it, or it would lose its signature")
     check_intact(rf, key)
-    cast(JsonObject, rf.statement["predicate"])[name] = section
-    write_statement(path, seal(rf.statement), key)
-    return rf.statement
+    return key

@@ -66,15 +66,23 @@ class QualityResult:
     quant_sha256: str | None = None
     chunk_kld: tuple[float, ...] = ()  # each chunk's mean KLD (perplexity.chunk_kld_means; not in to_dict)
 
-    def to_dict(self) -> JsonObject:
-        return {**dataclasses.asdict(self.stats), "corpus": self.corpus.to_dict(), "ctx_size": self.ctx_size,
-                "chunks": self.chunks, "n_tokens": self.n_tokens, "commit": self.commit,
+    def to_dict(self, *, names: bool = False) -> JsonObject:
+        """The result as JSON; ``names``: every file by its name alone, as a receipt holds it (files
+        beside the artifact, never a local path, relative ones included)."""
+        file = _file_name if names else str
+        corpus = self.corpus.to_dict()
+        return {**dataclasses.asdict(self.stats), "corpus": {**corpus, "path": file(corpus["path"])},
+                "ctx_size": self.ctx_size, "chunks": self.chunks, "n_tokens": self.n_tokens, "commit": self.commit,
                 "tool": "llama-perplexity --kl-divergence",
-                "base": {"path": str(self.base), "sha256": self.base_logits.base_sha256},
-                "quant": {"path": str(self.quant), "sha256": self.quant_sha256},
+                "base": {"path": file(self.base), "sha256": self.base_logits.base_sha256},
+                "quant": {"path": file(self.quant), "sha256": self.quant_sha256},
                 "base_logits": {"bytes": self.base_logits.bytes, "cached": self.base_logits.cached,
                                 "seconds": round(self.base_logits.seconds, 3)},
                 "seconds": round(self.base_logits.seconds + self.quant_seconds, 3)}
+
+
+def _file_name(path: str | Path) -> str:
+    return Path(path).name
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:

@@ -81,9 +81,10 @@ class HeadVariant:
     mean_acceptance_length: float | None
     verdict: str
 
-    def to_dict(self) -> JsonObject:
+    def to_dict(self, *, names: bool = False) -> JsonObject:
+        """The variant as JSON; ``names``: its file by name alone, as a receipt holds it."""
         d = dataclasses.asdict(self)
-        d["path"] = str(self.path)
+        d["path"] = self.path.name if names else str(self.path)
         return d
 
 
@@ -101,9 +102,10 @@ class HeadSweepResult:
     def recommended_recipe(self) -> Recipe | None:
         return head_recipe(self.recipe, self.recommended) if self.recommended else None
 
-    def to_dict(self) -> JsonObject:
-        return {"model": str(self.model), "recipe": self.recipe.name, "reference": REFERENCE_TYPE,
-                "variants": [v.to_dict() for v in self.variants], "recommended": self.recommended,
+    def to_dict(self, *, names: bool = False) -> JsonObject:
+        """The sweep as JSON; ``names``: every file by name alone (the receipt's ``head_sweep``)."""
+        return {"model": self.model.name if names else str(self.model), "recipe": self.recipe.name,
+                "reference": REFERENCE_TYPE, "variants": [v.to_dict(names=names) for v in self.variants], "recommended": self.recommended,
                 "trunk_identical": True, "trunk_tensors": self.trunk_tensors, "settings": self.settings}
 
 

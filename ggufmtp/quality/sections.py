@@ -7,26 +7,28 @@ from pathlib import Path
 
 from ..errors import AuditDigestMismatch
 from ..jsontypes import JsonObject
-from ..provenance.receipt import load_receipt, set_section
+from ..provenance.receipt import Receipt, read_receipt, set_section
 from ..provenance.statement import Statement
 from .eval import QualityResult
 from .options import EvalOptions
 
 
-def _refuse_other_artifact(receipt: str | Path, sha256: str | None, what: str) -> None:
+def _refuse_other_artifact(rf: Receipt, sha256: str | None, what: str) -> None:
     """A receipt stores figures of its own artifact only (AuditError naming both digests)."""
-    subject = load_receipt(receipt)["subject"][0]
+    subject = rf.statement["subject"][0]
     have = str(subject["digest"]["sha256"]).lower()
     if sha256 is not None and sha256.lower() != have:
-        raise AuditDigestMismatch(f"{receipt}: its artifact {subject['name']} has sha256 {have}, the {what} measured "
+        raise AuditDigestMismatch(f"{rf.path}: its artifact {subject['name']} has sha256 {have}, the {what} measured "
                                   f"a file with sha256 {sha256}; store it in that file's receipt",
-                                  path=receipt, expected=have, actual=sha256)
+                                  path=rf.path, expected=have, actual=sha256)
 
 
 def store_quality(receipt: str | Path, result: QualityResult, signing_key: str | Path | None = None) -> Statement:
-    """Write ``result`` as the receipt's ``quality`` section (the quant must be the receipt's artifact)."""
-    _refuse_other_artifact(receipt, result.quant_sha256, "eval")
-    return set_section(receipt, "quality", result.to_dict(), signing_key)
+    """Write ``result`` as the receipt's ``quality`` section (the quant must be the receipt's
+    artifact); the receipt is read once, for the check and the rewrite."""
+    rf = read_receipt(receipt)
+    _refuse_other_artifact(rf, result.quant_sha256, "eval")
+    return set_section(rf, "quality", result.to_dict(names=True), signing_key)
 
 
 def store_head_sweep(receipt: str | Path, section: JsonObject, signing_key: str | Path | None = None

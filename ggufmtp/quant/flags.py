@@ -32,9 +32,23 @@ from .recipe import (
 # boolean flags -> the Recipe / QuantizeFlags field they set
 BOOL_FLAGS: dict[str, str] = {"--pure": "pure", "--leave-output-tensor": "leave_output_tensor",
                               "--allow-requantize": "allow_requantize"}
-_VALUE_FLAGS = ("--output-tensor-type", "--token-embedding-type", "--tensor-type", "--imatrix")
-_NO_EQUIVALENT = ("--keep-split", "--dry-run", "--tensor-type-file", "--include-weights", "--exclude-weights",
-                  "--prune-layers", "--override-kv", "--max-buffer-size")
+_VALUE_FLAGS = ("--output-tensor-type", "--token-embedding-type", "--imatrix", "--tensor-type-file")
+# repeatable value flags -> QuantizeFlags.build's argument
+_LIST_FLAGS: dict[str, str] = {"--tensor-type": "tensor_types", "--override-kv": "kv_overrides",
+                               "--include-weights": "include_weights", "--exclude-weights": "exclude_weights"}
+# llama-quantize's options ggufmtp does not take, and why (the CLI's refusals name these too:
+# cli/options.py LLAMA_REFUSALS; docs/reference/flags.md)
+QUANTIZE_REFUSALS: dict[str, str] = {
+    "--keep-split": "llama-quantize's --keep-split is not taken: ggufmtp writes one file, or shards of "
+                    "--split-max-size (give the first shard of a split input)",
+    "--prune-layers": "llama-quantize's --prune-layers is not taken: pruning renumbers the blocks, the MTP block "
+                      "included; prune with llama-quantize, then `ggufmtp inspect` and `audit` the result",
+    "--max-buffer-size": "llama-quantize's --max-buffer-size is not taken: ggufmtp quantizes with libllama's "
+                         "default buffer (8 GiB of rows)",
+}
+# ... and one that is a way of running, which a recipe does not hold
+_NOT_A_RECIPE = {"--dry-run": "llama-quantize's --dry-run is a way of running, not a recipe: give it to "
+                              "`ggufmtp quantize --dry-run -r RECIPE` (or run `ggufmtp plan`)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,38 +97,41 @@ class LlamaQuantizeLine:
 
     @classmethod
     def parse(cls, argv: Sequence[str] | str) -> LlamaQuantizeLine:
-        """Flags with llama-quantize's names (a leading ``llama-quantize`` program name is skipped);
-        RecipeError for a flag that has no equivalent, an unknown one or a missing value."""
+        """Flags with llama-quantize's names and meaning, as ``ggufmtp quantize`` takes them (a leading
+        ``llama-quantize`` program name is skipped; ``--tensor-type-file`` is read now, its items after
+        the ``--tensor-type`` ones); RecipeError for a flag a recipe cannot hold (with why and what
+        to do), an unknown one or a missing value."""
         args = shlex.split(argv) if isinstance(argv, str) else list(argv)
         if args and Path(args[0]).name.startswith("llama-quantize"):
             args = args[1:]
         values: dict[str, str] = {}
-        tensor_types: list[str] = []
+        lists: dict[str, list[str]] = {field: [] for field in _LIST_FLAGS.values()}
         bools: dict[str, bool] = {}
         positional: list[str] = []
         it = iter(args)
         for a in it:
-            if a in _VALUE_FLAGS:
+            if a in _VALUE_FLAGS or a in _LIST_FLAGS:
                 try:
                     val = next(it)
                 except StopIteration:
                     raise RecipeError(f"llama-quantize flags: {a} needs a value") from None
-                if a == "--tensor-type":
-                    tensor_types.append(val)
+                if a in _LIST_FLAGS:
+                    lists[_LIST_FLAGS[a]].append(val)
                 else:
                     values[a] = val
             elif a in BOOL_FLAGS:
                 bools[BOOL_FLAGS[a]] = True
-            elif a in _NO_EQUIVALENT:
-                raise RecipeError(f"llama-quantize flags: {a} has no recipe equivalent")
+            elif a in QUANTIZE_REFUSALS or a in _NOT_A_RECIPE:
+                raise RecipeError(f"llama-quantize flags: {a}: {QUANTIZE_REFUSALS.get(a) or _NOT_A_RECIPE[a]}")
             elif a.startswith("-") and not a.lstrip("-").isdigit():
                 raise RecipeError(f"llama-quantize flags: unknown flag {a}")
             else:
                 positional.append(a)
-        flags = QuantizeFlags.build(tensor_types, values.get("--output-tensor-type"),
+        flags = QuantizeFlags.build(lists.pop("tensor_types"), values.get("--output-tensor-type"),
                                     values.get("--token-embedding-type"), pure=bools.get("pure", False),
                                     leave_output_tensor=bools.get("leave_output_tensor", False),
-                                    allow_requantize=bools.get("allow_requantize", False))
+                                    allow_requantize=bools.get("allow_requantize", False),
+                                    tensor_type_file=values.get("--tensor-type-file"), **lists)
         return cls(flags, values.get("--imatrix"), tuple(positional))
 
 

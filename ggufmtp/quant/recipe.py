@@ -222,11 +222,13 @@ class QuantizeFlags:
     def build(cls, tensor_types: Sequence[str] = (), output_type: str | None = None,
               token_embedding_type: str | None = None, *, pure: bool = False, leave_output_tensor: bool = False,
               allow_requantize: bool = False, kv_overrides: Sequence[str] = (), include_weights: Sequence[str] = (),
-              exclude_weights: Sequence[str] = ()) -> QuantizeFlags:
-        """The flags from their command-line values (``--tensor-type`` as ``PATTERN=TYPE`` strings);
-        RecipeError naming a malformed one."""
-        from .kv import check_weights_filter, parse_kv_override
+              exclude_weights: Sequence[str] = (), tensor_type_file: str | Path | None = None) -> QuantizeFlags:
+        """The flags from their command-line values (``--tensor-type`` as ``PATTERN=TYPE`` strings,
+        then the items of ``--tensor-type-file``, as llama-quantize orders them); RecipeError naming
+        a malformed one."""
+        from .kv import check_weights_filter, parse_kv_override, read_tensor_type_file
 
+        tensor_types = [*tensor_types, *(read_tensor_type_file(tensor_type_file) if tensor_type_file else ())]
         for v in kv_overrides:
             parse_kv_override(v)
         check_weights_filter(include_weights, exclude_weights)
@@ -476,6 +478,9 @@ class Recipe:
             lines.append(f"token_embedding_type = {_q(self.token_embedding_type)}")
         lines.append(f"imatrix = {_q(self.imatrix)}")
         lines += [f"{key} = true" for key in ("pure", "leave_output_tensor", "allow_requantize") if getattr(self, key)]
+        lines += [f"{key} = [{', '.join(_q(v) for v in values)}]" for key, values in (
+            ("override_kv", self.kv_overrides), ("include_weights", self.include_weights),
+            ("exclude_weights", self.exclude_weights)) if values]
         lines += ["", "[mtp]", f"required = {str(self.mtp_required).lower()}"]
         lines += [f"{role} = {_q(t)}" for role, t in self.mtp_roles]
         if self.mtp_floor:

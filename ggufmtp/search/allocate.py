@@ -22,7 +22,10 @@ Floors (:class:`Floors`), applied before allocating, each exclusion kept with it
   ``-acceptance_margin`` is excluded; an *unmeasured* head candidate is allowed only at or above
   ``head_floor_type`` in bits per weight (Q4_K, the recipes' ``[mtp] floor``: the learned-head study
   in ``benchmarks/README.md`` found heads down to Q4_K draft as well as BF16's; below it, only a
-  measurement may admit a type);
+  measurement may admit a type), raised per head group to ``shipped_heads``: the loosest type any
+  shipped recipe gives that group (:func:`~.run.shipped_head_floors`, from their plans on the model:
+  ``nextn.eh_proj`` Q8_0 in every one), so an unmeasured head is never looser than every shipped
+  recipe's (the KLD does not see the head: without a floor the knapsack took its cheapest type);
 - the tensors the head reads but does not own (``output`` and ``token_embd`` where the head falls
   back to them, :attr:`~.records.TensorGroup.head_reads`) likewise, with ``head_reads_floor_type``
   (Q8_0) for an unmeasured candidate: on the trained tiny model an IQ2-budget search that put
@@ -64,6 +67,7 @@ class Floors:
     max_kld: float | None = None
     head_reads_floor_type: str = "Q8_0"
     as_shipped: tuple[tuple[str, str], ...] = ()  # (group, type) the recipe to beat gives it: admitted unmeasured
+    shipped_heads: tuple[tuple[str, str], ...] = ()  # (head group, the loosest type a shipped recipe gives it)
 
     def __post_init__(self) -> None:
         if not 0 <= self.acceptance_margin < 1:
@@ -104,7 +108,7 @@ def excluded_by_floors(group: TensorGroup, cost: Cost, floors: Floors) -> str | 
         return (f"head acceptance CI [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}] pt reaches below "
                 f"-{floors.acceptance_margin * 100:.1f} pt (inferior to the reference)")
     if group.drafts:
-        floor = floors.head_floor_type if group.role.is_head else floors.head_reads_floor_type
+        floor = head_floor(group, floors) if group.role.is_head else floors.head_reads_floor_type
         what = "head floor" if group.role.is_head else "floor of a tensor the head reads"
         shipped = dict(floors.as_shipped).get(group.name)
         bits = bits_per_weight(cost.candidate.qtype)
@@ -113,6 +117,15 @@ def excluded_by_floors(group: TensorGroup, cost: Cost, floors: Floors) -> str | 
             also = f" and below {shipped}, the recipe to beat's" if shipped else ""
             return f"head acceptance not measured, and {cost.candidate.qtype} is below the {what} {floor}{also}"
     return None
+
+
+def head_floor(group: TensorGroup, floors: Floors) -> str:
+    """The type an unmeasured candidate of head group ``group`` must reach: ``head_floor_type``, or the
+    shipped recipes' loosest for the group where that is more precise."""
+    shipped = dict(floors.shipped_heads).get(group.name)
+    if shipped is not None and bits_per_weight(shipped) > bits_per_weight(floors.head_floor_type):
+        return shipped
+    return floors.head_floor_type
 
 
 def allowed_candidates(table: SensitivityTable, floors: Floors

@@ -5,7 +5,8 @@ The stages: the model's tensor groups (:func:`~.groups.groups_of`), every candid
 budget (:func:`~.allocate.allocate`), the recipe (:func:`~.found.allocation_recipe`), and with
 ``prove`` the proof against the recipe to beat (``shipped``, else a budget given as a recipe, else
 the shipped recipe of the nearest size: :func:`~.prove.prove`). The
-recipe TOML (with its ``[search]`` table) is written atomically when ``out`` is given.
+recipe TOML (with its ``[search]`` table) is written atomically when ``out`` is given, and kept in
+the recipe store by its sha256 (:mod:`ggufmtp.provenance.recipe_store`: ``verify --receipt`` finds it).
 
 A budget (:func:`parse_budget`) is a size (``12MB``, ``11.5MiB``, ``1.2G``, ``123456`` bytes), bits
 per weight (``4.5bpw``), both over the groups' tensors, or a recipe (``hifi-q4_k_m-mtp``,
@@ -30,8 +31,10 @@ from typing import Any
 from ..errors import SearchError
 from ..files.fsutil import atomic_write_text
 from ..ladder.engine import DaskEngine
+from ..provenance.recipe_store import store_recipe
 from ..quant.plan import make_plan
-from ..quant.recipe import Recipe
+from ..quant.qtypes import bits_per_weight
+from ..quant.recipe import Recipe, shipped_recipes
 from ..refs import local_model_arg
 from .allocate import Floors, allocate, budget_bytes, group_types, size_text
 from .found import allocation_recipe, search_toml
@@ -71,6 +74,22 @@ def recipe_budget(model: Path, groups: tuple[TensorGroup, ...], recipe: str | Re
     names = {t for g in groups for t in g.tensors}
     budget = Budget(n_bytes=sum(t.bytes for t in plan.tensors if t.name in names))
     return budget, group_types(groups, {t.name: t.to_type for t in plan.tensors})
+
+
+def shipped_head_floors(model: Path, groups: tuple[TensorGroup, ...],
+                        imatrix: str | os.PathLike | None) -> tuple[tuple[str, str], ...]:
+    """Each head group's loosest type among the shipped recipes (``recipes/*.toml``), each recipe's
+    type for the group being its most precise planned one (:func:`.allocate.group_types`) as
+    llama.cpp's dry run plans it on ``model``: :attr:`.allocate.Floors.shipped_heads`. A recipe's
+    plan errors (iq2_xxs-mtp without an imatrix) do not matter: only its types are read."""
+    heads = tuple(g for g in groups if g.role.is_head)
+    loosest: dict[str, str] = {}
+    for name in shipped_recipes() if heads else ():
+        plan = make_plan(model, name, None if imatrix is None else Path(imatrix))
+        for group, qtype in group_types(heads, {t.name: t.to_type for t in plan.tensors}):
+            if group not in loosest or bits_per_weight(qtype) < bits_per_weight(loosest[group]):
+                loosest[group] = qtype
+    return tuple((g.name, loosest[g.name]) for g in heads if g.name in loosest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +204,8 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     planned = {r: recipe_budget(src, groups, r, o.measure.imatrix) for r in {beat, parsed} if isinstance(r, str)}
     limit = parsed if isinstance(parsed, Budget) else planned[parsed][0]
     floors = o.floors if beat is None else dataclasses.replace(o.floors, as_shipped=planned[beat][1])
+    if not o.measure.acceptance:  # unmeasured, the head keeps what every shipped recipe keeps
+        floors = dataclasses.replace(floors, shipped_heads=shipped_head_floors(src, groups, o.measure.imatrix))
     refuse_before_measuring(src, groups, limit, o)
     with _client(o) as client:
         table = measure_sensitivity(src, groups, o.types, o.measure, client=client, log=log)
@@ -197,4 +218,5 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     text = search_toml(recipe, table, allocation, proof.toml_table() if proof else None, points)
     if out is not None:
         atomic_write_text(out, text)
+        store_recipe(text)  # a receipt of a file quantized with it finds it by its sha256, wherever `out` goes
     return SearchResult(table, allocation, recipe, text, Path(out) if out is not None else None, proof)

@@ -53,7 +53,7 @@ from ...jsontypes import JsonObject
 from ...progress import bar as progress_bar
 from ...provenance.binding import BoundBy, ReferenceBinding, ReferenceFacts, bind_reference, source_digests
 from ...provenance.head import HeadComparison, HeadDecision, HeadPair, ReferenceModel, look_schedule
-from ...provenance.receipt import Receipt, default_receipt_path, read_receipt
+from ...provenance.receipt import Receipt, as_receipt, default_receipt_path
 from ...provenance.statement import NamedDigest
 from ...runtime.build import binary_version, cache_root, find_binary
 from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_without
@@ -82,13 +82,14 @@ def _receipt_beside(path: Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def _describing(path: Path, served: ServedSet, what: str) -> Receipt:
-    """The receipt at ``path``, read strictly; VerifyError unless it is intact and its subjects are
-    exactly the served files' digests."""
+def _describing(path: Path | Receipt, served: ServedSet, what: str) -> Receipt:
+    """The receipt at ``path`` (read strictly, unless the command already read it); VerifyError
+    unless it is intact and its subjects are exactly the served files' digests."""
     try:
-        rf = read_receipt(path)
+        rf = as_receipt(path)
     except GgufmtpError as e:
         raise VerifyError(f"{what}: {e}") from None
+    path = rf.path
     if not rf.intact:
         raise VerifyError(f"{what} {path}: edited after it was written (its integrity digest does not match)")
     if [s.sha256 for s in rf.subjects] != served.digests:
@@ -97,10 +98,11 @@ def _describing(path: Path, served: ServedSet, what: str) -> Receipt:
     return rf
 
 
-def artifact_receipt(path: Path, served: ServedSet, given: str | os.PathLike | None) -> Receipt | None:
-    """The artifact's receipt, which names its source: ``given``, else the one beside ``path``
-    (None: a bare GGUF); VerifyError when it does not describe the served bytes."""
-    found = Path(given) if given is not None else _receipt_beside(path)
+def artifact_receipt(path: Path, served: ServedSet, given: str | os.PathLike | Receipt | None) -> Receipt | None:
+    """The artifact's receipt, which names its source: ``given`` (a path, or the receipt the command
+    read), else the one beside ``path`` (None: a bare GGUF); VerifyError when it does not describe
+    the served bytes."""
+    found = given if isinstance(given, Receipt) else Path(given) if given is not None else _receipt_beside(path)
     return _describing(found, served, "the artifact's receipt") if found is not None else None
 
 
@@ -194,7 +196,7 @@ class ReferenceArm:
             raise VerifyError(f"reference {p}: the artifact itself; a reference is another file (the BF16 base)")
 
     @classmethod
-    def of(cls, path: str | os.PathLike, artifact: ServedSet, receipt: str | os.PathLike | None,
+    def of(cls, path: str | os.PathLike, artifact: ServedSet, receipt: str | os.PathLike | Receipt | None,
            check_model: Callable[[Path], object]) -> ReferenceArm:
         """The reference at ``path``: another file (:meth:`check_path`) that ``check_model`` accepts
         (verify's: a complete MTP block; its error names the reference), hashed (every shard), bound

@@ -104,6 +104,7 @@ from ...fmt import times
 from ...gguf.model import inspect_model
 from ...progress import bar as progress_bar
 from ...provenance.head import DEFAULT_MARGIN
+from ...provenance.receipt import Receipt
 from ...provenance.verdict import Thresholds, Verdict, evaluate_verdict, judge, slot_failures
 from ...runtime.build import binary_is_ggufmtp_build, binary_version
 from ...runtime.hardware import (
@@ -185,12 +186,13 @@ def _check_model(path: Path) -> Any:
     return rep
 
 
-def _check_pair(trunk: Path, sidecar: Path) -> Any:
+def _check_pair(trunk: Path, sidecar: Path, trunk_receipt: Receipt | None = None) -> Any:
     """A trunk served with an MTP-only sidecar: VerifyError unless they pair
-    (:func:`~ggufmtp.provenance.pair.pair_problem`); the trunk's report with the sidecar's MTP blocks."""
+    (:func:`~ggufmtp.provenance.pair.pair_problem`; ``trunk_receipt``: the trunk's, as the command
+    read it, else read beside it); the trunk's report with the sidecar's MTP blocks."""
     from ...provenance.pair import pair_problem
 
-    problem = pair_problem(trunk, sidecar)
+    problem = pair_problem(trunk, sidecar, trunk_receipt=trunk_receipt)
     if problem:
         raise VerifyError(f"--sidecar: {problem}")
     rep, head = inspect_model(trunk), inspect_model(sidecar)
@@ -451,11 +453,13 @@ def _with_kv_depth(plan: _Plan, base: dict[str, Any], cache_type_k: str | None, 
     return dataclasses.replace(plan, kv=kv), {**base, **kv.server_fields(base["extra_args"])}
 
 
-def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, receipt: str | os.PathLike | None = None,
+def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
+           receipt: str | os.PathLike | Receipt | None = None,
            progress: bool = True, on_record: Callable[[Record], None] | None = None) -> VerifyResult:
     """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) with ``options`` (default:
     :class:`VerifyOptions`'s, the command line's) and judge the result (see the module docstring).
-    ``on_record`` is called after each request; ``receipt`` (read only; default: beside it) names its source.
+    ``on_record`` is called after each request; ``receipt`` (read only, a path or the receipt the
+    command read; default: beside it) names its source.
 
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
@@ -464,7 +468,8 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *, re
     t0 = time.monotonic()
     plan = _plan(o)
     path = Path(model)
-    rep = _check_model(path) if o.sidecar is None else _check_pair(path, Path(o.sidecar))
+    rep = (_check_model(path) if o.sidecar is None
+           else _check_pair(path, Path(o.sidecar), receipt if isinstance(receipt, Receipt) else None))
     base = o.server.base_fields(model=path, ctx_size=o.ctx_size, parallel=1)
     plan, base = _with_kv_depth(plan, base, o.cache_type_k, o.cache_type_v, o.context_fill, o.max_tokens)
     served = ServedSet.of(path)  # the bytes llama-server is about to serve: every shard of a split model
