@@ -38,6 +38,7 @@ UPSTREAM = "upstream-org/Tiny-Qwen35MoE-Trained"  # --base-model: the card's bas
 SEARCH = ("--budget", "7bpw", "--types", "Q8_0,Q4_0", "--chunks", "2", "--layers-per-group", "8", "-t", "1")
 RECIPES = ("q8_0-mtp", "q4_k_m-mtp-q8", "iq4_xs-mtp")
 TAGS = {"Q8_0", "Q4_K_M_FullHead", "IQ4_XS", "Q8_0_Searched"}
+COMMIT_MAX = "2000K"  # below the release's 6 MB: it goes up as a large one does, in several commits
 # 8 prompts x 64 tokens: the least evidence the publish gate takes for a verdict. Too few to decide a
 # trained head at the recipes' 3-point margin on every machine: 0.10 (the widest allowed), and
 # --allow-unverified so an undecided head is published as such (the card then says so); this test is
@@ -66,11 +67,12 @@ def release(llama_server_bin, tmp_path_factory):
         recipes = [a for name in (*RECIPES, str(found)) for a in ("-r", name)]
         argv = ["--no-progress", "ladder", "-m", MODEL, *recipes, "--layout", "sidecar", "--split-max-size", "1M",
                 *VERIFY, "--base-model", UPSTREAM, "--quantized-by", "me", "-o", str(root / "ladder"),
-                "--upload", REPO]
+                "--upload", REPO, "--commit-max-size", COMMIT_MAX]
         env = {"HF_TOKEN": TOKEN, "HF_ENDPOINT": fake.url}
         r = CliRunner().invoke(main, argv, env=env)
         assert "uploaded: " in r.output and "Traceback" not in r.output, r.output
         assert r.exit_code == 0 or "inconclusive" in r.output, r.output
+        assert f"uploaded: {fake.url}/{REPO}/commit/{fake.head(REPO)}" in r.output  # the final commit
         yield Release(fake, argv, env, root / "ladder")
 
 
@@ -108,6 +110,20 @@ def test_every_file_s_hub_label_on_the_card_s_line_loads_that_file_and_its_verif
         assert _downloaded(hub, REPO) == _shards(loaded) | {verified}, file
 
 
+def test_the_release_went_up_in_parts_each_serving_what_it_holds(release):
+    """Several commits (``(part N)``), the sidecar in the first, each trunk whole (both shards and its
+    receipt) in one, the card in the last."""
+    hub = release.hub
+    parts = [c for c in hub.history(REPO)[::-1] if c.message.startswith("ggufmtp ladder")]
+    assert len(parts) >= 3 and [c.message.endswith(f"(part {i + 1})") for i, c in enumerate(parts)][1:] == [True] * (
+        len(parts) - 1), [c.message for c in parts]
+    added = [set(c.files) - set(hub.repos[REPO].commits[c.parent].files) for c in parts]
+    assert any(f.startswith("mtp-") for f in added[0]) and "README.md" in added[-1] and "README.md" not in added[0]
+    for new in added:
+        for first in (f for f in new if f.endswith("-00001-of-00002.gguf")):
+            assert {first.replace("00001-of", "00002-of"), first + ".receipt.json"} <= new, new
+
+
 def test_the_card_has_every_element_of_a_model_page(release):
     """#50 "What to build" item 1, element by element, on the uploaded card."""
     card = release.hub.file(REPO, "README.md").decode()
@@ -136,8 +152,9 @@ def test_the_card_has_every_element_of_a_model_page(release):
 
 def test_rerunning_the_ladder_with_upload_measures_nothing(release, monkeypatch):
     """The same ``ladder ... --upload`` again: no llama-server, no quantization, receipts untouched,
-    and the release goes up again (as it is)."""
+    and the release, all there already, makes no commit."""
     receipts = sorted(release.out.glob("**/*.receipt.json"))
+    head = release.hub.head(REPO)
     before = {p: p.read_bytes() for p in receipts}
     started = _spy_on_processes(monkeypatch)
     r = CliRunner().invoke(main, release.argv, env=release.env)
@@ -145,3 +162,4 @@ def test_rerunning_the_ladder_with_upload_measures_nothing(release, monkeypatch)
     assert started == [], started
     assert {p: p.read_bytes() for p in receipts} == before
     assert all(f"{t}: reused" in r.output for t in TAGS), r.output
+    assert release.hub.head(REPO) == head and f"uploaded: {release.hub.url}/{REPO}/commit/{head}" in r.output
