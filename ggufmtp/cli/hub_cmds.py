@@ -20,6 +20,30 @@ allow_unverified_option = click.option(
     "--allow-unverified", is_flag=True,
     help="Publish even without a publishable verification of the artifact (the card then says so); an "
          "artifact that fails `ggufmtp audit` is never published.")
+
+
+class CommitSizeParam(click.ParamType):
+    """``--commit-max-size``: decimal bytes (``50G``, ``500M``, ``2000K``), or ``none`` for one commit."""
+
+    name = "size"
+    _UNITS = {"K": 10**3, "M": 10**6, "G": 10**9}
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        text = str(value).strip().upper()
+        if text == "NONE":
+            return None
+        if text[-1:] in self._UNITS and text[:-1].isdigit() and int(text[:-1]) > 0:
+            return int(text[:-1]) * self._UNITS[text[-1]]
+        self.fail(f"{value!r}: give a whole number of decimal kilo-, mega- or gigabytes (e.g. 50G, 500M), or none "
+                  "for one commit", param, ctx)
+
+
+commit_max_size_option = click.option(
+    "--commit-max-size", "commit_max_bytes", type=CommitSizeParam(), default="50G", show_default=True,
+    help="A release larger than this goes up in several commits (its model files whole, each with its shards and "
+         "receipt; sidecars first, the card last; '(part N)' on the later ones), each on the last; a rerun "
+         "resumes. none: one commit.")
+
 passing_only_option = click.option(
     "--passing-only", is_flag=True,
     help="A ladder: publish the variants the publish gate passes and leave out the refused ones (each named "
@@ -102,6 +126,7 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], exclu
               help="Folder of the repo for the artifacts, their signatures and receipts (default the top); "
               "the card stays the repo's README.md.")
 @click.option("--dry-run", is_flag=True, help="Run every check and list what would be uploaded; touch no network.")
+@commit_max_size_option
 @passing_only_option
 @public_key_option
 @allow_unverified_option
@@ -109,8 +134,8 @@ def pull_cmd(repo_id: str, revision: str | None, include: tuple[str, ...], exclu
 @handle_errors
 def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, ...], card: Path | None, private: bool,
                revision: str | None, token: str | None, commit_message: str | None, create_pr: bool,
-               path_in_repo: str | None, dry_run: bool, passing_only: bool, public_key: str | None,
-               allow_unverified: bool, as_json: bool) -> None:
+               path_in_repo: str | None, dry_run: bool, commit_max_bytes: int | None, passing_only: bool,
+               public_key: str | None, allow_unverified: bool, as_json: bool) -> None:
     """Publish ARTIFACT(s) with their receipt(s) and model card to REPO_ID, in one commit.
 
     Every artifact must pass `ggufmtp audit ARTIFACT --receipt R` (with the public key, when one is
@@ -119,7 +144,9 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     bytes gated. The commit message names the recipe and the artifact's
     sha256 (from the receipt) unless --commit-message gives one. As `hf upload`: --revision commits to
     a branch (created when missing), --create-pr opens a pull request instead (against --revision,
-    default main), --path-in-repo puts the files in a folder of the repo. The token comes from
+    default main), --path-in-repo puts the files in a folder of the repo. A release larger than
+    --commit-max-size goes up in several commits (as huggingface_hub's multi-commit upload, over
+    git-LFS with the gated digests; a rerun resumes). The token comes from
     --token, HF_TOKEN or `hf auth login` (HF_TOKEN keeps it off the command line).
 
     `ggufmtp upload LADDER_DIR REPO_ID` publishes a ladder's folder (`ggufmtp ladder -o LADDER_DIR`)
@@ -136,7 +163,7 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
                                    "and card are the ladder's: no --receipt or --card)")
         options = UploadOptions(private=private, revision=revision, dry_run=dry_run, allow_unverified=allow_unverified,
                                 public_key=public_key, commit_message=commit_message, create_pr=create_pr,
-                                path_in_repo=path_in_repo, token=token)
+                                path_in_repo=path_in_repo, token=token, commit_max_bytes=commit_max_bytes)
         return _upload_ladder(Path(repo_id), str(artifacts[0]), options, passing_only, as_json)
     if not receipts:
         raise click.UsageError("Missing option '--receipt': every artifact goes up with its receipt")
@@ -149,7 +176,7 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     options = UploadOptions(private=private, revision=revision, dry_run=dry_run, recipe_name=facts.recipe_name,
                             artifact_sha256=facts.artifact_sha256, allow_unverified=allow_unverified,
                             public_key=public_key, commit_message=commit_message, create_pr=create_pr,
-                            path_in_repo=path_in_repo, token=token)
+                            path_in_repo=path_in_repo, token=token, commit_max_bytes=commit_max_bytes)
     res = upload(repo_id, list(artifacts), list(receipts), card, options)
     for note in res.notes:
         click.echo(f"note: {note}", err=True)
@@ -166,6 +193,10 @@ def upload_cmd(repo_id: str, artifacts: tuple[Path, ...], receipts: tuple[Path, 
     for check in res.checks.unverified if res.checks else []:
         click.echo(f"  NOT VERIFIED {check.artifact.name}: {check.problem} (published with --allow-unverified)")
     click.echo(f"  message: {res.commit_message}")
+    if len(res.parts) > 1:
+        click.echo(f"  in {len(res.parts)} commits: " + "; ".join(f"part {i + 1}: {len(p)} file(s)"
+                                                          + (f" {res.commits[i]}" if i < len(res.commits) else "")
+                                                          for i, p in enumerate(res.parts)))
     if res.commit_sha:
         click.echo(f"  commit: {res.commit_sha}  {res.commit_url or ''}".rstrip())
     if res.pr_url:

@@ -12,7 +12,7 @@ import click
 
 from ..run_summary import verdict_text
 from .app import emit_json, handle_errors, json_option, main
-from .hub_cmds import allow_unverified_option, passing_only_option, print_reviews
+from .hub_cmds import allow_unverified_option, commit_max_size_option, passing_only_option, print_reviews
 from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
 from .options import (
     ctx_size_option,
@@ -91,9 +91,11 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Run the variants on this Dask cluster's scheduler (e.g. tcp://host:8786, a dask-jobqueue cluster).")
 @click.option("--upload", "upload_repo", default=None,
-              help="Publish every variant, its receipt and the card in one commit, through the publish gate: each "
+              help="Publish every variant, its receipt and the card in one commit (several above --commit-max-size), "
+                   "through the publish gate: each "
                    "variant's reason when it refuses one, and then nothing is sent (see --passing-only).")
 @passing_only_option
+@commit_max_size_option
 @click.option("--private", is_flag=True, help="Create the Hub repo private.")
 @click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
 @click.option("--upload-revision", default=None, metavar="BRANCH",
@@ -132,7 +134,8 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                gpu_layers: int | str | None, threads: int | None, ctx_size: int | None, quantize_threads: int | None,
                split_max_size: str | None, workers: int | None,
                gpus: int, scheduler: str | None,
-               upload_repo: str | None, passing_only: bool, private: bool, dry_run_upload: bool, upload_revision: str | None,
+               upload_repo: str | None, passing_only: bool, commit_max_bytes: int | None, private: bool,
+               dry_run_upload: bool, upload_revision: str | None,
                create_pr: bool, commit_message: str | None, path_in_repo: str | None, quantized_by: str | None,
                base_model: str | None, layout: str | None, sidecars: tuple[str, ...],
                signing_key: str | None, public_key: str | None, allow_unverified: bool, as_json: bool, **judging: Any) -> None:
@@ -180,7 +183,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     if upload_repo:
         up = UploadOptions(private=private, revision=upload_revision, create_pr=create_pr, token=token,
                            dry_run=dry_run_upload, commit_message=commit_message, path_in_repo=path_in_repo,
-                           allow_unverified=allow_unverified, public_key=public_key)
+                           allow_unverified=allow_unverified, public_key=public_key, commit_max_bytes=commit_max_bytes)
         published = publish_ladder(res, upload_repo, up, passing_only=passing_only, progress=not as_json)
         sent = published.to_dict()
         if not as_json:

@@ -167,7 +167,8 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
 def card(artifact: str, receipt_path: str | None, output: str | None, quantized_by: str, license_: str | None,
          repo_id: str | None, path_in_repo: str | None, base_model: str | None) -> None:
     """Write a Hugging Face model card for ARTIFACT from its receipt (and its verification): the
-    model's page (title, the file's size and GPU memory, download and run lines, the chat template,
+    model's page (title, the file's size and GPU memory, download and run lines with the draft the
+    -hf tag loads (its own head, or its MTP sidecar), the chat template,
     the imatrix credited; base_model the upstream model as quantized), then the evidence, stating
     only what audit judges."""
     from ..provenance.card import make_card

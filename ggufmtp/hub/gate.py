@@ -85,11 +85,14 @@ def _parsed(path: Path) -> Receipt:
 
 
 def _match(artifacts: Mapping[Path, str], receipts: list[Receipt]) -> dict[Path, Receipt]:
-    """The receipt of each artifact (by subject digest); refuses an artifact no receipt describes
-    and a receipt that describes none of the artifacts."""
+    """The receipt of each artifact (by subject digest, the one that also names the file first:
+    two variants can hold the same bytes, e.g. a searched recipe's trunk that differs from a shipped
+    one only in the head a sidecar layout drops); refuses an artifact no receipt describes and a
+    receipt that describes none of the artifacts."""
     found: dict[Path, Receipt] = {}
     for art, sha in artifacts.items():
-        rc = next((r for r in receipts if sha.lower() in r.digests()), None)
+        named = (r for r in receipts if (s := r.subject_named(art.name)) is not None and s.sha256 == sha.lower())
+        rc = next(named, None) or next((r for r in receipts if sha.lower() in r.digests()), None)
         if rc is None:
             described = "; ".join(f"{r.path} describes sha256 {', '.join(sorted(r.digests()))}" for r in receipts)
             raise HubRefusedError(f"no receipt describes {art} (sha256 {sha}): {described}. The receipt belongs "

@@ -1,4 +1,5 @@
-"""Publish artifacts to the Hugging Face Hub: one commit carrying artifact(s), receipt(s) and the card.
+"""Publish artifacts to the Hugging Face Hub: one commit carrying artifact(s), receipt(s) and the card
+(several for a large release: :mod:`.parts`).
 
 On the wire this is ``huggingface_hub``'s ``create_repo`` / ``create_branch`` / ``create_commit``.
 The inputs are checked before any request (:class:`UploadOptions` when built,
@@ -12,15 +13,13 @@ default commit message names the recipe and the artifact's sha256 as the receipt
 (``receipt_commit_facts``). An artifact's signature ``ARTIFACT.sig`` is uploaded alongside it when
 present.
 
-Large ladders go up the same way, as ONE ``create_commit``. huggingface_hub 2.x has no
-``upload_large_folder`` (nor ``hf upload-large-folder``): its resumable path for big folders is
-``upload_folder``'s streamed pipeline, which needs Xet, commits in several batches (``(part N)``),
-refuses ``create_pr`` with a ``revision``, and hashes files while it uploads them, so nothing could
-compare the bytes sent with the gated digests before a commit exists; a release split over several
-commits would also be visible half-made. What makes a large upload resumable is kept: run the same
-``ggufmtp upload`` (or ``ladder --upload``) again after a break, and only the files the Hub does not
-hold yet are sent (the LFS batch API has no upload action for a stored object; Xet deduplicates the
-chunks it holds), then the one commit is made.
+A release larger than ``commit_max_bytes`` (default 50 GB) goes up in several commits, as
+huggingface_hub 2.x's multi-commit upload does it but over git-LFS and with the gated digests
+(:mod:`.parts` says why huggingface_hub's own, Xet-only, path cannot be used and how the parts are
+laid out so that no intermediate state serves a model otherwise than verified); the result names
+every commit and the final one. Run the same ``ggufmtp upload`` (or ``ladder --upload``) again after
+a break: the parts already committed are found unchanged (no new commit), and only the files the Hub
+does not hold yet are sent (the LFS batch API has no upload action for a stored object).
 """
 
 from __future__ import annotations
@@ -42,9 +41,11 @@ from ..progress import is_disabled as progress_disabled
 from ..provenance.receipt import read_receipt
 from ..provenance.signing import resolve_public_key, signature_path
 from ..provenance.statement import Statement
+from ..quant.hf_resolve import split_info
 from ..quant.naming import SIDECAR_KEYWORD, label_problems, name_problem
 from .files import COMMIT_RE, HASH_PROGRESS_MIN, SHA256_RE
 from .gate import PublishCheck, check_publishable
+from .parts import DEFAULT_COMMIT_MAX_BYTES, plan_parts
 from .release import final_listing_problems, planned_from_receipt, repo_files
 from .transport import HubErrorContext, guard_secrets, host, hub_errors, resolve_endpoint
 
@@ -97,6 +98,8 @@ class UploadResult:
     repo_url: str | None = None
     checks: PublishCheck | None = None  # what the publish gate found
     notes: tuple[str, ...] = ()  # artifacts llama.cpp's -hf would not take as models (their names)
+    parts: list[tuple[str, ...]] = field(default_factory=list)  # the files of each commit, in order
+    commits: list[str] = field(default_factory=list)  # each part's commit (the last is commit_sha)
 
     @property
     def total_size(self) -> int:
@@ -119,6 +122,8 @@ class UploadResult:
             "operations": [op.to_dict() for op in self.operations],
             "artifacts": self.checks.to_dict() if self.checks else [],
             "notes": list(self.notes),
+            "parts": [list(p) for p in self.parts],
+            "commits": list(self.commits),
         }
 
 
@@ -224,7 +229,9 @@ class UploadOptions:
     check (hashing the files) and list the operations, without any network access;
     ``commit_message``: instead of the default one, which names ``recipe_name`` and
     ``artifact_sha256`` (the sha256 the receipt states; it must be one of the artifacts');
-    ``endpoint``: another Hub (default ``$HF_ENDPOINT``, else huggingface.co). The publish gate
+    ``endpoint``: another Hub (default ``$HF_ENDPOINT``, else huggingface.co); ``commit_max_bytes``:
+    a release larger than this goes up in several commits (:mod:`.parts`; None: always one; a pull
+    request is always one). The publish gate
     (:mod:`ggufmtp.hub.gate`): ``allow_unverified`` publishes without a passing verification of
     the artifact's bytes (the card must say so); ``public_key`` (default ``$GGUFMTP_PUBLIC_KEY``)
     requires valid signatures."""
@@ -241,6 +248,7 @@ class UploadOptions:
     public_key: str | os.PathLike | None = None
     create_pr: bool = False
     path_in_repo: str | None = None
+    commit_max_bytes: int | None = DEFAULT_COMMIT_MAX_BYTES
 
     def __post_init__(self) -> None:
         if self.revision is not None and (not self.revision or COMMIT_RE.match(self.revision)):
@@ -249,6 +257,8 @@ class UploadOptions:
             raise HubRefusedError(f"artifact sha256 {self.artifact_sha256!r} is not a 64-hex-digit sha256")
         if self.commit_message is not None and not self.commit_message.strip():
             raise HubRefusedError("--commit-message is empty: give the commit a summary, or leave the option out")
+        if self.commit_max_bytes is not None and self.commit_max_bytes <= 0:
+            raise HubRefusedError(f"commit_max_bytes {self.commit_max_bytes}: give a positive size, or None for one commit")
         if self.path_in_repo is not None:
             problem = _folder_problem(self.path_in_repo)
             if problem:
@@ -356,17 +366,41 @@ def _check_release_names(ops: list[UploadOperation]) -> None:
                               f"REPO:LABEL (docs/reference/names.md): {'; '.join(problems)}")
 
 
+def _listing_problems(ops: Sequence[UploadOperation], existing: Sequence[str]) -> list[str]:
+    """What ``llama-server -hf REPO:TAG --spec-type draft-mtp`` would load otherwise than verified
+    once ``ops`` are committed beside ``existing`` (:mod:`ggufmtp.hub.release`)."""
+    arts = [op for op in ops if op.kind == UploadKind.ARTIFACT]
+    planned = [p for op in arts if (p := planned_from_receipt(op.path_in_repo, op.local_path)) is not None]
+    return final_listing_problems(existing, planned, [op.path_in_repo for op in ops])
+
+
 def _check_final_listing(result: UploadResult, existing: Sequence[str]) -> None:
     """Refuse, before the repo is touched, a commit after which ``llama-server -hf REPO:TAG
     --spec-type draft-mtp`` would load another file or another draft than a model going up was
     verified with (:mod:`ggufmtp.hub.release`: e.g. an ``mtp-`` sidecar already in the repo, in the
     folder or above, becomes the draft of a variant with its own head)."""
-    arts = [op for op in result.operations if op.kind == UploadKind.ARTIFACT]
-    planned = [p for op in arts if (p := planned_from_receipt(op.path_in_repo, op.local_path)) is not None]
-    problems = final_listing_problems(existing, planned, [op.path_in_repo for op in result.operations])
+    problems = _listing_problems(result.operations, existing)
     if problems:
         raise HubRefusedError(f"after this commit llama-server -hf {result.repo_id}:TAG would not load what was "
                               f"verified, so nothing was sent: {'; '.join(problems)}")
+
+
+def _plan(result: UploadResult, o: UploadOptions, existing: Sequence[str]) -> list[list[UploadOperation]]:
+    """The commits of the upload (:func:`.parts.plan_parts`), recorded in ``result.parts``: a model
+    file goes with its shards, its receipt (the gate's match) and signature; sidecars first."""
+    at = {op.local_path: op.path_in_repo for op in result.operations}
+    owner = {c.receipt: at[c.artifact] for c in (result.checks.artifacts if result.checks else ()) if c.artifact in at}
+
+    def unit_of(op: UploadOperation) -> str | None:
+        model = {UploadKind.ARTIFACT: op.path_in_repo, UploadKind.SIGNATURE: op.path_in_repo.removesuffix(".sig"),
+                 UploadKind.RECEIPT: owner.get(op.local_path)}.get(op.kind)
+        return (split_info(model).prefix or model) if model else None  # a split set by its prefix
+
+    parts = plan_parts(result.operations, None if o.create_pr else o.commit_max_bytes, unit_of,
+                       lambda op: op.kind == UploadKind.ARTIFACT and is_mtp_sidecar(op.local_path),
+                       lambda done: _listing_problems(done, existing))
+    result.parts = [tuple(op.path_in_repo for op in part) for part in parts]
+    return parts
 
 
 def _check_artifact_digest(ops: list[UploadOperation], artifact_sha256: str | None) -> None:
@@ -422,7 +456,9 @@ def upload(repo_id: str, files: Sequence[str | os.PathLike], receipt: str | os.P
         commit_message=o.commit_message or _commit_message(ops, o.recipe_name, o.artifact_sha256),
         commit_description=_commit_description(ops, checks), operations=ops, endpoint_host=host(endpoint),
         checks=checks, notes=_name_notes(ops))
-    if not o.dry_run:
+    if o.dry_run:
+        _plan(result, o, ())  # no network: the parts as planned on an empty repo
+    else:
         _push(result, o, endpoint, progress)
     return result
 
@@ -463,7 +499,7 @@ def _addition(op: UploadOperation) -> Any:
 
 def _commit(result: UploadResult, o: UploadOptions, endpoint: str, secrets: Sequence[str]) -> None:
     """create_repo (exist_ok), create_branch when not main (unless a pull request targets it, as
-    ``hf upload --create-pr``), then one create_commit."""
+    ``hf upload --create-pr``), then one create_commit per part (:func:`_plan`), each on the last."""
     from huggingface_hub import HfApi
 
     repo_id, branch, ops, revision = result.repo_id, result.revision, result.operations, o.revision
@@ -479,12 +515,21 @@ def _commit(result: UploadResult, o: UploadOptions, endpoint: str, secrets: Sequ
     if branch != "main" and not o.create_pr:
         with hub_errors(f"creating branch {branch} in {repo_id}", **errs):
             api.create_branch(repo_id, branch=branch, exist_ok=True, repo_type="model")
-    what = (f"opening a pull request of {len(ops)} file(s) on {repo_id} @ {branch}" if o.create_pr
-            else f"committing {len(ops)} file(s) to {repo_id} @ {branch}")
-    with hub_errors(what, **errs):
-        info = api.create_commit(repo_id, additions, commit_message=result.commit_message,
-                                 commit_description=result.commit_description, revision=revision, repo_type="model",
-                                 create_pr=o.create_pr)
+    sent = dict(zip([op.path_in_repo for op in ops], additions, strict=True))
+    parts = _plan(result, o, existing)
+    info, parent = None, None
+    for i, part in enumerate(parts):
+        what = (f"opening a pull request of {len(ops)} file(s) on {repo_id} @ {branch}" if o.create_pr
+                else f"committing {len(part)} file(s) to {repo_id} @ {branch}"
+                + (f" (part {i + 1} of {len(parts)})" if len(parts) > 1 else ""))
+        with hub_errors(what, **errs):
+            # each part on the one before it: another writer in between fails the upload (parent_commit)
+            info = api.create_commit(repo_id, [sent[op.path_in_repo] for op in part], revision=revision,
+                                     commit_message=result.commit_message + (f" (part {i + 1})" if i else ""),
+                                     commit_description=result.commit_description, repo_type="model",
+                                     create_pr=o.create_pr, parent_commit=parent)
+        parent = getattr(info, "oid", None)
+        result.commits.append(str(parent))
     result.commit_sha = getattr(info, "oid", None)
     result.commit_url = getattr(info, "commit_url", None)
     result.pr_url = getattr(info, "pr_url", None)

@@ -9,7 +9,8 @@ is refused with its error. All or nothing by default: one refusal and nothing is
 runs before any request). ``passing_only`` (``--passing-only``) publishes the variants the gate
 passes, with a card of those alone (``DIR/.ggufmtp/published/README.md``; the ladder's own card is
 left as it is) and the sidecars their trunks are served with, and still names the refused ones.
-What goes up goes in ONE commit, through the gate (the bytes sent are the bytes gated)."""
+What goes up goes in one commit (several above ``UploadOptions.commit_max_bytes``: :mod:`ggufmtp.hub.parts`),
+through the gate (the bytes sent are the bytes gated)."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def review_ladder(result: LadderResult, repo_id: str, options: UploadOptions | N
 
 def publish_ladder(result: LadderResult, repo_id: str, options: UploadOptions | None = None, *,
                    passing_only: bool = False, progress: bool = True) -> LadderUpload:
-    """Publish the ladder in ONE commit (module docstring): all its variants, or with ``passing_only``
+    """Publish the ladder in one commit, or parts of a large one (module docstring): all its variants, or with ``passing_only``
     those the gate passes; nothing when the gate refuses one (all or nothing) or all. ``options`` as
     ``ggufmtp upload``'s (branch, ``create_pr``, ``path_in_repo``, ``commit_message``: default one
     naming what goes up). All or nothing tries the whole upload first (its gate passing names every
@@ -146,7 +147,7 @@ def publish_ladder(result: LadderResult, repo_id: str, options: UploadOptions | 
 
 def _send(result: LadderResult, repo_id: str, opts: UploadOptions, passing: Sequence[VariantReview],
           subset: bool, progress: bool) -> UploadResult:
-    """The ONE commit of ``passing``'s files, their receipts and the card, through the gate."""
+    """The commit (or parts) of ``passing``'s files, their receipts and the card, through the gate."""
     arts = [r.files[0] for r in passing]
     # every sidecar the ladder made (the gate refuses one no trunk pairs with); of a subset, its trunks' own
     sidecars = (list(dict.fromkeys(f for r in passing for f in r.files[1:])) if subset
@@ -183,7 +184,7 @@ def _commit_message(variants: int, sidecars: int) -> str:
 
 def upload_ladder(result: LadderResult, repo_id: str, options: UploadOptions | None = None, *,
                   progress: bool = True) -> UploadResult:
-    """Every made variant, its receipt and the ladder's card in ONE commit, through the publish gate
+    """Every made variant, its receipt and the ladder's card in one commit (parts of a large one), through the publish gate
     (:func:`ggufmtp.ladder.publish.publish_ladder`: all or nothing); LadderError naming every variant
     that failed, HubRefusedError naming every variant the gate refuses and why; nothing is sent then."""
     return publish_ladder(result, repo_id, options, progress=progress).sent()

@@ -33,7 +33,7 @@ import enum
 import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -43,7 +43,7 @@ from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..files.tomlfile import loads_toml
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
-from ..quant.hf_resolve import Planned, find_draft, release_problems
+from ..quant.hf_resolve import Planned, find_draft, release_problems, split_info
 from ..quant.naming import ambiguous_tags, sidecar_file_name, tag_problem, variant_file_name, variant_folder
 from ..quant.recipe import Recipe
 from ..quant.split import DEFAULT_SPLIT_MAX_SIZE, NO_SPLIT, SplitSize, parse_split_size
@@ -160,7 +160,7 @@ class LadderSpec:
         variants = [folder(t) + variant_file_name(model, t) for t in tags]
         listing = [*variants, *sidecars]
         if root == folder("") and model != _STAND_IN:  # as --upload lays it out: beside what the repo holds
-            listing += sorted(set(self.repo_files) - set(listing))
+            listing += _other_files(self.repo_files, listing)
         # a trunk has no head: it is verified with the sidecar the resolver picks (None: none reachable)
         return listing, [Planned(t, v, find_draft(sidecars, v, t) if sidecar else None)
                          for t, v in zip(tags, variants, strict=True)]
@@ -197,6 +197,16 @@ class LadderSpec:
 
     def variant_dir(self, recipe: str) -> Path:
         return self.out_dir / variant_folder(Recipe.load(recipe).release_tag)
+
+
+def _other_files(repo_files: Sequence[str], planned: Sequence[str]) -> list[str]:
+    """The repo's files that are not a planned file in another form: before any work the ladder
+    does not know whether a variant will be written whole or in shards (its size decides), so a
+    file of the repo with a planned file's split prefix (the same variant, published whole or split
+    before: a rerun of the same ``--upload``) is not counted as a second file for its tag. The
+    upload checks the repo's real final listing again before it commits."""
+    prefixes = {split_info(p).prefix for p in planned}
+    return sorted(f for f in set(repo_files) - set(planned) if split_info(f).prefix not in prefixes)
 
 
 @dataclass(frozen=True)

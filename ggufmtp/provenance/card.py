@@ -32,7 +32,7 @@ from .card_page import (  # unverified_reason: the card's, kept importable from 
 from .head import HeadFinding
 from .page_tables import files_tables, with_gpu_memory
 from .page_text import imatrix_lines
-from .pair_card import SidecarFile, find_sidecar, pair_lines, trunk_intro, trunk_sidecar
+from .pair_card import SidecarFile, draft_lines, find_sidecar, pair_lines, trunk_intro, trunk_sidecar
 from .quality_card import quality_lines
 from .search_card import search_lines
 from .statement import (
@@ -109,7 +109,7 @@ def card_text(statement: Statement, artifact_name: str | None = None, options: P
     lines = [f"# {card_title(row.model)}\n", f"{intro} Recipe `{rec['name']}` ({rec['ftype']}), "
              f"{_bits(res.get('bpw'))} bits per weight, {human_bytes(res['size_bytes'])}.\n"]
     lines += _unverified_notice(unverified) + vacuous_notice(v)
-    lines += files_tables([row], o, quality=False) + _how_to_run(name, v, [row], o, side.name if side else None)
+    lines += files_tables([row], o, quality=False) + _how_to_run(name, v, [row], o, side)
     lines += pair_lines([row], [side], o) if side else []
     modes = (v or {}).get("modes")
     lines += prompt_format_lines(chat_template, list(modes) if isinstance(modes, dict) else [])
@@ -234,12 +234,13 @@ def _default_phrase(v: Verification) -> str:
 
 
 def _how_to_run(name: str, v: Verification | None, rows: list[FileRow], options: PageOptions,
-                sidecar: str | None = None) -> list[str]:
-    """Download and run from the Hub (:func:`.card_page.run_lines`), the llama-server command on the
-    downloaded file the verification's numbers are true for (a trunk's with its ``sidecar``), and a request."""
-    lines = ["## How to run\n", *run_lines(rows, options, {name: sidecar} if sidecar else None),
-             "With the downloaded file:\n"]
-    local, side = options.at(name), options.at(sidecar) if sidecar else None
+                sidecar: SidecarFile | None = None) -> list[str]:
+    """Download and run from the Hub (:func:`.card_page.run_lines`) with the draft that tag loads
+    (:func:`.pair_card.draft_lines`, the ladder card's), the llama-server command on the downloaded
+    file the verification's numbers are true for (a trunk's with its ``sidecar``), and a request."""
+    lines = ["## How to run\n", *run_lines(rows, options, {name: sidecar.name} if sidecar else None),
+             *draft_lines(rows, [sidecar] if sidecar else [], options), "With the downloaded file:\n"]
+    local, side = options.at(name), options.at(sidecar.name) if sidecar else None
     lines.append("```sh\n"
                  f"{verified_mtp_env(v)}llama-server -m {local}{f' -md {side}' if side else ''} -ngl 999 -c 4096 \\\n"
                  f"  --spec-type draft-mtp {' '.join(verified_mtp_flags(v))}\n"
