@@ -87,9 +87,20 @@ class TuneConfig:
     parallel: int = 1
     cuda_graph_opt: bool | None = None  # GGML_CUDA_GRAPH_OPT=1 (ggml-cuda's concurrent-stream graph optimisation)
     threads: int | None = None  # the MTP server's --threads (None: the run's setting, else llama-server's default)
+    # The server options a GPU run searches (#52; both arms: non-speculative, so the fair vanilla gets them too):
+    flash_attn: bool | None = None  # -fa on/off (None: llama-server's auto)
+    cache_type: str | None = None  # -ctk and -ctv (a quantized V cache needs flash attention on)
+    batch: int | None = None  # -b (logical batch)
+    ubatch: int | None = None  # -ub (physical batch)
+    server_args: tuple[str, ...] = ()  # any other non-speculative flags (an option set given by the user)
+    head: str | None = None  # the MTP head's tensor type this was measured with (None: the model's own head)
 
     def __post_init__(self) -> None:
-        for name in ("draft_n_max", "draft_n_min", "parallel", "threads"):
+        object.__setattr__(self, "server_args", tuple(str(a) for a in self.server_args or ()))
+        spec = [f for f in flag_names(self.server_args) if is_speculative(f)]
+        if spec:
+            raise TuneError(f"server_args {' '.join(spec)}: speculative; the option sets are given to both arms")
+        for name in ("draft_n_max", "draft_n_min", "parallel", "threads", "batch", "ubatch"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise TuneError(f"{name} {v!r}: must be an integer")
@@ -103,8 +114,11 @@ class TuneConfig:
             raise TuneError(f"draft_p_min {self.draft_p_min}: must be in [0, 1]")
         if self.parallel < 1:
             raise TuneError(f"parallel {self.parallel}: must be at least 1")
-        if self.threads is not None and self.threads < 1:
-            raise TuneError(f"threads {self.threads}: must be at least 1")
+        for name in ("threads", "batch", "ubatch"):
+            if (v := getattr(self, name)) is not None and v < 1:
+                raise TuneError(f"{name} {v}: must be at least 1")
+        if self.cache_type is not None and self.cache_type not in ("f16", "bf16", "f32") and self.flash_attn is False:
+            raise TuneError(f"cache_type {self.cache_type}: a quantized V cache needs flash attention (not -fa off)")
 
     @property
     def key(self) -> str:
@@ -119,7 +133,25 @@ class TuneConfig:
             s += f" gopt={'on' if self.cuda_graph_opt else 'off'}"
         if self.threads is not None:
             s += f" t={self.threads}"
+        for flag, v in self._server_options():
+            s += f" {flag}={v}"
+        if self.server_args:
+            s += f" args={shlex.join(self.server_args)!r}"
+        if self.head is not None:
+            s += f" head={self.head}"
         return s
+
+    @property
+    def sets_server_options(self) -> bool:
+        """Whether it sets a server option that may change the output itself (KV types, flash
+        attention, batch sizes, an option set): tune then checks its vanilla against the default's."""
+        return bool(self._server_options() or self.server_args)
+
+    def _server_options(self) -> list[tuple[str, str]]:
+        """The searched server options that are set, as (short flag name, value)."""
+        fa = None if self.flash_attn is None else ("on" if self.flash_attn else "off")
+        return [(f, str(v)) for f, v in (("fa", fa), ("kv", self.cache_type), ("b", self.batch), ("ub", self.ubatch))
+                if v is not None]
 
     def extra_args(self) -> list[str]:
         """Flags beyond those :class:`ggufmtp.runtime.server.ServerConfig` writes itself."""
@@ -127,7 +159,10 @@ class TuneConfig:
 
     def shared_args(self) -> list[str]:
         """This configuration's non-speculative flags: both arms get them (a fair baseline)."""
-        return ["-bs"] if self.backend_sampling else []
+        out = ["-bs"] if self.backend_sampling else []
+        flags = {"fa": ["-fa"], "kv": ["-ctk", "-ctv"], "b": ["-b"], "ub": ["-ub"]}
+        out += [a for name, v in self._server_options() for f in flags[name] for a in (f, v)]
+        return out + list(self.server_args)
 
     def speculative_args(self) -> list[str]:
         """This configuration's speculative flags beyond the window: the MTP arm's own."""
@@ -138,7 +173,8 @@ class TuneConfig:
     @property
     def tunes_the_server(self) -> bool:
         """Whether it sets anything non-speculative (then the fair vanilla is not llama-server's default)."""
-        return bool(self.backend_sampling or self.cuda_graph_opt or self.threads is not None)
+        return bool(self.backend_sampling or self.cuda_graph_opt or self.threads is not None
+                    or self._server_options() or self.server_args)
 
     def env(self) -> dict[str, str]:
         """Environment variables the server needs for this configuration."""
@@ -172,11 +208,12 @@ class TuneConfig:
         more slots = less queueing)."""
         return (self.draft_n_max, self.draft_n_min, self.draft_p_min, bool(self.backend_sampling),
                 self.draft_backend_sampling is False, bool(self.cuda_graph_opt), self.threads is not None,
-                -self.parallel)
+                len(self._server_options()) + len(self.server_args), -self.parallel)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: every field, then ``key``."""
         d = dataclasses.asdict(self)
+        d["server_args"] = list(self.server_args)
         d["key"] = self.key
         return d
 

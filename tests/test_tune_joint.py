@@ -1,0 +1,202 @@
+"""The joint search of the fastest verified configuration (issue #52, items 1 and 2): the head's
+tensor type x the draft window x the server options, each head kept only while verify's head
+finding against the source says ``preserved`` and the output is lossless, each server option given
+to both arms and kept only while it leaves the output as the default vanilla writes it.
+
+On main fedf5a8 none of this existed: ``TuneConfig`` had no server options or head, tune had no head
+dimension and no check of an option against the default vanilla (an option given to both arms that
+changes the text went unseen: both arms wrote the same changed text), and there was no
+``ggufmtp tune-joint``. Speed numbers on CPU mean nothing: these tests assert structure and
+exclusions, never a speed ordering.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from gguf import GGUFReader
+
+from ggufmtp.cli import main
+from ggufmtp.errors import TuneError
+from ggufmtp.measure.core.options import ArmArgs, ServerOptions, TuneConfig
+from ggufmtp.measure.tune.options import SearchOptions, TuneOptions
+from ggufmtp.search import joint
+from ggufmtp.search.joint import JointOptions, OptionSpace
+
+SOURCE = "builtin:tiny-qwen35moe"
+RECIPE = "hifi-q4_k_m-mtp"  # the lead's recipe: eh_proj Q8_0, the rest of the head at the Q4_K_M mix
+
+
+# ----------------------------------------------------------------------------- fast: the options as flags
+
+
+def test_server_options_go_to_both_arms_and_a_quantized_v_cache_needs_flash_attention():
+    """Flash attention, KV types, batch sizes and an option set are non-speculative: the fair
+    vanilla gets them too; a configuration's key names each; the head type is not a flag."""
+    cfg = TuneConfig(3, flash_attn=True, cache_type="q8_0", batch=2048, ubatch=512, server_args=["--mlock"],
+                     head="Q6_K")
+    assert cfg.shared_args() == ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-b", "2048", "-ub", "512", "--mlock"]
+    arms = ArmArgs(tuned=cfg)
+    van = arms.vanilla_fields({"extra_args": []})["extra_args"]
+    mtp = arms.mtp_fields({"extra_args": []}, 3)["extra_args"]
+    assert van == cfg.shared_args() and mtp[:len(van)] == van
+    assert cfg.key == "k=3 nmin=0 pmin=0 np=1 fa=on kv=q8_0 b=2048 ub=512 args='--mlock' head=Q6_K"
+    assert cfg.sets_server_options and cfg.tunes_the_server and not TuneConfig(3).sets_server_options
+    assert TuneConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # the JSON --tuned-from reads
+    with pytest.raises(TuneError, match="flash attention"):
+        TuneConfig(3, flash_attn=False, cache_type="q8_0")
+    with pytest.raises(TuneError, match="speculative"):
+        TuneConfig(3, server_args=("--spec-draft-n-max", "5"))
+    space = OptionSpace(flash_attn=(None, False), cache_types=(None, "q8_0"), batches=(None, (512, 128)))
+    got = space.configs(TuneConfig(2))
+    assert len(got) == 6 and not any(c.flash_attn is False and c.cache_type == "q8_0" for c in got)
+
+
+# ----------------------------------------------------------------------------- runtime: the search
+
+
+def _zero_tensor(path, name: str) -> None:
+    """Every byte of tensor ``name`` set to 0 in place (a Q8_0/Q4_K block of zeros decodes to zeros)."""
+    r = GGUFReader(path, "r+")
+    t = next(t for t in r.tensors if t.name == name)
+    t.data[...] = 0
+    r.data.flush()
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, llama_runtime):
+    """The tiny source at hifi-q4_k_m-mtp, with its receipt (naming the source)."""
+    import ggufmtp
+
+    d = tmp_path_factory.mktemp("joint")
+    return ggufmtp.quantize(SOURCE, RECIPE, d / "tiny-Q4_K_M_HiFi.gguf", progress=False).output
+
+
+def _first_token(model, mode_index: int = 0) -> int:
+    """The first token vanilla writes to the suite's first prompt (the thinking mode tune uses)."""
+    from ggufmtp.measure.core.suite import load_suite, modes_for_template
+    from ggufmtp.measure.verify.divergence import prompt_ids
+    from ggufmtp.runtime.server import LlamaServer, ServerConfig
+
+    with LlamaServer(ServerConfig(model=model, threads=2, ctx_size=2048)) as srv:
+        mode = modes_for_template(srv.props().get("chat_template"))[mode_index]
+        r = srv.complete(prompt_ids(srv, load_suite().prompts[0], mode, "chat"), n_predict=4, temperature=0.0,
+                         seed=42, cache_prompt=False, return_tokens=True)
+    return int(r["tokens"][0])
+
+
+@pytest.fixture(scope="module")
+def searched(artifact, tmp_path_factory, llama_server_bin):
+    """A joint search with a tiny budget: Q8_0 and a Q4_K head whose eh_proj is destroyed (all zeros:
+    the head then drafts without the trunk's state), k=2, and one option set that forbids the first
+    token vanilla writes (``--logit-bias TOKEN-inf``: at temperature 0 the reply must change)."""
+    from ggufmtp.refs import local_model_arg
+
+    d = tmp_path_factory.mktemp("joint-heads")
+    real = joint.make_head
+
+    def make_head(source, recipe, head_type):
+        path = real(source, recipe, head_type)
+        if head_type != "Q4_K":
+            return path
+        broken = d / f"broken-{path.name}"
+        shutil.copyfile(path, broken)
+        _zero_tensor(broken, "blk.4.nextn.eh_proj.weight")
+        return broken
+
+    bias = ("--logit-bias", f"{_first_token(artifact)}-inf")
+    o = JointOptions(head_types=("Q8_0", "Q4_K"), own_head=False, head_k=2, head_limit=4, head_seeds=(42,),
+                     options=OptionSpace(option_sets=(bias,)),
+                     tune=TuneOptions(budget=8, limit=2, max_tokens=32, seeds=(42,), server=ServerOptions(threads=2),
+                                      search=SearchOptions(n_max_values=(2,), n_min_values=(0,), p_min_values=(0.0,)),
+                                      bootstrap_resamples=200))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(joint, "make_head", make_head)
+    try:
+        res = joint.joint_search(artifact, local_model_arg(SOURCE), RECIPE, o)
+    finally:
+        mp.undo()
+    return res, bias
+
+
+@pytest.mark.runtime
+def test_a_destroyed_head_is_excluded_by_its_head_finding(searched):
+    """The Q4_K head with its eh_proj zeroed still writes lossless output (speculation is lossless
+    whatever the head drafts), so only the head finding against the source can exclude it: it is
+    not 'preserved', and it never reaches the joint stage; the Q8_0 head is preserved and kept."""
+    res, _ = searched
+    rows = {h.head: h for h in res.heads}
+    assert set(rows) == {"Q8_0", "Q4_K"}
+    good, bad = rows["Q8_0"], rows["Q4_K"]
+    assert good.kept and good.decision == "preserved" and good.lossless and good.why is None
+    assert not bad.kept and bad.decision != "preserved" and bad.lossless, bad
+    assert bad.why.startswith(f"head finding {bad.decision} against")
+    assert bad.acceptance < good.acceptance - 0.3  # designed: a zeroed eh_proj cannot draft the trunk's tokens
+    assert {r.key.split("head=")[-1] for r in res.tuned.rows} == {"Q8_0"}
+    assert any("head Q4_K left out" in n for n in res.notes)
+
+
+@pytest.mark.runtime
+def test_an_option_that_changes_the_output_is_excluded(searched):
+    """The option set is given to both arms, so MTP and its fair vanilla write the same (changed)
+    text; the search drops it because that vanilla's text differs from the default vanilla's."""
+    res, bias = searched
+    rows = {r.key: r for r in res.tuned.rows}
+    lossy = next(r for k, r in rows.items() if "args=" in k)
+    plain = next(r for k, r in rows.items() if "args=" not in k)
+    assert lossy.status == "dropped" and "change the output" in lossy.reason, lossy.reason
+    assert plain.status == "final" and plain.identical
+    assert res.config == TuneConfig(2, head="Q8_0") and bias[0] not in res.tuned.mtp_command
+
+
+@pytest.mark.runtime
+def test_verify_tuned_from_reproduces_the_recipe_and_profile(searched, artifact, tmp_path):
+    """The result's recipe (the base recipe with every [mtp] role at Q8_0) quantizes a new artifact
+    whose head is Q8_0; ``verify --tuned-from`` the result's JSON serves it with the profile's
+    flags, drafts and is lossless, at the acceptance the search measured on the same prompts."""
+    import ggufmtp
+
+    res, _ = searched
+    assert dict(res.recipe.mtp_roles) == dict.fromkeys(("eh_proj", "attention", "routed_experts", "shared_expert",
+                                                       "rest"), "Q8_0")
+    recipe = tmp_path / "joint.toml"
+    recipe.write_text(res.recipe.to_toml())
+    out = tmp_path / "joint.json"
+    out.write_text(json.dumps(res.to_dict()))
+    art = ggufmtp.quantize(SOURCE, str(recipe), tmp_path / "tiny-joint.gguf", progress=False).output
+    head = {t.name: t.tensor_type.name for t in GGUFReader(art).tensors if t.name.startswith("blk.4.")
+            and len(t.shape) > 1 and "gate_inp" not in t.name}
+    assert head and set(head.values()) == {"Q8_0"}, head
+    r = CliRunner().invoke(main, ["verify", str(art), "--tuned-from", str(out), "--limit", "2", "--seeds", "42",
+                                  "--max-tokens", "32", "--threads", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    v = json.loads(r.output)
+    m = v["mtp"]
+    assert m["draft_n_max"] == 2 and v["identical_outputs"]["identical"] == v["identical_outputs"]["pairs"] > 0
+    args = m["server_args"]
+    assert args[args.index("--spec-draft-n-max") + 1] == "2" and "--logit-bias" not in args
+    row = next(r for r in res.tuned.rows if r.key == res.config.key)
+    assert m["acceptance"] == pytest.approx(row.acceptance, abs=0.05)  # wide margins: the same drafts
+
+
+@pytest.mark.runtime
+def test_dry_run_lists_the_candidates_and_the_evaluations(artifact):
+    """``--dry-run`` makes no head and serves nothing: the heads, the candidates in search order and
+    the evaluations the budget allows, which never exceed it."""
+    r = CliRunner().invoke(main, ["tune-joint", str(artifact), "--source", SOURCE, "-r", RECIPE, "--dry-run",
+                                  "--budget", "40", "--kv-values", "default,q8_0", "--flash-attn-values", "auto,off",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    assert plan["heads"] == ["own", "F16", "BF16", "Q8_0", "Q6_K", "Q4_K"]
+    assert 0 < plan["evaluations"] <= 40 and plan["searched"] == plan["rungs"][0][0] <= plan["n_candidates"]
+    keys = plan["candidates"]
+    assert len(keys) == len(set(keys)) == plan["n_candidates"]
+    assert not any("fa=off" in k and "kv=q8_0" in k for k in keys)
+    assert any("kv=q8_0" in k for k in keys) and {k.split("head=")[1] for k in keys if "head=" in k} == {"F16"}
+    bad = CliRunner().invoke(main, ["tune-joint", str(artifact), "--source", SOURCE, "-r", RECIPE, "--dry-run",
+                                    "--batch-values", "2048"])
+    assert bad.exit_code != 0 and "--batch-values '2048'" in bad.output and "Traceback" not in bad.output
