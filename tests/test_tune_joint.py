@@ -23,7 +23,7 @@ from ggufmtp.cli import main
 from ggufmtp.errors import TuneError
 from ggufmtp.measure.core.options import ArmArgs, ServerOptions, TuneConfig
 from ggufmtp.measure.tune.options import SearchOptions, TuneOptions
-from ggufmtp.search import joint
+from ggufmtp.search import joint, joint_heads
 from ggufmtp.search.joint import JointOptions, OptionSpace
 
 SOURCE = "builtin:tiny-qwen35moe"
@@ -96,7 +96,7 @@ def searched(artifact, tmp_path_factory, llama_server_bin):
     from ggufmtp.refs import local_model_arg
 
     d = tmp_path_factory.mktemp("joint-heads")
-    real = joint.make_head
+    real = joint_heads.make_head
 
     def make_head(source, recipe, head_type):
         path = real(source, recipe, head_type)
@@ -114,7 +114,7 @@ def searched(artifact, tmp_path_factory, llama_server_bin):
                                       search=SearchOptions(n_max_values=(2,), n_min_values=(0,), p_min_values=(0.0,)),
                                       bootstrap_resamples=200))
     mp = pytest.MonkeyPatch()
-    mp.setattr(joint, "make_head", make_head)
+    mp.setattr(joint_heads, "make_head", make_head)
     try:
         res = joint.joint_search(artifact, local_model_arg(SOURCE), RECIPE, o)
     finally:
@@ -128,7 +128,7 @@ def test_a_destroyed_head_is_excluded_by_its_head_finding(searched):
     whatever the head drafts), so only the head finding against the source can exclude it: it is
     not 'preserved', and it never reaches the joint stage; the Q8_0 head is preserved and kept."""
     res, _ = searched
-    rows = {h.head: h for h in res.heads}
+    rows = {h.head: h for h in res.heads.rows}
     assert set(rows) == {"Q8_0", "Q4_K"}
     good, bad = rows["Q8_0"], rows["Q4_K"]
     assert good.kept and good.decision == "preserved" and good.lossless and good.why is None
@@ -200,3 +200,21 @@ def test_dry_run_lists_the_candidates_and_the_evaluations(artifact):
     bad = CliRunner().invoke(main, ["tune-joint", str(artifact), "--source", SOURCE, "-r", RECIPE, "--dry-run",
                                     "--batch-values", "2048"])
     assert bad.exit_code != 0 and "--batch-values '2048'" in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.runtime
+def test_the_profile_of_a_retyped_head_refuses_an_artifact_of_another_head(searched, artifact, tmp_path):
+    """``verify --tuned-from`` the joint result on the artifact searched (its head: eh_proj Q8_0, the
+    rest at the Q4_K_M mix) would measure another head than the profile was found with: one clear
+    error naming a tensor and the way out, before any server starts; ``--heads-from`` likewise
+    refuses a heads stage measured with another recipe."""
+    res, _ = searched
+    out = tmp_path / "joint.json"
+    out.write_text(json.dumps(res.to_dict()))
+    r = CliRunner().invoke(main, ["verify", str(artifact), "--tuned-from", str(out), "--limit", "1"])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert "found with every MTP tensor at Q8_0" in r.output and "blk.4." in r.output and "--recipe-out" in r.output
+    r = CliRunner().invoke(main, ["tune-joint", str(artifact), "--source", SOURCE, "-r", "q8_0-mtp",
+                                  "--heads-from", str(out)])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert "--heads-from: measured with the recipe hifi-q4_k_m-mtp, not q8_0-mtp" in r.output, r.output

@@ -198,6 +198,9 @@ def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, opti
 @click.option("--head-limit", type=click.IntRange(min=1), default=16, show_default=True,
               help="Prompts of the heads stage (the head finding's budget).")
 @click.option("--head-seeds", default="42", show_default=True, help="Seeds of the heads stage.")
+@click.option("--heads-from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Take the heads stage from this JSON (benchmarks/head_type_speed.py's or an earlier tune-joint "
+                   "output) instead of measuring it; it must be this MODEL's, SOURCE's and recipe's.")
 @click.option("--joint-heads", type=click.IntRange(min=1), default=2, show_default=True,
               help="Kept heads (the fastest at the heads stage's window) searched jointly with k and the options.")
 @click.option("--flash-attn-values", "fa", default="auto", show_default=True,
@@ -232,8 +235,9 @@ def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, opti
 @json_option
 @handle_errors
 def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, no_own_head: bool, head_k: int | None,
-                   head_limit: int, head_seeds: str, joint_heads: int, fa: str, kv: str, batch: str, threads_values: str | None,
-                   option_sets: tuple[str, ...], gpu_options: bool, budget: int, seeds: str, suite: str,
+                   head_limit: int, head_seeds: str, heads_from: str | None, joint_heads: int, fa: str, kv: str,
+                   batch: str, threads_values: str | None, option_sets: tuple[str, ...], gpu_options: bool,
+                   budget: int, seeds: str, suite: str,
                    max_tokens: int, limit: int | None, gpu_layers: int | str | None, threads: int | None,
                    dry_run: bool, recipe_out: str | None, receipt_path: str | None, output: str | None,
                    llama_cpp_bin: str | None, as_json: bool, server_args: tuple[str, ...] = (),
@@ -247,6 +251,7 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
     with the chosen head type (--recipe-out): quantize SOURCE with it and verify with --tuned-from."""
     from ..measure.tune.options import TuneOptions
     from ..search.joint import JointOptions, joint_plan, joint_search
+    from ..search.joint_heads import HeadStage
 
     space = (_option_space("auto,off", "default,q8_0", "default,2048:2048", threads_values, option_sets)
              if gpu_options else _option_space(fa, kv, batch, threads_values, option_sets))
@@ -261,7 +266,8 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
         plan = joint_plan(path, o)
         emit_json(plan.to_dict()) if as_json else click.echo(plan.text())
         return
-    res = joint_search(path, resolve_model_arg(source), recipe_name, o)
+    res = joint_search(path, resolve_model_arg(source), recipe_name, o,
+                       HeadStage.load(heads_from) if heads_from else None)
     if recipe_out:
         from ..files.fsutil import atomic_write_text
 

@@ -6,15 +6,15 @@ the head decides by wide margins (a synthetic head does by design): acceptance s
 type changes, so the type is judged once at a fixed window and only the types that keep the head
 go on into the joint search.
 
-1. **Heads** (:func:`head_stage`): each candidate type is the *source's* head re-typed: the source's
+1. **Heads** (:mod:`ggufmtp.search.joint_heads`): each candidate type is the *source's* head re-typed: the source's
    MTP block cut as an MTP-only sidecar (:func:`~ggufmtp.measure.verify.reference.reference_head`,
    cached), quantized by the project's one quantization path with the artifact's recipe whose
    ``[mtp]`` roles all say that type (:func:`~ggufmtp.quality.head_sweep.head_recipe`), cached by
-   content (:func:`make_head`). Each head, and the artifact's own, drafts on the artifact's trunk
+   content. Each head, and the artifact's own, drafts on the artifact's trunk
    (``-md``) in one :func:`~ggufmtp.measure.verify.run.verify` against the source (``reference``):
    verify's head finding and its lossless finding decide whether the head stays (``preserved`` and
    lossless), and its fair speedup at the fixed window is the head type's speed
-   (``benchmarks/head_type_speed.py`` writes these rows as a table).
+   (``benchmarks/head_type_speed.py`` writes these rows as a table; ``--heads-from`` reads them back).
 2. **Joint** (:func:`joint_search`): :func:`~ggufmtp.measure.tune.run.tune`'s successive halving over
    the kept heads x tune's own space (window, n-min, p-min, ``-bs``, drafter sampling, CUDA graph
    optimisation: :func:`~ggufmtp.measure.tune.search.candidate_space`) x the server options
@@ -32,7 +32,6 @@ roles: quantize the source with it, then verify with ``--tuned-from``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import math
 import os
@@ -40,10 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import GgufmtpError, TuneError
+from ..errors import TuneError
 from ..jsontypes import JsonObject
-from ..measure.core.options import ServerOptions, TuneConfig, VerifyOptions
-from ..measure.core.records import ServedSet
+from ..measure.core.options import ServerOptions, TuneConfig
 from ..measure.tune.bench import prepare
 from ..measure.tune.options import TuneOptions
 from ..measure.tune.run import TuneResult, tune
@@ -56,22 +54,18 @@ from ..measure.tune.search import (
     schedule_cost,
     search_anchors,
 )
-from ..measure.verify.reference import reference_head
-from ..measure.verify.run import verify
-from ..provenance.head import HeadDecision
-from ..provenance.verdict import Finding
 from ..quality.head_sweep import head_recipe
-from ..quant.quantize import quantize
 from ..quant.recipe import Recipe, normalize_type
 from ..runtime.hardware import probe_hardware
 from ..runtime.server import binary_flags
+from . import joint_heads
+from .joint_heads import OWN_HEAD, HeadSettings, HeadStage
 
-__all__ = ["HEAD_TYPES", "OWN_HEAD", "OptionSpace", "JointOptions", "HeadRow", "JointPlan", "JointResult",
-           "make_head", "head_stage", "joint_plan", "joint_search"]
+__all__ = ["HEAD_TYPES", "OWN_HEAD", "OptionSpace", "JointOptions", "JointPlan", "JointResult", "joint_plan",
+           "joint_search", "all_heads"]
 
 #: the head types searched by default (#52): the float types and the 8/6/4-bit ones the recipes use
 HEAD_TYPES = ("F16", "BF16", "Q8_0", "Q6_K", "Q4_K")
-OWN_HEAD = "own"  # the artifact's head as it is (its row's recipe is the artifact's recipe unchanged)
 
 
 @dataclass(frozen=True)
@@ -140,81 +134,12 @@ class JointOptions:
     def server(self) -> ServerOptions:
         return self.tune.server
 
-
-@dataclass(frozen=True)
-class HeadRow:
-    """One head of the heads stage: its type, file, bytes and what verify found at the fixed window."""
-
-    head: str
-    k: int
-    file: str | None
-    head_bytes: int
-    decision: str
-    lossless: bool
-    acceptance: float | None
-    speedup: float | None
-    speedup_ci95: list[float | None]
-    mtp_tokens_per_second: float | None
-    vanilla_tokens_per_second: float | None
-    kept: bool
-    why: str | None = None
-
-    def to_dict(self) -> JsonObject:
-        return dataclasses.asdict(self)
-
-
-def make_head(source: Path, recipe: Recipe, head_type: str) -> Path:
-    """The source's MTP head re-typed to ``head_type`` as an MTP-only sidecar: the source's head cut
-    once (:func:`reference_head`) and quantized with ``recipe`` whose ``[mtp]`` roles all say the type
-    (no imatrix: llama-imatrix never collects the MTP block), cached beside the cut by content."""
-    cut = reference_head(source, ServedSet.of(source))
-    rec = dataclasses.replace(head_recipe(recipe, head_type), imatrix="none")
-    key = hashlib.sha256(f"{cut.sha256}\n{rec.to_toml()}".encode()).hexdigest()[:16]
-    out = cut.path.parent / f"mtp-{head_type}-{key}.gguf"
-    if not out.is_file():
-        try:
-            quantize(cut.path, rec, out, progress=False, mtp_optional=True, split=None)
-        except GgufmtpError as e:
-            raise TuneError(f"head type {head_type}: cannot re-type {source.name}'s head: {e}") from None
-    return out
-
-
-def _head_bytes(path: Path) -> int:
-    from ..quality.head_sweep import head_bytes
-
-    return head_bytes(path)
-
-
-def _verify_head(model: Path, source: Path, head: str, sidecar: Path | None, recipe: Recipe,
-                 o: JointOptions) -> HeadRow:
-    """verify of one head on the artifact's trunk against the source, at the heads stage's window."""
-    k = o.head_k or recipe.verify.draft_n_max or 4
-    vo = VerifyOptions(draft_n_max=k, seeds=tuple(o.head_seeds), suite=o.tune.suite, limit=o.head_limit,
-                       max_tokens=o.tune.max_tokens, reference=source, sidecar=sidecar,
-                       server=o.server).with_defaults(thresholds=recipe.verify)
-    res = verify(model, vo, progress=False)
-    decision = res.head.decision().value if res.head is not None else HeadDecision.INCONCLUSIVE.value
-    lossless = res.findings is not None and res.findings.lossless == Finding.PASS
-    c = res.main
-    why = None if decision == HeadDecision.PRESERVED.value else f"head finding {decision} against {source.name}"
-    if why is None and not lossless:
-        why = "output not lossless"
-    return HeadRow(head, k, sidecar.name if sidecar else None, _head_bytes(sidecar or model), decision, lossless,
-                   c.acceptance, c.speedup, list(c.speedup_ci95), c.mtp_tokens_per_second,
-                   c.vanilla_tokens_per_second, why is None, why)
-
-
-def head_stage(model: str | os.PathLike, source: str | os.PathLike, recipe: Recipe | str,
-               options: JointOptions | None = None) -> tuple[list[HeadRow], dict[str, Path]]:
-    """Stage 1: every candidate head verified at the fixed window (rows in the order measured) and
-    the sidecars of the types made (type -> file)."""
-    o = options if options is not None else JointOptions()
-    rec = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)
-    model, source = Path(model), Path(source)
-    files = {t: make_head(source, rec, t) for t in o.head_types}
-    rows = [_verify_head(model, source, OWN_HEAD, None, rec, o)] if o.own_head else []
-    rows += [_verify_head(model, source, t, files[t], rec, o) for t in o.head_types]
-    return rows, files
+    @property
+    def heads(self) -> HeadSettings:
+        """The heads stage's settings: the joint stage's requests, but its own prompts, seeds and window."""
+        t = self.tune
+        return HeadSettings(self.head_types, self.own_head, self.head_k, self.head_limit, self.head_seeds, t.suite,
+                            t.max_tokens, t.server)
 
 
 @dataclass(frozen=True)
@@ -278,9 +203,9 @@ def all_heads(o: JointOptions) -> list[str]:
 
 @dataclass
 class JointResult:
-    """The heads stage's rows, the joint stage's tune result, the recipe of the chosen head and notes."""
+    """The heads stage, the joint stage's tune result, the recipe of the chosen head and notes."""
 
-    heads: list[HeadRow]
+    heads: HeadStage
     tuned: TuneResult
     base_recipe: Recipe
     options: OptionSpace
@@ -301,14 +226,14 @@ class JointResult:
     def to_dict(self) -> JsonObject:
         """tune's JSON (what ``--tuned-from`` reads) with the ``joint`` section."""
         d = self.tuned.to_dict()
-        d["joint"] = {"heads": [h.to_dict() for h in self.heads], "options": self.options.to_dict(),
+        d["joint"] = {"heads_stage": self.heads.to_dict(), "options": self.options.to_dict(),
                       "head": self.config.head if self.config else None, "recipe": self.recipe.to_dict(),
                       "recipe_toml": self.recipe.to_toml(), "notes": list(self.notes)}
         return d
 
     def text(self) -> str:
         L = [f"{'head':<6} {'kept':<5} {'finding':<13} {'acceptance':>10} {'speedup':>9}  why",]
-        for h in self.heads:
+        for h in self.heads.rows:
             acc = f"{h.acceptance:.3f}" if h.acceptance is not None else "-"
             sp = f"{h.speedup:.3f}x" if h.speedup is not None else "-"
             L.append(f"{h.head:<6} {'yes' if h.kept else 'no':<5} {h.decision:<13} {acc:>10} {sp:>9}  {h.why or ''}")
@@ -318,26 +243,38 @@ class JointResult:
 
 
 def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Recipe | str,
-                 options: JointOptions | None = None) -> JointResult:
-    """Both stages (see the module docstring). TuneError when no head is kept."""
+                 options: JointOptions | None = None, heads: HeadStage | None = None) -> JointResult:
+    """Both stages (see the module docstring); ``heads``: the heads stage measured before (checked to
+    be this model's, source's and recipe's) instead of measuring it. TuneError when no head is kept."""
     o = options if options is not None else JointOptions()
     rec = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)
-    rows, files = head_stage(model, source, rec, o)
+    model, source = Path(model), Path(source)
+    if heads is None:
+        heads = joint_heads.head_stage(model, source, rec, o.heads)
+    else:
+        heads.check_for(model, source, rec, "--heads-from")
+    kept, notes = _kept_heads(heads, o.joint_heads)
+    cands = _space(model, o, kept)
+    files = {t: str(joint_heads.make_head(source, rec, t)) for t in kept if t != OWN_HEAD}  # cached by content
+    res = tune(model, dataclasses.replace(o.tune, heads=files, search=dataclasses.replace(o.tune.search,
+                                                                                          candidates=cands)),
+               progress=False)
+    best = res.recommendation.best_config
+    if best is not None and best.head is not None:
+        notes.append(f"the {best.head} head was measured as a sidecar (-md) cut from {source.name}: quantize "
+                     f"{source.name} with the joint recipe (every [mtp] role at {best.head}) and serve that "
+                     "artifact alone with the command's other flags (verify --tuned-from this JSON checks it)")
+    return JointResult(heads, res, rec, o.options, notes)
+
+
+def _kept_heads(heads: HeadStage, n: int) -> tuple[list[str], list[str]]:
+    """The ``n`` fastest kept heads at the heads stage's window (ties: the smaller head), and notes on the rest."""
+    rows = heads.rows
     kept = [r.head for r in sorted((r for r in rows if r.kept), key=lambda r: (-rank_value(r.speedup), r.head_bytes))]
     if not kept:
         raise TuneError("no head kept: " + "; ".join(f"{r.head}: {r.why}" for r in rows))
     notes = [f"head {r.head} left out: {r.why}" for r in rows if not r.kept]
-    if len(kept) > o.joint_heads:
-        notes.append(f"heads {', '.join(kept[o.joint_heads:])} kept but slower at k={rows[0].k} than "
-                     f"{', '.join(kept[:o.joint_heads])}: not searched jointly (joint_heads {o.joint_heads})")
-        kept = kept[:o.joint_heads]
-    cands = _space(Path(model), o, kept)
-    to = dataclasses.replace(o.tune, heads={t: str(p) for t, p in files.items() if t in kept},
-                             search=dataclasses.replace(o.tune.search, candidates=cands))
-    res = tune(model, to, progress=False)
-    best = res.recommendation.best_config
-    if best is not None and best.head is not None:
-        notes.append(f"the {best.head} head was measured as a sidecar (-md) cut from {Path(source).name}: quantize "
-                     f"{Path(source).name} with the joint recipe (every [mtp] role at {best.head}) and serve that "
-                     "artifact alone with the command's other flags (verify --tuned-from this JSON checks it)")
-    return JointResult(rows, res, rec, o.options, notes)
+    if len(kept) > n:
+        notes.append(f"heads {', '.join(kept[n:])} kept but slower at k={heads.k} than {', '.join(kept[:n])}: not "
+                     f"searched jointly (joint_heads {n})")
+    return kept[:n], notes
