@@ -215,6 +215,9 @@ def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, opti
 @click.option("--gpu-options", is_flag=True,
               help="Search what matters on a GPU: -fa auto/off, KV f16/q8_0, batch default/2048:2048 (overrides the "
                    "four --*-values options).")
+@click.option("--n-max-values", default="1,2,3,4,5,6,7,8", show_default=True, help="--spec-draft-n-max values to search.")
+@click.option("--p-min-values", default="0,0.5,0.75,0.9", show_default=True, help="--spec-draft-p-min values to search.")
+@click.option("--n-min-values", default="0,1,2", show_default=True, help="--spec-draft-n-min values to search.")
 @click.option("--budget", type=click.IntRange(min=1), default=240, show_default=True,
               help="Evaluations (MTP requests) of the joint stage's successive halving.")
 @click.option("--seeds", default="42", show_default=True, help="Comma-separated request seeds of the joint stage.")
@@ -237,7 +240,7 @@ def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, opti
 def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, no_own_head: bool, head_k: int | None,
                    head_limit: int, head_seeds: str, heads_from: str | None, joint_heads: int, fa: str, kv: str,
                    batch: str, threads_values: str | None, option_sets: tuple[str, ...], gpu_options: bool,
-                   budget: int, seeds: str, suite: str,
+                   n_max_values: str, p_min_values: str, n_min_values: str, budget: int, seeds: str, suite: str,
                    max_tokens: int, limit: int | None, gpu_layers: int | str | None, threads: int | None,
                    dry_run: bool, recipe_out: str | None, receipt_path: str | None, output: str | None,
                    llama_cpp_bin: str | None, as_json: bool, server_args: tuple[str, ...] = (),
@@ -249,14 +252,17 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
     option sets; both arms get them, and an option whose vanilla writes other text than the default
     vanilla is dropped). The result is tune's JSON (verify --tuned-from reads it) plus the recipe
     with the chosen head type (--recipe-out): quantize SOURCE with it and verify with --tuned-from."""
-    from ..measure.tune.options import TuneOptions
+    from ..measure.tune.options import SearchOptions, TuneOptions
     from ..search.joint import JointOptions, joint_plan, joint_search
     from ..search.joint_heads import HeadStage
 
     space = (_option_space("auto,off", "default,q8_0", "default,2048:2048", threads_values, option_sets)
              if gpu_options else _option_space(fa, kv, batch, threads_values, option_sets))
+    search = SearchOptions(n_max_values=_int_list(n_max_values, "--n-max-values") or (),
+                           p_min_values=_float_list(p_min_values, "--p-min-values") or (),
+                           n_min_values=_int_list(n_min_values, "--n-min-values") or ())
     tune_o = TuneOptions(budget=budget, seeds=_int_list(seeds, "--seeds") or (), suite=suite, max_tokens=max_tokens,
-                         limit=limit, server=server_options(gpu_layers, threads, llama_cpp_bin, server_args,
+                         limit=limit, search=search, server=server_options(gpu_layers, threads, llama_cpp_bin, server_args,
                                                             mtp_server_args, vanilla_server_args))
     o = JointOptions(head_types=tuple(t for t in head_types.split(",") if t.strip()), own_head=not no_own_head,
                      head_k=head_k, head_limit=head_limit, head_seeds=tuple(_int_list(head_seeds, "--head-seeds") or ()),

@@ -167,9 +167,13 @@ class JointPlan:
         return "\n".join(L + [f"  {c.key}" for c in self.candidates[:self.searched]])
 
 
-def _space(model: Path, o: JointOptions, heads: Sequence[str]) -> list[TuneConfig]:
-    """The joint candidates in search order: tune's space x the server options x ``heads``; the
-    anchors (tune's, with default options) for every head first, then tune's seeded round-robin."""
+def _space(model: Path, o: JointOptions, heads: Sequence[str], k0: int) -> list[TuneConfig]:
+    """The joint candidates in search order: tune's space x the server options x ``heads`` (the
+    fastest first). Anchors first: tune's (window ``k0`` as the default) up to the pivot (its best
+    guess at ``k0``: on a GPU the defaults with ``-bs``) with the fastest head; the pivot with every
+    other head, then with every option value; tune's other anchors (the window sweep); then tune's
+    seeded round-robin over the windows. So even a small budget
+    measures each head and each option once before it samples the rest."""
     setup = prepare(model, o.tune.suite, o.tune.limit, o.server.llama_cpp_bin)
     hw = probe_hardware(setup.binary, o.server.gpu_layers)
     cuda = any(d.upper().startswith("CUDA") for d in hw.server_devices)
@@ -177,9 +181,16 @@ def _space(model: Path, o: JointOptions, heads: Sequence[str]) -> list[TuneConfi
     base, _ = candidate_space(o.tune.concurrency, hw.offloaded, binary_flags(setup.binary), s.n_max_values,
                               s.n_min_values, s.p_min_values, cuda)
     head_of = (lambda h: None if h == OWN_HEAD else h)  # noqa: E731 (a local one-liner)
-    anchors = [dataclasses.replace(a, head=head_of(h)) for a in search_anchors(base) for h in heads]
+    tuned = search_anchors(base, k0 if k0 in s.n_max_values else 3)
+    pivot = next((a for a in tuned if a.backend_sampling), tuned[0] if tuned else base[0])
+    first = head_of(heads[0])
+    cut = tuned.index(pivot) + 1 if pivot in tuned else len(tuned)
+    anchors = [dataclasses.replace(a, head=first) for a in tuned[:cut]]
+    anchors += [dataclasses.replace(pivot, head=head_of(h)) for h in heads[1:]]
+    anchors += [dataclasses.replace(c, head=first) for c in o.options.configs(pivot)]
+    anchors += [dataclasses.replace(a, head=first) for a in tuned[cut:]]
     every = [dataclasses.replace(c, head=head_of(h)) for b in base for c in o.options.configs(b) for h in heads]
-    return order_candidates(every, s.order_seed, anchors)
+    return order_candidates(every, s.order_seed, list(dict.fromkeys(anchors)))
 
 
 def joint_plan(model: str | os.PathLike, options: JointOptions | None = None) -> JointPlan:
@@ -187,7 +198,7 @@ def joint_plan(model: str | os.PathLike, options: JointOptions | None = None) ->
     stage's heads are not known before the heads stage: the first ``joint_heads`` stand for them."""
     o = options if options is not None else JointOptions()
     heads = all_heads(o)
-    cands = _space(Path(model), o, heads[:o.joint_heads])
+    cands = _space(Path(model), o, heads[:o.joint_heads], o.head_k or 4)
     setup = prepare(Path(model), o.tune.suite, o.tune.limit, o.server.llama_cpp_bin)
     s, unit_cost, n_prompts = o.tune.search, len(o.tune.seeds) * o.tune.concurrency, len(setup.suite.prompts)
     final = final_rung_units(s.final_on_suite, len(cands), o.tune.budget, s.units0, s.eta, s.final_size, n_prompts,
@@ -254,7 +265,7 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
     else:
         heads.check_for(model, source, rec, "--heads-from")
     kept, notes = _kept_heads(heads, o.joint_heads)
-    cands = _space(model, o, kept)
+    cands = _space(model, o, kept, heads.k)
     files = {t: str(joint_heads.make_head(source, rec, t)) for t in kept if t != OWN_HEAD}  # cached by content
     res = tune(model, dataclasses.replace(o.tune, heads=files, search=dataclasses.replace(o.tune.search,
                                                                                           candidates=cands)),

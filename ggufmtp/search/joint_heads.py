@@ -28,7 +28,7 @@ from ..provenance.head import HeadDecision
 from ..provenance.verdict import Finding
 from ..quality.head_sweep import head_bytes, head_recipe
 from ..quant.quantize import quantize
-from ..quant.recipe import Recipe
+from ..quant.recipe import Recipe, normalize_type
 
 __all__ = ["OWN_HEAD", "HeadRow", "HeadSettings", "HeadStage", "make_head", "head_stage"]
 
@@ -75,6 +75,10 @@ class HeadSettings:
     suite: str | os.PathLike | Suite
     max_tokens: int
     server: ServerOptions
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "head_types",
+                           tuple(dict.fromkeys(normalize_type(t, "head types") for t in self.head_types)))
 
 
 @dataclass(frozen=True)
