@@ -43,6 +43,8 @@ def test_server_options_go_to_both_arms_and_a_quantized_v_cache_needs_flash_atte
     van = arms.vanilla_fields({"extra_args": []})["extra_args"]
     mtp = arms.mtp_fields({"extra_args": []}, 3)["extra_args"]
     assert van == cfg.shared_args() and mtp[:len(van)] == van
+    off = TuneConfig(3, flash_attn=False, backend_sampling=True)  # a value equal to another flag's ("--fit off")
+    assert off.vanilla_fields({"extra_args": ["--fit", "off", "-bs"]})["extra_args"] == ["--fit", "off", "-bs", "-fa", "off"]
     assert cfg.key == "k=3 nmin=0 pmin=0 np=1 fa=on kv=q8_0 b=2048 ub=512 args='--mlock' head=Q6_K"
     assert cfg.sets_server_options and cfg.tunes_the_server and not TuneConfig(3).sets_server_options
     assert TuneConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # the JSON --tuned-from reads
@@ -72,7 +74,9 @@ def artifact(tmp_path_factory, llama_runtime):
     import ggufmtp
 
     d = tmp_path_factory.mktemp("joint")
-    return ggufmtp.quantize(SOURCE, RECIPE, d / "tiny-Q4_K_M_HiFi.gguf", progress=False).output
+    q = ggufmtp.quantize(SOURCE, RECIPE, d / "tiny-Q4_K_M_HiFi.gguf", progress=False)
+    ggufmtp.write_receipt(q)
+    return q.output
 
 
 def _first_token(model, mode_index: int = 0) -> int:
@@ -166,12 +170,15 @@ def test_verify_tuned_from_reproduces_the_recipe_and_profile(searched, artifact,
     recipe.write_text(res.recipe.to_toml())
     out = tmp_path / "joint.json"
     out.write_text(json.dumps(res.to_dict()))
-    art = ggufmtp.quantize(SOURCE, str(recipe), tmp_path / "tiny-joint.gguf", progress=False).output
+    q = ggufmtp.quantize(SOURCE, str(recipe), tmp_path / "tiny-joint.gguf", progress=False)
+    ggufmtp.write_receipt(q)
+    art = q.output
     head = {t.name: t.tensor_type.name for t in GGUFReader(art).tensors if t.name.startswith("blk.4.")
             and len(t.shape) > 1 and "gate_inp" not in t.name}
     assert head and set(head.values()) == {"Q8_0"}, head
     r = CliRunner().invoke(main, ["verify", str(art), "--tuned-from", str(out), "--limit", "2", "--seeds", "42",
-                                  "--max-tokens", "32", "--threads", "2", "--json"])
+                                  "--max-tokens", "32", "--threads", "2", "--receipt", f"{art}.receipt.json", "-r", str(recipe),
+                                  "--json"])
     assert r.exit_code == 0, r.output
     v = json.loads(r.output)
     m = v["mtp"]
@@ -180,6 +187,10 @@ def test_verify_tuned_from_reproduces_the_recipe_and_profile(searched, artifact,
     assert args[args.index("--spec-draft-n-max") + 1] == "2" and "--logit-bias" not in args
     row = next(r for r in res.tuned.rows if r.key == res.config.key)
     assert m["acceptance"] == pytest.approx(row.acceptance, abs=0.05)  # wide margins: the same drafts
+    card = tmp_path / "card.md"
+    r = CliRunner().invoke(main, ["card", str(art), "-o", str(card)])
+    assert r.exit_code == 0, r.output
+    assert "MTP arm run with the tuned flags `--spec-draft-n-max 2 --spec-draft-n-min 0" in card.read_text()
 
 
 @pytest.mark.runtime

@@ -69,6 +69,17 @@ def flag_names(args: Iterable[str]) -> list[str]:
     return [a.split("=", 1)[0] for a in args if a.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", a)]
 
 
+def _flag_groups(args: Sequence[str]) -> list[list[str]]:
+    """``args`` as [flag, its values...] groups (``["-fa", "off", "-bs"]`` -> ``[["-fa", "off"], ["-bs"]]``)."""
+    out: list[list[str]] = []
+    for a in args:
+        if flag_names([a]) or not out:
+            out.append([a])
+        else:
+            out[-1].append(a)
+    return out
+
+
 def split_args(values: Iterable[str]) -> list[str]:
     """Command-line values as arguments: each shell-split (``"-b 256"`` -> ``["-b", "256"]``)."""
     return [a for v in values for a in shlex.split(str(v))]
@@ -197,7 +208,8 @@ class TuneConfig:
     def _with(self, base: Mapping[str, Any], args: Sequence[str]) -> dict[str, Any]:
         kw = dict(base)
         shared = list(base.get("extra_args") or [])
-        kw["extra_args"] = shared + [a for a in args if a not in shared]
+        have = set(flag_names(shared))  # a flag already there (e.g. -bs) is not given twice; values are kept with their flag
+        kw["extra_args"] = shared + [a for flag in _flag_groups(args) if flag[0] not in have for a in flag]
         kw["env"] = {**(base.get("env") or {}), **self.env()} or None
         if self.threads is not None:
             kw["threads"] = self.threads
