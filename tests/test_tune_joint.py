@@ -202,7 +202,7 @@ def test_dry_run_lists_the_candidates_and_the_evaluations(artifact):
                                   "--json"])
     assert r.exit_code == 0, r.output
     plan = json.loads(r.output)
-    assert plan["heads"] == ["own", "F16", "BF16", "Q8_0", "Q6_K", "Q4_K"]
+    assert plan["heads"] == ["own", "own-md", "F16", "BF16", "Q8_0", "Q6_K", "Q4_K"]
     assert 0 < plan["evaluations"] <= 40 and plan["searched"] == plan["rungs"][0][0] <= plan["n_candidates"]
     keys = plan["candidates"]
     assert len(keys) == len(set(keys)) == plan["n_candidates"]
@@ -231,3 +231,23 @@ def test_the_profile_of_a_retyped_head_refuses_an_artifact_of_another_head(searc
                                   "--heads-from", str(out)])
     assert r.exit_code != 0 and "Traceback" not in r.output
     assert "--heads-from: measured with the recipe hifi-q4_k_m-mtp, not q8_0-mtp" in r.output, r.output
+
+
+@pytest.mark.runtime
+def test_the_own_head_is_measured_built_in_and_as_a_sidecar(artifact, llama_server_bin):
+    """The artifact's own head twice: built in (a candidate) and cut as a sidecar served with -md
+    like every re-typed head (a measurement of what -md costs, never a candidate); the same head
+    drafts the same tokens either way, and the markdown table says which row is which."""
+    from ggufmtp.quant.recipe import Recipe
+    from ggufmtp.refs import local_model_arg
+
+    o = joint_heads.HeadSettings(head_types=(), own_head=True, k=2, limit=2, seeds=(42,), suite="chat-v1",
+                                 max_tokens=32, server=ServerOptions(threads=2))
+    stage = joint_heads.head_stage(artifact, local_model_arg(SOURCE), Recipe.load(RECIPE), o)
+    own, md = stage.rows
+    assert (own.head, own.file, own.kept) == ("own", None, True) and own.decision == "preserved"
+    assert md.head == "own-md" and md.file == "mtp-reference.gguf" and not md.kept and "what -md costs" in md.why
+    assert md.head_bytes == own.head_bytes and md.acceptance == pytest.approx(own.acceptance, abs=0.02)
+    table = stage.markdown()
+    assert "| own | " in table and "| own-md | " in table and "(-md cost)" in table
+    assert stage.to_dict()["rows"][1]["kept"] is False and stage.recipe == RECIPE and stage.hardware == "CPU"

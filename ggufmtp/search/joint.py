@@ -59,7 +59,7 @@ from ..quant.recipe import Recipe, normalize_type
 from ..runtime.hardware import probe_hardware
 from ..runtime.server import binary_flags
 from . import joint_heads
-from .joint_heads import OWN_HEAD, HeadSettings, HeadStage
+from .joint_heads import OWN_HEAD, OWN_SIDECAR, HeadSettings, HeadStage
 
 __all__ = ["HEAD_TYPES", "OWN_HEAD", "OptionSpace", "JointOptions", "JointPlan", "JointResult", "joint_plan",
            "joint_search", "all_heads"]
@@ -198,7 +198,7 @@ def joint_plan(model: str | os.PathLike, options: JointOptions | None = None) ->
     stage's heads are not known before the heads stage: the first ``joint_heads`` stand for them."""
     o = options if options is not None else JointOptions()
     heads = all_heads(o)
-    cands = _space(Path(model), o, heads[:o.joint_heads], o.head_k or 4)
+    cands = _space(Path(model), o, [h for h in heads if h != OWN_SIDECAR][:o.joint_heads], o.head_k or 4)
     setup = prepare(Path(model), o.tune.suite, o.tune.limit, o.server.llama_cpp_bin)
     s, unit_cost, n_prompts = o.tune.search, len(o.tune.seeds) * o.tune.concurrency, len(setup.suite.prompts)
     final = final_rung_units(s.final_on_suite, len(cands), o.tune.budget, s.units0, s.eta, s.final_size, n_prompts,
@@ -209,7 +209,7 @@ def joint_plan(model: str | os.PathLike, options: JointOptions | None = None) ->
 
 
 def all_heads(o: JointOptions) -> list[str]:
-    return ([OWN_HEAD] if o.own_head else []) + list(o.head_types)
+    return ([OWN_HEAD, OWN_SIDECAR] if o.own_head else []) + list(o.head_types)
 
 
 @dataclass

@@ -30,9 +30,13 @@ from ..quality.head_sweep import head_bytes, head_recipe
 from ..quant.quantize import quantize
 from ..quant.recipe import Recipe, normalize_type
 
-__all__ = ["OWN_HEAD", "HeadRow", "HeadSettings", "HeadStage", "make_head", "head_stage"]
+__all__ = ["OWN_HEAD", "OWN_SIDECAR", "HeadRow", "HeadSettings", "HeadStage", "make_head", "head_stage"]
 
 OWN_HEAD = "own"  # the artifact's head as it is (its recipe is the artifact's recipe unchanged)
+# The artifact's own head cut as a sidecar and served with -md like the re-typed heads: its row against
+# OWN_HEAD's is what serving a head as a sidecar costs, so the types' rows compare like with like. A
+# measurement only, never a candidate of the joint stage (the artifact serves its head built in).
+OWN_SIDECAR = "own-md"
 
 
 @dataclass(frozen=True)
@@ -120,10 +124,11 @@ class HeadStage:
 
     def markdown(self) -> str:
         """The head-type speed table (benchmarks/README.md)."""
-        L = [f"| head | head MiB | vs the source's head (k={self.k}) | lossless | acceptance | MTP tok/s | "
-             "vanilla tok/s | fair speedup (95% CI) |", "| --- | ---: | --- | --- | ---: | ---: | ---: | --- |"]
+        L = [f"| head | head MiB | vs the source's head (k={self.k}) | lossless | kept | acceptance | MTP tok/s | "
+             "vanilla tok/s | fair speedup (95% CI) |", "| --- | ---: | --- | --- | --- | ---: | ---: | ---: | --- |"]
         for r in self.rows:
-            L.append(f"| {r.head} | {r.head_bytes / 2**20:.1f} | {r.decision} | {'yes' if r.lossless else 'NO'} | "
+            kept = "yes" if r.kept else "(-md cost)" if r.head == OWN_SIDECAR else "no"
+            L.append(f"| {r.head} | {r.head_bytes / 2**20:.1f} | {r.decision} | {'yes' if r.lossless else 'NO'} | {kept} | "
                      f"{pct(r.acceptance)} | {_num(r.mtp_tokens_per_second)} | {_num(r.vanilla_tokens_per_second)} | "
                      f"{times(r.speedup)} {ci_text(r.speedup_ci95)} |")
         kept = [r.acceptance for r in self.rows if r.kept and r.acceptance is not None]
@@ -173,12 +178,25 @@ def _verify_head(model: Path, source: Path, head: str, sidecar: Path | None, rec
     return row, (res.hardware.gpu if res.hardware.offloaded else None) or "CPU"
 
 
+def _head_file(model: Path, source: Path, recipe: Recipe, head: str) -> Path | None:
+    """The sidecar a head drafts from (None: the artifact's head built in)."""
+    if head == OWN_HEAD:
+        return None
+    if head == OWN_SIDECAR:  # cut once per artifact by content, as the reference's head is
+        return reference_head(model, ServedSet.of(model)).path
+    return make_head(source, recipe, head)
+
+
 def head_stage(model: str | os.PathLike, source: str | os.PathLike, recipe: Recipe, o: HeadSettings) -> HeadStage:
-    """Every candidate head verified at the fixed window, in order (the artifact's own first)."""
+    """Every candidate head verified at the fixed window, in order: the artifact's own (built in, then
+    as a sidecar: :data:`OWN_SIDECAR`) first."""
     model, source = Path(model), Path(source)
     rows, hw = [], "CPU"
-    for t in ([OWN_HEAD] if o.own_head else []) + list(o.head_types):
-        row, hw = _verify_head(model, source, t, None if t == OWN_HEAD else make_head(source, recipe, t), recipe, o)
+    for t in ([OWN_HEAD, OWN_SIDECAR] if o.own_head else []) + list(o.head_types):
+        row, hw = _verify_head(model, source, t, _head_file(model, source, recipe, t), recipe, o)
+        if t == OWN_SIDECAR:
+            row = dataclasses.replace(row, kept=False, why=row.why or f"the {OWN_HEAD} head served as a sidecar (-md): "
+                                      "what -md costs against the head built in; not a candidate")
         rows.append(row)
     return HeadStage(model.name, ServedSet.of(model).first.sha256, source.name, ServedSet.of(source).digests,
                      recipe.name, rows[0].k, hw, rows)
