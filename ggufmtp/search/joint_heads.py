@@ -127,14 +127,14 @@ class HeadStage:
         L = [f"| head | head MiB | vs the source's head (k={self.k}) | lossless | kept | acceptance | MTP tok/s | "
              "vanilla tok/s | fair speedup (95% CI) |", "| --- | ---: | --- | --- | --- | ---: | ---: | ---: | --- |"]
         for r in self.rows:
-            kept = "yes" if r.kept else "(-md cost)" if r.head == OWN_SIDECAR else "no"
-            L.append(f"| {r.head} | {r.head_bytes / 2**20:.1f} | {r.decision} | {'yes' if r.lossless else 'NO'} | {kept} | "
+            role = "yes" if r.kept else "(-md cost)" if r.head == OWN_SIDECAR else "no"
+            L.append(f"| {r.head} | {r.head_bytes / 2**20:.1f} | {r.decision} | {'yes' if r.lossless else 'NO'} | {role} | "
                      f"{pct(r.acceptance)} | {_num(r.mtp_tokens_per_second)} | {_num(r.vanilla_tokens_per_second)} | "
                      f"{times(r.speedup)} {ci_text(r.speedup_ci95)} |")
-        kept = [r.acceptance for r in self.rows if r.kept and r.acceptance is not None]
-        if kept:
-            L += ["", f"Acceptance across the kept heads: {pct(min(kept))} to {pct(max(kept))} "
-                      f"(spread {100 * (max(kept) - min(kept)):.2f} points)."]
+        acc = [r.acceptance for r in self.rows if r.kept and r.acceptance is not None]
+        if acc:
+            L += ["", f"Acceptance across the kept heads: {pct(min(acc))} to {pct(max(acc))} "
+                      f"(spread {100 * (max(acc) - min(acc)):.2f} points)."]
         return "\n".join(L)
 
 
