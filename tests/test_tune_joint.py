@@ -251,3 +251,17 @@ def test_the_own_head_is_measured_built_in_and_as_a_sidecar(artifact, llama_serv
     table = stage.markdown()
     assert "| own | " in table and "| own-md | " in table and "(-md cost)" in table
     assert stage.to_dict()["rows"][1]["kept"] is False and stage.recipe == RECIPE and stage.hardware == "CPU"
+
+
+@pytest.mark.runtime
+def test_bad_inputs_are_one_clear_error(artifact, tmp_path):
+    """A missing source, an unknown head type, a bad option value: one error line naming it, exit
+    status non-zero, nothing written."""
+    out = tmp_path / "joint.json"
+    cases = [(["--source", str(tmp_path / "missing.gguf")], "missing.gguf: no such file"),
+             (["--source", SOURCE, "--head-types", "Q9_9"], "Q9_9"),
+             (["--source", SOURCE, "--flash-attn-values", "sometimes"], "--flash-attn-values sometimes")]
+    for args, says in cases:
+        r = CliRunner().invoke(main, ["tune-joint", str(artifact), "-r", RECIPE, *args, "-o", str(out)])
+        assert r.exit_code != 0 and says in r.output and "Traceback" not in r.output, r.output
+        assert r.output.count("error:") == 1 and not out.exists()

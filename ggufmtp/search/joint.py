@@ -260,6 +260,8 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
     o = options if options is not None else JointOptions()
     rec = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)
     model, source = Path(model), Path(source)
+    if not source.is_file():
+        raise TuneError(f"--source {source}: no such file (the BF16 {model.name} was quantized from)")
     if heads is None:
         heads = joint_heads.head_stage(model, source, rec, o.heads)
     else:
