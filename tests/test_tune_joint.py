@@ -103,6 +103,8 @@ def searched(artifact, tmp_path_factory, llama_server_bin):
     real = joint_heads.make_head
 
     def make_head(source, recipe, head_type):
+        if head_type == "Q6_K":  # not a head at all: the whole artifact (verify refuses it as a sidecar)
+            return artifact
         path = real(source, recipe, head_type)
         if head_type != "Q4_K":
             return path
@@ -112,7 +114,7 @@ def searched(artifact, tmp_path_factory, llama_server_bin):
         return broken
 
     bias = ("--logit-bias", f"{_first_token(artifact)}-inf")
-    o = JointOptions(head_types=("Q8_0", "Q4_K"), own_head=False, head_k=2, head_limit=4, head_seeds=(42,),
+    o = JointOptions(head_types=("Q8_0", "Q4_K", "Q6_K"), own_head=False, head_k=2, head_limit=4, head_seeds=(42,),
                      options=OptionSpace(option_sets=(bias,)),
                      tune=TuneOptions(budget=8, limit=2, max_tokens=32, seeds=(42,), server=ServerOptions(threads=2),
                                       search=SearchOptions(n_max_values=(2,), n_min_values=(0,), p_min_values=(0.0,)),
@@ -130,11 +132,13 @@ def searched(artifact, tmp_path_factory, llama_server_bin):
 def test_a_destroyed_head_is_excluded_by_its_head_finding(searched):
     """The Q4_K head with its eh_proj zeroed still writes lossless output (speculation is lossless
     whatever the head drafts), so only the head finding against the source can exclude it: it is
-    not 'preserved', and it never reaches the joint stage; the Q8_0 head is preserved and kept."""
+    not 'preserved', and it never reaches the joint stage; the Q8_0 head is preserved and kept. A
+    "head" verify cannot serve (Q6_K here: the whole artifact) leaves with its error, the search goes on."""
     res, _ = searched
     rows = {h.head: h for h in res.heads.rows}
-    assert set(rows) == {"Q8_0", "Q4_K"}
-    good, bad = rows["Q8_0"], rows["Q4_K"]
+    assert set(rows) == {"Q8_0", "Q4_K", "Q6_K"}
+    good, bad, broken = rows["Q8_0"], rows["Q4_K"], rows["Q6_K"]
+    assert broken.decision == "failed" and not broken.kept and "not an MTP-only sidecar" in broken.why, broken
     assert good.kept and good.decision == "preserved" and good.lossless and good.why is None
     assert not bad.kept and bad.decision != "preserved" and bad.lossless, bad
     assert bad.why.startswith(f"head finding {bad.decision} against")

@@ -165,7 +165,11 @@ def _verify_head(model: Path, source: Path, head: str, sidecar: Path | None, rec
     k = o.k or recipe.verify.draft_n_max or 4
     vo = VerifyOptions(draft_n_max=k, seeds=tuple(o.seeds), suite=o.suite, limit=o.limit, max_tokens=o.max_tokens,
                        reference=source, sidecar=sidecar, server=o.server).with_defaults(thresholds=recipe.verify)
-    res = verify(model, vo, progress=False)
+    try:
+        res = verify(model, vo, progress=False)
+    except GgufmtpError as e:  # e.g. a type this backend cannot serve: the head leaves, the search goes on
+        return HeadRow(head, k, sidecar.name if sidecar else None, head_bytes(sidecar or model), "failed", False, None,
+                       None, [None, None], None, None, False, f"verify failed: {str(e).splitlines()[0][:300]}"), "?"
     decision = res.head.decision().value if res.head is not None else HeadDecision.INCONCLUSIVE.value
     lossless = res.findings is not None and res.findings.lossless == Finding.PASS
     c = res.main
@@ -193,7 +197,8 @@ def head_stage(model: str | os.PathLike, source: str | os.PathLike, recipe: Reci
     model, source = Path(model), Path(source)
     rows, hw = [], "CPU"
     for t in ([OWN_HEAD, OWN_SIDECAR] if o.own_head else []) + list(o.head_types):
-        row, hw = _verify_head(model, source, t, _head_file(model, source, recipe, t), recipe, o)
+        row, got = _verify_head(model, source, t, _head_file(model, source, recipe, t), recipe, o)
+        hw = got if got != "?" else hw
         if t == OWN_SIDECAR:
             row = dataclasses.replace(row, kept=False, why=row.why or f"the {OWN_HEAD} head served as a sidecar (-md): "
                                       "what -md costs against the head built in; not a candidate")
