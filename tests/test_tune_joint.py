@@ -269,3 +269,25 @@ def test_bad_inputs_are_one_clear_error(artifact, tmp_path):
         r = CliRunner().invoke(main, ["tune-joint", str(artifact), "-r", RECIPE, *args, "-o", str(out)])
         assert r.exit_code != 0 and says in r.output and "Traceback" not in r.output, r.output
         assert r.output.count("error:") == 1 and not out.exists()
+
+
+@pytest.mark.runtime
+def test_heads_from_skips_the_heads_stage_and_a_retyped_profile_stays_out_of_this_receipt(searched, artifact,
+                                                                                           tmp_path):
+    """``--heads-from`` the earlier result: no head is verified again (the rows are the file's), the
+    joint stage runs on its kept head; the profile found drafts with a Q8_0 head the artifact does not
+    have, so ``--receipt`` of this artifact is refused (one error, after -o and --recipe-out are written)."""
+    res, _ = searched
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(res.to_dict()))
+    out, recipe, receipt = tmp_path / "joint.json", tmp_path / "joint.toml", f"{artifact}.receipt.json"
+    before = open(receipt).read()
+    r = CliRunner().invoke(main, ["tune-joint", str(artifact), "--source", SOURCE, "-r", RECIPE, "--heads-from",
+                                  str(earlier), "--n-max-values", "2", "--p-min-values", "0", "--n-min-values", "0",
+                                  "--budget", "4", "--limit", "2", "--max-tokens", "32", "--threads", "2",
+                                  "-o", str(out), "--recipe-out", str(recipe), "--receipt", receipt])
+    assert r.exit_code != 0 and r.output.count("error:") == 1 and "not written" in r.output, r.output
+    assert open(receipt).read() == before
+    d = json.loads(out.read_text())
+    assert d["joint"]["heads_stage"] == res.heads.to_dict() and d["joint"]["head"] == "Q8_0"
+    assert 'rest = "Q8_0"' in recipe.read_text()

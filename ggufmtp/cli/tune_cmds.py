@@ -231,7 +231,8 @@ def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, opti
 @click.option("--recipe-out", type=click.Path(dir_okay=False), default=None,
               help="Write the recipe of the chosen head (the recipe with its [mtp] roles at that type) here.")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
-              help="Store the result as verification.tuned in this receipt.")
+              help="Store the result as verification.tuned in this receipt (only when MODEL's own head won: a "
+                   "re-typed head's profile belongs to the artifact its recipe makes).")
 @output_option("the full results as JSON (what verify/profiles --tuned-from read).")
 @arm_args_options
 @bin_option
@@ -252,6 +253,7 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
     option sets; both arms get them, and an option whose vanilla writes other text than the default
     vanilla is dropped). The result is tune's JSON (verify --tuned-from reads it) plus the recipe
     with the chosen head type (--recipe-out): quantize SOURCE with it and verify with --tuned-from."""
+    from ..errors import TuneError
     from ..measure.tune.options import SearchOptions, TuneOptions
     from ..search.joint import JointOptions, joint_plan, joint_search
     from ..search.joint_heads import HeadStage
@@ -278,4 +280,10 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
         from ..files.fsutil import atomic_write_text
 
         atomic_write_text(Path(recipe_out), res.recipe.to_toml())
-    _save_and_show(res, model, "tuned", receipt_path, output, as_json, res.to_dict(), res.text())
+    head = res.config.head if res.config is not None else None
+    # a re-typed head's profile belongs to SOURCE quantized with the joint recipe, not to MODEL's receipt
+    _save_and_show(res, model, "tuned", None if head else receipt_path, output, as_json, res.to_dict(), res.text())
+    if head and receipt_path:
+        raise TuneError(f"--receipt {receipt_path}: not written: the configuration found drafts with a {head} "
+                        f"head, which {Path(path).name} does not have; quantize the source with the joint recipe "
+                        "(--recipe-out) and store it with `verify NEW.gguf --tuned-from JSON --receipt NEW's receipt`")
