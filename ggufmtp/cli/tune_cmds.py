@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -213,8 +214,8 @@ def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, opti
 @click.option("--option", "option_sets", multiple=True,
               help="A non-speculative flag set searched as one more option (both arms), e.g. \"-ctk q4_0 -ctv q4_0\".")
 @click.option("--gpu-options", is_flag=True,
-              help="Search what matters on a GPU: -fa auto/off, KV f16/q8_0, batch default/2048:2048 (overrides the "
-                   "four --*-values options).")
+              help="Search what matters on a GPU: -fa auto/off, KV f16/q8_0, batch default/2048:2048 (over "
+                   "--flash-attn-values, --kv-values and --batch-values).")
 @click.option("--n-max-values", default="1,2,3,4,5,6,7,8", show_default=True, help="--spec-draft-n-max values to search.")
 @click.option("--p-min-values", default="0,0.5,0.75,0.9", show_default=True, help="--spec-draft-p-min values to search.")
 @click.option("--n-min-values", default="0,1,2", show_default=True, help="--spec-draft-n-min values to search.")
@@ -255,11 +256,13 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
     with the chosen head type (--recipe-out): quantize SOURCE with it and verify with --tuned-from."""
     from ..errors import TuneError
     from ..measure.tune.options import SearchOptions, TuneOptions
-    from ..search.joint import JointOptions, joint_plan, joint_search
+    from ..search.joint import JointOptions, OptionSpace, joint_plan, joint_search
     from ..search.joint_heads import HeadStage
 
-    space = (_option_space("auto,off", "default,q8_0", "default,2048:2048", threads_values, option_sets)
-             if gpu_options else _option_space(fa, kv, batch, threads_values, option_sets))
+    space = _option_space(fa, kv, batch, threads_values, option_sets)
+    if gpu_options:  # its three dimensions over the --*-values ones
+        g = OptionSpace.gpu()
+        space = dataclasses.replace(space, flash_attn=g.flash_attn, cache_types=g.cache_types, batches=g.batches)
     search = SearchOptions(n_max_values=_int_list(n_max_values, "--n-max-values") or (),
                            p_min_values=_float_list(p_min_values, "--p-min-values") or (),
                            n_min_values=_int_list(n_min_values, "--n-min-values") or ())
