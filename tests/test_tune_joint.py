@@ -12,6 +12,7 @@ exclusions, never a speed ordering.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -291,3 +292,21 @@ def test_heads_from_skips_the_heads_stage_and_a_retyped_profile_stays_out_of_thi
     d = json.loads(out.read_text())
     assert d["joint"]["heads_stage"] == res.heads.to_dict() and d["joint"]["head"] == "Q8_0"
     assert 'rest = "Q8_0"' in recipe.read_text()
+
+
+@pytest.mark.runtime
+def test_a_head_type_the_recipe_does_not_allow_or_that_cannot_be_made_leaves_with_the_reason(artifact):
+    """A type below the recipe's ``[mtp] floor`` (Q4_K_M as a recipe: floor Q4_K) is not measured; a
+    type llama.cpp cannot make without an imatrix (IQ1_S) leaves as failed; neither stops the stage
+    and neither starts a server."""
+    from ggufmtp.quant.recipe import Recipe
+    from ggufmtp.refs import local_model_arg
+
+    o = joint_heads.HeadSettings(head_types=("Q3_K",), own_head=False, k=2, limit=2, seeds=(42,), suite="chat-v1",
+                                 max_tokens=32, server=ServerOptions(threads=2))
+    floor = joint_heads.head_stage(artifact, local_model_arg(SOURCE), Recipe.load("Q4_K_M"), o).rows[0]
+    assert (floor.decision, floor.kept) == ("not measured", False) and "[mtp] floor Q4_K" in floor.why
+    o = dataclasses.replace(o, head_types=("IQ1_S",))
+    failed = joint_heads.head_stage(artifact, local_model_arg(SOURCE), Recipe.load(RECIPE), o).rows[0]
+    assert (failed.decision, failed.kept) == ("failed", False) and failed.why.startswith("cannot be made:"), failed
+    assert "imatrix" in failed.why and "/" not in failed.why  # one line, no local path

@@ -27,6 +27,7 @@ from ..measure.verify.run import verify
 from ..provenance.head import HeadDecision
 from ..provenance.verdict import Finding
 from ..quality.head_sweep import head_bytes, head_recipe
+from ..quant.qtypes import bits_per_weight
 from ..quant.quantize import quantize
 from ..quant.recipe import Recipe, normalize_type
 
@@ -153,23 +154,30 @@ def make_head(source: Path, recipe: Recipe, head_type: str) -> Path:
     if not out.is_file():
         try:
             quantize(cut.path, rec, out, progress=False, mtp_optional=True, split=None)
-        except GgufmtpError as e:
-            raise TuneError(f"head type {head_type}: cannot re-type {source.name}'s head: {e}") from None
+        except GgufmtpError as e:  # one line, the cache's path as the file's name
+            why = "; ".join(x.strip() for x in str(e).replace(str(cut.path), cut.path.name).splitlines() if x.strip())
+            raise TuneError(f"head type {head_type}: cannot re-type {source.name}'s head: {why}") from None
     return out
 
 
+def _left_out(head: str, k: int, sidecar: Path | None, nbytes: int, decision: str, why: str) -> HeadRow:
+    """The row of a head that was not measured (below the recipe's floor) or whose verify failed."""
+    return HeadRow(head, k, sidecar.name if sidecar else None, nbytes, decision, False, None, None, [None, None], None,
+                   None, False, why)
+
+
 def _verify_head(model: Path, source: Path, head: str, sidecar: Path | None, recipe: Recipe,
-                 o: HeadSettings) -> tuple[HeadRow, str]:
+                 o: HeadSettings) -> tuple[HeadRow, str | None]:
     """verify of one head on the artifact's trunk against the source, at the heads stage's window;
-    (its row, the hardware's name)."""
+    (its row, the hardware's name: None when verify failed)."""
     k = o.k or recipe.verify.draft_n_max or 4
     vo = VerifyOptions(draft_n_max=k, seeds=tuple(o.seeds), suite=o.suite, limit=o.limit, max_tokens=o.max_tokens,
                        reference=source, sidecar=sidecar, server=o.server).with_defaults(thresholds=recipe.verify)
     try:
         res = verify(model, vo, progress=False)
     except GgufmtpError as e:  # e.g. a type this backend cannot serve: the head leaves, the search goes on
-        return HeadRow(head, k, sidecar.name if sidecar else None, head_bytes(sidecar or model), "failed", False, None,
-                       None, [None, None], None, None, False, f"verify failed: {str(e).splitlines()[0][:300]}"), "?"
+        failed = f"verify failed: {str(e).splitlines()[0][:300]}"
+        return _left_out(head, k, sidecar, head_bytes(sidecar or model), "failed", failed), None
     decision = res.head.decision().value if res.head is not None else HeadDecision.INCONCLUSIVE.value
     lossless = res.findings is not None and res.findings.lossless == Finding.PASS
     c = res.main
@@ -191,17 +199,41 @@ def _head_file(model: Path, source: Path, recipe: Recipe, head: str) -> Path | N
     return make_head(source, recipe, head)
 
 
+def _below_floor(recipe: Recipe, head: str) -> str | None:
+    """Why the recipe does not allow ``head`` (its ``[mtp] floor`` is above the type), else None."""
+    if head in (OWN_HEAD, OWN_SIDECAR) or recipe.mtp_floor is None:
+        return None
+    if bits_per_weight(head) < bits_per_weight(recipe.mtp_floor):
+        return f"below recipe {recipe.name}'s [mtp] floor {recipe.mtp_floor}: not measured"
+    return None
+
+
+def _head_row(model: Path, source: Path, recipe: Recipe, head: str, o: HeadSettings) -> tuple[HeadRow, str | None]:
+    """One head's row: not measured when the recipe does not allow it, failed when it cannot be made
+    or served, else verify's (the own head as a sidecar is never a candidate)."""
+    k = o.k or recipe.verify.draft_n_max or 4
+    if (why := _below_floor(recipe, head)) is not None:
+        return _left_out(head, k, None, 0, "not measured", why), None
+    try:
+        sidecar = _head_file(model, source, recipe, head)
+    except GgufmtpError as e:
+        return _left_out(head, k, None, 0, "failed", f"cannot be made: {str(e).splitlines()[0][:300]}"), None
+    row, hw = _verify_head(model, source, head, sidecar, recipe, o)
+    if head == OWN_SIDECAR:
+        row = dataclasses.replace(row, kept=False, why=row.why or f"the {OWN_HEAD} head served as a sidecar (-md): "
+                                  "what -md costs against the head built in; not a candidate")
+    return row, hw
+
+
 def head_stage(model: str | os.PathLike, source: str | os.PathLike, recipe: Recipe, o: HeadSettings) -> HeadStage:
     """Every candidate head verified at the fixed window, in order: the artifact's own (built in, then
-    as a sidecar: :data:`OWN_SIDECAR`) first."""
+    as a sidecar: :data:`OWN_SIDECAR`) first; a head that cannot be made or served, or that the
+    recipe's ``[mtp] floor`` does not allow, leaves with the reason and the stage goes on."""
     model, source = Path(model), Path(source)
     rows, hw = [], "CPU"
     for t in ([OWN_HEAD, OWN_SIDECAR] if o.own_head else []) + list(o.head_types):
-        row, got = _verify_head(model, source, t, _head_file(model, source, recipe, t), recipe, o)
-        hw = got if got != "?" else hw
-        if t == OWN_SIDECAR:
-            row = dataclasses.replace(row, kept=False, why=row.why or f"the {OWN_HEAD} head served as a sidecar (-md): "
-                                      "what -md costs against the head built in; not a candidate")
+        row, got = _head_row(model, source, recipe, t, o)
+        hw = got or hw
         rows.append(row)
     return HeadStage(model.name, ServedSet.of(model).first.sha256, source.name, ServedSet.of(source).digests,
                      recipe.name, rows[0].k, hw, rows)
