@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = HeadSettings(head_types=tuple(t for t in a.types.split(",") if t), own_head=not a.no_own_head, k=a.k,
                             limit=a.limit, seeds=tuple(int(s) for s in a.seeds.split(",")), suite=a.suite,
                             max_tokens=a.max_tokens, server=server_options(_layers(a.gpu_layers), a.threads, None))
-    stage = head_stage(local_model_arg(a.model), local_model_arg(a.source), Recipe.load(a.recipe), settings)
+    stage = head_stage(local_model_arg(a.model), local_model_arg(a.source), Recipe.load(a.recipe), settings,
+                       lambda m: print(m, file=sys.stderr, flush=True))
     md = (f"Head types of {stage.model} (recipe {stage.recipe}) on {stage.hardware}: {a.limit} prompts x seeds "
           f"{a.seeds} x {a.max_tokens} tokens, k={stage.k}, each head against {stage.source}'s.\n\n" + stage.markdown())
     if a.json_out:

@@ -278,7 +278,7 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
         emit_json(plan.to_dict()) if as_json else click.echo(plan.text())
         return
     res = joint_search(path, resolve_model_arg(source), recipe_name, o,
-                       HeadStage.load(heads_from) if heads_from else None)
+                       HeadStage.load(heads_from) if heads_from else None, progress=not as_json)
     if recipe_out:
         from ..files.fsutil import atomic_write_text
 

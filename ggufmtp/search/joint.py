@@ -35,6 +35,7 @@ import dataclasses
 import itertools
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,16 +255,19 @@ class JointResult:
 
 
 def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Recipe | str,
-                 options: JointOptions | None = None, heads: HeadStage | None = None) -> JointResult:
+                 options: JointOptions | None = None, heads: HeadStage | None = None, *,
+                 progress: bool = False) -> JointResult:
     """Both stages (see the module docstring); ``heads``: the heads stage measured before (checked to
-    be this model's, source's and recipe's) instead of measuring it. TuneError when no head is kept."""
+    be this model's, source's and recipe's) instead of measuring it; ``progress``: a line per head and
+    tune's rung lines on stderr. TuneError when no head is kept."""
     o = options if options is not None else JointOptions()
     rec = recipe if isinstance(recipe, Recipe) else Recipe.load(recipe)
     model, source = Path(model), Path(source)
     if not source.is_file():
         raise TuneError(f"--source {source}: no such file (the BF16 {model.name} was quantized from)")
     if heads is None:
-        heads = joint_heads.head_stage(model, source, rec, o.heads)
+        heads = joint_heads.head_stage(model, source, rec, o.heads,
+                                       (lambda m: print(m, file=sys.stderr, flush=True)) if progress else None)
     else:
         heads.check_for(model, source, rec, "--heads-from")
     kept, notes = _kept_heads(heads, o.joint_heads)
@@ -271,7 +275,7 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
     files = {t: str(joint_heads.make_head(source, rec, t)) for t in kept if t != OWN_HEAD}  # cached by content
     res = tune(model, dataclasses.replace(o.tune, heads=files, search=dataclasses.replace(o.tune.search,
                                                                                           candidates=cands)),
-               progress=False)
+               progress=progress)
     best = res.recommendation.best_config
     if best is not None and best.head is not None:
         notes.append(f"the {best.head} head was measured as a sidecar (-md) cut from {source.name}: quantize "

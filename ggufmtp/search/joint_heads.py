@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,15 +225,20 @@ def _head_row(model: Path, source: Path, recipe: Recipe, head: str, o: HeadSetti
     return row, hw
 
 
-def head_stage(model: str | os.PathLike, source: str | os.PathLike, recipe: Recipe, o: HeadSettings) -> HeadStage:
+def head_stage(model: str | os.PathLike, source: str | os.PathLike, recipe: Recipe, o: HeadSettings,
+               log: Callable[[str], None] | None = None) -> HeadStage:
     """Every candidate head verified at the fixed window, in order: the artifact's own (built in, then
     as a sidecar: :data:`OWN_SIDECAR`) first; a head that cannot be made or served, or that the
-    recipe's ``[mtp] floor`` does not allow, leaves with the reason and the stage goes on."""
+    recipe's ``[mtp] floor`` does not allow, leaves with the reason and the stage goes on. ``log``:
+    a line per head as it is decided."""
     model, source = Path(model), Path(source)
     rows, hw = [], "CPU"
     for t in ([OWN_HEAD, OWN_SIDECAR] if o.own_head else []) + list(o.head_types):
         row, got = _head_row(model, source, recipe, t, o)
         hw = got or hw
         rows.append(row)
+        if log:
+            log(f"head {t}: {row.decision}, acceptance {pct(row.acceptance)}, fair speedup {times(row.speedup)} "
+                f"{ci_text(row.speedup_ci95)}" + (f" -- {row.why}" if row.why else ""))
     return HeadStage(model.name, ServedSet.of(model).first.sha256, source.name, ServedSet.of(source).digests,
                      recipe.name, rows[0].k, hw, rows)
