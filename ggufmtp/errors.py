@@ -15,7 +15,7 @@ __all__ = [
     "TomlError", "ImatrixError", "CorpusError", "PlanError", "QuantizeError", "UnpredictableHeader", "AuditError",
     "ServerError", "VerifyError", "MemoryPlanError",
     "SuiteError",
-    "TuneError", "FatalTuneError", "ProfileError", "BandwidthError", "SynthError", "HubError",
+    "TuneError", "FatalTuneError", "LossyOptionError", "ProfileError", "BandwidthError", "SynthError", "HubError",
     "HubHTTPError", "HubDigestMismatchError", "HubManifestError", "HubRefusedError",
     "QualityError", "ModelMismatchError", "LogitsFileError", "HeadSweepError",
     "ConvertError", "ConvertDependencyError", "LadderError", "TrainError", "TrainDependencyError",
@@ -143,6 +143,11 @@ class TuneError(VerifyError):
 
 class FatalTuneError(TuneError):
     """A failure that is not the configuration's fault (e.g. the vanilla server died): stops the search."""
+
+
+class LossyOptionError(TuneError):
+    """A configuration's non-speculative settings change the output itself (its vanilla writes other
+    text than the default vanilla): the speed it buys is not lossless, so it leaves the search."""
 
 
 class ProfileError(VerifyError):

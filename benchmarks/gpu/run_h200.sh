@@ -63,6 +63,12 @@
 #                                             # designed to the published 67.5% at k=4), quantized $DRECIPE (iq4_xs-mtp),
 #                                             # then $DENSE_STAGES (fair tune verify-tuned) on it -> $RES/dense/:
 #                                             # SYNTH_STAGE=dsynth STAGES=dense setsid nohup bash ... all &
+#   bash benchmarks/gpu/run_h200.sh headtypes # issue #52 item 2: the speed of each head type at equal acceptance
+#                                             # ($QSOURCE's head re-typed, on $QMODEL's trunk) -> headtypes.{json,md}
+#   bash benchmarks/gpu/run_h200.sh joint     # issue #52 item 1: tune-joint (heads x k x p-min x GPU options),
+#                                             # reading headtypes.json -> joint.json, joint-recipe.toml; then
+#                                             # joint-verify (quantize with the recipe, verify --tuned-from);
+#                                             # the dense shape: DENSE_STAGES="headtypes joint" ... dense
 #   bash benchmarks/gpu/run_h200.sh memplan   # issue #49 item 6: `run` with an 80 GB ballast, `verify --n-cpu-moe`
 #                                             # with a 24 GB one (STAGES=memplan ... all)
 #   bash benchmarks/gpu/run_h200.sh cputests  # the numerical tests on this machine's CPU ($TEST_CORES, default 0-5),
@@ -98,6 +104,8 @@ WRONG=${WRONG:-0.130515}
 # the 35B-A3B Hi-Fi quant of `quantize` unless a stage that made another (dense) points them at it
 QMODEL=${QMODEL:-$WORK/hifi.gguf}
 QRECIPE=${QRECIPE:-hifi-q4_k_m-mtp}
+# the BF16 $QMODEL was quantized from (its receipt names it): headtypes and joint re-type its head
+QSOURCE=${QSOURCE:-$WORK/qwen36-shape-bf16.gguf}
 # the dense Qwen3.6-27B-shaped model of `dsynth` / `dense` (#52 item 3)
 DBF16=$WORK/qwen36-27b-shape-bf16.gguf
 DRECIPE=${DRECIPE:-iq4_xs-mtp}   # the published measurement's quantization: IQ4_XS, the head's eh_proj at Q8_0
@@ -329,6 +337,62 @@ PY
     python3 -m ggufmtp profiles "$QMODEL" --gpu-layers 999 "${args[@]}" "${pargs[@]}" \
       --out "$RES/profiles.json" > "$RES/profiles.txt" 2> "$RES/profiles.log" || true
     tail -25 "$RES/profiles.txt" ;;
+  headtypes)
+    # #52 item 2: the speed of a head type at equal acceptance. $QSOURCE's head re-typed to each of
+    # $HT_TYPES (cut once, quantized with $QRECIPE's [mtp] roles at the type), each drafting on
+    # $QMODEL's trunk (-md) in one verify against $QSOURCE at k=$HT_K: head finding, lossless, fair
+    # speedup (-ngl 999, no -bs: llama-server's defaults on both arms) -> headtypes.{json,md,txt}.
+    # The first two rows are $QMODEL's own head built in and the same head as a sidecar (-md, as every
+    # type is served): their difference is what -md costs, so the types compare like with like.
+    # Sized for ~8 min on an H200 (35B-A3B hifi; estimates from the stages' earlier timings, not
+    # measured as a whole): hashing the 72 GB source (cached after the first stage that hashed it) and
+    # cutting its head and the artifact's (~3.7 GB each) ~1.5 min, five ~3.7 GB quantizations ~1.5 min,
+    # then seven verifies (own, own-md, 5 types) of 6 prompts x seed 42 x 128 tokens per mode: two
+    # server starts (~15 s each) and 6 pairs at ~1 s (vanilla ~215 tok/s, MTP ~330) per mode, the
+    # source head's arm once (cached) -- ~45 s each. The dense 27B (`dense` with DENSE_STAGES=
+    # "headtypes joint"): pairs ~2.3 s (89/157 tok/s), so four types (DHT_TYPES) keep it near 8 min.
+    env_setup
+    python3 benchmarks/head_type_speed.py "$QMODEL" --source "$QSOURCE" --recipe "$QRECIPE" \
+      --types "${HT_TYPES:-F16,BF16,Q8_0,Q6_K,Q4_K}" --k "${HT_K:-4}" --limit "${HT_LIMIT:-6}" --seeds 42 \
+      --max-tokens "${MAXTOK:-128}" --gpu-layers 999 --json "$RES/headtypes.json" --md "$RES/headtypes.md" \
+      > "$RES/headtypes.txt" 2> "$RES/headtypes.log" || true
+    cat "$RES/headtypes.txt" ;;
+  joint)
+    # #52 item 1: tune-joint on $QMODEL, the heads stage read from headtypes.json (run `headtypes`
+    # first, else it is measured here too: ~8 min more), the two fastest kept heads x k 3-6 x p-min
+    # 0/0.75 x -bs/drafter sampling/CUDA graph opt. (tune's GPU dimensions) x flash attention auto/off
+    # x KV f16/q8_0 x batch default/2048:2048 (--gpu-options), successive halving in $JOINT_BUDGET
+    # evaluations (MTP requests of 128 tokens, seed 42) -> joint.{json,txt}, joint-recipe.toml, and
+    # verify --tuned-from joint.json is then `verify-tuned`'s job on an artifact quantized with the recipe.
+    # Sized for ~8 min on an H200: tune's budget 160 took 449-456 s there (~2.8 s per evaluation, server
+    # starts included), so 96 evaluations ~270 s, plus a vanilla server per option setting (~15 s each,
+    # ~7 in the first rung) and the default vanilla's replies once per unit (~16 s) ~ 6.5-7 min. The
+    # dense 27B: DJOINT_BUDGET (64; ~2.3 s per pair, ~8 s per server start of its 16 GB).
+    env_setup
+    args=()
+    [ -f "$RES/headtypes.json" ] && args=(--heads-from "$RES/headtypes.json")
+    jargs=(--source "$QSOURCE" -r "$QRECIPE" --gpu-layers 999 --gpu-options --head-k "${HT_K:-4}"
+      --head-limit "${HT_LIMIT:-6}" --head-types "${HT_TYPES:-F16,BF16,Q8_0,Q6_K,Q4_K}" --n-max-values "${JOINT_K:-3,4,5,6}"
+      --p-min-values 0,0.75 --n-min-values 0 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${JOINT_BUDGET:-96}")
+    python3 -m ggufmtp tune-joint "$QMODEL" "${jargs[@]}" --dry-run > "$RES/joint-plan.txt" 2>&1 || true
+    python3 -m ggufmtp tune-joint "$QMODEL" "${jargs[@]}" "${args[@]}" --recipe-out "$RES/joint-recipe.toml" \
+      --output "$RES/joint.json" > "$RES/joint.txt" 2> "$RES/joint.log" || true
+    tail -30 "$RES/joint.txt" ;;
+  joint-verify)
+    # the joint result reproduced: $QSOURCE quantized with joint-recipe.toml (skipped when the search kept
+    # $QMODEL's own head: the recipe is then $QRECIPE), then verify --tuned-from joint.json on it, the
+    # whole suite unless $LIMIT -> verify-joint.*. Not sized to 8 min: the 35B-A3B quantization alone
+    # takes several minutes on 16 cores.
+    env_setup
+    head=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['joint']['head'] or '')" "$RES/joint.json")
+    if [ -n "$head" ]; then
+      python3 -m ggufmtp quantize "$QSOURCE" --recipe "$RES/joint-recipe.toml" -o "$WORK/joint.gguf" -t "$(nproc)" \
+        --no-progress --json > "$RES/joint-quantize.json" 2> "$RES/joint-quantize.log"
+      QMODEL=$WORK/joint.gguf QRECIPE=$RES/joint-recipe.toml verify_tuned "$RES/joint.json" joint
+    else
+      verify_tuned "$RES/joint.json" joint
+    fi
+    tail -8 "$RES/verify-joint.txt" ;;
   dsynth)
     # #52 item 3: the dense Qwen3.6-27B-shaped BF16, $DLAYERS (64) trunk layers + blk.64, 57.2 GB in $WORK,
     # its head designed to the published 67.5% at k=4 (ggufmtp.synth.layout.PUBLISHED: 78 of 544 tokens
@@ -360,11 +424,14 @@ PY
       /usr/bin/time -v python3 -m ggufmtp quantize "$DBF16" --recipe "$DRECIPE" -o "$Q" -t "$(nproc)" --no-progress \
         --json > "$RES/dense/quantize.json" 2> "$RES/dense/quantize.log"
       cp "$Q".receipt.json "$RES/dense/" 2>/dev/null || true
-      [ "${DKEEP:-0}" = 1 ] || rm -f "$DBF16"
+      # headtypes and joint re-type the BF16's head: it stays for them
+      [ "${DKEEP:-0}" = 1 ] || [[ " ${DENSE_STAGES:-} " == *" headtypes "* || " ${DENSE_STAGES:-} " == *" joint "* ]] \
+        || rm -f "$DBF16"
     fi
     for s in ${DENSE_STAGES:-fair tune verify-tuned}; do
       date +"%T   dense: $s" >> "$RES/progress.txt"
-      QMODEL=$Q QRECIPE=$DRECIPE RES=$RES/dense bash "$0" "$s" > "$RES/dense/stage-$s.out" 2>&1 \
+      QMODEL=$Q QRECIPE=$DRECIPE QSOURCE=$DBF16 RES=$RES/dense HT_TYPES=${DHT_TYPES:-BF16,Q8_0,Q6_K,Q4_K} \
+        JOINT_BUDGET=${DJOINT_BUDGET:-64} bash "$0" "$s" > "$RES/dense/stage-$s.out" 2>&1 \
         || date +"%T   dense: $s FAILED" >> "$RES/progress.txt"
     done ;;
   lsynth)

@@ -71,7 +71,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Build": ("pull", "convert", "synth", "train", "imatrix", "recipe", "search", "plan", "quantize", "sidecar", "run",
               "ladder"),
     "Check": ("inspect", "audit", "receipt"),
-    "Measure": ("verify", "tune", "curve", "profiles", "eval", "head-sweep"),
+    "Measure": ("verify", "tune", "tune-joint", "curve", "profiles", "eval", "head-sweep"),
     "Publish": ("card", "upload"),
     "Setup": ("runtime", "doctor"),
 }

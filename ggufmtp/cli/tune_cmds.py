@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import Any
+
 import click
 
 from ..measure.core.options import DEFAULT_MAX_TOKENS
-from .app import _float_list, _int_list, bin_option, handle_errors, json_option, main, resolve_model_arg
+from .app import (
+    _float_list,
+    _int_list,
+    bin_option,
+    emit_json,
+    handle_errors,
+    json_option,
+    main,
+    recipe_option,
+    resolve_model_arg,
+)
 from .measure_common import _run_tune, _save_and_show, arm_args_options, server_options
 from .options import draft_n_max_option, gpu_layers_option, output_option, threads_option
 
@@ -143,3 +157,136 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
                                                     vanilla_server_args))
     res = run_profiles(resolve_model_arg(model), options, progress=not as_json)
     _save_and_show(res, model, "profiles", receipt_path, output, as_json, res.to_dict(requests=True), res.text())
+
+
+def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, option_sets: tuple[str, ...]) -> Any:
+    """tune-joint's server options from their comma-separated values."""
+    from ..errors import TuneError
+    from ..measure.core.options import split_args
+    from ..search.joint import OptionSpace
+
+    fa_of = {"auto": None, "on": True, "off": False}
+    kv_of = (lambda v: None if v in ("", "default") else v)  # noqa: E731 (a local one-liner)
+    bad = [v for v in fa.split(",") if v.strip() not in fa_of]
+    if bad:
+        raise TuneError(f"--flash-attn-values {','.join(bad)}: each of auto, on, off")
+
+    def pair(v: str) -> tuple[int, int] | None:
+        if v.strip() in ("", "default"):
+            return None
+        b, _, ub = v.partition(":")
+        if not (b.strip().isdigit() and ub.strip().isdigit()):
+            raise TuneError(f"--batch-values {v!r}: B:UB (e.g. 2048:512) or default")
+        return int(b), int(ub)
+    return OptionSpace(flash_attn=tuple(fa_of[v.strip()] for v in fa.split(",")),
+                       cache_types=tuple(kv_of(v.strip()) for v in kv.split(",")),
+                       batches=tuple(pair(v) for v in batch.split(",")),
+                       threads=tuple(_int_list(threads_values, "--threads-values") or [None]),
+                       option_sets=tuple(tuple(split_args([s])) for s in option_sets))
+
+
+@main.command("tune-joint", short_help="One search of the fastest verified configuration: head type x k x server options.")
+@click.argument("model")
+@click.option("--source", required=True, type=click.Path(dir_okay=False),
+              help="The model MODEL was quantized from (BF16): the head types are its head re-typed, and each is "
+                   "judged against its head (verify's head finding must say preserved).")
+@recipe_option
+@click.option("--head-types", default=",".join(("F16", "BF16", "Q8_0", "Q6_K", "Q4_K")), show_default=True,
+              help="Head tensor types to search (every MTP role at the type), besides MODEL's own head.")
+@click.option("--no-own-head", is_flag=True, help="Leave MODEL's own head out of the search.")
+@click.option("--head-k", type=click.IntRange(min=1), default=None,
+              help="Draft window of the heads stage (default: the recipe's draft_n_max, else 4).")
+@click.option("--head-limit", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Prompts of the heads stage (the head finding's budget).")
+@click.option("--head-seeds", default="42", show_default=True, help="Seeds of the heads stage.")
+@click.option("--heads-from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Take the heads stage from this JSON (benchmarks/head_type_speed.py's or an earlier tune-joint "
+                   "output) instead of measuring it; it must be this MODEL's, SOURCE's and recipe's.")
+@click.option("--joint-heads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Kept heads (the fastest at the heads stage's window) searched jointly with k and the options.")
+@click.option("--flash-attn-values", "fa", default="auto", show_default=True,
+              help="-fa values to search (auto,on,off), both arms.")
+@click.option("--kv-values", "kv", default="default", show_default=True,
+              help="-ctk/-ctv types to search (default,q8_0,...), both arms; a quantized one needs -fa not off.")
+@click.option("--batch-values", "batch", default="default", show_default=True,
+              help="-b:-ub pairs to search (default,2048:512,...), both arms.")
+@click.option("--threads-values", default=None, help="--threads values to search, both arms.")
+@click.option("--option", "option_sets", multiple=True,
+              help="A non-speculative flag set searched as one more option (both arms), e.g. \"-ctk q4_0 -ctv q4_0\".")
+@click.option("--gpu-options", is_flag=True,
+              help="Search what matters on a GPU: -fa auto/off, KV f16/q8_0, batch default/2048:2048 (over "
+                   "--flash-attn-values, --kv-values and --batch-values).")
+@click.option("--n-max-values", default="1,2,3,4,5,6,7,8", show_default=True, help="--spec-draft-n-max values to search.")
+@click.option("--p-min-values", default="0,0.5,0.75,0.9", show_default=True, help="--spec-draft-p-min values to search.")
+@click.option("--n-min-values", default="0,1,2", show_default=True, help="--spec-draft-n-min values to search.")
+@click.option("--budget", type=click.IntRange(min=1), default=240, show_default=True,
+              help="Evaluations (MTP requests) of the joint stage's successive halving.")
+@click.option("--seeds", default="42", show_default=True, help="Comma-separated request seeds of the joint stage.")
+@click.option("--suite", default="chat-v1", show_default=True, help="Prompt suite: a shipped name or a JSONL file.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=DEFAULT_MAX_TOKENS, show_default=True,
+              help="Tokens per reply.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts (joint stage).")
+@gpu_layers_option("Every server's (e.g. 999); enables the GPU dimensions.")
+@threads_option("llama-server's, every arm (unless --threads-values searches it).")
+@click.option("--dry-run", is_flag=True, help="List the candidates and the evaluations the search would spend; run nothing.")
+@click.option("--recipe-out", type=click.Path(dir_okay=False), default=None,
+              help="Write the recipe of the chosen head (the recipe with its [mtp] roles at that type) here.")
+@click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
+              help="Store the result as verification.tuned in this receipt (only when MODEL's own head won: a "
+                   "re-typed head's profile belongs to the artifact its recipe makes).")
+@output_option("the full results as JSON (what verify/profiles --tuned-from read).")
+@arm_args_options
+@bin_option
+@json_option
+@handle_errors
+def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, no_own_head: bool, head_k: int | None,
+                   head_limit: int, head_seeds: str, heads_from: str | None, joint_heads: int, fa: str, kv: str,
+                   batch: str, threads_values: str | None, option_sets: tuple[str, ...], gpu_options: bool,
+                   n_max_values: str, p_min_values: str, n_min_values: str, budget: int, seeds: str, suite: str,
+                   max_tokens: int, limit: int | None, gpu_layers: int | str | None, threads: int | None,
+                   dry_run: bool, recipe_out: str | None, receipt_path: str | None, output: str | None,
+                   llama_cpp_bin: str | None, as_json: bool, server_args: tuple[str, ...] = (),
+                   mtp_server_args: tuple[str, ...] = (), vanilla_server_args: tuple[str, ...] = ()) -> None:
+    """Search MODEL's fastest verified configuration: the MTP head's tensor type (SOURCE's head
+    re-typed, each kept only while verify's head finding against SOURCE says preserved and the output
+    is lossless, measured at a fixed window), then tune's successive halving over the kept heads x
+    the draft window and limits x the server options (flash attention, KV types, batch, threads,
+    option sets; both arms get them, and an option whose vanilla writes other text than the default
+    vanilla is dropped). The result is tune's JSON (verify --tuned-from reads it) plus the recipe
+    with the chosen head type (--recipe-out): quantize SOURCE with it and verify with --tuned-from."""
+    from ..errors import TuneError
+    from ..measure.tune.options import SearchOptions, TuneOptions
+    from ..search.joint import JointOptions, OptionSpace, joint_plan, joint_search
+    from ..search.joint_heads import HeadStage
+
+    space = _option_space(fa, kv, batch, threads_values, option_sets)
+    if gpu_options:  # its three dimensions over the --*-values ones
+        g = OptionSpace.gpu()
+        space = dataclasses.replace(space, flash_attn=g.flash_attn, cache_types=g.cache_types, batches=g.batches)
+    search = SearchOptions(n_max_values=_int_list(n_max_values, "--n-max-values") or (),
+                           p_min_values=_float_list(p_min_values, "--p-min-values") or (),
+                           n_min_values=_int_list(n_min_values, "--n-min-values") or ())
+    tune_o = TuneOptions(budget=budget, seeds=_int_list(seeds, "--seeds") or (), suite=suite, max_tokens=max_tokens,
+                         limit=limit, search=search, server=server_options(gpu_layers, threads, llama_cpp_bin, server_args,
+                                                            mtp_server_args, vanilla_server_args))
+    o = JointOptions(head_types=tuple(t for t in head_types.split(",") if t.strip()), own_head=not no_own_head,
+                     head_k=head_k, head_limit=head_limit, head_seeds=tuple(_int_list(head_seeds, "--head-seeds") or ()),
+                     joint_heads=joint_heads, options=space, tune=tune_o)
+    path = resolve_model_arg(model)
+    if dry_run:
+        plan = joint_plan(path, o)
+        emit_json(plan.to_dict()) if as_json else click.echo(plan.text())
+        return
+    res = joint_search(path, resolve_model_arg(source), recipe_name, o,
+                       HeadStage.load(heads_from) if heads_from else None, progress=not as_json)
+    if recipe_out:
+        from ..files.fsutil import atomic_write_text
+
+        atomic_write_text(Path(recipe_out), res.recipe.to_toml())
+    head = res.config.head if res.config is not None else None
+    # a re-typed head's profile belongs to SOURCE quantized with the joint recipe, not to MODEL's receipt
+    _save_and_show(res, model, "tuned", None if head else receipt_path, output, as_json, res.to_dict(), res.text())
+    if head and receipt_path:
+        raise TuneError(f"--receipt {receipt_path}: not written: the configuration found drafts with a {head} "
+                        f"head, which {Path(path).name} does not have; quantize the source with the joint recipe "
+                        "(--recipe-out) and store it with `verify NEW.gguf --tuned-from JSON --receipt NEW's receipt`")

@@ -250,7 +250,8 @@ def make_plan(model: str | Path, recipe: Recipe | str | Path, imatrix: str | Pat
     gm = GGUFModel(model)
     mtp = check_mtp(gm)
     found = _Preflight()
-    blocks = list(mtp.blocks) if mtp.status in (MTPStatus.COMPLETE, MTPStatus.INCOMPLETE) else []
+    # a sidecar's MTP blocks are MTP blocks too: the joint search re-types a head cut from the source (#52)
+    blocks = list(mtp.blocks) if mtp.status in (MTPStatus.COMPLETE, MTPStatus.INCOMPLETE, MTPStatus.SIDECAR) else []
     if rec.mtp_required and not mtp_optional:
         found.errors += _mtp_errors(model, rec, mtp, gm.architecture)
     rules = rec.resolved_rules(blocks)

@@ -21,13 +21,13 @@ import dataclasses
 import os
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ... import stats
-from ...errors import FatalTuneError, GgufmtpError, TuneError
+from ...errors import FatalTuneError, GgufmtpError, LossyOptionError, TuneError
 from ...gguf.model import inspect_model
 from ...runtime import build as runtime
 from ...runtime.replies import Reply
@@ -127,8 +127,11 @@ class ServerEvaluator:
     (config, rung)."""
 
     def __init__(self, base: dict[str, Any], van: LlamaServer, bench: Bench, ctx_per_slot: int,
-                 warm_prompt: Prompt, bar=None, arms: ArmArgs | None = None, suite: Suite | None = None):
+                 warm_prompt: Prompt, bar=None, arms: ArmArgs | None = None, suite: Suite | None = None,
+                 heads: Mapping[str, str | os.PathLike] | None = None):
         self.base, self.van, self.bench = base, van, bench
+        self.heads = dict(heads or {})  # head type -> the MTP-only sidecar a configuration's ``head`` drafts with
+        self.default_replies: dict[int, list[Reply]] = {}  # unit -> the resident (default) vanilla's replies
         self.suite = suite  # given: a differing reply gets verify's numerics analysis (else it drops the config)
         self.ctx_per_slot = ctx_per_slot
         self.warm_prompt = warm_prompt
@@ -149,7 +152,12 @@ class ServerEvaluator:
 
     def _fields(self, cfg: TuneConfig) -> tuple[ArmArgs, dict[str, Any]]:
         base = {**self.base, "parallel": cfg.parallel, "ctx_size": self.ctx_per_slot * cfg.parallel}
-        return dataclasses.replace(self.arms, tuned=cfg), base
+        arms = dataclasses.replace(self.arms, tuned=cfg)
+        if cfg.head is not None:
+            if cfg.head not in self.heads:
+                raise TuneError(f"{cfg.key}: no head of type {cfg.head} was made for this search")
+            arms = dataclasses.replace(arms, draft_model=str(self.heads[cfg.head]))
+        return arms, base
 
     def server_config(self, cfg: TuneConfig) -> ServerConfig:
         """The MTP server of ``cfg``: the shared settings, its slots and their context."""
@@ -194,14 +202,17 @@ class ServerEvaluator:
                 raise TuneError(f"{cfg.key}: speculation did not run (the warm-up reply has no timings.draft_n); "
                                 f"log {mtp.log_path}")
             for u in units:
-                out.append(self._pair(van, mtp, u))
+                out.append(self._pair(van, mtp, u, cfg.sets_server_options))
                 if not out[-1].lossless:
                     break
         return out
 
-    def _pair(self, vsrv: LlamaServer, mtp: LlamaServer, u: int) -> UnitResult:
-        """Unit ``u`` on vanilla and on ``mtp``, in ABBA order."""
+    def _pair(self, vsrv: LlamaServer, mtp: LlamaServer, u: int, check_default: bool = False) -> UnitResult:
+        """Unit ``u`` on vanilla and on ``mtp``, in ABBA order (``check_default``: and the vanilla's
+        replies against the default vanilla's, :meth:`_check_default_output`)."""
         (van, van_ms), (mt, mt_ms) = self.order.run(lambda: self._vanilla(vsrv, u), lambda: self.bench.run(mtp, u))
+        if check_default:
+            self._check_default_output(vsrv, u, van)
         if self.bar is not None:
             self.bar.update(len(mt))
         mism, explained = self._mismatch(vsrv, mtp, [(p, s, a, b) for (p, s, a), (_, _, b) in zip(van, mt) if a.text != b.text])
@@ -215,6 +226,26 @@ class ServerEvaluator:
             draft_n_accepted=sum(r.draft_n_accepted or 0 for _, _, r in mt), requests=len(mt), mismatch=mism,
             prompt_ids=tuple(dict.fromkeys(p.id for p, _, _ in mt)))
 
+
+    def _check_default_output(self, vsrv: LlamaServer, u: int, van: Sequence[tuple[Prompt, int, Reply]]) -> None:
+        """A configuration's non-speculative settings (KV types, flash attention, batch, an option set)
+        go to its fair vanilla too, so MTP against that vanilla cannot see what they do to the output:
+        its vanilla's replies must equal the resident (default) vanilla's, or differ only where
+        verify's numerics analysis explains it; else :class:`~ggufmtp.errors.LossyOptionError`."""
+        if vsrv is self.van:  # the run's own settings already hold the options
+            return
+        if u not in self.default_replies:  # measured once per unit, not counted as evaluations
+            self.default_replies[u] = [r for *_, r in self._vanilla(self.van, u)[0]]
+        differing = [(p, s, d, r) for (p, s, r), d in zip(van, self.default_replies[u]) if r.text != d.text]
+        if not differing:
+            return
+        first, explained = self._mismatch(self.van, vsrv, differing)
+        if not explained:
+            assert first is not None
+            raise LossyOptionError(
+                f"its server options change the output: the vanilla server given them writes another reply than the "
+                f"default vanilla's to prompt {first.prompt_id!r} (seed {first.seed}) from character "
+                f"{first.first_difference_at} ({first.vanilla!r} -> {first.mtp!r})")
 
     def _mismatch(self, vsrv: LlamaServer, mtp: LlamaServer,
                   differing: Sequence[tuple[Prompt, int, Reply, Reply]]) -> tuple[Mismatch | None, bool]:

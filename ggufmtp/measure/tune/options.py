@@ -5,7 +5,7 @@ checked once, when built (TuneError naming the first bad setting)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ...errors import TuneError
@@ -52,7 +52,9 @@ class TuneOptions:
     ``seeds``, ``suite``, ``limit`` (its first N prompts), ``max_tokens``: the requests;
     ``ctx_per_slot``: the context of each slot. ``mode``: thinking mode for templates with a
     thinking switch (default: the first, "thinking"). ``bootstrap_resamples``: of the ranking's
-    CIs. ``search``: the space and the schedule (:class:`SearchOptions`); ``server``: the servers'
+    CIs. ``heads``: head type -> an MTP-only sidecar of the model's head re-typed (the joint search's,
+    :mod:`ggufmtp.search.joint`), which a configuration's ``head`` drafts with. ``search``: the space
+    and the schedule (:class:`SearchOptions`); ``server``: the servers'
     settings (:class:`~ggufmtp.measure.core.options.ServerOptions`; fair baseline: each
     configuration's vanilla arm has its non-speculative settings)."""
 
@@ -67,6 +69,7 @@ class TuneOptions:
     bootstrap_resamples: int = DEFAULT_RESAMPLES
     search: SearchOptions = field(default_factory=SearchOptions)
     server: ServerOptions = field(default_factory=ServerOptions)
+    heads: Mapping[str, str | os.PathLike] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

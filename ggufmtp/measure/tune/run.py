@@ -21,7 +21,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -278,7 +278,7 @@ def tune(model: str | os.PathLike, options: TuneOptions | None = None, *, progre
                                                   "ctx_size": o.ctx_per_slot * concurrency}))
     log = log or ((lambda m: print(m, file=sys.stderr)) if progress else None)
     run = _serve_and_search(setup, base, van_cfg, ordered, sched, seeds, o.mode, o.max_tokens, concurrency,
-                            o.ctx_per_slot, progress, log, notes, arms)
+                            o.ctx_per_slot, progress, log, notes, arms, o.heads)
     rows = rank_configs(run.sh, o.bootstrap_resamples)
     rec = recommend_config(rows)
     if all(r.status == ConfigStatus.DROPPED for r in rows):
@@ -364,7 +364,8 @@ def _setup_notes(space: SearchSpace, gpu_layers: int | str | None, hw: HardwareI
 def _serve_and_search(setup: TuneSetup, base: dict[str, Any], van_cfg: ServerConfig, ordered: Sequence[TuneConfig],
                       sched: _Schedule, seeds: list[int], mode: str | None, max_tokens: int, concurrency: int,
                       ctx_per_slot: int, progress: bool, log: Callable[[str], None] | None,
-                      notes: list[str], arms: ArmArgs | None = None) -> _Search:
+                      notes: list[str], arms: ArmArgs | None = None,
+                      heads: Mapping[str, str | os.PathLike] | None = None) -> _Search:
     """Start the resident vanilla server, warm it up and run the successive halving against it."""
     total = schedule_cost(sched.fit(len(ordered))[2], sched.unit_cost)
     with contextlib.ExitStack() as stack:
@@ -378,7 +379,7 @@ def _serve_and_search(setup: TuneSetup, base: dict[str, Any], van_cfg: ServerCon
         stack.callback(bench.close)
         bench.one(van, setup.suite.prompts[0], 0, WARMUP_TOKENS)  # warm-up
         bar = stack.enter_context(progress_bar(total, "tune", "req", enabled=progress))
-        ev = ServerEvaluator(base, van, bench, ctx_per_slot, setup.suite.prompts[0], bar, arms, setup.suite)
+        ev = ServerEvaluator(base, van, bench, ctx_per_slot, setup.suite.prompts[0], bar, arms, setup.suite, heads)
         stack.callback(ev.close)
         sh = successive_halving(ordered, ev, sched.budget, sched.units0, sched.eta, sched.final_size,
                                 sched.max_units, sched.unit_cost, log=log, final_units=sched.final_units)

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import FatalTuneError, GgufmtpError, TuneError
+from ...errors import FatalTuneError, GgufmtpError, LossyOptionError, TuneError
 from ..core.options import CUDA_GRAPH_OPT_ENV, TuneConfig
 from ..core.records import Keyed, first_difference
 
@@ -476,6 +476,8 @@ def _measure_rung(active: Sequence[SearchState], ri: int, units: int, evaluate: 
 
 def _drop_reason(err: Exception | None, res: Sequence[UnitResult], todo: Sequence[int]) -> str | None:
     """Why a configuration leaves the search after a measurement (None: it stays)."""
+    if isinstance(err, LossyOptionError):
+        return str(err).splitlines()[0][:400]
     if err is not None:
         return f"failed: {str(err).splitlines()[0][:300]}"
     lost = next((r for r in res if not r.lossless), None)

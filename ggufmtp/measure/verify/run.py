@@ -101,7 +101,7 @@ from typing import Any
 
 from ...errors import GgufmtpError, ServerError, VerifyError
 from ...fmt import times
-from ...gguf.model import inspect_model
+from ...gguf.model import GGUFModel, inspect_model
 from ...progress import bar as progress_bar
 from ...provenance.head import DEFAULT_MARGIN
 from ...provenance.receipt import Receipt
@@ -197,6 +197,21 @@ def _check_pair(trunk: Path, sidecar: Path, trunk_receipt: Receipt | None = None
         raise VerifyError(f"--sidecar: {problem}")
     rep, head = inspect_model(trunk), inspect_model(sidecar)
     return dataclasses.replace(rep, mtp_block=head.mtp_block, mtp_blocks=head.mtp_blocks)
+
+
+def _check_tuned_head(path: Path, cfg: TuneConfig | None) -> None:
+    """A configuration tune-joint found with a re-typed head (``head``) reproduces only on an artifact
+    whose head has that type: VerifyError naming the first MTP tensor of another type (F32 norms and
+    routers aside, as llama.cpp keeps them)."""
+    if cfg is None or cfg.head is None:
+        return
+    gm = GGUFModel(path)
+    prefixes = tuple(f"blk.{b}." for b in gm.mtp_blocks)
+    off = [(n, t.type) for n, t in gm.tensors.items() if n.startswith(prefixes) and t.type not in ("F32", cfg.head)]
+    if off:
+        raise VerifyError(f"{path.name}: the tuned configuration was found with every MTP tensor at {cfg.head} "
+                          f"(tune-joint's head), but {off[0][0]} is {off[0][1]}: quantize the source with tune-joint's "
+                          "recipe (--recipe-out) and verify that artifact")
 
 
 def _mtp_server_config(base: dict[str, Any], k: int, draft_n_min: int | None, cfg: TuneConfig | None,
@@ -470,6 +485,8 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
     path = Path(model)
     rep = (_check_model(path) if o.sidecar is None
            else _check_pair(path, Path(o.sidecar), receipt if isinstance(receipt, Receipt) else None))
+    if o.sidecar is None:
+        _check_tuned_head(path, o.tuned)
     base = o.server.base_fields(model=path, ctx_size=o.ctx_size, parallel=1)
     plan, base = _with_kv_depth(plan, base, o.cache_type_k, o.cache_type_v, o.context_fill, o.max_tokens)
     served = ServedSet.of(path)  # the bytes llama-server is about to serve: every shard of a split model
