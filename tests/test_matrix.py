@@ -89,7 +89,7 @@ def test_the_cache_types_come_from_llama_servers_help():
     (dict(context_fill=1000), r"context depth 1000 does not fit: .*--ctx-size 1024.*raise --ctx-size to at least \d+"),
     (dict(cache_type_v="q4_0", server_args=["-fa", "off"]),
      r"quantized V cache needs flash attention.*--flash-attn off"),
-    (dict(context_fill=-3), r"context fill -3: must be a whole number"),
+    (dict(context_fill=-3), r"context_fill -3: must be a whole number"),
 ])
 def test_bad_kv_or_depth_fails_before_any_server(tiny_mtp_model, spawned, kwargs, said):
     t0 = time.monotonic()
