@@ -69,6 +69,10 @@
 #                                             # reading headtypes.json -> joint.json, joint-recipe.toml; then
 #                                             # joint-verify (quantize with the recipe, verify --tuned-from);
 #                                             # the dense shape: DENSE_STAGES="headtypes joint" ... dense
+#   bash benchmarks/gpu/run_h200.sh draftcost # issue #52: a step's ms by part (draft, accept, verify) at joint.json's
+#                                             # configuration (benchmarks/draft_cost.py) -> draftcost.{json,md}
+#   bash benchmarks/gpu/run_h200.sh both      # nvidia-h200-x2: the 35B-A3B chain on GPU 0 and the dense chain on GPU 1
+#                                             # at once (headtypes joint draftcost joint-verify), cputests beside
 #   bash benchmarks/gpu/run_h200.sh memplan   # issue #49 item 6: `run` with an 80 GB ballast, `verify --n-cpu-moe`
 #                                             # with a 24 GB one (STAGES=memplan ... all)
 #   bash benchmarks/gpu/run_h200.sh cputests  # the numerical tests on this machine's CPU ($TEST_CORES, default 0-5),
@@ -106,10 +110,12 @@ QMODEL=${QMODEL:-$WORK/hifi.gguf}
 QRECIPE=${QRECIPE:-hifi-q4_k_m-mtp}
 # the BF16 $QMODEL was quantized from (its receipt names it): headtypes and joint re-type its head
 QSOURCE=${QSOURCE:-$WORK/qwen36-shape-bf16.gguf}
-# the dense Qwen3.6-27B-shaped model of `dsynth` / `dense` (#52 item 3)
-DBF16=$WORK/qwen36-27b-shape-bf16.gguf
+# the dense Qwen3.6-27B-shaped model of `dsynth` / `dense` (#52 item 3), in $DWORK (`both` puts it on disk:
+# the two BF16s, 72 + 57 GB, need not share the tmpfs)
+DWORK=${DWORK:-$WORK}
+DBF16=$DWORK/qwen36-27b-shape-bf16.gguf
 DRECIPE=${DRECIPE:-iq4_xs-mtp}   # the published measurement's quantization: IQ4_XS, the head's eh_proj at Q8_0
-mkdir -p "$RES" "$WORK"
+mkdir -p "$RES" "$WORK" "$DWORK"
 
 # GGUFMTP_SRC: a folder holding the ggufmtp package to run instead of the working tree's (e.g. a
 # committed snapshot, `git archive HEAD ggufmtp recipes | tar -x -C .device-carry/src`, carried with the
@@ -146,7 +152,7 @@ run_stages() {
     date +"%T start $s" >> "$RES/progress.txt"
     bash "$0" "$s" > "$RES/stage-$s.out" 2>&1 || date +"%T $s FAILED" >> "$RES/progress.txt"
   done
-  date +"%T done" >> "$RES/progress.txt"
+  [ "${NO_DONE:-0}" = 1 ] || date +"%T done" >> "$RES/progress.txt"
 }
 
 case "$STAGE" in
@@ -173,7 +179,7 @@ case "$STAGE" in
   synth)
     env_setup
     [ -f "$WORK/qwen36-shape-bf16.gguf" ] && exit 0
-    /usr/bin/time -v python3 -m ggufmtp synth "$WORK/qwen36-shape-bf16.gguf" --shape qwen3.6-35b-a3b \
+    /usr/bin/time -v python3 -m ggufmtp synth "$WORK/qwen36-shape-bf16.gguf" --shape "${SHAPE:-qwen3.6-35b-a3b}" \
       --layers "$LAYERS" --wrong-successor-fraction "$WRONG" --json > "$RES/synth.json" 2> "$RES/synth.log" ;;
   quantize)
     env_setup
@@ -378,6 +384,23 @@ PY
     python3 -m ggufmtp tune-joint "$QMODEL" "${jargs[@]}" "${args[@]}" --recipe-out "$RES/joint-recipe.toml" \
       --output "$RES/joint.json" > "$RES/joint.txt" 2> "$RES/joint.log" || true
     tail -30 "$RES/joint.txt" ;;
+  draftcost)
+    # #52: where an MTP step's time goes (benchmarks/draft_cost.py): joint.json's configuration (its re-typed
+    # head's sidecar found in the cache), else k=$HT_K with -bs; vanilla, traced MTP, untraced MTP, $DC_LIMIT
+    # prompts x seed 42 -> draftcost.{json,md,txt}. ~1.5 min on the 35B-A3B (three server starts).
+    env_setup
+    args=(--k "${HT_K:-4}" --server-arg=-bs)
+    if [ -f "$RES/joint.json" ]; then
+      args=(--tuned-from "$RES/joint.json")
+      f=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])).get('joint') or {}; h=j.get('head')
+rows=(j.get('heads_stage') or {}).get('rows') or []
+print(next((r['file'] for r in rows if h not in (None, 'own') and r['head'] == h and r.get('file')), ''))" "$RES/joint.json")
+      [ -z "$f" ] || args+=(--draft-model "$(find "$GGUFMTP_CACHE" -name "$f" | head -1)")
+    fi
+    python3 benchmarks/draft_cost.py "$QMODEL" "${args[@]}" --gpu-layers 999 --limit "${DC_LIMIT:-8}" --seeds 42 \
+      --max-tokens "${MAXTOK:-128}" --json "$RES/draftcost.json" --md "$RES/draftcost.md" > "$RES/draftcost.txt" \
+      2> "$RES/draftcost.log" || true
+    cat "$RES/draftcost.txt" ;;
   joint-verify)
     # the joint result reproduced: $QSOURCE quantized with joint-recipe.toml (skipped when the search kept
     # $QMODEL's own head: the recipe is then $QRECIPE), then verify --tuned-from joint.json on it, the
@@ -403,9 +426,9 @@ PY
     [ -f "$DBF16" ] && exit 0
     # DSHAPE=tiny DLAYERS=4: a CPU smoke run of the stages' mechanics (the same fraction, on the tiny twin)
     DSHAPE=${DSHAPE:-qwen3.6-27b}
-    have=$(df -B1 --output=avail "$WORK" | tail -1)  # the BF16 and the IQ4_XS quant (~15 GB) side by side
+    have=$(df -B1 --output=avail "$DWORK" | tail -1)  # the BF16 and the IQ4_XS quant (~15 GB) side by side
     [ "$DSHAPE" != qwen3.6-27b ] || [ "$have" -ge $(( 75 * 10**9 )) ] || { echo "dsynth: $WORK has" \
-      "$((have / 10**9)) GB free, needs 75 GB (the BF16, then its quant beside it); remove" \
+      "$((have / 10**9)) GB free in $DWORK, needs 75 GB (the BF16, then its quant beside it); remove" \
       "$WORK/qwen36-shape-bf16.gguf (72 GB) or use a fresh machine" >&2; exit 1; }
     f=$(python3 -c "from ggufmtp.synth.layout import PUBLISHED as P; print(P['qwen3.6-27b'].head.wrong_successor_fraction)")
     /usr/bin/time -v python3 -m ggufmtp synth "$DBF16" --arch qwen35 --shape "$DSHAPE" --layers "${DLAYERS:-64}" \
@@ -417,7 +440,7 @@ PY
     # measures $QMODEL can be named there. Disk: 57 GB + 15 GB at the peak, so on nvidia-h200 it needs
     # $WORK without the 35B-A3B BF16 (STAGES=dense alone); nvidia-h200-x2 (256 GiB of RAM) should hold both.
     env_setup
-    Q=$WORK/dense-$DRECIPE.gguf
+    Q=$DWORK/dense-$DRECIPE.gguf
     mkdir -p "$RES/dense"
     if [ ! -f "$Q" ]; then
       [ -f "$DBF16" ] || bash "$0" dsynth
@@ -430,7 +453,7 @@ PY
     fi
     for s in ${DENSE_STAGES:-fair tune verify-tuned}; do
       date +"%T   dense: $s" >> "$RES/progress.txt"
-      QMODEL=$Q QRECIPE=$DRECIPE QSOURCE=$DBF16 RES=$RES/dense HT_TYPES=${DHT_TYPES:-BF16,Q8_0,Q6_K,Q4_K} \
+      QMODEL=$Q QRECIPE=$DRECIPE QSOURCE=$DBF16 RES=$RES/dense WORK=$DWORK HT_TYPES=${DHT_TYPES:-BF16,Q8_0,Q6_K,Q4_K} \
         JOINT_BUDGET=${DJOINT_BUDGET:-64} bash "$0" "$s" > "$RES/dense/stage-$s.out" 2>&1 \
         || date +"%T   dense: $s FAILED" >> "$RES/progress.txt"
     done ;;
@@ -736,6 +759,46 @@ x=torch.empty(n,dtype=torch.uint8,device='cuda'); print('ballast GiB', n/2**30, 
     date +"%T built" >> "$RES/progress.txt"
     export QUANT_CLI=${QUANT_CLI:-0}
     run_stages ${STAGES:-quantize tune verify-tuned profiles verify curve} ;;
+  both)
+    # nvidia-h200-x2: the 35B-A3B chain and the dense 27B chain at once, one GPU each. The build and both
+    # syntheses first (every core; the dense BF16 on disk in $DWORK), then both quantizations (16 cores
+    # each: `quantize`'s and `dense`'s -t is nproc, which the pinning sets), then $STAGES on GPU 0 (cores
+    # 0-11) and $DENSE_STAGES on GPU 1 (cores 12-23), with cputests ($TESTS) on cores 24-31 beside them.
+    # CPU smoke run: SHAPE=tiny LAYERS=2 DSHAPE=tiny DLAYERS=4 GGUFMTP_RUNTIME_VARIANT=cpu BUILD_STAGE=true
+    new_progress
+    env_setup
+    # room: the two BF16s and their quants are ~166 GB; this kind's tmpfs may be sized from the memory
+    # the machine had at boot (it grows as it is used), so it is enlarged where it can be, and the dense
+    # files go to disk where it cannot
+    gb() { df -BG --output=avail "$1" | tail -1 | tr -dc 0-9; }
+    [ "$(gb "$WORK")" -ge 200 ] || mount -o remount,size=240G "$(df --output=target "$WORK" | tail -1)" 2>/dev/null || true
+    if [ "$DWORK" = "$WORK" ] && [ "$(gb "$WORK")" -lt 200 ]; then DWORK=/var/tmp/ggufmtp-dense; mkdir -p "$DWORK"; fi
+    df -h "$WORK" "$DWORK" > "$RES/df.txt"
+    export QUANT_CLI=0 DWORK
+    bash "$0" "${BUILD_STAGE:-build}" > "$RES/stage-build.out" 2>&1 & b=$!
+    bash "$0" synth > "$RES/stage-synth.out" 2>&1 & s=$!
+    bash "$0" dsynth > "$RES/stage-dsynth.out" 2>&1 & d=$!
+    wait $s || date +"%T synth FAILED" >> "$RES/progress.txt"
+    wait $d || date +"%T dsynth FAILED" >> "$RES/progress.txt"
+    wait $b || { date +"%T build FAILED" >> "$RES/progress.txt"; exit 1; }
+    date +"%T built" >> "$RES/progress.txt"
+    c0=${CORES0:-0-15} c1=${CORES1:-16-31}
+    taskset -c "$c0" bash "$0" quantize > "$RES/stage-quantize.out" 2>&1 & q=$!
+    DKEEP=1 DENSE_STAGES=" " taskset -c "$c1" bash "$0" dense > "$RES/stage-dquantize.out" 2>&1 & dq=$!
+    wait $q || date +"%T quantize FAILED" >> "$RES/progress.txt"
+    wait $dq || date +"%T dense quantize FAILED" >> "$RES/progress.txt"
+    date +"%T quantized" >> "$RES/progress.txt"
+    pids=()
+    if [ -n "${CPUTESTS-1}" ]; then
+      ( TEST_CORES=${TEST_CORES:-24-31} bash "$0" cputests > "$RES/stage-cputests.out" 2>&1
+        date +"%T cputests finished" >> "$RES/progress.txt" ) & pids+=($!)
+    fi
+    ( CUDA_VISIBLE_DEVICES=0 NO_DONE=1 STAGES=${STAGES:-headtypes joint draftcost joint-verify} taskset -c "${GCORES0:-0-11}" \
+        bash "$0" stages > "$RES/stage-gpu0.out" 2>&1; date +"%T gpu0 finished" >> "$RES/progress.txt" ) & pids+=($!)
+    ( CUDA_VISIBLE_DEVICES=1 DENSE_STAGES=${DENSE_STAGES:-headtypes joint draftcost joint-verify} taskset -c "${GCORES1:-12-23}" \
+        bash "$0" dense > "$RES/stage-gpu1.out" 2>&1; date +"%T gpu1 finished" >> "$RES/progress.txt" ) & pids+=($!)
+    wait "${pids[@]}"
+    date +"%T done" >> "$RES/progress.txt" ;;
   detach)
     # more stages on a machine where `all` has finished: detached from the calling shell, because
     # the device tool stops what a call started when the call ends (a plain `&` job dies with it)
