@@ -132,3 +132,37 @@ def test_a_trunk_whose_tensors_cannot_be_read_is_one_error_naming_the_file(tmp_p
     cut.write_bytes(src.read_bytes()[:-100])
     with pytest.raises(GGUFReadError, match=f"{cut}: truncated GGUF"):
         trunk_digest(cut)
+
+
+def test_the_trunk_digest_is_read_once_per_artifact_then_remembered_by_its_files(tmp_path):
+    """Hashing a 20 GB trunk costs a read: with a memo, the digest is looked up by the files' sha256
+    first (the file below is cut short after the first read: the memo answers without reading it),
+    and files with other digests are read again (and the cut file is refused)."""
+    from ggufmtp.files.memo import JsonMemo
+    from ggufmtp.gguf.trunk import TRUNK_DIGEST_VERSION, trunk_digest
+
+    path = _model(tmp_path / "a.gguf")
+    memo = JsonMemo(tmp_path / "trunks.json", version=TRUNK_DIGEST_VERSION)
+    first = trunk_digest(path, ["f" * 64], memo)
+    path.write_bytes(path.read_bytes()[:-100])
+    assert trunk_digest(path, ["f" * 64], memo) == first
+    with pytest.raises(GGUFReadError, match="truncated"):
+        trunk_digest(path, ["e" * 64], memo)
+
+
+@pytest.mark.runtime
+def test_a_split_set_has_the_trunk_of_the_same_model_in_one_file(llama_runtime, tmp_path):
+    """Every shard is read and the split.* keys are layout: the same quant split into shards has the
+    trunk of its one-file form, and another recipe's trunk differs."""
+    from ggufmtp.gguf.trunk import trunk_digest
+
+    def quantize(recipe: str, out: Path, *split: str) -> list[str]:
+        r = CliRunner().invoke(main, ["quantize", MODEL, "-r", recipe, "-o", str(out), *split, "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout).get("shards") or [str(out)]
+
+    shards = quantize("q8_0-mtp", tmp_path / "split" / "m.gguf", "--split-max-size", "1M")
+    assert len(shards) >= 3
+    one = quantize("q8_0-mtp", tmp_path / "one.gguf")[0]
+    other = quantize("q4_k_m-mtp-q8", tmp_path / "other.gguf")[0]
+    assert trunk_digest(shards[0]) == trunk_digest(one) != trunk_digest(other)
