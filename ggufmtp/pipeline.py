@@ -125,6 +125,7 @@ class RunResult:
             stages={s.stage: s.status for s in self.stages},
             stage_seconds={s.stage: round(s.seconds, 3) for s in self.stages},
             ran_because={s.stage: s.why for s in self.stages if s.why is not None},
+            reference=(v.get("settings") or {}).get("reference_phase") if v else None,
         )
 
     def summary(self) -> JsonObject:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .fmt import ci_phrase, pct, points, times
 from .jsontypes import JsonObject
 from .provenance.head import level_text
 from .provenance.verdict import Findings
+
+if TYPE_CHECKING:
+    from .measure.verify.reference import ReferencePhaseRecord
 
 __all__ = ["RunSummary", "StageStatus", "format_summary", "verdict_text"]
 
@@ -99,6 +102,9 @@ class RunSummary:
     reasons: list[str] = dataclasses.field(default_factory=list)  # why the verdict is not pass
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # each stage's wall time here
     ran_because: dict[str, str] = dataclasses.field(default_factory=dict)  # each stage that ran: why (not cached)
+    # the verification's reference phase (settings.reference_phase): its key, the trunk it drafted on,
+    # whether it was measured here or read from the cache (measured by a variant with the same trunk)
+    reference: ReferencePhaseRecord | None = None
 
     def to_dict(self) -> JsonObject:
         d = dataclasses.asdict(self)

@@ -159,7 +159,7 @@ def test_summary_json_and_text_from_stage_records(tmp_path):
     assert list(s) == ["artifact", "receipt", "card", "size_bytes", "bpw", "mtp_status", "mtp_block", "mtp_blocks",
                        "acceptance",
                        "acceptance_ci95", "speedup", "speedup_ci95", "verdict", "uploaded", "stages", "speed_checked",
-                       "findings", "head", "reasons", "stage_seconds", "ran_because"]
+                       "findings", "head", "reasons", "stage_seconds", "ran_because", "reference"]
     assert s["stages"] == {"pull": "cached", "quantize": "ran", "verify": "ran"}
     assert s["stage_seconds"] == {"pull": 0.0, "quantize": 0.0, "verify": 0.0}  # records made here: none timed
     assert json.loads(json.dumps(s)) == s and records[0].status is StageStatus.CACHED

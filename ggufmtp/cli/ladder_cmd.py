@@ -209,5 +209,6 @@ def _format(res: Any) -> str:
         lines.append(f"  {o.variant:<22} " + (f"{s.get('artifact')}  {verdict_text(s)}"
                                               if o.ok else f"FAILED        {o.error}"))
     lines += [f"  sidecar                {p}" for p in res.sidecars]
+    lines += [f"  {u.text()}" for u in res.references()]
     lines.append(f"card: {res.card}" if res.card else "card: not written (no variant was made)")
     return "\n".join(lines)

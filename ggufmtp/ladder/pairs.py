@@ -50,6 +50,7 @@ from ..quant.sidecar import SidecarOptions, make_sidecar, make_trunk
 from .spec import LadderSpec, VariantJob
 
 if TYPE_CHECKING:
+    from ..measure.verify.reference import ReferencePhaseRecord
     from ..pipeline import RunResult, StageStatus
 
 __all__ = ["make_sidecars", "pair_jobs", "trunk_variant"]
@@ -250,5 +251,6 @@ def _summary(built: RunResult, rc: Receipt, card: Path, stages: Mapping[str, Sta
         verdict=v["verdict"] if v else None, speed_checked=v.get("speed_checked") if v else None,
         reasons=[str(r) for r in v.get("reasons") or []] if v else [],  # why it is not pass: the console says it
         findings=cast(JsonObject | None, v.get("findings")) if v else None, head=head, stages={**base.stages, **stages},
-        stage_seconds={**base.stage_seconds, **seconds})
+        stage_seconds={**base.stage_seconds, **seconds},
+        reference=cast("ReferencePhaseRecord | None", (v.get("settings") or {}).get("reference_phase") if v else None))
     return {**summary.to_dict(), "sidecar": str(sidecar)}

@@ -39,11 +39,48 @@ from ..run_summary import verdict_text
 from .engine import Engine, EngineInfo, Sequential, VariantOutcome
 from .spec import LadderSpec, Layout, VariantJob
 
-__all__ = ["LADDER_RECORD", "LadderResult", "load_ladder", "run_ladder"]
+__all__ = ["LADDER_RECORD", "LadderResult", "ReferenceUse", "load_ladder", "reference_uses", "run_ladder"]
 
 LADDER_IMATRIX = "ladder-imatrix.gguf"
 LADDER_RECORD = ".ggufmtp/ladder.json"  # under the ladder's folder: its last run (LadderResult.to_dict)
 MEASURING = ("imatrix", "quantize", "verify", "eval", "trunk")  # the stages whose rerun costs a measurement
+
+
+@dataclass(frozen=True)
+class ReferenceUse:
+    """One reference measurement and the variants that used it: the reference arm (the source's head
+    drafting on a variant's trunk) is cached by the trunk's content, so variants that differ only in
+    their MTP head share it; a variant with another trunk measures its own."""
+
+    key: str  # the reference phase's cache key (its first 16 hex digits)
+    trunk: str  # the trunk's digest (first 16 hex digits)
+    measured_by: tuple[str, ...]  # the variants whose verify measured it (one, unless run apart)
+    reused_by: tuple[str, ...]  # the variants that read it from the cache
+
+    def to_dict(self) -> JsonObject:
+        return {"key": self.key, "trunk": self.trunk, "measured_by": list(self.measured_by),
+                "reused_by": list(self.reused_by)}
+
+    def text(self) -> str:
+        """``reference (trunk 0123…): measured once (Q4_K_M_A), reused by 2 variants (Q4_K_M_B, Q4_K_M_C)``."""
+        n = len(self.measured_by)
+        measured = "measured before this run" if n == 0 else \
+            f"measured {'once' if n == 1 else f'{n} times'} ({', '.join(self.measured_by)})"
+        reused = f", reused by {len(self.reused_by)} variant{'s' if len(self.reused_by) != 1 else ''} " \
+                 f"({', '.join(self.reused_by)}): the same trunk" if self.reused_by else ""
+        return f"reference (trunk {self.trunk}): {measured}{reused}"
+
+
+def reference_uses(outcomes: list[VariantOutcome]) -> list[ReferenceUse]:
+    """The ladder's reference measurements, in the order of the variants that first used each."""
+    uses: dict[str, tuple[str, list[str], list[str]]] = {}
+    for o in outcomes:
+        r = cast(Mapping[str, object], o.summary.get("reference") or {}) if o.ok else {}
+        if not r.get("key"):
+            continue
+        _, measured, reused = uses.setdefault(str(r["key"]), (str(r.get("trunk") or ""), [], []))
+        (reused if r.get("cached") else measured).append(o.variant)
+    return [ReferenceUse(k, t, tuple(m), tuple(u)) for k, (t, m, u) in uses.items()]
 
 
 @dataclass
@@ -68,6 +105,10 @@ class LadderResult:
         """(artifact, receipt) of every variant that was made."""
         return [(Path(o.summary["artifact"]), Path(o.summary["receipt"])) for o in self.outcomes if o.ok]
 
+    def references(self) -> list[ReferenceUse]:
+        """Each reference measurement and the variants that shared it (:func:`reference_uses`)."""
+        return reference_uses(self.outcomes)
+
     def to_dict(self) -> JsonObject:
         return {"out_dir": str(self.spec.out_dir), "model": self.spec.model, "recipes": list(self.spec.recipes),
                 "imatrix": self.imatrix, "card": str(self.card) if self.card else None, "engine": self.engine,
@@ -75,7 +116,8 @@ class LadderResult:
                 "threads": self.spec.threads, "cpus": os.cpu_count(), "finished_order": self.finished_order,
                 "layout": str(self.spec.layout), "sidecars": [str(p) for p in self.sidecars],
                 "quantized_by": self.spec.quantized_by, "repo_id": self.spec.repo_id,
-                "path_in_repo": self.spec.path_in_repo, "ok": self.ok, "variants": [o.to_dict() for o in self.outcomes]}
+                "path_in_repo": self.spec.path_in_repo, "ok": self.ok,
+                "references": [u.to_dict() for u in self.references()], "variants": [o.to_dict() for o in self.outcomes]}
 
 
 def _local_model(spec: LadderSpec, progress: bool) -> Path:

@@ -12,13 +12,13 @@ head's.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import HeadSweepError
 from ..files.fsutil import atomic_write_text
-from ..gguf.model import GGUFModel, tensor_array
+from ..gguf.model import GGUFModel
+from ..gguf.trunk import is_mtp_tensor, trunk_digests
 from ..jsontypes import JsonObject
 from ..measure.core.options import VerifyOptions
 from ..measure.verify import run as verify_mod
@@ -38,21 +38,9 @@ def head_recipe(recipe: Recipe, head_type: str) -> Recipe:
                                mtp_roles=tuple((role, t) for role in MTP_ROLES), path=None, sha256=None)
 
 
-def _is_mtp(name: str, blocks: Sequence[int]) -> bool:
-    return any(name.startswith(f"blk.{b}.") for b in blocks)
-
-
-def trunk_digests(path: str | Path) -> dict[str, str]:
-    """sha256 of every tensor outside the MTP block(s): what must not change between head variants."""
-    model = GGUFModel(path)
-    blocks = model.mtp_blocks
-    return {name: hashlib.sha256(tensor_array(model, name)).hexdigest()
-            for name in model.tensors if not _is_mtp(name, blocks)}
-
-
 def head_bytes(path: str | Path) -> int:
     model = GGUFModel(path)
-    return sum(t.n_bytes for name, t in model.tensors.items() if _is_mtp(name, model.mtp_blocks))
+    return sum(t.n_bytes for name, t in model.tensors.items() if is_mtp_tensor(name, model.mtp_blocks))
 
 
 def refuse_different_trunks(reference: Path, ref_digests: dict[str, str], other: Path,

@@ -20,7 +20,13 @@ servers), every (prompt, seed, mode) of the run's budget on the chat endpoint at
 Its records are cached by content (:func:`reference_key`: the trunk's and the head's sha256, the
 server's flags and environment, the llama.cpp build, the prompts, seeds, reply limit and context
 fill), so a rerun with the same settings reuses one measurement; the head is cut once per reference
-(cached by its digest under the cache root). Its drafted and accepted counts are paired with the
+(cached by its digest under the cache root). The trunk's sha256 is its content
+(:func:`~ggufmtp.gguf.trunk.trunk_digest`: every tensor outside the MTP block(s) and the metadata the
+server computes with), not the artifact's file: with ``-md`` the artifact's own head is loaded but
+never drafts, so the reference arm's counts are the same for every artifact with that trunk, and the
+variants of a head-precision ladder (one trunk, the head at Q4_K, Q8_0, BF16) measure it once. The
+trunk digest is memoized by the artifact's file digests (``trunks.json`` under the cache root), so a
+trunk is read once per artifact. Its drafted and accepted counts are paired with the
 artifact's MTP arm by (prompt, seed, mode) (:func:`head_comparison`).
 
 Before anything is served, the reference is bound to the artifact's source
@@ -43,13 +49,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from ...errors import GgufmtpError, ServerError, VerifyError
 from ...files.hashing import sha256_file
 from ...files.memo import JsonMemo
 from ...gguf.model import SPLIT_RE, GGUFModel
-from ...jsontypes import JsonObject
+from ...gguf.trunk import TRUNK_DIGEST_VERSION, trunk_digest
 from ...progress import bar as progress_bar
 from ...provenance.binding import BoundBy, ReferenceBinding, ReferenceFacts, bind_reference, source_digests
 from ...provenance.head import HeadComparison, HeadDecision, HeadPair, ReferenceModel, look_schedule
@@ -65,12 +71,14 @@ from .kvdepth import fill_context
 from .runner import check_drafting, warm_up_arm
 from .summary import Record
 
-__all__ = ["ReferenceArm", "ReferencePhase", "artifact_receipt", "check_reference", "check_reference_matches",
+__all__ = ["ReferenceArm", "ReferencePhase", "ReferencePhaseRecord", "artifact_receipt", "artifact_trunk",
+           "check_reference", "check_reference_matches",
            "head_comparison", "head_stop", "reference_key", "reference_phase"]
 
 CACHE_FILE = "references.json"
-_CACHE_VERSION = 2  # 2: the reference arm is the reference's head on the artifact's trunk
+_CACHE_VERSION = 3  # 2: the reference arm is the reference's head on the artifact's trunk; 3: keyed by the trunk's content
 HEADS_DIR = "heads"
+TRUNKS_FILE = "trunks.json"  # the trunk digest of each artifact, by its files' sha256
 
 
 def _receipt_beside(path: Path) -> Path | None:
@@ -176,17 +184,27 @@ def check_head_fits(head: Path, reference: Path, artifact: Path) -> None:
                           f"{want[0]}, {want[1]} trunk layers, token_embd {list(want[2])}): not the same model")
 
 
+def artifact_trunk(artifact: ServedSet) -> str:
+    """The sha256 of the artifact's trunk's content (:func:`~ggufmtp.gguf.trunk.trunk_digest`, every
+    shard), memoized by its files' sha256; VerifyError naming the file when its tensors cannot be read."""
+    memo = JsonMemo(cache_root() / TRUNKS_FILE, version=TRUNK_DIGEST_VERSION, max_entries=1024)
+    try:
+        return trunk_digest(artifact.first.path, artifact.digests, memo)
+    except GgufmtpError as e:
+        raise VerifyError(f"the artifact's trunk: {e}") from None
+
+
 @dataclass(frozen=True)
 class ReferenceArm:
     """The reference as served: its path, every file's bytes checked before and after the run, what
     binds it to the artifact's source, its MTP head cut as a sidecar (:func:`reference_head`), and the
-    digests of the artifact's trunk the head drafts on."""
+    digest of the artifact's trunk the head drafts on (:func:`artifact_trunk`)."""
 
     path: Path
     served: ServedSet
     binding: ReferenceBinding
     head: ServedFile
-    trunk: tuple[str, ...]
+    trunk: str
 
     @staticmethod
     def check_path(path: str | os.PathLike, artifact: Path) -> None:
@@ -214,7 +232,7 @@ class ReferenceArm:
         binding = bind_reference(_facts(Path(path), served, source), source, artifact.digests, bpw)
         head = reference_head(Path(path), served)
         check_head_fits(head.path, Path(path), artifact.first.path)
-        return cls(Path(path), served, binding, head, tuple(artifact.digests))
+        return cls(Path(path), served, binding, head, artifact_trunk(artifact))
 
     def model(self) -> ReferenceModel:
         shards = self.served.shards()
@@ -280,11 +298,11 @@ def head_stop(ref: ReferenceArm, records: list[Record], ref_records: Sequence[Re
 
 def reference_key(ref: ReferenceArm, cfg: ServerConfig, suite: Suite, seeds: Sequence[int], max_tokens: int,
                   depth: int) -> str:
-    """What the reference arm's counts depend on, hashed: the trunk's and the head's bytes, the
-    server's flags (the model paths left out) and environment, the llama.cpp build, the prompts'
-    content, seeds, reply limit, depth."""
+    """What the reference arm's counts depend on, hashed: the trunk's content (not the artifact's file:
+    its own head does not draft) and the head's bytes, the server's flags (the model paths left out)
+    and environment, the llama.cpp build, the prompts' content, seeds, reply limit, depth."""
     binary = find_binary("llama-server", cfg.llama_cpp_bin)
-    payload = {"version": _CACHE_VERSION, "reference": ref.served.digests, "trunk": list(ref.trunk),
+    payload = {"version": _CACHE_VERSION, "reference": ref.served.digests, "trunk": ref.trunk,
                "head": ref.head.sha256,
                "flags": flags_without(build_command(cfg, "llama-server", 0)), "env": dict(cfg.env or {}),
                "llama.cpp": binary_version(binary), "suite": suite.sha256,
@@ -297,21 +315,33 @@ def _cache() -> JsonMemo:
     return JsonMemo(cache_root() / CACHE_FILE, version=_CACHE_VERSION, max_entries=64)
 
 
+class ReferencePhaseRecord(TypedDict):
+    """``settings.reference_phase`` of a verification (and ``reference`` of a run's summary)."""
+
+    key: str  # the cache key's first 16 hex digits
+    cached: bool
+    seconds: float
+    requests: int
+    trunk: NotRequired[str]  # the trunk digest's first 16 hex digits (absent before the key named the trunk's content)
+
+
 @dataclass(frozen=True)
 class ReferencePhase:
     """What the reference phase gave: its records, its context fill's sha256, the cache key, whether
-    the records came from the cache, and the phase's wall time here."""
+    the records came from the cache, the phase's wall time here, and the trunk it drafted on."""
 
     records: list[Record]
     fill: str | None
     key: str
     cached: bool
     seconds: float
+    trunk: str = ""
 
-    def to_dict(self) -> JsonObject:
-        """The verification's ``settings.reference_phase`` (the records are the run's own)."""
+    def to_dict(self) -> ReferencePhaseRecord:
+        """The verification's ``settings.reference_phase`` (the records are the run's own): ``trunk``,
+        the trunk's digest (its first 16 hex digits), tells which variants share the measurement."""
         return {"key": self.key[:16], "cached": self.cached, "seconds": round(self.seconds, 3),
-                "requests": len(self.records)}
+                "requests": len(self.records), "trunk": self.trunk[:16]}
 
 
 def reference_phase(ref: ReferenceArm, cfg: ServerConfig | None, suite: Suite, seeds: Sequence[int],
@@ -326,11 +356,11 @@ def reference_phase(ref: ReferenceArm, cfg: ServerConfig | None, suite: Suite, s
     with _key_lock(key):
         cached = _cached(key)
         if cached is not None:
-            return ReferencePhase(*cached, key, True, time.monotonic() - t0)
+            return ReferencePhase(*cached, key, True, time.monotonic() - t0, ref.trunk)
         records, fill = _measure(cfg, suite, seeds, max_tokens, depth, progress)
         ref.check_unchanged()
         _cache().put(key, {"fill": fill, "records": [dataclasses.asdict(r) for r in records]})
-    return ReferencePhase(records, fill, key, False, time.monotonic() - t0)
+    return ReferencePhase(records, fill, key, False, time.monotonic() - t0, ref.trunk)
 
 
 @contextlib.contextmanager
