@@ -20,7 +20,8 @@ Per server (vanilla, MTP, default vanilla, reference) the plan adds, on each dev
   settings: ``n_ctx_seq = pad256(pad256(ctx) / slots)`` cells per slot for the context's caches
   (``llama-context.cpp``; one stream per slot, as the KV cache is not unified under an explicit
   ``--parallel``), the window caches' ``pad256(min(n_ctx_seq, n_swa + ubatch))``, the KV types
-  (f16 unless ``-ctk``/``-ctv``; the MTP draft context's are ``-ctkd``/``-ctvd``, f16 by default),
+  (f16 unless ``-ctk``/``-ctv``; the MTP draft context's are ``-ctkd``/``-ctvd``, f16 by default:
+  :func:`plan_for_verify` plans them at f16, an upper bound unless ``-ctkd f32`` is passed),
   on the layer's device. The MTP server's draft context holds the MTP layer(s). Recurrent rows:
   per slot ``1 + n_rs_seq``, ``n_rs_seq`` the MTP server's draft window (rollback snapshots) on the
   architectures that roll back (``llm_arch_supports_rs_rollback``), else 0. Exact, to the 0.01 MiB
