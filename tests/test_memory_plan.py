@@ -15,6 +15,7 @@ from ggufmtp.cli import main
 from ggufmtp.errors import VerifyError
 from ggufmtp.gguf.reader import read_header, tensor_nbytes
 from ggufmtp.measure.core.options import ServerOptions
+from ggufmtp.runtime.kv_layout import Cells, cells_per_stream
 from ggufmtp.runtime.memory import (
     COMPUTE_TOLERANCE,
     FREE_MEMORY_ENV,
@@ -30,6 +31,8 @@ from ggufmtp.runtime.memory import (
 )
 from ggufmtp.runtime.offload import Offload
 from ggufmtp.runtime.server import LlamaServer, ServerConfig
+from ggufmtp.synth.archs.registry import arch_names
+from ggufmtp.synth.builtin import BUILTIN_MODELS
 
 # tiny-qwen35moe (ggufmtp.synth): 5 blocks, blk.4 the MTP block, layers 0-2 Gated DeltaNet, layer 3
 # full attention (1 KV head of 128), conv kernel 4, inner 256, state 128, 1 group, BF16 matrices.
@@ -95,6 +98,57 @@ def test_plan_matches_what_llama_server_reports(synth_model, name):
     est = (compute_estimate(facts, 512, spec.cells, 5) / MIB, compute_estimate(facts, 512, spec.cells, 1, True) / MIB)
     for got, want in zip(est, (target, draft), strict=True):
         assert abs(got - want) <= COMPUTE_TOLERANCE * want, (name, est, target, draft)
+
+
+#: every architecture synth writes with an MTP block, by its built-in tiny model ("tiny-<arch>")
+MTP_MODELS = {spec.arch: name for name, spec in BUILTIN_MODELS.items() if name == f"tiny-{spec.arch}"}
+#: the pinned llama.cpp loads GLM5-Next's NextN block but has no graph to draft with: vanilla only
+NO_MTP_GRAPH = frozenset({"glm5-next"})
+#: (ctx, slots, physical batch, KV type): llama-server's defaults as ggufmtp starts it, and a second
+#: setting that moves every term (cells per slot, the window's ubatch rounding, streams, row bytes)
+SETTINGS = {"defaults": (4096, 1, 512, None), "c8192-np2-ub256-q8_0": (8192, 2, 256, "q8_0")}
+
+
+def test_every_mtp_architecture_has_a_tiny_model_in_the_check():
+    assert set(MTP_MODELS) == set(arch_names()) - {"llama"}  # llama: synth writes it without MTP only
+
+
+def test_cache_cells_per_layout_are_designed_numbers():
+    """llama-kv-cache-iswa.cpp: pad256(min(n_ctx_seq, n_swa + ubatch)); DSV4: pad256(ceil(n / ratio))."""
+    assert cells_per_stream(Cells.CONTEXT, 4096, 32, 512) == 4096
+    assert cells_per_stream(Cells.WINDOW, 4096, 32, 512) == 768 and cells_per_stream(Cells.WINDOW, 4096, 32, 256) == 512
+    assert cells_per_stream(Cells.WINDOW, 256, 4096, 512) == 256  # never more than the context
+    assert cells_per_stream(Cells.CSA, 4096, 0, 512) == 1024 and cells_per_stream(Cells.HCA, 4096, 0, 512) == 256
+
+
+def _reported_sum(log: str, *what: str) -> tuple[float, int]:
+    """The MiB of every buffer the log reports of the kinds ``what``, and how many (each printed to 0.01)."""
+    found = [x for w in what for x in _reported(log, w)]
+    return sum(found), len(found)
+
+
+@pytest.mark.runtime
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("arch", sorted(MTP_MODELS))
+def test_kv_and_state_match_llama_server_for_every_layout(synth_model, arch, setting):
+    """Per architecture (plain GQA, hybrid recurrent, MLA, DSA, SWA, DeepSeek-V4's compressed
+    caches, GLM5-Next's hybrid indexer): the vanilla and the MTP server's KV caches (the draft
+    context's included) and recurrent/compressor states, as the plan has them, against the pinned
+    llama-server's own report on CPU, to the 0.01 MiB it prints per buffer."""
+    ctx, slots, ub, kv_type = SETTINGS[setting]
+    path = synth_model(MTP_MODELS[arch])
+    facts = ModelFacts.read(path)
+    for mtp in (False,) if arch in NO_MTP_GRAPH else (False, True):
+        config = ServerConfig(model=path, draft_mtp=mtp, draft_n_max=3 if mtp else None, ctx_size=ctx, parallel=slots,
+                              cache_type_k=kv_type, cache_type_v=kv_type, extra_args=["-lv", "4", "-ub", str(ub)])
+        with LlamaServer(config) as srv:
+            log = Path(srv.log_path).read_text()
+        spec = ServerSpec(Role.MTP if mtp else Role.VANILLA, facts, mtp=mtp, ctx_size=ctx, parallel=slots,
+                          cache_type_k=kv_type, cache_type_v=kv_type, draft_n_max=3 if mtp else 0, ubatch=ub)
+        mem = server_memory(spec, [10**12]).gpus[0]
+        (kv, n_kv), (state, n_state) = _reported_sum(log, "KV"), _reported_sum(log, "RS", r"DSV4 \w+ state")
+        assert n_kv and abs(kv - mem.kv / MIB) <= 0.005 * n_kv + 1e-9, (arch, mtp, kv, mem.kv / MIB)
+        assert abs(state - mem.recurrent / MIB) <= 0.005 * n_state + 1e-9, (arch, mtp, state, mem.recurrent / MIB)
 
 
 def test_phases_and_what_would_fit(tiny_mtp_model, synth_model):
