@@ -27,14 +27,16 @@ import platform
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 from ..errors import BandwidthError
 from ..gguf.reader import read_header, tensor_nbytes
 from ..jsontypes import JsonObject
+
+T = TypeVar("T")
 
 __all__ = ["HardwareInfo", "GpuInfo", "probe_hardware", "hardware_info", "server_devices", "gpu_layers_requested",
            "ActiveWeights", "active_weights", "peak_bandwidth", "PEAK_BANDWIDTH_GBS", "bandwidth_report",
@@ -225,11 +227,12 @@ def format_bandwidth(b: JsonObject | None) -> str | None:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """One GPU as ``nvidia-smi`` lists it."""
+    """One GPU as ``nvidia-smi`` lists it (``free_mib``: its free memory then)."""
 
     name: str
     memory: str | None = None
     driver: str | None = None
+    free_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -276,21 +279,44 @@ def read_cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def nvidia_gpus() -> list[GpuInfo]:
-    """The GPUs ``nvidia-smi`` lists (none when it is missing or fails)."""
+def nvidia_gpus(env: Mapping[str, str] | None = None) -> list[GpuInfo]:
+    """The GPUs ``nvidia-smi`` lists that a process started with ``env`` (default: this one's) can
+    use, in CUDA's order (:func:`visible_gpus`); none when it is missing or fails."""
     exe = shutil.which("nvidia-smi")
     if not exe:
         return []
     try:
-        p = subprocess.run([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
+        p = subprocess.run([exe, "--query-gpu=index,uuid,name,memory.total,memory.free,driver_version",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    out = []
+    rows: list[tuple[str, str, GpuInfo]] = []
     for line in p.stdout.splitlines():
         parts = [x.strip() for x in line.split(",")]
-        if parts and parts[0]:
-            out.append(GpuInfo(parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else None))
+        if len(parts) >= 6 and parts[2]:
+            free = int(float(parts[4])) if parts[4].replace(".", "", 1).isdigit() else None
+            rows.append((parts[0], parts[1], GpuInfo(parts[2], f"{parts[3]} MiB", parts[5], free)))
+    return visible_gpus(rows, (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_gpus(rows: Sequence[tuple[str, str, T]], cuda_visible_devices: str | None) -> list[T]:
+    """The ``(index, uuid, gpu)`` rows a CUDA process sees under ``CUDA_VISIBLE_DEVICES``, in its
+    order: unset, every GPU; each entry an index or a (prefix of a) ``GPU-`` UUID; the list ends at the
+    first entry that names no GPU or one already named, as CUDA reads it (so "" and "-1" hide all).
+    A ladder worker pinned to one card, or a user's ``CUDA_VISIBLE_DEVICES=1``, is planned against
+    that card's free memory alone, not every card nvidia-smi lists."""
+    if cuda_visible_devices is None:
+        return [g for _, _, g in rows]
+    out: list[T] = []
+    seen: set[int] = set()
+    for entry in cuda_visible_devices.split(","):
+        e = entry.strip()
+        hit = [i for i, (idx, uuid, _) in enumerate(rows)
+               if (e.isdigit() and int(e) == int(idx)) or (e.startswith("GPU-") and uuid.startswith(e))]
+        if len(hit) != 1 or hit[0] in seen:
+            break
+        seen.add(hit[0])
+        out.append(rows[hit[0]][2])
     return out
 
 

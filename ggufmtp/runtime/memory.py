@@ -46,8 +46,6 @@ import enum
 import math
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +57,7 @@ from ..errors import GgufmtpError, MemoryPlanError, VerifyError
 from ..fmt import human_bytes
 from ..gguf.model import split_shards
 from ..gguf.reader import GGUFHeader, read_header, tensor_nbytes
+from .hardware import nvidia_gpus
 from .kv_layout import KVLayout, cells_per_stream, kv_layout
 from .offload import Offload
 
@@ -445,7 +444,9 @@ class MemoryPlan:
 
 def gpu_free(env: Mapping[str, str] | None = None) -> tuple[tuple[int, ...] | None, str]:
     """(free bytes per GPU, where that came from): ``$GGUFMTP_GPU_FREE_MIB`` (comma-separated MiB
-    per GPU; for tests and for planning another machine), else ``nvidia-smi``; (None, ...) without."""
+    per GPU; for tests and for planning another machine), else ``nvidia-smi``'s GPUs that
+    ``CUDA_VISIBLE_DEVICES`` leaves the servers (:func:`~ggufmtp.runtime.hardware.nvidia_gpus`); (None, ...)
+    without."""
     raw = (env if env is not None else os.environ).get(FREE_MEMORY_ENV, "").strip()
     if raw:
         try:
@@ -455,16 +456,9 @@ def gpu_free(env: Mapping[str, str] | None = None) -> tuple[tuple[int, ...] | No
         if not mib or any(not math.isfinite(x) or x < 0 for x in mib):
             raise VerifyError(f"${FREE_MEMORY_ENV}={raw!r}: expected MiB per GPU, comma-separated (e.g. 81920)")
         return tuple(int(x * MIB) for x in mib), f"${FREE_MEMORY_ENV}"
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None, "no GPU found"
-    try:
-        p = subprocess.run([exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"], capture_output=True,
-                           text=True, timeout=20)
-        free = tuple(int(float(x)) * MIB for x in p.stdout.split())
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None, "nvidia-smi failed"
-    return (free, "nvidia-smi") if free else (None, "no GPU found")
+    gpus = nvidia_gpus(env)
+    free = tuple(g.free_mib * MIB for g in gpus if g.free_mib is not None)
+    return (free, "nvidia-smi") if free and len(free) == len(gpus) else (None, "no GPU found")
 
 
 @dataclass(frozen=True)
