@@ -736,8 +736,13 @@ x=torch.empty(n,dtype=torch.uint8,device='cuda'); print('ballast GiB', n/2**30, 
     env_setup
     unset PYTHONSAFEPATH
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/testsite "$CARRY"/testwheels/*.whl
-    export PYTHONPATH=$SITE:/tmp/testsite:$PWD:$PWD/$CARRY/pylib GGUFMTP_RUNTIME_VARIANT=cpu GGUFMTP_CACHE=/tmp/ggufmtp-cache-cpu
+    # the tests run from a copy: the device tool copies the working tree again at each call, and a
+    # call made while they run (a `wait`) replaced the package under them (2026-11-29: a module
+    # "not found" and a llama-perplexity that failed, mid-run)
+    T=/tmp/cputree; rm -rf "$T"; mkdir -p "$T"; cp -r ggufmtp tests recipes pyproject.toml "$T"/
+    export PYTHONPATH=$SITE:/tmp/testsite:$T:$PWD/$CARRY/pylib GGUFMTP_RUNTIME_VARIANT=cpu GGUFMTP_CACHE=/tmp/ggufmtp-cache-cpu
     lscpu | grep -E "Model name|^CPU\(s\)" > "$RES/cputests-cpu.txt"
+    cd "$T"
     taskset -c "${TEST_CORES:-0-5}" python3 -m ggufmtp runtime build -j 6 --json > "$RES/cputests-build.json" 2> "$RES/cputests-build.log"
     timeout "${TEST_LIMIT:-420}" taskset -c "${TEST_CORES:-0-5}" python3 -m pytest -p no:cacheprovider -q --durations=15 \
       ${TESTS:-tests/test_search_allocate.py tests/test_head_same_trunk.py tests/test_head_sequential.py tests/test_trained.py \
