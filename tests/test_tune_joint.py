@@ -221,6 +221,23 @@ def test_dry_run_lists_the_candidates_and_the_evaluations(artifact):
 
 
 @pytest.mark.runtime
+def test_a_small_budget_measures_every_window_before_the_options(artifact):
+    """Found on the H200 (2026-11-29): the dense shape's budget of 48 reached 8 candidates, all at
+    k=4, because the options came before the window sweep; the window moves the speedup most. Now
+    the windows next to the default come first, ahead of the heads and the option values."""
+    r = CliRunner().invoke(main, ["tune-joint", str(artifact), "--source", SOURCE, "-r", RECIPE, "--dry-run",
+                                  "--n-max-values", "3,4,5,6", "--head-k", "4", "--budget", "48",
+                                  "--kv-values", "default,q8_0", "--flash-attn-values", "auto,off",
+                                  "--batch-values", "default,2048:2048", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    searched = plan["candidates"][:plan["searched"]]
+    windows = [next(int(w[2:]) for w in k.split() if w.startswith("k=")) for k in searched]
+    first_option = min(i for i, k in enumerate(searched) if any(x in k for x in ("kv=", "fa=", "b=", "head=")))
+    assert set(windows[:first_option]) == {3, 4, 5}, searched
+
+
+@pytest.mark.runtime
 def test_the_profile_of_a_retyped_head_refuses_an_artifact_of_another_head(searched, artifact, tmp_path):
     """``verify --tuned-from`` the joint result on the artifact searched (its head: eh_proj Q8_0, the
     rest at the Q4_K_M mix) would measure another head than the profile was found with: one clear

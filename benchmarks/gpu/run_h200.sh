@@ -769,7 +769,11 @@ x=torch.empty(n,dtype=torch.uint8,device='cuda'); print('ballast GiB', n/2**30, 
     # syntheses first (every core; the dense BF16 on disk in $DWORK), then both quantizations (16 cores
     # each: `quantize`'s and `dense`'s -t is nproc, which the pinning sets), then $STAGES on GPU 0 (cores
     # 0-11) and $DENSE_STAGES on GPU 1 (cores 12-23), with cputests ($TESTS) on cores 24-31 beside them.
-    # CPU smoke run: SHAPE=tiny LAYERS=2 DSHAPE=tiny DLAYERS=4 GGUFMTP_RUNTIME_VARIANT=cpu BUILD_STAGE=true
+    # Measured 2026-11-29 (results-2026-11-29e-h200x2-joint): build + syntheses 4.7 min, quantizations 4.7
+    # min (hifi 277 s; dense q4_k_m-mtp-q8), headtypes 4.0 / 5.5 min (35B-A3B 4 types / dense 3), joint
+    # 6.1 / 4.5 min (budget 64 / 48), draftcost 0.7 / 1 min, joint-verify 7.5 min (the F16-head recipe
+    # quantized again, then 16 prompts x 2 seeds); the machine was held 29 min in all (three calls).
+    # CPU smoke run: SHAPE=tiny LAYERS=2 DSHAPE=tiny DLAYERS=4 GGUFMTP_RUNTIME_VARIANT=cpu BUILD_STAGE=cpu-build
     new_progress
     env_setup
     # room: the two BF16s and their quants are ~166 GB; this kind's tmpfs may be sized from the memory
