@@ -20,7 +20,9 @@ from ggufmtp.synth.writer import synthesize
 # ``runtime`` marker; ``make test-fast`` runs the others (``pytest -m "not runtime"``). A test is
 # marked when it uses one of these fixtures, directly or through a fixture of its own (a module
 # fixture that quantizes requests ``llama_runtime``); a test that reaches the runtime with no
-# fixture carries ``@pytest.mark.runtime`` itself.
+# fixture carries ``@pytest.mark.runtime`` itself. So does a test that takes more than about a second
+# on its own (a simulation, a wheel build, torch, a fuzz loop): make test-fast has a 2-minute budget on
+# a 2-core machine, and make test still runs everything.
 RUNTIME_FIXTURES = frozenset({"llama_runtime", "llama_server_bin", "synth_model", "tiny_mtp_model"})
 
 

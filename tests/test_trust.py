@@ -407,6 +407,7 @@ def _corpus(art: Path, tmp_path: Path, priv: Path, other_priv: Path) -> dict[str
     }
 
 
+@pytest.mark.runtime  # the whole corpus through audit, upload and the CLI: ~1.5 s
 def test_whatever_audit_refuses_upload_refuses(art, tmp_path, fake):
     priv, pub = write_keypair(tmp_path)
     other_priv, _ = write_keypair(tmp_path, "other")
