@@ -32,6 +32,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.runtime)
 
 
+@pytest.fixture(scope="session")
+def _no_runtime_here(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("no-runtime")
+
+
+@pytest.fixture(autouse=True)
+def _runtime_only_where_marked(request, monkeypatch, _no_runtime_here):
+    """A test without the ``runtime`` marker finds no llama.cpp binary and no libllama (both point at
+    an empty folder): one that reaches the runtime anyway fails in every run, instead of passing
+    unmarked and spending make test-fast's time. Where libllama is already loaded (make test, after a
+    runtime test), only the binaries are hidden: make test-fast is the run that tells."""
+    if request.node.get_closest_marker("runtime") is None:
+        monkeypatch.setenv(runtime.ENV_BIN, str(_no_runtime_here))
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(_no_runtime_here))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _server_logs_in_pytest_tmp(tmp_path_factory):
     """llama-server logs are kept when a run fails (error messages point at them), and many tests
