@@ -9,7 +9,6 @@ machines.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -22,8 +21,8 @@ def past_the_ctime_of(path: Path, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     try:
         while True:
-            probe.touch()
-            os.utime(probe)  # sets ctime to the file system's now, also when touch found the probe
+            probe.unlink(missing_ok=True)
+            probe.touch()  # a new file: its ctime is the file system's now
             if probe.stat().st_ctime_ns > before:
                 return
             assert time.monotonic() < deadline, f"the file system's clock did not pass {path}'s ctime in {timeout} s"
