@@ -37,8 +37,8 @@ test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# The tests that start no llama.cpp process and load no libllama (marker `runtime`, see
-# tests/conftest.py): under a minute. `make test` stays the whole suite.
+# The tests that start no llama.cpp process, load no libllama and take under ~1 s each (marker
+# `runtime`, see tests/conftest.py): under 2 minutes on a 2-core machine. `make test` stays the whole suite.
 test-fast: setup
 	@$(PY) -m pytest -m "not runtime" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc

@@ -20,7 +20,9 @@ from ggufmtp.synth.writer import synthesize
 # ``runtime`` marker; ``make test-fast`` runs the others (``pytest -m "not runtime"``). A test is
 # marked when it uses one of these fixtures, directly or through a fixture of its own (a module
 # fixture that quantizes requests ``llama_runtime``); a test that reaches the runtime with no
-# fixture carries ``@pytest.mark.runtime`` itself.
+# fixture carries ``@pytest.mark.runtime`` itself. So does a test that takes more than about a second
+# on its own (a simulation, a wheel build, torch, a fuzz loop): make test-fast has a 2-minute budget on
+# a 2-core machine, and make test still runs everything.
 RUNTIME_FIXTURES = frozenset({"llama_runtime", "llama_server_bin", "synth_model", "tiny_mtp_model"})
 
 
@@ -28,6 +30,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if RUNTIME_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.runtime)
+
+
+@pytest.fixture(scope="session")
+def _no_runtime_here(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("no-runtime")
+
+
+@pytest.fixture(autouse=True)
+def _runtime_only_where_marked(request, monkeypatch, _no_runtime_here):
+    """A test without the ``runtime`` marker finds no llama.cpp binary and no libllama (both point at
+    an empty folder): one that reaches the runtime anyway fails in every run, instead of passing
+    unmarked and spending make test-fast's time. Where libllama is already loaded (make test, after a
+    runtime test), only the binaries are hidden: make test-fast is the run that tells."""
+    if request.node.get_closest_marker("runtime") is None:
+        monkeypatch.setenv(runtime.ENV_BIN, str(_no_runtime_here))
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(_no_runtime_here))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -215,7 +215,8 @@ class FakeHub:
             server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self, name))
             server.daemon_threads = True
             server.handle_error = lambda request, client_address: None  # client hang-ups are expected
-            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+            # stop() waits for each loop to notice the shutdown: a short poll keeps every test's teardown short
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.005}, daemon=True).start()
             self._servers.append(server)
         self.url = f"http://127.0.0.1:{self._servers[0].server_address[1]}"
         self.cdn_url = f"http://127.0.0.1:{self._servers[1].server_address[1]}"
@@ -795,6 +796,9 @@ def _make_handler(hub: FakeHub, server_name: str):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "fakehub/1.0"
+        # Headers and body go out in two writes: with Nagle on, the body waits for the client's
+        # delayed ACK of the headers (~40 ms on Linux) on every response.
+        disable_nagle_algorithm = True
 
         def log_message(self, *args) -> None:  # keep test output clean
             pass

@@ -67,6 +67,7 @@ def test_the_honest_rich_receipt_audits_and_renders(honest, tmp_path):
     card_text(st)
 
 
+@pytest.mark.runtime  # 160 audits (schema, header, digest each): ~5 s, too slow for make test-fast
 def test_no_receipt_the_audit_accepts_crashes_the_cards(honest, tmp_path):
     art, st = honest
     rng = random.Random(40)

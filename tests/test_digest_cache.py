@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fs_clock import past_the_ctime_of
 
 from ggufmtp.cli import main
 from ggufmtp.files.digest_cache import RACY_NS, DigestCache
@@ -89,6 +90,7 @@ def test_one_byte_edit_with_size_and_mtime_restored_misses(blob, tmp_path):
     old, _ = sha256_cached(blob, cache)
     assert cache.lookup(blob) == old
     st = blob.stat()
+    past_the_ctime_of(blob)  # the edit lands in a later tick of the file system's clock
     with open(blob, "r+b") as f:  # one byte, same size
         f.seek(1234567)
         b = f.read(1)
@@ -147,6 +149,7 @@ def _flip_data_bit(path: Path) -> None:
     gm = GGUFModel(path)
     name = next(n for n, t in gm.tensors.items() if t.type in ("BF16", "F32"))
     st = path.stat()
+    past_the_ctime_of(path)  # an edit after the last hash, in a later tick of the file system's clock
     with open(path, "r+b") as f:
         f.seek(gm.tensor_data_offsets[name])
         b = f.read(1)
@@ -257,6 +260,7 @@ def test_the_streamed_output_digest_is_known_to_the_cache_after_publishing(model
     d = _quantize_json(model, out)
     assert d["output_hashed"] == "streamed"
     assert input_digest_cache().lookup(out) == d["sha256"] == _sha(out)
+    past_the_ctime_of(out)  # later: an edit in the same timestamp tick is the racy window waived above
     with open(out, "r+b") as f:  # and a later edit is not covered by it
         f.seek(-1, os.SEEK_END)
         f.write(b"\x01")
@@ -310,6 +314,7 @@ def test_verify_reuses_the_recorded_digest_of_the_very_file_it_serves(blob, tmp_
     forged = "f" * 64  # a digest the bytes do not have: returned only if the cache is consulted
     assert cache.record(blob, forged, st, blob.stat())
     assert ServedFile.of(blob).sha256 == forged
+    past_the_ctime_of(blob)
     with open(blob, "r+b") as f:
         f.write(b"\0")
     os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -78,6 +78,7 @@ def _text(page: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
 
 
+@pytest.mark.runtime  # the site fixture runs mkdocs build: ~3 s
 def test_the_docs_site_builds_with_warnings_as_errors(site):
     cli = (site / "reference" / "cli" / "index.html").read_text()
     ctx = click.Context(main)
@@ -88,6 +89,7 @@ def test_the_docs_site_builds_with_warnings_as_errors(site):
 ROLE = re.compile(r":(?:class|func|data|meth|attr|mod|exc|obj):`")
 
 
+@pytest.mark.runtime  # the site fixture runs mkdocs build: ~3 s
 def test_the_api_reference_has_signatures_headings_and_cross_references(site):
     """Every name ``ggufmtp`` exports has a heading and its signature; the docstrings' Sphinx roles
     are links or code, never shown as written (#42: 0 signatures, roles shown literally)."""
@@ -114,6 +116,7 @@ def _commands(cmd: click.Command, path: str = "ggufmtp"):
             yield from _commands(sub, f"{path} {name}")
 
 
+@pytest.mark.runtime  # the site fixture runs mkdocs build: ~3 s
 def test_the_cli_reference_shows_the_help_as_given(site):
     """The CLI page: no ``Sentinel.UNSET`` for an option without a default (click >= 8.3's marker,
     printed 121 times, #42), the defaults ``--help`` shows, and every command's and option's help

@@ -10,6 +10,8 @@ margins against their simulation error (400 runs: a standard error of about 0.8 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,7 @@ def simulated_pairs(rng: np.random.Generator, n_prompts: int, true_diff: float, 
     return pairs
 
 
+@functools.cache  # seeded, so the same rates: two tests read the (margin, 400, 54, 7) runs, computed once
 def rates(true_diff: float, runs: int, budget: int, seed: int) -> dict[HeadDecision, float]:
     rng = np.random.Generator(np.random.PCG64(seed))
     counts = dict.fromkeys(HeadDecision, 0)
@@ -62,7 +65,8 @@ def test_schedule_and_spending_sum_to_alpha():
     assert spent[-1] > 0.75 * ALPHA  # the final look keeps most of the error for close cases
 
 
-@pytest.mark.parametrize("budget", [16, 54])
+# 400 simulated runs of 54 prompts take ~2 s each: make test runs them, make test-fast the 16-prompt case
+@pytest.mark.parametrize("budget", [16, pytest.param(54, marks=pytest.mark.runtime)])
 def test_a_head_at_the_margin_is_called_preserved_at_most_alpha_of_the_time(budget):
     """Type I error for 'preserved': the true difference is exactly -margin (the worst non-inferior
     head). A design that looks four times at a plain 95 % interval would call it preserved far more
@@ -71,11 +75,13 @@ def test_a_head_at_the_margin_is_called_preserved_at_most_alpha_of_the_time(budg
     assert r[HeadDecision.PRESERVED] <= 0.05, r
 
 
+@pytest.mark.runtime  # 400 simulated runs of 54 prompts: ~2 s
 def test_a_head_at_the_margin_is_called_degraded_at_most_alpha_of_the_time():
     r = rates(-MARGIN, 400, 54, seed=11)
     assert r[HeadDecision.DEGRADED] <= 0.05, r
 
 
+@pytest.mark.runtime  # 400 simulated runs judged at four looks, and the spending rates: ~4 s
 def test_repeated_plain_looks_would_inflate_the_error():
     """The check above can fail: judging every look at the whole ALPHA (no spending) calls the
     margin-sitting head preserved clearly more often than the spending design does."""

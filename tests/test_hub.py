@@ -90,6 +90,7 @@ def test_sha256_file_streams_and_matches_hashlib(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.runtime  # huggingface_hub waits 1 s before it resumes
 def test_pull_resumes_an_interrupted_download_with_range(fake, tmp_path):
     big = gguf_bytes(12 * 1024 * 1024 + 123, seed=1)  # > the client's 10 MiB read chunk
     fake.commit("org/model", {"model.gguf": big, "config.json": b'{"arch": "x"}'})

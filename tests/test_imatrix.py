@@ -602,6 +602,7 @@ def test_cli_info_with_model_problems(tmp_path, model, shapes):
     assert r.returncode == 1 and "was made for another model" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.runtime  # five CLI processes: ~1.5 s
 def test_cli_errors_on_bad_files(tmp_path, shapes, model):
     f = _bad_files(tmp_path, shapes, model)
     for name in ("truncated.gguf", "truncated.dat", "text.dat", "empty.dat", "model.gguf"):

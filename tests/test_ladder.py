@@ -272,6 +272,7 @@ def _abort_like_llama_cpp() -> None:
     os.abort()  # what GGML_ASSERT does to the process that loaded libllama
 
 
+@pytest.mark.runtime  # starts a Dask cluster whose worker aborts: >1 s
 def test_a_task_whose_worker_dies_is_one_error_naming_it_not_a_dask_traceback():
     """The gpu-small search (2026-11-29): token_embd at IQ2_XXS aborted llama.cpp inside a Dask worker
     on every try, and the CLI printed distributed's KilledWorker traceback. ``task_result`` turns it

@@ -41,6 +41,7 @@ def test_sidecars_that_tie_for_a_tag_are_refused_before_any_work(tmp_path):
     _spec(tmp_path, layout=Layout.SIDECAR, sidecars=("Q4_0", "Q8_0")).check()  # -Q8_0. names the Q8_0 trunk's
 
 
+@pytest.mark.runtime  # quantizes with libllama and splits with llama-gguf-split
 def test_a_sidecar_ladder_splits_its_trunks_and_serves_them_as_verified(tmp_path):
     out = tmp_path / "ladder"
     r = CliRunner().invoke(main, ["--no-progress", "ladder", "-m", MODEL, "-r", "q8_0-mtp", "--layout", "sidecar",

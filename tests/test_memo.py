@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from fs_clock import past_the_ctime_of
+
 from ggufmtp.files.digest_cache import RACY_NS, DigestCache
 from ggufmtp.files.hashing import file_digests
 from ggufmtp.files.memo import JsonMemo
@@ -54,7 +56,7 @@ def test_binary_version_is_asked_once_per_binary_file(tmp_path, monkeypatch):
     b = _fake_binary(tmp_path / "llama-perplexity", calls, "abc1234")
     assert binary_version(b)["commit"] == "abc1234" and _calls(calls) == 1
     assert binary_version(b)["commit"] == "abc1234" and _calls(calls) == 1
-    time.sleep(0.01)
+    past_the_ctime_of(b)  # a rebuild stamps a later ctime (same size: the key's ctime is what changes)
     _fake_binary(b, calls, "def5678")  # rebuilt in place
     assert binary_version(b)["commit"] == "def5678" and _calls(calls) == 2
     n = tmp_path / "no-commit"
@@ -78,7 +80,7 @@ def test_output_digest_follows_the_publishing_rename_only(tmp_path):
     sha = _hashed(staged, cache)
     assert cache.lookup(staged) == sha
     before = staged.stat()
-    time.sleep(0.01)
+    past_the_ctime_of(staged)
     os.replace(staged, out)
     if out.stat().st_ctime_ns != before.st_ctime_ns:  # rename sets ctime here: the key changed
         assert cache.lookup(out) is None
@@ -87,6 +89,7 @@ def test_output_digest_follows_the_publishing_rename_only(tmp_path):
     staged.write_bytes(os.urandom(1 << 20))
     _hashed(staged, cache)
     st = staged.stat()
+    past_the_ctime_of(staged)  # an edit in the hash's own timestamp tick is the racy case, not this one
     with open(staged, "r+b") as f:  # one byte changed after the hash, mtime restored
         f.write(b"\0")
     os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fakehub import FakeHub, isolate_hf_client, write_keypair
+from fs_clock import past_the_ctime_of
 
 import ggufmtp
 from ggufmtp.cli import main
@@ -227,6 +228,7 @@ def test_run_upload_with_a_failing_verdict_leaves_the_hub_untouched(fake, synth_
 def _flip_low_byte(path: Path) -> None:
     """Change one byte of the last tensor's data (a low mantissa byte), keep size, atime and mtime."""
     st = path.stat()
+    past_the_ctime_of(path)  # an edit after the last hash, in a later tick of the file system's clock
     data = bytearray(path.read_bytes())
     data[-4] ^= 0x01
     path.write_bytes(bytes(data))

@@ -370,6 +370,7 @@ def test_receipt_sign_refuses_a_receipt_its_own_audit_fails(edit, tmp_path):
     assert rc.read_bytes() == before and not art.with_name(art.name + ".sig").exists()
 
 
+@pytest.mark.runtime  # three signing processes: ~2 s
 def test_a_private_key_others_can_read_is_used_with_one_warning_line(tmp_path):
     art = synth_artifact(tmp_path / "w")
     rc = art.with_name(art.name + ".receipt.json")

@@ -207,6 +207,7 @@ def test_the_corpus_and_the_tokenizer_are_deterministic(tmp_path):
         read_corpus(path)
 
 
+@pytest.mark.runtime  # builds the torch model: ~2 s
 def test_the_head_sees_nothing_after_the_token_it_is_given():
     """The MTP layer runs its attention outside the model that picks an implementation: it must still be
     causal (eager attention without a mask would not be). Changing token 30 changes the trunk from
@@ -235,6 +236,7 @@ def test_the_head_sees_nothing_after_the_token_it_is_given():
     assert diff(g1[:, :29], g2[:, :29]) < 1e-4 < 0.1 < diff(g1[:, 29], g2[:, 29])
 
 
+@pytest.mark.runtime  # imports torch and trains two steps: >1 s
 def test_ggufmtp_train_runs_from_the_cli(tmp_path):
     out = tmp_path / "run"
     r = CliRunner().invoke(main, ["train", str(out), "--preset", PRESET, "--steps", "2", "--no-convert", "--json"])

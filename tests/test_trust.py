@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from ggufmtp.provenance.signing import sign_artifact, sign_statement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fakehub import FakeHub, isolate_hf_client, write_keypair  # noqa: E402
+from fs_clock import past_the_ctime_of  # noqa: E402
 from receipt_kit import HIFI_THRESHOLDS, honest_statement, synth_artifact, verification_record  # noqa: E402
 
 TOKEN = "hf_trustTESTtokenABCDEFGHIJKLMNOP"
@@ -283,7 +283,7 @@ def test_served_file_sees_an_edit_that_restores_size_and_mtime(art):
 
     served = ServedFile.of(art)
     st = art.stat()
-    time.sleep(0.01)
+    past_the_ctime_of(art)  # the edit's ctime must differ: a later tick of the file system's clock
     data = bytearray(art.read_bytes())
     data[-1] ^= 1
     art.write_bytes(bytes(data))
@@ -407,6 +407,7 @@ def _corpus(art: Path, tmp_path: Path, priv: Path, other_priv: Path) -> dict[str
     }
 
 
+@pytest.mark.runtime  # the whole corpus through audit, upload and the CLI: ~1.5 s
 def test_whatever_audit_refuses_upload_refuses(art, tmp_path, fake):
     priv, pub = write_keypair(tmp_path)
     other_priv, _ = write_keypair(tmp_path, "other")

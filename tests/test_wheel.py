@@ -27,6 +27,10 @@ from pathlib import Path
 
 import pytest
 
+# Each test builds, installs or type-checks a distribution (seconds each): make test runs them,
+# make test-fast does not.
+pytestmark = pytest.mark.runtime
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_RECIPES = {p.stem for p in (ROOT / "recipes").glob("*.toml")}
 PACKAGE_DATA = ("ggufmtp/data/recipes/hifi-q4_k_m-mtp.toml", "ggufmtp/data/suites/chat-v1.jsonl",
@@ -96,8 +100,14 @@ def installed(dist) -> dict[str, Path]:
     return {"venv": venv, "py": py, "bin": venv / "bin" / "ggufmtp", "work": work, "purelib": purelib}
 
 
+def _user_env(*drop: str) -> dict[str, str]:
+    """This environment as a user's shell would have it: no PYTHONPATH (a developer's, naming the
+    checkout, would shadow the installed package) and no activated virtual environment."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", *drop)}
+
+
 def _run(installed: dict[str, Path], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = _user_env()
     env["PATH"] = f"{installed['venv'] / 'bin'}:/usr/bin:/bin"
     return subprocess.run([str(installed["bin"]), *args], cwd=installed["work"], env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -105,13 +115,13 @@ def _run(installed: dict[str, Path], *args: str, timeout: int = 600) -> subproce
 
 def test_the_installed_wheel_is_not_the_checkout(installed):
     p = subprocess.run([str(installed["py"]), "-c", "import ggufmtp, sys; print(ggufmtp.__file__)"],
-                       cwd=installed["work"], capture_output=True, text=True, check=True)
+                       cwd=installed["work"], env=_user_env(), capture_output=True, text=True, check=True)
     assert Path(p.stdout.strip()).is_relative_to(installed["purelib"]), p.stdout
     r = _run(installed, "recipe", "list", "--json")  # loads every shipped recipe
     assert r.returncode == 0, r.stderr
     assert {x["name"] for x in json.loads(r.stdout)} == SHIPPED_RECIPES
     p = subprocess.run([str(installed["py"]), "-c", "from ggufmtp.quant.recipe import recipes_dir; print(recipes_dir())"],
-                       cwd=installed["work"], capture_output=True, text=True, check=True)
+                       cwd=installed["work"], env=_user_env(), capture_output=True, text=True, check=True)
     assert Path(p.stdout.strip()) == installed["purelib"] / "ggufmtp" / "data" / "recipes"
 
 
@@ -129,7 +139,7 @@ def test_an_editable_install_reads_the_recipes_where_they_are(dist):
     assert p.returncode == 0, p.stderr[-2000:]
     q8 = (src / "recipes" / "q8_0-mtp.toml").read_text()
     (src / "recipes" / "added-later.toml").write_text(q8.replace('name = "q8_0-mtp"', 'name = "added-later"'))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = _user_env()
     work = dist["tmp"] / "empty-editable"
     work.mkdir()
     r = subprocess.run([str(venv / "bin" / "ggufmtp"), "recipe", "list", "--json"], cwd=work, env=env,
@@ -174,7 +184,7 @@ def _user_mypy(py: Path, tmp_path: Path, *args: str) -> list[str]:
     """mypy (this environment's, run by ``py``, the interpreter of the environment under test, so
     it finds the package as installed there and no checkout) on a user's scripts in ``tmp_path``;
     returns the error lines."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "MYPYPATH")}
+    env = _user_env("MYPYPATH")
     # ggufmtp's modules are followed; the third-party ones they import are not (Any): a minute less
     config = tmp_path / "mypy.ini"
     config.write_text("[mypy]\nfollow_imports = skip\n\n[mypy-ggufmtp.*]\nfollow_imports = normal\n")
@@ -219,13 +229,12 @@ def make_venv(tmp_path_factory) -> dict[str, Path]:
     return {"src": src, "py": py}
 
 
-@pytest.mark.runtime
 def test_a_user_s_mypy_strict_sees_the_package_in_the_make_venv(make_venv, tmp_path):
     """#51: in the ``make`` environment a user's mypy could not find the package (setuptools'
     editable finder is an import hook, invisible to mypy). Now the docs' example checks clean under
     ``--strict``, and a wrong argument is an error: the annotations are read, not skipped."""
     p = subprocess.run([str(make_venv["py"]), "-c", "import ggufmtp; print(ggufmtp.__file__)"], cwd=tmp_path,
-                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, capture_output=True, text=True,
+                       env=_user_env(), capture_output=True, text=True,
                        check=True)
     assert Path(p.stdout.strip()) == make_venv["src"] / "ggufmtp" / "__init__.py"  # the checkout, editable
     (tmp_path / "example.py").write_text(EXAMPLE.read_text())
@@ -246,7 +255,6 @@ def readme_quickstart() -> list[list[str]]:
     return [shlex.split(ln)[1:] for ln in lines]
 
 
-@pytest.mark.runtime
 def test_the_readme_quickstart_runs_from_the_installed_wheel(installed):
     """The README's quickstart, line by line, as a user runs it: the installed wheel, an empty
     directory, the runtime `ggufmtp runtime build` made. Its result is the demo's: the head verified
