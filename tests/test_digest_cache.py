@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from fs_clock import past_the_ctime_of
 
 from ggufmtp.cli import main
-from ggufmtp.files.digest_cache import RACY_NS, DigestCache
+from ggufmtp.files.digest_cache import RACY_COARSE_NS, RACY_NS, DigestCache, racy_window
 from ggufmtp.files.hashing import file_digests, sha256_cached
 from ggufmtp.gguf.model import GGUFModel
 from ggufmtp.provenance.audit import audit
@@ -123,6 +123,29 @@ def test_racy_or_changing_file_is_not_recorded(tmp_path):
 
     file_digests(p, cache=cache, on_chunk=append)
     assert cache.lookup(p) is None
+
+
+def _stamped(st: os.stat_result, ns: int) -> os.stat_result:
+    """``st`` with atime, mtime and ctime all ``ns`` (as a file system of that granularity stamps)."""
+    return os.stat_result([*st[:10], ns / 1e9, ns / 1e9, ns / 1e9, ns, ns, ns])
+
+
+def test_a_whole_second_file_system_gets_a_whole_tick_of_racy_window(tmp_path):
+    """Found on an ext4 with 128-byte inodes (whole-second stamps): a file written, hashed 0.3 s
+    later and written again in the same second kept its key, so the stale digest was served. A key
+    whose stamps both fall on a whole second waits out 2 s (FAT's tick); a fine one 100 ms."""
+    cache = DigestCache(tmp_path / "c")
+    p = tmp_path / "coarse.bin"
+    p.write_bytes(b"x" * 4096)
+    st = p.stat()
+    second = (time.time_ns() - 500_000_000) // 10**9 * 10**9  # a whole second 0.5-1.5 s ago
+    coarse = _stamped(st, second)
+    assert racy_window(coarse) == RACY_COARSE_NS and racy_window(_stamped(st, second + 1)) == RACY_NS
+    assert not cache.record(p, "0" * 64, coarse, coarse)  # inside the coarse tick, past 100 ms
+    old = _stamped(st, second - 3 * 10**9)
+    assert cache.record(p, "0" * 64, old, old)  # 3 s: past it
+    fine = _stamped(st, time.time_ns() - 500_000_000 + 1)  # 0.5 s, fine stamps: past 100 ms
+    assert cache.record(p, "1" * 64, fine, fine)
 
 
 def test_damaged_cache_is_empty(blob, tmp_path):

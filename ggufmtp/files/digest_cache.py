@@ -13,9 +13,10 @@ and by ``pull`` for a download whose digest matched the Hub's, and by ``quantize
 output hashed while libllama wrote it (:class:`ggufmtp.quant.stream_hash.OutputDigest`, with the
 file's stat as verified); ``quantize`` then moves its output's entry across the rename that
 publishes it (:meth:`DigestCache.follow_rename`). All of them record only when the file's key
-was the same before and after it was read and its ctime is older than :data:`RACY_NS` then (a
-write in the same timestamp tick as the hash could otherwise keep the key; the "racy git"
-problem). A file the cache did not hash is never in it. ``audit`` never consults it: an auditor re-reads the bytes.
+was the same before and after it was read and its ctime is older than :data:`RACY_NS` then
+(:data:`RACY_COARSE_NS` on a file system stamping whole seconds: :func:`racy_window`; a write in
+the same timestamp tick as the hash could otherwise keep the key; the "racy git" problem). A file
+the cache did not hash is never in it. ``audit`` never consults it: an auditor re-reads the bytes.
 
 The cache is one JSON file (``digests.json``) in a folder the caller chooses (ggufmtp uses
 ``<cache root>/digests``), written atomically; a damaged or unreadable cache is treated as empty.
@@ -30,12 +31,22 @@ from pathlib import Path
 
 from .memo import JsonMemo
 
-__all__ = ["DigestCache", "FileKey", "RACY_NS", "file_key"]
+__all__ = ["DigestCache", "FileKey", "RACY_COARSE_NS", "RACY_NS", "file_key", "racy_window"]
 
 #: An entry whose file changed less than this before the hash finished is not recorded: file
 #: timestamps come from a coarse clock (a few ms per tick), so a write right after the last read
 #: could leave the key as it was.
 RACY_NS = 100_000_000
+#: ... and on a file system that stamps whole seconds (ext4 with 128-byte inodes, some network and
+#: FAT-family mounts: 2 s), a tick is that long: a file whose stamps both fall on a whole second is
+#: judged by this window instead (a fine-grained stamp lands there once in 10^9, costing a cache miss).
+RACY_COARSE_NS = 2_000_000_000
+
+
+def racy_window(st: os.stat_result) -> int:
+    """The time after a file's last change during which its key may not yet show a later write."""
+    coarse = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
+    return RACY_COARSE_NS if coarse else RACY_NS
 #: Oldest entries are dropped beyond this many (a few hundred bytes each).
 MAX_ENTRIES = 4096
 CACHE_FILE = "digests.json"
@@ -86,9 +97,9 @@ class DigestCache:
         """Remember ``sha256`` for ``path``, read between the ``before`` and ``after`` stats of the
         open file. Only :func:`ggufmtp.files.hashing.file_digests`, ``pull`` (for a download
         whose digest matched the Hub's) and quantize's streamed output digest call this. Returns whether it
-        was recorded: not when the file changed during the read or too recently (see RACY_NS)."""
+        was recorded: not when the file changed during the read or too recently (:func:`racy_window`)."""
         key = file_key(before)
-        if key != file_key(after) or time.time_ns() - after.st_ctime_ns < RACY_NS:
+        if key != file_key(after) or time.time_ns() - after.st_ctime_ns < racy_window(after):
             return False
         return self._memo.put(key.text(), {"sha256": sha256, "path": str(Path(path).absolute())})
 
