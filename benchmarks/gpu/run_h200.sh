@@ -454,7 +454,7 @@ print(next((r['file'] for r in rows if h not in (None, 'own') and r['head'] == h
     for s in ${DENSE_STAGES:-fair tune verify-tuned}; do
       date +"%T   dense: $s" >> "$RES/progress.txt"
       QMODEL=$Q QRECIPE=$DRECIPE QSOURCE=$DBF16 RES=$RES/dense WORK=$DWORK HT_TYPES=${DHT_TYPES:-BF16,Q8_0,Q6_K,Q4_K} \
-        JOINT_BUDGET=${DJOINT_BUDGET:-64} bash "$0" "$s" > "$RES/dense/stage-$s.out" 2>&1 \
+        JOINT_BUDGET=${DJOINT_BUDGET:-64} JOINT_K=${DJOINT_K:-${JOINT_K:-3,4,5,6}} bash "$0" "$s" > "$RES/dense/stage-$s.out" 2>&1 \
         || date +"%T   dense: $s FAILED" >> "$RES/progress.txt"
     done ;;
   lsynth)
