@@ -50,7 +50,7 @@ class ComputeFigures:
     note: str = ""
 
     def to_dict(self) -> dict[str, int | str]:
-        return {"main_bytes": self.main, "main_source": str(self.source), "draft_bytes": self.draft,
+        return {"main_bytes": self.main, "source": str(self.source), "draft_bytes": self.draft,
                 "draft_source": str(Source.ESTIMATE), "note": self.note}
 
 

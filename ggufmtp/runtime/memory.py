@@ -27,11 +27,16 @@ Per server (vanilla, MTP, default vanilla, reference) the plan adds, on each dev
   architectures that roll back (``llm_arch_supports_rs_rollback``), else 0. Exact, to the 0.01 MiB
   llama-server prints, for every architecture ggufmtp synthesizes (tests/test_memory_plan.py), on
   the assumptions :mod:`~ggufmtp.runtime.kv_layout` names (flash attention on, no ``--swa-full``).
-- **compute buffer**: :func:`compute_estimate`, a formula calibrated against what the pinned
-  llama-server reports for GQA and hybrid graphs (see there; not exact, and low for MLA, DSA and
-  DeepSeek-V4 graphs: :data:`COMPUTE_UNCALIBRATED`), on the device of the output layer when anything is offloaded,
+- **compute buffers** (:mod:`ggufmtp.runtime.compute`): the main context's is llama.cpp's own
+  projection (``llama-fit-params --fit-print on`` with the server's sizing flags: :func:`fit_flags`,
+  :mod:`ggufmtp.runtime.fit_params`), per device, each device's floored MiB + 1 (an upper bound by
+  less than 1 MiB); the MTP draft context's, which that tool cannot configure, is ggufmtp's
+  :func:`compute_estimate` (low for MLA, DSA and DeepSeek-V4 graphs: :data:`COMPUTE_UNCALIBRATED`),
+  on the output layer's device, as is the main context's where the tool is missing or fails (the
+  server's :class:`ComputeFigures` say which: ``source`` ``llama.cpp`` or ``estimate``, and why);
   plus :data:`GPU_PROCESS_OVERHEAD_MIB` per server for the CUDA context itself (and
-  :data:`HOST_WEIGHTS_OVERHEAD_MIB` more where weights stay in host memory).
+  :data:`HOST_WEIGHTS_OVERHEAD_MIB` more where weights stay in host memory), ggufmtp's figures.
+  Weights, KV and states are ggufmtp's own (exact, and known before quantizing, from the plan's bytes).
 
 Free memory: :envvar:`GGUFMTP_GPU_FREE_MIB` (comma-separated MiB per GPU, for tests and for
 planning another machine), else ``nvidia-smi``'s ``memory.free``. Without a GPU the plan is
