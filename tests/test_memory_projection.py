@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,24 @@ def test_a_real_failure_of_llama_fit_params_falls_back(tmp_path):
     model.write_bytes(b"GGUF")
     got = project_memory(model, ["-ctk", "no-such-type"])
     assert got.projection is None and "exit status" in got.note, got
+
+
+@pytest.mark.runtime
+def test_an_older_runtime_gets_llama_fit_params_with_its_library(tmp_path, monkeypatch):
+    """`ggufmtp runtime build` on a runtime built before ggufmtp used llama-fit-params builds that
+    one target (in the cached build folder: up to date, seconds) and installs it with the shared
+    library it links (libllama-fit-params-impl.so): the binary then runs from the runtime's bin dir."""
+    real = runtime.installed_runtime()
+    assert real is not None, "the runtime is not built: run `make test`"
+    cache = tmp_path / "cache"
+    bin_dir = _fake_runtime(cache, with_fit_params=False)
+    (bin_dir / "libllama-fit-params-impl.so").unlink(missing_ok=True)  # what an older runtime lacks
+    for folder in ("build", "src"):  # the real build folder and source tree: nothing to configure or compile
+        (cache / folder).symlink_to(runtime.cache_root() / folder)
+    monkeypatch.setenv(runtime.ENV_CACHE, str(cache))
+    info = runtime.installed_runtime()
+    assert info is not None and info.bin_dir == bin_dir
+    exe = runtime.ensure_extra_binary(info, FIT_PARAMS_TOOL)
+    assert exe == bin_dir / FIT_PARAMS_TOOL and (bin_dir / "libllama-fit-params-impl.so").is_file()
+    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--fit-print" in proc.stdout + proc.stderr, proc.stderr[-500:]
