@@ -11,7 +11,9 @@ RUNTIME_BINARIES = ("llama-server", "llama-quantize", "llama-imatrix", "llama-pe
 # Built with the runtime, but a runtime built before one was added still loads: it gets the binary
 # built into its bin dir on first use (runtime/build.py: ensure_extra_binary), not a full rebuild.
 SPLIT_TOOL = "llama-gguf-split"
-EXTRA_BINARIES = (SPLIT_TOOL,)
+# llama.cpp's own memory projection (tools/fit-params, ``--fit-print on``), read by the memory plan
+FIT_PARAMS_TOOL = "llama-fit-params"
+EXTRA_BINARIES = (SPLIT_TOOL, FIT_PARAMS_TOOL)
 
 # Architectures whose llama.cpp graph has an MTP (NextN) draft path (LLM_GRAPH_TYPE_DECODER_MTP).
 # glm5-next mentions the graph type at 0c1e570 only to throw "NextN graph not implemented yet".

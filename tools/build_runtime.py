@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build llama-server, llama-quantize, llama-imatrix and libllama from the pinned sdist.
+"""Build llama-server, llama-quantize, llama-imatrix, llama-fit-params & co. and libllama from the pinned sdist.
 
 Same as `ggufmtp runtime build`, but runnable before the package is installed (stdlib only):
     python3 tools/build_runtime.py [--cuda] [--cuda-arch 90] [--jobs N] [--force] [--print-lib-dir]

@@ -11,7 +11,8 @@ from .app import bin_option, emit_json, handle_errors, json_option, main
 
 @main.group()
 def runtime() -> None:
-    """The llama.cpp runtime (llama-server, llama-quantize, llama-imatrix, llama-perplexity, libllama)."""
+    """The llama.cpp runtime (llama-server, llama-quantize, llama-imatrix, llama-perplexity, llama-gguf-split,
+    llama-fit-params, libllama)."""
 
 
 @runtime.command("build")
@@ -22,7 +23,8 @@ def runtime() -> None:
 @json_option
 @handle_errors
 def runtime_build(cuda: bool, cuda_arch: str, jobs: int | None, force: bool, as_json: bool) -> None:
-    """Build the pinned llama.cpp from the llama-cpp-python sdist into the per-user cache."""
+    """Build the pinned llama.cpp from the llama-cpp-python sdist into the per-user cache (a runtime
+    already there gets the binaries it lacks, e.g. llama-fit-params, without a rebuild)."""
     from ..runtime import build as rt
 
     info = rt.build_runtime(cuda, cuda_arch, jobs, force, log=lambda m: click.echo(m, err=True))

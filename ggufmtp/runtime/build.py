@@ -10,8 +10,8 @@ ggufmtp's own C++ tools (``NATIVE_TOOLS``, sources in ``ggufmtp/runtime/native/`
 source tree, and installed into its bin dir (rpath ``$ORIGIN``). ``runtime.json`` records each
 tool's source sha256, and each build is a file named for it (``native_file_name``): a runtime built
 before a tool existed, or holding another version's build, gets this version's compiled beside it
-on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp. The same holds for
-llama.cpp's own binaries added after a runtime was built (``EXTRA_BINARIES``: ``llama-gguf-split``):
+on first use (seconds; ``ensure_native_tools``) without rebuilding llama.cpp. So do llama.cpp's own
+binaries added after a runtime was built (``EXTRA_BINARIES``: ``llama-gguf-split``, ``llama-fit-params``):
 ``ensure_extra_binary`` builds that one target in the runtime's build folder (configured again with
 the recorded flags when the cache lost it) and installs it into the bin dir. It also
 records the architectures whose graph in that source drafts with MTP (``mtp_architectures``, read by
@@ -153,9 +153,9 @@ def installed_runtime(variant: str | None = None) -> RuntimeInfo | None:
     return None
 
 
-def find_binary(name: str, explicit: str | os.PathLike | None = None) -> Path:
-    """Locate a llama.cpp binary: an explicit path or directory, then ``$GGUFMTP_LLAMA_CPP_BIN``
-    (a directory), then the ggufmtp cache, then ``PATH``."""
+def find_binary(name: str, explicit: str | os.PathLike | None = None, build: bool = True) -> Path:
+    """Locate a llama.cpp binary: an explicit path or directory, then ``$GGUFMTP_LLAMA_CPP_BIN`` (a
+    directory), then the ggufmtp cache (``build=False``: not building an extra one it lacks), then ``PATH``."""
     for source, where in (("option", explicit), (ENV_BIN, os.environ.get(ENV_BIN))):
         if not where:
             continue
@@ -172,6 +172,8 @@ def find_binary(name: str, explicit: str | os.PathLike | None = None) -> Path:
         if name in NATIVE_TOOLS:
             info = ensure_native_tools(info)
         if name in EXTRA_BINARIES:
+            if not build and not info.binary(name).is_file():
+                raise RuntimeMissingError(f"{name}: not in the runtime {info.bin_dir}; `ggufmtp runtime build` adds it")
             return ensure_extra_binary(info, name)
         return info.binary(name)
     on_path = shutil.which(name)
@@ -570,9 +572,12 @@ def ensure_extra_binary(info: RuntimeInfo, name: str, log: Callable[[str], None]
         log(f"building {name} for the {info.variant} runtime (its own target only) ...")
         _run(["cmake", "--build", str(build), "--config", "Release", "-j", str(os.cpu_count() or 2),
               "--target", name], build / f"{name}.log")
-        staged = info.bin_dir / f".{name}.partial-{os.getpid()}"
-        shutil.copy2(build / "bin" / name, staged)
-        os.replace(staged, exe)
+        for src in [*sorted((build / "bin").glob("lib*.so*")), build / "bin" / name]:  # its own libraries first
+            dest = info.bin_dir / src.name  # (libllama-fit-params-impl.so); one already there stays: a server maps it
+            if src.name == name or not (dest.exists() or dest.is_symlink()):
+                staged = info.bin_dir / f".{src.name}.partial-{os.getpid()}"
+                shutil.copy2(src, staged, follow_symlinks=False)
+                os.replace(staged, dest)
     return exe
 
 

@@ -27,11 +27,16 @@ Per server (vanilla, MTP, default vanilla, reference) the plan adds, on each dev
   architectures that roll back (``llm_arch_supports_rs_rollback``), else 0. Exact, to the 0.01 MiB
   llama-server prints, for every architecture ggufmtp synthesizes (tests/test_memory_plan.py), on
   the assumptions :mod:`~ggufmtp.runtime.kv_layout` names (flash attention on, no ``--swa-full``).
-- **compute buffer**: :func:`compute_estimate`, a formula calibrated against what the pinned
-  llama-server reports for GQA and hybrid graphs (see there; not exact, and low for MLA, DSA and
-  DeepSeek-V4 graphs: :data:`COMPUTE_UNCALIBRATED`), on the device of the output layer when anything is offloaded,
+- **compute buffers** (:mod:`ggufmtp.runtime.compute`): the main context's is llama.cpp's own
+  projection (``llama-fit-params --fit-print on`` with the server's sizing flags: :func:`fit_flags`,
+  :mod:`ggufmtp.runtime.fit_params`), per device, each device's floored MiB + 1 (an upper bound by
+  less than 1 MiB); the MTP draft context's, which that tool cannot configure, is ggufmtp's
+  :func:`compute_estimate` (low for MLA, DSA and DeepSeek-V4 graphs: :data:`COMPUTE_UNCALIBRATED`),
+  on the output layer's device, as is the main context's where the tool is missing or fails (the
+  server's :class:`ComputeFigures` say which: ``source`` ``llama.cpp`` or ``estimate``, and why);
   plus :data:`GPU_PROCESS_OVERHEAD_MIB` per server for the CUDA context itself (and
-  :data:`HOST_WEIGHTS_OVERHEAD_MIB` more where weights stay in host memory).
+  :data:`HOST_WEIGHTS_OVERHEAD_MIB` more where weights stay in host memory), ggufmtp's figures.
+  Weights, KV and states are ggufmtp's own (exact, and known before quantizing, from the plan's bytes).
 
 Free memory: :envvar:`GGUFMTP_GPU_FREE_MIB` (comma-separated MiB per GPU, for tests and for
 planning another machine), else ``nvidia-smi``'s ``memory.free``. Without a GPU the plan is
@@ -42,11 +47,10 @@ it starts, as llama.cpp does without ``--tensor-split``.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,24 +58,29 @@ from typing import Any
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import GgufmtpError, MemoryPlanError, VerifyError
-from ..fmt import human_bytes
 from ..gguf.model import split_shards
 from ..gguf.reader import GGUFHeader, read_header, tensor_nbytes
+from .compute import (
+    COMPUTE_ROWS,
+    COMPUTE_ROWS_DRAFT,
+    COMPUTE_TOLERANCE,
+    COMPUTE_UNCALIBRATED,
+    ComputeFigures,
+    Source,
+    compute_estimate,
+    projected_compute,
+)
+from .fit_params import Projected, project_memory, sizing_flags, ubatch_of
 from .hardware import nvidia_gpus
 from .kv_layout import KVLayout, cells_per_stream, kv_layout
+from .memory_records import GPU_PROCESS_OVERHEAD_MIB, MIB, MemoryPlan, PhaseMemory, Role, ServerMemory, Usage
 from .offload import Offload
 
 __all__ = ["FREE_MEMORY_ENV", "ModelFacts", "Role", "ServerSpec", "Usage", "ServerMemory", "PhaseMemory", "MemoryPlan",
-           "MemoryPlanError", "COMPUTE_UNCALIBRATED", "compute_estimate", "gpu_free", "plan_memory", "plan_for_verify"]
+           "MemoryPlanError", "COMPUTE_ROWS", "COMPUTE_ROWS_DRAFT", "COMPUTE_TOLERANCE", "COMPUTE_UNCALIBRATED",
+           "ComputeFigures", "Source", "compute_estimate", "fit_flags", "gpu_free", "plan_memory", "plan_for_verify"]
 
 FREE_MEMORY_ENV = "GGUFMTP_GPU_FREE_MIB"
-MIB = 1024 * 1024
-#: Memory a llama-server process holds on a GPU beyond the buffers llama.cpp reports (the CUDA
-#: context, cuBLAS workspace, CUDA graphs). Not measurable on CPU; calibrated on one H200 on
-#: 2026-11-29 (benchmarks/README.md, "The publisher's GPU"): against nvidia-smi, the formulas here
-#: with 512 MiB a server came out 0.5 GiB short for the 35B BF16 reference alone and 0.7 GiB short
-#: for vanilla + MTP; 1 GiB a server covers both.
-GPU_PROCESS_OVERHEAD_MIB = 1024
 #: More per server when weights stay in host memory (``--n-cpu-moe``, ``--cpu-moe``, ``-ot``): the
 #: CUDA backend stages host weights through device buffers for large batches (op offload). The same
 #: run measured 1.1 GiB beyond the formulas with 512 MiB a server for vanilla + MTP at --n-cpu-moe
@@ -107,6 +116,9 @@ class ModelFacts:
     tensors: Mapping[str, int]
     layout: KVLayout = field(default_factory=KVLayout)
     elements: Mapping[str, int] = field(default_factory=dict, repr=False)  # values per tensor
+    # the file it was read from: what llama-fit-params projects the main context of (the compute
+    # graph does not depend on the weights' types, so a quantization plan's bytes keep the source's)
+    path: Path | None = field(default=None, repr=False)
 
     @property
     def weight_bytes(self) -> int:
@@ -122,7 +134,8 @@ class ModelFacts:
         if tensor_bytes is not None:
             sizes.update({k: int(v) for k, v in tensor_bytes.items() if k in sizes})
         facts = _facts(p.name, headers[0], {t.name: t.shape for h in headers for t in h.tensors}, sizes)
-        return dataclasses.replace(facts, elements={t.name: math.prod(t.shape) for h in headers for t in h.tensors})
+        return dataclasses.replace(facts, elements={t.name: math.prod(t.shape) for h in headers for t in h.tensors},
+                                   path=p)
 
 
 def _key(meta: Mapping[str, Any], arch: str, key: str, default: Any = None) -> Any:
@@ -150,15 +163,6 @@ def _facts(name: str, h: GGUFHeader, shapes: Mapping[str, tuple[int, ...]], size
 # ----------------------------------------------------------------------------- one server
 
 
-class Role(enum.StrEnum):
-    """The servers a verification starts (the arms of :mod:`ggufmtp.measure.core.arms`)."""
-
-    VANILLA = "vanilla"
-    MTP = "mtp"
-    DEFAULT_VANILLA = "vanilla-default"  # verify's third arm: vanilla with llama-server's defaults
-    REFERENCE = "reference"  # verify --reference: the reference head on the artifact's trunk
-
-
 @dataclass(frozen=True)
 class ServerSpec:
     """One llama-server as the plan sees it: its model, whether it drafts (loads the MTP block,
@@ -178,6 +182,8 @@ class ServerSpec:
     # the MTP draft context's KV types: llama-server's -ctkd/-ctvd (f16 by default), not -ctk/-ctv
     draft_cache_type_k: str | None = None
     draft_cache_type_v: str | None = None
+    # the arm's own llama-server flags (--server-arg & co.): their sizing ones reach llama-fit-params
+    args: tuple[str, ...] = ()
 
     @property
     def n_gpu_layers(self) -> int:
@@ -214,77 +220,6 @@ def _row_bytes(type_name: str | None, width: int) -> int:
     qt = GGMLQuantizationType[(type_name or "f16").upper()]
     block, size = GGML_QUANT_SIZES[qt]
     return width // block * size
-
-
-#: Calibration of :func:`compute_estimate`: F32 activation rows of ``n_embd`` per token of the
-#: physical batch, of a whole model's graph and of the MTP draft context's one-layer graph. Fitted
-#: to the pinned llama-server's ``compute buffer size`` on CPU (flash attention ``auto``, i.e. on;
-#: ``-c 4096/8192``, ``-ub 256/512``): tiny-qwen35moe 9.03 MiB (draft context 7.02), tiny-qwen35
-#: 8.53 (7.02), tiny-glm4moe 8.01 (6.01); the estimates are within 8 % of each.
-COMPUTE_ROWS = 9
-COMPUTE_ROWS_DRAFT = 5
-#: relative error of :func:`compute_estimate` against the server's report that the tests allow
-COMPUTE_TOLERANCE = 0.15
-#: Graphs the calibration does not cover, with the pinned llama-server's CPU report over the
-#: estimate on the tiny models (main context, draft context; -c 4096, -ub 512): MLA (deepseek2,
-#: bailingmoe3) 1.4-1.5x and 1.7x, DeepSeek-V4 1.7x, DSA (its indexer's score matrix: deepseek32,
-#: glm-dsa) 5.6-7.5x and 1.7x; GLM5-Next (MLA and an indexer) is not measured. The plan
-#: under-counts these by that much of a buffer that is small beside the weights and KV on the tiny
-#: models but grows with ubatch x cells on real ones.
-COMPUTE_UNCALIBRATED = frozenset({"deepseek2", "bailingmoe3", "deepseek4", "deepseek32", "glm-dsa", "glm5-next"})
-
-
-def compute_estimate(m: ModelFacts, ubatch: int, cells: int, outputs: int, draft: bool = False) -> int:
-    """Bytes of one context's compute buffer: the worst-case graph llama.cpp reserves for
-    ``ubatch`` tokens against ``cells`` KV cells with ``outputs`` logits rows (the server's
-    ``n_outputs_max``: slots x (1 + draft window) on the MTP server, slots elsewhere). Three terms,
-    calibrated as :data:`COMPUTE_ROWS` says: the F16 attention mask (``ubatch x cells x 2``; with
-    flash attention, llama-server's default, there is no score matrix), the logits (``outputs x
-    n_vocab x 4``) and ``COMPUTE_ROWS`` F32 rows of ``n_embd`` per token (``COMPUTE_ROWS_DRAFT``
-    for the draft context's one-layer graph, ``draft=True``). Calibrated on CPU only: a CUDA
-    build's buffer also holds its kernels' scratch, which :data:`GPU_PROCESS_OVERHEAD_MIB` allows for."""
-    mask = 2 * ubatch * cells if (m.layout.target or m.layout.draft) else 0
-    rows = COMPUTE_ROWS_DRAFT if draft else COMPUTE_ROWS
-    return mask + 4 * outputs * m.n_vocab + 4 * ubatch * rows * m.n_embd
-
-
-@dataclass(frozen=True)
-class Usage:
-    """One server's bytes on one GPU, by kind."""
-
-    weights: int = 0
-    kv: int = 0
-    recurrent: int = 0
-    compute: int = 0
-    overhead: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv + self.recurrent + self.compute + self.overhead
-
-    def plus(self, **kw: int) -> Usage:
-        return dataclasses.replace(self, **{k: getattr(self, k) + v for k, v in kw.items()})
-
-    def to_dict(self) -> dict[str, int]:
-        return {**dataclasses.asdict(self), "total": self.total}
-
-
-@dataclass(frozen=True)
-class ServerMemory:
-    """What one server holds: per GPU (:class:`Usage`), and the weights left in host memory."""
-
-    role: Role
-    model: str
-    gpus: tuple[Usage, ...]
-    host_weights: int
-
-    @property
-    def gpu_total(self) -> int:
-        return sum(u.total for u in self.gpus)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"role": str(self.role), "model": self.model, "gpus": [u.to_dict() for u in self.gpus],
-                "gpu_bytes": self.gpu_total, "host_weight_bytes": self.host_weights}
 
 
 def _layer_gpus(n_all: int, ngl: int, free: Sequence[int]) -> list[int | None]:
@@ -325,9 +260,12 @@ def _weights(s: ServerSpec, devs: list[int | None]) -> dict[int | None, int]:
     return out
 
 
-def server_memory(s: ServerSpec, free: Sequence[int], draft: ModelFacts | None = None) -> ServerMemory:
+def server_memory(s: ServerSpec, free: Sequence[int], draft: ModelFacts | None = None,
+                  projected: Projected | None = None) -> ServerMemory:
     """The memory of the server ``s`` when it starts with ``free`` bytes free per GPU (the split of
-    its layers follows them); ``draft``: an MTP-only sidecar it drafts with (``-md``)."""
+    its layers follows them); ``draft``: an MTP-only sidecar it drafts with (``-md``);
+    ``projected``: llama.cpp's projection of its main context (:func:`fit_flags`), whose compute
+    figure replaces the estimate's (:mod:`~ggufmtp.runtime.compute`)."""
     m, n_gpus = s.model, max(1, len(free))
     devs = _layer_gpus(m.n_layer_all, s.n_gpu_layers, free or [1])
     usage = [Usage() for _ in range(n_gpus)]
@@ -349,97 +287,60 @@ def server_memory(s: ServerSpec, free: Sequence[int], draft: ModelFacts | None =
     for st in m.layout.states:
         if (gpu := devs[st.layer]) is not None:
             usage[gpu] = usage[gpu].plus(recurrent=s.streams * (1 + rollback) * st.width * 4)
-    cells = s.cells
     out = devs[m.n_layer_all]
+    main, figures = main_compute(s, draft or m, projected, n_gpus, out)
+    for g, b in enumerate(main):
+        usage[g] = usage[g].plus(compute=b)
     if out is not None:
-        ub = min(s.ubatch, cells)
-        slots = max(1, s.parallel)
-        compute = compute_estimate(m, ub, cells, slots * (1 + s.draft_n_max if s.mtp else 1))
-        compute += compute_estimate(draft or m, ub, cells, slots, draft=True) if s.mtp else 0
-        usage[out] = usage[out].plus(compute=compute)
+        usage[out] = usage[out].plus(compute=figures.draft)
     if draft is not None and out is not None:
         usage[out] = usage[out].plus(weights=draft.weight_bytes)
     overhead = (GPU_PROCESS_OVERHEAD_MIB + (HOST_WEIGHTS_OVERHEAD_MIB if weights.get(None, 0) else 0)) * MIB
     usage = [u.plus(overhead=overhead) if u.total else u for u in usage]
-    return ServerMemory(s.role, m.name, tuple(usage), weights.get(None, 0))
+    return ServerMemory(s.role, m.name, tuple(usage), weights.get(None, 0), figures, projected)
+
+
+def fit_flags(s: ServerSpec) -> list[str]:
+    """The flags llama-fit-params projects ``s``'s main context with: those ggufmtp gives every
+    server (``build_command``: ``-c``, ``-np``, ``-ngl``, ``-ctk``/``-ctv``, ``--no-repack``; the
+    arms' base ``--fit off`` and partial offload), then the sizing flags of the arm's own (a later
+    flag wins in llama.cpp's parser, as on the server's command line)."""
+    out = ["--fit", "off", "--no-repack", "-np", str(s.parallel), "-ub", str(s.ubatch)]
+    out += ["-c", str(s.ctx_size)] if s.ctx_size is not None else []
+    out += ["-ngl", str(s.gpu_layers)] if s.gpu_layers is not None else []
+    out += [a for flag, t in (("-ctk", s.cache_type_k), ("-ctv", s.cache_type_v)) if t for a in (flag, t)]
+    return out + s.offload.args() + sizing_flags(s.args)
+
+
+def main_compute(s: ServerSpec, head: ModelFacts, projected: Projected | None, n_gpus: int,
+                 out: int | None) -> tuple[list[int], ComputeFigures]:
+    """(the main context's compute bytes per GPU, the server's compute figures): the main context's
+    from llama.cpp's projection when there is one, else :func:`compute_estimate`'s on the output
+    layer's GPU ``out``; the MTP draft context's (``head``'s MTP layers) always the estimate."""
+    cells, slots = s.cells, max(1, s.parallel)
+    ub = min(s.ubatch, cells)
+    draft = compute_estimate(head, ub, cells, slots, draft=True) if s.mtp and out is not None else 0
+    if projected is not None and projected.projection is not None:
+        main = projected_compute(projected.projection, n_gpus, out)
+        return main, ComputeFigures(sum(main), draft, Source.LLAMA_CPP)
+    est = compute_estimate(s.model, ub, cells, slots * (1 + s.draft_n_max if s.mtp else 1)) if out is not None else 0
+    main = [est if g == out else 0 for g in range(n_gpus)]
+    return main, ComputeFigures(est, draft, Source.ESTIMATE, projected.note if projected is not None else "")
+
+
+def projector(offload: Offload, llama_cpp_bin: str | os.PathLike | None) -> Callable[[ServerSpec], Projected]:
+    """llama-fit-params' projection of a server's main context, at the user's own ``offload``: the
+    plan's advice tries other offloads (``--n-cpu-moe N``) with it, each not asked again (moving
+    experts to host memory changes the weights' placement, which ggufmtp computes, more than the
+    graph)."""
+    def project(s: ServerSpec) -> Projected:
+        if s.model.path is None:
+            return Projected(None, "no model file to project")
+        return project_memory(s.model.path, fit_flags(dataclasses.replace(s, offload=offload)), llama_cpp_bin)
+    return project
 
 
 # ----------------------------------------------------------------------------- phases and the plan
-
-
-@dataclass(frozen=True)
-class PhaseMemory:
-    """The servers resident at the same time, and what they need per GPU together."""
-
-    name: str
-    servers: tuple[ServerMemory, ...]
-    free: tuple[int, ...] | None
-
-    @property
-    def need(self) -> tuple[int, ...]:
-        n = max((len(s.gpus) for s in self.servers), default=1)
-        return tuple(sum(s.gpus[i].total for s in self.servers if i < len(s.gpus)) for i in range(n))
-
-    @property
-    def fits(self) -> bool | None:
-        """Whether every GPU has room (None: no free memory known)."""
-        return None if self.free is None else all(n <= f for n, f in zip(self.need, self.free, strict=False))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "servers": [s.to_dict() for s in self.servers], "need_bytes": list(self.need),
-                "free_bytes": list(self.free) if self.free is not None else None, "fits": self.fits}
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Every phase of a verification against the GPUs' free memory (``free``: bytes per GPU, None
-    without a GPU: the plan is then informational), and what would fit when a phase does not."""
-
-    phases: tuple[PhaseMemory, ...]
-    free: tuple[int, ...] | None
-    free_source: str
-    advice: tuple[str, ...] = ()
-
-    @property
-    def fits(self) -> bool | None:
-        return None if self.free is None else all(p.fits for p in self.phases)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"phases": [p.to_dict() for p in self.phases], "free_bytes": list(self.free) if self.free else None,
-                "free_source": self.free_source, "fits": self.fits, "advice": list(self.advice),
-                "gpu_process_overhead_bytes": GPU_PROCESS_OVERHEAD_MIB * MIB}
-
-    def format(self) -> str:
-        """The plan as a table: one row per server, one per phase total (binary units)."""
-        rows: list[tuple[str, ...]] = [("phase", "server", "model", "weights", "KV", "recurrent", "compute",
-                                        "GPU total", "host weights")]
-        for p in self.phases:
-            for s in p.servers:
-                u = [sum(getattr(g, k) for g in s.gpus) for k in ("weights", "kv", "recurrent", "compute")]
-                rows.append((p.name, str(s.role), s.model, *map(human_bytes, u), human_bytes(s.gpu_total),
-                             human_bytes(s.host_weights)))
-            verdict = {True: "fits", False: "DOES NOT FIT", None: "no GPU: informational"}[p.fits]
-            free = " + ".join(human_bytes(f) for f in p.free) if p.free else "n/a"
-            rows.append((p.name, "= phase", "", "", "", "", "", " + ".join(human_bytes(n) for n in p.need),
-                         f"free {free}: {verdict}"))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["GPU memory plan (free memory: " + self.free_source + ")"]
-        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        lines += [f"  would fit: {a}" for a in self.advice]
-        return "\n".join(lines)
-
-    def refuse_unless_fits(self, what: str) -> None:
-        """MemoryPlanError naming the phase that does not fit and what would, before ``what``."""
-        bad = [p for p in self.phases if p.fits is False]
-        if not bad:
-            return
-        p = bad[0]
-        need = " + ".join(human_bytes(n) for n in p.need)
-        free = " + ".join(human_bytes(f) for f in p.free or ())
-        hint = "; ".join(self.advice) if self.advice else "nothing ggufmtp can configure: use a GPU with more memory"
-        raise MemoryPlanError(f"GPU memory: the {p.name} phase ({', '.join(str(s.role) for s in p.servers)}) needs "
-                              f"{need} but {free} is free ({self.free_source}); refused before {what}. Would fit: "
-                              f"{hint}")
 
 
 def gpu_free(env: Mapping[str, str] | None = None) -> tuple[tuple[int, ...] | None, str]:
@@ -477,14 +378,32 @@ class PlanInputs:
     cache_type_k: str | None = None
     cache_type_v: str | None = None
     draft_n_max: int = 4  # the largest window measured
+    args: ArmFlags = field(default_factory=lambda: ArmFlags())
+    # llama.cpp's projection of a server's main context (plan_for_verify: llama-fit-params); None: estimates only
+    projector: Callable[[ServerSpec], Projected] | None = None
+
+
+@dataclass(frozen=True)
+class ArmFlags:
+    """The user's llama-server flags by the arms that get them (``extra_args`` of every arm, then
+    ``--server-arg`` and the one-arm flags; the default vanilla arm gets ``base`` only)."""
+
+    base: tuple[str, ...] = ()
+    vanilla: tuple[str, ...] = ()
+    mtp: tuple[str, ...] = ()
+
+    def of(self, role: Role) -> tuple[str, ...]:
+        extra = {Role.VANILLA: self.vanilla, Role.MTP: self.mtp, Role.REFERENCE: self.mtp}.get(role, ())
+        return self.base + extra
 
 
 def _phases(i: PlanInputs, free: Sequence[int]) -> tuple[PhaseMemory, ...]:
     """The verification's phases: "reference" (the reference's MTP server alone), "main" (vanilla,
     MTP, default vanilla) and, with ``--parallel N``, "slots" (vanilla and MTP at N slots)."""
     def spec(role: Role, model: ModelFacts, mtp: bool, slots: int = 1) -> ServerSpec:
+        args = i.args.of(role)
         return ServerSpec(role, model, mtp, i.gpu_layers, i.offload, i.ctx_size and i.ctx_size * slots, slots,
-                          i.cache_type_k, i.cache_type_v, i.draft_n_max if mtp else 0)
+                          i.cache_type_k, i.cache_type_v, i.draft_n_max if mtp else 0, ubatch_of(args), args=args)
 
     groups: list[tuple[str, list[tuple[ServerSpec, ModelFacts | None]]]] = []
     if i.reference is not None:  # the artifact's trunk drafting with the reference's head (measure.verify.reference)
@@ -500,7 +419,7 @@ def _phases(i: PlanInputs, free: Sequence[int]) -> tuple[PhaseMemory, ...]:
     for name, servers in groups:
         left, mems = list(free), []
         for s, draft in servers:  # each server's layers split by what is free when it starts
-            mem = server_memory(s, [max(f, 0) for f in left], draft)
+            mem = server_memory(s, [max(f, 0) for f in left], draft, i.projector(s) if i.projector else None)
             left = [f - (mem.gpus[g].total if g < len(mem.gpus) else 0) for g, f in enumerate(left)]
             mems.append(mem)
         out.append(PhaseMemory(name, tuple(mems), None))
@@ -569,11 +488,15 @@ def plan_for_verify(model: str | os.PathLike, options: Any, *, tensor_bytes: Map
     o = options
     srv = o.server
     free_bytes, source = free if free is not None else gpu_free()
+    arms = o.arm_args()
     inputs = PlanInputs(
         variant=ModelFacts.read(model, tensor_bytes),
         reference=ModelFacts.read(o.reference) if o.reference is not None else None,
         sidecar=ModelFacts.read(o.sidecar) if o.sidecar is not None else None,
         default_vanilla=o.arm_args().differs_from_default, gpu_layers=srv.gpu_layers, offload=srv.offload,
         ctx_size=o.ctx_size, slots=o.parallel or 1, cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
-        draft_n_max=max(o.windows))
+        draft_n_max=max(o.windows),
+        args=ArmFlags(tuple(srv.extra_args), arms.both + arms.vanilla, arms.both + arms.mtp),
+        projector=projector(srv.offload, srv.llama_cpp_bin))
     return plan_memory(inputs, free_bytes, source)
+
