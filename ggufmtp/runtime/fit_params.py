@@ -17,7 +17,9 @@ What it covers, at the pinned commit (0c1e570): the MAIN context only, as the fl
 it never loads the MTP block (``load_mtp`` false), has no MTP draft context, keeps no recurrent
 rollback states (``n_rs_seq`` 0) and reserves the graph with every token of the physical batch an
 output (``n_outputs_max`` 0 means ``n_batch``; llama-server sets slots x (1 + draft window)).
-:mod:`ggufmtp.runtime.memory` takes the compute figure from here and keeps its own for the rest.
+The memory plan asks it only for the graphs its own estimate is low for, and takes the larger of the
+two (:func:`ggufmtp.runtime.compute.planned_compute`): that last reservation over-states a server's
+buffer by up to one logits tensor (501 MiB projected, 76.02 reported at a 248,320-token vocabulary).
 
 A projection is cached in ``fit-params.json`` of ggufmtp's cache, by the model files' identity
 (path, size, mtime, ctime of every shard), the flags, the binary's identity and

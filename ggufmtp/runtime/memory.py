@@ -27,15 +27,21 @@ Per server (vanilla, MTP, default vanilla, reference) the plan adds, on each dev
   architectures that roll back (``llm_arch_supports_rs_rollback``), else 0. Exact, to the 0.01 MiB
   llama-server prints, for every architecture ggufmtp synthesizes (tests/test_memory_plan.py), on
   the assumptions :mod:`~ggufmtp.runtime.kv_layout` names (flash attention on, no ``--swa-full``).
-- **compute buffers** (:mod:`ggufmtp.runtime.compute`): the main context's is llama.cpp's own
-  projection (``llama-fit-params --fit-print on`` with the server's sizing flags: :func:`fit_flags`,
-  :mod:`ggufmtp.runtime.fit_params`), per device, each device's floored MiB + 1 (an upper bound by
-  less than 1 MiB); the MTP draft context's, which that tool cannot configure, is ggufmtp's
-  :func:`compute_estimate` (low for MLA, DSA and DeepSeek-V4 graphs: :data:`COMPUTE_UNCALIBRATED`),
-  on the output layer's device, as is the main context's where the tool is missing or fails (the
-  server's :class:`ComputeFigures` say which: ``source`` ``llama.cpp`` or ``estimate``, and why);
-  plus :data:`GPU_PROCESS_OVERHEAD_MIB` per server for the CUDA context itself (and
-  :data:`HOST_WEIGHTS_OVERHEAD_MIB` more where weights stay in host memory), ggufmtp's figures.
+- **compute buffers** (:mod:`ggufmtp.runtime.compute`, :func:`planned_compute`): ggufmtp's
+  :func:`compute_estimate` for each context (the main one and the MTP draft one) on the output
+  layer's device, calibrated on GQA and hybrid graphs (qwen35moe, glm4moe: 42.8 GiB planned against
+  42.0 measured on an H200 at the 35B-A3B shape). For the graphs it is low for (MLA, DSA,
+  DeepSeek-V4, GLM5-Next: :data:`COMPUTE_UNCALIBRATED`, 1.4-7.5x on the tiny models) the larger of
+  it and llama.cpp's own projection of the main context (``llama-fit-params --fit-print on`` with
+  the server's sizing flags: :func:`fit_flags`, :mod:`ggufmtp.runtime.fit_params`), per device,
+  each device's floored MiB + 1: a safe upper bound, as that tool reserves every token of the
+  physical batch as an output (one logits tensor more: 501 MiB projected against 76.02 reported on
+  a 4-layer model with Qwen3.6's 248,320-token vocabulary, why the calibrated graphs do not use
+  it); the draft context's is bounded by the same projection. Where the tool is missing or fails,
+  the estimate, with a note. The server's :class:`ComputeFigures` say which (``source``,
+  ``draft_source``: ``llama.cpp`` or ``estimate``) and why; plus :data:`GPU_PROCESS_OVERHEAD_MIB`
+  per server for the CUDA context itself (and :data:`HOST_WEIGHTS_OVERHEAD_MIB` more where weights
+  stay in host memory), ggufmtp's figures.
   Weights, KV and states are ggufmtp's own (exact, and known before quantizing, from the plan's bytes).
 
 Free memory: :envvar:`GGUFMTP_GPU_FREE_MIB` (comma-separated MiB per GPU, for tests and for
@@ -68,7 +74,7 @@ from .compute import (
     ComputeFigures,
     Source,
     compute_estimate,
-    projected_compute,
+    planned_compute,
 )
 from .fit_params import Projected, project_memory, sizing_flags, ubatch_of
 from .hardware import nvidia_gpus
@@ -314,18 +320,15 @@ def fit_flags(s: ServerSpec) -> list[str]:
 
 def main_compute(s: ServerSpec, head: ModelFacts, projected: Projected | None, n_gpus: int,
                  out: int | None) -> tuple[list[int], ComputeFigures]:
-    """(the main context's compute bytes per GPU, the server's compute figures): the main context's
-    from llama.cpp's projection when there is one, else :func:`compute_estimate`'s on the output
-    layer's GPU ``out``; the MTP draft context's (``head``'s MTP layers) always the estimate."""
+    """(the main context's compute bytes per GPU, the server's compute figures): the estimates of
+    both contexts (the MTP draft context's of ``head``'s MTP layers) on the output layer's GPU
+    ``out``, and llama.cpp's projection where the estimate is low, as
+    :func:`~ggufmtp.runtime.compute.planned_compute` decides."""
     cells, slots = s.cells, max(1, s.parallel)
     ub = min(s.ubatch, cells)
     draft = compute_estimate(head, ub, cells, slots, draft=True) if s.mtp and out is not None else 0
-    if projected is not None and projected.projection is not None:
-        main = projected_compute(projected.projection, n_gpus, out)
-        return main, ComputeFigures(sum(main), draft, Source.LLAMA_CPP)
     est = compute_estimate(s.model, ub, cells, slots * (1 + s.draft_n_max if s.mtp else 1)) if out is not None else 0
-    main = [est if g == out else 0 for g in range(n_gpus)]
-    return main, ComputeFigures(est, draft, Source.ESTIMATE, projected.note if projected is not None else "")
+    return planned_compute(s.model.arch, est, draft, projected, n_gpus, out)
 
 
 def projector(offload: Offload, llama_cpp_bin: str | os.PathLike | None) -> Callable[[ServerSpec], Projected]:
@@ -419,7 +422,8 @@ def _phases(i: PlanInputs, free: Sequence[int]) -> tuple[PhaseMemory, ...]:
     for name, servers in groups:
         left, mems = list(free), []
         for s, draft in servers:  # each server's layers split by what is free when it starts
-            mem = server_memory(s, [max(f, 0) for f in left], draft, i.projector(s) if i.projector else None)
+            asked = i.projector(s) if i.projector and s.model.arch in COMPUTE_UNCALIBRATED else None  # else not used
+            mem = server_memory(s, [max(f, 0) for f in left], draft, asked)
             left = [f - (mem.gpus[g].total if g < len(mem.gpus) else 0) for g, f in enumerate(left)]
             mems.append(mem)
         out.append(PhaseMemory(name, tuple(mems), None))

@@ -140,11 +140,14 @@ class MemoryPlan:
         return "\n".join(lines + self._sources())
 
     def _sources(self) -> list[str]:
-        """Where the compute column comes from, once per distinct answer."""
-        seen = dict.fromkeys((s.compute.source, s.compute.note) for p in self.phases for s in p.servers)
-        return ["  compute: the main context's from llama.cpp (llama-fit-params, each device's MiB + 1), the MTP "
-                "draft context's estimated" if src is Source.LLAMA_CPP else
-                f"  compute: estimated ({note or 'no projection asked'})" for src, note in seen]
+        """Where the compute column comes from, once per distinct answer (the draft context's only
+        on a server that has one)."""
+        def said(src: Source) -> str:
+            return "llama.cpp's projection (llama-fit-params, MiB + 1)" if src is Source.LLAMA_CPP else "estimated"
+        c = [s.compute for p in self.phases for s in p.servers]
+        seen = dict.fromkeys((f.source, f.draft_source if f.draft else None, f.note) for f in c)
+        return [f"  compute: main context {said(src)}" + (f", MTP draft context {said(d)}" if d else "")
+                + (f" ({note})" if note else "") for src, d, note in seen]
 
     def refuse_unless_fits(self, what: str) -> None:
         """MemoryPlanError naming the phase that does not fit and what would, before ``what``."""
