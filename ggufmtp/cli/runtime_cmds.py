@@ -11,8 +11,10 @@ from .app import bin_option, emit_json, handle_errors, json_option, main
 
 @main.group()
 def runtime() -> None:
-    """The llama.cpp runtime (llama-server, llama-quantize, llama-imatrix, llama-perplexity, llama-gguf-split,
-    llama-fit-params, libllama)."""
+    """The pinned llama.cpp runtime: its binaries and libllama.
+
+    The binaries: llama-server, llama-quantize, llama-imatrix, llama-perplexity, llama-gguf-split and
+    llama-fit-params."""
 
 
 @runtime.command("build")
