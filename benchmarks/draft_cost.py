@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ggufmtp.cli.options import GpuLayers
 from ggufmtp.measure.core.arms import send, warm_up
 from ggufmtp.measure.core.suite import Prompt, load_suite, modes_for_template
 from ggufmtp.measure.core.tuned import ArmArgs, TuneConfig
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     tuned: TuneConfig | None = load_tuned_config(a.tuned_from) if a.tuned_from else None
     arms = dataclasses.replace(ArmArgs.of(both=[x for s in a.server_arg for x in s.split()], tuned=tuned),
                                draft_model=a.draft_model)
-    gl = int(a.gpu_layers) if a.gpu_layers and a.gpu_layers.isdigit() else a.gpu_layers
+    gl = GpuLayers().convert(a.gpu_layers, None, None) if a.gpu_layers else None  # -ngl: N, auto or all
     base: dict[str, Any] = {"model": str(local_model_arg(a.model)), "gpu_layers": gl, "threads": a.threads}
     prompts = load_suite(a.suite).prompts[:a.limit]
     seeds = [int(s) for s in a.seeds.split(",")]

@@ -29,15 +29,12 @@ import sys
 from pathlib import Path
 
 from ggufmtp.cli.measure_common import server_options
+from ggufmtp.cli.options import GpuLayers
 from ggufmtp.measure.core.options import DEFAULT_MAX_TOKENS
 from ggufmtp.quant.recipe import Recipe
 from ggufmtp.refs import local_model_arg
 from ggufmtp.search.joint import HEAD_TYPES
 from ggufmtp.search.joint_heads import HeadSettings, head_stage
-
-
-def _layers(v: str | None) -> int | str | None:
-    return int(v) if v is not None and v.isdigit() else v
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--md", dest="md_out", default=None)
     a = ap.parse_args(argv)
+    gpu_layers = GpuLayers().convert(a.gpu_layers, None, None) if a.gpu_layers else None  # -ngl: N, auto or all
     settings = HeadSettings(head_types=tuple(t for t in a.types.split(",") if t), own_head=not a.no_own_head, k=a.k,
                             limit=a.limit, seeds=tuple(int(s) for s in a.seeds.split(",")), suite=a.suite,
-                            max_tokens=a.max_tokens, server=server_options(_layers(a.gpu_layers), a.threads, None))
+                            max_tokens=a.max_tokens, server=server_options(gpu_layers, a.threads, None))
     stage = head_stage(local_model_arg(a.model), local_model_arg(a.source), Recipe.load(a.recipe), settings,
                        lambda m: print(m, file=sys.stderr, flush=True))
     md = (f"Head types of {stage.model} (recipe {stage.recipe}) on {stage.hardware}: {a.limit} prompts x seeds "
