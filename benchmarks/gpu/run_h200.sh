@@ -381,8 +381,16 @@ PY
       --head-limit "${HT_LIMIT:-6}" --head-types "${HT_TYPES:-F16,BF16,Q8_0,Q6_K,Q4_K}" --n-max-values "${JOINT_K:-3,4,5,6}"
       --p-min-values 0,0.75 --n-min-values 0 --seeds 42 --max-tokens "${MAXTOK:-128}" --budget "${JOINT_BUDGET:-96}")
     python3 -m ggufmtp tune-joint "$QMODEL" "${jargs[@]}" --dry-run > "$RES/joint-plan.txt" 2>&1 || true
+    [ -z "${JOINT_HEADS:-}" ] || jargs+=(--joint-heads "$JOINT_HEADS")
     python3 -m ggufmtp tune-joint "$QMODEL" "${jargs[@]}" "${args[@]}" --recipe-out "$RES/joint-recipe.toml" \
       --output "$RES/joint.json" > "$RES/joint.txt" 2> "$RES/joint.log" || true
+    # a headtypes.json carried from an earlier machine is used only when its model's and source's bytes
+    # are these (tune-joint checks): else the heads stage is measured here, as without one
+    if [ ! -s "$RES/joint.json" ] && [ ${#args[@]} -gt 0 ] && grep -q -- "--heads-from: measured with" "$RES/joint.log"; then
+      mv "$RES/joint.log" "$RES/joint-heads-from.log"
+      python3 -m ggufmtp tune-joint "$QMODEL" "${jargs[@]}" --recipe-out "$RES/joint-recipe.toml" \
+        --output "$RES/joint.json" > "$RES/joint.txt" 2> "$RES/joint.log" || true
+    fi
     tail -30 "$RES/joint.txt" ;;
   draftcost)
     # #52: where an MTP step's time goes (benchmarks/draft_cost.py): joint.json's configuration (its re-typed
@@ -454,7 +462,7 @@ print(next((r['file'] for r in rows if h not in (None, 'own') and r['head'] == h
     for s in ${DENSE_STAGES:-fair tune verify-tuned}; do
       date +"%T   dense: $s" >> "$RES/progress.txt"
       QMODEL=$Q QRECIPE=$DRECIPE QSOURCE=$DBF16 RES=$RES/dense WORK=$DWORK HT_TYPES=${DHT_TYPES:-BF16,Q8_0,Q6_K,Q4_K} \
-        JOINT_BUDGET=${DJOINT_BUDGET:-64} JOINT_K=${DJOINT_K:-${JOINT_K:-3,4,5,6}} bash "$0" "$s" > "$RES/dense/stage-$s.out" 2>&1 \
+        JOINT_BUDGET=${DJOINT_BUDGET:-64} JOINT_K=${DJOINT_K:-${JOINT_K:-3,4,5,6}} JOINT_HEADS=${DJOINT_HEADS:-${JOINT_HEADS:-}} bash "$0" "$s" > "$RES/dense/stage-$s.out" 2>&1 \
         || date +"%T   dense: $s FAILED" >> "$RES/progress.txt"
     done ;;
   lsynth)
