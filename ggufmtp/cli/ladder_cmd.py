@@ -13,7 +13,7 @@ import click
 from ..run_summary import verdict_text
 from .app import emit_json, handle_errors, json_option, main
 from .hub_cmds import allow_unverified_option, commit_max_size_option, passing_only_option, print_reviews
-from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
+from .measure_common import arm_args_options, offload_options, stage_verify_options, verify_judging_options
 from .options import (
     ctx_size_option,
     gpu_layers_option,
@@ -157,10 +157,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     from ..ladder.publish import publish_ladder
     from ..ladder.run import run_ladder
 
-    vopts: dict[str, object] = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
-                               ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers),
-                               ("threads", threads), ("ctx_size", ctx_size)) if v is not None}
-    vopts.update(verify_option_dict(judging))
+    vopts = stage_verify_options(seeds, limit, max_tokens, gpu_layers, threads, ctx_size, judging)
     if revision and not model:
         raise click.UsageError("--revision goes with -m MODEL (a ladder file's model names its own: REPO@REVISION)")
     spec = _spec(ladder_file, {"model": model and model_at_revision(model, revision), "recipes": recipes,

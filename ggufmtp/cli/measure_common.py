@@ -91,6 +91,19 @@ def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
     return out
 
 
+def stage_verify_options(seeds: str | None, limit: int | None, max_tokens: int | None, gpu_layers: int | str | None,
+                         threads: int | None, ctx_size: int | None, judging: Mapping[str, Any]) -> dict[str, object]:
+    """The flat :class:`~ggufmtp.measure.core.options.VerifyOptions` keys that the commands verifying
+    as a stage (``run``, ``ladder``) were given: ``--seeds`` (comma-separated), ``--limit``,
+    ``--max-tokens``, ``-ngl``, ``-t``, ``-c``, then :func:`verify_option_dict`'s."""
+    parsed = tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None
+    out: dict[str, object] = {k: v for k, v in (("seeds", parsed), ("limit", limit), ("max_tokens", max_tokens),
+                                                ("gpu_layers", gpu_layers), ("threads", threads),
+                                                ("ctx_size", ctx_size)) if v is not None}
+    out.update(verify_option_dict(judging))
+    return out
+
+
 def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None, out_path: str | None,
                    as_json: bool, out_data: dict[str, Any], text: str) -> None:
     """The common tail of tune, curve and profiles: the full JSON to -o/--output, ``res.to_dict()`` as

@@ -9,7 +9,7 @@ import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .hub_cmds import allow_unverified_option
-from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
+from .measure_common import arm_args_options, offload_options, stage_verify_options, verify_judging_options
 from .options import (
     ctx_size_option,
     gpu_layers_option,
@@ -92,16 +92,7 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
     from ..quality.options import EvalOptions
     from ..run_options import RunOptions
 
-    vopts: dict[str, Any] = {}
-    if seeds:
-        vopts["seeds"] = tuple(int(s) for s in seeds.split(",") if s.strip())
-    if limit is not None:
-        vopts["limit"] = limit
-    if max_tokens is not None:
-        vopts["max_tokens"] = max_tokens
-    vopts.update({k: v for k, v in (("gpu_layers", gpu_layers), ("threads", threads), ("ctx_size", ctx_size))
-                  if v is not None})
-    vopts.update(verify_option_dict(judging))
+    vopts = stage_verify_options(seeds, limit, max_tokens, gpu_layers, threads, ctx_size, judging)
     options = RunOptions(
         imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,
         token=token, quantize_threads=quantize_threads, split_max_size=split_max_size, verify=not no_verify,
