@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .app import emit_json, resolve_model_arg
-from .options import draft_n_max_option
+from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, threads_option
 
 if TYPE_CHECKING:
     from ..measure.core.options import ServerOptions
@@ -89,6 +89,18 @@ def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
     if judging.get("n_cpu_moe") is not None:
         out["n_cpu_moe"] = judging["n_cpu_moe"]
     return out
+
+
+def stage_verify_flags(f: Callable) -> Callable:
+    """The requests' and servers' flags of the commands that verify as a stage (``run``, ``ladder``),
+    which :func:`stage_verify_options` reads: ``--seeds``, ``--limit``, ``--max-tokens``, ``-ngl``,
+    ``-t``, ``-c``."""
+    f = ctx_size_option("The servers' (verify; default verify's, 4096).", default=None)(f)
+    f = threads_option("The servers' and llama-perplexity's (verify, --eval).")(f)
+    f = gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")(f)
+    f = click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")(f)
+    f = click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")(f)
+    return click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")(f)
 
 
 def stage_verify_options(seeds: str | None, limit: int | None, max_tokens: int | None, gpu_layers: int | str | None,
