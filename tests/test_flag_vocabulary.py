@@ -240,3 +240,19 @@ def test_run_threads_and_gpu_layers_are_the_servers(tmp_path):
     assert r.exit_code == 0, r.output
     verify = json.loads((out / ".ggufmtp" / "stages" / "verify.json").read_text())["result"]["verification"]
     assert (verify["settings"]["threads"], verify["settings"]["gpu_layers"]) == (1, 0)
+
+
+def test_run_and_ladder_read_their_verify_flags_alike(tmp_path):
+    """``run`` and ``ladder`` verify as a stage: the same flags make the same verify options (one
+    reading of them, ``stage_verify_options``), each given flag kept, an absent one left out."""
+    from ggufmtp.cli.measure_common import stage_verify_options
+
+    flags = ["--seeds", "42, 7,", "--limit", "3", "-ngl", "all", "-t", "2", "--head-margin", "0.05",
+             "--reference", str(tmp_path / "ref.gguf"), "--server-arg=-b 256", "--n-cpu-moe", "0"]
+    want = {"seeds": (42, 7), "limit": 3, "gpu_layers": "all", "threads": 2, "head_margin": 0.05,
+            "reference": str(tmp_path / "ref.gguf"), "server_args": ("-b", "256"), "n_cpu_moe": 0}
+    for path, argv in (("run", ["-r", "q8_0-mtp", "-m", "x.gguf", *flags]), ("ladder", flags)):
+        params = dict(COMMANDS[path].make_context(path, list(argv)).params)
+        got = stage_verify_options(params.pop("seeds"), params.pop("limit"), params.pop("max_tokens"),
+                                   params.pop("gpu_layers"), params.pop("threads"), params.pop("ctx_size"), params)
+        assert got == want, path

@@ -852,3 +852,23 @@ def test_raw_replies_that_end_at_once_are_reported_as_not_decoded(llama_server_b
         assert any("raw /completion" in n and "nothing was decoded" in n for n in d["notes"])
     row = next(line for line in res.table().splitlines() if line.startswith("raw /completion"))
     assert "1000000" not in row and "1.000×" not in row and "nothing decoded" in row, row
+
+
+def test_a_record_keeps_every_figure_of_its_reply():
+    """verify's arms, its reference arm and tune's numerics check make their records with one
+    ``Record.of``: every field of the parsed reply (timings, draft counts, text, finish reason)
+    reaches the record under its own name, and the request's place beside it."""
+    from ggufmtp.measure.core.suite import Prompt
+    from ggufmtp.measure.verify.summary import Record
+    from ggufmtp.runtime.replies import Reply
+
+    answer = {"choices": [{"message": {"content": "four", "reasoning_content": "2+2"}, "finish_reason": "length"}],
+              "timings": {"predicted_n": 17, "predicted_ms": 85.5, "prompt_n": 9, "draft_n": 12,
+                          "draft_n_accepted": 7}}
+    reply = Reply.parse(answer, "chat")
+    prompt = Prompt(id="p1", category="math", messages=({"role": "user", "content": "2+2?"},))
+    rec = Record.of(reply, arm="mtp", k=3, endpoint="chat", mode="thinking", prompt=prompt, seed=7, order=5)
+    assert {f.name: getattr(rec, f.name) for f in dataclasses.fields(Reply)} == dataclasses.asdict(reply)
+    assert (rec.text, rec.finish_reason, rec.draft_n_accepted) == ("<think>2+2</think>four", "length", 7)
+    assert (rec.arm, rec.k, rec.endpoint, rec.mode, rec.prompt_id, rec.category, rec.seed, rec.order) == \
+        ("mtp", 3, "chat", "thinking", "p1", "math", 7, 5)

@@ -13,16 +13,19 @@ import click
 from ..run_summary import verdict_text
 from .app import emit_json, handle_errors, json_option, main
 from .hub_cmds import allow_unverified_option, commit_max_size_option, passing_only_option, print_reviews
-from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
+from .measure_common import (
+    arm_args_options,
+    offload_options,
+    stage_verify_flags,
+    stage_verify_options,
+    verify_judging_options,
+)
 from .options import (
-    ctx_size_option,
-    gpu_layers_option,
     model_at_revision,
     output_option,
     quantize_threads_option,
     revision_option,
     split_max_size_option,
-    threads_option,
     token_option,
 )
 from .provenance_cmds import base_model_option, public_key_option, signing_key_option
@@ -75,12 +78,7 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
 @click.option("--eval", "eval_corpus", is_flag=False, flag_value="builtin:calib-v1", default=None,
               help="KL-divergence of every variant against the base model on this corpus (default builtin:calib-v1).")
 @click.option("--no-verify", is_flag=True, help="Skip runtime verification.")
-@click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")
-@click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")
-@click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
-@gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
-@threads_option("The servers' and llama-perplexity's (verify, --eval).")
-@ctx_size_option("The servers' (verify; default verify's, 4096).", default=None)
+@stage_verify_flags
 @quantize_threads_option("Per variant; default: the ladder file's threads, else 0.", default=None)
 @split_max_size_option("Per variant (with --layout sidecar: per trunk; the sidecar stays one file); default: the "
                        "ladder file's split_max_size, else 48G.", from_file=True)
@@ -157,10 +155,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     from ..ladder.publish import publish_ladder
     from ..ladder.run import run_ladder
 
-    vopts: dict[str, object] = {k: v for k, v in (("seeds", tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None),
-                               ("limit", limit), ("max_tokens", max_tokens), ("gpu_layers", gpu_layers),
-                               ("threads", threads), ("ctx_size", ctx_size)) if v is not None}
-    vopts.update(verify_option_dict(judging))
+    vopts = stage_verify_options(seeds, limit, max_tokens, gpu_layers, threads, ctx_size, judging)
     if revision and not model:
         raise click.UsageError("--revision goes with -m MODEL (a ladder file's model names its own: REPO@REVISION)")
     spec = _spec(ladder_file, {"model": model and model_at_revision(model, revision), "recipes": recipes,

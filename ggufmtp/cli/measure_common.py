@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .app import emit_json, resolve_model_arg
-from .options import draft_n_max_option
+from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, threads_option
 
 if TYPE_CHECKING:
     from ..measure.core.options import ServerOptions
@@ -88,6 +88,31 @@ def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
         out["cpu_moe"] = True
     if judging.get("n_cpu_moe") is not None:
         out["n_cpu_moe"] = judging["n_cpu_moe"]
+    return out
+
+
+def stage_verify_flags(f: Callable) -> Callable:
+    """The requests' and servers' flags of the commands that verify as a stage (``run``, ``ladder``),
+    which :func:`stage_verify_options` reads: ``--seeds``, ``--limit``, ``--max-tokens``, ``-ngl``,
+    ``-t``, ``-c``."""
+    f = ctx_size_option("The servers' (verify; default verify's, 4096).", default=None)(f)
+    f = threads_option("The servers' and llama-perplexity's (verify, --eval).")(f)
+    f = gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")(f)
+    f = click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")(f)
+    f = click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")(f)
+    return click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")(f)
+
+
+def stage_verify_options(seeds: str | None, limit: int | None, max_tokens: int | None, gpu_layers: int | str | None,
+                         threads: int | None, ctx_size: int | None, judging: Mapping[str, Any]) -> dict[str, object]:
+    """The flat :class:`~ggufmtp.measure.core.options.VerifyOptions` keys that the commands verifying
+    as a stage (``run``, ``ladder``) were given: ``--seeds`` (comma-separated), ``--limit``,
+    ``--max-tokens``, ``-ngl``, ``-t``, ``-c``, then :func:`verify_option_dict`'s."""
+    parsed = tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None
+    out: dict[str, object] = {k: v for k, v in (("seeds", parsed), ("limit", limit), ("max_tokens", max_tokens),
+                                                ("gpu_layers", gpu_layers), ("threads", threads),
+                                                ("ctx_size", ctx_size)) if v is not None}
+    out.update(verify_option_dict(judging))
     return out
 
 

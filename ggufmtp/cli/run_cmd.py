@@ -9,17 +9,20 @@ import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option
 from .hub_cmds import allow_unverified_option
-from .measure_common import arm_args_options, offload_options, verify_judging_options, verify_option_dict
+from .measure_common import (
+    arm_args_options,
+    offload_options,
+    stage_verify_flags,
+    stage_verify_options,
+    verify_judging_options,
+)
 from .options import (
-    ctx_size_option,
-    gpu_layers_option,
     include_option,
     model_at_revision,
     output_option,
     quantize_threads_option,
     revision_option,
     split_max_size_option,
-    threads_option,
     token_option,
 )
 from .provenance_cmds import base_model_option, public_key_option, signing_key_option
@@ -49,12 +52,7 @@ if TYPE_CHECKING:
 @click.option("--upload", "upload_repo", default=None, help="Publish artifact, receipt and card to this Hub repo.")
 @click.option("--private", is_flag=True, help="Create the Hub repo private.")
 @click.option("--dry-run-upload", is_flag=True, help="List the upload's operations without sending anything.")
-@click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")
-@click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")
-@click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")
-@gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")
-@threads_option("The servers' and llama-perplexity's (verify, --eval).")
-@ctx_size_option("The servers' (verify; default verify's, 4096).", default=None)
+@stage_verify_flags
 @quantize_threads_option()
 @split_max_size_option()
 @click.option("--quantized-by", default="ggufmtp", show_default=True, help="The card's quantized_by field.")
@@ -92,16 +90,7 @@ def run_cmd(recipe_name: str, model: str, revision: str | None, token: str | Non
     from ..quality.options import EvalOptions
     from ..run_options import RunOptions
 
-    vopts: dict[str, Any] = {}
-    if seeds:
-        vopts["seeds"] = tuple(int(s) for s in seeds.split(",") if s.strip())
-    if limit is not None:
-        vopts["limit"] = limit
-    if max_tokens is not None:
-        vopts["max_tokens"] = max_tokens
-    vopts.update({k: v for k, v in (("gpu_layers", gpu_layers), ("threads", threads), ("ctx_size", ctx_size))
-                  if v is not None})
-    vopts.update(verify_option_dict(judging))
+    vopts = stage_verify_options(seeds, limit, max_tokens, gpu_layers, threads, ctx_size, judging)
     options = RunOptions(
         imatrix=imatrix, imatrix_corpus=imatrix_corpus, imatrix_chunks=imatrix_chunks, include=list(include) or None,
         token=token, quantize_threads=quantize_threads, split_max_size=split_max_size, verify=not no_verify,

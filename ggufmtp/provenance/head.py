@@ -76,15 +76,12 @@ DESIGN = "group-sequential, alpha spending ALPHA*t^3 (Kim-DeMets), t interval on
 _NORMAL = NormalDist()
 
 
-class HeadDecision(str, enum.Enum):
+class HeadDecision(enum.StrEnum):
     """What the evidence says of the head; its value is the JSON string."""
 
     PRESERVED = "preserved"
     DEGRADED = "degraded"
     INCONCLUSIVE = "inconclusive"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def level_text(level: float) -> str:

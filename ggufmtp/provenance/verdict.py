@@ -73,15 +73,12 @@ __all__ = ["DEFAULT_THRESHOLDS", "Divergence", "EXCERPT_BEFORE", "Evidence", "Fi
            "judge_recorded", "numerics_failure", "slot_failures", "speed_checked", "unmeasured_mismatches"]
 
 
-class Verdict(str, enum.Enum):
+class Verdict(enum.StrEnum):
     """The outcome of a verification; its value is the JSON string ("pass" / "fail")."""
 
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"  # nothing failed, and the head finding is undecided: more evidence decides
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # The project's thresholds, for a verification that names no recipe: the loosest of the shipped
@@ -358,7 +355,7 @@ def slot_failures(slots: Any, t: Thresholds) -> list[str]:
     return out
 
 
-class Finding(str, enum.Enum):
+class Finding(enum.StrEnum):
     """One of a verdict's three findings; its value is the JSON string."""
 
     PASS = "pass"
@@ -366,20 +363,14 @@ class Finding(str, enum.Enum):
     NOT_VERIFIED = "not verified"
     INCONCLUSIVE = "inconclusive"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class HeadBasis(str, enum.Enum):
+class HeadBasis(enum.StrEnum):
     """What the head was judged by: the paired comparison with a reference, an absolute minimum, both."""
 
     REFERENCE = "reference"
     MINIMUM = "minimum"
     BOTH = "reference and minimum"
     NONE = "none"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # The overall rule, written once (docs/concepts/verification.md says it in words).

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -545,25 +545,25 @@ class LlamaServer:
     def post_json(self, path: str, body: dict) -> Any:
         return json.loads(self.request("POST", path, body))
 
+    def _generate(self, path: str, body: JsonObject, seed: int | None, extra: Mapping[str, Any]) -> dict:
+        """POST a non-streaming generation request: ``body``, the seed when one is given, then the
+        caller's own fields (which win)."""
+        if seed is not None:
+            body["seed"] = seed
+        body.update(extra)
+        return self.post_json(path, body)
+
     def chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0, seed: int | None = None,
              **kw: Any) -> dict:
         """POST /v1/chat/completions (non-streaming); the JSON answer, including ``timings``."""
-        body: JsonObject = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-                            "stream": False}
-        if seed is not None:
-            body["seed"] = seed
-        body.update(kw)
-        return self.post_json("/v1/chat/completions", body)
+        return self._generate("/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens,
+                                                       "temperature": temperature, "stream": False}, seed, kw)
 
     def complete(self, prompt: str | list[int], n_predict: int, temperature: float = 0.0, seed: int | None = None,
                  **kw: Any) -> dict:
         """POST /completion (llama.cpp native; non-streaming)."""
-        body: JsonObject = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
-                            "stream": False}
-        if seed is not None:
-            body["seed"] = seed
-        body.update(kw)
-        return self.post_json("/completion", body)
+        return self._generate("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": temperature,
+                                              "stream": False}, seed, kw)
 
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
         j = self.post_json("/tokenize", {"content": text, "add_special": add_special, "parse_special": parse_special})

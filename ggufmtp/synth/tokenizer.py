@@ -61,16 +61,23 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
+
+def chatml_template(generation_tail: str = "") -> str:
+    """A ChatML chat template over :data:`SPECIAL_TOKENS`' control tokens (Qwen's, without tools or
+    thinking); ``generation_tail``: what the generation prompt renders after ``<|im_start|>assistant``."""
+    return ("{%- for message in messages -%}"
+            "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+            "{%- endfor -%}"
+            "{%- if add_generation_prompt -%}"
+            "{{- '<|im_start|>assistant\\n' -}}"
+            f"{generation_tail}"
+            "{%- endif -%}")
+
+
 # ChatML whose generation prompt ends with the user's own last words (see the ggufmtp.synth docstring).
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
+CHAT_TEMPLATE = chatml_template(
     "{%- if messages|length > 0 and messages[-1]['role'] == 'user' -%}"
     "{{- messages[-1]['content'].rstrip(' \\t\\r\\n.?!') -}}"
-    "{%- endif -%}"
     "{%- endif -%}"
 )
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import TrainDependencyError
 from ..files.fsutil import atomic_write_json, atomic_write_text
-from ..synth.tokenizer import QWEN2_SPLIT, SPECIAL_TOKENS
+from ..synth.tokenizer import QWEN2_SPLIT, SPECIAL_TOKENS, chatml_template
 from .config import TokenizerConfig
 from .data import Conversation
 
@@ -33,14 +33,7 @@ __all__ = ["CHAT_TEMPLATE", "TokenizerFiles", "train_tokenizer", "write_tokenize
 TRAIN_INSTALL_HINT = "pip install 'ggufmtp[train]' (torch, transformers)"
 
 # Plain ChatML (Qwen's, without tools or thinking): what the corpus was rendered with.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- endif -%}"
-)
+CHAT_TEMPLATE = chatml_template()
 
 
 @dataclass(frozen=True)

@@ -272,9 +272,7 @@ class ServerEvaluator:
 
 def _record(arm: str, p: Prompt, seed: int, r: Reply, mode: str) -> Record:
     """A tune reply as a verify record (k 0, endpoint chat): what the numerics analysis reads."""
-    return Record(arm=arm, k=0, endpoint="chat", mode=mode, prompt_id=p.id, category=p.category, seed=seed, order=0,
-                  predicted_n=r.predicted_n, predicted_ms=r.predicted_ms, prompt_n=r.prompt_n, draft_n=r.draft_n,
-                  draft_n_accepted=r.draft_n_accepted, text=r.text)
+    return Record.of(r, arm=arm, k=0, endpoint="chat", mode=mode, prompt=p, seed=seed, order=0)
 
 
 def _settings_key(cfg: ServerConfig) -> tuple:

@@ -411,10 +411,7 @@ def _measure(cfg: ServerConfig, suite: Suite, seeds: Sequence[int], max_tokens: 
                 reply = send(srv, p, seed, max_tokens, mode, "chat")
             except ServerError as e:
                 raise VerifyError(f"reference arm (k={k}) on prompt {p.id!r}, seed {seed}: {e}") from e
-            records.append(Record(arm=REFERENCE, k=k, endpoint="chat", mode=mode, prompt_id=p.id, category=p.category,
-                                  seed=seed, order=-1 - order, predicted_n=reply.predicted_n,
-                                  predicted_ms=reply.predicted_ms, prompt_n=reply.prompt_n, draft_n=reply.draft_n,
-                                  draft_n_accepted=reply.draft_n_accepted, text=reply.text,
-                                  finish_reason=reply.finish_reason))
+            records.append(Record.of(reply, arm=REFERENCE, k=k, endpoint="chat", mode=mode, prompt=p, seed=seed,
+                                     order=-1 - order))
             bar.update(1)
     return records, fill.sha256 if fill is not None else None

@@ -67,10 +67,7 @@ class Runner:
             reply = send(srv, p, seed, self.max_tokens, mode, endpoint)
         except ServerError as e:
             raise VerifyError(f"{where}: {e}") from e
-        rec = Record(arm=arm, k=k, endpoint=endpoint, mode=mode, prompt_id=p.id, category=p.category, seed=seed,
-                     order=self._seq, predicted_n=reply.predicted_n, predicted_ms=reply.predicted_ms,
-                     prompt_n=reply.prompt_n, draft_n=reply.draft_n, draft_n_accepted=reply.draft_n_accepted,
-                     text=reply.text, finish_reason=reply.finish_reason)
+        rec = Record.of(reply, arm=arm, k=k, endpoint=endpoint, mode=mode, prompt=p, seed=seed, order=self._seq)
         self._seq += 1
         if arm == MTP and self._counters is not None:
             try:

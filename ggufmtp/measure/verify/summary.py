@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,10 @@ from ... import stats
 from ...errors import VerifyError
 from ...fmt import finite_or_none as _num
 from ..core.records import first_difference
+
+if TYPE_CHECKING:
+    from ...runtime.replies import Reply
+    from ..core.suite import Prompt
 
 __all__ = ["Record", "PairStats", "OutputMismatch", "Comparison", "ServingProfile", "StepCost", "StepCostPoint",
            "SweepRecommendation", "SweepAdvice", "summarize", "recommend", "step_cost", "format_step_cost",
@@ -63,6 +67,16 @@ class Record:
         """Decode throughput; NaN (None in the JSON) for a request that decoded nothing (:func:`~ggufmtp.stats.decoded`)."""
         n, ms = stats.decoded(self.predicted_n, self.predicted_ms)
         return n / ms * 1000.0 if ms > 0 else float("nan")
+
+    @classmethod
+    def of(cls, reply: Reply, *, arm: str, k: int, endpoint: str, mode: str, prompt: Prompt, seed: int,
+           order: int) -> Record:
+        """The record of ``reply`` (its timings, draft counts, text and finish reason), the answer
+        to ``prompt`` with ``seed`` on ``arm``."""
+        return cls(arm=arm, k=k, endpoint=endpoint, mode=mode, prompt_id=prompt.id, category=prompt.category,
+                   seed=seed, order=order, predicted_n=reply.predicted_n, predicted_ms=reply.predicted_ms,
+                   prompt_n=reply.prompt_n, draft_n=reply.draft_n, draft_n_accepted=reply.draft_n_accepted,
+                   text=reply.text, finish_reason=reply.finish_reason)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
