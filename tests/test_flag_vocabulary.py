@@ -256,3 +256,18 @@ def test_run_and_ladder_read_their_verify_flags_alike(tmp_path):
         got = stage_verify_options(params.pop("seeds"), params.pop("limit"), params.pop("max_tokens"),
                                    params.pop("gpu_layers"), params.pop("threads"), params.pop("ctx_size"), params)
         assert got == want, path
+
+
+@pytest.mark.parametrize("argv", [["run", "-m", "builtin:tiny-qwen35moe", "-r", "q8_0-mtp", "--seeds", "1,x"],
+                                  ["ladder", "-m", "builtin:tiny-qwen35moe", "-r", "q8_0-mtp", "-o", "OUT",
+                                   "--seeds", "1,x"]])
+def test_run_and_ladder_refuse_a_bad_seed_as_verify_does(argv, tmp_path):
+    """``verify --seeds abc`` is one usage error; ``run`` and ``ladder`` (which verify as a stage)
+    parsed --seeds with a bare int() and died with a ValueError traceback: what one command refuses,
+    every command refuses, in the same words, before any work starts."""
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+    assert "Invalid value for --seeds: '1,x': expected comma-separated integers" in r.output, r.output
+    assert not (tmp_path / "out").exists()

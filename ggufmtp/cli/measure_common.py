@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .app import emit_json, resolve_model_arg
+from .app import _int_list, emit_json, resolve_model_arg
 from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, threads_option
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def stage_verify_options(seeds: str | None, limit: int | None, max_tokens: int |
     """The flat :class:`~ggufmtp.measure.core.options.VerifyOptions` keys that the commands verifying
     as a stage (``run``, ``ladder``) were given: ``--seeds`` (comma-separated), ``--limit``,
     ``--max-tokens``, ``-ngl``, ``-t``, ``-c``, then :func:`verify_option_dict`'s."""
-    parsed = tuple(int(s) for s in seeds.split(",") if s.strip()) if seeds else None
+    parsed = tuple(_int_list(seeds, "--seeds") or ()) or None  # verify's reading: one usage error, no traceback
     out: dict[str, object] = {k: v for k, v in (("seeds", parsed), ("limit", limit), ("max_tokens", max_tokens),
                                                 ("gpu_layers", gpu_layers), ("threads", threads),
                                                 ("ctx_size", ctx_size)) if v is not None}
