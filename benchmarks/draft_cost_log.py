@@ -87,7 +87,9 @@ class GraphUse:
     (``reused``), captures after a stable warm-up call (``warmup_complete``), graphs whose node
     properties changed after warm-up, so that call ran without a CUDA graph (``warmup_reset``),
     and compatibility rejections (debug builds only). A launch of a graph that was rebuilt but
-    compared equal writes no line, so ``reused`` is a floor on graph launches, not their count."""
+    compared equal writes no line, so ``reused`` is a floor on graph launches, not their count. The
+    lines do not say which context wrote them (the MTP draft runs in a context of its own), and each
+    request's prompt pass is counted with its decode steps (a few graphs per request)."""
 
     cuda: bool
     llama_reused: int
