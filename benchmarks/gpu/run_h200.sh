@@ -69,8 +69,8 @@
 #                                             # reading headtypes.json -> joint.json, joint-recipe.toml; then
 #                                             # joint-verify (quantize with the recipe, verify --tuned-from);
 #                                             # the dense shape: DENSE_STAGES="headtypes joint" ... dense
-#   bash benchmarks/gpu/run_h200.sh draftcost # issue #52: a step's ms by part (draft, accept, verify) at joint.json's
-#                                             # configuration (benchmarks/draft_cost.py) -> draftcost.{json,md}
+#   bash benchmarks/gpu/run_h200.sh draftcost # issue #52: a step's ms by part (draft, accept, verify) and graph use at
+#                                             # joint.json's configuration, windows $DC_K (benchmarks/draft_cost.py) -> draftcost.{json,md}
 #   bash benchmarks/gpu/run_h200.sh both      # nvidia-h200-x2: the 35B-A3B chain on GPU 0 and the dense chain on GPU 1
 #                                             # at once (headtypes joint draftcost joint-verify), cputests beside
 #   bash benchmarks/gpu/run_h200.sh memplan   # issue #49 item 6: `run` with an 80 GB ballast, `verify --n-cpu-moe`
@@ -394,12 +394,15 @@ PY
     tail -30 "$RES/joint.txt" ;;
   draftcost)
     # #52: where an MTP step's time goes (benchmarks/draft_cost.py): joint.json's configuration (its re-typed
-    # head's sidecar found in the cache), else k=$HT_K with -bs; vanilla, traced MTP, untraced MTP, $DC_LIMIT
-    # prompts x seed 42 -> draftcost.{json,md,txt}. ~1.5 min on the 35B-A3B (three server starts).
+    # head's sidecar found in the cache), else k=$HT_K with -bs; vanilla untraced and traced (-lv 5: graph
+    # lines), then per window a traced and an untraced MTP, $DC_LIMIT prompts x seed 42 -> draftcost.{json,md,txt}.
+    # DC_K: windows to compare instead (DC_K=3,4,5,6,7: a row each, the verify batch's ms against its size;
+    # it overrides joint.json's window, the rest of its configuration kept). Unset: one window, as before.
+    # ~0.5 min per server start on the 35B-A3B: 4 starts for one window, 12 for DC_K=3,4,5,6,7.
     env_setup
-    args=(--k "${HT_K:-4}" --server-arg=-bs)
+    args=(--k "${DC_K:-${HT_K:-4}}" --server-arg=-bs)
     if [ -f "$RES/joint.json" ]; then
-      args=(--tuned-from "$RES/joint.json")
+      args=(--tuned-from "$RES/joint.json" ${DC_K:+--k "$DC_K"})
       f=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])).get('joint') or {}; h=j.get('head')
 rows=(j.get('heads_stage') or {}).get('rows') or []
 print(next((r['file'] for r in rows if h not in (None, 'own') and r['head'] == h and r.get('file')), ''))" "$RES/joint.json")
