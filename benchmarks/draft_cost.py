@@ -7,9 +7,9 @@
 
 Servers of MODEL, one after the other, each warmed up and then asked the same suite prompts x seeds
 at temperature 0: vanilla (the configuration's non-speculative settings: the fair baseline), vanilla
-with llama-server's debug log (``-lv 5``: its graph lines), and per window k an MTP server with the
-debug log and one without it (what the log costs): 2 + 2 x windows server starts. From each traced
-MTP server:
+with llama-server's trace log (``--trace-level``: ``-lv 4`` by default; ``-lv 5`` adds the CUDA graph
+lines), and per window k an MTP server with the trace log and one without it (what the log costs):
+2 + 2 x windows server starts. From each traced MTP server:
 
 - ``/metrics``: verification steps (draft rounds), drafted and accepted tokens;
 - the log's ``statistics draft-mtp`` line (common/speculative.cpp; cumulative, so the reading after
@@ -58,8 +58,11 @@ if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 from draft_cost_log import DraftStats, GraphRates, GraphUse, graph_table, request_ends  # noqa: E402
 
-# debug level: the CUDA graph lines are GGML_LOG_DEBUG, which common/log.cpp drops below 5 (draft_cost_log)
-TRACE_ARGS = ("-lv", "5")
+# the traced servers' log level: 4 (the default) writes the speculative trace line the breakdown reads,
+# as the earlier figures were measured; 5 adds ggml's debug lines, where the CUDA graph lines are
+# (GGML_LOG_DEBUG, which common/log.cpp drops below 5) -- ~15 more lines a step, which slow the traced arms
+TRACE_LEVELS = (4, 5)
+GRAPH_LEVEL = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +255,7 @@ class Run:
 
 
 def _measure(cfg: ServerConfig, prompts: Sequence[Prompt], seeds: Sequence[int], max_tokens: int,
-             trace: Trace) -> Run:
+             trace: Trace, level: int = 4) -> Run:
     with LlamaServer(cfg) as srv:
         mode = modes_for_template(srv.props().get("chat_template"))[0]
         warm_up(srv, prompts[0], mode)
@@ -268,7 +271,7 @@ def _measure(cfg: ServerConfig, prompts: Sequence[Prompt], seeds: Sequence[int],
             return Run(tokens, ms)
         n = 1 + len(prompts) * len(seeds)  # request 1 is the warm-up
         log = _log_after(srv, n, trace)
-        graphs = GraphUse.between(log, 1, n)
+        graphs = GraphUse.between(log, 1, n, debug_logged=level >= GRAPH_LEVEL)
         if counters is None:
             return Run(tokens, ms, graphs)
         stats = DraftStats.readings(log)
@@ -309,8 +312,8 @@ def _mtp_fields(arms: ArmArgs, base: dict[str, Any], k: int, from_list: bool) ->
     return arms.mtp_fields(base, k)
 
 
-def _traced(fields: dict[str, Any]) -> ServerConfig:
-    return ServerConfig(**{**fields, "extra_args": [*fields["extra_args"], *TRACE_ARGS]})
+def _traced(fields: dict[str, Any], level: int) -> ServerConfig:
+    return ServerConfig(**{**fields, "extra_args": [*fields["extra_args"], "-lv", str(level)]})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,8 +328,9 @@ class Report:
     max_tokens: int
     target: float
     vanilla: Run  # untraced: the breakdowns' baseline
-    vanilla_traced: Run  # at -lv 5: its graph use per token
+    vanilla_traced: Run  # at the trace level: its graph use per token
     windows: tuple[Window, ...]
+    trace_level: int = 4
 
     @property
     def vanilla_trace_cost(self) -> float:
@@ -355,7 +359,7 @@ class Report:
         md = f", -md {self.draft_model}" if self.draft_model else ""
         head = (f"Draft cost of {self.model} ({self.config}{md}): {self.prompts} prompts x seeds "
                 f"{','.join(map(str, self.seeds))} x {self.max_tokens} tokens, traced servers at "
-                f"{' '.join(TRACE_ARGS)} (vanilla's trace cost {self.vanilla_trace_cost:+.1%})")
+                f"-lv {self.trace_level} (vanilla's trace cost {self.vanilla_trace_cost:+.1%})")
         if len(self.windows) == 1:
             w = self.windows[0]
             body = (f"{head}, traced MTP server (untraced speedup {w.untraced_speedup:.3f}x, trace cost "
@@ -379,6 +383,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--k", type=windows_arg, default=None,
                     help="window, or windows to compare (3,4,5,6,7: a row each and the verify batch's cost line); "
                          "default --tuned-from's window, else 4; given with --tuned-from, this list wins over its window")
+    ap.add_argument("--trace-level", type=int, choices=TRACE_LEVELS, default=4,
+                    help="the traced servers' -lv: 4 (default) as the earlier figures, the lightest log with the "
+                         "speculative trace line; 5 also logs ggml's CUDA graph lines (reused, warm-up, resets), "
+                         "slowing the traced arms more (each trace cost is reported)")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--seeds", default="42")
     ap.add_argument("--suite", default="chat-v1")
@@ -404,14 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     seeds = tuple(int(s) for s in a.seeds.split(","))
 
     def measure(cfg: ServerConfig, trace: Trace) -> Run:
-        return _measure(cfg, prompts, seeds, a.max_tokens, trace)
+        return _measure(cfg, prompts, seeds, a.max_tokens, trace, a.trace_level)
 
     v_fields = arms.vanilla_fields(base)
-    vanilla, vanilla_traced = measure(ServerConfig(**v_fields), Trace.OFF), measure(_traced(v_fields), Trace.LOG)
+    vanilla = measure(ServerConfig(**v_fields), Trace.OFF)
+    vanilla_traced = measure(_traced(v_fields, a.trace_level), Trace.LOG)
     windows = []
     for k in ks:
         mtp = _mtp_fields(arms, base, k, a.k is not None)
-        t, u = measure(_traced(mtp), Trace.SPEC), measure(ServerConfig(**mtp), Trace.OFF)
+        t, u = measure(_traced(mtp, a.trace_level), Trace.SPEC), measure(ServerConfig(**mtp), Trace.OFF)
         assert t.counters is not None and t.draft is not None and t.graphs is not None
         if not t.counters.n_drafts:
             raise SystemExit(f"draft_cost: the MTP server drafted nothing at k={k}")
@@ -420,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     label = f"k={','.join(map(str, ks))}"
     config = (f"{tuned.key}; windows {label} from --k" if a.k else tuned.key) if tuned else label
     report = Report(Path(a.model).name, config, Path(a.draft_model).name if a.draft_model else None, len(prompts),
-                    seeds, a.max_tokens, a.target, vanilla, vanilla_traced, tuple(windows))
+                    seeds, a.max_tokens, a.target, vanilla, vanilla_traced, tuple(windows), a.trace_level)
     md = report.markdown()
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(report.to_dict(), indent=1))

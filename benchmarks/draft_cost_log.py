@@ -47,6 +47,8 @@ CUDA_GRAPH_RES = {
 NOT_CUDA = "no CUDA graph lines (not a CUDA backend)"
 # A graph that ggml_cuda_graph_check_compability rejects (a MUL_MAT_ID on the sync fallback) runs with no line
 # at all in a release build, and so does every graph with graphs off.
+NOT_LOGGED = ("CUDA graph lines not logged at this trace level: --trace-level 5 logs them (ggml's debug lines), "
+              "at a cost to the traced arms' speed")
 NO_GRAPH_LINES = ("a CUDA device but no CUDA graph lines: no graph captured or reused (graphs off: "
                   "GGML_CUDA_DISABLE_GRAPHS or a build without GGML_CUDA_GRAPHS; or every graph rejected, e.g. a "
                   "MUL_MAT_ID on the sync fallback, which a release build disables without a line)")
@@ -98,9 +100,10 @@ class GraphUse:
     warmup_reset: int = 0
     disabled_unsupported_node: int = 0
     reused_ids: int = 0  # distinct graph ids among the ``reused`` lines
+    debug_logged: bool = True  # the server logged ggml's debug lines (-lv 5): without them no CUDA line can appear
 
     @classmethod
-    def between(cls, log: str, first: int, last: int) -> GraphUse:
+    def between(cls, log: str, first: int, last: int, debug_logged: bool = True) -> GraphUse:
         """The lines after request ``first``'s timing line up to request ``last``'s (1-based: request 1 is
         the warm-up, so ``between(log, 1, n)`` is the measured requests)."""
         ends = request_ends(log)
@@ -110,7 +113,7 @@ class GraphUse:
         part = log[start:end]
         counts = {name: len(rx.findall(part)) for name, rx in CUDA_GRAPH_RES.items()}
         return cls(cuda=bool(CUDA_DEVICE_RE.search(log)), llama_reused=reused1 - reused0, **counts,
-                   reused_ids=len(set(CUDA_GRAPH_RES["reused"].findall(part))))
+                   reused_ids=len(set(CUDA_GRAPH_RES["reused"].findall(part))), debug_logged=debug_logged)
 
     @property
     def cuda_lines(self) -> int:
@@ -120,7 +123,9 @@ class GraphUse:
         """Why there are no CUDA graph counts to show, or None when there are."""
         if self.cuda_lines:
             return None
-        return NO_GRAPH_LINES if self.cuda else NOT_CUDA
+        if not self.cuda:
+            return NOT_CUDA
+        return NO_GRAPH_LINES if self.debug_logged else NOT_LOGGED
 
     def rates(self, units: int) -> GraphRates:
         """The counts per unit (an MTP step, a vanilla token)."""

@@ -198,6 +198,15 @@ def test_a_cpu_log_says_it_has_no_cuda_graph_lines_instead_of_zeros(dl):
     assert dl.GraphUse.between(silent, 1, 2).rates(2).note.startswith("a CUDA device but no CUDA graph lines")
 
 
+def test_a_log_below_the_debug_level_says_the_graph_lines_were_not_logged(dl):
+    """At the default --trace-level 4 ggml's debug lines never reach the log: a CUDA server there has no
+    graph lines whatever its graphs did, and the report says the level, not 'graphs off or rejected'."""
+    silent = CUDA_LOG.splitlines(keepends=True)[0] + _end(0, 4) + _end(9, 6)
+    r = dl.GraphUse.between(silent, 1, 2, debug_logged=False).rates(2)
+    assert r.cuda is None and r.note.startswith("CUDA graph lines not logged at this trace level: --trace-level 5")
+    assert r.llama_reused == 1.0  # the server's own 'graphs reused' line is at -lv 4 too
+
+
 # --------------------------------------------------------------------------- the real server
 
 

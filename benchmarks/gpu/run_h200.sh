@@ -394,8 +394,9 @@ PY
     tail -30 "$RES/joint.txt" ;;
   draftcost)
     # #52: where an MTP step's time goes (benchmarks/draft_cost.py): joint.json's configuration (its re-typed
-    # head's sidecar found in the cache), else k=$HT_K with -bs; vanilla untraced and traced (-lv 5: graph
-    # lines), then per window a traced and an untraced MTP, $DC_LIMIT prompts x seed 42 -> draftcost.{json,md,txt}.
+    # head's sidecar found in the cache), else k=$HT_K with -bs; vanilla untraced and traced (-lv $DC_LV: 4 by
+    # default, as the 2026-11-29 figures; 5 adds the CUDA graph lines, at more trace cost), then per window a
+    # traced and an untraced MTP, $DC_LIMIT prompts x seed 42 -> draftcost.{json,md,txt}.
     # DC_K: windows to compare instead (DC_K=3,4,5,6,7: a row each, the verify batch's ms against its size;
     # it overrides joint.json's window, the rest of its configuration kept). Unset: one window, as before.
     # ~0.5 min per server start on the 35B-A3B: 4 starts for one window, 12 for DC_K=3,4,5,6,7.
@@ -409,6 +410,7 @@ print(next((r['file'] for r in rows if h not in (None, 'own') and r['head'] == h
       [ -z "$f" ] || args+=(--draft-model "$(find "$GGUFMTP_CACHE" -name "$f" | head -1)")
     fi
     python3 benchmarks/draft_cost.py "$QMODEL" "${args[@]}" --gpu-layers 999 --limit "${DC_LIMIT:-8}" --seeds 42 \
+      --trace-level "${DC_LV:-4}" \
       --max-tokens "${MAXTOK:-128}" --json "$RES/draftcost.json" --md "$RES/draftcost.md" > "$RES/draftcost.txt" \
       2> "$RES/draftcost.log" || true
     cat "$RES/draftcost.txt" ;;
