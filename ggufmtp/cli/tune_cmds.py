@@ -230,7 +230,8 @@ def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, opti
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts (joint stage).")
 @gpu_layers_option("Every server's (e.g. 999); enables the GPU dimensions.")
 @threads_option("llama-server's, every arm (unless --threads-values searches it).")
-@click.option("--dry-run", is_flag=True, help="List the candidates and the evaluations the search would spend; run nothing.")
+@click.option("--dry-run", is_flag=True, help="List the heads, the candidates in search order as far as the budget reaches (every one with "
+                   "--json) and the evaluations the search would spend; run nothing.")
 @click.option("--recipe-out", type=click.Path(dir_okay=False), default=None,
               help="Write the recipe of the chosen head (the recipe with its [mtp] roles at that type) here.")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
