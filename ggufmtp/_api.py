@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -166,13 +166,8 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
     section, so it is loaded and merged first), re-seal and write it back. The receipt must already
     hold a verification (``ggufmtp verify MODEL --receipt R``). ``model``: refuse when its size differs
     from the verified model's."""
-    rf = read_receipt(path)  # once: the check and the write below take this object
-    v = cast(JsonObject | None, rf.predicate.get("verification"))
-    if not v:
-        raise TuneError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
-                        f"--receipt {path}` first (tune, profiles and curve add to it)")
-    if model is not None:
-        _check_same_model(path, v.get("model") or {}, Path(model))
+    rf = verified_receipt(path, model)  # once: the check and the write below take this object
+    v = cast(JsonObject, rf.predicate.get("verification"))
     old_tuned = v.get("tuned")
     if sections.get("tuned") and isinstance(old_tuned, dict) and old_tuned.get("kind") != "ggufmtp tune":
         sections["tuned"] = {**sections["tuned"], "verify_sweep": old_tuned}  # verify --sweep's, kept
@@ -181,15 +176,34 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
     return set_verification(rf, merged)
 
 
-def _check_same_model(receipt: str | os.PathLike, verified: dict[str, Any], p: Path) -> None:
+def verified_receipt(path: str | os.PathLike, model: str | os.PathLike | None = None, *,
+                     digest: bool = True) -> Receipt:
+    """The receipt at ``path``, which must hold the verification that tune, curve and profiles add
+    to: TuneError when it has none yet, or when ``model`` is not the model it verified (its size;
+    with ``digest``, its sha256 too). The measuring commands call it before their run
+    (``digest=False``: the size is enough there), so a run is never spent on a receipt it cannot go into."""
+    rf = read_receipt(path)
+    v = rf.verification
+    if not v:
+        raise TuneError(f"{path}: the receipt has no verification section yet; run `ggufmtp verify MODEL "
+                        f"--receipt {path}` first (tune, profiles and curve add to it)")
+    if model is not None:
+        _check_same_model(path, v.get("model") or {}, Path(model), digest=digest)
+    return rf
+
+
+def _check_same_model(receipt: str | os.PathLike, verified: Mapping[str, object], p: Path, *,
+                      digest: bool = True) -> None:
     """TuneError unless ``p`` is the model the receipt's verification measured (its size, then its
-    sha256 when the verification names one)."""
+    sha256 when the verification names one and ``digest``)."""
     if not p.is_file():
         return
     want = verified.get("size_bytes")
     if want is not None and p.stat().st_size != want:
         raise TuneError(f"{receipt}: its verification is of a {want}-byte model, not {p} ({p.stat().st_size} bytes)")
-    digest = verified.get("sha256")
-    got = sha256_file(p) if digest else None
-    if got != digest:
-        raise TuneError(f"{receipt}: its verification is of the model with sha256 {digest}, not {p} (sha256 {got})")
+    if not digest:
+        return
+    digest_want = verified.get("sha256")
+    got = sha256_file(p) if digest_want else None
+    if got != digest_want:
+        raise TuneError(f"{receipt}: its verification is of the model with sha256 {digest_want}, not {p} (sha256 {got})")

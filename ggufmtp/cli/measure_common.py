@@ -116,6 +116,16 @@ def stage_verify_options(seeds: str | None, limit: int | None, max_tokens: int |
     return out
 
 
+def check_receipt(receipt_path: str | None, model: str) -> None:
+    """Before a measuring command's run: ``--receipt`` must hold a verification of MODEL (the run's
+    result is added to it), else one error now, not after a search of minutes (the model's size is
+    compared here; its sha256 when the result is stored)."""
+    if receipt_path:
+        from .._api import verified_receipt
+
+        verified_receipt(receipt_path, resolve_model_arg(model), digest=False)
+
+
 def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None, out_path: str | None,
                    as_json: bool, out_data: dict[str, Any], text: str) -> None:
     """The common tail of tune, curve and profiles: the full JSON to -o/--output, ``res.to_dict()`` as
@@ -132,6 +142,8 @@ def _save_and_show(res: Any, model: str, section: str, receipt_path: str | None,
         emit_json(res.to_dict())
     else:
         click.echo(text)
+        if receipt_path:
+            click.echo(f"receipt {receipt_path}: verification.{section} written (verify's results kept)")
 
 
 def server_options(gpu_layers: int | str | None, threads: int | None, llama_cpp_bin: str | None,
@@ -153,7 +165,6 @@ def _run_tune(model: str, options: TuneOptions, receipt_path: str | None, out_pa
     """``ggufmtp tune`` with parsed options (also ``verify --tune``)."""
     from ..measure.tune.run import tune
 
+    check_receipt(receipt_path, model)
     res = tune(resolve_model_arg(model), options, progress=not as_json)
     _save_and_show(res, model, "tuned", receipt_path, out_path, as_json, res.to_dict(), res.table())
-    if receipt_path and not as_json:
-        click.echo(f"receipt {receipt_path}: verification.tuned written (verify's results kept)")

@@ -20,7 +20,7 @@ from .app import (
     recipe_option,
     resolve_model_arg,
 )
-from .measure_common import _run_tune, _save_and_show, arm_args_options, server_options
+from .measure_common import _run_tune, _save_and_show, arm_args_options, check_receipt, server_options
 from .options import draft_n_max_option, gpu_layers_option, output_option, threads_option
 
 
@@ -111,6 +111,7 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
                            include_real=not no_real,
                            server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
                                                  vanilla_server_args))
+    check_receipt(receipt_path, model)
     res = acceptance_curve(resolve_model_arg(model), options, progress=not as_json)
     _save_and_show(res, model, "acceptance_curve", receipt_path, output, as_json, res.to_dict(), res.table())
 
@@ -155,6 +156,7 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
                               noise=noise,
                               server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args,
                                                     vanilla_server_args))
+    check_receipt(receipt_path, model)
     res = run_profiles(resolve_model_arg(model), options, progress=not as_json)
     _save_and_show(res, model, "profiles", receipt_path, output, as_json, res.to_dict(requests=True), res.text())
 
@@ -228,7 +230,8 @@ def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, opti
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts (joint stage).")
 @gpu_layers_option("Every server's (e.g. 999); enables the GPU dimensions.")
 @threads_option("llama-server's, every arm (unless --threads-values searches it).")
-@click.option("--dry-run", is_flag=True, help="List the candidates and the evaluations the search would spend; run nothing.")
+@click.option("--dry-run", is_flag=True, help="List the heads, the candidates in search order as far as the budget reaches (every one with "
+                   "--json) and the evaluations the search would spend; run nothing.")
 @click.option("--recipe-out", type=click.Path(dir_okay=False), default=None,
               help="Write the recipe of the chosen head (the recipe with its [mtp] roles at that type) here.")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
@@ -277,6 +280,7 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
         plan = joint_plan(path, o)
         emit_json(plan.to_dict()) if as_json else click.echo(plan.text())
         return
+    check_receipt(receipt_path, model)
     res = joint_search(path, resolve_model_arg(source), recipe_name, o,
                        HeadStage.load(heads_from) if heads_from else None, progress=not as_json)
     if recipe_out:
