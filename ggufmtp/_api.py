@@ -59,7 +59,9 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
     ``receipt``, a reference is bound to the source it names, and the results go into that
     receipt's verification section; what tune, curve and profiles added there is kept; without
     thresholds in ``options``, the recipe the receipt names judges (and gives the draft window,
-    unless a tuned configuration fixes it). ``signing_key`` (``--signing-key``; default
+    unless a tuned configuration fixes it). ``profile``: the file ``options.tuned`` came from
+    (:func:`~ggufmtp.measure.tune.run.load_tuned_profile`): the result then recommends that profile
+    as this file is served, with this run's figures. ``signing_key`` (``--signing-key``; default
     ``$GGUFMTP_SIGNING_KEY``) re-signs a signed receipt; it is loaded before any server starts."""
     key = resolve_signing_key(signing_key) if receipt is not None else None  # a bad key fails before the run
     o = options if options is not None else VerifyOptions()

@@ -341,13 +341,13 @@ def _recommended(v: Verification) -> list[str]:
     speedup = tuned.get("speedup", tuned.get("best_speedup"))
     ci = tuned.get("speedup_ci95", tuned.get("best_speedup_ci95"))
     figures = f"speedup {_x(speedup)}{_ci_x(ci)}"
-    profile = tuned.get("profile")
+    profile, beats = tuned.get("profile"), tuned.get("mtp_beats_vanilla") is not False
     if profile:
         out.append(f"The profile `{profile.get('name')}` ({tuned.get('kind') or 'hand-written'}, sha256 "
-                   f"`{str(profile.get('sha256'))[:16]}…`), verified on this file with `ggufmtp verify --tuned-from`: "
-                   f"{figures} against vanilla with the same non-speculative settings.\n")
+                   f"`{str(profile.get('sha256'))[:16]}…`), verified on this file with `ggufmtp verify --tuned-from` "
+                   "against vanilla with the same non-speculative settings" + (f": {figures}.\n" if beats else ".\n"))
     block = f"```sh\n{tuned['command']}\n```\n"
-    if tuned.get("mtp_beats_vanilla") is not False:
+    if beats:
         return [*out, block]
     hardware = _hardware(cast(Verification, {"hardware": tuned.get("hardware") or v.get("hardware") or {}}))
     out += [f"**MTP was not faster on the hardware measured**, {hardware}: {figures}, its 95% CI lower bound not "
