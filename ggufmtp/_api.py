@@ -37,6 +37,7 @@ from .provenance.receipt import (
 )
 from .provenance.recipe_store import receipt_recipe
 from .provenance.signing import resolve_signing_key, sign_artifact, signature_path
+from .provenance.tuned import ProfileSource, is_search
 from .quality.eval import QualityResult
 from .quality.eval import evaluate as _evaluate
 from .quality.options import EvalOptions
@@ -51,13 +52,16 @@ from .refs import local_model_arg
 def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
            receipt: str | os.PathLike | None = None, progress: bool = True,
            on_record: Callable[[_verify_mod.Record], None] | None = None,
-           signing_key: str | os.PathLike | None = None) -> _verify_mod.VerifyResult:
+           signing_key: str | os.PathLike | None = None,
+           profile: ProfileSource | None = None) -> _verify_mod.VerifyResult:
     """Verify MTP drafting with llama-server (see :func:`ggufmtp.measure.verify.run.verify`, whose
     parameters these are, and :class:`~ggufmtp.measure.core.options.VerifyOptions`). With
     ``receipt``, a reference is bound to the source it names, and the results go into that
     receipt's verification section; what tune, curve and profiles added there is kept; without
     thresholds in ``options``, the recipe the receipt names judges (and gives the draft window,
-    unless a tuned configuration fixes it). ``signing_key`` (``--signing-key``; default
+    unless a tuned configuration fixes it). ``profile``: the file ``options.tuned`` came from
+    (:func:`~ggufmtp.measure.tune.run.load_tuned_profile`): the result then recommends that profile
+    as this file is served, with this run's figures. ``signing_key`` (``--signing-key``; default
     ``$GGUFMTP_SIGNING_KEY``) re-signs a signed receipt; it is loaded before any server starts."""
     key = resolve_signing_key(signing_key) if receipt is not None else None  # a bad key fails before the run
     o = options if options is not None else VerifyOptions()
@@ -71,7 +75,7 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
         given = getattr(o, field_name)
         if isinstance(given, str) and given.startswith("builtin:"):
             o = dataclasses.replace(o, **{field_name: local_model_arg(given)})
-    res = _verify_mod.verify(path, o, progress=progress, on_record=on_record, receipt=receipt)
+    res = _verify_mod.verify(path, o, progress=progress, on_record=on_record, receipt=receipt, profile=profile)
     if receipt is not None:
         set_verification(receipt, res.to_receipt(), keep_added=True, signing_key=key)
     return res
@@ -169,7 +173,7 @@ def store_in_receipt(path: str | os.PathLike, model: str | os.PathLike | None = 
     rf = verified_receipt(path, model)  # once: the check and the write below take this object
     v = cast(JsonObject, rf.predicate.get("verification"))
     old_tuned = v.get("tuned")
-    if sections.get("tuned") and isinstance(old_tuned, dict) and old_tuned.get("kind") != "ggufmtp tune":
+    if sections.get("tuned") and isinstance(old_tuned, dict) and not is_search(old_tuned) and "profile" not in old_tuned:
         sections["tuned"] = {**sections["tuned"], "verify_sweep": old_tuned}  # verify --sweep's, kept
     merged = dict(v)
     merged.update({k: val for k, val in sections.items() if val is not None})

@@ -105,7 +105,8 @@ def test_the_walkthrough_runs_as_written_and_the_dry_run_prints_what_the_page_qu
     """Each command exits 0 in an empty folder, in order; the dry run's quoted lines are its output's
     (the plan is fixed on a CPU: no GPU dimension, a seeded order); the joint recipe types every MTP
     role as the head the search chose, the joint artifact's card runs it with the window verified,
-    and the card after ``tune --receipt`` has the Recommended server settings section."""
+    the card after ``tune --receipt`` has the Recommended server settings section, and so has the
+    joint artifact's after ``verify --tuned-from`` (on main ec4d486 it had none)."""
     dry = None
     for args in _walkthrough():
         p = _run(args, tmp_path)
@@ -123,6 +124,13 @@ def test_the_walkthrough_runs_as_written_and_the_dry_run_prints_what_the_page_qu
     assert "## Recommended server settings" in (tmp_path / "card-tune.md").read_text()
     v = json.loads((tmp_path / "tiny-joint.gguf.receipt.json").read_text())["predicate"]["verification"]
     assert v["settings"]["mtp_config"]["head"] == head and v["head"]["decision"] == "preserved"
+    # the page's step 5: verify --tuned-from puts the profile, as this file is served, on the card
+    assert v["tuned"]["kind"] == "ggufmtp tune-joint" and v["tuned"]["profile"]["name"] == "joint.json"
+    assert v["tuned"]["mtp_command"].startswith("llama-server --model tiny-joint.gguf ")
+    assert "--spec-draft-model" not in v["tuned"]["mtp_command"]
+    joint_card = (tmp_path / "card-joint.md").read_text()
+    assert "## Recommended server settings\n\nThe profile `joint.json` (ggufmtp tune-joint" in joint_card
+    assert f"```sh\n{v['tuned']['command']}\n```" in joint_card
 
     code = re.search(r"```python\n(.*?)```", _section(PAGE.read_text(), "## From Python"), re.S).group(1)
     (tmp_path / "example.py").write_text(code)

@@ -161,23 +161,31 @@ def test_an_option_that_changes_the_output_is_excluded(searched):
     assert res.config == TuneConfig(2, head="Q8_0") and bias[0] not in res.tuned.mtp_command
 
 
-@pytest.mark.runtime
-def test_verify_tuned_from_reproduces_the_recipe_and_profile(searched, artifact, tmp_path):
-    """The result's recipe (the base recipe with every [mtp] role at Q8_0) quantizes a new artifact
-    whose head is Q8_0; ``verify --tuned-from`` the result's JSON serves it with the profile's
-    flags, drafts and is lossless, at the acceptance the search measured on the same prompts."""
+@pytest.fixture(scope="module")
+def joint_artifact(searched, tmp_path_factory):
+    """The source quantized with the search's recipe (--recipe-out), beside the search's JSON (-o)."""
     import ggufmtp
 
     res, _ = searched
+    d = tmp_path_factory.mktemp("joint-artifact")
+    recipe = d / "joint.toml"
+    recipe.write_text(res.recipe.to_toml())
+    out = d / "joint.json"
+    out.write_text(json.dumps(res.to_dict()))
+    q = ggufmtp.quantize(SOURCE, str(recipe), d / "tiny-joint.gguf", progress=False)
+    ggufmtp.write_receipt(q)
+    return recipe, out, q.output
+
+
+@pytest.mark.runtime
+def test_verify_tuned_from_reproduces_the_recipe_and_profile(searched, joint_artifact, tmp_path):
+    """The result's recipe (the base recipe with every [mtp] role at Q8_0) quantizes a new artifact
+    whose head is Q8_0; ``verify --tuned-from`` the result's JSON serves it with the profile's
+    flags, drafts and is lossless, at the acceptance the search measured on the same prompts."""
+    res, _ = searched
     assert dict(res.recipe.mtp_roles) == dict.fromkeys(("eh_proj", "attention", "routed_experts", "shared_expert",
                                                        "rest"), "Q8_0")
-    recipe = tmp_path / "joint.toml"
-    recipe.write_text(res.recipe.to_toml())
-    out = tmp_path / "joint.json"
-    out.write_text(json.dumps(res.to_dict()))
-    q = ggufmtp.quantize(SOURCE, str(recipe), tmp_path / "tiny-joint.gguf", progress=False)
-    ggufmtp.write_receipt(q)
-    art = q.output
+    recipe, out, art = joint_artifact
     head = {t.name: t.tensor_type.name for t in GGUFReader(art).tensors if t.name.startswith("blk.4.")
             and len(t.shape) > 1 and "gate_inp" not in t.name}
     assert head and set(head.values()) == {"Q8_0"}, head
@@ -196,6 +204,52 @@ def test_verify_tuned_from_reproduces_the_recipe_and_profile(searched, artifact,
     r = CliRunner().invoke(main, ["card", str(art), "-o", str(card)])
     assert r.exit_code == 0, r.output
     assert "MTP arm run with the tuned flags `--spec-draft-n-max 2 --spec-draft-n-min 0" in card.read_text()
+
+
+@pytest.mark.runtime
+def test_the_joint_result_calls_itself_tune_joint_and_names_its_head(searched):
+    """On main ec4d486 the joint search's text began ``ggufmtp tune MODEL`` and its JSON (what a
+    receipt stores as ``tuned.kind``) said "ggufmtp tune"."""
+    res, _ = searched
+    assert res.to_dict()["kind"] == "ggufmtp tune-joint" and res.tuned.kind == "ggufmtp tune-joint"
+    header = next(ln for ln in res.text().splitlines() if ln.startswith("ggufmtp tune"))
+    assert header.startswith("ggufmtp tune-joint tiny-Q4_K_M_HiFi.gguf  (head Q8_0; concurrency 1;"), header
+
+
+@pytest.mark.runtime
+def test_verify_tuned_from_records_the_profile_as_served_and_the_card_recommends_it(joint_artifact):
+    """The how-to's flow (tune-joint -> quantize -> verify --tuned-from --receipt -> card): on main
+    ec4d486 the receipt had no ``verification.tuned`` and the card no "Recommended server settings".
+    Now the receipt holds the profile as this file is served (its name, the head built in: no
+    sidecar), with the search's kind, the JSON's sha256 and this verification's figures; the audit
+    binds it to the verification, the card shows its command, and a later plain verify drops it."""
+    from ggufmtp.files.hashing import sha256_file
+    from ggufmtp.provenance.receipt import read_receipt
+
+    recipe, out, art = joint_artifact
+    receipt = f"{art}.receipt.json"
+    base = ["--limit", "2", "--seeds", "42", "--max-tokens", "32", "--threads", "2", "--receipt", receipt, "-r", str(recipe)]
+    r = CliRunner().invoke(main, ["verify", str(art), "--tuned-from", str(out), *base])
+    assert r.exit_code == 0, r.output
+    v = read_receipt(receipt).verification
+    t = v["tuned"]
+    assert t["kind"] == "ggufmtp tune-joint" and t["profile"] == {
+        "name": "joint.json", "sha256": sha256_file(out), "search_recommended": t["profile"]["search_recommended"]}
+    assert t["mtp_command"] == "llama-server --model tiny-joint.gguf " + " ".join(v["mtp"]["server_args"])
+    assert "--spec-draft-n-max 2" in t["mtp_command"]
+    assert not any(f in t["mtp_command"] for f in ("--spec-draft-model", "-md ", "mtp-Q8_0-", str(art.parent)))
+    assert t["command"] == (t["mtp_command"] if t["mtp_beats_vanilla"] else t["vanilla_command"])
+    assert (t["speedup"], t["speedup_ci95"]) == (v["speedup"], v["speedup_ci95"])  # this run's, not the search's
+    assert t["best"] == v["settings"]["mtp_config"]["key"] == "k=2 nmin=0 pmin=0 np=1 head=Q8_0"
+    audit = CliRunner().invoke(main, ["audit", str(art)])
+    assert audit.exit_code == 0 and "recommended settings are this verification's" in audit.output, audit.output
+    card = CliRunner().invoke(main, ["card", str(art), "-o", str(art.parent / "card.md")])
+    assert card.exit_code == 0, card.output
+    section = (art.parent / "card.md").read_text().split("## Recommended server settings\n", 1)[1].split("\n## ")[0]
+    assert f"```sh\n{t['command']}\n```" in section and "`joint.json` (ggufmtp tune-joint" in section
+    r = CliRunner().invoke(main, ["verify", str(art), *base])
+    assert r.exit_code == 0, r.output
+    assert read_receipt(receipt).verification["tuned"] is None  # the older run's recommendation is not carried
 
 
 @pytest.mark.runtime

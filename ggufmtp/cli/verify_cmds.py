@@ -63,8 +63,10 @@ if TYPE_CHECKING:
                    "single-slot 95% CI, a reply carries another concurrent request's text, or a request's "
                    "reply differs from vanilla's reply to the same request (named in the reason).")
 @click.option("--tuned-from", "tuned_from", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Run the MTP arm with the configuration `ggufmtp tune` recommended (a receipt or a tune "
-                   "--output JSON) against default vanilla: confirms the tuned speedup on the full suite.")
+              help="Run the MTP arm with the configuration `ggufmtp tune` or `tune-joint` found (a receipt or "
+                   "their --output JSON) against default vanilla: confirms the tuned speedup on the full suite. "
+                   "The result's `tuned` (with --receipt, the card's Recommended server settings) is that profile "
+                   "as served for MODEL, with this run's figures.")
 @click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
@@ -121,7 +123,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
                                                     vanilla_server_args))
         return _run_tune(model, options, receipt_path, output, as_json)
     from ..measure.core.options import JudgeOptions, VerifyOptions
-    from ..measure.tune.run import load_tuned_config
+    from ..measure.tune.run import load_tuned_profile
     from ..measure.verify.run import Thresholds, verify
 
     seed_list, sweep_list = _int_list(seeds, "--seeds"), _int_list(sweep, "--sweep")
@@ -145,9 +147,10 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     refuse_later_shard(resolve_model_arg(model))  # llama-server loads a split model from its first shard only
     if rf is not None:
         refuse_other_file(rf, resolve_model_arg(model))  # another file's receipt fails before the run
+    profile = load_tuned_profile(tuned_from) if tuned_from else None
     options = VerifyOptions(
         draft_n_max=draft_n_max, draft_n_min=draft_n_min, sweep=sweep_list or (),
-        tuned=load_tuned_config(tuned_from) if tuned_from else None, seeds=seed_list or (),
+        tuned=profile.config if profile else None, seeds=seed_list or (),
         suite=suite, max_tokens=max_tokens, limit=limit, raw=raw, ctx_size=ctx_size, parallel=parallel,
         reference=resolve_model_arg(reference) if reference else None,
         sidecar=resolve_model_arg(sidecar) if sidecar else None,
@@ -159,7 +162,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     if matrix:
         return run_matrix(resolve_model_arg(model), matrix, options, kv_depth, output, rf, as_json, key)
     res = verify(resolve_model_arg(model), dataclasses.replace(options, **kv_depth), progress=not as_json,
-                 receipt=rf)
+                 receipt=rf, profile=profile.source if profile else None)
     _write_and_show(res, output, receipt_path, as_json, key, rf)
     if not res.ok:
         sys.exit(1)

@@ -47,6 +47,7 @@ from ..provenance.signing import UNSIGNED_NOTE, signature_path, verify_artifact,
 from .binding import head_binding_problem, shards_problem
 from .pair import expected_status, pair_problem, pair_section_problems
 from .statement import ImatrixSection, ResultSection, Statement
+from .tuned import tuned_binding_problem
 
 
 class Trust(str, enum.Enum):
@@ -363,6 +364,11 @@ def _verification_checks(st: Statement) -> list[Check]:
         unbound = head_binding_problem(st, v)
         checks.append(Check("head reference is the source", unbound is None, unbound or
                             f"{v['head']['reference']['name']}: bound by {v['head']['reference']['bound']['by']}"))
+    tuned = v.get("tuned")
+    if isinstance(tuned, dict) and "profile" in tuned:  # verify --tuned-from's: derived from this verification
+        unbound = tuned_binding_problem(v)
+        checks.append(Check("recommended settings are this verification's", unbound is None, unbound or
+                            f"the {tuned['profile'].get('name')} profile as served and measured here"))
     return [*checks, Check("verdict follows from the figures", follows, detail)]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
+from typing import cast
 
 from ..files.fsutil import atomic_write_text
 from ..fmt import ci_phrase, human_bytes, num, pct, points, times
@@ -324,10 +325,36 @@ def _tables(v: Verification) -> list[str]:
             out.append(f"| {row.get('k')} | {_pct(row.get('acceptance'))}{_ci_pct(row.get('acceptance_ci95'))} | "
                        f"{_tps(row.get('tokens_per_second'))} | {_x(row.get('speedup'))}{_ci_x(row.get('speedup_ci95'))} |")
         out.append("")
-    tuned = v.get("tuned")
-    if tuned and tuned.get("command"):
-        out += ["## Recommended server settings\n", f"```sh\n{tuned['command']}\n```\n"]
+    out += _recommended(v)
     out += _curve(v.get("acceptance_curve")) + _profiles(v.get("profiles")) + _matrix(v.get("matrix"))
+    return out
+
+
+def _recommended(v: Verification) -> list[str]:
+    """The command the receipt's ``tuned`` section recommends (:mod:`.tuned`: a search's, a sweep's,
+    or the profile ``verify --tuned-from`` verified on this file), said plainly to be vanilla's when
+    MTP was not faster on the hardware measured, never shown as MTP settings then."""
+    tuned = v.get("tuned")
+    if not tuned or not tuned.get("command"):
+        return []
+    out = ["## Recommended server settings\n"]
+    speedup = tuned.get("speedup", tuned.get("best_speedup"))
+    ci = tuned.get("speedup_ci95", tuned.get("best_speedup_ci95"))
+    figures = f"speedup {_x(speedup)}{_ci_x(ci)}"
+    profile, beats = tuned.get("profile"), tuned.get("mtp_beats_vanilla") is not False
+    if profile:
+        out.append(f"The profile `{profile.get('name')}` ({tuned.get('kind') or 'hand-written'}, sha256 "
+                   f"`{str(profile.get('sha256'))[:16]}…`), verified on this file with `ggufmtp verify --tuned-from` "
+                   "against vanilla with the same non-speculative settings" + (f": {figures}.\n" if beats else ".\n"))
+    block = f"```sh\n{tuned['command']}\n```\n"
+    if beats:
+        return [*out, block]
+    hardware = _hardware(cast(Verification, {"hardware": tuned.get("hardware") or v.get("hardware") or {}}))
+    out += [f"**MTP was not faster on the hardware measured**, {hardware}: {figures}, its 95% CI lower bound not "
+            "above 1.0. The recommendation is to serve this file without MTP:\n", block]
+    mtp = tuned.get("mtp_command")
+    if mtp and mtp != tuned["command"]:
+        out += ["The best MTP configuration measured, not recommended on that hardware:\n", f"```sh\n{mtp}\n```\n"]
     return out
 
 

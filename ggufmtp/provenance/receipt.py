@@ -64,6 +64,7 @@ from .statement import (
     Verification,
 )
 from .toolchain import toolchain
+from .tuned import carried_tuned, tuned_binding_problem
 
 if TYPE_CHECKING:  # annotations only: quantize and plan pull in libllama
     from ..gguf.model import GGUFModel
@@ -460,9 +461,10 @@ def verification_problem(statement: Statement, verification: Verification) -> st
     """Why ``verification`` is not bound to the receipt's artifact and source (None when it is):
     the file llama-server was given (:func:`served_problem`), every shard it read
     (:func:`~ggufmtp.provenance.binding.shards_problem`), and the head's reference is the source
-    (:func:`~ggufmtp.provenance.binding.head_binding_problem`)."""
+    (:func:`~ggufmtp.provenance.binding.head_binding_problem`), and a ``verify --tuned-from``
+    recommendation says what the verification measured (:func:`~ggufmtp.provenance.tuned.tuned_binding_problem`)."""
     return (served_problem(statement, verification) or shards_problem(statement, verification)
-            or head_binding_problem(statement, verification))
+            or head_binding_problem(statement, verification) or tuned_binding_problem(verification))
 
 
 def served_problem(statement: Statement, verification: Verification) -> str | None:
@@ -538,7 +540,8 @@ def set_verification(path: str | Path | Receipt, verification: JsonObject, keep_
 
     Refused (AuditError naming both digests) unless ``verification.model.sha256`` equals the
     artifact's digest. ``keep_added``: carry over what tune, curve and profiles stored in the old
-    section (a ``tuned`` of this verification, from a sweep, wins; an older sweep's is not carried).
+    section (a ``tuned`` of this verification, from a sweep or ``--tuned-from``, wins; an older one of
+    those is not carried, a search's is: :func:`~ggufmtp.provenance.tuned.is_search`).
     A signed receipt stays signed: ``signing_key`` (else ``$GGUFMTP_SIGNING_KEY``) re-signs it.
     ``path`` may be the receipt as the command read it (:meth:`Receipt.fresh`: not read again unless
     it changed on disk since)."""
@@ -549,8 +552,8 @@ def set_verification(path: str | Path | Receipt, verification: JsonObject, keep_
     old = cast(JsonObject, st["predicate"].get("verification") or {})
     if keep_added:
         kept = {k: old[k] for k in ADDED_VERIFICATION_SECTIONS if old.get(k) and not verification.get(k)}
-        if (kept.get("tuned") or {}).get("kind") != "ggufmtp tune":
-            kept.pop("tuned", None)  # an older verify sweep's recommendation describes an older run
+        # an older verification's recommendation describes an older run; a search's stays
+        kept["tuned"] = carried_tuned(old.get("tuned"), verification.get("tuned"))
         verification = {**verification, **kept}
     st["predicate"]["verification"] = cast(Verification, verification)
     if verification.get("server"):

@@ -236,6 +236,7 @@ class ArmSection(TypedDict, total=False):
     tokens_per_step: float | None
     acceptance_by_position: list[float] | None
     server_args: list[str]
+    server_env: dict[str, str]  # the environment the arm's server ran with (e.g. GGML_CUDA_GRAPH_OPT)
 
 
 class CategoryFigures(TypedDict, total=False):
@@ -258,6 +259,7 @@ class VerifySettings(TypedDict, total=False):
     draft_n_min: int | None
     mtp_flags: list[str]
     mtp_env: dict[str, str]
+    mtp_config: dict[str, object] | None  # the tuned configuration the MTP arm ran (TuneConfig.to_dict)
     prompt_ids: list[str]  # the prompts measured (absent in older receipts)
 
 
@@ -330,9 +332,37 @@ class MismatchEntry(TypedDict, total=False):
     unexplained_why: str | None
 
 
+class ProfileRef(TypedDict, total=False):
+    """The file ``verify --tuned-from`` read the profile from: its name (never a path) and sha256,
+    and whether the search there recommended MTP (None: the file does not say)."""
+
+    name: str
+    sha256: str
+    search_recommended: bool | None
+
+
 class TunedSection(TypedDict, total=False):
-    kind: str
+    """``verification.tuned``: the server settings the card recommends (:mod:`.tuned`)."""
+
+    kind: str | None
     command: str
+    mtp_command: str | None
+    vanilla_command: str | None
+    recommended: str | None
+    recommended_config: dict[str, object] | None
+    best: str | None
+    best_config: dict[str, object] | None
+    speedup: float | None
+    speedup_ci95: list[float] | None
+    acceptance: float | None
+    best_speedup: float | None  # verify --sweep's (its best window's)
+    best_speedup_ci95: list[float] | None
+    mtp_beats_vanilla: bool
+    why: str
+    rule: str
+    hardware: HardwareSection
+    profile: ProfileRef  # only verify --tuned-from's: the profile verified on these bytes
+    search: TunedSection | None  # verify --tuned-from's: the search's section it replaced (tune --receipt's)
 
 
 class CurvePoint(CategoryFigures, total=False):
@@ -400,6 +430,7 @@ class Verification(TypedDict, total=False):
     per_seed: dict[str, CategoryFigures]
     sweep: list[SweepRow] | None
     tuned: TunedSection | None
+    findings: dict[str, str] | None
     bandwidth: Bandwidth | None
     acceptance_curve: CurveSection | None
     profiles: ProfilesSection | None

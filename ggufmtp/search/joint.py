@@ -23,8 +23,9 @@ go on into the joint search.
    vanilla then writes other text than the default vanilla (an option that changes the output
    itself, e.g. a lossy KV type) is dropped, as is one whose MTP output differs from its vanilla.
 
-The result is tune's JSON (so ``verify --tuned-from``, ``profiles --tuned-from``, a receipt's
-``verification.tuned`` and the card read it as they read tune's) with a ``joint`` section: the
+The result is tune's JSON, its ``kind`` ``ggufmtp tune-joint`` (so ``verify --tuned-from``,
+``profiles --tuned-from``, a receipt's ``verification.tuned`` and the card read it as they read
+tune's) with a ``joint`` section: the
 heads' rows and the recipe (the artifact's recipe with the chosen head type as its ``[mtp]``
 roles: quantize the source with it, then verify with ``--tuned-from``).
 """
@@ -55,6 +56,7 @@ from ..measure.tune.search import (
     schedule_cost,
     search_anchors,
 )
+from ..provenance.tuned import TUNE_JOINT_KIND
 from ..quality.head_sweep import head_recipe
 from ..quant.recipe import Recipe, normalize_type
 from ..runtime.hardware import probe_hardware
@@ -254,7 +256,8 @@ class JointResult:
             sp = f"{h.speedup:.3f}x" if h.speedup is not None else "-"
             L.append(f"{h.head:<6} {'yes' if h.kept else 'no':<5} {h.decision:<13} {acc:>10} {sp:>9}  {h.why or ''}")
         cfg = self.config
-        L += ["", self.tuned.table(), "", f"head: {cfg.head or OWN_HEAD if cfg else '-'}; recipe {self.recipe.name}"]
+        head = (cfg.head or OWN_HEAD) if cfg else None
+        L += ["", self.tuned.table(head), "", f"head: {head or '-'}; recipe {self.recipe.name}"]
         return "\n".join(L + [f"note: {n}" for n in self.notes])
 
 
@@ -280,6 +283,7 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
     res = tune(model, dataclasses.replace(o.tune, heads=files, search=dataclasses.replace(o.tune.search,
                                                                                           candidates=cands)),
                progress=progress)
+    res.kind = TUNE_JOINT_KIND  # tune's search, but its result is the joint search's (its JSON, its receipt kind)
     best = res.recommendation.best_config
     if best is not None and best.head is not None:
         notes.append(f"the {best.head} head was measured as a sidecar (-md) cut from {source.name}: quantize "

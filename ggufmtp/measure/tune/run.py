@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ...errors import AuditError, FatalTuneError, ServerError, TuneError
+from ...files.hashing import sha256_file
 from ...files.jsonfile import read_json_file
 from ...fmt import ci_text, pct, times
 from ...progress import bar as progress_bar
 from ...provenance.receipt import read_receipt
 from ...provenance.signing import is_envelope
+from ...provenance.tuned import TUNE_JOINT_KIND, TUNE_KIND, ProfileSource
 from ...runtime.hardware import HardwareInfo, probe_hardware
 from ...runtime.server import LlamaServer, ServerConfig, display_command
 from ..core.options import ArmArgs, TuneConfig
@@ -64,7 +66,8 @@ from .search import (
 )
 
 __all__ = ["TuneError", "FatalTuneError", "TuneConfig", "TuneOptions", "SearchOptions", "TuneResult", "tune",
-           "format_tune", "load_tuned_config", "DEFAULT_BUDGET", "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT"]
+           "format_tune", "load_tuned_config", "load_tuned_profile", "TunedProfile", "DEFAULT_BUDGET",
+           "DEFAULT_MAX_TOKENS", "DEFAULT_CTX_PER_SLOT"]
 
 
 # ----------------------------------------------------------------------------- result
@@ -148,6 +151,7 @@ class TuneResult:
     notes: list[str]
     seconds: float = 0.0
     vanilla_commands: dict[str, str] = dataclasses.field(default_factory=dict)  # final config -> its fair vanilla
+    kind: str = TUNE_KIND  # the search that ran: tune, or tune-joint's joint stage (TUNE_JOINT_KIND)
 
     @property
     def final_rows(self) -> list[ConfigRow]:
@@ -157,7 +161,7 @@ class TuneResult:
         """The receipt's ``verification.tuned`` object (``command`` is what the model card shows)."""
         rec = self.recommendation.to_dict()
         return {
-            "kind": "ggufmtp tune",
+            "kind": self.kind,
             "command": self.command,
             "mtp_command": self.mtp_command,
             "vanilla_command": self.vanilla_command,
@@ -177,14 +181,15 @@ class TuneResult:
             "seconds": round(self.seconds, 2),
         }
 
-    def table(self) -> str:
-        return format_tune(self)
+    def table(self, head: str | None = None) -> str:
+        return format_tune(self, head)
 
 
-def format_tune(res: TuneResult) -> str:
-    """The human-readable report of a tune run."""
+def format_tune(res: TuneResult, head: str | None = None) -> str:
+    """The human-readable report of a tune run, headed by the search that ran (``res.kind``) and,
+    for the joint search, the ``head`` chosen."""
     sch, st, hw = res.schedule, res.settings, res.hardware
-    L = [f"ggufmtp tune {Path(res.model.path).name}  (concurrency {res.concurrency}; "
+    L = [f"{res.kind} {Path(res.model.path).name}  ({f'head {head}; ' if head else ''}concurrency {res.concurrency}; "
          f"{'GPU ' + str(hw.gpu) + ', gpu_layers ' + str(hw.gpu_layers) if hw.offloaded else 'CPU, no GPU offload'})",
          f"search: {res.space.n_candidates} candidates, {sch.n_searched} searched by successive halving "
          f"(eta {sch.eta}, {len(sch.rungs)} rungs, units {' -> '.join(str(r.units) for r in sch.rungs)}"
@@ -447,9 +452,23 @@ def _settings_record(setup: TuneSetup, o: TuneOptions, seeds: list[int], mode: s
                                      "pooled into one)", resamples=o.bootstrap_resamples))
 
 
+class TunedProfile(NamedTuple):
+    """A tuned configuration and the file it came from (what ``verify --tuned-from`` records)."""
+
+    config: TuneConfig
+    source: ProfileSource
+
+
 def load_tuned_config(path: str | os.PathLike) -> TuneConfig:
     """The recommended configuration in a receipt's ``verification.tuned`` or a ``tune --out`` JSON
     (the best measured one when tune recommended vanilla). Raises :class:`TuneError` naming the file."""
+    return load_tuned_profile(path).config
+
+
+def load_tuned_profile(path: str | os.PathLike) -> TunedProfile:
+    """:func:`load_tuned_config` with the file's name, sha256 (of the bytes read), the search that
+    wrote it (``kind``: ``ggufmtp tune`` or ``ggufmtp tune-joint``; None for a hand-written one)
+    and whether that search recommended MTP."""
     p = Path(path)
     try:
         data = read_json_file(p, "receipt or tune --out JSON")
@@ -461,11 +480,17 @@ def load_tuned_config(path: str | os.PathLike) -> TuneConfig:
     if not isinstance(data, dict):
         raise TuneError(f"{p}: expected a JSON object (a receipt or `ggufmtp tune --out` output)")
     t = ((data.get("predicate") or {}).get("verification") or {}).get("tuned") if "predicate" in data else data
-    cfg = (t or {}).get("recommended_config") or (t or {}).get("best_config")
+    t = t if isinstance(t, dict) else {}
+    cfg = t.get("recommended_config") or t.get("best_config")
     if not isinstance(cfg, dict):
         raise TuneError(f"{p}: no tuned configuration (run `ggufmtp tune MODEL --receipt/--out {p.name}` first)")
     try:
-        return TuneConfig.coerce(cfg)
+        config = TuneConfig.coerce(cfg)
     except TuneError as e:
         raise TuneError(f"{p}: {e}") from e
-
+    kind = t.get("kind") if isinstance(t.get("kind"), str) else None
+    if "joint" in t:  # tune-joint's JSON (before 2026-11-30 it said "ggufmtp tune": its joint stage is tune's)
+        kind = TUNE_JOINT_KIND
+    said = "recommended" in t or "recommended_config" in t
+    return TunedProfile(config, ProfileSource(p.name, sha256_file(p), kind,
+                                              bool(t.get("recommended_config")) if said else None))

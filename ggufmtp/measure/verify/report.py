@@ -9,10 +9,12 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...fmt import ci_text, num, pct, times
 from ...provenance.head import HeadComparison
+from ...provenance.statement import Verification
+from ...provenance.tuned import ProfileSource, verified_tuned
 from ...provenance.verdict import Evidence, Findings, Placement, Thresholds, Verdict, speed_checked
 from ...runtime.hardware import HardwareInfo, format_bandwidth
 from ...runtime.memory import MemoryPlan
@@ -122,6 +124,7 @@ class VerifyResult:
     numerics: NumericsDrift | None = None  # the drift batching causes, measured when replies differed (divergence)
     head: HeadComparison | None = None  # the head against the reference (verify --reference)
     findings: Findings | None = None  # the verdict's three findings (head, lossless, speed)
+    profile: ProfileSource | None = None  # verify --tuned-from: the file the tuned configuration came from
 
     @property
     def ok(self) -> bool:
@@ -190,6 +193,8 @@ class VerifyResult:
             "seconds": round(self.seconds, 2),
         }
         self._add_server_args(d)
+        if self.profile is not None:  # the profile as served for this file, with this run's figures
+            d["tuned"] = verified_tuned(cast(Verification, d), self.profile)
         if requests:
             d["requests"] = [r.to_dict() for r in self.records]
         return d
@@ -339,6 +344,8 @@ def format_result(res: VerifyResult) -> str:
     if res.head is not None:
         lines += [f"  head{'' if len(res.modes) == 1 else f' [{m}]'}: {f.text()} against {res.head.reference.name}"
                   for m, f in res.head.findings().items()]
+    if res.profile is not None:
+        lines.append(f"  recommended ({res.profile.name}'s profile on these bytes): {res.to_dict()['tuned']['why']}")
     lines.append(f"  evidence: {res.evidence.text()}")
     lines += [f"  {'UNDECIDED' if r.startswith('head') and 'inconclusive' in r.split(':')[0] else 'FAIL'} {r}"
               for r in res.reasons]

@@ -105,6 +105,7 @@ from ...gguf.model import GGUFModel, inspect_model
 from ...progress import bar as progress_bar
 from ...provenance.head import DEFAULT_MARGIN
 from ...provenance.receipt import Receipt
+from ...provenance.tuned import ProfileSource
 from ...provenance.verdict import Thresholds, Verdict, evaluate_verdict, judge, slot_failures
 from ...runtime.build import binary_is_ggufmtp_build, binary_version
 from ...runtime.hardware import (
@@ -470,16 +471,21 @@ def _with_kv_depth(plan: _Plan, base: dict[str, Any], cache_type_k: str | None, 
 
 def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
            receipt: str | os.PathLike | Receipt | None = None,
-           progress: bool = True, on_record: Callable[[Record], None] | None = None) -> VerifyResult:
+           progress: bool = True, on_record: Callable[[Record], None] | None = None,
+           profile: ProfileSource | None = None) -> VerifyResult:
     """Run the vanilla and MTP arms on the GGUF at ``model`` (a path) with ``options`` (default:
     :class:`VerifyOptions`'s, the command line's) and judge the result (see the module docstring).
     ``on_record`` is called after each request; ``receipt`` (read only, a path or the receipt the
-    command read; default: beside it) names its source.
+    command read; default: beside it) names its source. ``profile``: the file ``options.tuned`` was
+    read from (``verify --tuned-from``, :func:`~ggufmtp.measure.tune.run.load_tuned_profile`): the
+    result then records the profile as served for this file, with this run's figures (``tuned``).
 
     Raises :class:`VerifyError` when the model has no complete MTP block, a server fails or dies, or
     the MTP arm never drafts; servers are stopped on every path.
     """
     o = options if options is not None else VerifyOptions()
+    if profile is not None and o.tuned is None:
+        raise VerifyError(f"{profile.name}: a tuned profile's source without its configuration (options.tuned)")
     t0 = time.monotonic()
     plan = _plan(o)
     path = Path(model)
@@ -520,7 +526,8 @@ def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
         server=_server_info(srv), hardware=hw, thresholds=plan.thresholds, modes=srv.modes,
         arm_env=srv.env, default_vanilla_args=srv.default_flags,
         draft_n_max=int(plan.draft_n_max), comparisons=comparisons, verdict=Verdict.PASS, reasons=[], notes=[],
-        records=runner.records, slots=slots, numerics=srv.numerics.drift if srv.numerics else None, head=head)
+        records=runner.records, slots=slots, numerics=srv.numerics.drift if srv.numerics else None, head=head,
+        profile=profile)
     notes = _notes(runner, comparisons, gpu_layers, hw, srv.binary, plan.arms, res.main)
     notes += plan.reference.notes() if plan.reference is not None else []
     if len(plan.ks) > 1:
