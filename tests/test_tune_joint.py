@@ -348,11 +348,19 @@ def test_heads_from_skips_the_heads_stage_and_a_retyped_profile_stays_out_of_thi
                                                                                            tmp_path):
     """``--heads-from`` the earlier result: no head is verified again (the rows are the file's), the
     joint stage runs on its kept head; the profile found drafts with a Q8_0 head the artifact does not
-    have, so ``--receipt`` of this artifact is refused (one error, after -o and --recipe-out are written)."""
+    have, so ``--receipt`` of this artifact is refused (one error, after -o and --recipe-out are written).
+    The receipt holds a verification of its own (a copy of the artifact's, verified here): a receipt
+    without one is refused before the search (``--receipt`` is checked first)."""
     res, _ = searched
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps(res.to_dict()))
-    out, recipe, receipt = tmp_path / "joint.json", tmp_path / "joint.toml", f"{artifact}.receipt.json"
+    out, recipe, receipt = tmp_path / "joint.json", tmp_path / "joint.toml", str(tmp_path / "receipt.json")
+    shutil.copyfile(f"{artifact}.receipt.json", receipt)
+    v = CliRunner().invoke(main, ["verify", str(artifact), "--limit", "1", "--seeds", "42", "--max-tokens", "16",
+                                  "--threads", "2", "--receipt", receipt])
+    from ggufmtp.provenance.receipt import read_receipt
+
+    assert read_receipt(receipt).verification, v.output  # written whatever the verdict
     before = open(receipt).read()
     r = CliRunner().invoke(main, ["tune-joint", str(artifact), "--source", SOURCE, "-r", RECIPE, "--heads-from",
                                   str(earlier), "--n-max-values", "2", "--p-min-values", "0", "--n-min-values", "0",
