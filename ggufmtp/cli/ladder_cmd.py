@@ -71,7 +71,7 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
               help="A ladder file (TOML: model, recipes, imatrix, [verify], [eval]); options given here override it.")
 @output_option("the output folder: DIR/<TAG>/ per variant (the recipe's release tag), DIR/README.md the ladder's "
                "card.", directory=True, default="ggufmtp-ladder", extra=("--out-dir",))
-@click.option("--imatrix", default=None, help="An imatrix for every variant.")
+@click.option("--imatrix", type=click.Path(dir_okay=False), default=None, help="An imatrix for every variant.")
 @click.option("--imatrix-corpus", default=None,
               help="Instead of --imatrix: compute one, once, over this text (with the MTP head's statistics).")
 @click.option("--imatrix-chunks", type=click.IntRange(min=1), default=None, help="With --imatrix-corpus: at most N chunks.")
