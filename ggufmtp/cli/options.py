@@ -18,6 +18,7 @@ An old spelling that users may depend on stays accepted as a hidden alias (:clas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ import click
 from ..quant.flags import QUANTIZE_REFUSALS
 
 __all__ = ["LEGACY_ALIASES", "LLAMA_SPELLINGS", "VOCABULARY", "GpuLayers", "LlamaCommand", "LlamaGroup", "SharedName",
-           "SharedOption", "ctx_size_option",
+           "SharedOption", "FiniteFloatRange", "ctx_size_option",
            "draft_n_max_option", "exclude_option", "gpu_layers_option", "include_option", "output_option",
            "model_at_revision", "quantize_threads_option", "revision_option", "split_max_size_option", "threads_option",
            "token_option", "with_revision"]
@@ -121,17 +122,31 @@ def _shared(name: str, detail: str = "", *, hidden: Sequence[str] = (), extra: S
 
 
 class GpuLayers(click.ParamType):
-    """llama.cpp's ``-ngl`` value: a number of layers, ``auto`` or ``all``."""
+    """llama.cpp's ``-ngl`` value: a number of layers (0 or more), ``auto`` or ``all``."""
 
     name = "gpu layers"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
-        if isinstance(value, int) or value in ("auto", "all"):
+        if value in ("auto", "all"):
             return value
         try:
-            return int(value)
+            n = int(value)
         except ValueError:
+            n = -1
+        if n < 0:  # llama.cpp reads -1 as auto: a negative count is never a number of layers
             self.fail(f"{value!r}: a number of layers, auto or all", param, ctx)
+        return n
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange that also refuses ``nan`` and ``inf`` (``1e999``): click's bounds pass
+    ``nan`` (every comparison with it is false), and no threshold, margin or scale means either."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
 
 
 def gpu_layers_option(detail: str = "") -> Decorator:

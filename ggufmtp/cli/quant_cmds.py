@@ -121,7 +121,7 @@ def recipe_show(recipe_name: str, as_json: bool) -> None:
 @recipe.command("from-flags", context_settings={"ignore_unknown_options": True})
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.option("--name", default="from-flags", show_default=True, help="Recipe name.")
-@click.option("--mtp-block", "mtp_blocks", type=int, multiple=True,
+@click.option("--mtp-block", "mtp_blocks", type=click.IntRange(min=0), multiple=True,
               help="Turn blk.N. in patterns into the {mtp} placeholder (repeat for every MTP block: "
                    "blk.N. alone becomes {mtpI}, the I-th). Default: the MTP blocks of the line's input "
                    "model, read from it when it is here.")

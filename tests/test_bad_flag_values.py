@@ -1,0 +1,172 @@
+"""A mistyped flag value is one clear error, in every command alike (the hunt after ``ladder --seeds
+1,x``'s traceback): a value the command reads itself is a usage error (exit status 2) naming the flag,
+a value only a later reader can judge one ``error:`` line naming it (exit status 1); never a
+traceback, never work started first, never a file written. One reading per kind of value
+(``cli/app.py``'s ``_number_list``/``_word_list``, ``cli/options.py``'s types): the same bad value
+gets the same words from every command that takes the flag.
+
+Every case runs the real CLI in-process, with a model that does not exist wherever the value is
+refused before the model is read: nothing starts llama.cpp here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ggufmtp.cli import main
+
+TINY = "builtin:tiny-qwen35moe"
+
+
+def _run(argv: list[str], tmp: Path) -> tuple[click.testing.Result, Path]:
+    out = tmp / "out"
+    argv = [str(out) if a == "OUT" else a for a in argv]
+    r = CliRunner().invoke(main, argv, prog_name="ggufmtp")
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit), (argv, r.output)
+    return r, out
+
+
+def _refused(argv: list[str], tmp: Path, status: int, flag: str, said: str) -> str:
+    """The one error line of ``argv``: exit ``status``, the line naming ``flag`` and ``said``, no output."""
+    r, out = _run(argv, tmp)
+    assert r.exit_code == status, (argv, r.exit_code, r.output)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and flag in errors[0] and said in errors[0], (argv, r.stderr)
+    assert not out.exists(), f"{argv}: wrote {out}"
+    return errors[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# numbers that are not numbers: click's FloatRange passes nan (every comparison with it is false)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["profiles", "m.gguf", "--scale", "inf", "-o", "OUT"],  # was an OverflowError traceback
+    ["profiles", "m.gguf", "--scale", "nan", "-o", "OUT"],  # was a ValueError traceback
+    ["profiles", "m.gguf", "--noise", "nan", "-o", "OUT"],
+    ["verify", "m.gguf", "--min-acceptance", "nan", "-o", "OUT"],  # was a run whose verdict compares with nan
+    ["verify", "m.gguf", "--min-speedup", "1e999", "-o", "OUT"],
+    ["verify", "m.gguf", "--head-margin", "nan", "-o", "OUT"],
+    ["search", "m.gguf", "--budget", "4.5bpw", "--max-kld", "nan", "-o", "OUT"],
+    ["curve", "m.gguf", "--rates", "0.5,nan", "-o", "OUT"],
+    ["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "--p-min-values", "0.5,inf", "-o", "OUT"],
+], ids=lambda a: " ".join(a[:1] + a[-4:-2]))
+def test_a_number_that_is_not_finite_is_refused_before_any_work(argv, tmp_path):
+    flag = next(a for a in argv[2:] if a.startswith("--") and a not in ("--budget", "--source"))
+    _refused(argv, tmp_path, 2, flag, "is not a finite number")
+
+
+# ------------------------------------------------------------------------------------------------
+# values a later reader met first: a traceback, or each variant failing after the shared stages
+# ------------------------------------------------------------------------------------------------
+
+
+LATER = [
+    # shlex's ValueError escaped tune-joint (--server-arg's reading already caught it)
+    (["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "--option", "'-b 8", "-o", "OUT"], 2,
+     "--option", "No closing quotation"),
+    # PyTorch's RuntimeErrors, after the output folder was made
+    (["train", "OUT", "--torch-threads", "-1"], 2, "--torch-threads", "x>=1"),
+    (["train", "OUT", "--device", "bogus"], 2, "--device", "'bogus' is not one of 'cpu', 'cuda'"),
+    (["train", "OUT", "--steps", "0"], 2, "--steps", "x>=1"),
+    (["runtime", "build", "--jobs", "0"], 2, "--jobs", "x>=1"),
+    # a recipe for an MTP block -1 was written
+    (["recipe", "from-flags", "-o", "OUT", "--mtp-block", "-1", "Q4_K_M"], 2, "--mtp-block", "x>=0"),
+    # llama-quant writes an int override as u32: 5000000000 was written as 705032704
+    (["quantize", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--override-kv", "a.b=int:5000000000"], 1,
+     "--override-kv 'a.b=int:5000000000'", "u32"),
+    (["quantize", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--override-kv", "a.b=float:1e39"], 1,
+     "--override-kv 'a.b=float:1e39'", "f32"),
+    # ladder read --imatrix per variant, after pulling and inspecting: every variant FAILED, the folder made
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--imatrix", "missing.dat"], 1, "missing.dat",
+     "does not exist"),
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--imatrix", "."], 2, "--imatrix", "is a directory"),
+    (["run", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--imatrix", "missing.dat"], 1, "missing.dat",
+     "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("argv", "status", "flag", "said"), LATER, ids=[f"{c[0][0]} {c[2]}" for c in LATER])
+def test_a_value_a_later_reader_met_first_is_one_error_before_any_work(argv, status, flag, said, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)  # missing.dat and "." are the case's own
+    _refused(argv, tmp_path, status, flag, said)
+
+
+def test_an_int_override_that_survives_the_u32_is_still_taken():
+    from ggufmtp.quant.kv import parse_kv_override
+
+    assert parse_kv_override("a.b=int:4294967295").value == 4294967295
+    assert parse_kv_override("a.b=int:-7").value == -7  # written as 7, as llama-quantize does (its parity test)
+
+
+# ------------------------------------------------------------------------------------------------
+# lists: one reading, and a value given twice is refused, not measured twice
+# ------------------------------------------------------------------------------------------------
+
+
+LISTS = [
+    (["verify", "m.gguf", "--sweep", "0,4"], "--sweep", "0 is below 1"),
+    (["verify", "m.gguf", "--sweep", "4,4"], "--sweep", "4 given twice"),
+    (["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "--n-max-values", "2,2"], "--n-max-values",
+     "2 given twice"),
+    (["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "--n-max-values", "0,2"], "--n-max-values",
+     "0 is below 1"),
+    (["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "--head-seeds", "1,1"], "--head-seeds",
+     "1 given twice"),
+    (["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "--head-types", "Q8_0,q8_0"], "--head-types",
+     "q8_0 given twice"),
+    (["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "--kv-values", "q8_0,q8_0"], "--kv-values",
+     "given twice"),
+    (["profiles", "m.gguf", "--workloads", "A,A"], "--workloads", "A given twice"),
+    (["head-sweep", "m.gguf", "-r", "q8_0-mtp", "--types", ","], "--types", "no values"),
+    (["head-sweep", "m.gguf", "-r", "q8_0-mtp", "--types", "Q8_0,Q6_K,Q8_0"], "--types", "Q8_0 given twice"),
+    (["search", "m.gguf", "--budget", "4.5bpw", "--types", "Q4_K,Q4_K"], "--types", "Q4_K given twice"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "said"), LISTS, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in LISTS])
+def test_a_list_value_given_twice_or_out_of_range_is_a_usage_error(argv, flag, said, tmp_path):
+    _refused([*argv, *_O], tmp_path, 2, flag, said)
+
+
+# ------------------------------------------------------------------------------------------------
+# the same flag, the same words, in every command that takes it
+# ------------------------------------------------------------------------------------------------
+
+_O = ["-o", "OUT"]
+_MODEL = {  # each command as far as its flags, with -o where it writes
+    "verify": ["verify", "m.gguf", *_O], "tune": ["tune", "m.gguf", *_O], "curve": ["curve", "m.gguf", *_O],
+    "head-sweep": ["head-sweep", "m.gguf", "-r", "q8_0-mtp", *_O],
+    "search": ["search", "m.gguf", "--budget", "4.5bpw", *_O],
+    "tune-joint": ["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", *_O],
+    "run": ["run", "-m", "m.gguf", "-r", "q8_0-mtp", *_O], "ladder": ["ladder", "-m", "m.gguf", "-r", "q8_0-mtp", *_O],
+    "eval": ["eval", "a.gguf", "b.gguf"], "profiles": ["profiles", "m.gguf", *_O],
+    "imatrix compute": ["imatrix", "compute", "m.gguf", *_O],
+}
+_TAKE = {  # the commands that take each flag
+    "--seeds": ("verify", "tune", "curve", "head-sweep", "search", "tune-joint", "run", "ladder"),
+    "--limit": ("verify", "tune", "curve", "head-sweep", "search", "tune-joint", "run", "ladder"),
+    "--max-tokens": ("verify", "tune", "curve", "head-sweep", "search", "tune-joint", "run", "ladder"),
+    "-ngl": ("verify", "tune", "curve", "head-sweep", "search", "tune-joint", "run", "ladder", "eval", "profiles",
+             "imatrix compute"),
+    "--head-margin": ("verify", "run", "ladder"),
+}
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--seeds", "42,42", "42 given twice"),  # was "seeds [42, 42]: duplicates" (exit 1) or "need at least one, no duplicates"
+    ("--seeds", "1,x", "expected comma-separated integers"),
+    ("--seeds", ",", "no values"),
+    ("--limit", "0", "0 is not in the range x>=1"),  # run, ladder: "limit 0: the number of the suite's prompts ..."
+    ("--max-tokens", "1", "1 is not in the range x>=2"),  # run, ladder: "max_tokens 1: must be a whole number ..."
+    ("-ngl", "-1", "a number of layers, auto or all"),  # was taken, then "gpu_layers -1: ..." from the options
+    ("--head-margin", "nan", "is not a finite number"),
+])
+def test_the_same_bad_value_gets_the_same_words_from_every_command(flag, value, said, tmp_path):
+    lines = {cmd: _refused([*_MODEL[cmd], flag, value], tmp_path, 2, "", said) for cmd in _TAKE[flag]}
+    assert len(set(lines.values())) == 1, lines
