@@ -25,7 +25,7 @@ def _run(argv: list[str], tmp: Path) -> tuple[click.testing.Result, Path]:
     out = tmp / "out"
     argv = [str(out) if a == "OUT" else a for a in argv]
     r = CliRunner().invoke(main, argv, prog_name="ggufmtp")
-    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit), (argv, r.output)
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit | None), (argv, r.output)
     return r, out
 
 
@@ -170,3 +170,22 @@ _TAKE = {  # the commands that take each flag
 def test_the_same_bad_value_gets_the_same_words_from_every_command(flag, value, said, tmp_path):
     lines = {cmd: _refused([*_MODEL[cmd], flag, value], tmp_path, 2, "", said) for cmd in _TAKE[flag]}
     assert len(set(lines.values())) == 1, lines
+
+
+@pytest.mark.runtime
+def test_tune_joint_refuses_a_kv_type_the_server_does_not_take_as_verify_does(tmp_path):
+    """``verify --cache-type-k bogus`` is refused before any server starts; ``tune-joint --kv-values
+    default,bogus`` ran the whole heads stage, then dropped the bogus configuration as failed
+    ("llama-server rejected its arguments") and exited 0. Now one error in verify's words, before the
+    heads stage, nothing written."""
+    from ggufmtp.refs import local_model_arg
+
+    model = tmp_path / "m.gguf"
+    r = CliRunner().invoke(main, ["quantize", TINY, "-r", "q8_0-mtp", "-o", str(model), "--no-receipt"])
+    assert r.exit_code == 0, r.output
+    source = local_model_arg(TINY)
+    joint = _refused(["tune-joint", str(model), "--source", source, "-r", "q8_0-mtp", "--head-types", "Q8_0",
+                      "--kv-values", "default,bogus", *_O], tmp_path, 1, "--kv-values 'bogus'", "")
+    single = _refused(["verify", str(model), "--cache-type-k", "bogus", *_O], tmp_path, 1, "--cache-type-k 'bogus'", "")
+    said = ": not a KV-cache type this llama-server supports (allowed: "
+    assert said in joint and joint.split(said)[1] == single.split(said)[1], (joint, single)

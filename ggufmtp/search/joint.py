@@ -55,6 +55,7 @@ from ..measure.tune.search import (
     schedule_cost,
     search_anchors,
 )
+from ..measure.verify.kvdepth import allowed_cache_types, check_cache_type
 from ..quality.head_sweep import head_recipe
 from ..quant.recipe import Recipe, normalize_type
 from ..runtime.hardware import probe_hardware
@@ -269,6 +270,7 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
     model, source = Path(model), Path(source)
     if not source.is_file():
         raise TuneError(f"--source {source}: no such file (the BF16 {model.name} was quantized from)")
+    _check_cache_types(o)
     if heads is None:
         heads = joint_heads.head_stage(model, source, rec, o.heads,
                                        (lambda m: print(m, file=sys.stderr, flush=True)) if progress else None)
@@ -286,6 +288,16 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
                      f"{source.name} with the joint recipe (every [mtp] role at {best.head}) and serve that "
                      "artifact alone with the command's other flags (verify --tuned-from this JSON checks it)")
     return JointResult(heads, res, rec, o.options, notes)
+
+
+def _check_cache_types(o: JointOptions) -> None:
+    """VerifyError, in verify's words, for a ``--kv-values`` type this llama-server does not take:
+    refused before the heads stage, not dropped as a failed configuration after it."""
+    types = [t for t in o.options.cache_types if t is not None]
+    if types:
+        allowed = allowed_cache_types(o.server.llama_cpp_bin)
+        for t in types:
+            check_cache_type("--kv-values", t, allowed)
 
 
 def _kept_heads(heads: HeadStage, n: int) -> tuple[list[str], list[str]]:

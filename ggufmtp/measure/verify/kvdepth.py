@@ -53,7 +53,7 @@ from ...runtime.server import LlamaServer, binary_help
 from ..core.suite import Prompt, Suite
 
 __all__ = ["KNOWN_CACHE_TYPES", "UNQUANTIZED_CACHE_TYPES", "NEUTRAL_TEXT", "KvDepth", "ContextFill",
-           "allowed_cache_types", "check_kv_depth", "neutral_text", "fill_context", "kv_depth_text"]
+           "allowed_cache_types", "check_cache_type", "check_kv_depth", "neutral_text", "fill_context", "kv_depth_text"]
 
 # --cache-type-k's allowed values at the pinned llama.cpp (used when --help cannot be read for them)
 KNOWN_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -99,7 +99,8 @@ def allowed_cache_types(llama_cpp_bin: str | Path | None = None) -> tuple[str, .
     return found or KNOWN_CACHE_TYPES
 
 
-def _check_type(name: str, value: str | None, allowed: Sequence[str]) -> str | None:
+def check_cache_type(name: str, value: str | None, allowed: Sequence[str]) -> str | None:
+    """``value`` (None: the default) lower-cased; VerifyError naming flag ``name`` unless ``allowed``."""
     if value is None:
         return None
     t = str(value).strip().lower()
@@ -169,8 +170,8 @@ def check_kv_depth(cache_type_k: str | None, cache_type_v: str | None, depth: in
     k = v = None
     if cache_type_k is not None or cache_type_v is not None:
         allowed = allowed_cache_types(llama_cpp_bin)
-        k = _check_type("--cache-type-k", cache_type_k, allowed)
-        v = _check_type("--cache-type-v", cache_type_v, allowed)
+        k = check_cache_type("--cache-type-k", cache_type_k, allowed)
+        v = check_cache_type("--cache-type-v", cache_type_v, allowed)
     extra: tuple[str, ...] = ()
     if v is not None and v not in UNQUANTIZED_CACHE_TYPES:
         fa = _flash_attn_value(server_args)
