@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ class KvDepth:
                 "cache_type_v": self.cache_type_v}
 
 
-def allowed_cache_types(llama_cpp_bin: str | Path | None = None) -> tuple[str, ...]:
+def allowed_cache_types(llama_cpp_bin: str | os.PathLike | None = None) -> tuple[str, ...]:
     """The KV-cache types the llama-server that would run accepts (its ``--help``'s allowed values
     for ``--cache-type-k``; :data:`KNOWN_CACHE_TYPES` when the list cannot be read from it)."""
     try:
