@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import GgufmtpError, HubRefusedError
-from .imatrix.format import refuse_unreadable_imatrix
+from .imatrix.corpus import check_later_inputs
 from .measure.core.options import VerifyOptions
 from .quality.options import EvalOptions
 from .quant.quantize import check_quantize_threads
@@ -85,8 +85,8 @@ class RunOptions:
         check_quantize_threads(self.quantize_threads)
         if self.imatrix and self.imatrix_corpus:
             raise GgufmtpError(f"give --imatrix {self.imatrix} or --imatrix-corpus {self.imatrix_corpus}, not both")
-        if self.imatrix:  # a missing one fails now, not at the quantize stage after pull and inspect
-            refuse_unreadable_imatrix(self.imatrix)
+        # a missing imatrix or a bad eval corpus fails now, not at its stage after pull, inspect and quantize
+        check_later_inputs(self.imatrix, [self.eval_options.corpus if self.eval_options else None])
         if self.base_model is not None:  # refused before any work, not when the card is written
             from .provenance.card_page import check_base_model
 

@@ -67,7 +67,7 @@ def test_a_number_that_is_not_finite_is_refused_before_any_work(argv, tmp_path):
 
 LATER = [
     # shlex's ValueError escaped tune-joint (--server-arg's reading already caught it)
-    (["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "--option", "'-b 8", "-o", "OUT"], 2,
+    (["tune-joint", "m.gguf", "--source", "s.gguf", "-r", "q8_0-mtp", "-o", "OUT", "--option", "'-b 8"], 2,
      "--option", "No closing quotation"),
     # PyTorch's RuntimeErrors, after the output folder was made
     (["train", "OUT", "--torch-threads", "-1"], 2, "--torch-threads", "x>=1"),
@@ -75,7 +75,7 @@ LATER = [
     (["train", "OUT", "--steps", "0"], 2, "--steps", "x>=1"),
     (["runtime", "build", "--jobs", "0"], 2, "--jobs", "x>=1"),
     # a recipe for an MTP block -1 was written
-    (["recipe", "from-flags", "-o", "OUT", "--mtp-block", "-1", "Q4_K_M"], 2, "--mtp-block", "x>=0"),
+    (["recipe", "from-flags", "Q4_K_M", "-o", "OUT", "--mtp-block", "-1"], 2, "--mtp-block", "x>=0"),
     # llama-quant writes an int override as u32: 5000000000 was written as 705032704
     (["quantize", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--override-kv", "a.b=int:5000000000"], 1,
      "--override-kv 'a.b=int:5000000000'", "u32"),
@@ -87,10 +87,17 @@ LATER = [
     (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--imatrix", "."], 2, "--imatrix", "is a directory"),
     (["run", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--imatrix", "missing.dat"], 1, "missing.dat",
      "does not exist"),
+    # the eval corpus was read by the last stage: after quantizing (run), after every variant (ladder)
+    (["run", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--no-verify", "--eval", "."], 1, "corpus file .",
+     "is a directory"),
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--no-verify", "--eval", "."], 1, "corpus file .",
+     "is a directory"),
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--imatrix-corpus", "."], 1, "corpus file .",
+     "is a directory"),  # refused, but after making the output folder
 ]
 
 
-@pytest.mark.parametrize(("argv", "status", "flag", "said"), LATER, ids=[f"{c[0][0]} {c[2]}" for c in LATER])
+@pytest.mark.parametrize(("argv", "status", "flag", "said"), LATER, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in LATER])
 def test_a_value_a_later_reader_met_first_is_one_error_before_any_work(argv, status, flag, said, tmp_path,
                                                                          monkeypatch):
     monkeypatch.chdir(tmp_path)  # missing.dat and "." are the case's own
