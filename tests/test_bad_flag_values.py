@@ -104,6 +104,16 @@ def test_a_value_a_later_reader_met_first_is_one_error_before_any_work(argv, sta
     _refused(argv, tmp_path, status, flag, said)
 
 
+@pytest.mark.parametrize("argv", [["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--scheduler", "host"],
+                                  ["search", "m.gguf", "--budget", "4.5bpw", "-o", "OUT", "--scheduler", "tcp://host:x"]],
+                         ids=["ladder", "search"])
+def test_a_scheduler_address_dask_cannot_read_is_one_error_before_any_work(argv, tmp_path):
+    """distributed's ValueError ("missing port number") escaped when the engine connected, after the
+    ladder's shared stages (the output folder made)."""
+    pytest.importorskip("distributed", reason="the ladder extra (pip install 'ggufmtp[ladder]')")
+    _refused(argv, tmp_path, 1, f"--scheduler '{argv[-1]}'", "a Dask scheduler's address, e.g. tcp://host:8786")
+
+
 def test_an_int_override_that_survives_the_u32_is_still_taken():
     from ggufmtp.quant.kv import parse_kv_override
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import SearchError
 from ..files.fsutil import atomic_write_text
-from ..ladder.engine import DaskEngine
+from ..ladder.engine import DaskEngine, check_scheduler
 from ..provenance.recipe_store import store_recipe
 from ..quant.plan import make_plan
 from ..quant.qtypes import bits_per_weight
@@ -119,6 +119,7 @@ class SearchOptions:
             raise SearchError("search: no candidate types")
         if self.workers is not None and self.workers < 1:
             raise SearchError(f"search: workers must be at least 1, not {self.workers}")
+        check_scheduler(self.scheduler, SearchError)
 
     def prove_options(self) -> ProveOptions:
         m = self.measure
