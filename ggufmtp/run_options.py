@@ -93,6 +93,10 @@ class RunOptions:
             check_base_model(self.base_model)
         if self.until not in (None, "audit"):
             raise GgufmtpError(f"until={self.until!r}: only 'audit' (or None: every stage)")
+        if self.upload:  # refused now, not after the whole run
+            from .hub.upload import check_repo_id
+
+            check_repo_id(self.upload)
         if self.upload and not self.verify and not self.allow_unverified:
             raise HubRefusedError(f"--upload {self.upload} with --no-verify: only a verified artifact is published; "
                                   "verify it, or pass --allow-unverified (the card then says so)")

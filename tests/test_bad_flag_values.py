@@ -94,6 +94,18 @@ LATER = [
      "is a directory"),
     (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--imatrix-corpus", "."], 1, "corpus file .",
      "is a directory"),  # refused, but after making the output folder
+    # the upload's settings were read by the upload, after every variant (the whole run) was made
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--dry-run-upload", "--upload", "bad name"], 1,
+     "'bad name' is not a valid Hub repo id", ""),
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--upload", "org/x", "--dry-run-upload",
+      "--path-in-repo", "../x"], 1, "--path-in-repo '../x'", "relative path"),
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--upload", "org/x", "--dry-run-upload",
+      "--upload-revision", "0" * 40], 1, "--revision '" + "0" * 40, "branch name"),
+    (["run", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--dry-run-upload", "--upload", "bad name"], 1,
+     "'bad name' is not a valid Hub repo id", ""),
+    # the card named a repo and a folder upload refuses
+    (["card", "m.gguf", "-o", "OUT", "--repo", "bad name"], 1, "'bad name' is not a valid Hub repo id", ""),
+    (["card", "m.gguf", "-o", "OUT", "--path-in-repo", "../x"], 1, "--path-in-repo '../x'", "relative path"),
 ]
 
 

@@ -171,9 +171,13 @@ def card(artifact: str, receipt_path: str | None, output: str | None, quantized_
     -hf tag loads (its own head, or its MTP sidecar), the chat template,
     the imatrix credited; base_model the upstream model as quantized), then the evidence, stating
     only what audit judges."""
+    from ..hub.upload import check_folder, check_repo_id
     from ..provenance.card import make_card
     from ..provenance.receipt import default_receipt_path
 
+    if repo_id is not None:  # upload's readings: a card naming a repo or folder upload would refuse is no card
+        check_repo_id(repo_id)
+    check_folder(path_in_repo)
     path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by=quantized_by,
                      license=license_, repo_id=repo_id, path_in_repo=path_in_repo, base_model=base_model)
     click.echo(str(path))
