@@ -103,6 +103,7 @@ LATER = [
       "--upload-revision", "0" * 40], 1, "--revision '" + "0" * 40, "branch name"),
     (["run", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--dry-run-upload", "--upload", "bad name"], 1,
      "'bad name' is not a valid Hub repo id", ""),
+    (["search", "m.gguf", "-o", "OUT", "--budget", ""], 1, "budget ''", "a size"),  # was ".: is a directory"
     # the card named a repo and a folder upload refuses
     (["card", "m.gguf", "-o", "OUT", "--repo", "bad name"], 1, "'bad name' is not a valid Hub repo id", ""),
     (["card", "m.gguf", "-o", "OUT", "--path-in-repo", "../x"], 1, "--path-in-repo '../x'", "relative path"),
@@ -184,6 +185,7 @@ _TAKE = {  # the commands that take each flag
     "-ngl": ("verify", "tune", "curve", "head-sweep", "search", "tune-joint", "run", "ladder", "eval", "profiles",
              "imatrix compute"),
     "--head-margin": ("verify", "run", "ladder"),
+    "--chunks": ("eval", "imatrix compute"),
 }
 
 
@@ -195,6 +197,7 @@ _TAKE = {  # the commands that take each flag
     ("--max-tokens", "1", "1 is not in the range x>=2"),  # run, ladder: "max_tokens 1: must be a whole number ..."
     ("-ngl", "-1", "a number of layers, auto or all"),  # was taken, then "gpu_layers -1: ..." from the options
     ("--head-margin", "nan", "is not a finite number"),
+    ("--chunks", "0", "0 is not in the range x>=1"),  # imatrix compute: "--chunks must be at least 1, got 0" (exit 1)
 ])
 def test_the_same_bad_value_gets_the_same_words_from_every_command(flag, value, said, tmp_path):
     lines = {cmd: _refused([*_MODEL[cmd], flag, value], tmp_path, 2, "", said) for cmd in _TAKE[flag]}

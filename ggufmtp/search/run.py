@@ -52,6 +52,8 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 def parse_budget(text: str) -> Budget | str:
     """A size or bpw as a :class:`Budget`; anything else is returned as a recipe to plan."""
+    if not text.strip():  # not the recipe "" (the current folder, "is a directory")
+        raise SearchError(f"budget {text!r}: give a size (12MB, 11.5MiB), bits per weight (4.5bpw) or a recipe")
     m = _SIZE.match(text)
     if m:
         value, unit = float(m.group(1)), m.group(2).upper()
@@ -196,9 +198,9 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     within ``budget`` (see the module doc); write it to ``out`` when given. SearchError for an
     impossible budget (naming the smallest feasible size), RecipeError for a bad type or recipe."""
     o = options or SearchOptions()
+    parsed = parse_budget(budget) if isinstance(budget, str) else budget  # the text first: before the model is read
     src = Path(local_model_arg(model))
     groups = groups_of(src, o.layers_per_group)
-    parsed = parse_budget(budget) if isinstance(budget, str) else budget
     # the recipe to beat (--against, else a budget given as a recipe): the proof's other arm, and its
     # own types are admitted where the head's floors would refuse them unmeasured
     beat = o.shipped or (parsed if isinstance(parsed, str) else None)
