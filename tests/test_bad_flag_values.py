@@ -104,6 +104,12 @@ LATER = [
     (["run", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--dry-run-upload", "--upload", "bad name"], 1,
      "'bad name' is not a valid Hub repo id", ""),
     (["search", "m.gguf", "-o", "OUT", "--budget", ""], 1, "budget ''", "a size"),  # was ".: is a directory"
+    # verify refuses a bad suite at once; these read it after their first stage: every head's verify failed
+    # ("no head kept"), or after hours of KLD measurements
+    (["tune-joint", TINY, "--source", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--suite", "nosuch"], 1,
+     "error: suite 'nosuch': not a file and not a shipped suite", ""),
+    (["search", TINY, "--budget", "4.5bpw", "--acceptance", "-o", "OUT", "--suite", "nosuch"], 1,
+     "error: suite 'nosuch': not a file and not a shipped suite", ""),
     # the card named a repo and a folder upload refuses
     (["card", "m.gguf", "-o", "OUT", "--repo", "bad name"], 1, "'bad name' is not a valid Hub repo id", ""),
     (["card", "m.gguf", "-o", "OUT", "--path-in-repo", "../x"], 1, "--path-in-repo '../x'", "relative path"),

@@ -43,6 +43,7 @@ from pathlib import Path
 from ..errors import TuneError
 from ..jsontypes import JsonObject
 from ..measure.core.options import ServerOptions, TuneConfig
+from ..measure.core.suite import as_suite
 from ..measure.tune.bench import prepare
 from ..measure.tune.options import TuneOptions
 from ..measure.tune.run import TuneResult, tune
@@ -270,7 +271,7 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
     model, source = Path(model), Path(source)
     if not source.is_file():
         raise TuneError(f"--source {source}: no such file (the BF16 {model.name} was quantized from)")
-    _check_cache_types(o)
+    _check_before_heads(o)
     if heads is None:
         heads = joint_heads.head_stage(model, source, rec, o.heads,
                                        (lambda m: print(m, file=sys.stderr, flush=True)) if progress else None)
@@ -290,9 +291,11 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
     return JointResult(heads, res, rec, o.options, notes)
 
 
-def _check_cache_types(o: JointOptions) -> None:
-    """VerifyError, in verify's words, for a ``--kv-values`` type this llama-server does not take:
-    refused before the heads stage, not dropped as a failed configuration after it."""
+def _check_before_heads(o: JointOptions) -> None:
+    """The values every head's verify would refuse, refused once before the heads stage, in verify's
+    words: the suite (not one "verify failed" per head, then "no head kept"), and a ``--kv-values``
+    type this llama-server does not take (not dropped as a failed configuration after the search)."""
+    as_suite(o.tune.suite)
     types = [t for t in o.options.cache_types if t is not None]
     if types:
         allowed = allowed_cache_types(o.server.llama_cpp_bin)

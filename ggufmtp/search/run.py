@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import SearchError
 from ..files.fsutil import atomic_write_text
 from ..ladder.engine import DaskEngine, check_scheduler
+from ..measure.core.suite import as_suite
 from ..provenance.recipe_store import store_recipe
 from ..quant.plan import make_plan
 from ..quant.qtypes import bits_per_weight
@@ -174,7 +175,10 @@ def _client(options: SearchOptions) -> Iterator[Any]:
 
 def refuse_before_measuring(model: Path, groups: tuple[TensorGroup, ...], budget: Budget, o: SearchOptions) -> None:
     """SearchError, before hours of measuring, for a budget below every group at its smallest candidate
-    (the floors can only raise that) or a group with no candidate among ``o.types``."""
+    (the floors can only raise that) or a group with no candidate among ``o.types``; SuiteError for a
+    suite the acceptance measurements would read (as verify refuses it at once)."""
+    if o.measure.verify is not None and (o.measure.acceptance or (o.prove and o.prove_head)):
+        as_suite(o.measure.verify.suite)
     unknown = sorted(set(o.measure.acceptance_groups) - {g.name for g in groups})
     if unknown:
         raise SearchError(f"{model.name}: no group named {', '.join(unknown)} for --acceptance-group "
