@@ -10,6 +10,7 @@ refused before the model is read: nothing starts llama.cpp here."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import click
@@ -131,6 +132,39 @@ def test_a_scheduler_address_dask_cannot_read_is_one_error_before_any_work(argv,
     ladder's shared stages (the output folder made)."""
     pytest.importorskip("distributed", reason="the ladder extra (pip install 'ggufmtp[ladder]')")
     _refused(argv, tmp_path, 1, f"--scheduler '{argv[-1]}'", "a Dask scheduler's address, e.g. tcp://host:8786")
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["run", "-m", TINY, "-r", "q8_0-mtp", "--no-verify", "-o", ""], "--output"),  # ran the pipeline into "."
+    (["recipe", "from-flags", "Q4_K_M", "-o", ""], "--output"),  # printed the recipe instead: "" read as not given
+    (["card", "m.gguf", "-o", ""], "--output"),
+    (["audit", ""], "ARTIFACT"),  # a ValueError traceback (Path(".").with_name)
+    (["upload", "org/x", "", "--receipt", "r.json", "--dry-run"], "ARTIFACTS"),  # the same traceback
+    (["pull", "org/x", "--local-dir", ""], "--local-dir"),
+    (["verify", ""], "MODEL"),  # "model .: no such file"
+    (["quantize", "", "-r", "q8_0-mtp", "-o", "OUT"], "MODEL"),  # ".: is a directory, not a GGUF file"
+    (["verify", "m.gguf", "--reference", ""], "--reference"),  # read as no reference at all
+    (["run", "-m", "", "-r", "q8_0-mtp", "-o", "OUT"], "MODEL"),
+    (["search", "", "--budget", "4.5bpw", "-o", "OUT"], "MODEL"),
+    (["convert", "", "-o", "OUT"], "SOURCE"),  # "./config.json: no such file"
+], ids=lambda v: " ".join(v[:1] + v[-2:]) if isinstance(v, list) else None)
+def test_an_empty_value_is_refused_not_read_as_the_current_folder(argv, flag, tmp_path, monkeypatch):
+    """``-o "$OUT"`` (or MODEL) of an unset variable is ``""``, which click.Path takes and every
+    reader took as the current folder: one usage error naming the flag, nothing written there."""
+    monkeypatch.chdir(tmp_path)
+    _refused(argv, tmp_path, 2, flag, "''")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_names_a_source_that_is_neither_a_folder_nor_a_repo_id_as_pull_does(tmp_path):
+    """``convert builtin:NAME`` (or a mistyped folder) said "reading safetensors headers of: Repo id
+    must use ..." (the Hub client's words, the source missing); ``pull`` says what the value is not."""
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")):  # found, not imported (slow)
+        pytest.skip("the convert extra (pip install 'ggufmtp[convert]')")
+    said = "is neither an existing directory nor a valid Hub repo id"
+    convert = _refused(["convert", TINY, "-o", "OUT"], tmp_path, 1, f"error: '{TINY}' {said}", "")
+    pull = _refused(["pull", TINY, "--local-dir", "OUT"], tmp_path, 1, f"error: '{TINY}' {said}", "")
+    assert convert == pull
 
 
 def test_an_int_override_that_survives_the_u32_is_still_taken():

@@ -23,7 +23,7 @@ import click
 from .._version import __version__
 from ..errors import GgufmtpError, Terminated
 from ..refs import local_model_arg
-from .options import LlamaGroup
+from .options import LlamaGroup, refuse_empty_model
 
 
 def emit_json(obj: Any) -> None:
@@ -143,10 +143,10 @@ def main(no_progress: bool) -> None:
         disable()
 
 
-def resolve_model_arg(model: str) -> str:
+def resolve_model_arg(model: str, what: str = "MODEL") -> str:
     """A command's MODEL argument: ``builtin:NAME`` -> the synthesized model's path (made once,
-    cached); anything else unchanged. The resolving is :mod:`ggufmtp.refs`'s."""
-    return local_model_arg(model)
+    cached); anything else unchanged (an empty one: a usage error). The resolving is :mod:`ggufmtp.refs`'s."""
+    return local_model_arg(refuse_empty_model(model, what))
 
 
 recipe_option = click.option("--recipe", "-r", "recipe_name", required=True,

@@ -77,8 +77,8 @@ def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
     """The flat :class:`~ggufmtp.measure.core.options.VerifyOptions` keys of :func:`verify_judging_options`'
     and :func:`arm_args_options`' values that were given."""
     out: dict[str, object] = {k: judging[k] for k in ("draft_n_max", "head_margin") if judging.get(k) is not None}
-    if judging.get("reference"):
-        out["reference"] = resolve_model_arg(judging["reference"])
+    if judging.get("reference") is not None:  # "" (an unset variable) is refused, not "no reference"
+        out["reference"] = resolve_model_arg(judging["reference"], "--reference")
     if judging.get("absolute_acceptance"):
         out["absolute_acceptance"] = True
     for k in ("server_args", "mtp_server_args", "vanilla_server_args", "override_tensor"):

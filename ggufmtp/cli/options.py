@@ -31,7 +31,8 @@ from ..quant.flags import QUANTIZE_REFUSALS
 __all__ = ["LEGACY_ALIASES", "LLAMA_SPELLINGS", "VOCABULARY", "GpuLayers", "LlamaCommand", "LlamaGroup", "SharedName",
            "SharedOption", "FiniteFloatRange", "ctx_size_option",
            "draft_n_max_option", "exclude_option", "gpu_layers_option", "include_option", "output_option",
-           "model_at_revision", "quantize_threads_option", "revision_option", "split_max_size_option", "threads_option",
+           "model_at_revision", "NonEmptyPath", "quantize_threads_option",
+           "refuse_empty_model", "revision_option", "split_max_size_option", "threads_option",
            "token_option", "with_revision"]
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -119,6 +120,17 @@ def _shared(name: str, detail: str = "", *, hidden: Sequence[str] = (), extra: S
     stem = row.stem if row.stem.endswith(" ") or not detail else row.stem + ". "
     return click.option(*row.names, *extra, *hidden, row.dest, cls=SharedOption, hidden=tuple(hidden),
                         help=(stem + detail).strip(), **kwargs)
+
+
+class NonEmptyPath(click.Path):
+    """click.Path that refuses ``""`` (``-o "$OUT"`` of an unset variable): click.Path takes it, and
+    it is the current folder to every reader (``run -o ""`` filled it with the run's files,
+    ``audit ""`` was a ValueError traceback). :class:`LlamaCommand` gives every path option this type."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("'': an empty path", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class GpuLayers(click.ParamType):
@@ -226,11 +238,19 @@ def token_option(detail: str = "") -> Decorator:
     return _shared("--token", detail, default=None, metavar="TOKEN")
 
 
+def refuse_empty_model(model: str, what: str = "MODEL") -> str:
+    """``model`` unless it is empty (``"$MODEL"`` of an unset variable): Path("") is the current
+    folder, which every reader of it then reported as "." (a directory, no such GGUF)."""
+    if not model.strip():
+        raise click.BadParameter("'': an empty value", param_hint=what)
+    return model
+
+
 def with_revision(model: str, revision: str | None) -> tuple[str, str | None]:
     """``(MODEL, REVISION)`` of a model reference and ``--revision``: huggingface_hub's
     ``--revision`` and the ``REPO@REV`` form mean the same; given both, they must agree (a
     click.UsageError otherwise). ``--revision`` with a local path or ``builtin:`` is refused."""
-    if Path(model).exists() or model.startswith("builtin:"):
+    if Path(refuse_empty_model(model)).exists() or model.startswith("builtin:"):
         if revision is not None:
             raise click.UsageError(f"--revision {revision}: {model} is not a Hub repo (a revision names a Hub commit)")
         return model, None
@@ -326,6 +346,9 @@ class LlamaCommand(click.Command):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _attach_llama_spellings(self)
+        for p in self.params:  # every path of every command: one reading, whoever declared the option
+            if type(p.type) is click.Path:
+                p.type.__class__ = NonEmptyPath
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not ctx.ignore_unknown_options:  # recipe from-flags: a llama-quantize line, read as such

@@ -8,7 +8,7 @@ import click
 
 from ..quality.options import MIN_CTX, EvalOptions
 from .app import _int_list, _word_list, bin_option, emit_json, handle_errors, imatrix_option, json_option, main
-from .options import FiniteFloatRange, ctx_size_option, gpu_layers_option, output_option, threads_option
+from .options import FiniteFloatRange, ctx_size_option, gpu_layers_option, output_option, refuse_empty_model, threads_option
 
 
 @main.command("search", short_help="Search MODEL for the recipe of least KLD within a size budget.")
@@ -91,7 +91,7 @@ def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus:
                             floors=Floors(acceptance_margin=margin, max_kld=max_kld), layers_per_group=layers_per_group,
                             prove=prove, prove_head=prove_head, shipped=against, workers=workers, scheduler=scheduler,
                             name=name)
-    res = search_recipe(model, budget, options, out=output, log=lambda m: click.echo(m, err=True))
+    res = search_recipe(refuse_empty_model(model), budget, options, out=output, log=lambda m: click.echo(m, err=True))
     if plot:
         from ..files.fsutil import atomic_write_text
         from ..search.report import svg

@@ -156,8 +156,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
         draft_n_max=draft_n_max, draft_n_min=draft_n_min, sweep=sweep_list or (),
         tuned=load_tuned_config(tuned_from) if tuned_from else None, seeds=seed_list or (),
         suite=suite, max_tokens=max_tokens, limit=limit, raw=raw, ctx_size=ctx_size, parallel=parallel,
-        reference=resolve_model_arg(reference) if reference else None,
-        sidecar=resolve_model_arg(sidecar) if sidecar else None,
+        reference=resolve_model_arg(reference, "--reference") if reference is not None else None,  # "": an error, not none
+        sidecar=resolve_model_arg(sidecar, "--sidecar") if sidecar is not None else None,
         server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args, vanilla_server_args,
                               n_cpu_moe, cpu_moe, override_tensor),
         judge=JudgeOptions(thresholds=th, peak_bandwidth_gbs=peak_bandwidth_gbs, head_margin=head_margin,
