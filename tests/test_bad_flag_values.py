@@ -11,6 +11,7 @@ refused before the model is read: nothing starts llama.cpp here."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import click
@@ -165,6 +166,20 @@ def test_convert_names_a_source_that_is_neither_a_folder_nor_a_repo_id_as_pull_d
     convert = _refused(["convert", TINY, "-o", "OUT"], tmp_path, 1, f"error: '{TINY}' {said}", "")
     pull = _refused(["pull", TINY, "--local-dir", "OUT"], tmp_path, 1, f"error: '{TINY}' {said}", "")
     assert convert == pull
+
+
+def test_audit_refuses_a_signature_nothing_would_check(tmp_path, monkeypatch):
+    """``audit --signature FILE`` without a public key checked nothing and said PASS ("unsigned:
+    checksum only"), whatever FILE held: a flag that does nothing is a usage error."""
+    from receipt_kit import honest_statement, synth_artifact
+
+    monkeypatch.delenv("GGUFMTP_PUBLIC_KEY", raising=False)
+    art = synth_artifact(tmp_path / "m")
+    receipt = tmp_path / "m" / "r.json"
+    receipt.write_text(json.dumps(honest_statement(art, "pass")))
+    (tmp_path / "x.sig").write_text("not a signature")
+    _refused(["audit", str(art), "--receipt", str(receipt), "--signature", str(tmp_path / "x.sig")], tmp_path, 2,
+             "--signature", "--public-key")
 
 
 def test_an_int_override_that_survives_the_u32_is_still_taken():
