@@ -157,6 +157,22 @@ def test_an_empty_value_is_refused_not_read_as_the_current_folder(argv, flag, tm
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["run", "-m", TINY, "-r", "q8_0-mtp", "--imatrix-chunks", "4"], "--imatrix-chunks goes with --imatrix-corpus"),
+    (["run", "-m", TINY, "-r", "q8_0-mtp", "--dry-run-upload"], "--dry-run-upload goes with --upload"),
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "--gpus", "2"], "--gpus goes with --workers"),
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "--create-pr"], "--create-pr goes with --upload"),
+    (["ladder", "-m", TINY, "-r", "q8_0-mtp", "--path-in-repo", "gguf"], "--path-in-repo goes with --upload"),
+    (["search", "m.gguf", "--budget", "4.5bpw", "--acceptance-group", "attn.3"], "--acceptance-group goes with --acceptance"),
+    (["verify", "m.gguf", "--budget", "8"], "--budget goes with --tune"),
+    (["audit", "m.gguf", "--all"], "--all goes with --source"),
+], ids=lambda v: " ".join(v[:1] + v[-2:]) if isinstance(v, list) else None)
+def test_an_option_that_goes_with_another_is_refused_alone(argv, said, tmp_path):
+    """Each of these says "With --X: ..." in its help and did nothing without --X: the run went on
+    (a whole ladder, not on the GPUs asked for, or without the upload it was asked to shape)."""
+    _refused([*argv, *(_O if argv[0] in ("run", "ladder", "search") else [])], tmp_path, 2, said, "")
+
+
 def test_convert_names_a_source_that_is_neither_a_folder_nor_a_repo_id_as_pull_does(tmp_path):
     """``convert builtin:NAME`` (or a mistyped folder) said "reading safetensors headers of: Repo id
     must use ..." (the Hub client's words, the source missing); ``pull`` says what the value is not."""

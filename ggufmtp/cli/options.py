@@ -305,6 +305,41 @@ LLAMA_REFUSALS: dict[str, str] = {
     # llama-quantize's options that ggufmtp's quantize does not take (docs/reference/flags.md says why)
     **QUANTIZE_REFUSALS,
 }
+# (command, option) -> the options one of which must be given for it to mean anything: given alone it
+# did nothing, silently ("With --workers: ..." in its help); now a usage error, "--gpus goes with --workers"
+_UPLOAD_ONLY = ("private", "dry_run_upload")
+NEEDS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("run", "imatrix_chunks"): ("imatrix_corpus",),
+    **{("run", d): ("upload_repo",) for d in _UPLOAD_ONLY},
+    ("ladder", "imatrix_chunks"): ("imatrix_corpus", "ladder_file"),  # a ladder file may name the corpus
+    ("ladder", "gpus"): ("workers",),
+    **{("ladder", d): ("upload_repo",) for d in (*_UPLOAD_ONLY, "upload_revision", "create_pr", "commit_message",
+                                                 "path_in_repo", "passing_only", "commit_max_bytes")},
+    ("audit", "all_tensors"): ("source",),
+    ("search", "acceptance_groups"): ("acceptance",),
+    ("search", "prove_head"): ("prove",),
+    ("verify", "budget"): ("tune",),
+    ("verify", "concurrency"): ("tune",),
+}
+
+
+def _refuse_alone(cmd: click.Command, ctx: click.Context) -> None:
+    """A usage error for an option of :data:`NEEDS` given without any option it goes with."""
+    given = {p.name: p for p in cmd.params if p.name and ctx.get_parameter_source(p.name) not in
+             (None, click.core.ParameterSource.DEFAULT)}
+    for (name, dest), needs in NEEDS.items():
+        if name == cmd.name and dest in given and not any(n in given for n in needs):
+            flags = {p.name: _spelled(p) for p in cmd.params}
+            raise click.UsageError(f"{flags[dest]} goes with {' or '.join(flags[n] for n in needs)}", ctx)
+
+
+def _spelled(p: click.Parameter) -> str:
+    """The option's long name as its help shows it (``--prove-head/--no-prove-head`` for a switch)."""
+    opts = getattr(p, "shown_opts", None) or p.opts
+    name = next((o for o in opts if o.startswith("--")), opts[0])
+    return "/".join([name, *p.secondary_opts])
+
+
 # a positional argument llama.cpp's -m/--model names (the model file)
 MODEL_ARGUMENTS = ("model", "artifact")
 MODEL_SPELLINGS = ("-m", "--model")
@@ -353,7 +388,10 @@ class LlamaCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not ctx.ignore_unknown_options:  # recipe from-flags: a llama-quantize line, read as such
             args = self._normalize(ctx, args)
-        return super().parse_args(ctx, args)
+        rest = super().parse_args(ctx, args)
+        if not ctx.resilient_parsing:
+            _refuse_alone(self, ctx)
+        return rest
 
     def _model_argument(self) -> click.Argument | None:
         first = next((p for p in self.params if isinstance(p, click.Argument)), None)
