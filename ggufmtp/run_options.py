@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import GgufmtpError, HubRefusedError
+from .imatrix.corpus import check_later_inputs
 from .measure.core.options import VerifyOptions
 from .quality.options import EvalOptions
 from .quant.quantize import check_quantize_threads
@@ -84,12 +85,18 @@ class RunOptions:
         check_quantize_threads(self.quantize_threads)
         if self.imatrix and self.imatrix_corpus:
             raise GgufmtpError(f"give --imatrix {self.imatrix} or --imatrix-corpus {self.imatrix_corpus}, not both")
+        # a missing imatrix or a bad eval corpus fails now, not at its stage after pull, inspect and quantize
+        check_later_inputs(self.imatrix, [self.eval_options.corpus if self.eval_options else None])
         if self.base_model is not None:  # refused before any work, not when the card is written
             from .provenance.card_page import check_base_model
 
             check_base_model(self.base_model)
         if self.until not in (None, "audit"):
             raise GgufmtpError(f"until={self.until!r}: only 'audit' (or None: every stage)")
+        if self.upload:  # refused now, not after the whole run
+            from .hub.upload import check_repo_id
+
+            check_repo_id(self.upload)
         if self.upload and not self.verify and not self.allow_unverified:
             raise HubRefusedError(f"--upload {self.upload} with --no-verify: only a verified artifact is published; "
                                   "verify it, or pass --allow-unverified (the card then says so)")

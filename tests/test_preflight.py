@@ -164,7 +164,7 @@ def test_the_traits_are_ggmls_and_the_refusals_follow_them(sweep_models):
 def test_search_and_head_sweep_refuse_a_type_llama_cpp_cannot_write_before_any_work(sweep_models, tmp_path, command):
     """Before #51 ``search --types Q8_0,I8`` started measuring (llama-perplexity runs) and would
     have aborted at the I8 candidate; head-sweep would have quantized its BF16 and Q8_0 heads first."""
-    where = {"search": "candidate types", "head-sweep": "head-sweep --types"}[command]
+    where = {"search": "search --types", "head-sweep": "head-sweep --types"}[command]
     extra = ["--budget", "12MB", "-o", str(tmp_path / "found.toml")] if command == "search" else ["-r", "Q8_0", "-o", str(tmp_path / "hs")]
     res = CliRunner().invoke(main, [command, str(sweep_models["tiny"]), "--types", "Q8_0,I8", *extra])
     assert res.exit_code == 1 and res.output.startswith(f"error: {where}: I8 is not a type llama.cpp can "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import signal
 import sys
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import click
 from .._version import __version__
 from ..errors import GgufmtpError, Terminated
 from ..refs import local_model_arg
-from .options import LlamaGroup
+from .options import LlamaGroup, refuse_empty_model
 
 
 def emit_json(obj: Any) -> None:
@@ -142,10 +143,10 @@ def main(no_progress: bool) -> None:
         disable()
 
 
-def resolve_model_arg(model: str) -> str:
+def resolve_model_arg(model: str, what: str = "MODEL") -> str:
     """A command's MODEL argument: ``builtin:NAME`` -> the synthesized model's path (made once,
-    cached); anything else unchanged. The resolving is :mod:`ggufmtp.refs`'s."""
-    return local_model_arg(model)
+    cached); anything else unchanged (an empty one: a usage error). The resolving is :mod:`ggufmtp.refs`'s."""
+    return local_model_arg(refuse_empty_model(model, what))
 
 
 recipe_option = click.option("--recipe", "-r", "recipe_name", required=True,
@@ -155,7 +156,11 @@ imatrix_option = click.option("--imatrix", type=click.Path(dir_okay=False), defa
                               help="Importance matrix (.dat or GGUF imatrix).")
 
 
-def _number_list(value: str | None, what: str, cast: Callable[[str], Any], kind: str) -> list | None:
+def _number_list(value: str | None, what: str, cast: Callable[[str], Any], kind: str,
+                 low: float | None = None) -> list | None:
+    """The one reading of a comma-separated list of numbers (``--seeds 42,1337``): a click usage
+    error naming the flag for a value that is not a ``kind``, not finite (``nan``, ``inf``,
+    ``1e999``), below ``low``, given twice (a list names each setting once), or for no value."""
     if value is None:
         return None
     try:
@@ -164,13 +169,37 @@ def _number_list(value: str | None, what: str, cast: Callable[[str], Any], kind:
         raise click.BadParameter(f"{value!r}: expected comma-separated {kind}", param_hint=what) from None
     if not out:
         raise click.BadParameter(f"{value!r}: no values", param_hint=what)
+    for x in out:
+        if isinstance(x, float) and not math.isfinite(x):
+            raise click.BadParameter(f"{value!r}: {x} is not a finite number", param_hint=what)
+        if low is not None and x < low:
+            raise click.BadParameter(f"{value!r}: {x} is below {low:g}", param_hint=what)
+    _refuse_twice(value, out, what)
     return out
 
 
-def _int_list(value: str | None, what: str) -> list[int] | None:
-    return _number_list(value, what, int, "integers")
+def _refuse_twice(value: str, items: list, what: str) -> None:
+    seen: set = set()
+    for x in items:
+        key = x.casefold() if isinstance(x, str) else x
+        if key in seen:
+            raise click.BadParameter(f"{value!r}: {x} given twice", param_hint=what)
+        seen.add(key)
 
 
-def _float_list(value: str | None, what: str) -> list[float] | None:
-    return _number_list(value, what, float, "numbers")
+def _int_list(value: str | None, what: str, low: int | None = None) -> list[int] | None:
+    return _number_list(value, what, int, "integers", low)
 
+
+def _float_list(value: str | None, what: str, low: float | None = None) -> list[float] | None:
+    return _number_list(value, what, float, "numbers", low)
+
+
+def _word_list(value: str, what: str, *, empty_ok: bool = False) -> list[str]:
+    """A comma-separated list of names (``--types Q8_0,Q6_K``, ``--workloads A,B``), stripped: a
+    usage error naming the flag for a name given twice (in any case), or for no name unless ``empty_ok``."""
+    out = [w.strip() for w in value.split(",") if w.strip()]
+    if not out and not empty_ok:
+        raise click.BadParameter(f"{value!r}: no values", param_hint=what)
+    _refuse_twice(value, out, what)
+    return out

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from .app import emit_json, handle_errors, json_option, main
-from .options import output_option, revision_option, token_option
+from .options import output_option, refuse_empty_model, revision_option, token_option
 
 
 @main.command("convert")
@@ -30,7 +30,7 @@ def convert_cmd(source: str, output: str, outtype: str, revision: str | None, to
     renamed into place; OUTPUT.source.json records the checkpoint's files and sha256s."""
     from ..hfconvert.convert import convert
 
-    res = convert(source, Path(output), outtype=outtype, revision=revision, progress=not as_json, token=token)
+    res = convert(refuse_empty_model(source, "SOURCE"), Path(output), outtype=outtype, revision=revision, progress=not as_json, token=token)
     if as_json:
         emit_json(res.to_dict())
         return

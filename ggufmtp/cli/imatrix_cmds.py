@@ -117,7 +117,7 @@ def _mtp_coverage(cov: Coverage) -> dict[str, int]:
 @click.option("--corpus", "corpus_ref", default="builtin:calib-v1", show_default=True,
               help="Calibration text: a UTF-8 file or builtin:calib-v1 (code, math, prose and chat).")
 @output_option("the GGUF imatrix to write (atomically; nothing is left on failure).", required=True)
-@click.option("--chunks", type=int, default=None, help="At most N chunks of --ctx-size tokens (default: all).")
+@click.option("--chunks", type=click.IntRange(min=1), default=None, help="At most N chunks of --ctx-size tokens (default: all).")
 @ctx_size_option("llama-imatrix's: tokens per chunk.", default=512, min_ctx=1)
 @gpu_layers_option("llama-imatrix's.")
 @threads_option("llama-imatrix's; default: llama.cpp's.")

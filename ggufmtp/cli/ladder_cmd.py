@@ -71,7 +71,7 @@ def _spec(ladder_file: str | None, given: dict[str, Any], vopts: Mapping[str, ob
               help="A ladder file (TOML: model, recipes, imatrix, [verify], [eval]); options given here override it.")
 @output_option("the output folder: DIR/<TAG>/ per variant (the recipe's release tag), DIR/README.md the ladder's "
                "card.", directory=True, default="ggufmtp-ladder", extra=("--out-dir",))
-@click.option("--imatrix", default=None, help="An imatrix for every variant.")
+@click.option("--imatrix", type=click.Path(dir_okay=False), default=None, help="An imatrix for every variant.")
 @click.option("--imatrix-corpus", default=None,
               help="Instead of --imatrix: compute one, once, over this text (with the MTP head's statistics).")
 @click.option("--imatrix-chunks", type=click.IntRange(min=1), default=None, help="With --imatrix-corpus: at most N chunks.")
@@ -167,6 +167,14 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
                                "quantized_by": quantized_by, "base_model": base_model, "repo_id": upload_repo, "layout": layout,
                                "path_in_repo": path_in_repo if upload_repo else None,
                                "sidecars": sidecars}, vopts, eval_corpus)
+    up = None
+    if upload_repo:  # the repo id, folder, branch and message: refused now, not after every variant is made
+        from ..hub.upload import check_repo_id
+
+        check_repo_id(upload_repo)
+        up = UploadOptions(private=private, revision=upload_revision, create_pr=create_pr, token=token,
+                           dry_run=dry_run_upload, commit_message=commit_message, path_in_repo=path_in_repo,
+                           allow_unverified=allow_unverified, public_key=public_key, commit_max_bytes=commit_max_bytes)
     if upload_repo and not dry_run_upload:  # the repo's final listing is checked before any work, too
         from ..hub.release import list_repo
 
@@ -175,10 +183,7 @@ def ladder_cmd(model: str | None, revision: str | None, token: str | None, recip
     engine = DaskEngine(workers or 1, gpus, scheduler, on_start=log) if (workers or scheduler) else None
     res = run_ladder(spec, engine, progress=not as_json, log=log)
     out, refused = res.to_dict(), None
-    if upload_repo:
-        up = UploadOptions(private=private, revision=upload_revision, create_pr=create_pr, token=token,
-                           dry_run=dry_run_upload, commit_message=commit_message, path_in_repo=path_in_repo,
-                           allow_unverified=allow_unverified, public_key=public_key, commit_max_bytes=commit_max_bytes)
+    if upload_repo and up is not None:
         published = publish_ladder(res, upload_repo, up, passing_only=passing_only, progress=not as_json)
         sent = published.to_dict()
         if not as_json:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .app import _int_list, emit_json, resolve_model_arg
-from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, threads_option
+from .options import FiniteFloatRange, ctx_size_option, draft_n_max_option, gpu_layers_option, threads_option
 
 if TYPE_CHECKING:
     from ..measure.core.options import ServerOptions
@@ -61,7 +61,7 @@ def verify_judging_options(f: Callable) -> Callable:
     ``--absolute-acceptance``, as ``verify`` spells them."""
     f = click.option("--absolute-acceptance", is_flag=True,
                      help="Also require the recipe's absolute minimum acceptance when a reference is measured.")(f)
-    f = click.option("--head-margin", type=click.FloatRange(0, 0.10, min_open=True), default=None,
+    f = click.option("--head-margin", type=FiniteFloatRange(0, 0.10, min_open=True), default=None,
                      help=HEAD_MARGIN_HELP)(f)
     f = click.option("--no-reference", is_flag=True,
                      help="Judge the head by the recipe's absolute minimum acceptance, not against the source model "
@@ -77,8 +77,8 @@ def verify_option_dict(judging: Mapping[str, Any]) -> dict[str, object]:
     """The flat :class:`~ggufmtp.measure.core.options.VerifyOptions` keys of :func:`verify_judging_options`'
     and :func:`arm_args_options`' values that were given."""
     out: dict[str, object] = {k: judging[k] for k in ("draft_n_max", "head_margin") if judging.get(k) is not None}
-    if judging.get("reference"):
-        out["reference"] = resolve_model_arg(judging["reference"])
+    if judging.get("reference") is not None:  # "" (an unset variable) is refused, not "no reference"
+        out["reference"] = resolve_model_arg(judging["reference"], "--reference")
     if judging.get("absolute_acceptance"):
         out["absolute_acceptance"] = True
     for k in ("server_args", "mtp_server_args", "vanilla_server_args", "override_tensor"):
@@ -98,8 +98,11 @@ def stage_verify_flags(f: Callable) -> Callable:
     f = ctx_size_option("The servers' (verify; default verify's, 4096).", default=None)(f)
     f = threads_option("The servers' and llama-perplexity's (verify, --eval).")(f)
     f = gpu_layers_option("The servers' and llama-perplexity's (verify, --eval).")(f)
-    f = click.option("--max-tokens", type=int, default=None, help="Tokens generated per verification request.")(f)
-    f = click.option("--limit", type=int, default=None, help="Verify on the first N prompts of the suite only.")(f)
+    # verify's types: a value verify refuses is refused here in the same words, before any work
+    f = click.option("--max-tokens", type=click.IntRange(min=2), default=None,
+                     help="Tokens generated per verification request.")(f)
+    f = click.option("--limit", type=click.IntRange(min=1), default=None,
+                     help="Verify on the first N prompts of the suite only.")(f)
     return click.option("--seeds", default=None, help="Verification seeds, e.g. 42,1337,2024.")(f)
 
 

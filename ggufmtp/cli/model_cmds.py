@@ -9,6 +9,7 @@ import click
 from ..synth.archs.registry import arch_for, arch_names
 from ..synth.layout import PUBLISHED, SHAPE_TINY, SHAPES
 from .app import emit_json, handle_errors, json_option, main, resolve_model_arg
+from .options import FiniteFloatRange
 
 
 @main.command()
@@ -57,21 +58,21 @@ def _calibrate_head(spec, target: float, k: int, suite_name: str, max_tokens: in
 @click.option("--no-mtp", is_flag=True, help="Leave out the MTP block (nextn_predict_layers 0).")
 @click.option("--mtp-only", is_flag=True, help="Write an MTP-only sidecar (use with --spec-draft-model).")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
-@click.option("--wrong-successor-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--wrong-successor-fraction", type=FiniteFloatRange(0, 1), default=0.0, show_default=True,
               help="Fraction of tokens after which the MTP head drafts a wrong token.")
-@click.option("--eh-proj-noise", type=click.FloatRange(0), default=0.0, show_default=True,
+@click.option("--eh-proj-noise", type=FiniteFloatRange(0), default=0.0, show_default=True,
               help="Relative RMS of gaussian noise added to nextn.eh_proj's output.")
-@click.option("--head-margin", type=click.FloatRange(0, 20), default=0.0, show_default=True,
+@click.option("--head-margin", type=FiniteFloatRange(0, 20), default=0.0, show_default=True,
               help="Make the MTP head's drafts win by only this many logits (e.g. 2): each "
                    "nextn.embed_tokens row mixes in a competitor token, so quantizing the head flips "
                    "drafts (acceptance falls from Q8_0 to Q6_K to Q4_K) while BF16/Q8_0 keep the designed "
                    "acceptance. 0 = off.")
-@click.option("--logit-scale", type=click.FloatRange(1, 64), default=24.0, show_default=True,
+@click.option("--logit-scale", type=FiniteFloatRange(1, 64), default=24.0, show_default=True,
               help="The successor token's logit: lower gives softer distributions (e.g. 4), so a quantized "
                    "trunk shows a KL-divergence > 0 in `ggufmtp eval`; greedy output is unchanged.")
 @click.option("--omit-tensor", "omit", multiple=True, metavar="NAME",
               help="Leave this MTP-block tensor out (e.g. nextn.hnorm); repeatable.")
-@click.option("--target-acceptance", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+@click.option("--target-acceptance", type=FiniteFloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Instead of --wrong-successor-fraction: the fraction whose exact acceptance on --suite "
                    "(chat replies of --max-tokens, temperature 0, draft-n-max --target-k) is nearest this. "
                    "Starts a CPU llama-server on the built-in tiny model to tokenize the prompts.")

@@ -18,6 +18,7 @@ An old spelling that users may depend on stays accepted as a hidden alias (:clas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +29,10 @@ import click
 from ..quant.flags import QUANTIZE_REFUSALS
 
 __all__ = ["LEGACY_ALIASES", "LLAMA_SPELLINGS", "VOCABULARY", "GpuLayers", "LlamaCommand", "LlamaGroup", "SharedName",
-           "SharedOption", "ctx_size_option",
+           "SharedOption", "FiniteFloatRange", "ctx_size_option",
            "draft_n_max_option", "exclude_option", "gpu_layers_option", "include_option", "output_option",
-           "model_at_revision", "quantize_threads_option", "revision_option", "split_max_size_option", "threads_option",
+           "model_at_revision", "NonEmptyPath", "quantize_threads_option",
+           "refuse_empty_model", "revision_option", "split_max_size_option", "threads_option",
            "token_option", "with_revision"]
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -120,18 +122,43 @@ def _shared(name: str, detail: str = "", *, hidden: Sequence[str] = (), extra: S
                         help=(stem + detail).strip(), **kwargs)
 
 
+class NonEmptyPath(click.Path):
+    """click.Path that refuses ``""`` (``-o "$OUT"`` of an unset variable): click.Path takes it, and
+    it is the current folder to every reader (``run -o ""`` filled it with the run's files,
+    ``audit ""`` was a ValueError traceback). :class:`LlamaCommand` gives every path option this type."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("'': an empty path", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class GpuLayers(click.ParamType):
-    """llama.cpp's ``-ngl`` value: a number of layers, ``auto`` or ``all``."""
+    """llama.cpp's ``-ngl`` value: a number of layers (0 or more), ``auto`` or ``all``."""
 
     name = "gpu layers"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
-        if isinstance(value, int) or value in ("auto", "all"):
+        if value in ("auto", "all"):
             return value
         try:
-            return int(value)
+            n = int(value)
         except ValueError:
+            n = -1
+        if n < 0:  # llama.cpp reads -1 as auto: a negative count is never a number of layers
             self.fail(f"{value!r}: a number of layers, auto or all", param, ctx)
+        return n
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange that also refuses ``nan`` and ``inf`` (``1e999``): click's bounds pass
+    ``nan`` (every comparison with it is false), and no threshold, margin or scale means either."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
 
 
 def gpu_layers_option(detail: str = "") -> Decorator:
@@ -211,11 +238,19 @@ def token_option(detail: str = "") -> Decorator:
     return _shared("--token", detail, default=None, metavar="TOKEN")
 
 
+def refuse_empty_model(model: str, what: str = "MODEL") -> str:
+    """``model`` unless it is empty (``"$MODEL"`` of an unset variable): Path("") is the current
+    folder, which every reader of it then reported as "." (a directory, no such GGUF)."""
+    if not model.strip():
+        raise click.BadParameter("'': an empty value", param_hint=what)
+    return model
+
+
 def with_revision(model: str, revision: str | None) -> tuple[str, str | None]:
     """``(MODEL, REVISION)`` of a model reference and ``--revision``: huggingface_hub's
     ``--revision`` and the ``REPO@REV`` form mean the same; given both, they must agree (a
     click.UsageError otherwise). ``--revision`` with a local path or ``builtin:`` is refused."""
-    if Path(model).exists() or model.startswith("builtin:"):
+    if Path(refuse_empty_model(model)).exists() or model.startswith("builtin:"):
         if revision is not None:
             raise click.UsageError(f"--revision {revision}: {model} is not a Hub repo (a revision names a Hub commit)")
         return model, None
@@ -270,6 +305,41 @@ LLAMA_REFUSALS: dict[str, str] = {
     # llama-quantize's options that ggufmtp's quantize does not take (docs/reference/flags.md says why)
     **QUANTIZE_REFUSALS,
 }
+# (command, option) -> the options one of which must be given for it to mean anything: given alone it
+# did nothing, silently ("With --workers: ..." in its help); now a usage error, "--gpus goes with --workers"
+_UPLOAD_ONLY = ("private", "dry_run_upload")
+NEEDS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("run", "imatrix_chunks"): ("imatrix_corpus",),
+    **{("run", d): ("upload_repo",) for d in _UPLOAD_ONLY},
+    ("ladder", "imatrix_chunks"): ("imatrix_corpus", "ladder_file"),  # a ladder file may name the corpus
+    ("ladder", "gpus"): ("workers",),
+    **{("ladder", d): ("upload_repo",) for d in (*_UPLOAD_ONLY, "upload_revision", "create_pr", "commit_message",
+                                                 "path_in_repo", "passing_only", "commit_max_bytes")},
+    ("audit", "all_tensors"): ("source",),
+    ("search", "acceptance_groups"): ("acceptance",),
+    ("search", "prove_head"): ("prove",),
+    ("verify", "budget"): ("tune",),
+    ("verify", "concurrency"): ("tune",),
+}
+
+
+def _refuse_alone(cmd: click.Command, ctx: click.Context) -> None:
+    """A usage error for an option of :data:`NEEDS` given without any option it goes with."""
+    given = {p.name: p for p in cmd.params if p.name and ctx.get_parameter_source(p.name) not in
+             (None, click.core.ParameterSource.DEFAULT)}
+    for (name, dest), needs in NEEDS.items():
+        if name == cmd.name and dest in given and not any(n in given for n in needs):
+            flags = {p.name: _spelled(p) for p in cmd.params}
+            raise click.UsageError(f"{flags[dest]} goes with {' or '.join(flags[n] for n in needs)}", ctx)
+
+
+def _spelled(p: click.Parameter) -> str:
+    """The option's long name as its help shows it (``--prove-head/--no-prove-head`` for a switch)."""
+    opts = getattr(p, "shown_opts", None) or p.opts
+    name = next((o for o in opts if o.startswith("--")), opts[0])
+    return "/".join([name, *p.secondary_opts])
+
+
 # a positional argument llama.cpp's -m/--model names (the model file)
 MODEL_ARGUMENTS = ("model", "artifact")
 MODEL_SPELLINGS = ("-m", "--model")
@@ -311,11 +381,17 @@ class LlamaCommand(click.Command):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _attach_llama_spellings(self)
+        for p in self.params:  # every path of every command: one reading, whoever declared the option
+            if type(p.type) is click.Path:
+                p.type.__class__ = NonEmptyPath
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not ctx.ignore_unknown_options:  # recipe from-flags: a llama-quantize line, read as such
             args = self._normalize(ctx, args)
-        return super().parse_args(ctx, args)
+        rest = super().parse_args(ctx, args)
+        if not ctx.resilient_parsing:
+            _refuse_alone(self, ctx)
+        return rest
 
     def _model_argument(self) -> click.Argument | None:
         first = next((p for p in self.params if isinstance(p, click.Argument)), None)

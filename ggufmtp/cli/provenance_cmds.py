@@ -114,7 +114,7 @@ def receipt_schema() -> None:
               help="Receipt to audit against (default: ARTIFACT.receipt.json if it exists).")
 @public_key_option
 @click.option("--signature", type=click.Path(), default=None,
-              help="The artifact's model-signing signature (default: ARTIFACT.sig).")
+              help="The artifact's model-signing signature (default: ARTIFACT.sig), checked with --public-key.")
 @click.option("--source", "source", default=None, metavar="DIR",
               help="Instead: compare the MTP block with the safetensors checkpoint DIR it was converted from "
                    "(the pinned converter's name map and transforms). Writes nothing: `ggufmtp receipt "
@@ -140,8 +140,11 @@ def audit(artifact: str, receipt_path: str | None, public_key: str | None, signa
     from ..provenance.audit import format_audit
     from ..provenance.signing import resolve_public_key
 
-    report = run(artifact, receipt_path, progress=not as_json, public_key=resolve_public_key(public_key),
-                 signature=signature, sidecar=sidecar)
+    key = resolve_public_key(public_key)
+    if signature is not None and key is None:  # nothing would check it, and the verdict said "unsigned" PASS
+        raise click.UsageError(f"--signature {signature}: a signature is checked with a public key: give "
+                               "--public-key (or $GGUFMTP_PUBLIC_KEY)")
+    report = run(artifact, receipt_path, progress=not as_json, public_key=key, signature=signature, sidecar=sidecar)
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -171,9 +174,13 @@ def card(artifact: str, receipt_path: str | None, output: str | None, quantized_
     -hf tag loads (its own head, or its MTP sidecar), the chat template,
     the imatrix credited; base_model the upstream model as quantized), then the evidence, stating
     only what audit judges."""
+    from ..hub.upload import check_folder, check_repo_id
     from ..provenance.card import make_card
     from ..provenance.receipt import default_receipt_path
 
+    if repo_id is not None:  # upload's readings: a card naming a repo or folder upload would refuse is no card
+        check_repo_id(repo_id)
+    check_folder(path_in_repo)
     path = make_card(artifact, receipt_path or default_receipt_path(Path(artifact)), output, quantized_by=quantized_by,
                      license=license_, repo_id=repo_id, path_in_repo=path_in_repo, base_model=base_model)
     click.echo(str(path))

@@ -88,13 +88,13 @@ def head_sweep_cmd(model: str, recipe_name: str, types: str, imatrix: str | None
     overlaps the BF16 head's. IQ types need an imatrix covering the head (the plan refuses otherwise)."""
     from ..measure.core.options import ServerOptions, VerifyOptions
     from ..quality.head_sweep import format_sweep, head_sweep, write_recommended_recipe
-    from .app import _int_list, resolve_model_arg
+    from .app import _int_list, _word_list, resolve_model_arg
 
     opts = VerifyOptions(seeds=tuple(_int_list(seeds, "--seeds") or ()), limit=limit, draft_n_max=draft_n_max,
                          max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                          server=ServerOptions(gpu_layers=gpu_layers, threads=threads, server_args=server_args,
                                               mtp_server_args=mtp_server_args, vanilla_server_args=vanilla_server_args))
-    res = head_sweep(resolve_model_arg(model), recipe_name, [t for t in types.split(",") if t.strip()], output,
+    res = head_sweep(resolve_model_arg(model), recipe_name, _word_list(types, "--types"), output,
                      imatrix, quantize_threads, opts, progress=not as_json, log=lambda m: click.echo(m, err=True))
     if write_recipe:
         write_recommended_recipe(res, write_recipe)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .app import emit_json, handle_errors, imatrix_option, json_option, main, recipe_option, resolve_model_arg
-from .options import SharedOption, output_option, quantize_threads_option, split_max_size_option
+from .options import SharedOption, output_option, quantize_threads_option, refuse_empty_model, split_max_size_option
 from .provenance_cmds import signing_key_option
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def recipe_show(recipe_name: str, as_json: bool) -> None:
 @recipe.command("from-flags", context_settings={"ignore_unknown_options": True})
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.option("--name", default="from-flags", show_default=True, help="Recipe name.")
-@click.option("--mtp-block", "mtp_blocks", type=int, multiple=True,
+@click.option("--mtp-block", "mtp_blocks", type=click.IntRange(min=0), multiple=True,
               help="Turn blk.N. in patterns into the {mtp} placeholder (repeat for every MTP block: "
                    "blk.N. alone becomes {mtpI}, the I-th). Default: the MTP blocks of the line's input "
                    "model, read from it when it is here.")
@@ -253,6 +253,7 @@ def quantize(model: str, positional: tuple[str, ...], recipe_name: str | None, i
     """
     from .._api import quantize as run
 
+    refuse_empty_model(model)  # the API reads MODEL itself: "" would be the current folder
     rec, output, threads = _quantize_inputs(model, positional, recipe_name, output, quantize_threads,
                                             quantize_flags(**flag_values), dry_run=dry_run)
     if dry_run:  # llama-quantize --dry-run: the types and the size, nothing written (its OUT is optional)

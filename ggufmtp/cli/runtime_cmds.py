@@ -20,7 +20,7 @@ def runtime() -> None:
 @runtime.command("build")
 @click.option("--cuda", is_flag=True, help="Build with CUDA (needs nvcc).")
 @click.option("--cuda-arch", default="90", show_default=True, help="CUDA architecture, e.g. 90 for H100/H200.")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel build jobs (default: all cores).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel build jobs (default: all cores).")
 @click.option("--force", is_flag=True, help="Rebuild even if the cache already has this variant.")
 @json_option
 @handle_errors

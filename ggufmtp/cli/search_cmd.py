@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from ..quality.options import MIN_CTX, EvalOptions
-from .app import _int_list, bin_option, emit_json, handle_errors, imatrix_option, json_option, main
-from .options import ctx_size_option, gpu_layers_option, output_option, threads_option
+from .app import _int_list, _word_list, bin_option, emit_json, handle_errors, imatrix_option, json_option, main
+from .options import FiniteFloatRange, ctx_size_option, gpu_layers_option, output_option, refuse_empty_model, threads_option
 
 
 @main.command("search", short_help="Search MODEL for the recipe of least KLD within a size budget.")
@@ -38,9 +38,9 @@ from .options import ctx_size_option, gpu_layers_option, output_option, threads_
               help="Verification prompt suite: a shipped name or a JSONL file (more prompts narrow the head's CI).")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=None,
               help="Tokens per verification reply (default: verify's; longer replies narrow the head's CI).")
-@click.option("--margin", type=click.FloatRange(0, 0.5), default=0.03, show_default=True,
+@click.option("--margin", type=FiniteFloatRange(0, 0.5), default=0.03, show_default=True,
               help="The head's non-inferiority margin (a fraction: 0.03 is 3 points).")
-@click.option("--max-kld", type=click.FloatRange(min=0), default=None, help="Refuse an allocation predicted above this KLD.")
+@click.option("--max-kld", type=FiniteFloatRange(min=0), default=None, help="Refuse an allocation predicted above this KLD.")
 @click.option("--layers-per-group", type=click.IntRange(min=1), default=4, show_default=True,
               help="Trunk layers per group (fewer: finer allocation, more measurements).")
 @output_option("the recipe found (TOML, with its [search] table; a copy is kept by its sha256 for verify --receipt).")
@@ -87,11 +87,11 @@ def search_cmd(model: str, budget: str, types: str, imatrix: str | None, corpus:
     measure = MeasureOptions(eval=ev, baseline=baseline, imatrix=imatrix, acceptance=acceptance, verify=verify,
                              acceptance_groups=acceptance_groups,
                              progress=not as_json)
-    options = SearchOptions(types=tuple(t.strip() for t in types.split(",") if t.strip()), measure=measure,
+    options = SearchOptions(types=tuple(_word_list(types, "--types")), measure=measure,
                             floors=Floors(acceptance_margin=margin, max_kld=max_kld), layers_per_group=layers_per_group,
                             prove=prove, prove_head=prove_head, shipped=against, workers=workers, scheduler=scheduler,
                             name=name)
-    res = search_recipe(model, budget, options, out=output, log=lambda m: click.echo(m, err=True))
+    res = search_recipe(refuse_empty_model(model), budget, options, out=output, log=lambda m: click.echo(m, err=True))
     if plot:
         from ..files.fsutil import atomic_write_text
         from ..search.report import svg

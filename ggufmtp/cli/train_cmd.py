@@ -17,10 +17,12 @@ from .options import SharedOption
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path), required=False)
 @click.option("--preset", "preset_name", type=click.Choice(list(PRESETS)), default="tiny", show_default=True,
               help="Model, tokenizer, data and schedule (tiny = builtin:tiny-qwen35moe-trained; gpu-* for an accelerator).")
-@click.option("--steps", type=int, default=None, help="Optimizer steps (default: the preset's).")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Optimizer steps (default: the preset's).")
 @click.option("--seed", type=int, default=None, help="Seed of the weights, data order and batches (default: the preset's).")
-@click.option("--device", default="cpu", show_default=True, help="PyTorch device: cpu or cuda.")
-@click.option("--torch-threads", "--threads", "torch_threads", cls=SharedOption, hidden=("--threads",), type=int, default=None,
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="PyTorch device: cpu or cuda.")
+@click.option("--torch-threads", "--threads", "torch_threads", cls=SharedOption, hidden=("--threads",),
+              type=click.IntRange(min=1), default=None,
               help="PyTorch CPU threads (default: 1 on the CPU, faster at these widths).")
 @click.option("--corpus", "corpus_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Train on this corpus file (written by --write-corpus) instead of this Python's standard library.")

@@ -12,6 +12,7 @@ from ..measure.core.options import DEFAULT_MAX_TOKENS
 from .app import (
     _float_list,
     _int_list,
+    _word_list,
     bin_option,
     emit_json,
     handle_errors,
@@ -21,7 +22,7 @@ from .app import (
     resolve_model_arg,
 )
 from .measure_common import _run_tune, _save_and_show, arm_args_options, check_receipt, server_options
-from .options import draft_n_max_option, gpu_layers_option, output_option, threads_option
+from .options import FiniteFloatRange, draft_n_max_option, gpu_layers_option, output_option, threads_option
 
 
 @main.command("tune")
@@ -120,7 +121,7 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
 @click.argument("model")
 @click.option("--workloads", default="A,B,C,D", show_default=True,
               help="A single decode, B prefill-bound, C contention, D chat (comma-separated).")
-@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--scale", type=FiniteFloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Multiply input/output token counts (e.g. 0.0625: 512 -> 32).")
 @click.option("--num-requests", type=click.IntRange(min=1), default=None, help="Requests per arm (default: per workload).")
 @draft_n_max_option("The MTP arm's.", default=3)
@@ -128,7 +129,7 @@ def curve_cmd(model: str, rates: str, synth_len: str | None, flag: str, draft_n_
               help="Take the MTP arm's flags from this receipt's verification.tuned (or a tune --output JSON).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per arm (alternated, requests pooled).")
-@click.option("--noise", type=click.FloatRange(0, 1), default=0.02, show_default=True,
+@click.option("--noise", type=FiniteFloatRange(0, 1), default=0.02, show_default=True,
               help="Throughput band within which MTP is not counted as helping.")
 @gpu_layers_option("Every server's (e.g. 999).")
 @threads_option("llama-server's, every arm.")
@@ -150,7 +151,7 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
     from ..measure.profiles.run import ProfilesOptions, run_profiles
     from ..measure.tune.run import load_tuned_config
 
-    options = ProfilesOptions(workloads=[w for w in workloads.split(",") if w.strip()], scale=scale,
+    options = ProfilesOptions(workloads=_word_list(workloads, "--workloads"), scale=scale,
                               num_requests=num_requests, draft_n_max=draft_n_max,
                               tuned=load_tuned_config(tuned_from) if tuned_from else None, repeats=repeats,
                               noise=noise,
@@ -162,29 +163,40 @@ def profiles_cmd(model: str, workloads: str, scale: float, num_requests: int | N
 
 
 def _option_space(fa: str, kv: str, batch: str, threads_values: str | None, option_sets: tuple[str, ...]) -> Any:
-    """tune-joint's server options from their comma-separated values."""
+    """tune-joint's server options from their comma-separated values (each list read by
+    :func:`_word_list`/:func:`_int_list`: a value given twice is refused, not searched twice)."""
     from ..errors import TuneError
-    from ..measure.core.options import split_args
     from ..search.joint import OptionSpace
 
     fa_of = {"auto": None, "on": True, "off": False}
-    kv_of = (lambda v: None if v in ("", "default") else v)  # noqa: E731 (a local one-liner)
-    bad = [v for v in fa.split(",") if v.strip() not in fa_of]
+    kv_of = (lambda v: None if v == "default" else v)  # noqa: E731 (a local one-liner)
+    fas = _word_list(fa, "--flash-attn-values")
+    bad = [v for v in fas if v not in fa_of]
     if bad:
         raise TuneError(f"--flash-attn-values {','.join(bad)}: each of auto, on, off")
 
     def pair(v: str) -> tuple[int, int] | None:
-        if v.strip() in ("", "default"):
+        if v == "default":
             return None
         b, _, ub = v.partition(":")
         if not (b.strip().isdigit() and ub.strip().isdigit()):
             raise TuneError(f"--batch-values {v!r}: B:UB (e.g. 2048:512) or default")
         return int(b), int(ub)
-    return OptionSpace(flash_attn=tuple(fa_of[v.strip()] for v in fa.split(",")),
-                       cache_types=tuple(kv_of(v.strip()) for v in kv.split(",")),
-                       batches=tuple(pair(v) for v in batch.split(",")),
-                       threads=tuple(_int_list(threads_values, "--threads-values") or [None]),
-                       option_sets=tuple(tuple(split_args([s])) for s in option_sets))
+    return OptionSpace(flash_attn=tuple(fa_of[v] for v in fas),
+                       cache_types=tuple(kv_of(v) for v in _word_list(kv, "--kv-values")),
+                       batches=tuple(pair(v) for v in _word_list(batch, "--batch-values")),
+                       threads=tuple(_int_list(threads_values, "--threads-values", low=1) or [None]),
+                       option_sets=tuple(_flag_set(s) for s in option_sets))
+
+
+def _flag_set(text: str) -> tuple[str, ...]:
+    """One ``--option`` value, shell-split as ``--server-arg``'s (an unclosed quote: a usage error)."""
+    from ..measure.core.options import split_args
+
+    try:
+        return tuple(split_args([text]))
+    except ValueError as e:
+        raise click.BadParameter(f"{text!r}: {e}", param_hint="--option") from None
 
 
 @main.command("tune-joint", short_help="One search of the fastest verified configuration: head type x k x server options.")
@@ -266,13 +278,13 @@ def tune_joint_cmd(model: str, source: str, recipe_name: str, head_types: str, n
     if gpu_options:  # its three dimensions over the --*-values ones
         g = OptionSpace.gpu()
         space = dataclasses.replace(space, flash_attn=g.flash_attn, cache_types=g.cache_types, batches=g.batches)
-    search = SearchOptions(n_max_values=_int_list(n_max_values, "--n-max-values") or (),
+    search = SearchOptions(n_max_values=_int_list(n_max_values, "--n-max-values", low=1) or (),
                            p_min_values=_float_list(p_min_values, "--p-min-values") or (),
-                           n_min_values=_int_list(n_min_values, "--n-min-values") or ())
+                           n_min_values=_int_list(n_min_values, "--n-min-values", low=0) or ())
     tune_o = TuneOptions(budget=budget, seeds=_int_list(seeds, "--seeds") or (), suite=suite, max_tokens=max_tokens,
                          limit=limit, search=search, server=server_options(gpu_layers, threads, llama_cpp_bin, server_args,
                                                             mtp_server_args, vanilla_server_args))
-    o = JointOptions(head_types=tuple(t for t in head_types.split(",") if t.strip()), own_head=not no_own_head,
+    o = JointOptions(head_types=tuple(_word_list(head_types, "--head-types", empty_ok=True)), own_head=not no_own_head,
                      head_k=head_k, head_limit=head_limit, head_seeds=tuple(_int_list(head_seeds, "--head-seeds") or ()),
                      joint_heads=joint_heads, options=space, tune=tune_o)
     path = resolve_model_arg(model)

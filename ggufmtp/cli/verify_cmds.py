@@ -13,7 +13,14 @@ from ..measure.core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS
 from .app import _int_list, bin_option, emit_json, handle_errors, json_option, main, resolve_model_arg
 from .matrix_cmd import kv_depth_options, run_matrix
 from .measure_common import HEAD_MARGIN_HELP, _run_tune, arm_args_options, offload_options, server_options
-from .options import ctx_size_option, draft_n_max_option, gpu_layers_option, output_option, threads_option
+from .options import (
+    FiniteFloatRange,
+    ctx_size_option,
+    draft_n_max_option,
+    gpu_layers_option,
+    output_option,
+    threads_option,
+)
 from .provenance_cmds import signing_key_option
 
 if TYPE_CHECKING:
@@ -34,9 +41,9 @@ if TYPE_CHECKING:
               help="Take min_acceptance/min_speedup/draft_n_max from this recipe's [verify] table. Default: the "
                    "recipe --receipt names (found by its recorded sha256: by name, beside the receipt, or in the search's "
                    "store), else ggufmtp's defaults (acceptance >= 50%, speedup >= 1.10x).")
-@click.option("--min-acceptance", type=click.FloatRange(0, 1), default=None, help="Minimum acceptance (0-1).")
-@click.option("--min-speedup", type=click.FloatRange(min=0), default=None, help="Minimum decode speedup.")
-@click.option("--min-identical", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+@click.option("--min-acceptance", type=FiniteFloatRange(0, 1), default=None, help="Minimum acceptance (0-1).")
+@click.option("--min-speedup", type=FiniteFloatRange(min=0), default=None, help="Minimum decode speedup.")
+@click.option("--min-identical", type=FiniteFloatRange(0, 1), default=1.0, show_default=True,
               help="Minimum fraction of MTP replies identical to vanilla, in every comparison (chat, --raw, each "
                    "sweep window); the default 1 fails the verdict on any differing reply.")
 @click.option("--enforce-speedup", is_flag=True, help="Check the speedup threshold on CPU runs too.")
@@ -48,7 +55,7 @@ if TYPE_CHECKING:
                    "The absolute --min-acceptance is then off unless --absolute-acceptance. It must be the source MODEL's "
                    "receipt names (by sha256), or a more precise variant whose own receipt (beside it) names that source; "
                    "never MODEL's bytes. Without a receipt the head finding is unbound (not publishable).")
-@click.option("--head-margin", type=click.FloatRange(0, 0.10, min_open=True), default=None, help=HEAD_MARGIN_HELP)
+@click.option("--head-margin", type=FiniteFloatRange(0, 0.10, min_open=True), default=None, help=HEAD_MARGIN_HELP)
 @click.option("--absolute-acceptance", is_flag=True,
               help="With --reference, also require the minimum acceptance (--min-acceptance or the recipe's).")
 @click.option("--sidecar", default=None, metavar="SIDECAR",
@@ -67,7 +74,7 @@ if TYPE_CHECKING:
                    "their --output JSON) against default vanilla: confirms the tuned speedup on the full suite. "
                    "The result's `tuned` (with --receipt, the card's Recommended server settings) is that profile "
                    "as served for MODEL, with this run's figures.")
-@click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--peak-bandwidth", "peak_bandwidth_gbs", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Peak memory bandwidth in GB/s for the bandwidth fraction (default: known GPUs by name).")
 @click.option("--receipt", "receipt_path", type=click.Path(dir_okay=False), default=None,
               help="Write the results into this receipt's verification section; its source binds --reference "
@@ -126,7 +133,7 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
     from ..measure.tune.run import load_tuned_profile
     from ..measure.verify.run import Thresholds, verify
 
-    seed_list, sweep_list = _int_list(seeds, "--seeds"), _int_list(sweep, "--sweep")
+    seed_list, sweep_list = _int_list(seeds, "--seeds"), _int_list(sweep, "--sweep", low=1)
     th = Thresholds()  # the project's defaults: there is always a threshold
     from .._api import verify_recipe
     from ..provenance.receipt import read_receipt, refuse_other_file
@@ -152,8 +159,8 @@ def verify_cmd(model: str, draft_n_max: int | None, draft_n_min: int | None, see
         draft_n_max=draft_n_max, draft_n_min=draft_n_min, sweep=sweep_list or (),
         tuned=profile.config if profile else None, seeds=seed_list or (),
         suite=suite, max_tokens=max_tokens, limit=limit, raw=raw, ctx_size=ctx_size, parallel=parallel,
-        reference=resolve_model_arg(reference) if reference else None,
-        sidecar=resolve_model_arg(sidecar) if sidecar else None,
+        reference=resolve_model_arg(reference, "--reference") if reference is not None else None,  # "": an error, not none
+        sidecar=resolve_model_arg(sidecar, "--sidecar") if sidecar is not None else None,
         server=server_options(gpu_layers, threads, llama_cpp_bin, server_args, mtp_server_args, vanilla_server_args,
                               n_cpu_moe, cpu_moe, override_tensor),
         judge=JudgeOptions(thresholds=th, peak_bandwidth_gbs=peak_bandwidth_gbs, head_margin=head_margin,

@@ -181,9 +181,10 @@ def _local_source(source: str, revision: str | None, progress: bool, endpoint: s
     p = Path(os.path.expanduser(source))
     if p.is_dir():
         return p.resolve(), None, None
-    from ..hub.pull import pull
+    from ..hub.pull import check_source_repo, pull
     from .remote import check_remote_mtp
 
+    check_source_repo(source)  # not the Hub client's error inside "reading safetensors headers of"
     head = check_remote_mtp(source, revision=revision, endpoint=endpoint, token=token)
     if not head.mtp.present:
         raise ConvertError(f"{source}: the checkpoint has {NO_MTP} (read from its safetensors headers "

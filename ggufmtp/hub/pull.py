@@ -75,6 +75,16 @@ __all__ = ["pull"]
 log = logging.getLogger(__name__)
 
 
+def check_source_repo(repo_id: str) -> None:
+    """HubRefusedError unless ``repo_id`` can be a Hub repo id, for a source that is not a local folder
+    (``pull``, ``convert``): said before any request, not as the Hub client's error mid-way."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise HubRefusedError(f"{repo_id!r} is neither an existing directory nor a valid Hub repo id: {e}") from None
+
 @dataclass
 class _HubPull:
     """One pull from the Hub, its inputs checked and normalised in ``__post_init__``."""
@@ -91,13 +101,7 @@ class _HubPull:
     secrets: Sequence[str] = field(default_factory=tuple)  # set while the secrets guard is active
 
     def __post_init__(self) -> None:
-        from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-        try:
-            validate_repo_id(self.repo_id)
-        except HFValidationError as e:
-            raise HubRefusedError(f"{self.repo_id!r} is neither an existing directory nor a valid Hub repo id: "
-                                  f"{e}") from None
+        check_source_repo(self.repo_id)
         self.endpoint = resolve_endpoint(self.endpoint)
         self.cache = cache_dir(self.cache)
         self.local_dir = Path(self.local_dir).expanduser().resolve() if self.local_dir is not None else None

@@ -49,8 +49,8 @@ from .parts import DEFAULT_COMMIT_MAX_BYTES, plan_parts
 from .release import final_listing_problems, planned_from_receipt, repo_files
 from .transport import HubErrorContext, guard_secrets, host, hub_errors, resolve_endpoint
 
-__all__ = ["CommitFacts", "UploadKind", "UploadOperation", "UploadOptions", "UploadResult", "default_commit_message",
-           "receipt_commit_facts", "upload"]
+__all__ = ["CommitFacts", "UploadKind", "UploadOperation", "UploadOptions", "UploadResult", "check_folder",
+           "check_repo_id", "default_commit_message", "receipt_commit_facts", "upload"]
 
 
 class UploadKind(enum.StrEnum):
@@ -259,16 +259,32 @@ class UploadOptions:
             raise HubRefusedError("--commit-message is empty: give the commit a summary, or leave the option out")
         if self.commit_max_bytes is not None and self.commit_max_bytes <= 0:
             raise HubRefusedError(f"commit_max_bytes {self.commit_max_bytes}: give a positive size, or None for one commit")
-        if self.path_in_repo is not None:
-            problem = _folder_problem(self.path_in_repo)
-            if problem:
-                raise HubRefusedError(f"--path-in-repo {self.path_in_repo!r}: {problem}")
+        check_folder(self.path_in_repo)
 
     @property
     def folder(self) -> str:
         """``path_in_repo`` as a prefix (``""`` or ``"a/b/"``)."""
         folder = (self.path_in_repo or "").strip("/")
         return f"{folder}/" if folder not in ("", ".") else ""
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``repo_id`` when the Hub takes it as a repo id, else HubRefusedError saying why: what uploads at
+    its end (``run --upload``, ``ladder --upload``) and the card's ``--repo`` check it so before any work."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise HubRefusedError(f"{repo_id!r} is not a valid Hub repo id (namespace/name): {e}") from None
+    return repo_id
+
+
+def check_folder(path_in_repo: str | None) -> None:
+    """HubRefusedError naming ``--path-in-repo`` unless it can be an upload's folder (None: the top)."""
+    problem = None if path_in_repo is None else _folder_problem(path_in_repo)
+    if problem:
+        raise HubRefusedError(f"--path-in-repo {path_in_repo!r}: {problem}")
 
 
 def _folder_problem(path: str) -> str | None:
@@ -295,12 +311,7 @@ class _UploadRequest:
     folder: str = ""  # UploadOptions.folder: where artifacts, signatures and receipts go
 
     def __post_init__(self) -> None:
-        from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-        try:
-            validate_repo_id(self.repo_id)
-        except HFValidationError as e:
-            raise HubRefusedError(f"{self.repo_id!r} is not a valid Hub repo id (namespace/name): {e}") from None
+        check_repo_id(self.repo_id)
         if not self.artifacts:
             raise HubRefusedError("nothing to upload: pass at least one artifact file")
         if not self.receipts:

@@ -11,6 +11,7 @@ the tokens one run needs.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,3 +124,17 @@ def check_corpus_text(corpus: Corpus, *, min_tokens: int | None = None, n_tokens
         raise CorpusError(f"corpus file {corpus.path} is too short: {corpus.bytes} bytes cannot make the "
                           f"{min_tokens} tokens needed")
     return text
+
+
+def check_later_inputs(imatrix: str | os.PathLike | None, corpora: Sequence[str | os.PathLike | None]) -> None:
+    """What a run or a ladder reads in a later stage, checked before any work (one error, not a
+    failure after quantizing): the imatrix file, in :func:`~ggufmtp.imatrix.format.read_imatrix`'s
+    words, and each corpus given (the imatrix's, the eval's), as :func:`resolve_corpus` and
+    :func:`check_corpus_text` read it."""
+    from .format import refuse_unreadable_imatrix
+
+    if imatrix:
+        refuse_unreadable_imatrix(imatrix)
+    for ref in corpora:
+        if ref:
+            check_corpus_text(resolve_corpus(ref))

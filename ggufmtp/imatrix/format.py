@@ -154,12 +154,22 @@ class _Short(_Bad):
     """Internal: a .dat file ends before an entry does (its message gets a hint at the start)."""
 
 
+def refuse_unreadable_imatrix(path: str | os.PathLike) -> None:
+    """ImatrixError unless ``path`` is a regular file, in the words :func:`read_imatrix` uses: what
+    reads it later (``run``'s and ``ladder``'s quantize stages) checks it so before any work."""
+    problem = not_a_regular_file(path)
+    if problem == "no such file":
+        raise ImatrixError(f"imatrix file {path} does not exist")
+    if problem == "is a directory":
+        raise ImatrixError(f"imatrix file {path} is a directory, not a file")
+    if problem is not None:
+        raise ImatrixError(f"imatrix file {path} {problem}")
+
+
 def _read_bytes_hashed(path: Path) -> tuple[bytearray, str]:
     """Read a whole file into one buffer, hashing it on the way (no second pass, no join copy)."""
     h = hashlib.sha256()
-    problem = not_a_regular_file(path)
-    if problem not in (None, "no such file", "is a directory"):  # those two keep their own words below
-        raise ImatrixError(f"imatrix file {path} {problem}")
+    refuse_unreadable_imatrix(path)
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

@@ -191,6 +191,22 @@ def _require_dask() -> None:
                           "(or leave them out to run the variants in sequence)") from None
 
 
+def check_scheduler(address: str | None, error: type[GgufmtpError] = LadderError) -> None:
+    """``error`` naming ``--scheduler`` for an address Dask's client cannot read (a host without its
+    port, ``tcp://host:x``): said before any work, not as distributed's ValueError traceback when the
+    engine connects after the shared stages."""
+    if not address:
+        return
+    _require_dask()
+    from distributed.comm.addressing import get_address_host_port, parse_address
+
+    try:
+        if parse_address(address)[0] in ("tcp", "tls"):  # another scheme's (ucx://, inproc://) its own reader's
+            get_address_host_port(address)
+    except ValueError as e:
+        raise error(f"--scheduler {address!r}: {e} (a Dask scheduler's address, e.g. tcp://host:8786)") from None
+
+
 def task_result(future: Any, what: str, error: type[GgufmtpError] = LadderError) -> Any:
     """A Dask task's result. A task whose worker process died on every try (llama.cpp aborts its
     process on a failed assertion, where a Python error would have been raised) is one ``error``
@@ -213,12 +229,18 @@ class DaskEngine:
     address: str | None = None
     on_start: Callable[[str], None] = lambda m: None
 
+    def __post_init__(self) -> None:
+        check_scheduler(self.address)
+
     def _client(self) -> Any:
         _require_dask()
         from distributed import Client, LocalCluster
 
         if self.address:
-            return Client(self.address)
+            try:
+                return Client(self.address)
+            except (OSError, ValueError, TypeError) as e:  # nothing listening, a scheme whose package is missing
+                raise LadderError(f"--scheduler {self.address}: cannot connect ({type(e).__name__}: {e})") from None
         res = {"CPU": 1, "GPU": 1} if self.gpus else {"CPU": 1}
         cluster = LocalCluster(n_workers=self.workers, threads_per_worker=2 if self.gpus else 1, processes=True,
                                resources=res, dashboard_address=None, silence_logs=40)

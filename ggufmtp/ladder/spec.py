@@ -41,6 +41,7 @@ from typing import Any, TypedDict
 from ..errors import GgufmtpError, LadderError, QualityError, TomlError, VerifyError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
 from ..files.tomlfile import loads_toml
+from ..imatrix.corpus import check_later_inputs
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
 from ..quality.options import EvalOptions
 from ..quant.hf_resolve import Planned, find_draft, release_problems, split_info
@@ -110,6 +111,8 @@ class LadderSpec:
             raise LadderError(f"recipe {', '.join(dup)} given twice")
         if self.imatrix and self.imatrix_corpus:
             raise LadderError(f"give imatrix {self.imatrix} or imatrix_corpus {self.imatrix_corpus}, not both")
+        # not each variant's failure after the shared stages: one error before any work
+        check_later_inputs(self.imatrix, [self.imatrix_corpus, self.eval_options.corpus if self.eval_options else None])
         _split_size(self.split_max_size, "split_max_size")
         loaded = [Recipe.load(r) for r in self.recipes]  # RecipeError naming a bad one, before any work
         names = [r.name for r in loaded]

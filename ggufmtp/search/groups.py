@@ -209,7 +209,7 @@ def candidates(model_path: str | Path, groups: Sequence[TensorGroup], types: Seq
     type that needs statistics is a candidate only where every tensor of the group that needs them
     has them: token_embd and output at IQ2_XXS without them abort llama.cpp, the MTP head at IQ3_XXS
     is refused. RecipeError naming an unknown type, SearchError for a group of another model."""
-    qtypes = [writable_type(t, "candidate types") for t in types]
+    qtypes = [writable_type(t, "search --types") for t in types]
     gm = GGUFModel(model_path)
     covered = frozenset(imatrix or ())
     out = []

@@ -44,6 +44,7 @@ from pathlib import Path
 from ..errors import TuneError
 from ..jsontypes import JsonObject
 from ..measure.core.options import ServerOptions, TuneConfig
+from ..measure.core.suite import as_suite
 from ..measure.tune.bench import prepare
 from ..measure.tune.options import TuneOptions
 from ..measure.tune.run import TuneResult, tune
@@ -56,6 +57,7 @@ from ..measure.tune.search import (
     schedule_cost,
     search_anchors,
 )
+from ..measure.verify.kvdepth import allowed_cache_types, check_cache_type
 from ..provenance.tuned import TUNE_JOINT_KIND
 from ..quality.head_sweep import head_recipe
 from ..quant.recipe import Recipe, normalize_type
@@ -272,6 +274,7 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
     model, source = Path(model), Path(source)
     if not source.is_file():
         raise TuneError(f"--source {source}: no such file (the BF16 {model.name} was quantized from)")
+    _check_before_heads(o)
     if heads is None:
         heads = joint_heads.head_stage(model, source, rec, o.heads,
                                        (lambda m: print(m, file=sys.stderr, flush=True)) if progress else None)
@@ -290,6 +293,18 @@ def joint_search(model: str | os.PathLike, source: str | os.PathLike, recipe: Re
                      f"{source.name} with the joint recipe (every [mtp] role at {best.head}) and serve that "
                      "artifact alone with the command's other flags (verify --tuned-from this JSON checks it)")
     return JointResult(heads, res, rec, o.options, notes)
+
+
+def _check_before_heads(o: JointOptions) -> None:
+    """The values every head's verify would refuse, refused once before the heads stage, in verify's
+    words: the suite (not one "verify failed" per head, then "no head kept"), and a ``--kv-values``
+    type this llama-server does not take (not dropped as a failed configuration after the search)."""
+    as_suite(o.tune.suite)
+    types = [t for t in o.options.cache_types if t is not None]
+    if types:
+        allowed = allowed_cache_types(o.server.llama_cpp_bin)
+        for t in types:
+            check_cache_type("--kv-values", t, allowed)
 
 
 def _kept_heads(heads: HeadStage, n: int) -> tuple[list[str], list[str]]:

@@ -30,7 +30,8 @@ from typing import Any
 
 from ..errors import SearchError
 from ..files.fsutil import atomic_write_text
-from ..ladder.engine import DaskEngine
+from ..ladder.engine import DaskEngine, check_scheduler
+from ..measure.core.suite import as_suite
 from ..provenance.recipe_store import store_recipe
 from ..quant.plan import make_plan
 from ..quant.qtypes import bits_per_weight
@@ -52,6 +53,8 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 def parse_budget(text: str) -> Budget | str:
     """A size or bpw as a :class:`Budget`; anything else is returned as a recipe to plan."""
+    if not text.strip():  # not the recipe "" (the current folder, "is a directory")
+        raise SearchError(f"budget {text!r}: give a size (12MB, 11.5MiB), bits per weight (4.5bpw) or a recipe")
     m = _SIZE.match(text)
     if m:
         value, unit = float(m.group(1)), m.group(2).upper()
@@ -119,6 +122,7 @@ class SearchOptions:
             raise SearchError("search: no candidate types")
         if self.workers is not None and self.workers < 1:
             raise SearchError(f"search: workers must be at least 1, not {self.workers}")
+        check_scheduler(self.scheduler, SearchError)
 
     def prove_options(self) -> ProveOptions:
         m = self.measure
@@ -171,7 +175,10 @@ def _client(options: SearchOptions) -> Iterator[Any]:
 
 def refuse_before_measuring(model: Path, groups: tuple[TensorGroup, ...], budget: Budget, o: SearchOptions) -> None:
     """SearchError, before hours of measuring, for a budget below every group at its smallest candidate
-    (the floors can only raise that) or a group with no candidate among ``o.types``."""
+    (the floors can only raise that) or a group with no candidate among ``o.types``; SuiteError for a
+    suite the acceptance measurements would read (as verify refuses it at once)."""
+    if o.measure.verify is not None and (o.measure.acceptance or (o.prove and o.prove_head)):
+        as_suite(o.measure.verify.suite)
     unknown = sorted(set(o.measure.acceptance_groups) - {g.name for g in groups})
     if unknown:
         raise SearchError(f"{model.name}: no group named {', '.join(unknown)} for --acceptance-group "
@@ -195,9 +202,9 @@ def search_recipe(model: str | os.PathLike, budget: str | Budget, options: Searc
     within ``budget`` (see the module doc); write it to ``out`` when given. SearchError for an
     impossible budget (naming the smallest feasible size), RecipeError for a bad type or recipe."""
     o = options or SearchOptions()
+    parsed = parse_budget(budget) if isinstance(budget, str) else budget  # the text first: before the model is read
     src = Path(local_model_arg(model))
     groups = groups_of(src, o.layers_per_group)
-    parsed = parse_budget(budget) if isinstance(budget, str) else budget
     # the recipe to beat (--against, else a budget given as a recipe): the proof's other arm, and its
     # own types are admitted where the head's floors would refuse them unmeasured
     beat = o.shipped or (parsed if isinstance(parsed, str) else None)

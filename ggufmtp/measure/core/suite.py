@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ def shipped_suites() -> list[str]:
     return sorted(p.stem for p in SUITES_DIR.glob("*.jsonl"))
 
 
-def resolve_suite_path(path_or_name: str | Path) -> Path:
+def resolve_suite_path(path_or_name: str | os.PathLike) -> Path:
     p = Path(path_or_name).expanduser()
     if p.is_file():
         return p
@@ -161,7 +162,7 @@ def _parse_line(path: Path, lineno: int, line: str) -> Prompt:
     return Prompt(pid, cat, tuple(out))
 
 
-def load_suite(path_or_name: str | Path = DEFAULT_SUITE) -> Suite:
+def load_suite(path_or_name: str | os.PathLike = DEFAULT_SUITE) -> Suite:
     """Load and validate a suite: a shipped name (``chat-v1``) or a JSONL file path."""
     path = resolve_suite_path(path_or_name)
     data = path.read_bytes()
@@ -186,6 +187,11 @@ def load_suite(path_or_name: str | Path = DEFAULT_SUITE) -> Suite:
     stem = path.stem
     m = re.search(r"-v(\d+)$", stem)
     return Suite(name=stem, version=m.group(1) if m else None, sha256=sha, path=str(path), prompts=tuple(prompts))
+
+
+def as_suite(suite: str | os.PathLike | Suite) -> Suite:
+    """``suite`` itself, or the suite a name or path names (:func:`load_suite`: SuiteError for a bad one)."""
+    return suite if isinstance(suite, Suite) else load_suite(suite)
 
 
 # --- thinking modes ----------------------------------------------------------------------------

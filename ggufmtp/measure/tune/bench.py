@@ -34,7 +34,7 @@ from ...runtime.replies import Reply
 from ...runtime.server import LlamaServer, ServerConfig, binary_flags, build_command, flags_without
 from ..core.arms import ABBA, MTP, VANILLA, WARMUP_TOKENS, send, send_concurrently
 from ..core.options import DEFAULT_MAX_TOKENS, ArmArgs, TuneConfig
-from ..core.suite import Prompt, Suite, load_suite
+from ..core.suite import Prompt, Suite, as_suite
 from ..verify.divergence import analyse_mismatches, replay_mtp
 from ..verify.summary import Record
 from .search import Mismatch, UnitResult
@@ -69,7 +69,7 @@ def prepare(model: str | os.PathLike, suite: str | os.PathLike | Suite, limit: i
             llama_cpp_bin: str | os.PathLike | None) -> TuneSetup:
     """The :class:`TuneSetup` of a run on ``model`` (a path): TuneError when the model has no
     complete MTP block or no llama-server is found."""
-    st = suite if isinstance(suite, Suite) else load_suite(suite)
+    st = as_suite(suite)
     st = st.limit(limit)
     path = Path(model)
     rep = _inspect_complete(path)

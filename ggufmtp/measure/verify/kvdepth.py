@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from ...runtime.server import LlamaServer, binary_help
 from ..core.suite import Prompt, Suite
 
 __all__ = ["KNOWN_CACHE_TYPES", "UNQUANTIZED_CACHE_TYPES", "NEUTRAL_TEXT", "KvDepth", "ContextFill",
-           "allowed_cache_types", "check_kv_depth", "neutral_text", "fill_context", "kv_depth_text"]
+           "allowed_cache_types", "check_cache_type", "check_kv_depth", "neutral_text", "fill_context", "kv_depth_text"]
 
 # --cache-type-k's allowed values at the pinned llama.cpp (used when --help cannot be read for them)
 KNOWN_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -85,7 +86,7 @@ class KvDepth:
                 "cache_type_v": self.cache_type_v}
 
 
-def allowed_cache_types(llama_cpp_bin: str | Path | None = None) -> tuple[str, ...]:
+def allowed_cache_types(llama_cpp_bin: str | os.PathLike | None = None) -> tuple[str, ...]:
     """The KV-cache types the llama-server that would run accepts (its ``--help``'s allowed values
     for ``--cache-type-k``; :data:`KNOWN_CACHE_TYPES` when the list cannot be read from it)."""
     try:
@@ -99,7 +100,8 @@ def allowed_cache_types(llama_cpp_bin: str | Path | None = None) -> tuple[str, .
     return found or KNOWN_CACHE_TYPES
 
 
-def _check_type(name: str, value: str | None, allowed: Sequence[str]) -> str | None:
+def check_cache_type(name: str, value: str | None, allowed: Sequence[str]) -> str | None:
+    """``value`` (None: the default) lower-cased; VerifyError naming flag ``name`` unless ``allowed``."""
     if value is None:
         return None
     t = str(value).strip().lower()
@@ -169,8 +171,8 @@ def check_kv_depth(cache_type_k: str | None, cache_type_v: str | None, depth: in
     k = v = None
     if cache_type_k is not None or cache_type_v is not None:
         allowed = allowed_cache_types(llama_cpp_bin)
-        k = _check_type("--cache-type-k", cache_type_k, allowed)
-        v = _check_type("--cache-type-v", cache_type_v, allowed)
+        k = check_cache_type("--cache-type-k", cache_type_k, allowed)
+        v = check_cache_type("--cache-type-v", cache_type_v, allowed)
     extra: tuple[str, ...] = ()
     if v is not None and v not in UNQUANTIZED_CACHE_TYPES:
         fa = _flash_attn_value(server_args)

@@ -41,7 +41,7 @@ from ...fmt import ci_text, num, pct, times
 from ...provenance.verdict import Verdict
 from ..core.options import VerifyOptions
 from ..core.records import ModelInfo
-from ..core.suite import Suite, load_suite
+from ..core.suite import as_suite
 from .kvdepth import check_kv_depth
 from .report import VerifyResult
 from .run import verify
@@ -253,7 +253,7 @@ def _check_cells(model: str | os.PathLike, spec: MatrixSpec, o: VerifyOptions) -
     bad = [a for a in _CELL_ARGS if getattr(o, a)]
     if bad:
         raise VerifyError(f"{', '.join(bad)}: set by the matrix's cells; give them in the spec (kv=..., depth=...)")
-    st = (o.suite if isinstance(o.suite, Suite) else load_suite(o.suite)).limit(o.limit)
+    st = as_suite(o.suite).limit(o.limit)
     args = [a for name in _ARG_LISTS for a in getattr(o.server, name)]
     deepest = max(spec.depths)
     llama_cpp_bin = o.server.llama_cpp_bin

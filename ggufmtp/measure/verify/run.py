@@ -121,7 +121,7 @@ from ...runtime.server import LlamaServer, ServerConfig, build_command, flags_wi
 from ..core.arms import MTP, VANILLA
 from ..core.options import DEFAULT_MAX_TOKENS, DEFAULT_SEEDS, ArmArgs, TuneConfig, VerifyOptions
 from ..core.records import ArmFlags, ModelInfo, ServedFile, ServedSet, ServerInfo
-from ..core.suite import Suite, load_suite, modes_for_template
+from ..core.suite import Suite, as_suite, modes_for_template
 from .divergence import Key, Numerics, TokenReply, analyse_mismatches, annotate, mismatched_pairs, replay_mtp
 from .kvdepth import ContextFill, KvDepth, check_kv_depth, fill_context
 from .reference import ReferenceArm, ReferencePhase, check_reference_matches, head_comparison, head_stop, reference_phase
@@ -167,7 +167,7 @@ def _plan(o: VerifyOptions) -> _Plan:
             peak_bandwidth(None)  # a bad figure fails now, not after the run
         except GgufmtpError as e:
             raise VerifyError(str(e)) from e
-    st = o.suite if isinstance(o.suite, Suite) else load_suite(o.suite)  # a bad suite fails before anything starts
+    st = as_suite(o.suite)  # a bad suite fails before anything starts
     draft_n_max, draft_n_min = o.window
     return _Plan(o.judge.merged_thresholds(), o.tuned, draft_n_max, draft_n_min, list(o.seeds), o.windows,
                  st.limit(o.limit), ["chat", "raw"] if o.raw else ["chat"], o.arm_args(), margin=o.judge.margin)
