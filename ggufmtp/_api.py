@@ -52,8 +52,8 @@ from .refs import local_model_arg
 def verify(model: str | os.PathLike, options: VerifyOptions | None = None, *,
            receipt: str | os.PathLike | None = None, progress: bool = True,
            on_record: Callable[[_verify_mod.Record], None] | None = None,
-           signing_key: str | os.PathLike | None = None,
-           profile: ProfileSource | None = None) -> _verify_mod.VerifyResult:
+           profile: ProfileSource | None = None,
+           signing_key: str | os.PathLike | None = None) -> _verify_mod.VerifyResult:
     """Verify MTP drafting with llama-server (see :func:`ggufmtp.measure.verify.run.verify`, whose
     parameters these are, and :class:`~ggufmtp.measure.core.options.VerifyOptions`). With
     ``receipt``, a reference is bound to the source it names, and the results go into that

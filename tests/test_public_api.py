@@ -73,7 +73,7 @@ def test_public_functions_have_real_signatures():
     assert shape(ggufmtp.verify) == [("model", P.POSITIONAL_OR_KEYWORD, P.empty),
                                      ("options", P.POSITIONAL_OR_KEYWORD, None), ("receipt", P.KEYWORD_ONLY, None),
                                      ("progress", P.KEYWORD_ONLY, True), ("on_record", P.KEYWORD_ONLY, None),
-                                     ("signing_key", P.KEYWORD_ONLY, None)]
+                                     ("profile", P.KEYWORD_ONLY, None), ("signing_key", P.KEYWORD_ONLY, None)]
     assert shape(verify_mod.verify) + [("signing_key", P.KEYWORD_ONLY, None)] == shape(ggufmtp.verify)
     assert inspect.signature(ggufmtp.verify).parameters["options"].annotation == "VerifyOptions | None"
     # upload and evaluate: their inputs, one options object, keyword-only switches
