@@ -106,6 +106,9 @@ LATER = [
     (["run", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--dry-run-upload", "--upload", "bad name"], 1,
      "'bad name' is not a valid Hub repo id", ""),
     (["search", "m.gguf", "-o", "OUT", "--budget", ""], 1, "budget ''", "a size"),  # was ".: is a directory"
+    # a signed, nan, inf or overflowing amount was planned as a recipe: "-1MB: no such recipe file"
+    *[(["search", TINY, "-o", "OUT", "--budget", b], 1, f"budget '{b}'", "bits per weight (e.g. 4.5bpw), positive "
+       "and finite") for b in ("-1MB", "nanbpw", "1e999GB", "0MB", "0bpw")],
     # verify refuses a bad suite at once; these read it after their first stage: every head's verify failed
     # ("no head kept"), or after hours of KLD measurements
     (["tune-joint", TINY, "--source", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--suite", "nosuch"], 1,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -48,23 +49,26 @@ from .report import Point, all_points, card_points, with_front
 DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "IQ4_XS", "Q3_K", "Q2_K")
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6, "MIB": 2**20,
           "G": 10**9, "GB": 10**9, "GIB": 2**30}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+# a number (sign, exponent, nan and inf too: refused by name, not planned as a recipe file) and a unit
+_SIZE = re.compile(r"^\s*([-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[-+]?[0-9]+)?|[-+]?nan|[-+]?inf(?:inity)?)"
+                   r"\s*([A-Za-z]*)\s*$", re.IGNORECASE)
+_AMOUNTS = "a size (e.g. 18GB, 18.5GiB, 123456 bytes) or bits per weight (e.g. 4.5bpw)"
 
 
 def parse_budget(text: str) -> Budget | str:
     """A size or bpw as a :class:`Budget`; anything else is returned as a recipe to plan."""
     if not text.strip():  # not the recipe "" (the current folder, "is a directory")
-        raise SearchError(f"budget {text!r}: give a size (12MB, 11.5MiB), bits per weight (4.5bpw) or a recipe")
+        raise SearchError(f"budget {text!r}: give {_AMOUNTS}, or a recipe")
     m = _SIZE.match(text)
-    if m:
-        value, unit = float(m.group(1)), m.group(2).upper()
-        if unit == "BPW":
-            return Budget(bpw=value)
-        if unit in _UNITS:
-            return Budget(n_bytes=int(value * _UNITS[unit]))
-        raise SearchError(f"budget {text!r}: unknown unit {m.group(2)!r} (a size: 12MB, 11.5MiB, 1.2G, bytes; "
-                          "bits per weight: 4.5bpw; or a recipe: hifi-q4_k_m-mtp)")
-    return text
+    if not m:
+        return text
+    value, unit = float(m.group(1)), m.group(2).upper()
+    if unit != "BPW" and unit not in _UNITS:
+        raise SearchError(f"budget {text!r}: unknown unit {m.group(2)!r} ({_AMOUNTS}; or a recipe: hifi-q4_k_m-mtp)")
+    scaled = value if unit == "BPW" else value * _UNITS[unit]
+    if not (math.isfinite(scaled) and (scaled > 0 if unit == "BPW" else scaled >= 1)):  # at least one byte
+        raise SearchError(f"budget {text!r}: {_AMOUNTS}, positive and finite")
+    return Budget(bpw=value) if unit == "BPW" else Budget(n_bytes=int(scaled))
 
 
 def recipe_budget(model: Path, groups: tuple[TensorGroup, ...], recipe: str | Recipe,
