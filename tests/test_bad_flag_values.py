@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -126,6 +127,42 @@ def test_a_value_a_later_reader_met_first_is_one_error_before_any_work(argv, sta
                                                                          monkeypatch):
     monkeypatch.chdir(tmp_path)  # missing.dat and "." are the case's own
     _refused(argv, tmp_path, status, flag, said)
+
+
+def _heads_stage(**change: Any) -> dict[str, Any]:
+    """A heads stage as benchmarks/head_type_speed.py writes it (one row), with ``change`` over its keys."""
+    from ggufmtp.search.joint_heads import HeadRow, HeadStage
+
+    row = HeadRow(head="Q8_0", k=3, file=None, head_bytes=2**20, decision="preserved", lossless=True, acceptance=0.5,
+                  speedup=1.2, speedup_ci95=[1.1, 1.3], mtp_tokens_per_second=12.0, vanilla_tokens_per_second=10.0,
+                  kept=True)
+    stage = HeadStage(model="m.gguf", model_sha256="0" * 64, source="s.gguf", source_sha256=["1" * 64],
+                      recipe="q8_0-mtp", k=3, hardware="CPU", rows=[row])
+    return {**stage.to_dict(), **change}
+
+
+_ROW = _heads_stage()["rows"][0]
+
+
+@pytest.mark.parametrize(("doc", "said"), [
+    ({}, "lacks model, model_sha256, source, source_sha256, recipe, k, hardware, rows"),  # was "'rows'"
+    ({"rows": 5}, "lacks model, model_sha256"),  # was "'int' object is not iterable"
+    ([], "an array, not an object"),  # was "'list' object is not a mapping"
+    ({"joint": 3}, "lacks model"),  # was an AttributeError traceback
+    (_heads_stage(rows=5), "rows must be an array of head rows, not an integer"),
+    (_heads_stage(rows=[7]), "rows[0]: an integer, not an object"),  # was an AttributeError traceback
+    (_heads_stage(rows=[{k: v for k, v in _ROW.items() if k != "kept"}]), "rows[0]: lacks kept"),
+    (_heads_stage(rows=[{**_ROW, "head_bytes": "1 MiB"}]), "rows[0]: head_bytes must be an integer, not a string"),
+    (_heads_stage(k="3"), "k must be an integer, not a string"),  # taken: a TuneError only at the model's check
+], ids=["empty", "rows only", "array", "joint not an object", "rows not an array", "row not an object",
+        "row lacks a field", "row field of another type", "field of another type"])
+def test_tune_joint_heads_from_names_what_the_file_lacks(doc, said, tmp_path):
+    """``--heads-from`` a JSON that is not a heads stage: one error naming the file and what it lacks
+    or holds of another type (a raw key ``'rows'``, Python's TypeError words or a traceback before)."""
+    heads = tmp_path / "heads.json"
+    heads.write_text(json.dumps(doc))
+    _refused(["tune-joint", TINY, "--source", TINY, "-r", "q8_0-mtp", "--heads-from", str(heads), *_O], tmp_path, 1,
+             f"error: {heads}: not a heads stage (benchmarks/head_type_speed.py or tune-joint JSON): ", said)
 
 
 @pytest.mark.parametrize("argv", [["ladder", "-m", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--scheduler", "host"],

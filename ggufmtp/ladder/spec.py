@@ -27,11 +27,8 @@ Command-line options override the file's values.
 
 from __future__ import annotations
 
-import collections.abc
 import datetime
 import enum
-import os
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +37,7 @@ from typing import Any, TypedDict
 
 from ..errors import GgufmtpError, LadderError, QualityError, TomlError, VerifyError
 from ..files.fsutil import MAX_TEXT_FILE_BYTES, read_regular_file
+from ..files.shape import fits, wanted
 from ..files.tomlfile import loads_toml
 from ..imatrix.corpus import check_later_inputs
 from ..measure.core.options import JudgeOptions, ServerOptions, VerifyOptions
@@ -308,38 +306,12 @@ def _toml_kind(value: Any) -> str:
     return next((name for t, name in _TOML_NAMES if isinstance(value, t)), type(value).__name__)
 
 
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether a TOML value fits the type annotation ``hint`` (an option's field type)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
-    if origin in (list, tuple, collections.abc.Sequence):
-        return isinstance(value, list) and all(_fits(v, args[0]) for v in value) if args else isinstance(value, list)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return hint in (str, bool) and isinstance(value, hint)
-
-
-def _wanted(hint: Any) -> str:
-    """``hint`` in words: ``an integer``, ``an array of integers``, ``an integer or a string``."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_wanted(a) for a in args if a is not type(None) and a is not os.PathLike)
-    if origin in (list, tuple, collections.abc.Sequence):
-        return "an array of " + _wanted(args[0]).split(" ", 1)[1] + "s"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
-
-
 def _check_types(table: Mapping[str, object], hints: Mapping[str, object], where: str) -> None:
     """LadderError naming ``where`` and the first key whose value does not have its type."""
     for key, value in table.items():
         hint = hints.get(key)
-        if hint is not None and not _fits(value, hint):
-            raise LadderError(f"{where}{key} must be {_wanted(hint)}, not {_toml_kind(value)} ({str(value)[:60]})")
+        if hint is not None and not fits(value, hint):
+            raise LadderError(f"{where}{key} must be {wanted(hint)}, not {_toml_kind(value)} ({str(value)[:60]})")
 
 
 def _option_hints(*classes: type) -> dict[str, object]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import GgufmtpError, TuneError
 from ..files.jsonfile import read_json_file
+from ..files.shape import json_kind, record_problem
 from ..fmt import ci_text, pct, times
 from ..jsontypes import JsonObject
 from ..measure.core.options import ServerOptions, VerifyOptions
@@ -108,11 +109,18 @@ class HeadStage:
         """The heads stage of a ``head_type_speed.py`` JSON or a ``tune-joint --output`` JSON (its
         ``joint.heads_stage``); TuneError naming the file."""
         d = read_json_file(Path(path), "heads stage JSON")
-        d = (d.get("joint") or {}).get("heads_stage", d) if isinstance(d, dict) else d
-        try:
-            return cls(**{**d, "rows": [HeadRow.from_dict(r) for r in d["rows"]]})
-        except (TypeError, KeyError) as e:
-            raise TuneError(f"{path}: not a heads stage (benchmarks/head_type_speed.py or tune-joint JSON): {e}") from None
+        joint = d.get("joint") if isinstance(d, dict) else None
+        d = joint.get("heads_stage", d) if isinstance(joint, dict) else d
+        problem = record_problem(cls, d, nested=("rows",))
+        if problem is None and not isinstance(d["rows"], list):
+            problem = f"rows must be an array of head rows, not {json_kind(d['rows'])}"
+        rows = d["rows"] if problem is None else []
+        problem = problem or next((f"rows[{i}]: {p}" for i, r in enumerate(rows)
+                                   if (p := record_problem(HeadRow, r)) is not None), None)
+        if problem is not None:
+            raise TuneError(f"{path}: not a heads stage (benchmarks/head_type_speed.py or tune-joint JSON): {problem}")
+        names = {f.name for f in dataclasses.fields(cls)}  # unknown keys pass, as in a row
+        return cls(**{**{k: v for k, v in d.items() if k in names}, "rows": [HeadRow.from_dict(r) for r in rows]})
 
     def check_for(self, model: Path, source: Path, recipe: Recipe, where: str) -> None:
         """TuneError naming ``where`` unless these rows were measured on ``model`` against ``source`` with ``recipe``."""
