@@ -79,6 +79,9 @@ LATER = [
     (["runtime", "build", "--jobs", "0"], 2, "--jobs", "x>=1"),
     # a recipe for an MTP block -1 was written
     (["recipe", "from-flags", "Q4_K_M", "-o", "OUT", "--mtp-block", "-1"], 2, "--mtp-block", "x>=0"),
+    # llama-quantize's positional NTHREADS: click's parser read -1 as a flag ("No such option: -1")
+    (["quantize", TINY, "OUT", "Q8_0", "-1"], 2, "NTHREADS", "-1 is not in the range x>=0"),
+    (["quantize", TINY, "OUT", "Q8_0", "-1", "--dry-run"], 2, "NTHREADS", "-1 is not in the range x>=0"),
     # llama-quant writes an int override as u32: 5000000000 was written as 705032704
     (["quantize", TINY, "-r", "q8_0-mtp", "-o", "OUT", "--override-kv", "a.b=int:5000000000"], 1,
      "--override-kv 'a.b=int:5000000000'", "u32"),

@@ -398,17 +398,21 @@ class LlamaCommand(click.Command):
         return first if first is not None and first.name in MODEL_ARGUMENTS else None
 
     def _normalize(self, ctx: click.Context, args: list[str]) -> list[str]:
-        """``args`` with ``-m/--model X`` moved to the front as MODEL; every flag checked whole."""
+        """``args`` with ``-m/--model X`` moved to the front as MODEL; every flag checked whole; a
+        negative number given as an argument (llama-quantize's NTHREADS ``-1``), which click's parser
+        would read as the flag ``-1``, passed with the arguments after ``--``, in their order."""
         options = {s: p for p in self.get_params(ctx) if isinstance(p, click.Option)
                    for s in (*p.opts, *p.secondary_opts)}
-        model, out, i = [], [], 0
+        model, out, flags, positional, i = [], [], [], [], 0
         while i < len(args):
             token = args[i]
             if token == "--":
                 out.extend(args[i:])
+                positional.extend(args[i + 1:])
                 break
             if not _looks_like_flag(token):
                 out.append(token)
+                positional.append(token)
                 i += 1
                 continue
             name, eq, value = token.partition("=")
@@ -424,7 +428,10 @@ class LlamaCommand(click.Command):
                     _looks_like_flag(args[i + 1]):
                 takes = 0  # an option with an optional value (--eval), given none
             out.extend(args[i:i + 1 + takes])
+            flags.extend(args[i:i + 1 + takes])
             i += 1 + takes
+        if any(t.startswith("-") for t in positional):
+            return [*model, *flags, "--", *positional]
         return model + out
 
 

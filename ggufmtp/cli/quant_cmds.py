@@ -299,6 +299,9 @@ def _quantize_inputs(model: str, positional: tuple[str, ...], recipe_name: str |
         out = str((Path(model).parent if Path(model).exists() else Path(".")) / f"ggml-model-{pos.type}.gguf")
     if out is None and not dry_run:
         raise RecipeError("no output: give -o OUT (or the positional OUT)")
+    if pos.threads is not None and pos.threads < 0:  # llama-quantize reads -1 as 0, every core: say 0
+        raise click.BadParameter(f"{pos.threads} is not in the range x>=0 (as --quantize-threads; 0: every core).",
+                                 param_hint="NTHREADS")
     if threads is not None and pos.threads is not None and threads != pos.threads:
         raise RecipeError(f"two thread counts: --quantize-threads {threads} and {pos.threads}; give one")
     rec = Recipe.load(recipe_name) if recipe_name else Recipe.for_type(pos.type or "", head_defaults=False)
