@@ -91,7 +91,7 @@ def test_the_verification_decides_the_recommendation_not_the_search():
 
 def test_the_card_says_plainly_when_mtp_was_not_faster():
     """The H100 tune of a trained head recommended MTP off (CI [0.620-0.719]); the card named its
-    vanilla command "Recommended server settings" and nothing else. Now it says MTP was not faster on
+    vanilla command "Recommended server settings" and nothing else. Now it says MTP was slower on
     that hardware, recommends serving without it, and shows the best MTP line as not recommended."""
     tuned = json.loads(TRAINED.read_text())
     assert tuned["recommended"] is None and tuned["command"] != tuned["mtp_command"]
@@ -99,12 +99,32 @@ def test_the_card_says_plainly_when_mtp_was_not_faster():
     st["predicate"]["verification"]["tuned"] = tuned
     _, body = card_text(st)
     section = body.split("## Recommended server settings\n", 1)[1].split("\n## ", 1)[0]
-    assert "**MTP was not faster on the hardware measured**, NVIDIA H100 80GB HBM3" in section
+    assert "**MTP was slower on the hardware measured** (its 95% CI below 1.0), NVIDIA H100 80GB HBM3" in section
     assert "serve this file without MTP" in section and "not recommended" in section
     vanilla, mtp = section.index(f"```sh\n{tuned['command']}\n```"), section.index(f"```sh\n{tuned['mtp_command']}\n```")
     assert vanilla < section.index("not recommended") < mtp
     st["predicate"]["verification"]["tuned"] = {**tuned, "mtp_beats_vanilla": True, "command": tuned["mtp_command"]}
-    assert "not faster" not in card_text(st)[1]
+    assert not any(h in card_text(st)[1] for h in ("not faster", "**MTP was slower", "**MTP was not shown"))
+
+
+@pytest.mark.parametrize(("ci", "headline"), [
+    ([0.62, 0.72], "**MTP was slower on the hardware measured**"),
+    ([0.49, 1.72], "**MTP was not shown to be faster on the hardware measured** (undecided: its 95% CI spans 1.0)"),
+    (None, "**MTP was not shown to be faster on the hardware measured** (undecided: no CI)"),
+    ([1.10, 1.30], "**MTP was faster, but its output was not vanilla's on the hardware measured**"),
+])
+def test_the_card_says_slower_only_when_the_ci_says_so(ci, headline):
+    """An undecided speedup (its CI spanning 1.0) is reported as undecided, never as a loss: the card
+    said "MTP was not faster" for a CPU run at 0.82x [0.49-1.72] as for the H100's [0.62-0.72], and
+    for a profile refused because its output was not lossless although its CI was above 1."""
+    tuned = json.loads(TRAINED.read_text())
+    st = json.loads(TINY.read_text())
+    st["predicate"]["verification"]["tuned"] = {**tuned, "speedup": 0.8 if ci is None else sum(ci) / 2,
+                                                "speedup_ci95": ci}
+    section = card_text(st)[1].split("## Recommended server settings\n", 1)[1].split("\n## ", 1)[0]
+    assert headline in section, section
+    assert "serve this file without MTP" in section
+    assert sum(h in section for h in ("**MTP was slower", "**MTP was not shown", "**MTP was faster, but")) == 1
 
 
 def test_a_recommendation_not_bound_to_its_verification_is_refused(tmp_path):

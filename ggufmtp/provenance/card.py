@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -333,7 +334,8 @@ def _tables(v: Verification) -> list[str]:
 def _recommended(v: Verification) -> list[str]:
     """The command the receipt's ``tuned`` section recommends (:mod:`.tuned`: a search's, a sweep's,
     or the profile ``verify --tuned-from`` verified on this file), said plainly to be vanilla's when
-    MTP was not faster on the hardware measured, never shown as MTP settings then."""
+    MTP is not recommended on the hardware measured (slower, undecided or not lossless, as its CI
+    says: :func:`_not_recommended_why`), never shown as MTP settings then."""
     tuned = v.get("tuned")
     if not tuned or not tuned.get("command"):
         return []
@@ -350,12 +352,25 @@ def _recommended(v: Verification) -> list[str]:
     if beats:
         return [*out, block]
     hardware = _hardware(cast(Verification, {"hardware": tuned.get("hardware") or v.get("hardware") or {}}))
-    out += [f"**MTP was not faster on the hardware measured**, {hardware}: {figures}, its 95% CI lower bound not "
-            "above 1.0. The recommendation is to serve this file without MTP:\n", block]
+    out += [f"{_not_recommended_why(ci)}, {hardware}: {figures}. The recommendation is to serve this file "
+            "without MTP:\n", block]
     mtp = tuned.get("mtp_command")
     if mtp and mtp != tuned["command"]:
         out += ["The best MTP configuration measured, not recommended on that hardware:\n", f"```sh\n{mtp}\n```\n"]
     return out
+
+
+def _not_recommended_why(ci: Sequence[float | None] | None) -> str:
+    """Why MTP is not recommended, as its CI says: slower only when the whole CI is below 1.0; an
+    interval spanning 1.0 (or none) is undecided, not a loss; a CI above 1.0 means the output failed."""
+    lo, hi = (ci[0], ci[1]) if ci and len(ci) == 2 else (None, None)
+    if lo is None or hi is None:
+        return "**MTP was not shown to be faster on the hardware measured** (undecided: no CI)"
+    if hi < 1.0:
+        return "**MTP was slower on the hardware measured** (its 95% CI below 1.0)"
+    if lo > 1.0:
+        return "**MTP was faster, but its output was not vanilla's on the hardware measured** (not lossless)"
+    return "**MTP was not shown to be faster on the hardware measured** (undecided: its 95% CI spans 1.0)"
 
 
 def _arm_settings(v: Verification) -> list[str]:

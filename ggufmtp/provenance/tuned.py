@@ -18,7 +18,7 @@ Three writers fill it:
 
 MTP is recommended only when the speedup's 95% CI lower bound is above 1.0 and the output is
 lossless (tune's rule, applied to the verification's own figures); otherwise ``command`` is the
-vanilla arm's and the card says plainly that MTP was not faster on the hardware measured.
+vanilla arm's and the card says plainly why (slower, undecided or not lossless, as the CI says).
 """
 
 from __future__ import annotations
